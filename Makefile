@@ -1,0 +1,113 @@
+# eaglegen — see README.md. `make` builds build/eaglegen; `make test` runs every test;
+# `make demo` runs the whole pipeline on a tiny random model; `make asan` builds and
+# tests with AddressSanitizer/UBSan; `make bench` prints CPU throughput.
+#
+# Modules are static libraries discovered by wildcard, so adding a .c file needs no
+# edit here. Dependency rules (docs/ARCHITECTURE.md): common <- prompts, dataset,
+# engine <- gen. kernels/ (CUDA) is linked only when nvcc is present.
+
+CC      ?= cc
+PYTHON  ?= /usr/bin/python3
+BUILD   ?= build
+OPT     ?= -O2
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+SAN     ?=
+
+CFLAGS  = -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -MMD -MP -I. $(SAN)
+LDLIBS  = -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
+LDFLAGS = $(SAN)
+
+ifneq ($(NVCC),)
+ifeq ($(NO_CUDA),)
+HAVE_CUDA = 1
+CFLAGS   += -DEG_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+NVFLAGS   = -std=c++17 -O3 -g -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP \
+            -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 \
+            --expt-relaxed-constexpr
+LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart -lstdc++
+endif
+endif
+
+MODULES = common prompts dataset engine gen
+define module_objs
+$(patsubst %.c,$(BUILD)/%.o,$(wildcard $(1)/*.c))
+endef
+COMMON_OBJS  = $(call module_objs,common)
+PROMPTS_OBJS = $(call module_objs,prompts)
+DATASET_OBJS = $(call module_objs,dataset)
+ENGINE_OBJS  = $(call module_objs,engine)
+GEN_OBJS     = $(filter-out $(BUILD)/gen/main.o,$(call module_objs,gen))
+KERNEL_OBJS  = $(if $(HAVE_CUDA),$(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/*.cu)))
+
+LIB_COMMON  = $(BUILD)/libeg_common.a
+LIB_PROMPTS = $(BUILD)/libeg_prompts.a
+LIB_DATASET = $(BUILD)/libeg_dataset.a
+LIB_ENGINE  = $(BUILD)/libeg_engine.a
+LIB_GEN     = $(BUILD)/libeg_gen.a
+ALL_LIBS    = $(LIB_GEN) $(LIB_ENGINE) $(LIB_DATASET) $(LIB_PROMPTS) $(LIB_COMMON)
+
+# A test's module is the word after "test_" in its name: tests/test_engine_ops.c
+# links engine + common. gen tests link everything.
+deps_common  = $(LIB_COMMON)
+deps_prompts = $(LIB_PROMPTS) $(LIB_COMMON)
+deps_dataset = $(LIB_DATASET) $(LIB_COMMON)
+deps_engine  = $(LIB_ENGINE) $(LIB_COMMON)
+deps_gen     = $(ALL_LIBS)
+TEST_SRCS = $(wildcard tests/test_*.c)
+TEST_BINS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+
+EAGLEGEN = $(BUILD)/eaglegen
+
+.PHONY: all test demo asan bench clean deps test-unit test-scripts fmt
+all: $(EAGLEGEN) $(TEST_BINS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(LIB_COMMON): $(COMMON_OBJS)
+$(LIB_PROMPTS): $(PROMPTS_OBJS)
+$(LIB_DATASET): $(DATASET_OBJS)
+$(LIB_ENGINE): $(ENGINE_OBJS) $(KERNEL_OBJS)
+$(LIB_GEN): $(GEN_OBJS)
+$(BUILD)/lib%.a:
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^ $(if $^,,$(BUILD)/.empty.o)
+
+$(BUILD)/.empty.o:
+	@mkdir -p $(BUILD)
+	echo 'typedef int eg_empty_unit;' | $(CC) -x c -c - -o $@
+
+$(EAGLEGEN): $(BUILD)/gen/main.o $(ALL_LIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/test_%: tests/test_%.c tests/check.h $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(deps_$(word 1,$(subst _, ,$*))) $(LDLIBS)
+
+# Unit tests (C), then scripted end-to-end tests (tests/*.sh), then the Python loader.
+test: $(EAGLEGEN) $(TEST_BINS)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run_all.sh
+
+asan:
+	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" NO_CUDA=1 test
+
+bench: $(EAGLEGEN)
+	@BUILD=$(BUILD) bash tests/bench.sh
+
+demo:
+	@bash tests/demo.sh
+
+deps:
+	@bash .ci/deps.sh
+
+clean:
+	rm -rf build build-asan build-*
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,96 @@
+/* Error values and small helpers; see eg_common.h. */
+#include "common/eg_common.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+eg_status eg_fail(eg_error *err, eg_status code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+eg_status eg_wrap(eg_error *err, const char *fmt, ...) {
+    if (!err) return EG_ERR_INVALID;
+    char prefix[512], old[sizeof err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof old);
+    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    return err->code;
+}
+
+const char *eg_status_name(eg_status s) {
+    switch (s) {
+    case EG_OK: return "ok";
+    case EG_ERR_IO: return "I/O error";
+    case EG_ERR_FORMAT: return "format error";
+    case EG_ERR_CONFIG: return "configuration error";
+    case EG_ERR_NOMEM: return "out of memory";
+    case EG_ERR_INVALID: return "invalid argument";
+    case EG_ERR_UNSUPPORTED: return "unsupported";
+    case EG_ERR_DEVICE: return "device error";
+    case EG_ERR_INTERRUPTED: return "interrupted";
+    case EG_ERR_CHECKSUM: return "checksum mismatch";
+    }
+    return "unknown error";
+}
+
+void eg_assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "eaglegen: internal assertion failed: %s (%s:%d)\n", expr, file, line);
+    abort();
+}
+
+float eg_f16_to_f32(uint16_t h) {
+    int s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
+    float v;
+    if (e == 0) v = ldexpf((float)m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexpf((float)(m | 1024), e - 25);
+    return s ? -v : v;
+}
+
+float eg_fp8e4m3_to_f32(uint8_t x) {
+    int s = x >> 7, e = (x >> 3) & 15, m = x & 7;
+    float v;
+    if (e == 15 && m == 7) return NAN;
+    if (e == 0) v = ldexpf((float)m, -9); /* subnormal: m/8 * 2^-6 */
+    else v = ldexpf((float)(8 + m), e - 10);
+    return s ? -v : v;
+}
+
+void *eg_malloc(size_t n, eg_error *err) {
+    void *p = malloc(n ? n : 1);
+    if (!p) eg_fail(err, EG_ERR_NOMEM, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *eg_calloc(size_t n, size_t size, eg_error *err) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) eg_fail(err, EG_ERR_NOMEM, "out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+double eg_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int eg_num_threads(void) {
+    const char *s = getenv("EG_THREADS");
+    if (s && atoi(s) > 0) return atoi(s);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}

@@ -1,0 +1,147 @@
+/* backend.h — the one ops interface the forward pass and scheduler call.
+ *
+ * A backend owns its memory ("device" memory; plain host memory on the CPU backend)
+ * and implements each op of the Kimi-K2.5 / DeepSeek-V3 forward pass. Activations are
+ * FP32 row-major [T][D] in backend memory; weights are eg_weight views made by
+ * weight_upload (a view of the mmap on the CPU, a device copy on CUDA). Ops take local
+ * head and expert ranges so a tensor/expert split needs no new ops.
+ *
+ * Dimension legend: T tokens in the step, H hidden, NH heads, DN/DR/DV nope/rope/value
+ * head dims, C kv_lora_rank, E experts, K experts per token, F expert width, V vocab,
+ * S sequence slots, MB max blocks per sequence, BS cache block size (tokens).
+ *
+ * Ordering: ops on one backend run in issue order (a CUDA stream); to_host may be
+ * asynchronous and is complete after sync.
+ * Ownership: the caller owns eg_backend and frees it with eg_backend_free (NULL ok).
+ * Thread safety: one thread drives a backend at a time. */
+#ifndef EG_BACKEND_H
+#define EG_BACKEND_H
+
+#include "engine/weights.h"
+
+typedef struct eg_backend eg_backend;
+
+/* The BF16 MLA latent cache of one layer: [n_blocks][BS][C+DR] bf16, each row the
+ * normalised latent then the rotated k_pe (round to nearest even). */
+typedef struct eg_kv_layer {
+    uint16_t *data;
+} eg_kv_layer;
+
+/* Everything one MLA attention call needs. Positions/slots/tables live in backend memory. */
+typedef struct eg_mla_args {
+    int T;
+    const int32_t *pos;         /* [T] position of each token in its sequence */
+    const int32_t *slot;        /* [T] sequence slot of each token */
+    const int32_t *block_table; /* [S][MB] physical block of each logical block */
+    int max_blocks;             /* MB */
+    int block_size;             /* BS */
+    int max_pos;                /* max over pos[] + 1 in this call (bounds work, host-known) */
+    const float *q;             /* [T][NH][DN+DR] q projection output (q_pe unrotated) */
+    const float *kv;            /* [T][C+DR] kv_a output: raw latent, unrotated k_pe */
+    const eg_weight *kv_a_norm; /* [C] */
+    const eg_weight *kv_b;      /* [NH*(DN+DV)][C] */
+    eg_kv_layer cache;          /* this layer's cache */
+    const float *rope_inv_freq; /* [DR/2] in backend memory */
+    float rope_attn_factor;     /* multiplies cos and sin */
+    float softmax_scale;
+    float eps;                  /* rms_norm_eps for kv_a_layernorm */
+    int h0, h1;                 /* heads [h0, h1) computed here */
+    float *out;                 /* [T][NH][DV]: rows for heads h0..h1 written */
+} eg_mla_args;
+
+typedef struct eg_router_args {
+    int T;
+    const float *x;               /* [T][H] normed */
+    const eg_weight *gate;        /* [E][H] */
+    const eg_weight *bias;        /* [E] e_score_correction_bias */
+    int n_group, topk_group, topk;
+    int norm_topk;
+    float routed_scale;
+    int32_t *ids;                 /* [T][K] chosen experts */
+    float *weights;               /* [T][K] their weights (scaled) */
+} eg_router_args;
+
+typedef struct eg_moe_args {
+    int T;
+    const float *x;               /* [T][H] normed */
+    const int32_t *ids;           /* [T][K] */
+    const float *weights;         /* [T][K] */
+    int topk;
+    const eg_expert_w *experts;   /* [E] */
+    int e0, e1;                   /* experts [e0, e1) computed here; others skipped */
+    float *y;                     /* [T][H]: y += sum_k w * expert_k(x) */
+} eg_moe_args;
+
+typedef struct eg_sample_params {
+    float temperature;            /* 0 = greedy */
+    float top_p;                  /* 1 = off */
+    int top_k;                    /* 0 = off */
+} eg_sample_params;
+
+typedef struct eg_backend_ops {
+    const char *name;
+    void (*destroy)(eg_backend *b);
+    /* memory */
+    eg_status (*alloc)(eg_backend *b, size_t bytes, void **ptr, eg_error *err);
+    void (*release)(eg_backend *b, void *ptr);
+    eg_status (*to_device)(eg_backend *b, void *dst, const void *src, size_t bytes, eg_error *err);
+    eg_status (*to_host)(eg_backend *b, void *dst, const void *src, size_t bytes, eg_error *err);
+    eg_status (*memset0)(eg_backend *b, void *dst, size_t bytes, eg_error *err);
+    eg_status (*sync)(eg_backend *b, eg_error *err);
+    /* Make a weight usable by this backend (CPU: the view itself; CUDA: a device copy). */
+    eg_status (*weight_upload)(eg_backend *b, const eg_weight *host, eg_weight *dev, eg_error *err);
+    void (*weight_release)(eg_backend *b, eg_weight *dev);
+
+    /* x[t] = E[tokens[t]] */
+    eg_status (*embed)(eg_backend *b, const int32_t *tokens, int T, const eg_weight *E, float *x, eg_error *err);
+    /* y[t] = x[t] / rms(x[t]) * w, FP32, eps from config */
+    eg_status (*rmsnorm)(eg_backend *b, const float *x, const eg_weight *w, int T, int D, float eps, float *y, eg_error *err);
+    /* x += dx, then y = rmsnorm(x) (the residual add fused with the next norm) */
+    eg_status (*add_rmsnorm)(eg_backend *b, float *x, const float *dx, const eg_weight *w, int T, int D, float eps, float *y, eg_error *err);
+    /* x += dx */
+    eg_status (*add)(eg_backend *b, float *x, const float *dx, int64_t n, eg_error *err);
+    /* y[T][rows] = x[T][cols] W^T, any weight format */
+    eg_status (*linear)(eg_backend *b, const float *x, int T, const eg_weight *W, float *y, eg_error *err);
+    /* y (+)= down(silu(gate x) * up x); accumulate selects += */
+    eg_status (*swiglu_mlp)(eg_backend *b, const float *x, int T, const eg_weight *gate, const eg_weight *up, const eg_weight *down, float *y, int accumulate, eg_error *err);
+    eg_status (*mla_attention)(eg_backend *b, const eg_mla_args *a, eg_error *err);
+    eg_status (*router)(eg_backend *b, const eg_router_args *a, eg_error *err);
+    eg_status (*moe)(eg_backend *b, const eg_moe_args *a, eg_error *err);
+    /* out[i] = x[idx[i]] rows of width D */
+    eg_status (*gather_rows)(eg_backend *b, const float *x, const int32_t *idx, int n, int D, float *out, eg_error *err);
+    /* Sample one token per row of logits [N][V]. params, rng and out are host arrays;
+     * rng[i] is sequence i's generator state, advanced in place. */
+    eg_status (*sample)(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params, uint64_t *rng, int32_t *out, eg_error *err);
+} eg_backend_ops;
+
+struct eg_backend {
+    const eg_backend_ops *ops;
+    void *impl;
+};
+
+/* Create a backend by name ("cpu" or "cuda"). max_tokens bounds T of any op call (the
+ * backend sizes its scratch from it and cfg, so no op allocates). nthreads: CPU worker
+ * threads (0 = eg_num_threads()). device: CUDA device index. */
+typedef struct eg_backend_opts {
+    const char *name;
+    int max_tokens;
+    int nthreads;
+    int device;
+} eg_backend_opts;
+
+eg_status eg_backend_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err);
+void eg_backend_free(eg_backend *b);
+
+eg_status eg_backend_cpu_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err);
+/* Returns EG_ERR_UNSUPPORTED when built without CUDA or no GPU is present. */
+eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err);
+
+/* The sampler shared by backends that sample on the host: temperature, top-k, top-p
+ * with a per-sequence xoshiro-style RNG; greedy picks the lowest id among equal maxima. */
+int32_t eg_sample_row(const float *logits, int V, const eg_sample_params *p, uint64_t *rng, float *scratch, int32_t *iscratch);
+/* Seed a per-sequence RNG state from (job seed, sample id). */
+uint64_t eg_rng_seed(uint64_t seed, uint64_t id);
+/* Uniform [0,1) from the state (splitmix64 step). */
+double eg_rng_uniform(uint64_t *state);
+
+#endif

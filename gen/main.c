@@ -1,0 +1,42 @@
+/* eaglegen — generates EAGLE-3 drafter training data from Kimi-K2.5 / DeepSeek-V3
+ * models. This file only dispatches to the subcommands (gen/commands.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "gen/commands.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"generate", cmd_generate, "run the target model over a prompt corpus and write a dataset"},
+    {"merge", cmd_merge, "merge the datasets of several workers into one"},
+    {"inspect", cmd_inspect, "summarise or verify a dataset (--verify, --json)"},
+    {"vocab", cmd_vocab, "build an EAGLE-3 draft vocabulary (d2t/t2d) from a dataset"},
+    {"tokenize", cmd_tokenize, "tokenize JSONL text or conversations with the Kimi chat template"},
+    {"forward", cmd_forward, "teacher-forced hidden states and logits for token prompts"},
+    {"mkmodel", cmd_mkmodel, "write a random-weights model in the Hugging Face layout"},
+    {"bench", cmd_bench, "measure prefill and decode tokens/s"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: eaglegen COMMAND [options]   (eaglegen COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "eaglegen: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
