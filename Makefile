@@ -75,10 +75,11 @@ $(LIB_PROMPTS): $(PROMPTS_OBJS)
 $(LIB_DATASET): $(DATASET_OBJS)
 $(LIB_ENGINE): $(ENGINE_OBJS) $(KERNEL_OBJS)
 $(LIB_GEN): $(GEN_OBJS)
-$(BUILD)/lib%.a:
+# Every library holds an empty object too, so a module with no sources yet still links.
+$(BUILD)/lib%.a: $(BUILD)/.empty.o
 	@mkdir -p $(dir $@)
 	@rm -f $@
-	ar rcs $@ $^ $(if $^,,$(BUILD)/.empty.o)
+	ar rcs $@ $^
 
 $(BUILD)/.empty.o:
 	@mkdir -p $(BUILD)
