@@ -88,7 +88,10 @@ $(BUILD)/.empty.o:
 $(EAGLEGEN): $(BUILD)/gen/main.o $(ALL_LIBS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/test_%: tests/test_%.c tests/check.h $(ALL_LIBS)
+# A test depends only on its module's libraries, so a half-written file elsewhere does
+# not break it.
+.SECONDEXPANSION:
+$(BUILD)/tests/test_%: tests/test_%.c tests/check.h $$(deps_$$(word 1,$$(subst _, ,$$*)))
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(deps_$(word 1,$(subst _, ,$*))) $(LDLIBS)
 
@@ -110,5 +113,8 @@ deps:
 
 clean:
 	rm -rf build build-asan build-*
+
+# GPU-only test programs and rules (built only with nvcc; run by tests/gpu/run.sh).
+-include tests/gpu/gpu.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
