@@ -125,6 +125,7 @@ struct eg_backend {
 typedef struct eg_backend_opts {
     const char *name;
     int max_tokens;
+    int max_seq_len;  /* longest sequence any op will see */
     int nthreads;
     int device;
 } eg_backend_opts;
@@ -137,7 +138,10 @@ eg_status eg_backend_cpu_create(const eg_config *cfg, const eg_backend_opts *o, 
 eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err);
 
 /* The sampler shared by backends that sample on the host: temperature, top-k, top-p
- * with a per-sequence xoshiro-style RNG; greedy picks the lowest id among equal maxima. */
+ * with a per-sequence splitmix64 RNG; greedy picks the lowest id among equal maxima.
+ * Candidates are ordered by logit (desc), then id; top-k keeps the first k, top-p the
+ * shortest prefix whose probability mass reaches p; one uniform draw picks within it.
+ * scratch must hold 2*V floats; iscratch is unused (may be NULL). */
 int32_t eg_sample_row(const float *logits, int V, const eg_sample_params *p, uint64_t *rng, float *scratch, int32_t *iscratch);
 /* Seed a per-sequence RNG state from (job seed, sample id). */
 uint64_t eg_rng_seed(uint64_t seed, uint64_t id);

@@ -1,0 +1,99 @@
+/* engine.h — the fixed-shape batch engine: continuous batching over sequence slots,
+ * chunked prefill mixed with decode, per-sequence sampling, hidden-state capture.
+ *
+ * The caller supplies requests through a pull callback and receives finished
+ * sequences through a done callback. Each step packs decode tokens (one per generating
+ * slot) and prefill chunks into at most max_tokens rows; a finished sequence frees its
+ * slot and its cache blocks for the next request at once. A request is admitted only
+ * when the cache can hold its whole sequence (prompt + max_new), so nothing is ever
+ * preempted. Capture covers every position, the last generated token included (it is
+ * run through the model once more, without sampling).
+ *
+ * Determinism: a sequence's tokens depend only on the model, its tokens, its sampling
+ * parameters and RNG state — not on batch composition (the CPU backend reduces in a
+ * fixed order per row).
+ * Pipeline split: opts.stage_ends cuts the layers into stages run one after another
+ * with the hidden rows handed over between them; the output equals the unsplit engine.
+ * Ownership: the engine borrows model and backend(s); result buffers passed to the
+ * done callback are valid only during the call.
+ * Thread safety: one thread drives an engine. */
+#ifndef EG_ENGINE_H
+#define EG_ENGINE_H
+
+#include "engine/forward.h"
+
+typedef enum eg_finish {
+    EG_FINISH_NONE = 0, /* teacher-forced (capture mode): nothing generated */
+    EG_FINISH_STOP,     /* a stop token was generated (it is kept) */
+    EG_FINISH_LENGTH    /* max_new tokens generated without a stop token */
+} eg_finish;
+
+typedef struct eg_request {
+    uint64_t id;
+    const int32_t *tokens;   /* [n_tokens] prompt, or the whole sequence when max_new == 0; copied */
+    int n_tokens;
+    int max_new;             /* tokens to generate; 0 = teacher-forced only */
+    eg_sample_params sp;
+    uint64_t rng;            /* initial RNG state, e.g. eg_rng_seed(job_seed, sample_index) */
+    const int32_t *stop_ids; /* [n_stop]; copied */
+    int n_stop;
+    void *user;
+} eg_request;
+
+typedef struct eg_result {
+    uint64_t id;
+    void *user;
+    const int32_t *tokens;   /* [n_tokens] prompt + generated */
+    int n_tokens;
+    int prompt_len;
+    int n_generated;
+    eg_finish finish;
+    int n_aux;
+    const float *aux;        /* [n_tokens][n_aux][H] residual after each capture layer */
+    const float *final;      /* [n_tokens][H] final-norm output (or pre-norm, per opts) */
+    const float *logits;     /* [n_tokens][V] when opts.want_logits, else NULL */
+} eg_result;
+
+typedef struct eg_engine_opts {
+    int n_slots;             /* concurrent sequences */
+    int max_seq_len;         /* prompt + generated, per sequence */
+    int max_tokens;          /* rows per step (prefill chunk budget); >= 1 */
+    int block_size;          /* cache block size (0 = 64) */
+    int64_t kv_blocks;       /* 0 = enough for every slot at max_seq_len */
+    const int *aux_layers;   /* capture: output of decoder layer k (0-based); -1 = embedding */
+    int n_aux;
+    int final_pre_norm;      /* final hidden = residual before the final norm */
+    int want_logits;         /* keep logits for every position (small vocabularies only) */
+    const int *stage_ends;   /* pipeline: end layer of each stage (ascending, last = L); NULL = one stage */
+    int n_stages;
+} eg_engine_opts;
+
+/* Return 1 and fill req when a request is available, 0 when there are no more,
+ * negative on error (err filled). The request's arrays need only live until the call
+ * returns to the engine's next admission (they are copied). */
+typedef int (*eg_next_fn)(void *ctx, eg_request *req, eg_error *err);
+typedef eg_status (*eg_done_fn)(void *ctx, const eg_result *res, eg_error *err);
+
+typedef struct eg_engine_stats {
+    int64_t steps;
+    int64_t prefill_tokens;  /* prompt / teacher-forced rows processed */
+    int64_t decode_tokens;   /* generated tokens */
+    int64_t sequences;
+    double seconds;          /* time inside forward steps */
+} eg_engine_stats;
+
+typedef struct eg_engine eg_engine;
+
+eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_opts *o, eg_engine **out, eg_error *err);
+void eg_engine_free(eg_engine *e);
+/* Run until next() reports no more requests and every slot has finished. A done()
+ * error stops the run and is returned. */
+eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
+/* Ask a running engine to stop admitting (e.g. on SIGINT): it finishes in-flight
+ * sequences, then returns EG_ERR_INTERRUPTED. Safe from a signal handler. */
+void eg_engine_request_stop(eg_engine *e);
+void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s);
+/* The KV capacity in tokens (stage 0's cache). */
+int64_t eg_engine_kv_capacity(const eg_engine *e);
+
+#endif

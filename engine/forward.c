@@ -1,0 +1,311 @@
+/* The forward pass over a layer range; see forward.h. Backend-neutral: every
+ * computation goes through eg_backend_ops. */
+#include "engine/forward.h"
+
+#include <stdlib.h>
+
+struct eg_forward {
+    const eg_model *m;
+    eg_backend *be;
+    const eg_backend_ops *ops;
+    eg_forward_opts o;
+    int l0, l1;
+    int *capture; /* copy of o.capture */
+    /* device weights */
+    eg_weight embed, final_norm, lm_head;
+    eg_layer_w *layers; /* [l1-l0] */
+    int64_t weight_bytes;
+    eg_kv_cache *kv;
+    /* device scratch; dims in the legend of backend.h */
+    float *x;       /* [T][H] residual stream */
+    float *xn;      /* [T][H] normed */
+    float *dx;      /* [T][H] block output */
+    float *qa;      /* [T][QL] */
+    float *qan;     /* [T][QL] */
+    float *q;       /* [T][NH][DN+DR] */
+    float *kvbuf;   /* [T][C+DR] */
+    float *attn;    /* [T][NH][DV] */
+    int32_t *ids;   /* [T][K] */
+    float *rw;      /* [T][K] */
+    float *g;       /* [T][H] gathered rows for lm_head */
+    float *logits;  /* [T][V] */
+    int32_t *tok_d, *pos_d, *slot_d, *rows_d; /* [T] */
+    float *inv_freq_d;                          /* [DR/2] */
+    float rope_attn_factor, softmax_scale;
+};
+
+static eg_status up(eg_forward *f, const eg_weight *h, eg_weight *d, eg_error *err) {
+    if (h->fmt == EG_W_NONE) { memset(d, 0, sizeof *d); return EG_OK; }
+    eg_status st = f->ops->weight_upload(f->be, h, d, err);
+    if (st) return eg_wrap(err, "uploading %s", h->name ? h->name : "weight");
+    f->weight_bytes += eg_weight_bytes(h);
+    return EG_OK;
+}
+
+static void down(eg_forward *f, eg_weight *d) {
+    if (d->fmt != EG_W_NONE && f->ops->weight_release) f->ops->weight_release(f->be, d);
+}
+
+static eg_status upload_layer(eg_forward *f, const eg_layer_w *h, eg_layer_w *d, eg_error *err) {
+    eg_status st;
+    memset(d, 0, sizeof *d);
+    d->is_moe = h->is_moe;
+    const eg_weight *hs[] = {&h->attn_norm, &h->ffn_norm, &h->q_a, &h->q_a_norm, &h->q_b, &h->q, &h->kv_a,
+                             &h->kv_a_norm, &h->kv_b, &h->o, &h->mlp_gate, &h->mlp_up, &h->mlp_down,
+                             &h->router, &h->router_bias, &h->sh_gate, &h->sh_up, &h->sh_down};
+    eg_weight *ds[] = {&d->attn_norm, &d->ffn_norm, &d->q_a, &d->q_a_norm, &d->q_b, &d->q, &d->kv_a,
+                       &d->kv_a_norm, &d->kv_b, &d->o, &d->mlp_gate, &d->mlp_up, &d->mlp_down,
+                       &d->router, &d->router_bias, &d->sh_gate, &d->sh_up, &d->sh_down};
+    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+        if ((st = up(f, hs[i], ds[i], err))) return st;
+    if (h->is_moe && h->experts) {
+        int E = f->m->cfg.n_experts;
+        d->experts = eg_calloc((size_t)E, sizeof *d->experts, err);
+        if (!d->experts) return EG_ERR_NOMEM;
+        for (int e = 0; e < E; e++)
+            if ((st = up(f, &h->experts[e].gate, &d->experts[e].gate, err)) ||
+                (st = up(f, &h->experts[e].up, &d->experts[e].up, err)) ||
+                (st = up(f, &h->experts[e].down, &d->experts[e].down, err)))
+                return st;
+    }
+    return EG_OK;
+}
+
+static void release_layer(eg_forward *f, eg_layer_w *d) {
+    eg_weight *ds[] = {&d->attn_norm, &d->ffn_norm, &d->q_a, &d->q_a_norm, &d->q_b, &d->q, &d->kv_a,
+                       &d->kv_a_norm, &d->kv_b, &d->o, &d->mlp_gate, &d->mlp_up, &d->mlp_down,
+                       &d->router, &d->router_bias, &d->sh_gate, &d->sh_up, &d->sh_down};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) down(f, ds[i]);
+    if (d->experts) {
+        for (int e = 0; e < f->m->cfg.n_experts; e++) {
+            down(f, &d->experts[e].gate);
+            down(f, &d->experts[e].up);
+            down(f, &d->experts[e].down);
+        }
+        free(d->experts);
+    }
+}
+
+void eg_forward_free(eg_forward *f) {
+    if (!f) return;
+    if (f->layers) {
+        for (int l = 0; l < f->l1 - f->l0; l++) release_layer(f, &f->layers[l]);
+        free(f->layers);
+    }
+    down(f, &f->embed);
+    down(f, &f->final_norm);
+    if (!(f->m->cfg.tie_embeddings && f->lm_head.data == f->embed.data)) down(f, &f->lm_head);
+    eg_kv_free(f->kv);
+    void *bufs[] = {f->x, f->xn, f->dx, f->qa, f->qan, f->q, f->kvbuf, f->attn, f->ids, f->rw,
+                    f->g, f->logits, f->tok_d, f->pos_d, f->slot_d, f->rows_d, f->inv_freq_d};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) f->ops->release(f->be, bufs[i]);
+    free(f->capture);
+    free(f);
+}
+
+static eg_status alloc(eg_forward *f, void **p, size_t bytes, eg_error *err) {
+    return f->ops->alloc(f->be, bytes ? bytes : 4, p, err);
+}
+
+eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_opts *o, eg_forward **out,
+                            eg_error *err) {
+    *out = NULL;
+    const eg_config *c = &m->cfg;
+    eg_forward *f = eg_calloc(1, sizeof *f, err);
+    if (!f) return EG_ERR_NOMEM;
+    f->m = m;
+    f->be = be;
+    f->ops = be->ops;
+    f->o = *o;
+    f->l0 = o->layer_begin;
+    f->l1 = o->layer_end ? o->layer_end : c->n_layers;
+    if (f->o.block_size <= 0) f->o.block_size = 64;
+    if (f->l0 < 0 || f->l1 > c->n_layers || f->l0 >= f->l1) {
+        free(f);
+        return eg_fail(err, EG_ERR_INVALID, "layer range [%d, %d) invalid for a %d-layer model", o->layer_begin,
+                       o->layer_end, c->n_layers);
+    }
+    if (o->n_capture > 0) {
+        f->capture = eg_malloc(sizeof(int) * (size_t)o->n_capture, err);
+        if (!f->capture) { free(f); return EG_ERR_NOMEM; }
+        memcpy(f->capture, o->capture, sizeof(int) * (size_t)o->n_capture);
+        f->o.capture = f->capture;
+    }
+    eg_status st = EG_OK;
+    int nl = f->l1 - f->l0;
+    f->layers = eg_calloc((size_t)nl, sizeof *f->layers, err);
+    if (!f->layers) { eg_forward_free(f); return EG_ERR_NOMEM; }
+    if (f->l0 == 0 && (st = up(f, &m->embed, &f->embed, err))) goto fail;
+    if (f->l1 == c->n_layers) {
+        if ((st = up(f, &m->final_norm, &f->final_norm, err))) goto fail;
+        if (c->tie_embeddings && f->l0 == 0) f->lm_head = f->embed;
+        else if ((st = up(f, &m->lm_head, &f->lm_head, err))) goto fail;
+    }
+    for (int l = 0; l < nl; l++)
+        if ((st = upload_layer(f, &m->layers[f->l0 + l], &f->layers[l], err))) goto fail;
+
+    size_t T = (size_t)(o->max_tokens > 0 ? o->max_tokens : 1);
+    f->o.max_tokens = (int)T;
+    size_t H = (size_t)c->hidden, NH = (size_t)c->n_heads, QL = (size_t)c->q_lora_rank;
+    size_t DQ = NH * (size_t)(c->qk_nope + c->qk_rope), W = (size_t)(c->kv_lora_rank + c->qk_rope);
+    size_t K = (size_t)(c->topk > 0 ? c->topk : 1), V = (size_t)c->vocab;
+    if ((st = alloc(f, (void **)&f->x, 4 * T * H, err)) || (st = alloc(f, (void **)&f->xn, 4 * T * H, err)) ||
+        (st = alloc(f, (void **)&f->dx, 4 * T * H, err)) || (st = alloc(f, (void **)&f->qa, 4 * T * QL, err)) ||
+        (st = alloc(f, (void **)&f->qan, 4 * T * QL, err)) || (st = alloc(f, (void **)&f->q, 4 * T * DQ, err)) ||
+        (st = alloc(f, (void **)&f->kvbuf, 4 * T * W, err)) ||
+        (st = alloc(f, (void **)&f->attn, 4 * T * NH * (size_t)c->v_head, err)) ||
+        (st = alloc(f, (void **)&f->ids, 4 * T * K, err)) || (st = alloc(f, (void **)&f->rw, 4 * T * K, err)) ||
+        (st = alloc(f, (void **)&f->g, 4 * T * H, err)) || (st = alloc(f, (void **)&f->logits, 4 * T * V, err)) ||
+        (st = alloc(f, (void **)&f->tok_d, 4 * T, err)) || (st = alloc(f, (void **)&f->pos_d, 4 * T, err)) ||
+        (st = alloc(f, (void **)&f->slot_d, 4 * T, err)) || (st = alloc(f, (void **)&f->rows_d, 4 * T, err)) ||
+        (st = alloc(f, (void **)&f->inv_freq_d, 4 * (size_t)(c->qk_rope / 2 + 1), err)))
+        goto fail;
+    {
+        int half = c->qk_rope / 2;
+        double *inv = eg_malloc(sizeof(double) * (size_t)(half + 1), err);
+        float *invf = eg_malloc(sizeof(float) * (size_t)(half + 1), err);
+        if (!inv || !invf) { free(inv); free(invf); st = EG_ERR_NOMEM; goto fail; }
+        eg_config_rope_inv_freq(c, inv);
+        for (int i = 0; i < half; i++) invf[i] = (float)inv[i];
+        st = f->ops->to_device(be, f->inv_freq_d, invf, sizeof(float) * (size_t)half, err);
+        free(inv);
+        free(invf);
+        if (st) goto fail;
+    }
+    f->rope_attn_factor = (float)eg_config_rope_attn_factor(c);
+    f->softmax_scale = (float)eg_config_softmax_scale(c);
+    {
+        int bs = f->o.block_size;
+        int64_t per_seq = (o->max_seq_len + bs - 1) / bs;
+        int64_t nb = o->kv_blocks > 0 ? o->kv_blocks : per_seq * (o->n_slots > 0 ? o->n_slots : 1);
+        st = eg_kv_create(be, nl, (int)W, bs, nb, o->n_slots > 0 ? o->n_slots : 1, o->max_seq_len, &f->kv, err);
+        if (st) goto fail;
+    }
+    *out = f;
+    return EG_OK;
+fail:
+    eg_forward_free(f);
+    return st;
+}
+
+eg_kv_cache *eg_forward_kv(eg_forward *f) { return f->kv; }
+int eg_forward_is_first(const eg_forward *f) { return f->l0 == 0; }
+int eg_forward_is_last(const eg_forward *f) { return f->l1 == f->m->cfg.n_layers; }
+int64_t eg_forward_weight_bytes(const eg_forward *f) { return f->weight_bytes; }
+
+static eg_status capture_rows(eg_forward *f, const eg_step *s, int layer, const float *x, eg_error *err) {
+    if (!s->capture) return EG_OK;
+    size_t H = (size_t)f->m->cfg.hidden, T = (size_t)s->T;
+    for (int i = 0; i < f->o.n_capture; i++)
+        if (f->o.capture[i] == layer) {
+            eg_status st = f->ops->to_host(f->be, s->capture + (size_t)i * T * H, x, sizeof(float) * T * H, err);
+            if (st) return st;
+        }
+    return EG_OK;
+}
+
+#define TRY(call)                                                                        \
+    do {                                                                                 \
+        eg_status st_ = (call);                                                          \
+        if (st_) return st_;                                                             \
+    } while (0)
+
+static eg_status attention(eg_forward *f, const eg_layer_w *L, int T, int max_pos, eg_kv_layer cache, eg_error *err) {
+    const eg_config *c = &f->m->cfg;
+    const eg_backend_ops *ops = f->ops;
+    eg_backend *be = f->be;
+    if (c->q_lora_rank > 0) {
+        TRY(ops->linear(be, f->xn, T, &L->q_a, f->qa, err));
+        TRY(ops->rmsnorm(be, f->qa, &L->q_a_norm, T, c->q_lora_rank, c->rms_eps, f->qan, err));
+        TRY(ops->linear(be, f->qan, T, &L->q_b, f->q, err));
+    } else {
+        TRY(ops->linear(be, f->xn, T, &L->q, f->q, err));
+    }
+    TRY(ops->linear(be, f->xn, T, &L->kv_a, f->kvbuf, err));
+    eg_mla_args a = {
+        .T = T, .pos = f->pos_d, .slot = f->slot_d, .block_table = f->kv->table_dev,
+        .max_blocks = f->kv->max_blocks, .block_size = f->kv->block_size, .max_pos = max_pos,
+        .q = f->q, .kv = f->kvbuf, .kv_a_norm = &L->kv_a_norm, .kv_b = &L->kv_b, .cache = cache,
+        .rope_inv_freq = f->inv_freq_d, .rope_attn_factor = f->rope_attn_factor,
+        .softmax_scale = f->softmax_scale, .eps = c->rms_eps, .h0 = 0, .h1 = c->n_heads, .out = f->attn,
+    };
+    TRY(ops->mla_attention(be, &a, err));
+    return ops->linear(be, f->attn, T, &L->o, f->dx, err);
+}
+
+static eg_status ffn(eg_forward *f, const eg_layer_w *L, int T, eg_error *err) {
+    const eg_config *c = &f->m->cfg;
+    const eg_backend_ops *ops = f->ops;
+    eg_backend *be = f->be;
+    if (!L->is_moe) return ops->swiglu_mlp(be, f->xn, T, &L->mlp_gate, &L->mlp_up, &L->mlp_down, f->dx, 0, err);
+    eg_router_args r = {.T = T, .x = f->xn, .gate = &L->router, .bias = &L->router_bias, .n_group = c->n_group,
+                        .topk_group = c->topk_group, .topk = c->topk, .norm_topk = c->norm_topk,
+                        .routed_scale = c->routed_scale, .ids = f->ids, .weights = f->rw};
+    TRY(ops->router(be, &r, err));
+    TRY(ops->memset0(be, f->dx, sizeof(float) * (size_t)T * (size_t)c->hidden, err));
+    eg_moe_args a = {.T = T, .x = f->xn, .ids = f->ids, .weights = f->rw, .topk = c->topk,
+                     .experts = L->experts, .e0 = 0, .e1 = c->n_experts, .y = f->dx};
+    TRY(ops->moe(be, &a, err));
+    if (L->sh_gate.fmt != EG_W_NONE)
+        TRY(ops->swiglu_mlp(be, f->xn, T, &L->sh_gate, &L->sh_up, &L->sh_down, f->dx, 1, err));
+    return EG_OK;
+}
+
+eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
+    const eg_config *c = &f->m->cfg;
+    const eg_backend_ops *ops = f->ops;
+    eg_backend *be = f->be;
+    int T = s->T;
+    size_t H = (size_t)c->hidden;
+    if (T < 1 || T > f->o.max_tokens)
+        return eg_fail(err, EG_ERR_INVALID, "step of %d tokens (this engine takes 1..%d)", T, f->o.max_tokens);
+    int max_pos = 0;
+    for (int t = 0; t < T; t++) {
+        if (s->slot[t] < 0 || s->slot[t] >= f->kv->n_slots)
+            return eg_fail(err, EG_ERR_INVALID, "token %d: slot %d out of range", t, s->slot[t]);
+        if (s->pos[t] < 0 || (int64_t)s->pos[t] >= (int64_t)f->kv->n_mapped[s->slot[t]] * f->kv->block_size)
+            return eg_fail(err, EG_ERR_INVALID, "token %d: position %d of slot %d has no cache block reserved", t,
+                           s->pos[t], s->slot[t]);
+        if (s->pos[t] + 1 > max_pos) max_pos = s->pos[t] + 1;
+    }
+    TRY(ops->to_device(be, f->pos_d, s->pos, sizeof(int32_t) * (size_t)T, err));
+    TRY(ops->to_device(be, f->slot_d, s->slot, sizeof(int32_t) * (size_t)T, err));
+    TRY(eg_kv_sync_table(f->kv, err));
+    if (f->l0 == 0) {
+        TRY(ops->to_device(be, f->tok_d, s->tokens, sizeof(int32_t) * (size_t)T, err));
+        TRY(ops->embed(be, f->tok_d, T, &f->embed, f->x, err));
+        TRY(capture_rows(f, s, -1, f->x, err));
+    } else {
+        if (!s->x_in) return eg_fail(err, EG_ERR_INVALID, "pipeline stage starting at layer %d needs x_in", f->l0);
+        TRY(ops->to_device(be, f->x, s->x_in, sizeof(float) * (size_t)T * H, err));
+    }
+    for (int l = f->l0; l < f->l1; l++) {
+        const eg_layer_w *L = &f->layers[l - f->l0];
+        eg_status st;
+        if ((st = ops->rmsnorm(be, f->x, &L->attn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
+            (st = attention(f, L, T, max_pos, f->kv->layers[l - f->l0], err)) ||
+            (st = ops->add_rmsnorm(be, f->x, f->dx, &L->ffn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
+            (st = ffn(f, L, T, err)) || (st = ops->add(be, f->x, f->dx, (int64_t)T * c->hidden, err)) ||
+            (st = capture_rows(f, s, l, f->x, err)))
+            return eg_wrap(err, "layer %d", l);
+    }
+    if (f->l1 == c->n_layers) {
+        TRY(ops->rmsnorm(be, f->x, &f->final_norm, T, c->hidden, c->rms_eps, f->xn, err));
+        if (s->final_hidden)
+            TRY(ops->to_host(be, s->final_hidden, f->o.final_pre_norm ? f->x : f->xn, sizeof(float) * (size_t)T * H, err));
+        if (s->n_logits > 0) {
+            if (s->n_logits > T) return eg_fail(err, EG_ERR_INVALID, "more logit rows than tokens");
+            TRY(ops->to_device(be, f->rows_d, s->logit_rows, sizeof(int32_t) * (size_t)s->n_logits, err));
+            TRY(ops->gather_rows(be, f->xn, f->rows_d, s->n_logits, c->hidden, f->g, err));
+            TRY(ops->linear(be, f->g, s->n_logits, &f->lm_head, f->logits, err));
+            if (s->logits)
+                TRY(ops->to_host(be, s->logits, f->logits, sizeof(float) * (size_t)s->n_logits * (size_t)c->vocab, err));
+            if (s->sampled)
+                TRY(ops->sample(be, f->logits, s->n_logits, c->vocab, s->sp, s->rng, s->sampled, err));
+        }
+    } else if (s->x_out) {
+        TRY(ops->to_host(be, s->x_out, f->x, sizeof(float) * (size_t)T * H, err));
+    }
+    return ops->sync(be, err);
+}

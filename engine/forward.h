@@ -1,0 +1,65 @@
+/* forward.h — the Kimi-K2.5 / DeepSeek-V3 forward pass over a range of layers,
+ * written once against the backend interface (backend.h).
+ *
+ *   x = embed(tokens)                                     (first stage only)
+ *   for each layer l in [l0, l1):
+ *       x += attn(rmsnorm(x));  x += ffn(rmsnorm(x))      (dense MLP or MoE)
+ *   normed = rmsnorm_final(x); logits = lm_head(normed)   (last stage only)
+ *
+ * A step processes T tokens from any mix of sequences (prefill chunks and decode
+ * tokens together); token t belongs to cache slot slot[t] at position pos[t], and its
+ * latent is written to the cache before attention reads it. A forward object owns its
+ * layers' device weights (uploaded at create), scratch for max_tokens, and the KV cache
+ * of those layers. A pipeline stage is a forward object over a layer sub-range; it takes
+ * x_in and gives x_out instead of tokens/logits.
+ * Ownership: eg_forward borrows model and backend (both must outlive it).
+ * Thread safety: one thread drives a forward object. */
+#ifndef EG_FORWARD_H
+#define EG_FORWARD_H
+
+#include "engine/kv_cache.h"
+
+typedef struct eg_forward_opts {
+    int layer_begin, layer_end; /* [l0, l1); 0, 0 = the whole model */
+    int max_tokens;             /* T bound per step */
+    int n_slots;                /* sequence slots */
+    int max_seq_len;            /* per sequence */
+    int block_size;             /* cache block size in tokens (0 = 64) */
+    int64_t kv_blocks;          /* 0 = n_slots * ceil(max_seq_len / block_size) */
+    const int *capture;         /* layers whose output is captured: k = output of decoder
+                                   layer k (HF hidden_states[k+1]); -1 = the embedding */
+    int n_capture;
+    int final_pre_norm;         /* capture the residual before the final norm instead */
+} eg_forward_opts;
+
+typedef struct eg_step {
+    int T;
+    const int32_t *tokens;  /* [T] host; first stage */
+    const int32_t *pos;     /* [T] host */
+    const int32_t *slot;    /* [T] host */
+    const float *x_in;      /* [T][H] host; stages after the first */
+    float *x_out;           /* [T][H] host; stages before the last (NULL otherwise) */
+    /* Rows whose logits are wanted (last stage): */
+    int n_logits;
+    const int32_t *logit_rows; /* [n_logits] indices into 0..T-1 */
+    float *logits;             /* [n_logits][V] host, or NULL when sampling only */
+    int32_t *sampled;          /* [n_logits] host: sample these rows (NULL = no sampling) */
+    const eg_sample_params *sp;/* [n_logits] */
+    uint64_t *rng;             /* [n_logits] per-row RNG states, advanced */
+    /* Capture (host, NULL = skip): */
+    float *capture;            /* [n_capture][T][H]; entries for layers outside [l0,l1) untouched */
+    float *final_hidden;       /* [T][H] final-norm output (or pre-norm residual) */
+} eg_step;
+
+typedef struct eg_forward eg_forward;
+
+eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_opts *o, eg_forward **out, eg_error *err);
+void eg_forward_free(eg_forward *f);
+eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err);
+eg_kv_cache *eg_forward_kv(eg_forward *f);
+int eg_forward_is_first(const eg_forward *f);
+int eg_forward_is_last(const eg_forward *f);
+/* Bytes of this forward's weights as stored on the backend. */
+int64_t eg_forward_weight_bytes(const eg_forward *f);
+
+#endif

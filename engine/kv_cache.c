@@ -1,0 +1,92 @@
+/* Paged latent cache manager; see kv_cache.h. */
+#include "engine/kv_cache.h"
+
+#include <stdlib.h>
+
+eg_status eg_kv_create(eg_backend *be, int n_layers, int width, int block_size, int64_t n_blocks, int n_slots,
+                       int max_seq_len, eg_kv_cache **out, eg_error *err) {
+    *out = NULL;
+    if (block_size < 1 || n_slots < 1 || max_seq_len < 1 || n_blocks < 1 || width < 1)
+        return eg_fail(err, EG_ERR_INVALID, "kv cache: bad geometry (block %d, slots %d, max_seq_len %d, blocks %lld)",
+                       block_size, n_slots, max_seq_len, (long long)n_blocks);
+    eg_kv_cache *kv = eg_calloc(1, sizeof *kv, err);
+    if (!kv) return EG_ERR_NOMEM;
+    kv->be = be;
+    kv->n_layers = n_layers;
+    kv->width = width;
+    kv->block_size = block_size;
+    kv->n_blocks = n_blocks;
+    kv->n_slots = n_slots;
+    kv->max_blocks = (max_seq_len + block_size - 1) / block_size;
+    size_t tab = (size_t)n_slots * (size_t)kv->max_blocks;
+    kv->table = eg_malloc(sizeof(int32_t) * tab, err);
+    kv->n_mapped = eg_calloc((size_t)n_slots, sizeof(int32_t), err);
+    kv->free_list = eg_malloc(sizeof(int32_t) * (size_t)n_blocks, err);
+    kv->layers = eg_calloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof *kv->layers, err);
+    if (!kv->table || !kv->n_mapped || !kv->free_list || !kv->layers) { eg_kv_free(kv); return EG_ERR_NOMEM; }
+    for (size_t i = 0; i < tab; i++) kv->table[i] = -1;
+    for (int64_t i = 0; i < n_blocks; i++) kv->free_list[i] = (int32_t)(n_blocks - 1 - i);
+    kv->n_free = n_blocks;
+    size_t per_layer = (size_t)n_blocks * (size_t)block_size * (size_t)width;
+    eg_status st;
+    if (n_layers > 0) {
+        st = be->ops->alloc(be, sizeof(uint16_t) * per_layer * (size_t)n_layers, (void **)&kv->storage, err);
+        if (st) { eg_wrap(err, "allocating the KV cache (%lld blocks of %d tokens)", (long long)n_blocks, block_size); eg_kv_free(kv); return st; }
+    }
+    for (int l = 0; l < n_layers; l++) kv->layers[l].data = kv->storage + per_layer * (size_t)l;
+    st = be->ops->alloc(be, sizeof(int32_t) * tab, (void **)&kv->table_dev, err);
+    if (st) { eg_kv_free(kv); return st; }
+    kv->table_dirty = 1;
+    *out = kv;
+    return EG_OK;
+}
+
+void eg_kv_free(eg_kv_cache *kv) {
+    if (!kv) return;
+    if (kv->storage) kv->be->ops->release(kv->be, kv->storage);
+    if (kv->table_dev) kv->be->ops->release(kv->be, kv->table_dev);
+    free(kv->table);
+    free(kv->n_mapped);
+    free(kv->free_list);
+    free(kv->layers);
+    free(kv);
+}
+
+int64_t eg_kv_blocks_for(const eg_kv_cache *kv, int64_t n) { return (n + kv->block_size - 1) / kv->block_size; }
+
+eg_status eg_kv_reserve(eg_kv_cache *kv, int slot, int64_t n_tokens, eg_error *err) {
+    if (slot < 0 || slot >= kv->n_slots) return eg_fail(err, EG_ERR_INVALID, "kv cache: slot %d out of range", slot);
+    int64_t need = eg_kv_blocks_for(kv, n_tokens);
+    if (need > kv->max_blocks)
+        return eg_fail(err, EG_ERR_INVALID, "kv cache: %lld tokens exceed the maximum sequence length %lld",
+                       (long long)n_tokens, (long long)kv->max_blocks * kv->block_size);
+    int64_t more = need - kv->n_mapped[slot];
+    if (more <= 0) return EG_OK;
+    if (more > kv->n_free)
+        return eg_fail(err, EG_ERR_NOMEM, "kv cache: need %lld blocks, %lld free", (long long)more, (long long)kv->n_free);
+    int32_t *row = kv->table + (int64_t)slot * kv->max_blocks;
+    while (kv->n_mapped[slot] < need) row[kv->n_mapped[slot]++] = kv->free_list[--kv->n_free];
+    kv->table_dirty = 1;
+    return EG_OK;
+}
+
+void eg_kv_release(eg_kv_cache *kv, int slot) {
+    if (!kv || slot < 0 || slot >= kv->n_slots) return;
+    int32_t *row = kv->table + (int64_t)slot * kv->max_blocks;
+    while (kv->n_mapped[slot] > 0) {
+        int i = --kv->n_mapped[slot];
+        kv->free_list[kv->n_free++] = row[i];
+        row[i] = -1;
+    }
+    kv->table_dirty = 1;
+}
+
+eg_status eg_kv_sync_table(eg_kv_cache *kv, eg_error *err) {
+    if (!kv->table_dirty) return EG_OK;
+    eg_status st = kv->be->ops->to_device(kv->be, kv->table_dev, kv->table,
+                                          sizeof(int32_t) * (size_t)kv->n_slots * (size_t)kv->max_blocks, err);
+    if (!st) kv->table_dirty = 0;
+    return st;
+}
+
+int64_t eg_kv_bytes_per_token(const eg_kv_cache *kv) { return (int64_t)kv->n_layers * kv->width * 2; }

@@ -1,0 +1,448 @@
+/* Op tests: every CPU backend op against straightforward scalar code (double
+ * precision, written independently) on seeded random inputs. The MLA test checks the
+ * absorbed attention against the expanded form (per-head keys and values rebuilt from
+ * the cached latent), across a shuffled paged block table. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/backend.h"
+#include "engine/kv_cache.h"
+#include "tests/check.h"
+
+static uint64_t rs;
+static double urand(void) {
+    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rs >> 11) * 0x1.0p-53;
+}
+static float nrand(void) {
+    double u = urand() + 1e-12, v = urand();
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static eg_config small_cfg(void) {
+    eg_config c;
+    memset(&c, 0, sizeof c);
+    c.hidden = 48; c.n_layers = 2; c.n_heads = 3; c.q_lora_rank = 0; c.kv_lora_rank = 24;
+    c.qk_nope = 8; c.qk_rope = 6; c.v_head = 10; c.inter = 40; c.moe_inter = 16; c.n_experts = 8;
+    c.n_shared = 1; c.topk = 3; c.n_group = 4; c.topk_group = 2; c.routed_scale = 2.5f; c.norm_topk = 1;
+    c.rms_eps = 1e-6f; c.vocab = 50; c.rope_theta = 10000;
+    return c;
+}
+
+/* Weight storage made by the test, in the formats of weights.h. */
+typedef struct { eg_weight w; void *data, *scale; } owned_w;
+
+static owned_w make_w(eg_wfmt fmt, int64_t rows, int64_t cols, float sd) {
+    owned_w o;
+    memset(&o, 0, sizeof o);
+    o.w.fmt = fmt; o.w.rows = rows; o.w.cols = cols; o.w.name = "test";
+    int64_t n = rows * cols;
+    if (fmt == EG_W_F32) {
+        float *d = malloc(4 * (size_t)n);
+        for (int64_t i = 0; i < n; i++) d[i] = nrand() * sd;
+        o.data = d;
+    } else if (fmt == EG_W_BF16) {
+        uint16_t *d = malloc(2 * (size_t)n);
+        for (int64_t i = 0; i < n; i++) d[i] = eg_f32_to_bf16(nrand() * sd);
+        o.data = d;
+    } else if (fmt == EG_W_INT4) {
+        int g = 32;
+        int32_t *d = calloc((size_t)(rows * cols / 8), 4);
+        uint16_t *s = malloc(2 * (size_t)(rows * cols / g));
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) {
+                uint32_t nib = (uint32_t)(urand() * 16) & 15;
+                d[r * (cols / 8) + c / 8] |= (int32_t)(nib << (4 * (c % 8)));
+            }
+        for (int64_t i = 0; i < rows * cols / g; i++) s[i] = eg_f32_to_bf16(sd * (0.05f + (float)urand() * 0.2f));
+        o.w.group = g;
+        o.data = d; o.scale = s;
+    } else if (fmt == EG_W_FP8) {
+        uint8_t *d = malloc((size_t)n);
+        int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+        float *s = malloc(4 * (size_t)(sr * sc));
+        for (int64_t i = 0; i < n; i++) {
+            uint8_t v = (uint8_t)(urand() * 256);
+            if ((v & 0x7f) == 0x7f) v = 0x10; /* no NaN */
+            d[i] = v;
+        }
+        for (int64_t i = 0; i < sr * sc; i++) s[i] = sd * 0.01f * (1 + (float)urand());
+        o.data = d; o.scale = s;
+    }
+    o.w.data = o.data; o.w.scale = o.scale;
+    return o;
+}
+static void free_w(owned_w *o) { free(o->data); free(o->scale); }
+
+static double relerr(const float *a, const double *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) { num += (a[i] - b[i]) * (a[i] - b[i]); den += b[i] * b[i]; }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static eg_backend *mk_backend(const eg_config *c, int max_tokens) {
+    eg_backend *b = NULL;
+    eg_error err = {0};
+    eg_backend_opts o = {.name = "cpu", .max_tokens = max_tokens, .max_seq_len = 64, .nthreads = 2};
+    CHECK_OK(eg_backend_create(c, &o, &b, &err), &err);
+    return b;
+}
+
+static void test_int4_layout(void) {
+    /* column 8j+i sits in bits 4i..4i+3 of word j, value = nibble - 8, times its group's scale */
+    int32_t words[8] = {0};
+    uint16_t scales[2] = {eg_f32_to_bf16(0.5f), eg_f32_to_bf16(2.0f)};
+    for (int c = 0; c < 64; c++) words[c / 8] |= (int32_t)((uint32_t)(c % 16) << (4 * (c % 8)));
+    eg_weight w = {.fmt = EG_W_INT4, .rows = 1, .cols = 64, .data = words, .scale = scales, .group = 32};
+    for (int c = 0; c < 64; c++) {
+        float want = (float)((c % 16) - 8) * (c < 32 ? 0.5f : 2.0f);
+        CHECKF(eg_weight_get(&w, 0, c) == want, "col %d: %g != %g", c, eg_weight_get(&w, 0, c), want);
+    }
+    float row[64];
+    eg_weight_row(&w, 0, row);
+    for (int c = 0; c < 64; c++) CHECK(row[c] == eg_weight_get(&w, 0, c));
+}
+
+static void test_fp8_block(void) {
+    /* e4m3: 0x38 = 1.0, 0x40 = 2.0, 0xb8 = -1.0, 0x01 = 2^-9; scale per 128x128 block */
+    uint8_t d[2 * 130];
+    float s[2] = {0.5f, 4.0f};
+    memset(d, 0x38, sizeof d);
+    d[129] = 0x40; d[130] = 0xb8; d[0] = 0x01;
+    eg_weight w = {.fmt = EG_W_FP8, .rows = 2, .cols = 130, .data = d, .scale = s};
+    CHECK(eg_weight_get(&w, 0, 0) == ldexpf(1, -9) * 0.5f);
+    CHECK(eg_weight_get(&w, 0, 5) == 0.5f);
+    CHECK(eg_weight_get(&w, 0, 129) == 2.0f * 4.0f);
+    CHECK(eg_weight_get(&w, 1, 0) == -0.5f);
+}
+
+static void test_linear_formats(void) {
+    rs = eg_test_seed();
+    eg_config c = small_cfg();
+    c.hidden = 96; /* cols multiple of 32 for INT4 */
+    eg_backend *b = mk_backend(&c, 16);
+    if (!b) return;
+    eg_wfmt fmts[] = {EG_W_F32, EG_W_BF16, EG_W_INT4, EG_W_FP8};
+    for (int f = 0; f < 4; f++) {
+        int T = 5, rows = 37, cols = 96;
+        owned_w w = make_w(fmts[f], rows, cols, 0.3f);
+        float *x = malloc(4 * (size_t)(T * cols)), *y = malloc(4 * (size_t)(T * rows));
+        double *ref = malloc(8 * (size_t)(T * rows));
+        for (int i = 0; i < T * cols; i++) x[i] = nrand();
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < rows; r++) {
+                double s = 0;
+                for (int k = 0; k < cols; k++) s += (double)x[t * cols + k] * eg_weight_get(&w.w, r, k);
+                ref[t * rows + r] = s;
+            }
+        eg_error err = {0};
+        CHECK_OK(b->ops->linear(b, x, T, &w.w, y, &err), &err);
+        double e = relerr(y, ref, T * rows);
+        CHECKF(e < 1e-6, "format %d: rel err %.3e", f, e);
+        free(x); free(y); free(ref); free_w(&w);
+    }
+    eg_backend_free(b);
+}
+
+static void test_rmsnorm_swiglu(void) {
+    rs = eg_test_seed() + 1;
+    eg_config c = small_cfg();
+    eg_backend *b = mk_backend(&c, 8);
+    if (!b) return;
+    int T = 4, H = c.hidden, I = c.inter;
+    owned_w nw = make_w(EG_W_BF16, 1, H, 1.0f), g = make_w(EG_W_BF16, I, H, 0.2f), u = make_w(EG_W_BF16, I, H, 0.2f),
+            d = make_w(EG_W_BF16, H, I, 0.2f);
+    float x[4 * 48], y[4 * 48];
+    double ref[4 * 48];
+    for (int i = 0; i < T * H; i++) x[i] = nrand() * 3;
+    eg_error err = {0};
+    CHECK_OK(b->ops->rmsnorm(b, x, &nw.w, T, H, 1e-6f, y, &err), &err);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int i = 0; i < H; i++) ss += (double)x[t * H + i] * x[t * H + i];
+        for (int i = 0; i < H; i++) ref[t * H + i] = x[t * H + i] / sqrt(ss / H + 1e-6) * eg_weight_get(&nw.w, 0, i);
+    }
+    CHECKF(relerr(y, ref, T * H) < 1e-6, "rmsnorm rel err %.3e", relerr(y, ref, T * H));
+    CHECK_OK(b->ops->swiglu_mlp(b, x, T, &g.w, &u.w, &d.w, y, 0, &err), &err);
+    for (int t = 0; t < T; t++) {
+        double act[40];
+        for (int i = 0; i < I; i++) {
+            double gg = 0, uu = 0;
+            for (int k = 0; k < H; k++) {
+                gg += (double)x[t * H + k] * eg_weight_get(&g.w, i, k);
+                uu += (double)x[t * H + k] * eg_weight_get(&u.w, i, k);
+            }
+            act[i] = gg / (1 + exp(-gg)) * uu;
+        }
+        for (int h = 0; h < H; h++) {
+            double s = 0;
+            for (int i = 0; i < I; i++) s += act[i] * eg_weight_get(&d.w, h, i);
+            ref[t * H + h] = s;
+        }
+    }
+    CHECKF(relerr(y, ref, T * H) < 1e-5, "swiglu rel err %.3e", relerr(y, ref, T * H));
+    free_w(&nw); free_w(&g); free_w(&u); free_w(&d);
+    eg_backend_free(b);
+}
+
+/* Expanded-form MLA for token t, head h, from the BF16 cache contents. */
+static void mla_expanded(const eg_config *c, const eg_mla_args *a, const uint16_t *cache, int t, int h, double *out) {
+    int C = c->kv_lora_rank, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, NH = c->n_heads, W = C + DR;
+    const float *q = a->q + ((int64_t)t * NH + h) * (DN + DR);
+    double qpe[16];
+    for (int i = 0; i < DR / 2; i++) {
+        double ang = a->pos[t] * (double)a->rope_inv_freq[i];
+        double cs = cos(ang) * a->rope_attn_factor, sn = sin(ang) * a->rope_attn_factor;
+        qpe[2 * i] = q[DN + 2 * i] * cs - q[DN + 2 * i + 1] * sn;
+        qpe[2 * i + 1] = q[DN + 2 * i] * sn + q[DN + 2 * i + 1] * cs;
+    }
+    int n = a->pos[t] + 1;
+    double *sc = malloc(sizeof(double) * (size_t)n), mx = -1e300, sum = 0;
+    for (int j = 0; j < n; j++) {
+        int blk = a->block_table[a->slot[t] * a->max_blocks + j / a->block_size];
+        const uint16_t *row = cache + ((int64_t)blk * a->block_size + j % a->block_size) * W;
+        double s = 0;
+        for (int d = 0; d < DN; d++) {
+            double k = 0;
+            for (int cc = 0; cc < C; cc++) k += eg_weight_get(a->kv_b, h * (DN + DV) + d, cc) * eg_bf16_to_f32(row[cc]);
+            s += q[d] * k;
+        }
+        for (int d = 0; d < DR; d++) s += qpe[d] * eg_bf16_to_f32(row[C + d]);
+        sc[j] = s * a->softmax_scale;
+        if (sc[j] > mx) mx = sc[j];
+    }
+    for (int j = 0; j < n; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+    for (int d = 0; d < DV; d++) out[d] = 0;
+    for (int j = 0; j < n; j++) {
+        int blk = a->block_table[a->slot[t] * a->max_blocks + j / a->block_size];
+        const uint16_t *row = cache + ((int64_t)blk * a->block_size + j % a->block_size) * W;
+        for (int d = 0; d < DV; d++) {
+            double v = 0;
+            for (int cc = 0; cc < C; cc++) v += eg_weight_get(a->kv_b, h * (DN + DV) + DN + d, cc) * eg_bf16_to_f32(row[cc]);
+            out[d] += sc[j] / sum * v;
+        }
+    }
+    free(sc);
+}
+
+static void test_mla_paged(void) {
+    rs = eg_test_seed() + 2;
+    eg_config c = small_cfg();
+    int C = c.kv_lora_rank, DN = c.qk_nope, DR = c.qk_rope, DV = c.v_head, NH = c.n_heads, W = C + DR;
+    eg_backend *b = mk_backend(&c, 32);
+    if (!b) return;
+    eg_error err = {0};
+    eg_kv_cache *kv = NULL;
+    CHECK_OK(eg_kv_create(b, 1, W, 4, 16, 3, 40, &kv, &err), &err);
+    if (!kv) { eg_backend_free(b); return; }
+    /* shuffle the free list so blocks are not contiguous */
+    for (int i = 15; i > 0; i--) {
+        int j = (int)(urand() * (i + 1));
+        int32_t t = kv->free_list[i]; kv->free_list[i] = kv->free_list[j]; kv->free_list[j] = t;
+    }
+    owned_w kvb = make_w(EG_W_BF16, NH * (DN + DV), C, 0.3f), nw = make_w(EG_W_BF16, 1, C, 1.0f);
+    float inv[3] = {1.0f, 0.1f, 0.01f};
+    /* two steps: a 9-token prefill of slot 1 and 5 tokens of slot 2; then slot 1 decode
+     * + 3 more of slot 2, so attention spans earlier steps and block boundaries. */
+    int steps = 2, Ts[2] = {14, 4};
+    int32_t slots[2][14], poss[2][14];
+    for (int t = 0; t < 9; t++) { slots[0][t] = 1; poss[0][t] = t; }
+    for (int t = 0; t < 5; t++) { slots[0][9 + t] = 2; poss[0][9 + t] = t; }
+    slots[1][0] = 1; poss[1][0] = 9;
+    for (int t = 0; t < 3; t++) { slots[1][1 + t] = 2; poss[1][1 + t] = 5 + t; }
+    CHECK_OK(eg_kv_reserve(kv, 1, 10, &err), &err);
+    CHECK_OK(eg_kv_reserve(kv, 2, 8, &err), &err);
+    for (int s = 0; s < steps; s++) {
+        int T = Ts[s];
+        float *q = malloc(4 * (size_t)(T * NH * (DN + DR))), *kvin = malloc(4 * (size_t)(T * W));
+        float *out = malloc(4 * (size_t)(T * NH * DV));
+        for (int i = 0; i < T * NH * (DN + DR); i++) q[i] = nrand();
+        for (int i = 0; i < T * W; i++) kvin[i] = nrand();
+        eg_mla_args a = {.T = T, .pos = poss[s], .slot = slots[s], .block_table = kv->table, .max_blocks = kv->max_blocks,
+                         .block_size = 4, .max_pos = 10, .q = q, .kv = kvin, .kv_a_norm = &nw.w, .kv_b = &kvb.w,
+                         .cache = kv->layers[0], .rope_inv_freq = inv, .rope_attn_factor = 1.3f,
+                         .softmax_scale = 0.25f, .eps = 1e-6f, .h0 = 0, .h1 = NH, .out = out};
+        CHECK_OK(b->ops->mla_attention(b, &a, &err), &err);
+        /* cache rows hold the BF16 normalised latent and rotated k_pe */
+        for (int t = 0; t < T; t++) {
+            int blk = kv->table[slots[s][t] * kv->max_blocks + poss[s][t] / 4];
+            const uint16_t *row = kv->layers[0].data + ((int64_t)blk * 4 + poss[s][t] % 4) * W;
+            double ss = 0;
+            for (int i = 0; i < C; i++) ss += (double)kvin[t * W + i] * kvin[t * W + i];
+            for (int i = 0; i < C; i++) {
+                float want = eg_bf16_round((float)(kvin[t * W + i] / sqrt(ss / C + 1e-6) * eg_weight_get(&nw.w, 0, i)));
+                CHECKF(fabsf(eg_bf16_to_f32(row[i]) - want) <= 1e-6f * fabsf(want) + 1e-30f || row[i] == eg_f32_to_bf16(want),
+                       "latent t=%d i=%d", t, i);
+            }
+        }
+        double *ref = malloc(8 * (size_t)(T * NH * DV));
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) mla_expanded(&c, &a, kv->layers[0].data, t, h, ref + ((int64_t)t * NH + h) * DV);
+        double e = relerr(out, ref, T * NH * DV);
+        CHECKF(e < 1e-5, "step %d: absorbed vs expanded rel err %.3e", s, e);
+        free(q); free(kvin); free(out); free(ref);
+    }
+    eg_kv_free(kv);
+    free_w(&kvb); free_w(&nw);
+    eg_backend_free(b);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void test_router_moe(void) {
+    rs = eg_test_seed() + 3;
+    eg_config c = small_cfg();
+    eg_backend *b = mk_backend(&c, 8);
+    if (!b) return;
+    int T = 6, H = c.hidden, E = c.n_experts, K = c.topk, F = c.moe_inter, G = c.n_group, per = E / G;
+    owned_w gate = make_w(EG_W_F32, E, H, 0.3f), bias = make_w(EG_W_F32, 1, E, 0.2f);
+    owned_w ex[8][3];
+    eg_expert_w experts[8];
+    for (int e = 0; e < E; e++) {
+        ex[e][0] = make_w(EG_W_BF16, F, H, 0.2f); ex[e][1] = make_w(EG_W_BF16, F, H, 0.2f);
+        ex[e][2] = make_w(EG_W_BF16, H, F, 0.2f);
+        experts[e].gate = ex[e][0].w; experts[e].up = ex[e][1].w; experts[e].down = ex[e][2].w;
+    }
+    float x[6 * 48], wts[6 * 3], y[6 * 48];
+    int32_t ids[6 * 3];
+    for (int i = 0; i < T * H; i++) x[i] = nrand();
+    eg_error err = {0};
+    eg_router_args r = {.T = T, .x = x, .gate = &gate.w, .bias = &bias.w, .n_group = G, .topk_group = c.topk_group,
+                        .topk = K, .norm_topk = 1, .routed_scale = c.routed_scale, .ids = ids, .weights = wts};
+    CHECK_OK(b->ops->router(b, &r, &err), &err);
+    for (int t = 0; t < T; t++) {
+        double sc[8], bi[8], gs[4], tmp[8];
+        for (int e = 0; e < E; e++) {
+            double l = 0;
+            for (int k = 0; k < H; k++) l += (double)x[t * H + k] * eg_weight_get(&gate.w, e, k);
+            sc[e] = 1 / (1 + exp(-l));
+            bi[e] = sc[e] + eg_weight_get(&bias.w, 0, e);
+        }
+        for (int g = 0; g < G; g++) {
+            memcpy(tmp, bi + g * per, sizeof(double) * (size_t)per);
+            qsort(tmp, (size_t)per, sizeof(double), cmp_desc);
+            gs[g] = tmp[0] + tmp[1];
+        }
+        memcpy(tmp, gs, sizeof(double) * (size_t)G);
+        qsort(tmp, (size_t)G, sizeof(double), cmp_desc);
+        double gcut = tmp[c.topk_group - 1];
+        double cand[8];
+        int nc = 0;
+        for (int e = 0; e < E; e++) if (gs[e / per] >= gcut) cand[nc++] = bi[e];
+        qsort(cand, (size_t)nc, sizeof(double), cmp_desc);
+        double cut = cand[K - 1], sum = 0;
+        int chosen = 0;
+        for (int e = 0; e < E; e++) if (gs[e / per] >= gcut && bi[e] >= cut) { chosen++; sum += sc[e]; }
+        CHECK(chosen == K);
+        for (int k = 0; k < K; k++) {
+            int e = ids[t * K + k];
+            CHECKF(e >= 0 && e < E && gs[e / per] >= gcut && bi[e] >= cut, "token %d: expert %d not in the reference top-k", t, e);
+            if (e >= 0 && e < E)
+                CHECKF(fabs(wts[t * K + k] - sc[e] / sum * c.routed_scale) < 1e-5, "token %d weight", t);
+        }
+    }
+    /* MoE: y = sum_k w_k * expert(x), experts [2, 7) only */
+    memset(y, 0, sizeof y);
+    eg_moe_args m = {.T = T, .x = x, .ids = ids, .weights = wts, .topk = K, .experts = experts, .e0 = 2, .e1 = 7, .y = y};
+    CHECK_OK(b->ops->moe(b, &m, &err), &err);
+    double ref[6 * 48] = {0};
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e = ids[t * K + k];
+            if (e < 2 || e >= 7) continue;
+            double act[16];
+            for (int f = 0; f < F; f++) {
+                double g = 0, u = 0;
+                for (int i = 0; i < H; i++) {
+                    g += (double)x[t * H + i] * eg_weight_get(&experts[e].gate, f, i);
+                    u += (double)x[t * H + i] * eg_weight_get(&experts[e].up, f, i);
+                }
+                act[f] = g / (1 + exp(-g)) * u;
+            }
+            for (int h = 0; h < H; h++) {
+                double s = 0;
+                for (int f = 0; f < F; f++) s += act[f] * eg_weight_get(&experts[e].down, h, f);
+                ref[t * H + h] += wts[t * K + k] * s;
+            }
+        }
+    CHECKF(relerr(y, ref, T * H) < 1e-5, "moe rel err %.3e", relerr(y, ref, T * H));
+    for (int e = 0; e < E; e++) for (int i = 0; i < 3; i++) free_w(&ex[e][i]);
+    free_w(&gate); free_w(&bias);
+    eg_backend_free(b);
+}
+
+static void test_sampler(void) {
+    rs = eg_test_seed() + 4;
+    int V = 6;
+    float logits[6] = {1.0f, 3.0f, 3.0f, 0.5f, -1.0f, 2.0f}, scratch[12];
+    eg_sample_params greedy = {0, 1, 0}, k1 = {1.0f, 1.0f, 1}, p0 = {1.0f, 1e-6f, 0}, t1 = {1.0f, 1.0f, 0};
+    uint64_t st = eg_rng_seed(7, 1);
+    CHECK(eg_sample_row(logits, V, &greedy, &st, scratch, NULL) == 1); /* lowest id among equal maxima */
+    CHECK(eg_sample_row(logits, V, &k1, &st, scratch, NULL) == 1);
+    CHECK(eg_sample_row(logits, V, &p0, &st, scratch, NULL) == 1);
+    /* same state, same draw */
+    uint64_t a = eg_rng_seed(1, 2), b2 = eg_rng_seed(1, 2), c3 = eg_rng_seed(1, 3);
+    CHECK(a == b2 && a != c3);
+    for (int i = 0; i < 50; i++)
+        CHECK(eg_sample_row(logits, V, &t1, &a, scratch, NULL) == eg_sample_row(logits, V, &t1, &b2, scratch, NULL));
+    /* frequencies follow the softmax at temperature 1 */
+    int counts[6] = {0}, N = 40000;
+    uint64_t s = eg_rng_seed(99, 0);
+    for (int i = 0; i < N; i++) counts[eg_sample_row(logits, V, &t1, &s, scratch, NULL)]++;
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp(logits[i]);
+    for (int i = 0; i < V; i++) {
+        double p = exp(logits[i]) / z, f = (double)counts[i] / N;
+        CHECKF(fabs(f - p) < 4 * sqrt(p * (1 - p) / N) + 1e-3, "id %d: freq %.4f vs p %.4f", i, f, p);
+    }
+    /* top-k 2 never yields anything but the two best (ids 1, 2) */
+    eg_sample_params k2 = {1.0f, 1.0f, 2};
+    for (int i = 0; i < 200; i++) {
+        int tok = eg_sample_row(logits, V, &k2, &s, scratch, NULL);
+        CHECK(tok == 1 || tok == 2);
+    }
+    /* probabilities: ids 1,2 .384 each, id 5 .141, id 0 .052, id 3 .032, id 4 .007.
+     * top-p 0.8: the mass reaches .8 at id 5 (.909), so {1,2,5}; top-p 0.92 adds id 0. */
+    eg_sample_params pp = {1.0f, 0.8f, 0}, pq = {1.0f, 0.92f, 0};
+    int seen[6] = {0}, seen2[6] = {0};
+    for (int i = 0; i < 4000; i++) seen[eg_sample_row(logits, V, &pp, &s, scratch, NULL)] = 1;
+    CHECK(seen[1] && seen[2] && seen[5] && !seen[0] && !seen[3] && !seen[4]);
+    for (int i = 0; i < 4000; i++) seen2[eg_sample_row(logits, V, &pq, &s, scratch, NULL)] = 1;
+    CHECK(seen2[1] && seen2[2] && seen2[5] && seen2[0] && !seen2[3] && !seen2[4]);
+}
+
+static void test_kv_manager(void) {
+    eg_config c = small_cfg();
+    eg_backend *b = mk_backend(&c, 4);
+    if (!b) return;
+    eg_error err = {0};
+    eg_kv_cache *kv = NULL;
+    CHECK_OK(eg_kv_create(b, 2, 8, 4, 5, 2, 16, &kv, &err), &err);
+    if (!kv) { eg_backend_free(b); return; }
+    CHECK_OK(eg_kv_reserve(kv, 0, 9, &err), &err); /* 3 blocks */
+    CHECK(kv->n_free == 2);
+    CHECK(eg_kv_reserve(kv, 1, 12, &err) == EG_ERR_NOMEM); /* needs 3, 2 free */
+    CHECK(kv->n_free == 2 && kv->n_mapped[1] == 0);
+    CHECK(eg_kv_reserve(kv, 1, 17, &err) == EG_ERR_INVALID); /* beyond max_seq_len */
+    CHECK_OK(eg_kv_reserve(kv, 1, 8, &err), &err);
+    CHECK(kv->n_free == 0);
+    eg_kv_release(kv, 0);
+    CHECK(kv->n_free == 3 && kv->table[0] == -1);
+    /* all mapped blocks distinct */
+    CHECK(kv->table[kv->max_blocks] != kv->table[kv->max_blocks + 1]);
+    eg_kv_free(kv);
+    eg_kv_free(NULL);
+    eg_backend_free(b);
+    eg_backend_free(NULL);
+}
+
+static const eg_test tests[] = {
+    {"int4_layout", test_int4_layout},     {"fp8_block", test_fp8_block},
+    {"linear_formats", test_linear_formats}, {"rmsnorm_swiglu", test_rmsnorm_swiglu},
+    {"mla_paged", test_mla_paged},         {"router_moe", test_router_moe},
+    {"sampler", test_sampler},             {"kv_manager", test_kv_manager},
+};
+EG_TEST_MAIN("engine_ops", tests)
