@@ -21,6 +21,32 @@ typedef struct slot_state {
     int stop_cap;
 } slot_state;
 
+/* A micro-batch: a fixed group of slots (slot i belongs to micro-batch i % M) with its
+ * own step buffers, so M of them can be in flight through the pipeline at once. */
+typedef struct micro_batch {
+    int index;
+    int busy;
+    eg_status status;    /* of the step in flight */
+    eg_error err;
+    int T, n_rows;
+    int32_t *tok, *pos, *slt, *rows, *sampled; /* [T] */
+    eg_sample_params *sp;                      /* [T] */
+    uint64_t *rng;                             /* [T] */
+    float *cap;                                /* [n_aux][T][H] */
+    float *fin;                                /* [T][H] */
+    float *logits;                             /* [T][V] when want_logits */
+    float **x;                                 /* [n_stages-1] hand-over [T][H] between stages */
+    struct micro_batch *qnext;
+} micro_batch;
+
+/* A blocking FIFO of micro-batches between threads. */
+typedef struct mb_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    micro_batch *head, *tail;
+    int closed;
+} mb_queue;
+
 struct eg_engine {
     const eg_model *m;
     eg_backend *be;
@@ -29,15 +55,11 @@ struct eg_engine {
     int n_stages;
     eg_forward **stages;
     slot_state *slots;
-    int rr;             /* round-robin start for fairness */
-    /* step buffers, host, sized for max_tokens */
-    int32_t *tok, *pos, *slt, *rows, *sampled, *row_slot;
-    eg_sample_params *sp;
-    uint64_t *rng;
-    float *cap;         /* [n_aux][T][H] */
-    float *fin;         /* [T][H] */
-    float *logits;      /* [T][V] when want_logits */
-    float *xa, *xb;     /* [T][H] stage hand-over */
+    int n_mb;
+    micro_batch *mbs;
+    int threaded;
+    pthread_t *threads;
+    mb_queue *queues;    /* [n_stages + 1]: input of each stage, then completions */
     float *sample_scratch; /* [2V] host sampling when logits are kept */
     eg_request pending;
     int have_pending;
@@ -47,8 +69,65 @@ struct eg_engine {
     eg_engine_stats stats;
 };
 
+static void q_init(mb_queue *q) {
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->head = q->tail = NULL;
+    q->closed = 0;
+}
+static void q_destroy(mb_queue *q) {
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+}
+static void q_push(mb_queue *q, micro_batch *mb) {
+    pthread_mutex_lock(&q->mu);
+    mb->qnext = NULL;
+    if (q->tail) q->tail->qnext = mb; else q->head = mb;
+    q->tail = mb;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+static micro_batch *q_pop(mb_queue *q) { /* NULL once closed and empty */
+    pthread_mutex_lock(&q->mu);
+    while (!q->head && !q->closed) pthread_cond_wait(&q->cv, &q->mu);
+    micro_batch *mb = q->head;
+    if (mb) {
+        q->head = mb->qnext;
+        if (!q->head) q->tail = NULL;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return mb;
+}
+static void q_close(mb_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    q->closed = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void mb_free(micro_batch *mb, int n_stages) {
+    free(mb->tok); free(mb->pos); free(mb->slt); free(mb->rows); free(mb->sampled);
+    free(mb->sp); free(mb->rng); free(mb->cap); free(mb->fin); free(mb->logits);
+    if (mb->x)
+        for (int k = 0; k < n_stages - 1; k++) free(mb->x[k]);
+    free(mb->x);
+}
+
+static void stop_threads(eg_engine *e) {
+    if (!e->threads) return;
+    for (int k = 0; k <= e->n_stages; k++) q_close(&e->queues[k]);
+    for (int k = 0; k < e->n_stages; k++) pthread_join(e->threads[k], NULL);
+    free(e->threads);
+    e->threads = NULL;
+}
+
 void eg_engine_free(eg_engine *e) {
     if (!e) return;
+    stop_threads(e);
+    if (e->queues) {
+        for (int k = 0; k <= e->n_stages; k++) q_destroy(&e->queues[k]);
+        free(e->queues);
+    }
     if (e->stages)
         for (int i = 0; i < e->n_stages; i++) eg_forward_free(e->stages[i]);
     free(e->stages);
@@ -58,11 +137,71 @@ void eg_engine_free(eg_engine *e) {
             free(s->tokens); free(s->stop); free(s->aux); free(s->final); free(s->logits);
         }
     free(e->slots);
+    if (e->mbs)
+        for (int j = 0; j < e->n_mb; j++) mb_free(&e->mbs[j], e->n_stages);
+    free(e->mbs);
     free(e->aux_layers);
-    free(e->tok); free(e->pos); free(e->slt); free(e->rows); free(e->sampled); free(e->row_slot);
-    free(e->sp); free(e->rng); free(e->cap); free(e->fin); free(e->logits); free(e->xa); free(e->xb); free(e->sample_scratch);
+    free(e->sample_scratch);
     free(e->pending_tok); free(e->pending_stop);
     free(e);
+}
+
+/* Run one micro-batch's step through stage k (any thread). */
+static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
+    eg_step s = {.T = mb->T, .tokens = mb->tok, .pos = mb->pos, .slot = mb->slt,
+                 .capture = e->o.n_aux ? mb->cap : NULL};
+    s.x_in = k > 0 ? mb->x[k - 1] : NULL;
+    if (k < e->n_stages - 1) {
+        s.x_out = mb->x[k];
+    } else {
+        s.final_hidden = mb->fin;
+        s.logit_rows = mb->rows;
+        if (e->o.want_logits) {
+            s.n_logits = mb->T;
+            s.logits = mb->logits;
+        } else {
+            s.n_logits = mb->n_rows;
+            s.sampled = mb->sampled;
+            s.sp = mb->sp;
+            s.rng = mb->rng;
+        }
+    }
+    eg_status st = eg_forward_step(e->stages[k], &s, &mb->err);
+    if (st && e->n_stages > 1) eg_wrap(&mb->err, "pipeline stage %d", k);
+    return st;
+}
+
+typedef struct { eg_engine *e; int k; } stage_arg;
+
+static void *stage_thread(void *vp) {
+    stage_arg *a = vp;
+    eg_engine *e = a->e;
+    int k = a->k;
+    free(a);
+    micro_batch *mb;
+    while ((mb = q_pop(&e->queues[k]))) {
+        if (!mb->status) mb->status = run_stage(e, k, mb);
+        e->stats.stage_steps[k < 8 ? k : 7]++; /* each counter written by one thread */
+        q_push(&e->queues[k + 1], mb);
+    }
+    return NULL;
+}
+
+static eg_status mb_alloc(eg_engine *e, micro_batch *mb, eg_error *err) {
+    size_t T = (size_t)e->o.max_tokens, H = (size_t)e->m->cfg.hidden, V = (size_t)e->m->cfg.vocab;
+    mb->tok = eg_malloc(4 * T, err); mb->pos = eg_malloc(4 * T, err); mb->slt = eg_malloc(4 * T, err);
+    mb->rows = eg_malloc(4 * T, err); mb->sampled = eg_malloc(4 * T, err);
+    mb->sp = eg_malloc(sizeof *mb->sp * T, err); mb->rng = eg_malloc(8 * T, err);
+    mb->cap = eg_malloc(4 * T * H * (size_t)(e->o.n_aux + 1), err);
+    mb->fin = eg_malloc(4 * T * H, err);
+    if (e->o.want_logits) mb->logits = eg_malloc(4 * T * V, err);
+    mb->x = eg_calloc((size_t)e->n_stages, sizeof *mb->x, err);
+    if (!mb->tok || !mb->pos || !mb->slt || !mb->rows || !mb->sampled || !mb->sp || !mb->rng || !mb->cap || !mb->fin ||
+        (e->o.want_logits && !mb->logits) || !mb->x)
+        return EG_ERR_NOMEM;
+    for (int k = 0; k < e->n_stages - 1; k++)
+        if (!(mb->x[k] = eg_malloc(4 * T * H, err))) return EG_ERR_NOMEM;
+    return EG_OK;
 }
 
 eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_opts *o, eg_engine **out,
@@ -86,24 +225,22 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     e->o.aux_layers = e->aux_layers;
     e->n_stages = o->stage_ends && o->n_stages > 0 ? o->n_stages : 1;
     e->o.stage_ends = NULL;
+    e->o.stage_backends = NULL;
+    e->threaded = e->n_stages > 1 && o->stage_backends;
+    e->n_mb = e->threaded ? (o->micro_batches > e->n_stages ? o->micro_batches : e->n_stages) : 1;
+    if (e->n_mb > o->n_slots) e->n_mb = o->n_slots;
     eg_status st = EG_OK;
     e->stages = eg_calloc((size_t)e->n_stages, sizeof *e->stages, err);
     e->slots = eg_calloc((size_t)o->n_slots, sizeof *e->slots, err);
-    size_t T = (size_t)o->max_tokens, H = (size_t)c->hidden, V = (size_t)c->vocab;
-    e->tok = eg_malloc(4 * T, err); e->pos = eg_malloc(4 * T, err); e->slt = eg_malloc(4 * T, err);
-    e->rows = eg_malloc(4 * T, err); e->sampled = eg_malloc(4 * T, err); e->row_slot = eg_malloc(4 * T, err);
-    e->sp = eg_malloc(sizeof *e->sp * T, err); e->rng = eg_malloc(8 * T, err);
-    e->cap = eg_malloc(4 * T * H * (size_t)(o->n_aux + 1), err);
-    e->fin = eg_malloc(4 * T * H, err);
-    e->xa = eg_malloc(4 * T * H, err); e->xb = eg_malloc(4 * T * H, err);
-    if (o->want_logits) {
-        e->logits = eg_malloc(4 * T * V, err);
-        e->sample_scratch = eg_malloc(4 * 2 * V, err);
-    }
-    if (!e->stages || !e->slots || !e->tok || !e->pos || !e->slt || !e->rows || !e->sampled || !e->row_slot ||
-        !e->sp || !e->rng || !e->cap || !e->fin || !e->xa || !e->xb || (o->want_logits && (!e->logits || !e->sample_scratch))) {
+    e->mbs = eg_calloc((size_t)e->n_mb, sizeof *e->mbs, err);
+    if (o->want_logits) e->sample_scratch = eg_malloc(4 * 2 * (size_t)c->vocab, err);
+    if (!e->stages || !e->slots || !e->mbs || (o->want_logits && !e->sample_scratch)) {
         eg_engine_free(e);
         return EG_ERR_NOMEM;
+    }
+    for (int j = 0; j < e->n_mb; j++) {
+        e->mbs[j].index = j;
+        if ((st = mb_alloc(e, &e->mbs[j], err))) { eg_engine_free(e); return st; }
     }
     int begin = 0;
     for (int i = 0; i < e->n_stages; i++) {
@@ -117,11 +254,30 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
                               .n_slots = o->n_slots, .max_seq_len = o->max_seq_len, .block_size = o->block_size,
                               .kv_blocks = o->kv_blocks, .capture = e->aux_layers, .n_capture = o->n_aux,
                               .final_pre_norm = o->final_pre_norm};
-        if ((st = eg_forward_create(m, be, &fo, &e->stages[i], err))) {
+        eg_backend *sb = e->threaded ? o->stage_backends[i] : be;
+        if ((st = eg_forward_create(m, sb, &fo, &e->stages[i], err))) {
             eg_engine_free(e);
             return eg_wrap(err, "stage %d (layers %d..%d)", i, begin, end - 1);
         }
         begin = end;
+    }
+    if (e->threaded) {
+        e->queues = eg_calloc((size_t)e->n_stages + 1, sizeof *e->queues, err);
+        e->threads = eg_calloc((size_t)e->n_stages, sizeof *e->threads, err);
+        if (!e->queues || !e->threads) { eg_engine_free(e); return EG_ERR_NOMEM; }
+        for (int k = 0; k <= e->n_stages; k++) q_init(&e->queues[k]);
+        for (int k = 0; k < e->n_stages; k++) {
+            stage_arg *a = malloc(sizeof *a);
+            if (!a || pthread_create(&e->threads[k], NULL, stage_thread, a ? (a->e = e, a->k = k, a) : NULL)) {
+                free(a);
+                for (int j = 0; j < k; j++) q_close(&e->queues[j]);
+                for (int j = 0; j < k; j++) pthread_join(e->threads[j], NULL);
+                free(e->threads);
+                e->threads = NULL;
+                eg_engine_free(e);
+                return eg_fail(err, EG_ERR_NOMEM, "cannot start pipeline stage thread %d", k);
+            }
+        }
     }
     *out = e;
     return EG_OK;
@@ -205,21 +361,6 @@ static int admit(eg_engine *e, int i, eg_error *err, eg_status *st) {
     return 1;
 }
 
-static eg_status run_stages(eg_engine *e, eg_step *step, eg_error *err) {
-    const float *in = NULL;
-    for (int k = 0; k < e->n_stages; k++) {
-        eg_step s = *step;
-        float *out = (k % 2) ? e->xb : e->xa;
-        s.x_in = in;
-        s.x_out = k < e->n_stages - 1 ? out : NULL;
-        if (k < e->n_stages - 1) { s.n_logits = 0; s.final_hidden = NULL; s.sampled = NULL; s.logits = NULL; }
-        eg_status st = eg_forward_step(e->stages[k], &s, err);
-        if (st) return st;
-        in = out;
-    }
-    return EG_OK;
-}
-
 static eg_status finish_slot(eg_engine *e, int i, eg_done_fn done, void *ctx, eg_error *err) {
     slot_state *s = &e->slots[i];
     eg_result r = {.id = s->req.id, .user = s->req.user, .tokens = s->tokens, .n_tokens = s->n_total,
@@ -232,129 +373,164 @@ static eg_status finish_slot(eg_engine *e, int i, eg_done_fn done, void *ctx, eg
     return done(ctx, &r, err);
 }
 
-eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
-    const int S = e->o.n_slots, Tmax = e->o.max_tokens, n_aux = e->o.n_aux;
-    const int64_t H = e->m->cfg.hidden, V = e->m->cfg.vocab;
-    int exhausted = 0;
+/* Admit requests into the free slots of micro-batch mb. Returns 0, or an error. */
+static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *ctx, int *exhausted, eg_error *err) {
     eg_status st;
-    for (;;) {
-        /* admission */
-        for (int i = 0; i < S && !e->stop_requested; i++) {
-            if (e->slots[i].active) continue;
-            if (!e->have_pending) {
-                if (exhausted) break;
-                eg_request r;
-                memset(&r, 0, sizeof r);
-                int got = next(ctx, &r, err);
-                if (got < 0) return err->code ? err->code : EG_ERR_INVALID;
-                if (got == 0) { exhausted = 1; break; }
-                if (r.n_tokens < 1) return eg_fail(err, EG_ERR_INVALID, "request %llu has no tokens", (unsigned long long)r.id);
-                if (r.n_tokens + r.max_new > e->o.max_seq_len)
-                    return eg_fail(err, EG_ERR_INVALID, "request %llu: %d prompt + %d new tokens exceed max_seq_len %d",
-                                   (unsigned long long)r.id, r.n_tokens, r.max_new, e->o.max_seq_len);
-                if ((st = keep_pending(e, &r, err))) return st;
+    for (int i = mb->index; i < e->o.n_slots && !e->stop_requested; i += e->n_mb) {
+        if (e->slots[i].active) continue;
+        if (!e->have_pending) {
+            if (*exhausted) return EG_OK;
+            eg_request r;
+            memset(&r, 0, sizeof r);
+            int got = next(ctx, &r, err);
+            if (got < 0) return err->code ? err->code : EG_ERR_INVALID;
+            if (got == 0) { *exhausted = 1; return EG_OK; }
+            if (r.n_tokens < 1) return eg_fail(err, EG_ERR_INVALID, "request %llu has no tokens", (unsigned long long)r.id);
+            if (r.n_tokens + r.max_new > e->o.max_seq_len)
+                return eg_fail(err, EG_ERR_INVALID, "request %llu: %d prompt + %d new tokens exceed max_seq_len %d",
+                               (unsigned long long)r.id, r.n_tokens, r.max_new, e->o.max_seq_len);
+            if ((st = keep_pending(e, &r, err))) return st;
+        }
+        if (!admit(e, i, err, &st)) return st; /* cache full: wait for a slot to finish */
+    }
+    return EG_OK;
+}
+
+/* Pack the step of micro-batch mb: decode rows first, then prefill chunks. */
+static void build_mb(eg_engine *e, micro_batch *mb) {
+    const int S = e->o.n_slots, Tmax = e->o.max_tokens;
+    int T = 0, n_rows = 0;
+    for (int pass = 0; pass < 2 && T < Tmax; pass++)
+        for (int i = mb->index; i < S && T < Tmax; i += e->n_mb) {
+            slot_state *s = &e->slots[i];
+            if (!s->active || s->n_done >= s->n_total) continue;
+            int remaining = s->n_total - s->n_done;
+            int is_decode = s->n_generated > 0 || s->finishing;
+            if ((pass == 0) != is_decode) continue;
+            int n = remaining < Tmax - T ? remaining : Tmax - T;
+            for (int k = 0; k < n; k++) {
+                mb->tok[T + k] = s->tokens[s->n_done + k];
+                mb->pos[T + k] = s->n_done + k;
+                mb->slt[T + k] = i;
             }
-            if (!admit(e, i, err, &st)) {
-                if (st) return st;
-                break; /* cache full: wait for a slot to finish */
+            int samples = s->n_done + n == s->n_total && !s->finishing && s->n_generated < s->req.max_new;
+            if (!e->o.want_logits && samples) {
+                mb->rows[n_rows] = T + n - 1;
+                mb->sp[n_rows] = s->req.sp;
+                mb->rng[n_rows] = s->rng;
+                n_rows++;
+            }
+            T += n;
+        }
+    if (e->o.want_logits)
+        for (int r = 0; r < T; r++) mb->rows[r] = r;
+    mb->T = T;
+    mb->n_rows = n_rows;
+    mb->status = EG_OK;
+}
+
+/* After mb's step: scatter captures, take sampled tokens, finish sequences. */
+static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, void *ctx, eg_error *err) {
+    const int T = mb->T, n_aux = e->o.n_aux;
+    const int64_t H = e->m->cfg.hidden, V = e->m->cfg.vocab;
+    eg_status st;
+    int row = 0, srow = 0;
+    while (row < T) {
+        int i = mb->slt[row];
+        slot_state *s = &e->slots[i];
+        int n = 0;
+        while (row + n < T && mb->slt[row + n] == i) n++;
+        for (int k = 0; k < n; k++) {
+            int p = mb->pos[row + k];
+            for (int a = 0; a < n_aux; a++)
+                memcpy(s->aux + ((int64_t)p * n_aux + a) * H, mb->cap + ((int64_t)a * T + row + k) * H, sizeof(float) * (size_t)H);
+            memcpy(s->final + (int64_t)p * H, mb->fin + (int64_t)(row + k) * H, sizeof(float) * (size_t)H);
+            if (e->o.want_logits)
+                memcpy(s->logits + (int64_t)p * V, mb->logits + (int64_t)(row + k) * V, sizeof(float) * (size_t)V);
+        }
+        if (s->n_generated == 0 && !s->finishing) e->stats.prefill_tokens += n;
+        s->n_done += n;
+        if (s->n_done == s->n_total && !s->finishing && s->n_generated < s->req.max_new) {
+            int32_t tok;
+            if (e->o.want_logits) {
+                tok = eg_sample_row(mb->logits + (int64_t)(row + n - 1) * V, (int)V, &s->req.sp, &s->rng,
+                                    e->sample_scratch, NULL);
+            } else {
+                tok = mb->sampled[srow];
+                s->rng = mb->rng[srow];
+                srow++;
+            }
+            s->tokens[s->n_total++] = tok;
+            s->n_generated++;
+            e->stats.decode_tokens++;
+            int is_stop = 0;
+            for (int k = 0; k < s->req.n_stop; k++) is_stop |= s->stop[k] == tok;
+            if (is_stop) { s->finish = EG_FINISH_STOP; s->finishing = 1; }
+            else if (s->n_generated >= s->req.max_new) { s->finish = EG_FINISH_LENGTH; s->finishing = 1; }
+        }
+        if (s->n_done == s->n_total && (s->finishing || s->req.max_new == 0))
+            if ((st = finish_slot(e, i, done, ctx, err))) return st;
+        row += n;
+    }
+    return EG_OK;
+}
+
+eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
+    int exhausted = 0, in_flight = 0;
+    eg_status st = EG_OK;
+    double busy_since = 0;
+    for (;;) {
+        /* launch every idle micro-batch that has work */
+        for (int j = 0; j < e->n_mb && !st; j++) {
+            micro_batch *mb = &e->mbs[j];
+            if (mb->busy) continue;
+            if ((st = admit_mb(e, mb, next, ctx, &exhausted, err))) break;
+            /* a stop request abandons in-flight sequences: their tokens depend only on
+             * their own inputs, so a resumed run regenerates them identically */
+            if (e->stop_requested) break;
+            build_mb(e, mb);
+            if (!mb->T) continue;
+            if (!in_flight) busy_since = eg_now();
+            mb->busy = 1;
+            in_flight++;
+            if (in_flight > e->stats.max_in_flight) e->stats.max_in_flight = in_flight;
+            e->stats.steps++;
+            if (e->threaded) {
+                q_push(&e->queues[0], mb);
+            } else {
+                for (int k = 0; k < e->n_stages && !mb->status; k++) {
+                    mb->status = run_stage(e, k, mb);
+                    e->stats.stage_steps[k < 8 ? k : 7]++;
+                }
+                mb->busy = 0;
+                in_flight--;
+                e->stats.seconds += eg_now() - busy_since;
+                if (mb->status) { *err = mb->err; st = mb->status; break; }
+                if ((st = complete_mb(e, mb, done, ctx, err))) break;
+                j--; /* refill the same micro-batch at once */
             }
         }
-        int n_active = 0;
-        for (int i = 0; i < S; i++) n_active += e->slots[i].active;
-        if (!n_active) {
+        if (!in_flight) {
+            if (st) return st;
+            if (e->stop_requested) return eg_fail(err, EG_ERR_INTERRUPTED, "stopped on request");
+            int active = 0;
+            for (int i = 0; i < e->o.n_slots; i++) active += e->slots[i].active;
+            if (active) continue; /* a launch loop above will pick them up */
             if (e->have_pending)
                 return eg_fail(err, EG_ERR_NOMEM, "request %llu (%d tokens) does not fit in the KV cache (%lld tokens)",
                                (unsigned long long)e->pending.id, e->pending.n_tokens + e->pending.max_new,
                                (long long)eg_engine_kv_capacity(e));
-            return e->stop_requested ? eg_fail(err, EG_ERR_INTERRUPTED, "stopped on request") : EG_OK;
+            return EG_OK;
         }
-        /* build a step: decode rows first, then prefill chunks, round-robin from rr */
-        int T = 0, n_rows = 0;
-        for (int pass = 0; pass < 2 && T < Tmax; pass++)
-            for (int j = 0; j < S && T < Tmax; j++) {
-                int i = (e->rr + j) % S;
-                slot_state *s = &e->slots[i];
-                if (!s->active || s->n_done >= s->n_total) continue;
-                int remaining = s->n_total - s->n_done;
-                int is_decode = s->n_generated > 0 || s->finishing;
-                if ((pass == 0) != is_decode) continue;
-                int n = remaining < Tmax - T ? remaining : Tmax - T;
-                for (int k = 0; k < n; k++) {
-                    e->tok[T + k] = s->tokens[s->n_done + k];
-                    e->pos[T + k] = s->n_done + k;
-                    e->slt[T + k] = i;
-                    e->row_slot[T + k] = i;
-                }
-                int last = T + n - 1;
-                int samples = s->n_done + n == s->n_total && !s->finishing && s->n_generated < s->req.max_new;
-                if (e->o.want_logits) {
-                    /* logits of every row; sampling rows are marked below */
-                } else if (samples) {
-                    e->rows[n_rows] = last;
-                    e->sp[n_rows] = s->req.sp;
-                    e->rng[n_rows] = s->rng;
-                    n_rows++;
-                }
-                T += n;
-            }
-        e->rr = (e->rr + 1) % S;
-        eg_step step = {.T = T, .tokens = e->tok, .pos = e->pos, .slot = e->slt, .capture = n_aux ? e->cap : NULL,
-                        .final_hidden = e->fin};
-        if (e->o.want_logits) {
-            for (int r = 0; r < T; r++) e->rows[r] = r;
-            step.n_logits = T;
-            step.logit_rows = e->rows;
-            step.logits = e->logits;
-        } else {
-            step.n_logits = n_rows;
-            step.logit_rows = e->rows;
-            step.sampled = e->sampled;
-            step.sp = e->sp;
-            step.rng = e->rng;
-        }
-        double t0 = eg_now();
-        if ((st = run_stages(e, &step, err))) return st;
-        e->stats.seconds += eg_now() - t0;
-        e->stats.steps++;
-        /* scatter captures, sample, advance */
-        int row = 0, srow = 0;
-        while (row < T) {
-            int i = e->row_slot[row];
-            slot_state *s = &e->slots[i];
-            int n = 0;
-            while (row + n < T && e->row_slot[row + n] == i) n++;
-            for (int k = 0; k < n; k++) {
-                int p = e->pos[row + k];
-                for (int a = 0; a < n_aux; a++)
-                    memcpy(s->aux + ((int64_t)p * n_aux + a) * H, e->cap + ((int64_t)a * T + row + k) * H, sizeof(float) * (size_t)H);
-                memcpy(s->final + (int64_t)p * H, e->fin + (int64_t)(row + k) * H, sizeof(float) * (size_t)H);
-                if (e->o.want_logits)
-                    memcpy(s->logits + (int64_t)p * V, e->logits + (int64_t)(row + k) * V, sizeof(float) * (size_t)V);
-            }
-            if (s->n_generated == 0 && !s->finishing) e->stats.prefill_tokens += n;
-            s->n_done += n;
-            if (s->n_done == s->n_total && !s->finishing && s->n_generated < s->req.max_new) {
-                int32_t tok;
-                if (e->o.want_logits) {
-                    /* sample on the host from the kept logits row */
-                    tok = eg_sample_row(e->logits + (int64_t)(row + n - 1) * V, (int)V, &s->req.sp, &s->rng,
-                                        e->sample_scratch, NULL);
-                } else {
-                    tok = e->sampled[srow];
-                    s->rng = e->rng[srow];
-                    srow++;
-                }
-                s->tokens[s->n_total++] = tok;
-                s->n_generated++;
-                e->stats.decode_tokens++;
-                int is_stop = 0;
-                for (int k = 0; k < s->req.n_stop; k++) is_stop |= s->stop[k] == tok;
-                if (is_stop) { s->finish = EG_FINISH_STOP; s->finishing = 1; }
-                else if (s->n_generated >= s->req.max_new) { s->finish = EG_FINISH_LENGTH; s->finishing = 1; }
-            }
-            if (s->n_done == s->n_total && (s->finishing || s->req.max_new == 0))
-                if ((st = finish_slot(e, i, done, ctx, err))) return st;
-            row += n;
-        }
+        /* threaded: wait for a micro-batch to come out of the last stage */
+        micro_batch *mb = q_pop(&e->queues[e->n_stages]);
+        if (!mb) return eg_fail(err, EG_ERR_INVALID, "pipeline queue closed unexpectedly");
+        mb->busy = 0;
+        in_flight--;
+        if (!in_flight) e->stats.seconds += eg_now() - busy_since;
+        if (st) continue; /* draining after an error */
+        if (mb->status) { *err = mb->err; st = mb->status; continue; }
+        eg_status cst = complete_mb(e, mb, done, ctx, err);
+        if (cst) st = cst;
     }
 }

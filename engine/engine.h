@@ -66,6 +66,13 @@ typedef struct eg_engine_opts {
     int want_logits;         /* keep logits for every position (small vocabularies only) */
     const int *stage_ends;   /* pipeline: end layer of each stage (ascending, last = L); NULL = one stage */
     int n_stages;
+    /* Pipeline execution. With stage_backends (one backend per stage, [n_stages]; the
+     * `be` argument is then unused) every stage runs on its own thread and
+     * micro_batches groups of slots are in flight at once (default and minimum:
+     * n_stages), so every stage stays busy. Without, stages run one after another on
+     * the calling thread (same results, no overlap). */
+    eg_backend *const *stage_backends;
+    int micro_batches;
 } eg_engine_opts;
 
 /* Return 1 and fill req when a request is available, 0 when there are no more,
@@ -79,7 +86,9 @@ typedef struct eg_engine_stats {
     int64_t prefill_tokens;  /* prompt / teacher-forced rows processed */
     int64_t decode_tokens;   /* generated tokens */
     int64_t sequences;
-    double seconds;          /* time inside forward steps */
+    double seconds;          /* wall time with at least one step in flight */
+    int max_in_flight;       /* most micro-batches in flight at once */
+    int64_t stage_steps[8];  /* steps run by stages 0..7 (pipeline accounting) */
 } eg_engine_stats;
 
 typedef struct eg_engine eg_engine;
@@ -89,8 +98,9 @@ void eg_engine_free(eg_engine *e);
 /* Run until next() reports no more requests and every slot has finished. A done()
  * error stops the run and is returned. */
 eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
-/* Ask a running engine to stop admitting (e.g. on SIGINT): it finishes in-flight
- * sequences, then returns EG_ERR_INTERRUPTED. Safe from a signal handler. */
+/* Ask a running engine to stop (e.g. on SIGINT): at the next step boundary it returns
+ * EG_ERR_INTERRUPTED; unfinished sequences are abandoned (done() is not called for
+ * them). Safe from a signal handler. */
 void eg_engine_request_stop(eg_engine *e);
 void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s);
 /* The KV capacity in tokens (stage 0's cache). */

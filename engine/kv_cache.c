@@ -12,6 +12,7 @@ eg_status eg_kv_create(eg_backend *be, int n_layers, int width, int block_size, 
     eg_kv_cache *kv = eg_calloc(1, sizeof *kv, err);
     if (!kv) return EG_ERR_NOMEM;
     kv->be = be;
+    pthread_mutex_init(&kv->lock, NULL);
     kv->n_layers = n_layers;
     kv->width = width;
     kv->block_size = block_size;
@@ -49,12 +50,13 @@ void eg_kv_free(eg_kv_cache *kv) {
     free(kv->n_mapped);
     free(kv->free_list);
     free(kv->layers);
+    pthread_mutex_destroy(&kv->lock);
     free(kv);
 }
 
 int64_t eg_kv_blocks_for(const eg_kv_cache *kv, int64_t n) { return (n + kv->block_size - 1) / kv->block_size; }
 
-eg_status eg_kv_reserve(eg_kv_cache *kv, int slot, int64_t n_tokens, eg_error *err) {
+static eg_status reserve_locked(eg_kv_cache *kv, int slot, int64_t n_tokens, eg_error *err) {
     if (slot < 0 || slot >= kv->n_slots) return eg_fail(err, EG_ERR_INVALID, "kv cache: slot %d out of range", slot);
     int64_t need = eg_kv_blocks_for(kv, n_tokens);
     if (need > kv->max_blocks)
@@ -70,8 +72,16 @@ eg_status eg_kv_reserve(eg_kv_cache *kv, int slot, int64_t n_tokens, eg_error *e
     return EG_OK;
 }
 
+eg_status eg_kv_reserve(eg_kv_cache *kv, int slot, int64_t n_tokens, eg_error *err) {
+    pthread_mutex_lock(&kv->lock);
+    eg_status st = reserve_locked(kv, slot, n_tokens, err);
+    pthread_mutex_unlock(&kv->lock);
+    return st;
+}
+
 void eg_kv_release(eg_kv_cache *kv, int slot) {
     if (!kv || slot < 0 || slot >= kv->n_slots) return;
+    pthread_mutex_lock(&kv->lock);
     int32_t *row = kv->table + (int64_t)slot * kv->max_blocks;
     while (kv->n_mapped[slot] > 0) {
         int i = --kv->n_mapped[slot];
@@ -79,13 +89,19 @@ void eg_kv_release(eg_kv_cache *kv, int slot) {
         row[i] = -1;
     }
     kv->table_dirty = 1;
+    pthread_mutex_unlock(&kv->lock);
 }
 
 eg_status eg_kv_sync_table(eg_kv_cache *kv, eg_error *err) {
-    if (!kv->table_dirty) return EG_OK;
-    eg_status st = kv->be->ops->to_device(kv->be, kv->table_dev, kv->table,
-                                          sizeof(int32_t) * (size_t)kv->n_slots * (size_t)kv->max_blocks, err);
-    if (!st) kv->table_dirty = 0;
+    eg_status st = EG_OK;
+    pthread_mutex_lock(&kv->lock);
+    if (kv->table_dirty) {
+        /* a synchronous copy from the host table (pageable memory), so the lock covers it */
+        st = kv->be->ops->to_device(kv->be, kv->table_dev, kv->table,
+                                    sizeof(int32_t) * (size_t)kv->n_slots * (size_t)kv->max_blocks, err);
+        if (!st) kv->table_dirty = 0;
+    }
+    pthread_mutex_unlock(&kv->lock);
     return st;
 }
 

@@ -7,9 +7,13 @@
  * The cache is always BF16: there is no FP8 option, by design (docs/ENGINE.md).
  * Ownership: eg_kv_create returns a cache the caller frees with eg_kv_free (NULL ok);
  * it borrows the backend, which must outlive it.
- * Thread safety: one thread at a time. */
+ * Thread safety: reserve, release and sync_table take the cache's lock, so a
+ * scheduler thread may map blocks for one slot while a stage thread runs a step over
+ * other slots; everything else is one thread at a time. */
 #ifndef EG_KV_CACHE_H
 #define EG_KV_CACHE_H
+
+#include <pthread.h>
 
 #include "engine/backend.h"
 
@@ -29,6 +33,7 @@ typedef struct eg_kv_cache {
     uint16_t *storage;   /* [n_layers][n_blocks][BS][width] bf16, backend memory */
     int32_t *table_dev;  /* [S][MB] backend copy */
     int table_dirty;
+    pthread_mutex_t lock; /* guards table, n_mapped, free_list, n_free, table_dirty */
 } eg_kv_cache;
 
 eg_status eg_kv_create(eg_backend *be, int n_layers, int width, int block_size, int64_t n_blocks, int n_slots,

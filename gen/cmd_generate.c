@@ -1,8 +1,666 @@
-/* PLACEHOLDER: replaced by the module that implements 'eaglegen generate'. */
+/* eaglegen generate — the pipeline users run: prompts -> chat template + tokenizer ->
+ * batch engine (prefill + sampled decode, or teacher-forced capture) -> shards.
+ *
+ * The run is a job in --out: parameters and fingerprints in job.json, samples in
+ * crash-safe shards, records that give no sample in rejects.jsonl. Rerunning the same
+ * command resumes; each sample's RNG is seeded from (--seed, sample id), so a sample's
+ * tokens do not depend on batch order or interruptions. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "common/eg_hash.h"
+#include "dataset/writer.h"
+#include "engine/engine.h"
 #include "gen/commands.h"
+#include "gen/job.h"
+#include "gen/progress.h"
+#include "prompts/corpus.h"
+
+typedef struct gen_args {
+    const char *model, *out, *tokenizer, *backend, *log_json;
+    const char **prompts;
+    int n_prompts;
+    int capture;              /* --mode capture */
+    int max_new, max_seq_len;
+    double temperature, top_p;
+    int top_k;
+    uint64_t seed;
+    int thinking;
+    int aux[64], n_aux;       /* n_aux 0 = config default */
+    int pre_norm;
+    int batch, chunk, shard_samples, threads;
+    int worker, n_workers;
+    int drop_truncated;
+    int64_t limit;            /* -1 = all */
+    int skip_bad;
+} gen_args;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: eaglegen generate --model DIR --prompts PATH [PATH...] --out DIR [options]\n"
+            "\n"
+            "Runs the target model over a JSONL prompt corpus and writes an EAGLE-3 training dataset\n"
+            "(docs/FORMAT.md) into the job directory --out. Rerunning the same command resumes it.\n"
+            "\n"
+            "inputs and outputs:\n"
+            "  --model DIR             Hugging Face checkpoint directory (required)\n"
+            "  --prompts PATH...       JSONL files (.gz/.zst/.xz too), directories or - for stdin;\n"
+            "                          further non-option arguments are more prompt paths (required)\n"
+            "  --out DIR               job directory (required); created if missing\n"
+            "  --tokenizer DIR         tiktoken.model + tokenizer_config.json (default: --model)\n"
+            "  --backend cpu|cuda      compute backend (default cpu)\n"
+            "what to generate:\n"
+            "  --mode regenerate|capture\n"
+            "                          regenerate (default): the model answers each prompt;\n"
+            "                          capture: teacher-force the existing assistant turns\n"
+            "  --max-new-tokens N      generated tokens per sample at most (default 2048)\n"
+            "  --max-seq-len N         prompt + response tokens at most (default 4096); longer\n"
+            "                          prompts are bad records\n"
+            "  --temperature F         sampling temperature, 0 = greedy (default 1.0)\n"
+            "  --top-p F               nucleus sampling mass (default 0.95)\n"
+            "  --top-k N               top-k, 0 = off (default 0)\n"
+            "  --seed N                job seed; sample seeds derive from it and the sample id (default 0)\n"
+            "  --thinking on|off       Kimi thinking mode in the template (default on)\n"
+            "  --aux-layers a,b,c      decoder layers (0-based, output of layer k) whose residual\n"
+            "                          stream is stored (default: 1, L/2-1, L-4 from the config)\n"
+            "  --final-hidden post-norm|pre-norm\n"
+            "                          final hidden state: final-norm output (default) or the\n"
+            "                          residual before it\n"
+            "  --drop-truncated        leave out samples that hit --max-new-tokens (counted)\n"
+            "  --limit N               process at most N records (of this worker)\n"
+            "  --on-bad-record error|skip\n"
+            "                          error (default): stop at the first bad record naming file,\n"
+            "                          line and reason; skip: log it to rejects.jsonl and go on\n"
+            "throughput and layout:\n"
+            "  --batch N               concurrent sequences (default 16)\n"
+            "  --chunk N               rows per forward step / prefill chunk (default 512)\n"
+            "  --shard-samples N       samples per shard (default 1000)\n"
+            "  --threads N             CPU threads (default: all cores, or $EG_THREADS)\n"
+            "  --worker I/N            this is worker I (0-based) of N; default from Slurm\n"
+            "                          (SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS), else 0/1\n"
+            "  --log-json FILE         append progress as JSON lines to FILE\n"
+            "  -h, --help              this text\n"
+            "\n"
+            "Exit status: 0 done, 1 failure, 2 usage error, 130 interrupted (SIGINT/SIGTERM: what\n"
+            "is complete is committed; rerun to resume).\n");
+}
+
+/* ---- argument parsing ------------------------------------------------------ */
+
+static int bad_arg(const char *flag, const char *v, const char *want) {
+    fprintf(stderr, "eaglegen generate: %s: expected %s, got '%s'\n", flag, want, v);
+    return 0;
+}
+static int p_int(const char *flag, const char *v, long lo, long hi, int *out) {
+    char *e;
+    errno = 0;
+    long x = strtol(v, &e, 10);
+    if (errno || *e || e == v || x < lo || x > hi) return bad_arg(flag, v, "an integer in range");
+    *out = (int)x;
+    return 1;
+}
+static int p_dbl(const char *flag, const char *v, double lo, double hi, double *out) {
+    char *e;
+    errno = 0;
+    double x = strtod(v, &e);
+    if (errno || *e || e == v || !(x >= lo && x <= hi)) return bad_arg(flag, v, "a number in range");
+    *out = x;
+    return 1;
+}
+static int p_worker(const char *v, int *i, int *n) {
+    char *e;
+    long a = strtol(v, &e, 10);
+    if (e == v || *e != '/') return 0;
+    char *e2;
+    long b = strtol(e + 1, &e2, 10);
+    if (e2 == e + 1 || *e2 || b < 1 || a < 0 || a >= b || b > 1 << 20) return 0;
+    *i = (int)a;
+    *n = (int)b;
+    return 1;
+}
+
+static int worker_from_env(int *i, int *n) {
+    const char *a = getenv("SLURM_ARRAY_TASK_ID"), *b = getenv("SLURM_ARRAY_TASK_COUNT");
+    const char *mn = getenv("SLURM_ARRAY_TASK_MIN");
+    if (a && b) {
+        int id = atoi(a) - (mn ? atoi(mn) : 0), cnt = atoi(b);
+        if (cnt >= 1 && id >= 0 && id < cnt) { *i = id; *n = cnt; return 1; }
+    }
+    a = getenv("SLURM_PROCID");
+    b = getenv("SLURM_NTASKS");
+    if (a && b && atoi(b) >= 1 && atoi(a) >= 0 && atoi(a) < atoi(b)) { *i = atoi(a); *n = atoi(b); return 1; }
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, gen_args *a) {
+    memset(a, 0, sizeof *a);
+    a->backend = "cpu";
+    a->max_new = 2048;
+    a->max_seq_len = 4096;
+    a->temperature = 1.0;
+    a->top_p = 0.95;
+    a->thinking = 1;
+    a->batch = 16;
+    a->chunk = 512;
+    a->shard_samples = 1000;
+    a->limit = -1;
+    a->n_workers = 0;
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'},          {"prompts", 1, 0, 'p'},        {"out", 1, 0, 'o'},
+        {"tokenizer", 1, 0, 'T'},      {"backend", 1, 0, 'b'},        {"mode", 1, 0, 'M'},
+        {"max-new-tokens", 1, 0, 'n'}, {"max-seq-len", 1, 0, 'L'},    {"temperature", 1, 0, 't'},
+        {"top-p", 1, 0, 'P'},          {"top-k", 1, 0, 'k'},          {"seed", 1, 0, 's'},
+        {"thinking", 1, 0, 'H'},       {"aux-layers", 1, 0, 'a'},     {"final-hidden", 1, 0, 'f'},
+        {"batch", 1, 0, 'B'},          {"chunk", 1, 0, 'c'},          {"shard-samples", 1, 0, 'S'},
+        {"threads", 1, 0, 'j'},        {"worker", 1, 0, 'w'},         {"drop-truncated", 0, 0, 'd'},
+        {"limit", 1, 0, 'l'},          {"on-bad-record", 1, 0, 'r'},  {"log-json", 1, 0, 'J'},
+        {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
+    static const char *plist[4096];
+    optind = 1;
+    int ch, lim;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'm': a->model = optarg; break;
+        case 'p':
+            if (a->n_prompts >= 4096) { fprintf(stderr, "eaglegen generate: too many --prompts\n"); return 2; }
+            plist[a->n_prompts++] = optarg;
+            break;
+        case 'o': a->out = optarg; break;
+        case 'T': a->tokenizer = optarg; break;
+        case 'b':
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return bad_arg("--backend", optarg, "cpu or cuda"), 2;
+            a->backend = optarg;
+            break;
+        case 'M':
+            if (!strcmp(optarg, "regenerate")) a->capture = 0;
+            else if (!strcmp(optarg, "capture")) a->capture = 1;
+            else return bad_arg("--mode", optarg, "regenerate or capture"), 2;
+            break;
+        case 'n': if (!p_int("--max-new-tokens", optarg, 1, 1 << 24, &a->max_new)) return 2; break;
+        case 'L': if (!p_int("--max-seq-len", optarg, 2, 1 << 24, &a->max_seq_len)) return 2; break;
+        case 't': if (!p_dbl("--temperature", optarg, 0, 100, &a->temperature)) return 2; break;
+        case 'P': if (!p_dbl("--top-p", optarg, 1e-9, 1, &a->top_p)) return 2; break;
+        case 'k': if (!p_int("--top-k", optarg, 0, 1 << 24, &a->top_k)) return 2; break;
+        case 's': {
+            char *e;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &e, 10);
+            if (errno || *e || e == optarg || optarg[0] == '-') return bad_arg("--seed", optarg, "a non-negative integer"), 2;
+            a->seed = v;
+            break;
+        }
+        case 'H':
+            if (!strcmp(optarg, "on")) a->thinking = 1;
+            else if (!strcmp(optarg, "off")) a->thinking = 0;
+            else return bad_arg("--thinking", optarg, "on or off"), 2;
+            break;
+        case 'a': {
+            const char *s = optarg;
+            a->n_aux = 0;
+            while (*s) {
+                char *e;
+                long v = strtol(s, &e, 10);
+                if (e == s || v < 0 || a->n_aux >= 64 || (*e && *e != ',')) return bad_arg("--aux-layers", optarg, "comma-separated layer numbers"), 2;
+                a->aux[a->n_aux++] = (int)v;
+                s = *e ? e + 1 : e;
+            }
+            if (!a->n_aux) return bad_arg("--aux-layers", optarg, "at least one layer"), 2;
+            break;
+        }
+        case 'f':
+            if (!strcmp(optarg, "post-norm")) a->pre_norm = 0;
+            else if (!strcmp(optarg, "pre-norm")) a->pre_norm = 1;
+            else return bad_arg("--final-hidden", optarg, "post-norm or pre-norm"), 2;
+            break;
+        case 'B': if (!p_int("--batch", optarg, 1, 1 << 16, &a->batch)) return 2; break;
+        case 'c': if (!p_int("--chunk", optarg, 1, 1 << 20, &a->chunk)) return 2; break;
+        case 'S': if (!p_int("--shard-samples", optarg, 1, 1 << 30, &a->shard_samples)) return 2; break;
+        case 'j': if (!p_int("--threads", optarg, 1, 4096, &a->threads)) return 2; break;
+        case 'w': if (!p_worker(optarg, &a->worker, &a->n_workers)) return bad_arg("--worker", optarg, "I/N with 0 <= I < N"), 2; break;
+        case 'd': a->drop_truncated = 1; break;
+        case 'l': if (!p_int("--limit", optarg, 0, 2000000000, &lim)) return 2; a->limit = lim; break;
+        case 'r':
+            if (!strcmp(optarg, "error")) a->skip_bad = 0;
+            else if (!strcmp(optarg, "skip")) a->skip_bad = 1;
+            else return bad_arg("--on-bad-record", optarg, "error or skip"), 2;
+            break;
+        case 'J': a->log_json = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    while (optind < argc && a->n_prompts < 4096) plist[a->n_prompts++] = argv[optind++];
+    a->prompts = plist;
+    if (!a->model || !a->out || !a->n_prompts) {
+        fprintf(stderr, "eaglegen generate: --model, --prompts and --out are required (see --help)\n");
+        return 2;
+    }
+    if (!a->n_workers && !worker_from_env(&a->worker, &a->n_workers)) { a->worker = 0; a->n_workers = 1; }
+    if (!a->tokenizer) a->tokenizer = a->model;
+    return -1; /* continue */
+}
+
+/* ---- the run ------------------------------------------------------------------ */
+
+typedef struct gen_meta {
+    char *id;
+    const char *file;
+    uint64_t line, index;
+    uint8_t *mask;  /* capture mode: [T] */
+    uint64_t seed;
+    struct gen_meta *prev, *next;
+} gen_meta;
+
+typedef struct gen_run {
+    gen_args *a;
+    eg_model *model;
+    tok_tokenizer *tok;
+    corpus_reader *corpus;
+    eg_shard_writer *w;
+    gen_ledger *ledger;
+    eg_engine *engine;
+    corpus_record rec;
+    int32_t *stop;
+    int n_stop;
+    int64_t records_read;   /* records of this worker seen */
+    int64_t resumed;        /* already committed, passed over */
+    int64_t written;        /* samples added this run */
+    gen_meta live;          /* list head of in-flight requests */
+    gen_progress prog;
+    int64_t records_total;
+    uint8_t *mask_buf;
+    size_t mask_cap;
+} gen_run;
+
+static volatile sig_atomic_t g_interrupted;
+static eg_engine *volatile g_engine;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+    if (g_engine) eg_engine_request_stop(g_engine);
+}
+
+static uint64_t id_seed(uint64_t seed, const char *id) {
+    uint8_t d[32];
+    eg_sha256 c;
+    eg_sha256_init(&c);
+    eg_sha256_update(&c, id, strlen(id));
+    eg_sha256_final(&c, d);
+    uint64_t h = 0;
+    for (int i = 0; i < 8; i++) h = h << 8 | d[i];
+    return eg_rng_seed(seed, h);
+}
+
+static void meta_free(gen_meta *m) {
+    if (!m) return;
+    if (m->prev) m->prev->next = m->next;
+    if (m->next) m->next->prev = m->prev;
+    free(m->id);
+    free(m->mask);
+    free(m);
+}
+
+static void progress(gen_run *g, int force) {
+    eg_engine_stats es = {0};
+    if (g->engine) eg_engine_get_stats(g->engine, &es);
+    eg_shard_writer_stats ws = {0};
+    shard_writer_stats(g->w, &ws);
+    gen_progress_state s = {
+        .records_done = g->resumed + g->written + gen_ledger_count(g->ledger, GEN_OUT_REJECTED) +
+                        gen_ledger_count(g->ledger, GEN_OUT_DROPPED) + gen_ledger_count(g->ledger, GEN_OUT_DUPLICATE),
+        .records_total = g->records_total, .samples = g->written, .prefill_tokens = es.prefill_tokens,
+        .decode_tokens = es.decode_tokens, .engine_seconds = es.seconds, .shards = ws.committed_shards,
+        .compression = ws.committed_bytes > 0 ? (double)ws.committed_raw_bytes / (double)ws.committed_bytes : 0};
+    gen_progress_update(&g->prog, &s, force);
+}
+
+static int next_request(void *vc, eg_request *req, eg_error *err) {
+    gen_run *g = vc;
+    gen_args *a = g->a;
+    for (;;) {
+        if (g_interrupted) return 0;
+        if (a->limit >= 0 && g->records_read >= a->limit) return 0;
+        bool got = false;
+        if (corpus_next(g->corpus, &g->rec, &got, err)) return -1;
+        if (!got) return 0;
+        g->records_read++;
+        corpus_record *r = &g->rec;
+        progress(g, 0);
+        if (gen_ledger_has(g->ledger, r->index)) continue; /* handled by an earlier run */
+        if (!r->ok) {
+            if (!a->skip_bad) {
+                eg_fail(err, EG_ERR_FORMAT, "%s:%llu: bad record: %s (use --on-bad-record=skip to log and continue)",
+                        r->file, (unsigned long long)r->line, r->reason);
+                return -1;
+            }
+            if (gen_ledger_add(g->ledger, r->index, r->file, r->line, r->id, GEN_OUT_REJECTED, r->reason, r->raw, err))
+                return -1;
+            continue;
+        }
+        if (shard_writer_has_id(g->w, r->id)) { g->resumed++; continue; }
+        int n = (int)r->ids.n;
+        if (a->capture) {
+            int any = 0;
+            for (int i = 0; i < n; i++) any |= r->loss_mask[i];
+            if (!any) {
+                if (!a->skip_bad) {
+                    eg_fail(err, EG_ERR_FORMAT, "%s:%llu: bad record: no assistant turn to capture", r->file,
+                            (unsigned long long)r->line);
+                    return -1;
+                }
+                if (gen_ledger_add(g->ledger, r->index, r->file, r->line, r->id, GEN_OUT_REJECTED,
+                                   "no assistant turn to capture", r->raw, err))
+                    return -1;
+                continue;
+            }
+        }
+        gen_meta *m = calloc(1, sizeof *m);
+        if (!m || !(m->id = strdup(r->id))) { free(m); return eg_fail(err, EG_ERR_NOMEM, "out of memory"), -1; }
+        m->file = r->file;
+        m->line = r->line;
+        m->index = r->index;
+        m->seed = id_seed(a->seed, r->id);
+        if (a->capture) {
+            m->mask = malloc((size_t)n);
+            if (!m->mask) { meta_free(m); return eg_fail(err, EG_ERR_NOMEM, "out of memory"), -1; }
+            memcpy(m->mask, r->loss_mask, (size_t)n);
+        }
+        m->next = g->live.next;
+        m->prev = &g->live;
+        if (g->live.next) g->live.next->prev = m;
+        g->live.next = m;
+        memset(req, 0, sizeof *req);
+        req->id = r->index;
+        req->user = m;
+        req->tokens = r->ids.ids;
+        req->n_tokens = n;
+        req->max_new = a->capture ? 0 : (a->max_new < a->max_seq_len - n ? a->max_new : a->max_seq_len - n);
+        req->sp.temperature = (float)a->temperature;
+        req->sp.top_p = (float)a->top_p;
+        req->sp.top_k = a->top_k;
+        req->rng = m->seed;
+        req->stop_ids = g->stop;
+        req->n_stop = g->n_stop;
+        return 1;
+    }
+}
+
+static eg_status on_done(void *vc, const eg_result *res, eg_error *err) {
+    gen_run *g = vc;
+    gen_args *a = g->a;
+    gen_meta *m = res->user;
+    eg_status st = EG_OK;
+    if (!a->capture && a->drop_truncated && res->finish == EG_FINISH_LENGTH) {
+        st = gen_ledger_add(g->ledger, m->index, m->file, m->line, m->id, GEN_OUT_DROPPED,
+                            "reached --max-new-tokens (--drop-truncated)", NULL, err);
+        meta_free(m);
+        return st;
+    }
+    if (shard_writer_has_id(g->w, m->id)) { /* a repeated id in flight at the same time */
+        st = gen_ledger_add(g->ledger, m->index, m->file, m->line, m->id, GEN_OUT_DUPLICATE, "id already in the dataset",
+                            NULL, err);
+        meta_free(m);
+        return st;
+    }
+    int T = res->n_tokens;
+    if ((size_t)T > g->mask_cap) {
+        uint8_t *p = realloc(g->mask_buf, (size_t)T);
+        if (!p) { meta_free(m); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+        g->mask_buf = p;
+        g->mask_cap = (size_t)T;
+    }
+    int64_t prompt_len, gen_len;
+    if (a->capture) {
+        memcpy(g->mask_buf, m->mask, (size_t)T);
+        prompt_len = 0;
+        while (prompt_len < T && !g->mask_buf[prompt_len]) prompt_len++;
+        gen_len = 0;
+        for (int i = 0; i < T; i++) gen_len += g->mask_buf[i];
+    } else {
+        for (int i = 0; i < T; i++) g->mask_buf[i] = i >= res->prompt_len;
+        prompt_len = res->prompt_len;
+        gen_len = res->n_generated;
+    }
+    eg_ds_sample s = {
+        .id = m->id, .source_file = (char *)m->file, .source_line = (int64_t)m->line, .prompt_len = prompt_len,
+        .gen_len = gen_len, .finish = res->finish == EG_FINISH_LENGTH ? EG_DS_FINISH_LENGTH : EG_DS_FINISH_STOP,
+        .temperature = a->capture ? 0 : a->temperature, .top_p = a->capture ? 1 : a->top_p,
+        .top_k = a->capture ? 0 : a->top_k, .seed = m->seed, .T = T, .n_aux = res->n_aux,
+        .H = g->model->cfg.hidden, .input_ids = (int32_t *)res->tokens, .loss_mask = g->mask_buf,
+        .hidden_dtype = EG_DS_F32, .aux_hidden = (void *)res->aux, .final_hidden = (void *)res->final};
+    st = shard_writer_add(g->w, &s, err);
+    if (!st) g->written++;
+    meta_free(m);
+    progress(g, 0);
+    return st;
+}
+
+/* Records in the inputs when they are all plain (uncompressed) files: non-blank lines. */
+static int64_t count_records(corpus_reader *r) {
+    int64_t total = 0;
+    for (size_t i = 0; i < corpus_n_files(r); i++) {
+        const char *p = corpus_file(r, i);
+        if (!strcmp(p, "-")) return -1;
+        FILE *f = fopen(p, "rb");
+        if (!f) return -1;
+        unsigned char buf[1 << 16];
+        size_t n = fread(buf, 1, 4, f);
+        if (n >= 2 && ((buf[0] == 0x1f && buf[1] == 0x8b) || (buf[0] == 0x28 && buf[1] == 0xb5) ||
+                       (buf[0] == 0xfd && buf[1] == '7') || (buf[0] == 'B' && buf[1] == 'Z'))) {
+            fclose(f);
+            return -1;
+        }
+        int content = 0;
+        do {
+            for (size_t k = 0; k < n; k++) {
+                if (buf[k] == '\n') { total += content; content = 0; }
+                else if (buf[k] != ' ' && buf[k] != '\t' && buf[k] != '\r') content = 1;
+            }
+        } while ((n = fread(buf, 1, sizeof buf, f)) > 0);
+        total += content;
+        fclose(f);
+    }
+    return total;
+}
+
+static json_t *job_identity(gen_run *g, eg_error *err) {
+    gen_args *a = g->a;
+    json_t *aux = json_array();
+    for (int i = 0; i < a->n_aux; i++) json_array_append_new(aux, json_integer(a->aux[i]));
+    json_t *inputs = json_array();
+    for (size_t i = 0; i < corpus_n_files(g->corpus); i++) {
+        const char *p = corpus_file(g->corpus, i);
+        json_t *fp = NULL;
+        if (!strcmp(p, "-")) fp = json_pack("{s:s}", "path", "-");
+        else if (gen_file_fingerprint(p, &fp, err)) { json_decref(aux); json_decref(inputs); return NULL; }
+        json_array_append_new(inputs, fp);
+    }
+    json_t *params = json_pack(
+        "{s:s, s:s, s:i, s:i, s:f, s:f, s:i, s:I, s:b, s:o, s:s, s:b, s:I, s:i, s:s, s:s, s:i}", "backend",
+        a->backend, "mode", a->capture ? "capture" : "regenerate", "max_new_tokens", a->max_new, "max_seq_len",
+        a->max_seq_len, "temperature", a->temperature, "top_p", a->top_p, "top_k", a->top_k, "seed",
+        (json_int_t)a->seed, "thinking", a->thinking, "aux_layers", aux, "final_hidden",
+        a->pre_norm ? "pre-norm" : "post-norm", "drop_truncated", a->drop_truncated, "limit", (json_int_t)a->limit,
+        "shard_samples", a->shard_samples, "on_bad_record", a->skip_bad ? "skip" : "error", "worker",
+        "", "n_workers", a->n_workers);
+    char w[32];
+    snprintf(w, sizeof w, "%d/%d", a->worker, a->n_workers);
+    json_object_set_new(params, "worker", json_string(w));
+    /* the model by content (config hash, stored weight bytes), not by path, so a moved
+     * checkpoint still resumes */
+    json_t *fps = json_pack("{s:s, s:I, s:s, s:o}", "model_config_sha256", g->model->cfg.hash, "model_weight_bytes",
+                            (json_int_t)g->model->weight_bytes, "tokenizer_sha256", tok_fingerprint(g->tok),
+                            "inputs", inputs);
+    return json_pack("{s:i, s:o, s:o}", "version", 1, "params", params, "fingerprints", fps);
+}
+
 int cmd_generate(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "eaglegen generate: not built yet\n");
-    return 2;
+    gen_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    rc = 1;
+    eg_error err = {0};
+    gen_run g;
+    memset(&g, 0, sizeof g);
+    g.a = &a;
+    g.records_total = -1;
+    eg_model model;
+    memset(&model, 0, sizeof model);
+    eg_backend *be = NULL;
+    json_t *ident = NULL;
+    FILE *jlog = NULL;
+    char *job_text = NULL;
+    g.model = &model;
+
+    if (mkdir(a.out, 0777) && errno != EEXIST) {
+        fprintf(stderr, "eaglegen generate: cannot create %s: %s\n", a.out, strerror(errno));
+        return 1;
+    }
+    if (eg_model_load(a.model, &model, &err)) goto done;
+    const eg_config *c = &model.cfg;
+    if (tok_load(a.tokenizer, &g.tok, &err)) { eg_wrap(&err, "tokenizer %s", a.tokenizer); goto done; }
+    if (tok_n_vocab(g.tok) > c->vocab) {
+        eg_fail(&err, EG_ERR_CONFIG, "tokenizer %s has %d ids but the model's vocab_size is %d", a.tokenizer,
+                tok_n_vocab(g.tok), c->vocab);
+        goto done;
+    }
+    if (!a.n_aux) a.n_aux = eg_config_default_aux_layers(c, a.aux);
+    for (int i = 0; i < a.n_aux; i++)
+        if (a.aux[i] >= c->n_layers) {
+            eg_fail(&err, EG_ERR_INVALID, "--aux-layers: layer %d does not exist (the model has %d layers, 0..%d)",
+                    a.aux[i], c->n_layers, c->n_layers - 1);
+            goto done;
+        }
+    /* stop at <|im_end|> and at the config's eos ids */
+    g.stop = malloc(sizeof(int32_t) * (size_t)(c->n_eos + 1));
+    if (!g.stop) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
+    int32_t im_end = tok_special_id(g.tok, "<|im_end|>");
+    if (im_end >= 0) g.stop[g.n_stop++] = im_end;
+    for (int i = 0; i < c->n_eos; i++) g.stop[g.n_stop++] = c->eos_ids[i];
+
+    corpus_opts co;
+    corpus_opts_default(&co);
+    co.mode = a.capture ? CORPUS_CAPTURE : CORPUS_REGENERATE;
+    co.thinking = a.thinking;
+    co.max_prompt_tokens = (size_t)(a.capture ? a.max_seq_len : a.max_seq_len - 1);
+    co.worker = (uint64_t)a.worker;
+    co.n_workers = (uint64_t)a.n_workers;
+    if (corpus_open(a.prompts, (size_t)a.n_prompts, g.tok, &co, &g.corpus, &err)) goto done;
+    if (!(ident = job_identity(&g, &err))) goto done;
+    char job_name[128], rej_name[128];
+    gen_job_filename(job_name, sizeof job_name, "job", "json", a.worker, a.n_workers);
+    gen_job_filename(rej_name, sizeof rej_name, "rejects", "jsonl", a.worker, a.n_workers);
+    int existed = 0;
+    if (gen_job_check_or_write(a.out, job_name, ident, &existed, &err)) goto done;
+    if (gen_ledger_open(a.out, rej_name, &g.ledger, &err)) goto done;
+    job_text = json_dumps(ident, JSON_COMPACT | JSON_SORT_KEYS);
+
+    char model_name[256];
+    {
+        const char *base = strrchr(a.model, '/');
+        snprintf(model_name, sizeof model_name, "%s", base && base[1] ? base + 1 : a.model);
+    }
+    eg_shard_writer_opts wo = {
+        .model_name = model_name, .model_config_sha256 = c->hash, .tokenizer_sha256 = tok_fingerprint(g.tok),
+        .chat_template = "kimi-k2.5", .thinking = a.thinking, .n_aux = a.n_aux, .aux_layers = a.aux,
+        .hidden_size = c->hidden, .target_vocab_size = c->vocab,
+        .final_source = a.pre_norm ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM, .job_json = job_text,
+        .shard_samples = a.shard_samples, .threads = a.threads, .worker_index = a.worker,
+        .worker_count = a.n_workers, .resume = existed};
+    if (shard_writer_open(a.out, &wo, &g.w, &err)) goto done;
+
+    if (a.log_json && !(jlog = fopen(a.log_json, "a"))) {
+        eg_fail(&err, EG_ERR_IO, "--log-json %s: %s", a.log_json, strerror(errno));
+        goto done;
+    }
+    g.records_total = count_records(g.corpus);
+    if (g.records_total >= 0 && a.n_workers > 1)
+        g.records_total = (g.records_total - a.worker + a.n_workers - 1) / a.n_workers;
+    if (a.limit >= 0 && (g.records_total < 0 || a.limit < g.records_total)) g.records_total = a.limit;
+
+    int max_tokens = a.chunk > a.batch ? a.chunk : a.batch;
+    eg_backend_opts bo = {.name = a.backend, .max_tokens = max_tokens, .max_seq_len = a.max_seq_len, .nthreads = a.threads};
+    if (eg_backend_create(c, &bo, &be, &err)) goto done;
+    eg_engine_opts eo = {.n_slots = a.batch, .max_seq_len = a.max_seq_len, .max_tokens = max_tokens,
+                         .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.pre_norm};
+    if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
+    fprintf(stderr, "eaglegen generate: %s, %s backend, worker %d/%d, %d slots, KV cache %lld tokens, aux layers",
+            existed ? "resuming" : "starting", a.backend, a.worker, a.n_workers, a.batch,
+            (long long)eg_engine_kv_capacity(g.engine));
+    for (int i = 0; i < a.n_aux; i++) fprintf(stderr, "%s%d", i ? "," : " ", a.aux[i]);
+    fprintf(stderr, "\n");
+
+    gen_progress_init(&g.prog, jlog);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    g_engine = g.engine;
+    eg_status run_st = eg_engine_run(g.engine, next_request, on_done, &g, &err);
+    g_engine = NULL;
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    if (g_interrupted && (run_st == EG_OK || run_st == EG_ERR_INTERRUPTED)) run_st = EG_ERR_INTERRUPTED;
+    /* commit what is complete, whatever happened */
+    eg_error cerr = {0};
+    shard_writer_count(g.w, EG_DS_COUNT_GENERATED, 0);
+    int64_t want[EG_DS_NCOUNTS] = {0};
+    want[EG_DS_COUNT_REJECTED] = gen_ledger_count(g.ledger, GEN_OUT_REJECTED);
+    want[EG_DS_COUNT_DROPPED] = gen_ledger_count(g.ledger, GEN_OUT_DROPPED);
+    want[EG_DS_COUNT_SKIPPED] = gen_ledger_count(g.ledger, GEN_OUT_DUPLICATE);
+    eg_status sync_st = gen_ledger_sync(g.ledger, &cerr);
+    eg_status close_st = sync_st ? sync_st : shard_writer_flush(g.w, &cerr);
+    if (!close_st) {
+        eg_shard_writer_stats ws;
+        shard_writer_stats(g.w, &ws);
+        want[EG_DS_COUNT_GENERATED] = ws.committed_samples;
+        for (int k = 0; k < EG_DS_NCOUNTS; k++)
+            shard_writer_count(g.w, k, want[k] - shard_writer_get_count(g.w, k));
+        close_st = shard_writer_close(g.w, &cerr);
+    }
+    progress(&g, 1);
+    gen_progress_finish(&g.prog);
+    eg_shard_writer_stats ws;
+    shard_writer_stats(g.w, &ws);
+    eg_engine_stats es;
+    eg_engine_get_stats(g.engine, &es);
+    fprintf(stderr,
+            "eaglegen generate: %s. this run: %lld samples written, %lld already done; dataset: %lld samples in %lld "
+            "shards; rejected %lld, dropped %lld, duplicate ids %lld (see %s/%s). %.1f prefill + %.1f decode tok/s.\n",
+            run_st == EG_ERR_INTERRUPTED ? "interrupted; rerun the same command to resume" : run_st ? "stopped by an error" : "done",
+            (long long)g.written, (long long)g.resumed, (long long)ws.committed_samples, (long long)ws.committed_shards,
+            (long long)want[EG_DS_COUNT_REJECTED], (long long)want[EG_DS_COUNT_DROPPED],
+            (long long)want[EG_DS_COUNT_SKIPPED], a.out, rej_name,
+            es.seconds > 0 ? es.prefill_tokens / es.seconds : 0.0, es.seconds > 0 ? es.decode_tokens / es.seconds : 0.0);
+    if (close_st) { err = cerr; goto done; }
+    if (run_st == EG_ERR_INTERRUPTED) { rc = 130; goto done_quiet; }
+    if (run_st) goto done;
+    rc = 0;
+done:
+    if (rc == 1) fprintf(stderr, "eaglegen generate: %s\n", err.msg);
+done_quiet:
+    while (g.live.next) meta_free(g.live.next);
+    eg_engine_free(g.engine);
+    eg_backend_free(be);
+    shard_writer_free(g.w);
+    gen_ledger_close(g.ledger);
+    corpus_record_free(&g.rec);
+    corpus_close(g.corpus);
+    tok_free(g.tok);
+    eg_model_free(&model);
+    json_decref(ident);
+    free(job_text);
+    free(g.stop);
+    free(g.mask_buf);
+    if (jlog) fclose(jlog);
+    return rc;
 }

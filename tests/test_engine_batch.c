@@ -81,25 +81,38 @@ static void free_results(results *r) {
 static eg_model model;
 static int have_model;
 
-static eg_status run(int slots, int max_tokens, const int *stages, int n_stages, int only, int max_new, float temp,
-                     int32_t stop, int64_t kv_blocks, results *out, eg_error *err) {
-    eg_backend *be = NULL;
+static eg_engine_stats last_stats;
+
+/* threaded > 0: one backend per stage, stages on their own threads, `threaded`
+ * micro-batches. */
+static eg_status run_ex(int slots, int max_tokens, const int *stages, int n_stages, int threaded, int only, int max_new,
+                        float temp, int32_t stop, int64_t kv_blocks, results *out, eg_error *err) {
+    eg_backend *be = NULL, *sb[8] = {0};
     eg_engine *e = NULL;
     int aux[3] = {-1, 1, 4};
-    eg_backend_opts bo = {.name = "cpu", .max_tokens = max_tokens, .max_seq_len = 128, .nthreads = 2};
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = max_tokens, .max_seq_len = 128, .nthreads = threaded ? 1 : 2};
     eg_status st = eg_backend_create(&model.cfg, &bo, &be, err);
+    for (int k = 0; k < n_stages && threaded && !st; k++) st = eg_backend_create(&model.cfg, &bo, &sb[k], err);
     if (!st) {
         eg_engine_opts eo = {.n_slots = slots, .max_seq_len = 128, .max_tokens = max_tokens, .block_size = 8,
-                             .kv_blocks = kv_blocks, .aux_layers = aux, .n_aux = 3, .stage_ends = stages, .n_stages = n_stages};
+                             .kv_blocks = kv_blocks, .aux_layers = aux, .n_aux = 3, .stage_ends = stages, .n_stages = n_stages,
+                             .stage_backends = threaded ? sb : NULL, .micro_batches = threaded};
         st = eg_engine_create(&model, be, &eo, &e, err);
     }
     if (!st) {
         run_ctx c = {.only = only, .max_new = max_new, .temp = temp, .stop = stop, .out = out, .n_aux = 3, .H = model.cfg.hidden};
         st = eg_engine_run(e, next_req, on_done, &c, err);
+        eg_engine_get_stats(e, &last_stats);
     }
     eg_engine_free(e);
     eg_backend_free(be);
+    for (int k = 0; k < 8; k++) eg_backend_free(sb[k]);
     return st;
+}
+
+static eg_status run(int slots, int max_tokens, const int *stages, int n_stages, int only, int max_new, float temp,
+                     int32_t stop, int64_t kv_blocks, results *out, eg_error *err) {
+    return run_ex(slots, max_tokens, stages, n_stages, 0, only, max_new, temp, stop, kv_blocks, out, err);
 }
 
 static int same(const results *a, const results *b, int i, int64_t H) {
@@ -155,6 +168,28 @@ static void test_pipeline_split_exact(void) {
     free_results(&base);
 }
 
+/* Stages on their own threads with micro-batches in flight: identical tensors, and the
+ * scheduler really keeps at least N micro-batches in flight (counted). */
+static void test_pipeline_threaded(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    results base = {0}, split = {0};
+    CHECK_OK(run(4, 10, NULL, 0, -1, 6, 0.7f, -1, 0, &base, &err), &err);
+    int s2[2] = {2, 5}, s4[4] = {1, 2, 3, 5};
+    CHECK_OK(run_ex(4, 10, s2, 2, 2, -1, 6, 0.7f, -1, 0, &split, &err), &err);
+    for (int r = 0; r < NREQ; r++) CHECKF(same(&base, &split, r, model.cfg.hidden), "threaded 2 stages: request %d differs", r);
+    CHECKF(last_stats.max_in_flight >= 2, "max in flight %d", last_stats.max_in_flight);
+    CHECK(last_stats.stage_steps[0] == last_stats.stage_steps[1] && last_stats.stage_steps[0] == last_stats.steps);
+    free_results(&split);
+    CHECK_OK(run_ex(5, 10, s4, 4, 5, -1, 6, 0.7f, -1, 0, &split, &err), &err);
+    for (int r = 0; r < NREQ; r++) CHECKF(same(&base, &split, r, model.cfg.hidden), "threaded 4 stages: request %d differs", r);
+    CHECKF(last_stats.max_in_flight >= 4, "max in flight %d with 4 stages, 5 micro-batches", last_stats.max_in_flight);
+    for (int k = 1; k < 4; k++) CHECK(last_stats.stage_steps[k] == last_stats.steps);
+    free_results(&split);
+    free_results(&base);
+}
+
 static void test_stop_and_kv_pressure(void) {
     load_model();
     if (!have_model) return;
@@ -205,6 +240,7 @@ static void test_cleanup(void) {
 static const eg_test tests[] = {
     {"batch_independence", test_batch_independence},
     {"pipeline_split_exact", test_pipeline_split_exact},
+    {"pipeline_threaded", test_pipeline_threaded},
     {"stop_and_kv_pressure", test_stop_and_kv_pressure},
     {"teacher_forced", test_teacher_forced},
     {"cleanup", test_cleanup},

@@ -1,0 +1,219 @@
+/* Job directory: parameters, fingerprints, the rejects ledger; see job.h. */
+#include "gen/job.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/eg_hash.h"
+#include "dataset/manifest.h"
+
+void gen_job_filename(char *out, size_t n, const char *base, const char *ext, int worker, int n_workers) {
+    if (n_workers > 1) snprintf(out, n, "%s.w%dof%d.%s", base, worker, n_workers, ext);
+    else snprintf(out, n, "%s.%s", base, ext);
+}
+
+eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb)) { fclose(f); return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno)); }
+    enum { MIB = 1 << 20 };
+    uint8_t *buf = malloc(MIB);
+    if (!buf) { fclose(f); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+    eg_sha256 c;
+    eg_sha256_init(&c);
+    size_t n = fread(buf, 1, MIB, f);
+    eg_sha256_update(&c, buf, n);
+    if (sb.st_size > 2 * MIB) {
+        if (fseeko(f, sb.st_size - MIB, SEEK_SET) == 0) {
+            n = fread(buf, 1, MIB, f);
+            eg_sha256_update(&c, buf, n);
+        }
+    } else if (sb.st_size > MIB) {
+        n = fread(buf, 1, MIB, f);
+        eg_sha256_update(&c, buf, n);
+    }
+    int bad = ferror(f);
+    fclose(f);
+    free(buf);
+    if (bad) return eg_fail(err, EG_ERR_IO, "%s: read error", path);
+    uint8_t d[32];
+    char hex[65];
+    eg_sha256_final(&c, d);
+    eg_sha256_to_hex(d, hex);
+    *out = json_pack("{s:s, s:I, s:s}", "path", path, "size", (json_int_t)sb.st_size, "sha256_head_tail", hex);
+    return *out ? EG_OK : eg_fail(err, EG_ERR_NOMEM, "out of memory");
+}
+
+/* Append "key: old -> new" lines for every difference between a and b. */
+static void diff(const char *prefix, json_t *a, json_t *b, char *out, size_t cap, int *count) {
+    if (json_is_object(a) && json_is_object(b)) {
+        const char *k;
+        json_t *v;
+        char key[512];
+        json_object_foreach(a, k, v) {
+            snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", k);
+            diff(key, v, json_object_get(b, k), out, cap, count);
+        }
+        json_object_foreach(b, k, v) {
+            if (json_object_get(a, k)) continue;
+            snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", k);
+            diff(key, NULL, v, out, cap, count);
+        }
+        return;
+    }
+    if (a && b && json_equal(a, b)) return;
+    char *sa = a ? json_dumps(a, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    char *sb = b ? json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    size_t len = strlen(out);
+    if (len < cap)
+        snprintf(out + len, cap - len, "\n  %s: %.200s -> %.200s", prefix, sa ? sa : "(absent)", sb ? sb : "(absent)");
+    free(sa);
+    free(sb);
+    (*count)++;
+}
+
+eg_status gen_job_check_or_write(const char *dir, const char *name, json_t *want, int *existed, eg_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *existed = 0;
+    if (access(path, F_OK) == 0) {
+        json_error_t je;
+        json_t *have = json_load_file(path, 0, &je);
+        if (!have) return eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s (the job file is damaged)", path, je.line, je.text);
+        *existed = 1;
+        char msg[900] = "";
+        int count = 0;
+        diff("", have, want, msg, sizeof msg, &count);
+        json_decref(have);
+        if (count)
+            return eg_fail(err, EG_ERR_CONFIG,
+                           "%s was made with different parameters; refusing to resume (%d difference%s, old -> new):%s\n"
+                           "Use the original command, or a new --out directory.",
+                           path, count, count > 1 ? "s" : "", msg);
+        return EG_OK;
+    }
+    char *text = json_dumps(want, JSON_INDENT(2) | JSON_SORT_KEYS);
+    if (!text) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    size_t n = strlen(text);
+    text[n] = '\n';
+    eg_status st = eg_ds_write_atomic(dir, name, text, n + 1, err);
+    free(text);
+    return st;
+}
+
+/* ---- ledger ---------------------------------------------------------------- */
+
+struct gen_ledger {
+    FILE *f;
+    char path[4096];
+    uint64_t *idx; /* sorted after load; appended after */
+    size_t n, cap;
+    size_t n_sorted;
+    int64_t counts[GEN_NOUTCOMES];
+};
+
+static const char *const outcome_names[GEN_NOUTCOMES] = {"rejected", "dropped", "duplicate"};
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static eg_status push(gen_ledger *l, uint64_t i, eg_error *err) {
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? 2 * l->cap : 256;
+        uint64_t *p = realloc(l->idx, nc * sizeof *p);
+        if (!p) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        l->idx = p;
+        l->cap = nc;
+    }
+    l->idx[l->n++] = i;
+    return EG_OK;
+}
+
+eg_status gen_ledger_open(const char *dir, const char *name, gen_ledger **out, eg_error *err) {
+    *out = NULL;
+    gen_ledger *l = eg_calloc(1, sizeof *l, err);
+    if (!l) return EG_ERR_NOMEM;
+    snprintf(l->path, sizeof l->path, "%s/%s", dir, name);
+    FILE *r = fopen(l->path, "r");
+    off_t good = 0;
+    if (r) {
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t len;
+        while ((len = getline(&line, &cap, r)) > 0) {
+            if (line[len - 1] != '\n') break; /* torn by a crash */
+            json_t *j = json_loadb(line, (size_t)len, 0, NULL);
+            json_t *ix = j ? json_object_get(j, "index") : NULL;
+            const char *oc = j ? json_string_value(json_object_get(j, "outcome")) : NULL;
+            if (!json_is_integer(ix) || !oc) { json_decref(j); break; }
+            eg_status st = push(l, (uint64_t)json_integer_value(ix), err);
+            for (int o = 0; o < GEN_NOUTCOMES; o++)
+                if (!strcmp(oc, outcome_names[o])) l->counts[o]++;
+            json_decref(j);
+            if (st) { free(line); fclose(r); gen_ledger_close(l); return st; }
+            good += len;
+        }
+        free(line);
+        fclose(r);
+        if (truncate(l->path, good)) { /* drop a torn tail */
+            eg_fail(err, EG_ERR_IO, "%s: %s", l->path, strerror(errno));
+            gen_ledger_close(l);
+            return EG_ERR_IO;
+        }
+    }
+    qsort(l->idx, l->n, sizeof *l->idx, cmp_u64);
+    l->n_sorted = l->n;
+    l->f = fopen(l->path, "a");
+    if (!l->f) {
+        eg_fail(err, EG_ERR_IO, "%s: %s", l->path, strerror(errno));
+        gen_ledger_close(l);
+        return EG_ERR_IO;
+    }
+    *out = l;
+    return EG_OK;
+}
+
+void gen_ledger_close(gen_ledger *l) {
+    if (!l) return;
+    if (l->f) { fflush(l->f); fsync(fileno(l->f)); fclose(l->f); }
+    free(l->idx);
+    free(l);
+}
+
+int gen_ledger_has(const gen_ledger *l, uint64_t index) {
+    if (bsearch(&index, l->idx, l->n_sorted, sizeof *l->idx, cmp_u64)) return 1;
+    for (size_t i = l->n_sorted; i < l->n; i++)
+        if (l->idx[i] == index) return 1;
+    return 0;
+}
+
+int64_t gen_ledger_count(const gen_ledger *l, gen_outcome o) { return l->counts[o]; }
+
+eg_status gen_ledger_add(gen_ledger *l, uint64_t index, const char *file, uint64_t line, const char *id,
+                         gen_outcome o, const char *reason, const char *raw, eg_error *err) {
+    json_t *j = json_pack("{s:I, s:s, s:s, s:I, s:s, s:s}", "index", (json_int_t)index, "outcome", outcome_names[o],
+                          "file", file ? file : "", "line", (json_int_t)line, "id", id ? id : "", "reason",
+                          reason ? reason : "");
+    if (!j) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    if (raw) json_object_set_new(j, "raw", json_stringn_nocheck(raw, strlen(raw)));
+    char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(j);
+    if (!s) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    int bad = fprintf(l->f, "%s\n", s) < 0 || fflush(l->f);
+    free(s);
+    if (bad) return eg_fail(err, EG_ERR_IO, "%s: %s", l->path, strerror(errno));
+    l->counts[o]++;
+    return push(l, index, err);
+}
+
+eg_status gen_ledger_sync(gen_ledger *l, eg_error *err) {
+    if (fflush(l->f) || fsync(fileno(l->f))) return eg_fail(err, EG_ERR_IO, "%s: %s", l->path, strerror(errno));
+    return EG_OK;
+}

@@ -1,0 +1,51 @@
+/* job.h — the job directory of `eaglegen generate`: what makes a run resumable.
+ *
+ *  - job.json (job.w{I}of{N}.json for worker I of N): the parameters that determine
+ *    the output and the fingerprints of model, tokenizer and inputs. A rerun with the
+ *    same command finds it and resumes; any difference is refused with the list of
+ *    differences.
+ *  - rejects.jsonl (rejects.w{I}of{N}.jsonl): an append-only ledger of records that
+ *    produced no sample — bad records skipped under --on-bad-record=skip, truncated
+ *    samples left out by --drop-truncated, duplicate ids — one JSON line each with the
+ *    record index, file, line, id, outcome and reason (and the raw line for bad ones).
+ *    A resumed run skips the indices listed there, so nothing is counted twice; samples
+ *    themselves are tracked by the shard writer's committed ids.
+ * Ownership: gen_ledger is freed with gen_ledger_close (NULL ok).
+ * Thread safety: one thread. */
+#ifndef EG_GEN_JOB_H
+#define EG_GEN_JOB_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "common/eg_common.h"
+
+/* File name for base ("job", "rejects") and extension, with the worker tag when
+ * n_workers > 1: "job.w0of4.json". */
+void gen_job_filename(char *out, size_t n, const char *base, const char *ext, int worker, int n_workers);
+
+/* Input fingerprint: size plus SHA-256 of the first and last MiB (fast on big corpora;
+ * catches edits, truncation and appends). */
+eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err);
+
+/* Compare `want` with DIR/NAME if it exists. *existed = 1 when it did. On a mismatch,
+ * fails with EG_ERR_CONFIG and a message listing each differing key (old -> new).
+ * When absent, writes want atomically. */
+eg_status gen_job_check_or_write(const char *dir, const char *name, json_t *want, int *existed, eg_error *err);
+
+typedef enum { GEN_OUT_REJECTED = 0, GEN_OUT_DROPPED, GEN_OUT_DUPLICATE, GEN_NOUTCOMES } gen_outcome;
+
+typedef struct gen_ledger gen_ledger;
+
+/* Open (creating) DIR/NAME, load the indices already there. A torn last line (crash
+ * mid-write) is ignored and truncated away. */
+eg_status gen_ledger_open(const char *dir, const char *name, gen_ledger **out, eg_error *err);
+void gen_ledger_close(gen_ledger *l);
+int gen_ledger_has(const gen_ledger *l, uint64_t index);
+int64_t gen_ledger_count(const gen_ledger *l, gen_outcome o);
+/* Append one line (fflush'd; fsync'd by gen_ledger_sync). raw may be NULL. */
+eg_status gen_ledger_add(gen_ledger *l, uint64_t index, const char *file, uint64_t line, const char *id,
+                         gen_outcome o, const char *reason, const char *raw, eg_error *err);
+eg_status gen_ledger_sync(gen_ledger *l, eg_error *err);
+
+#endif

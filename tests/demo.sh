@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# make demo: install what is missing, build, make a tiny random model, generate a dataset
+# from the bundled prompts, verify it and show a sample.
+set -eu
+cd "$(dirname "$0")/.."
+bash .ci/deps.sh
+make -j2 build/eaglegen
+E=build/eaglegen
+out=demo-out
+rm -rf "$out"
+mkdir -p "$out"
+echo "== mkmodel: a tiny random Kimi-K2.5-layout model"
+$E mkmodel --preset tiny --out "$out/model" --seed 1
+echo "== generate over prompts/samples/sample.jsonl"
+$E generate --model "$out/model" --prompts prompts/samples/sample.jsonl --out "$out/dataset" \
+    --max-new-tokens 64 --max-seq-len 1024 --shard-samples 16 --batch 8
+echo "== inspect --verify"
+$E inspect "$out/dataset" --verify
+echo "== one sample"
+$E inspect "$out/dataset" --sample 0 --show 8
+echo
+echo "demo done: the dataset is in $out/dataset (rerun the generate command to see it resume)"
