@@ -20,6 +20,7 @@ static const command commands[] = {
     {"forward", cmd_forward, "teacher-forced hidden states and logits for token prompts"},
     {"mkmodel", cmd_mkmodel, "write a random-weights model in the Hugging Face layout"},
     {"bench", cmd_bench, "measure prefill and decode tokens/s"},
+    {"plan", cmd_plan, "pipeline stage split and per-GPU memory plan (KV capacity)"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,108 @@
+/* Stage splitting and memory planning; see plan.h. */
+#include "engine/plan.h"
+
+#include <stdlib.h>
+
+int64_t eg_plan_layer_bytes(const eg_model *m, int l) {
+    const eg_layer_w *L = &m->layers[l];
+    const eg_weight *ws[] = {&L->attn_norm, &L->ffn_norm, &L->q_a, &L->q_a_norm, &L->q_b, &L->q, &L->kv_a,
+                             &L->kv_a_norm, &L->kv_b, &L->o, &L->mlp_gate, &L->mlp_up, &L->mlp_down,
+                             &L->router, &L->router_bias, &L->sh_gate, &L->sh_up, &L->sh_down};
+    int64_t b = 0;
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        if (ws[i]->fmt != EG_W_NONE) b += eg_weight_bytes(ws[i]);
+    if (L->is_moe && L->experts)
+        for (int e = 0; e < m->cfg.n_experts; e++)
+            b += eg_weight_bytes(&L->experts[e].gate) + eg_weight_bytes(&L->experts[e].up) +
+                 eg_weight_bytes(&L->experts[e].down);
+    return b;
+}
+
+int64_t eg_plan_head_bytes(const eg_model *m, int64_t *tail) {
+    *tail = eg_weight_bytes(&m->final_norm) + (m->cfg.tie_embeddings ? 0 : eg_weight_bytes(&m->lm_head));
+    return eg_weight_bytes(&m->embed);
+}
+
+static int64_t expert_matrix_bytes(const eg_config *c, int64_t rows, int64_t cols) {
+    switch (c->expert_format) {
+    case EG_EXPERTS_INT4: return rows * cols / 2 + rows * (cols / (c->quant_group > 0 ? c->quant_group : 32)) * 2;
+    case EG_EXPERTS_FP8_BLOCK: return rows * cols + ((rows + 127) / 128) * ((cols + 127) / 128) * 4;
+    default: return rows * cols * 2;
+    }
+}
+
+int64_t eg_plan_layer_bytes_cfg(const eg_config *c, int l) {
+    int64_t H = c->hidden, NH = c->n_heads, QL = c->q_lora_rank, C = c->kv_lora_rank;
+    int64_t DQ = NH * (c->qk_nope + c->qk_rope), W = C + c->qk_rope, F = c->moe_inter;
+    int64_t b = 2 * H * 2; /* two norms */
+    b += QL > 0 ? 2 * (QL * H + QL + DQ * QL) : 2 * DQ * H;
+    b += 2 * (W * H + C + NH * (c->qk_nope + c->v_head) * C + H * NH * c->v_head);
+    if (eg_config_layer_is_moe(c, l)) {
+        b += 2 * (int64_t)c->n_experts * H + 4 * (int64_t)c->n_experts; /* router, bias */
+        b += (int64_t)c->n_experts * (2 * expert_matrix_bytes(c, F, H) + expert_matrix_bytes(c, H, F));
+        b += 2 * 3 * H * F * c->n_shared;
+    } else {
+        b += 2 * 3 * H * (int64_t)c->inter;
+    }
+    return b;
+}
+
+int64_t eg_plan_head_bytes_cfg(const eg_config *c, int64_t *tail) {
+    int64_t e = 2 * (int64_t)c->vocab * c->hidden;
+    *tail = 2 * (int64_t)c->hidden + (c->tie_embeddings ? 0 : e);
+    return e;
+}
+
+int64_t eg_plan_kv_bytes_per_token_layer(const eg_config *c) { return 2 * (int64_t)(c->kv_lora_rank + c->qk_rope); }
+
+eg_status eg_plan_split(const double *cost, int L, double first, double last, int n, int *ends, eg_error *err) {
+    if (n < 1 || n > L) return eg_fail(err, EG_ERR_INVALID, "cannot split %d layers into %d stages", L, n);
+    /* best[k][j]: minimal largest-stage cost placing layers [0, j) into k stages */
+    double *pre = malloc(sizeof(double) * (size_t)(L + 1));
+    double *best = malloc(sizeof(double) * (size_t)(n + 1) * (size_t)(L + 1));
+    int *cut = malloc(sizeof(int) * (size_t)(n + 1) * (size_t)(L + 1));
+    if (!pre || !best || !cut) { free(pre); free(best); free(cut); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+    pre[0] = 0;
+    for (int l = 0; l < L; l++) pre[l + 1] = pre[l] + cost[l];
+#define B(k, j) best[(size_t)(k) * (size_t)(L + 1) + (size_t)(j)]
+#define CUT(k, j) cut[(size_t)(k) * (size_t)(L + 1) + (size_t)(j)]
+    for (int j = 0; j <= L; j++) B(1, j) = j ? pre[j] + first + (n == 1 ? last : 0) : 1e300;
+    for (int k = 2; k <= n; k++)
+        for (int j = 0; j <= L; j++) {
+            B(k, j) = 1e300;
+            CUT(k, j) = -1;
+            for (int i = k - 1; i < j; i++) { /* stage k holds [i, j) */
+                double stage = pre[j] - pre[i] + (k == n && j == L ? last : 0);
+                double v = B(k - 1, i) > stage ? B(k - 1, i) : stage;
+                if (v < B(k, j)) { B(k, j) = v; CUT(k, j) = i; }
+            }
+        }
+    int j = L;
+    for (int k = n; k >= 1; k--) {
+        ends[k - 1] = j;
+        if (k > 1) j = CUT(k, j);
+    }
+#undef B
+#undef CUT
+    free(pre);
+    free(best);
+    free(cut);
+    return EG_OK;
+}
+
+void eg_plan_memory(const eg_config *c, const int64_t *layer_bytes, int64_t head, int64_t tail, const int *ends, int n,
+                    int64_t device_bytes, double fraction, int64_t act_bytes, eg_stage_mem *st) {
+    int begin = 0;
+    int64_t per_layer = eg_plan_kv_bytes_per_token_layer(c);
+    for (int k = 0; k < n; k++) {
+        eg_stage_mem *s = &st[k];
+        s->begin = begin;
+        s->end = ends[k];
+        s->weight_bytes = (k == 0 ? head : 0) + (k == n - 1 ? tail : 0);
+        for (int l = begin; l < ends[k]; l++) s->weight_bytes += layer_bytes[l];
+        s->kv_bytes_per_token = per_layer * (ends[k] - begin);
+        s->free_bytes = (int64_t)((double)device_bytes * fraction) - s->weight_bytes - act_bytes;
+        s->kv_tokens = s->free_bytes > 0 && s->kv_bytes_per_token > 0 ? s->free_bytes / s->kv_bytes_per_token : 0;
+        begin = ends[k];
+    }
+}

@@ -1,0 +1,45 @@
+/* plan.h — splitting the layers into pipeline stages and sizing each stage's memory.
+ *
+ * A stage is a contiguous layer range on one GPU: the first also holds the embedding,
+ * the last the final norm and lm_head. eg_plan_split balances stages by bytes (each
+ * layer's weights plus its share of the KV cache for a token budget), minimising the
+ * largest stage. eg_plan_memory then gives each stage its KV capacity in tokens from
+ * the device memory left after weights and activations. Per-layer bytes come from a
+ * loaded model (exact, as stored) or from the config alone (for presets too large to
+ * write). The cache is BF16: (kv_lora_rank + qk_rope_head_dim) * 2 bytes per token and
+ * layer.
+ * Thread safety: pure functions. */
+#ifndef EG_PLAN_H
+#define EG_PLAN_H
+
+#include "engine/weights.h"
+
+/* Bytes of layer l's weights as stored in a loaded model. */
+int64_t eg_plan_layer_bytes(const eg_model *m, int layer);
+/* Bytes of the embedding (stage 0) and of final norm + lm_head (last stage). */
+int64_t eg_plan_head_bytes(const eg_model *m, int64_t *tail);
+/* The same from the config alone: BF16 dense weights, experts as the config's format
+ * says (INT4: 0.5 byte per weight + a BF16 scale per group; FP8: 1 byte + F32 per 128x128). */
+int64_t eg_plan_layer_bytes_cfg(const eg_config *c, int layer);
+int64_t eg_plan_head_bytes_cfg(const eg_config *c, int64_t *tail);
+/* BF16 latent cache bytes per token per layer. */
+int64_t eg_plan_kv_bytes_per_token_layer(const eg_config *c);
+
+/* Split L layers into n stages minimising the largest stage cost. cost[l] is layer l's
+ * cost; first/last add to stage 0 / stage n-1. ends[i] = end layer (exclusive) of stage i. */
+eg_status eg_plan_split(const double *cost, int L, double first, double last, int n, int *ends, eg_error *err);
+
+typedef struct eg_stage_mem {
+    int begin, end;          /* layers [begin, end) */
+    int64_t weight_bytes;
+    int64_t kv_bytes_per_token;
+    int64_t free_bytes;      /* device memory usable: mem * fraction - weights - activations */
+    int64_t kv_tokens;       /* capacity in tokens */
+} eg_stage_mem;
+
+/* Fill stages [n] from per-layer bytes and the split. device_bytes: each GPU's memory;
+ * fraction: share usable (e.g. 0.92); act_bytes: activations/workspace per GPU. */
+void eg_plan_memory(const eg_config *c, const int64_t *layer_bytes, int64_t head, int64_t tail, const int *ends, int n,
+                    int64_t device_bytes, double fraction, int64_t act_bytes, eg_stage_mem *stages);
+
+#endif
