@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Decode-throughput model of Kimi-K2.5 on an 8-GPU box: pipeline parallel (eaglegen's
+design) against tensor parallel (the serving-stack layout), both with a BF16 latent cache.
+
+A decode step is bound by the bytes it reads: the weights of every expert hit, the
+attention/dense/shared weights, and the KV cache. Step time = bytes / (bandwidth * eff),
+plus, for tensor parallelism, two all-reduces per layer over PCIe. `eff` is the fraction
+of the copy bandwidth the kernels achieve; it is an input here (issue 7's goal is >= 0.5
+at large batch) until `eaglegen bench --backend cuda` measures it.
+
+usage: python3 docs/perf_model.py [--eff 0.6] [--mean-len 4096]
+Capacities come from `eaglegen plan --preset kimi-k2.5 --stages 8` (same arithmetic).
+"""
+import math
+import sys
+
+H, L, E, K, F, NH, QL, C, DR, DN, DV, V, INTER = 7168, 61, 384, 8, 2048, 64, 1536, 512, 64, 128, 128, 163840, 18432
+EXPERT = 3 * H * F * (0.5 + 2 / 32)                 # one INT4 expert, with BF16 group-32 scales
+ATTN = 2 * (QL * H + NH * (DN + DR) * QL + (C + DR) * H + NH * (DN + DV) * C + H * NH * DV)
+SHARED = 2 * 3 * H * F
+ROUTER = 2 * E * H
+DENSE = 2 * 3 * H * INTER
+EMB = 2 * V * H
+KV_TOK_LAYER = 2 * (C + DR)                          # BF16 latent + rope key
+
+
+def hit(tokens):
+    """Expected distinct experts per layer hit by `tokens` tokens routed top-K of E."""
+    return E * (1 - (1 - 1 / E) ** (K * tokens))
+
+
+def moe_layer_bytes(tokens):
+    return ATTN + SHARED + ROUTER + hit(tokens) * EXPERT
+
+
+def model(name, gpus, mem_gb, bw_tbs, eff, mean_len, act_gb=3.0, frac=0.92, pcie_gbs=25.0, ar_lat_us=30.0):
+    total = EMB * 2 + DENSE + ATTN + (L - 1) * (ATTN + SHARED + ROUTER + E * EXPERT)
+    usable = mem_gb * 1e9 * frac - act_gb * 1e9
+    bw = bw_tbs * 1e12 * eff
+    # pipeline: the heaviest stage holds ceil(L/gpus) MoE layers and bounds the capacity
+    per_stage_layers = math.ceil(L / gpus)
+    stage_w = per_stage_layers * (ATTN + SHARED + ROUTER + E * EXPERT)
+    pp_tokens = (usable - stage_w) / (per_stage_layers * KV_TOK_LAYER)
+    pp_seqs = pp_tokens / mean_len
+    M = gpus                                          # micro-batches in flight
+    b = pp_seqs / M
+    stage_bytes = per_stage_layers * moe_layer_bytes(b) + b * mean_len * per_stage_layers * KV_TOK_LAYER
+    t_step = stage_bytes / bw
+    pp_tps = pp_seqs / (M * t_step)
+    # tensor parallel: weights sharded 1/gpus, the whole latent cache on every GPU
+    tp_tokens = (usable - total / gpus) / (L * KV_TOK_LAYER)
+    tp_seqs = tp_tokens / mean_len
+    tp_bytes = (L - 1) * moe_layer_bytes(tp_seqs) / gpus + tp_seqs * mean_len * L * KV_TOK_LAYER
+    ar = 2 * L * (ar_lat_us * 1e-6 + 2 * (gpus - 1) / gpus * tp_seqs * H * 2 / (pcie_gbs * 1e9))
+    tp_step = tp_bytes / bw + ar
+    tp_tps = tp_seqs / tp_step
+    print(f"{name}: {gpus} GPUs x {mem_gb:.0f} GB, {bw_tbs} TB/s, kernel efficiency {eff:.2f}, mean length {mean_len}")
+    print(f"  weights {total / 1e9:.1f} GB; KV per token all layers {L * KV_TOK_LAYER / 1e3:.1f} KB")
+    print(f"  pipeline : {pp_tokens / 1e3:8.0f}K token slots, {pp_seqs:6.0f} sequences, micro-batch {b:5.1f}, "
+          f"stage step {t_step * 1e3:6.1f} ms ({stage_bytes / 1e9:5.1f} GB), {pp_tps:6.0f} tok/s")
+    print(f"  tensor-p.: {tp_tokens / 1e3:8.0f}K token slots, {tp_seqs:6.0f} sequences, "
+          f"step {tp_step * 1e3:6.1f} ms ({tp_bytes / 1e9:5.1f} GB/GPU + {ar * 1e3:.1f} ms all-reduce), {tp_tps:6.0f} tok/s")
+    print(f"  ratio pipeline / tensor-parallel: capacity {pp_tokens / tp_tokens:.1f}x, throughput {pp_tps / tp_tps:.2f}x")
+
+
+def main():
+    eff, mean_len = 0.6, 4096
+    a = sys.argv[1:]
+    if "--eff" in a: eff = float(a[a.index("--eff") + 1])
+    if "--mean-len" in a: mean_len = int(a[a.index("--mean-len") + 1])
+    model("8x RTX PRO 6000 Blackwell", 8, 96, 1.8, eff, mean_len)
+    model("8x H200", 8, 141, 4.8, eff, mean_len, act_gb=4.0)
+
+
+if __name__ == "__main__":
+    main()
