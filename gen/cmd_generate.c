@@ -18,10 +18,13 @@
 #include "common/eg_hash.h"
 #include "dataset/writer.h"
 #include "engine/engine.h"
+#include "engine/plan.h"
 #include "gen/commands.h"
 #include "gen/job.h"
 #include "gen/progress.h"
 #include "prompts/corpus.h"
+
+#define EG_MAX_STAGES 64
 
 typedef struct gen_args {
     const char *model, *out, *tokenizer, *backend, *log_json;
@@ -40,6 +43,8 @@ typedef struct gen_args {
     int drop_truncated;
     int64_t limit;            /* -1 = all */
     int skip_bad;
+    const char *stages;       /* --stages: "N" (balanced) or "e0,e1,...,L" */
+    int micro_batches;
 } gen_args;
 
 static void usage(FILE *f) {
@@ -83,6 +88,10 @@ static void usage(FILE *f) {
             "  --chunk N               rows per forward step / prefill chunk (default 512)\n"
             "  --shard-samples N       samples per shard (default 1000)\n"
             "  --threads N             CPU threads (default: all cores, or $EG_THREADS)\n"
+            "  --stages N|e0,e1,...    pipeline: split the layers into N stages balanced by bytes, or\n"
+            "                          stages ending at the given layers; stage k runs on GPU k\n"
+            "                          (cuda) or its own thread (cpu) (default: one stage)\n"
+            "  --micro-batches M       micro-batches in flight with --stages (default: the stage count)\n"
             "  --worker I/N            this is worker I (0-based) of N; default from Slurm\n"
             "                          (SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS), else 0/1\n"
             "  --log-json FILE         append progress as JSON lines to FILE\n"
@@ -161,6 +170,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"batch", 1, 0, 'B'},          {"chunk", 1, 0, 'c'},          {"shard-samples", 1, 0, 'S'},
         {"threads", 1, 0, 'j'},        {"worker", 1, 0, 'w'},         {"drop-truncated", 0, 0, 'd'},
         {"limit", 1, 0, 'l'},          {"on-bad-record", 1, 0, 'r'},  {"log-json", 1, 0, 'J'},
+        {"stages", 1, 0, 'G'},         {"micro-batches", 1, 0, 'U'},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     static const char *plist[4096];
     optind = 1;
@@ -232,6 +242,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             else return bad_arg("--on-bad-record", optarg, "error or skip"), 2;
             break;
         case 'J': a->log_json = optarg; break;
+        case 'G': a->stages = optarg; break;
+        case 'U': if (!p_int("--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -471,6 +483,37 @@ static int64_t count_records(corpus_reader *r) {
     return total;
 }
 
+/* --stages: "N" = N stages balanced by weight bytes, or explicit end layers. */
+static eg_status parse_stages(gen_args *a, const eg_model *m, int *ends, int *n, eg_error *err) {
+    const eg_config *c = &m->cfg;
+    int vals[EG_MAX_STAGES], nv = 0;
+    const char *s = a->stages;
+    while (*s) {
+        char *e;
+        long v = strtol(s, &e, 10);
+        if (e == s || v < 1 || nv >= EG_MAX_STAGES || (*e && *e != ','))
+            return eg_fail(err, EG_ERR_INVALID, "--stages: expected N or comma-separated end layers, got '%s'", a->stages);
+        vals[nv++] = (int)v;
+        s = *e ? e + 1 : e;
+    }
+    if (nv == 1) {
+        if (vals[0] > c->n_layers) return eg_fail(err, EG_ERR_INVALID, "--stages %d: the model has %d layers", vals[0], c->n_layers);
+        double cost[4096];
+        if (c->n_layers > 4096) return eg_fail(err, EG_ERR_INVALID, "--stages: too many layers");
+        int64_t tail, head = eg_plan_head_bytes(m, &tail);
+        for (int l = 0; l < c->n_layers; l++) cost[l] = (double)eg_plan_layer_bytes(m, l);
+        *n = vals[0];
+        return eg_plan_split(cost, c->n_layers, (double)head, (double)tail, *n, ends, err);
+    }
+    for (int i = 0; i < nv; i++)
+        if ((i && vals[i] <= vals[i - 1]) || (i == nv - 1 && vals[i] != c->n_layers))
+            return eg_fail(err, EG_ERR_INVALID, "--stages %s: end layers must increase and the last must be %d", a->stages,
+                           c->n_layers);
+    memcpy(ends, vals, sizeof(int) * (size_t)nv);
+    *n = nv;
+    return EG_OK;
+}
+
 static json_t *job_identity(gen_run *g, eg_error *err) {
     gen_args *a = g->a;
     json_t *aux = json_array();
@@ -514,7 +557,8 @@ int cmd_generate(int argc, char **argv) {
     g.records_total = -1;
     eg_model model;
     memset(&model, 0, sizeof model);
-    eg_backend *be = NULL;
+    eg_backend *be = NULL, *stage_be[EG_MAX_STAGES] = {0};
+    int stage_ends[EG_MAX_STAGES], n_stages = 1;
     json_t *ident = NULL;
     FILE *jlog = NULL;
     char *job_text = NULL;
@@ -588,15 +632,33 @@ int cmd_generate(int argc, char **argv) {
 
     int max_tokens = a.chunk > a.batch ? a.chunk : a.batch;
     eg_backend_opts bo = {.name = a.backend, .max_tokens = max_tokens, .max_seq_len = a.max_seq_len, .nthreads = a.threads};
-    if (eg_backend_create(c, &bo, &be, &err)) goto done;
+    if (a.stages && parse_stages(&a, &model, stage_ends, &n_stages, &err)) goto done;
+    if (n_stages > 1) {
+        int per = (a.threads > 0 ? a.threads : eg_num_threads()) / n_stages;
+        for (int k = 0; k < n_stages; k++) {
+            eg_backend_opts so = bo;
+            so.device = k;
+            so.nthreads = per > 0 ? per : 1;
+            if (eg_backend_create(c, &so, &stage_be[k], &err)) { eg_wrap(&err, "stage %d", k); goto done; }
+        }
+    } else if (eg_backend_create(c, &bo, &be, &err)) goto done;
     eg_engine_opts eo = {.n_slots = a.batch, .max_seq_len = a.max_seq_len, .max_tokens = max_tokens,
-                         .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.pre_norm};
+                         .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.pre_norm,
+                         .stage_ends = n_stages > 1 ? stage_ends : NULL, .n_stages = n_stages > 1 ? n_stages : 0,
+                         .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches};
     if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
     fprintf(stderr, "eaglegen generate: %s, %s backend, worker %d/%d, %d slots, KV cache %lld tokens, aux layers",
             existed ? "resuming" : "starting", a.backend, a.worker, a.n_workers, a.batch,
             (long long)eg_engine_kv_capacity(g.engine));
     for (int i = 0; i < a.n_aux; i++) fprintf(stderr, "%s%d", i ? "," : " ", a.aux[i]);
     fprintf(stderr, "\n");
+    for (int k = 0, b0 = 0; n_stages > 1 && k < n_stages; b0 = stage_ends[k++]) {
+        int64_t bytes = 0, tail = 0, head = eg_plan_head_bytes(&model, &tail);
+        for (int l = b0; l < stage_ends[k]; l++) bytes += eg_plan_layer_bytes(&model, l);
+        bytes += (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
+        fprintf(stderr, "  stage %d: layers %d-%d, %.3f GB of weights, %s %d\n", k, b0, stage_ends[k] - 1,
+                (double)bytes / 1e9, strcmp(a.backend, "cuda") ? "thread" : "GPU", k);
+    }
 
     gen_progress_init(&g.prog, jlog);
     struct sigaction sa;
@@ -651,6 +713,7 @@ done_quiet:
     while (g.live.next) meta_free(g.live.next);
     eg_engine_free(g.engine);
     eg_backend_free(be);
+    for (int k = 0; k < EG_MAX_STAGES; k++) eg_backend_free(stage_be[k]);
     shard_writer_free(g.w);
     gen_ledger_close(g.ledger);
     corpus_record_free(&g.rec);
