@@ -73,11 +73,48 @@ static float dotf(const float *a, const float *b, int64_t n) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-/* Row r of W as floats: a pointer into W for F32, else dequantised into buf. */
+/* The same reduction as dotf with BF16 weights converted on the fly (exact), so the
+ * result is bit-identical to dequantising the row first; saves a pass over memory. */
+static float dot_bf16(const float *a, const uint16_t *w, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * eg_bf16_to_f32(w[i + j]);
+    for (; i < n; i++) s[0] += a[i] * eg_bf16_to_f32(w[i]);
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* Row r of W as floats: a pointer into W for F32, else dequantised into buf. The BF16
+ * and INT4 loops are the hot path of CPU inference, so they are written out here
+ * (straight-line, vectorisable) rather than going through eg_weight_row; the values
+ * are the same (test_engine_ops checks linear against eg_weight_get). */
 static const float *weight_row(const eg_weight *w, int64_t r, float *buf) {
-    if (w->fmt == EG_W_F32) return (const float *)w->data + r * w->cols;
-    eg_weight_row(w, r, buf);
-    return buf;
+    const int64_t cols = w->cols;
+    switch (w->fmt) {
+    case EG_W_F32: return (const float *)w->data + r * cols;
+    case EG_W_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * cols;
+        uint32_t *o = (uint32_t *)buf;
+        for (int64_t c = 0; c < cols; c++) o[c] = (uint32_t)p[c] << 16;
+        return buf;
+    }
+    case EG_W_INT4: {
+        const int64_t G = w->group, nw = cols / 8;
+        const uint32_t *q = (const uint32_t *)w->data + r * nw;
+        const uint16_t *sc = (const uint16_t *)w->scale + r * (cols / G);
+        for (int64_t g = 0; g < cols / G; g++) {
+            float s = eg_bf16_to_f32(sc[g]);
+            for (int64_t j = g * G / 8; j < (g + 1) * G / 8; j++) {
+                uint32_t word = q[j];
+                for (int i = 0; i < 8; i++) buf[8 * j + i] = (float)((int)((word >> (4 * i)) & 15u) - 8) * s;
+            }
+        }
+        return buf;
+    }
+    default:
+        eg_weight_row(w, r, buf);
+        return buf;
+    }
 }
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
@@ -96,6 +133,13 @@ static void linear_body(void *vc, int64_t r0, int64_t r1, int tid) {
     linear_ctx *c = vc;
     float *buf = c->im->row_scratch + (int64_t)tid * c->im->max_cols;
     int64_t rows = c->W->rows, cols = c->W->cols;
+    if (c->W->fmt == EG_W_BF16 && c->T <= 4) { /* matrix-vector: fuse the conversion */
+        for (int64_t r = r0; r < r1; r++) {
+            const uint16_t *w = (const uint16_t *)c->W->data + r * cols;
+            for (int t = 0; t < c->T; t++) c->y[(int64_t)t * rows + r] = dot_bf16(c->x + (int64_t)t * cols, w, cols);
+        }
+        return;
+    }
     for (int64_t r = r0; r < r1; r++) {
         const float *w = weight_row(c->W, r, buf);
         for (int t = 0; t < c->T; t++) c->y[(int64_t)t * rows + r] = dotf(c->x + (int64_t)t * cols, w, cols);
@@ -215,8 +259,14 @@ static void mla_head_body(void *vc, int64_t i0, int64_t i1, int tid) {
     float *q_pe = o_lat + C;                                            /* [DR] */
     float *lat = q_pe + DR;                                             /* [W] one cache row as floats */
     for (int64_t h = a->h0 + i0; h < a->h0 + i1; h++) {
-        for (int d = 0; d < DN; d++) eg_weight_row(a->kv_b, h * (DN + DV) + d, wk + (int64_t)d * C);
-        for (int d = 0; d < DV; d++) eg_weight_row(a->kv_b, h * (DN + DV) + DN + d, wv + (int64_t)d * C);
+        for (int d = 0; d < DN; d++) {
+            const float *src = weight_row(a->kv_b, h * (DN + DV) + d, wk + (int64_t)d * C);
+            if (src != wk + (int64_t)d * C) memcpy(wk + (int64_t)d * C, src, sizeof(float) * (size_t)C);
+        }
+        for (int d = 0; d < DV; d++) {
+            const float *src = weight_row(a->kv_b, h * (DN + DV) + DN + d, wv + (int64_t)d * C);
+            if (src != wv + (int64_t)d * C) memcpy(wv + (int64_t)d * C, src, sizeof(float) * (size_t)C);
+        }
         for (int t = 0; t < a->T; t++) {
             const float *q = a->q + ((int64_t)t * NH + h) * (DN + DR);
             /* q_lat[c] = sum_d q_nope[d] * W_UK[d][c] */
