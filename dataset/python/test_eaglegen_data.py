@@ -1,0 +1,160 @@
+"""The Python loader reads what the C writer wrote, bit for bit (run by tests/run_all.sh
+from the repository root with $BUILD set; needs numpy + zstandard only)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import eaglegen_data as eg  # noqa: E402
+
+BUILD = os.environ.get("BUILD", "build")
+WRITER = os.path.join(BUILD, "tests", "test_dataset_writer")
+failures = 0
+
+
+def check(cond, msg):
+    global failures
+    if not cond:
+        failures += 1
+        print(f"    CHECK failed: {msg}")
+
+
+def expect(d, sid, name, dtype):
+    return np.fromfile(os.path.join(d, "expect", f"{sid}.{name}.bin"), dtype=dtype)
+
+
+def test_bit_identical(d):
+    ds = eg.EagleGenDataset(d, as_torch=False)
+    check(len(ds) == 11, f"len {len(ds)}")
+    check(ds.n_aux == 3 and ds.hidden_size == 48, "shape")
+    m = ds.manifest
+    check(m["aux_layers"]["ids"] == [1, 29, 57] and m["aux_layers"]["hf_hidden_states_index"] == [2, 30, 58], "aux ids")
+    check(m["final_hidden"]["source"] == "post_norm", "final source")
+    check(m["totals"]["samples"] == 11, "totals")
+    hist = {}
+    for i in range(len(ds)):
+        sid = f"py{i:06d}"
+        meta = json.load(open(os.path.join(d, "expect", f"{sid}.json")))
+        T, na, H = meta["T"], meta["n_aux"], meta["H"]
+        raw = ds.read_raw(i)
+        check(raw["meta"]["id"] == sid and raw["meta"]["seed"] == meta["seed"], f"{sid} meta")
+        check(raw["meta"]["source_line"] == meta["source_line"] and raw["meta"]["finish"] == meta["finish"], f"{sid} meta2")
+        ids = expect(d, sid, "ids", "<i4")
+        mask = expect(d, sid, "mask", np.uint8)
+        aux = expect(d, sid, "aux", "<u2").reshape(T, na, H)
+        fin = expect(d, sid, "final", "<u2").reshape(T, H)
+        check(np.array_equal(raw["input_ids"], ids), f"{sid} ids")
+        check(np.array_equal(raw["loss_mask"], mask), f"{sid} mask")
+        check(np.array_equal(raw["aux_hidden"], aux), f"{sid} aux bits")
+        check(np.array_equal(raw["final_hidden"], fin), f"{sid} final bits")
+        item = ds[i]
+        check(item["hidden_states"].shape == (T, na * H) and item["hidden_states"].dtype == np.float32, f"{sid} hs shape")
+        check(item["target_hidden_states"].shape == (T, H), f"{sid} target shape")
+        # float32 widening is exact: back to the same bits, layer-concatenated per token
+        back = (item["hidden_states"].view(np.uint32) >> 16).astype(np.uint16)
+        check(np.array_equal(back, aux.reshape(T, na * H)), f"{sid} widened aux")
+        check(np.array_equal(eg.float32_to_bf16(item["target_hidden_states"]), fin), f"{sid} widened final")
+        check(item["input_ids"].dtype == np.int64 and np.array_equal(item["input_ids"], ids), f"{sid} item ids")
+        for t in np.flatnonzero(mask):
+            hist[int(ids[t])] = hist.get(int(ids[t]), 0) + 1
+    h = m["loss_token_histogram"]
+    check(dict(zip(h["ids"], h["counts"])) == hist, "manifest histogram")
+    # random access by id
+    for k in (7, 0, 10, 3):
+        sid = f"py{k:06d}"
+        check(ds.index_of(sid) == k and ds.by_id(sid)["id"] == sid, f"by id {sid}")
+    # a single shard, and its tar members as standard tools see them
+    shard = os.path.join(d, "shard-000001.tar")
+    one = eg.EagleGenDataset(shard, as_torch=False)
+    check(len(one) == 4 and one.read_raw(0)["meta"]["id"] == "py000004", "single shard")
+    with tarfile.open(shard) as tf:
+        mem = tf.getmembers()
+        names = [x.name for x in mem]
+        check(names == ["00000000.egs", "00000001.egs", "00000002.egs", "00000003.egs", "index.egi", "trailer.egt"], f"members {names}")
+        ix = one.shards[0]
+        for j in range(4):
+            check(mem[j].offset_data == ix.offsets[j] and mem[j].size == ix.sizes[j], f"member {j} offset")
+        rec = tf.extractfile(mem[2]).read()
+        r = eg.decode_record(rec)
+        check(r["meta"]["id"] == "py000006", "record extracted with tarfile decodes")
+
+
+def test_damage(d):
+    shard = os.path.join(d, "shard-000000.tar")
+    orig = open(shard, "rb").read()
+    ds = eg.EagleGenDataset(d, as_torch=False)
+    ix = ds.shards[0]
+    b = bytearray(orig)
+    b[ix.offsets[2] + ix.sizes[2] - 100] ^= 0x55
+    open(shard, "wb").write(bytes(b))
+    try:
+        ds.read_raw(2)
+        check(False, "flipped byte not detected")
+    except eg.EagleGenDataError as e:
+        check("shard-000000.tar" in str(e) and "py000002" in str(e), f"error names shard and sample: {e}")
+    check(ds.read_raw(1)["meta"]["id"] == "py000001", "other samples still read")
+    b = bytearray(orig)
+    b[ix.offsets[1]] = ord("X")
+    open(shard, "wb").write(bytes(b))
+    try:
+        ds.read_raw(1)
+        check(False, "bad magic not detected")
+    except eg.EagleGenDataError as e:
+        check("bad magic" in str(e) and "py000001" in str(e), f"magic error: {e}")
+    open(shard, "wb").write(orig[:-3000])
+    try:
+        eg.EagleGenDataset(d, as_torch=False)
+        check(False, "truncation not detected")
+    except eg.EagleGenDataError as e:
+        check("shard-000000.tar" in str(e), f"truncation error: {e}")
+    open(shard, "wb").write(orig)
+
+
+def test_specforge(d):
+    out = os.path.join(d, "sf")
+    if eg.torch is None:
+        try:
+            eg.export_specforge(d, out)
+            check(False, "exporter ran without torch")
+        except ImportError as e:
+            check("torch" in str(e), "exporter says torch is missing")
+        return
+    import torch
+
+    n = eg.export_specforge(d, out, group_size=4)
+    check(n == 11, "exported count")
+    x = torch.load(os.path.join(out, "rows_4-8", "data_5.ckpt"))
+    ds = eg.EagleGenDataset(d, as_torch=True)
+    it = ds[5]
+    check(x["hidden_state"].shape == (1, it["input_ids"].shape[0], 48), "hidden_state shape")
+    check(x["aux_hidden_state"].shape == (1, it["input_ids"].shape[0], 144), "aux shape")
+    check(torch.equal(x["aux_hidden_state"][0], it["hidden_states"]), "aux equal")
+    check(x["input_ids"].dtype == torch.long and x["loss_mask"].dtype == torch.long, "dtypes")
+
+
+def main():
+    if not os.access(WRITER, os.X_OK):
+        print(f"test_eaglegen_data: {WRITER} not built")
+        return 1
+    tmp = tempfile.mkdtemp(prefix="eg_ds_py.")
+    try:
+        d = os.path.join(tmp, "ds")
+        subprocess.run([WRITER, "--fixture", d], check=True, stdout=subprocess.DEVNULL)
+        for t in (test_bit_identical, test_damage, test_specforge):
+            before = failures
+            t(d)
+            print(f"  {'ok  ' if failures == before else 'FAIL'} eaglegen_data.{t.__name__}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"eaglegen_data: {'0 failed' if not failures else f'{failures} checks failed'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+/* writer.h — the crash-safe shard writer.
+ *
+ * shard_writer_add hands a sample to a bounded queue and returns; a pool of threads
+ * compresses records (zstd, BF16 byte planes) and one I/O thread appends them, in the
+ * order added, to the current shard (a tar written under a temporary name). After
+ * shard_samples samples the shard is finished (index, trailer), fsynced, renamed to its
+ * final name, the directory fsynced, and only then entered in the manifest, which is
+ * itself replaced atomically (write .tmp, fsync, rename, fsync dir). A kill -9 or a full
+ * disk at any moment therefore leaves only complete shards and a valid manifest on disk;
+ * shard_writer_open with resume continues from the manifest, deletes *.tmp leftovers and
+ * shards the manifest does not list (they were never committed), and reports the ids
+ * already committed so the producer can skip them.
+ *
+ * Several workers may write into one directory: worker I of N (worker_count > 1) names
+ * its shards shard-w{I}of{N}-{seq}.tar and its manifest manifest.w{I}of{N}.json;
+ * dataset_merge (manifest.h) combines them into manifest.json. A single writer
+ * (worker_count 0 or 1) writes shard-{seq}.tar and manifest.json directly.
+ *
+ * Ownership: the writer copies every sample before shard_writer_add returns.
+ * Thread safety: shard_writer_add, _flush, _close and _free from one producer thread;
+ * shard_writer_has_id, _count, _set_job and _stats may be called from any thread. */
+#ifndef EG_DS_WRITER_H
+#define EG_DS_WRITER_H
+
+#include <stdint.h>
+
+#include "common/eg_common.h"
+#include "dataset/format.h"
+#include "dataset/manifest.h"
+
+typedef struct eg_shard_writer_opts {
+    /* Dataset description, recorded in the manifest; on resume it must equal the
+     * existing one (model, tokenizer, template, aux layers, hidden size, final source). */
+    const char *model_name;
+    const char *model_config_sha256; /* hex */
+    const char *tokenizer_sha256;    /* hex */
+    const char *chat_template;       /* template name */
+    int thinking;                    /* thinking mode on */
+    int n_aux;
+    const int *aux_layers;  /* [n_aux] 0-based decoder layer whose output is stored */
+    int64_t hidden_size;
+    int64_t target_vocab_size;       /* 0 = unknown; else input ids are checked against it */
+    eg_ds_final_source final_source; /* default post-norm */
+    const char *job_json;            /* free-form JSON object for the manifest; NULL = {} */
+
+    /* Behaviour. Zero selects the default. */
+    int64_t shard_samples; /* samples per shard (1000) */
+    int zstd_level;        /* 3 */
+    int no_bf16_split;     /* 1 = store BF16 tensors as they are (for measurements) */
+    int threads;           /* compression threads (eg_num_threads()) */
+    int queue_depth;       /* samples in flight before add blocks (2 * threads + 2) */
+    int worker_index, worker_count; /* 0, 0/1 = single writer */
+    int resume;            /* 0: fail if this worker's manifest exists; 1: continue it */
+} eg_shard_writer_opts;
+
+typedef struct eg_shard_writer eg_shard_writer;
+
+/* Open (create or, with resume, continue) the dataset directory dir. */
+eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *opts,
+                            eg_shard_writer **out, eg_error *err);
+
+/* Queue one sample (copied). Checks shape against the manifest (n_aux, H), loss mask
+ * 0/1, ids >= 0 (and < target_vocab_size when known), and that the id is new. Blocks
+ * only while queue_depth samples are in flight. A failure of the background threads
+ * (disk full, I/O error) is sticky: it is returned here and by every later call. */
+eg_status shard_writer_add(eg_shard_writer *w, const eg_ds_sample *s, eg_error *err);
+
+/* 1 if the id was committed before open or has been added since. */
+int shard_writer_has_id(eg_shard_writer *w, const char *id);
+
+/* Bookkeeping counts (EG_DS_COUNT_*), persisted in the manifest at each commit and
+ * restored on resume; delta may be negative. */
+void shard_writer_count(eg_shard_writer *w, int which, int64_t delta);
+int64_t shard_writer_get_count(eg_shard_writer *w, int which);
+
+/* Replace the manifest's free-form "job" object (JSON text; must be an object). */
+eg_status shard_writer_set_job(eg_shard_writer *w, const char *job_json, eg_error *err);
+
+typedef struct eg_shard_writer_stats {
+    int64_t committed_samples, committed_tokens, committed_shards;
+    int64_t committed_bytes, committed_raw_bytes;
+    int64_t added;   /* samples accepted by add since open */
+    int64_t pending; /* added but not yet committed */
+} eg_shard_writer_stats;
+void shard_writer_stats(eg_shard_writer *w, eg_shard_writer_stats *out);
+
+/* Commit everything added so far: finish the current shard (even if short) and
+ * update the manifest. */
+eg_status shard_writer_flush(eg_shard_writer *w, eg_error *err);
+
+/* Flush, stop the threads, write the final manifest. The writer must still be freed. */
+eg_status shard_writer_close(eg_shard_writer *w, eg_error *err);
+
+/* Free. Without a close, samples not yet committed are discarded (the unfinished shard
+ * is deleted), exactly as a crash would lose them. NULL ok. */
+void shard_writer_free(eg_shard_writer *w);
+
+#endif

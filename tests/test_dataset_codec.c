@@ -1,0 +1,336 @@
+/* Record/index/trailer codec: bit-exact round trips, damaged input, and compression
+ * ratios of BF16 byte-plane splitting on real hidden states (the golden fixtures).
+ *   test_dataset_codec --ratio   prints the ratio table for every golden-*-bf16kv file */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/eg_common.h"
+#include "dataset/format.h"
+#include "tests/check.h"
+
+#define FIX "../shared/fixtures/models/"
+
+static void test_crc32(void) {
+    CHECK(eg_ds_crc32("123456789", 9) == 0xCBF43926u);
+    CHECK(eg_ds_crc32("", 0) == 0);
+}
+
+static void test_split_join(void) {
+    uint16_t a[7] = {0x3f80, 0xbf80, 0x0001, 0xff00, 0x7fc0, 0x1234, 0xabcd}, b[7];
+    uint8_t p[14];
+    eg_ds_bf16_split(a, 7, p);
+    CHECK(p[0] == 0x3f && p[7] == 0x80 && p[6] == 0xab && p[13] == 0xcd);
+    eg_ds_bf16_join(p, 7, b);
+    CHECK(!memcmp(a, b, sizeof a));
+}
+
+static uint64_t xs(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* A small synthetic sample with BF16 hidden states (including NaN/Inf/denormal bits:
+ * the codec must carry any 16-bit pattern unchanged). */
+static void make(eg_ds_sample *s, int T, int na, int H, uint64_t seed) {
+    memset(s, 0, sizeof *s);
+    uint64_t x = seed | 1;
+    s->id = strdup("sample/ü-1");
+    s->source_file = strdup("a \"quoted\" file.jsonl");
+    s->source_line = 77;
+    s->prompt_len = T - 2;
+    s->gen_len = 2;
+    s->finish = EG_DS_FINISH_LENGTH;
+    s->temperature = 0.1 + 0.2;
+    s->top_p = 1.0 / 3.0;
+    s->top_k = 0;
+    s->seed = UINT64_MAX;
+    s->T = T;
+    s->n_aux = na;
+    s->H = H;
+    s->input_ids = malloc(sizeof(int32_t) * (size_t)T);
+    s->loss_mask = malloc((size_t)T);
+    s->aux_hidden = malloc((size_t)T * (size_t)na * (size_t)H * 2);
+    s->final_hidden = malloc((size_t)T * (size_t)H * 2);
+    s->hidden_dtype = EG_DS_BF16;
+    for (int t = 0; t < T; t++) {
+        s->input_ids[t] = (int32_t)(xs(&x) % 163840);
+        s->loss_mask[t] = t >= T - 2;
+    }
+    uint16_t *a = s->aux_hidden, *f = s->final_hidden;
+    for (int i = 0; i < T * na * H; i++) a[i] = (uint16_t)xs(&x);
+    for (int i = 0; i < T * H; i++) f[i] = eg_f32_to_bf16((float)((int)(xs(&x) % 2001) - 1000) / 300.0f);
+    if (T * H > 3) { f[0] = 0x7fc1; f[1] = 0xff80; f[2] = 0x0001; }
+}
+
+static int same(const eg_ds_sample *a, const eg_ds_sample *b) {
+    size_t T = (size_t)a->T, H = (size_t)a->H, na = (size_t)a->n_aux;
+    return !strcmp(a->id, b->id) && !strcmp(a->source_file, b->source_file) && a->source_line == b->source_line &&
+           a->prompt_len == b->prompt_len && a->gen_len == b->gen_len && a->finish == b->finish &&
+           a->temperature == b->temperature && a->top_p == b->top_p && a->top_k == b->top_k && a->seed == b->seed &&
+           a->T == b->T && a->H == b->H && a->n_aux == b->n_aux && !memcmp(a->input_ids, b->input_ids, T * 4) &&
+           !memcmp(a->loss_mask, b->loss_mask, T) && !memcmp(a->aux_hidden, b->aux_hidden, T * na * H * 2) &&
+           !memcmp(a->final_hidden, b->final_hidden, T * H * 2);
+}
+
+static void test_record_roundtrip(void) {
+    eg_error err = {0};
+    int shapes[][3] = {{1, 0, 1}, {5, 3, 16}, {33, 2, 7}, {64, 3, 128}};
+    for (int split = 0; split < 2; split++)
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            eg_ds_sample s, r;
+            make(&s, shapes[k][0], shapes[k][1], shapes[k][2], eg_test_seed() + k);
+            eg_ds_codec *c;
+            CHECK_OK(eg_ds_codec_new(k == 3 ? 19 : 1, split, &c, &err), &err);
+            uint8_t *buf;
+            size_t n;
+            uint64_t raw;
+            CHECK_OK(eg_ds_record_encode(c, &s, &buf, &n, &raw, &err), &err);
+            CHECK(raw == (uint64_t)s.T * (4 + 1 + 2 * (uint64_t)s.H * (uint64_t)(s.n_aux + 1)));
+            CHECK_OK(eg_ds_record_decode(buf, n, 0, &r, &err), &err);
+            CHECKF(same(&s, &r), "shape %zu split %d", k, split);
+            eg_ds_sample_clear(&r);
+            CHECK_OK(eg_ds_record_decode(buf, n, 1, &r, &err), &err);
+            CHECK(r.aux_hidden == NULL && r.T == s.T && !strcmp(r.id, s.id));
+            eg_ds_sample_clear(&r);
+            /* every truncation fails cleanly */
+            for (size_t cut = 0; cut < n; cut += 1 + n / 97) {
+                CHECK(eg_ds_record_decode(buf, cut, 0, &r, &err) != EG_OK);
+                CHECK(r.id == NULL && r.final_hidden == NULL);
+            }
+            /* every single-byte flip in a small record is detected or harmless: zstd
+             * ignores a few bits (e.g. unused bits of entropy tables), and the frame
+             * checksum covers the decoded content, so a decode that succeeds is exact */
+            if (k == 1) {
+                int harmless = 0;
+                for (size_t pos = 0; pos < n; pos++) {
+                    buf[pos] ^= 0x20;
+                    eg_status st = eg_ds_record_decode(buf, n, 0, &r, &err);
+                    if (!st) {
+                        CHECKF(same(&s, &r), "flip at %zu of %zu gave different data", pos, n);
+                        harmless++;
+                        eg_ds_sample_clear(&r);
+                    }
+                    buf[pos] ^= 0x20;
+                }
+                CHECKF(harmless < 8, "%d of %zu flips undetected", harmless, n);
+            }
+            free(buf);
+            eg_ds_codec_free(c);
+            eg_ds_sample_clear(&s);
+        }
+}
+
+static void test_f32_input(void) {
+    eg_error err = {0};
+    float a[2 * 2 * 3] = {1.0f, -2.5f, 3.14159f, 1e-30f, 65504.0f, -0.0f, 1.00390625f, 1.01171875f, 7, 8, 9, 10};
+    float f[2 * 3] = {0.1f, 0.2f, 0.3f, 1e38f, -1e38f, 2};
+    int32_t ids[2] = {1, 2};
+    uint8_t m[2] = {0, 1};
+    eg_ds_sample s = {.id = "f", .source_file = "", .T = 2, .n_aux = 2, .H = 3, .input_ids = ids, .loss_mask = m,
+                      .hidden_dtype = EG_DS_F32, .aux_hidden = a, .final_hidden = f};
+    eg_ds_codec *c;
+    CHECK_OK(eg_ds_codec_new(3, 1, &c, &err), &err);
+    uint8_t *buf;
+    size_t n;
+    uint64_t raw;
+    eg_ds_sample r;
+    for (int lm = 0; lm < 2; lm++) {
+        s.aux_layer_major = lm;
+        CHECK_OK(eg_ds_record_encode(c, &s, &buf, &n, &raw, &err), &err);
+        CHECK_OK(eg_ds_record_decode(buf, n, 0, &r, &err), &err);
+        const uint16_t *ra = r.aux_hidden, *rf = r.final_hidden;
+        for (int t = 0; t < 2; t++)
+            for (int l = 0; l < 2; l++)
+                for (int h = 0; h < 3; h++) {
+                    /* token-major on disk; the input is [T][n_aux][H] or [n_aux][T][H] */
+                    float src = lm ? a[(l * 2 + t) * 3 + h] : a[(t * 2 + l) * 3 + h];
+                    CHECK(ra[(t * 2 + l) * 3 + h] == eg_f32_to_bf16(src));
+                }
+        for (int i = 0; i < 6; i++) CHECK(rf[i] == eg_f32_to_bf16(f[i]));
+        /* round to nearest even: 1.00390625 is a tie between 1.0 and 1.0078125 -> 1.0 */
+        if (!lm) CHECK(ra[6] == 0x3f80);
+        eg_ds_sample_clear(&r);
+        free(buf);
+    }
+    eg_ds_codec_free(c);
+}
+
+static void test_index_trailer(void) {
+    eg_error err = {0};
+    eg_ds_index ix = {.n_aux = 3, .flags = 1, .H = 7168, .n = 3};
+    eg_ds_index_entry e[3] = {{512, 1000, 17, 5, EG_DS_FINISH_STOP, "a"},
+                              {2048, 77, 1, 1, EG_DS_FINISH_LENGTH, "bb/ü"},
+                              {3072, 1 << 20, 32768, 0, EG_DS_FINISH_STOP, ""}};
+    ix.e = e;
+    uint8_t *b;
+    size_t n;
+    uint64_t raw;
+    CHECK_OK(eg_ds_index_encode(&ix, 3, &b, &n, &raw, &err), &err);
+    eg_ds_index r;
+    CHECK_OK(eg_ds_index_decode(b, n, raw, &r, &err), &err);
+    CHECK(r.n == 3 && r.H == 7168 && r.n_aux == 3 && r.flags == 1);
+    for (int i = 0; i < 3 && r.n == 3; i++)
+        CHECK(r.e[i].offset == e[i].offset && r.e[i].size == e[i].size && r.e[i].T == e[i].T &&
+              r.e[i].n_loss == e[i].n_loss && r.e[i].finish == e[i].finish && !strcmp(r.e[i].id, e[i].id));
+    eg_ds_index_clear(&r);
+    for (size_t cut = 0; cut < n; cut++) CHECK(eg_ds_index_decode(b, cut, raw, &r, &err) != EG_OK);
+    CHECK(eg_ds_index_decode(b, n, raw + 1, &r, &err) != EG_OK);
+    CHECK(eg_ds_index_decode(b, n, 1ull << 40, &r, &err) != EG_OK);
+    free(b);
+
+    eg_ds_trailer t = {EG_DS_FORMAT_VERSION, 1, 123456, 789, 1011, 12, 13}, u;
+    uint8_t tb[EG_DS_TRAILER_SIZE];
+    eg_ds_trailer_encode(&t, tb);
+    CHECK_OK(eg_ds_trailer_decode(tb, &u, &err), &err);
+    CHECK(u.index_offset == 123456 && u.index_size == 789 && u.index_raw_size == 1011 && u.n_samples == 12 && u.n_tokens == 13);
+    tb[20] ^= 1;
+    CHECK(eg_ds_trailer_decode(tb, &u, &err) == EG_ERR_CHECKSUM);
+    tb[20] ^= 1;
+    tb[0] = 'X';
+    CHECK(eg_ds_trailer_decode(tb, &u, &err) == EG_ERR_FORMAT);
+}
+
+/* ---------------------------------------------------------------- golden ratios */
+typedef struct golden {
+    uint8_t *file;
+    size_t size;
+    json_t *hdr;
+    size_t data0;
+} golden;
+
+static int golden_load(const char *path, golden *g) {
+    memset(g, 0, sizeof *g);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END);
+    g->size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    g->file = malloc(g->size);
+    int ok = fread(g->file, 1, g->size, f) == g->size;
+    fclose(f);
+    if (!ok || g->size < 8) return 0;
+    uint64_t hl = 0;
+    memcpy(&hl, g->file, 8);
+    if (hl > g->size - 8) return 0;
+    g->hdr = json_loadb((const char *)g->file + 8, hl, 0, NULL);
+    g->data0 = 8 + hl;
+    return g->hdr != NULL;
+}
+
+/* F32 tensor by name; shape into dims. */
+static const float *golden_f32(golden *g, const char *name, int64_t dims[4], int *nd) {
+    json_t *t = json_object_get(g->hdr, name);
+    if (!t || strcmp(json_string_value(json_object_get(t, "dtype")), "F32")) return NULL;
+    json_t *sh = json_object_get(t, "shape"), *off = json_object_get(t, "data_offsets");
+    *nd = (int)json_array_size(sh);
+    for (int i = 0; i < *nd && i < 4; i++) dims[i] = json_integer_value(json_array_get(sh, (size_t)i));
+    return (const float *)(g->file + g->data0 + json_integer_value(json_array_get(off, 0)));
+}
+
+/* Encode every prompt of a golden file as a sample: aux = outputs of decoder layers
+ * {1, L/2, L-2} (clamped), final = the normed output. Returns total record bytes and
+ * raw tensor bytes. */
+static int golden_bytes(golden *g, int level, int split, uint64_t *stored, uint64_t *raw_total) {
+    eg_error err = {0};
+    eg_ds_codec *c;
+    if (eg_ds_codec_new(level, split, &c, &err)) return 0;
+    *stored = *raw_total = 0;
+    int n = 0;
+    for (int p = 0;; p++) {
+        char hn[32], nn[32], tn[32];
+        snprintf(hn, sizeof hn, "p%d.hidden", p);
+        snprintf(nn, sizeof nn, "p%d.normed", p);
+        snprintf(tn, sizeof tn, "p%d.tokens", p);
+        int64_t hd[4], nd2[4];
+        int nd, nnd;
+        const float *hid = golden_f32(g, hn, hd, &nd), *nrm = golden_f32(g, nn, nd2, &nnd);
+        if (!hid || !nrm || nd != 3) break;
+        int64_t L1 = hd[0], T = hd[1], H = hd[2], L = L1 - 1;
+        int layers[3] = {1, (int)(L / 2), (int)(L - 2)};
+        float *aux = malloc(sizeof(float) * (size_t)(T * 3 * H));
+        for (int64_t t = 0; t < T; t++)
+            for (int l = 0; l < 3; l++) {
+                int k = layers[l] < 0 ? 0 : layers[l] >= L ? (int)L - 1 : layers[l];
+                memcpy(aux + (t * 3 + l) * H, hid + ((int64_t)(k + 1) * T + t) * H, sizeof(float) * (size_t)H);
+            }
+        int32_t *ids = calloc((size_t)T, 4);
+        uint8_t *mask = calloc((size_t)T, 1);
+        eg_ds_sample s = {.id = hn, .source_file = "", .T = T, .n_aux = 3, .H = H, .input_ids = ids,
+                          .loss_mask = mask, .hidden_dtype = EG_DS_F32, .aux_hidden = aux,
+                          .final_hidden = (void *)nrm};
+        uint8_t *buf;
+        size_t len;
+        uint64_t raw;
+        if (!eg_ds_record_encode(c, &s, &buf, &len, &raw, &err)) {
+            /* count the hidden-state frames only: ids/mask/meta are not what we measure */
+            uint64_t hs = 0;
+            for (int sec = 3; sec < 5; sec++) {
+                uint64_t v = 0;
+                for (int b = 7; b >= 0; b--) v = (v << 8) | buf[32 + 16 * sec + b];
+                hs += v;
+            }
+            *stored += hs;
+            *raw_total += (uint64_t)T * 4 * (uint64_t)H * 2;
+            free(buf);
+            n++;
+        }
+        free(aux);
+        free(ids);
+        free(mask);
+    }
+    eg_ds_codec_free(c);
+    return n;
+}
+
+static void ratio_table(const char *path, int levels_n, const int *levels, double *gain_at3) {
+    golden g;
+    if (!golden_load(path, &g)) {
+        CHECKF(0, "cannot read fixture %s", path);
+        return;
+    }
+    printf("    %s (hidden states as BF16: 3 aux layers + final norm)\n", strrchr(path, '/') + 1);
+    for (int i = 0; i < levels_n; i++) {
+        uint64_t s0, s1, raw;
+        int n0 = golden_bytes(&g, levels[i], 0, &s0, &raw);
+        int n1 = golden_bytes(&g, levels[i], 1, &s1, &raw);
+        CHECK(n0 > 0 && n0 == n1);
+        if (!n0 || !s0 || !s1) continue;
+        printf("      zstd %2d: raw %8llu B  plain %8llu B (x%.3f)  byte-split %8llu B (x%.3f)  split gain x%.3f\n",
+               levels[i], (unsigned long long)raw, (unsigned long long)s0, (double)raw / (double)s0,
+               (unsigned long long)s1, (double)raw / (double)s1, (double)s0 / (double)s1);
+        if (levels[i] == 3 && gain_at3) *gain_at3 = (double)s0 / (double)s1;
+    }
+    json_decref(g.hdr);
+    free(g.file);
+}
+
+static void test_golden_split_gain(void) {
+    int lv[2] = {1, 3};
+    double gain = 0;
+    ratio_table(FIX "golden-a-bf16kv.safetensors", 2, lv, &gain);
+    /* Byte planes must not lose on real activations (measured ~1.1x here). */
+    CHECKF(gain > 1.0, "byte split gain x%.3f", gain);
+}
+
+static const eg_test tests[] = {
+    {"crc32", test_crc32},
+    {"split_join", test_split_join},
+    {"record_roundtrip", test_record_roundtrip},
+    {"f32_input", test_f32_input},
+    {"index_trailer", test_index_trailer},
+    {"golden_split_gain", test_golden_split_gain},
+};
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "--ratio")) {
+        const char *files[] = {FIX "golden-a-bf16kv.safetensors", FIX "golden-a-long-bf16kv.safetensors",
+                               FIX "golden-q4-bf16kv.safetensors", FIX "golden-fp8-bf16kv.safetensors"};
+        int lv[5] = {1, 3, 9, 15, 19};
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) ratio_table(files[i], 5, lv, NULL);
+        return eg_check_failures ? 1 : 0;
+    }
+    return eg_test_main("dataset_codec", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
