@@ -1,6 +1,7 @@
 /* Record/index/trailer codec: bit-exact round trips, damaged input, and compression
  * ratios of BF16 byte-plane splitting on real hidden states (the golden fixtures).
- *   test_dataset_codec --ratio   prints the ratio table for every golden-*-bf16kv file */
+ *   test_dataset_codec --ratio [FILE...]   prints the ratio table for every golden-*-bf16kv
+ *   file, or for the given files in the same layout (`eaglegen forward` output) */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -329,6 +330,10 @@ int main(int argc, char **argv) {
         const char *files[] = {FIX "golden-a-bf16kv.safetensors", FIX "golden-a-long-bf16kv.safetensors",
                                FIX "golden-q4-bf16kv.safetensors", FIX "golden-fp8-bf16kv.safetensors"};
         int lv[5] = {1, 3, 9, 15, 19};
+        if (argc > 2) { /* other files in the same layout, e.g. `eaglegen forward` output */
+            for (int i = 2; i < argc; i++) ratio_table(argv[i], 5, lv, NULL);
+            return eg_check_failures ? 1 : 0;
+        }
         for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) ratio_table(files[i], 5, lv, NULL);
         return eg_check_failures ? 1 : 0;
     }
