@@ -1,0 +1,64 @@
+/* mkmodel.h — random-weights models in Kimi-K2.5's Hugging Face checkpoint layout, for
+ * tests, demos and benchmarks on machines without the real 600 GB checkpoint.
+ *
+ * eg_mkmodel_run writes into DIR:
+ *   config.json                    Kimi-K2.5's nested form (text_config; INT4 experts
+ *                                  announce compressed-tensors pack-quantized inside it)
+ *   model.safetensors.index.json   + model-0000i-of-0000n.safetensors shards, tensors
+ *                                  prefixed `language_model.`, streamed (never in RAM)
+ *   tiktoken.model                 byte-level base vocabulary (see below)
+ *   tokenizer_config.json          Kimi's special tokens at n_base.. n_base+255 with the
+ *                                  same names and offsets as Kimi's real file
+ * Presets: "tiny" (tests/demo), "moonlight-16b", "kimi-k2.5" (real dimensions; use
+ * `layers` to keep it small). Weights come from a counter-based RNG keyed by (seed,
+ * tensor name, element index), so the output is identical whatever the thread count
+ * or shard split.
+ *
+ * Ownership: strings returned through out-parameters are malloc'd; the caller frees.
+ * Thread safety: functions are reentrant; eg_mkmodel_run uses its own worker pool. */
+#ifndef EG_MKMODEL_H
+#define EG_MKMODEL_H
+
+#include <stdio.h>
+
+#include "common/eg_common.h"
+
+enum { EG_MK_EXPERTS_DEFAULT = 0, EG_MK_EXPERTS_INT4, EG_MK_EXPERTS_BF16 };
+
+typedef struct eg_mkmodel_opts {
+    const char *preset;   /* "tiny", "moonlight-16b", "kimi-k2.5" */
+    const char *out_dir;  /* created if missing (run only) */
+    uint64_t seed;
+    int layers;           /* num_hidden_layers override; 0 = preset default */
+    int experts;          /* EG_MK_EXPERTS_*; default is INT4 for every preset */
+    int64_t shard_bytes;  /* split shards above this; 0 = 4 GiB */
+    int threads;          /* 0 = eg_num_threads() */
+    int no_weights;       /* write config.json and the tokenizer only (no shards, no index) */
+    int sparse;           /* all-zero weights written as holes (sparse files): the full
+                             layout at no disk cost, for loader and planning tests;
+                             weight_shape tensors are real */
+    FILE *log;            /* progress lines (NULL: quiet) */
+} eg_mkmodel_opts;
+
+typedef struct eg_mkmodel_plan_info {
+    int64_t n_tensors;
+    int64_t total_bytes;  /* tensor data bytes (= index metadata.total_size) */
+    int n_shards;
+    int vocab, n_base, n_layers;
+} eg_mkmodel_plan_info;
+
+/* Names of the presets (static strings), *n set to their count. */
+const char *const *eg_mkmodel_presets(int *n);
+
+/* The config.json text the preset would write. */
+eg_status eg_mkmodel_config_json(const eg_mkmodel_opts *o, char **json, eg_error *err);
+
+/* Plan without writing: fills info; when `list` is non-NULL prints one line per tensor
+ * ("name dtype [shape] bytes shard") and a closing total line. */
+eg_status eg_mkmodel_plan(const eg_mkmodel_opts *o, eg_mkmodel_plan_info *info, FILE *list,
+                          eg_error *err);
+
+/* Write the model. */
+eg_status eg_mkmodel_run(const eg_mkmodel_opts *o, eg_mkmodel_plan_info *info, eg_error *err);
+
+#endif
