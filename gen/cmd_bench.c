@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/forward.h"
+#include "gen/args.h"
 #include "gen/commands.h"
 
 static void usage(FILE *f) {
@@ -26,18 +27,6 @@ static void usage(FILE *f) {
             "  --chunk N          prefill rows per step (default 256)\n"
             "  --threads N        CPU threads (default: all cores, or $EG_THREADS)\n"
             "  -h, --help         this text\n");
-}
-
-static int parse_pos(const char *s, const char *flag, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < 1 || v > 1 << 24) {
-        fprintf(stderr, "eaglegen bench: %s expects a positive integer, got '%s'\n", flag, s);
-        return 0;
-    }
-    *out = (int)v;
-    return 1;
 }
 
 static eg_status bench_one(const eg_model *m, const char *backend, int threads, int batch, int plen, int steps,
@@ -114,10 +103,10 @@ int cmd_bench(int argc, char **argv) {
         case 'm': model_dir = optarg; break;
         case 'b': backend = optarg; break;
         case 'B': batches = optarg; break;
-        case 'p': if (!parse_pos(optarg, "--prompt-len", &plen)) return 2; break;
-        case 's': if (!parse_pos(optarg, "--decode-steps", &steps)) return 2; break;
-        case 'c': if (!parse_pos(optarg, "--chunk", &chunk)) return 2; break;
-        case 't': if (!parse_pos(optarg, "--threads", &threads)) return 2; break;
+        case 'p': if (!gen_arg_int("bench", "--prompt-len", optarg, 1, 1 << 24, &plen)) return 2; break;
+        case 's': if (!gen_arg_int("bench", "--decode-steps", optarg, 1, 1 << 24, &steps)) return 2; break;
+        case 'c': if (!gen_arg_int("bench", "--chunk", optarg, 1, 1 << 20, &chunk)) return 2; break;
+        case 't': if (!gen_arg_int("bench", "--threads", optarg, 1, 4096, &threads)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -130,18 +119,13 @@ int cmd_bench(int argc, char **argv) {
     printf("model %s: %d layers, hidden %d, %d experts top-%d, weights %.1f MB\n", model_dir, m.cfg.n_layers,
            m.cfg.hidden, m.cfg.n_experts, m.cfg.topk, (double)m.weight_bytes / 1e6);
     printf("%-8s %6s %8s %12s %12s %10s\n", "backend", "batch", "prompt", "prefill t/s", "decode t/s", "ms/step");
-    int rc = 0;
-    for (const char *s = batches; *s;) {
-        char *end;
-        long b = strtol(s, &end, 10);
-        if (end == s || b < 1) { fprintf(stderr, "eaglegen bench: bad --batch list '%s'\n", batches); rc = 2; break; }
-        if (bench_one(&m, backend, threads, (int)b, plen, steps, chunk, &err)) {
+    int rc = 0, list[64], n_list = 0;
+    if (!gen_arg_int_list("bench", "--batch", batches, 1, list, 64, &n_list)) rc = 2;
+    for (int i = 0; i < n_list && !rc; i++)
+        if (bench_one(&m, backend, threads, list[i], plen, steps, chunk, &err)) {
             fprintf(stderr, "eaglegen bench: %s\n", err.msg);
             rc = 1;
-            break;
         }
-        s = *end == ',' ? end + 1 : end;
-    }
     eg_model_free(&m);
     return rc;
 }

@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/safetensors.h"
+#include "gen/args.h"
 #include "gen/commands.h"
 
 static void usage(FILE *f) {
@@ -96,18 +97,6 @@ out:
     return st;
 }
 
-static int parse_int(const char *s, const char *flag, int lo, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < lo || v > 1 << 30) {
-        fprintf(stderr, "eaglegen forward: %s expects an integer >= %d, got '%s'\n", flag, lo, s);
-        return 0;
-    }
-    *out = (int)v;
-    return 1;
-}
-
 int cmd_forward(int argc, char **argv) {
     const char *model_dir = NULL, *prompts_path = NULL, *out_path = NULL, *backend = "cpu", *stages_arg = NULL;
     int generate = 0, threads = 0, chunk = 256, block = 64;
@@ -127,10 +116,10 @@ int cmd_forward(int argc, char **argv) {
         case 'o': out_path = optarg; break;
         case 'b': backend = optarg; break;
         case 's': stages_arg = optarg; break;
-        case 'g': if (!parse_int(optarg, "--generate", 0, &generate)) return 2; break;
-        case 't': if (!parse_int(optarg, "--threads", 1, &threads)) return 2; break;
-        case 'c': if (!parse_int(optarg, "--chunk", 1, &chunk)) return 2; break;
-        case 'B': if (!parse_int(optarg, "--block-size", 1, &block)) return 2; break;
+        case 'g': if (!gen_arg_int("forward", "--generate", optarg, 0, 1 << 24, &generate)) return 2; break;
+        case 't': if (!gen_arg_int("forward", "--threads", optarg, 1, 4096, &threads)) return 2; break;
+        case 'c': if (!gen_arg_int("forward", "--chunk", optarg, 1, 1 << 20, &chunk)) return 2; break;
+        case 'B': if (!gen_arg_int("forward", "--block-size", optarg, 1, 1 << 16, &block)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -179,15 +168,9 @@ int cmd_forward(int argc, char **argv) {
         }
         if ((int)json_array_size(p) > max_len) max_len = (int)json_array_size(p);
     }
-    if (stages_arg) {
-        const char *s = stages_arg;
-        while (*s && n_stages < 256) {
-            char *end;
-            long v = strtol(s, &end, 10);
-            if (end == s) { eg_fail(&err, EG_ERR_INVALID, "--stages: expected comma-separated layer numbers, got '%s'", stages_arg); goto fail; }
-            stage_ends[n_stages++] = (int)v;
-            s = *end == ',' ? end + 1 : end;
-        }
+    if (stages_arg && !gen_arg_int_list("forward", "--stages", stages_arg, 1, stage_ends, 256, &n_stages)) {
+        rc = 2;
+        goto fail;
     }
     aux = malloc(sizeof(int) * (size_t)(c->n_layers + 1));
     if (!aux) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto fail; }
@@ -219,7 +202,7 @@ int cmd_forward(int argc, char **argv) {
             (long long)(st.prefill_tokens + st.decode_tokens), st.seconds, out_path);
     rc = 0;
 fail:
-    if (rc) fprintf(stderr, "eaglegen forward: %s\n", err.msg);
+    if (rc == 1) fprintf(stderr, "eaglegen forward: %s\n", err.msg);
     eg_st_writer_free(w);
     eg_engine_free(eng);
     eg_backend_free(be);

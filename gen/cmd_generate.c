@@ -19,6 +19,7 @@
 #include "dataset/writer.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
+#include "gen/args.h"
 #include "gen/commands.h"
 #include "gen/job.h"
 #include "gen/progress.h"
@@ -107,22 +108,6 @@ static int bad_arg(const char *flag, const char *v, const char *want) {
     fprintf(stderr, "eaglegen generate: %s: expected %s, got '%s'\n", flag, want, v);
     return 0;
 }
-static int p_int(const char *flag, const char *v, long lo, long hi, int *out) {
-    char *e;
-    errno = 0;
-    long x = strtol(v, &e, 10);
-    if (errno || *e || e == v || x < lo || x > hi) return bad_arg(flag, v, "an integer in range");
-    *out = (int)x;
-    return 1;
-}
-static int p_dbl(const char *flag, const char *v, double lo, double hi, double *out) {
-    char *e;
-    errno = 0;
-    double x = strtod(v, &e);
-    if (errno || *e || e == v || !(x >= lo && x <= hi)) return bad_arg(flag, v, "a number in range");
-    *out = x;
-    return 1;
-}
 static int p_worker(const char *v, int *i, int *n) {
     char *e;
     long a = strtol(v, &e, 10);
@@ -193,11 +178,11 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             else if (!strcmp(optarg, "capture")) a->capture = 1;
             else return bad_arg("--mode", optarg, "regenerate or capture"), 2;
             break;
-        case 'n': if (!p_int("--max-new-tokens", optarg, 1, 1 << 24, &a->max_new)) return 2; break;
-        case 'L': if (!p_int("--max-seq-len", optarg, 2, 1 << 24, &a->max_seq_len)) return 2; break;
-        case 't': if (!p_dbl("--temperature", optarg, 0, 100, &a->temperature)) return 2; break;
-        case 'P': if (!p_dbl("--top-p", optarg, 1e-9, 1, &a->top_p)) return 2; break;
-        case 'k': if (!p_int("--top-k", optarg, 0, 1 << 24, &a->top_k)) return 2; break;
+        case 'n': if (!gen_arg_int("generate", "--max-new-tokens", optarg, 1, 1 << 24, &a->max_new)) return 2; break;
+        case 'L': if (!gen_arg_int("generate", "--max-seq-len", optarg, 2, 1 << 24, &a->max_seq_len)) return 2; break;
+        case 't': if (!gen_arg_double("generate", "--temperature", optarg, 0, 100, &a->temperature)) return 2; break;
+        case 'P': if (!gen_arg_double("generate", "--top-p", optarg, 1e-9, 1, &a->top_p)) return 2; break;
+        case 'k': if (!gen_arg_int("generate", "--top-k", optarg, 0, 1 << 24, &a->top_k)) return 2; break;
         case 's': {
             char *e;
             errno = 0;
@@ -211,31 +196,19 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             else if (!strcmp(optarg, "off")) a->thinking = 0;
             else return bad_arg("--thinking", optarg, "on or off"), 2;
             break;
-        case 'a': {
-            const char *s = optarg;
-            a->n_aux = 0;
-            while (*s) {
-                char *e;
-                long v = strtol(s, &e, 10);
-                if (e == s || v < 0 || a->n_aux >= 64 || (*e && *e != ',')) return bad_arg("--aux-layers", optarg, "comma-separated layer numbers"), 2;
-                a->aux[a->n_aux++] = (int)v;
-                s = *e ? e + 1 : e;
-            }
-            if (!a->n_aux) return bad_arg("--aux-layers", optarg, "at least one layer"), 2;
-            break;
-        }
+        case 'a': if (!gen_arg_int_list("generate", "--aux-layers", optarg, 0, a->aux, 64, &a->n_aux)) return 2; break;
         case 'f':
             if (!strcmp(optarg, "post-norm")) a->pre_norm = 0;
             else if (!strcmp(optarg, "pre-norm")) a->pre_norm = 1;
             else return bad_arg("--final-hidden", optarg, "post-norm or pre-norm"), 2;
             break;
-        case 'B': if (!p_int("--batch", optarg, 1, 1 << 16, &a->batch)) return 2; break;
-        case 'c': if (!p_int("--chunk", optarg, 1, 1 << 20, &a->chunk)) return 2; break;
-        case 'S': if (!p_int("--shard-samples", optarg, 1, 1 << 30, &a->shard_samples)) return 2; break;
-        case 'j': if (!p_int("--threads", optarg, 1, 4096, &a->threads)) return 2; break;
+        case 'B': if (!gen_arg_int("generate", "--batch", optarg, 1, 1 << 16, &a->batch)) return 2; break;
+        case 'c': if (!gen_arg_int("generate", "--chunk", optarg, 1, 1 << 20, &a->chunk)) return 2; break;
+        case 'S': if (!gen_arg_int("generate", "--shard-samples", optarg, 1, 1 << 30, &a->shard_samples)) return 2; break;
+        case 'j': if (!gen_arg_int("generate", "--threads", optarg, 1, 4096, &a->threads)) return 2; break;
         case 'w': if (!p_worker(optarg, &a->worker, &a->n_workers)) return bad_arg("--worker", optarg, "I/N with 0 <= I < N"), 2; break;
         case 'd': a->drop_truncated = 1; break;
-        case 'l': if (!p_int("--limit", optarg, 0, 2000000000, &lim)) return 2; a->limit = lim; break;
+        case 'l': if (!gen_arg_int("generate", "--limit", optarg, 0, 2000000000, &lim)) return 2; a->limit = lim; break;
         case 'r':
             if (!strcmp(optarg, "error")) a->skip_bad = 0;
             else if (!strcmp(optarg, "skip")) a->skip_bad = 1;
@@ -243,7 +216,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             break;
         case 'J': a->log_json = optarg; break;
         case 'G': a->stages = optarg; break;
-        case 'U': if (!p_int("--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
+        case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

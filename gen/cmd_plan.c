@@ -9,6 +9,7 @@
 
 #include "engine/mkmodel.h"
 #include "engine/plan.h"
+#include "gen/args.h"
 #include "gen/commands.h"
 
 static void usage(FILE *f) {
@@ -34,21 +35,10 @@ static void usage(FILE *f) {
             "  -h, --help          this text\n");
 }
 
-static int num(const char *flag, const char *v, double lo, double *out) {
-    char *e;
-    errno = 0;
-    double x = strtod(v, &e);
-    if (errno || *e || e == v || !(x >= lo)) {
-        fprintf(stderr, "eaglegen plan: %s expects a number >= %g, got '%s'\n", flag, lo, v);
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
-
 int cmd_plan(int argc, char **argv) {
     const char *model_dir = NULL, *preset = NULL;
-    double stages = 0, layers = 0, gpu_gb = 96, frac = 0.92, act_gb = 3, mean_len = 4096;
+    int stages = 0, layers = 0;
+    double gpu_gb = 96, frac = 0.92, act_gb = 3, mean_len = 4096;
     int experts = EG_MK_EXPERTS_INT4;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'},      {"preset", 1, 0, 'p'},       {"layers", 1, 0, 'l'}, {"experts", 1, 0, 'e'},
@@ -60,17 +50,17 @@ int cmd_plan(int argc, char **argv) {
         switch (ch) {
         case 'm': model_dir = optarg; break;
         case 'p': preset = optarg; break;
-        case 'l': if (!num("--layers", optarg, 1, &layers)) return 2; break;
+        case 'l': if (!gen_arg_int("plan", "--layers", optarg, 1, 1 << 20, &layers)) return 2; break;
         case 'e':
             if (!strcmp(optarg, "int4")) experts = EG_MK_EXPERTS_INT4;
             else if (!strcmp(optarg, "bf16")) experts = EG_MK_EXPERTS_BF16;
             else { fprintf(stderr, "eaglegen plan: --experts expects int4 or bf16\n"); return 2; }
             break;
-        case 's': if (!num("--stages", optarg, 1, &stages)) return 2; break;
-        case 'g': if (!num("--gpu-mem-gb", optarg, 0.001, &gpu_gb)) return 2; break;
-        case 'f': if (!num("--mem-fraction", optarg, 0.01, &frac) || frac > 1) return 2; break;
-        case 'a': if (!num("--act-gb", optarg, 0, &act_gb)) return 2; break;
-        case 'n': if (!num("--mean-len", optarg, 1, &mean_len)) return 2; break;
+        case 's': if (!gen_arg_int("plan", "--stages", optarg, 1, 4096, &stages)) return 2; break;
+        case 'g': if (!gen_arg_double("plan", "--gpu-mem-gb", optarg, 0.001, 1e18, &gpu_gb)) return 2; break;
+        case 'f': if (!gen_arg_double("plan", "--mem-fraction", optarg, 0.01, 1, &frac)) return 2; break;
+        case 'a': if (!gen_arg_double("plan", "--act-gb", optarg, 0, 1e18, &act_gb)) return 2; break;
+        case 'n': if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -85,7 +75,7 @@ int cmd_plan(int argc, char **argv) {
     eg_config cfg;
     memset(&cfg, 0, sizeof cfg);
     const eg_config *c;
-    int rc = 1, n = (int)stages;
+    int rc = 1, n = stages;
     int64_t *lb = NULL, head, tail;
     double *cost = NULL;
     int *ends = NULL;
@@ -94,7 +84,7 @@ int cmd_plan(int argc, char **argv) {
         if (eg_model_load(model_dir, &m, &err)) goto out;
         c = &m.cfg;
     } else {
-        eg_mkmodel_opts mo = {.preset = preset, .layers = (int)layers, .experts = experts};
+        eg_mkmodel_opts mo = {.preset = preset, .layers = layers, .experts = experts};
         char *json = NULL;
         if (eg_mkmodel_config_json(&mo, &json, &err)) goto out;
         eg_status st = eg_config_parse(json, strlen(json), preset, &cfg, &err);

@@ -7,6 +7,7 @@
 
 #include "engine/backend.h"
 #include "engine/kv_cache.h"
+#include "engine/plan.h"
 #include "tests/check.h"
 
 static uint64_t rs;
@@ -439,7 +440,31 @@ static void test_kv_manager(void) {
     eg_backend_free(NULL);
 }
 
+static void test_plan_split(void) {
+    eg_error err = {0};
+    double c1[5] = {1, 1, 1, 1, 10};
+    int ends[8];
+    CHECK_OK(eg_plan_split(c1, 5, 0, 0, 2, ends, &err), &err);
+    CHECK(ends[0] == 4 && ends[1] == 5);
+    /* the head and tail weights count: a heavy embedding pushes layers off stage 0 */
+    double c2[6] = {1, 1, 1, 1, 1, 1};
+    CHECK_OK(eg_plan_split(c2, 6, 3, 0, 3, ends, &err), &err);
+    CHECK(ends[0] == 1 && ends[1] == 4 && ends[2] == 6); /* stage costs 4, 3, 2: max 4 is optimal */
+    CHECK_OK(eg_plan_split(c2, 6, 0, 0, 6, ends, &err), &err);
+    for (int i = 0; i < 6; i++) CHECK(ends[i] == i + 1);
+    CHECK(eg_plan_split(c2, 6, 0, 0, 7, ends, &err) == EG_ERR_INVALID);
+    /* memory: capacity = free / (layers * bytes per token and layer) */
+    eg_config c = small_cfg();
+    int64_t lb[2] = {1000, 1000};
+    int e2[2] = {1, 2};
+    eg_stage_mem sm[2];
+    eg_plan_memory(&c, lb, 500, 300, e2, 2, 10000, 0.5, 100, sm);
+    CHECK(sm[0].weight_bytes == 1500 && sm[1].weight_bytes == 1300);
+    CHECK(sm[0].free_bytes == 3400 && sm[0].kv_tokens == 3400 / (2 * (c.kv_lora_rank + c.qk_rope)));
+}
+
 static const eg_test tests[] = {
+    {"plan_split", test_plan_split},
     {"int4_layout", test_int4_layout},     {"fp8_block", test_fp8_block},
     {"linear_formats", test_linear_formats}, {"rmsnorm_swiglu", test_rmsnorm_swiglu},
     {"mla_paged", test_mla_paged},         {"router_moe", test_router_moe},

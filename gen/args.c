@@ -1,0 +1,52 @@
+/* Flag parsing helpers; see args.h. */
+#include "gen/args.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int gen_arg_int(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out) {
+    char *e;
+    errno = 0;
+    long x = strtol(v, &e, 10);
+    if (errno || e == v || *e || x < lo || x > hi) {
+        fprintf(stderr, "eaglegen %s: %s expects an integer in [%ld, %ld], got '%s'\n", cmd, flag, lo, hi, v);
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+int gen_arg_double(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out) {
+    char *e;
+    errno = 0;
+    double x = strtod(v, &e);
+    if (errno || e == v || *e || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "eaglegen %s: %s expects a number in [%g, %g], got '%s'\n", cmd, flag, lo, hi, v);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+int gen_arg_int_list(const char *cmd, const char *flag, const char *v, long lo, int *out, int max, int *n) {
+    const char *s = v;
+    *n = 0;
+    while (*s) {
+        char *e;
+        errno = 0;
+        long x = strtol(s, &e, 10);
+        if (errno || e == s || x < lo || x > 1L << 30 || *n >= max || (*e && *e != ',') || (*e == ',' && !e[1])) {
+            fprintf(stderr, "eaglegen %s: %s expects up to %d comma-separated integers >= %ld, got '%s'\n", cmd, flag,
+                    max, lo, v);
+            return 0;
+        }
+        out[(*n)++] = (int)x;
+        s = *e ? e + 1 : e;
+    }
+    if (!*n) {
+        fprintf(stderr, "eaglegen %s: %s expects at least one integer\n", cmd, flag);
+        return 0;
+    }
+    return 1;
+}
