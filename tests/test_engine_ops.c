@@ -449,7 +449,8 @@ static void test_plan_split(void) {
     /* the head and tail weights count: a heavy embedding pushes layers off stage 0 */
     double c2[6] = {1, 1, 1, 1, 1, 1};
     CHECK_OK(eg_plan_split(c2, 6, 3, 0, 3, ends, &err), &err);
-    CHECK(ends[0] == 1 && ends[1] == 4 && ends[2] == 6); /* stage costs 4, 3, 2: max 4 is optimal */
+    /* optimum: stage 0 takes one layer (3 + 1), the other five split 3 + 2 or 2 + 3 */
+    CHECK(ends[0] == 1 && (ends[1] == 3 || ends[1] == 4) && ends[2] == 6);
     CHECK_OK(eg_plan_split(c2, 6, 0, 0, 6, ends, &err), &err);
     for (int i = 0; i < 6; i++) CHECK(ends[i] == i + 1);
     CHECK(eg_plan_split(c2, 6, 0, 0, 7, ends, &err) == EG_ERR_INVALID);
