@@ -77,7 +77,12 @@ with open("conv.jsonl", "w") as f:
                 {"role": "assistant", "content": f"{i + 2}."}, {"role": "user", "content": "Thanks"},
                 {"role": "assistant", "content": "You are welcome."}]}) + "\n")
 PY
-$E generate --model model --prompts conv.jsonl --out cap --mode capture --max-seq-len 512 2>/dev/null
+$E generate --model model --prompts conv.jsonl --out cap --mode capture --max-seq-len 512 --log-json cap.log 2>/dev/null
+"$PYTHON" -c "
+import json
+rows = [json.loads(l) for l in open('cap.log')]
+assert rows and rows[-1]['samples'] == 4 and rows[-1]['records_done'] == 4, rows[-1]
+"
 "$PYTHON" "$here/gen_check.py" capture cap model
 "$PYTHON" "$here/gen_check.py" count cap 4
 
