@@ -187,6 +187,23 @@ static void *stage_thread(void *vp) {
     return NULL;
 }
 
+typedef struct stage_build {
+    const eg_model *m;
+    eg_backend *be;
+    eg_forward_opts fo;
+    eg_forward **out;
+    eg_status st;
+    eg_error err;
+    pthread_t th;
+    int started;
+} stage_build;
+
+static void *stage_build_thread(void *vp) {
+    stage_build *b = vp;
+    b->st = eg_forward_create(b->m, b->be, &b->fo, b->out, &b->err);
+    return NULL;
+}
+
 static eg_status mb_alloc(eg_engine *e, micro_batch *mb, eg_error *err) {
     size_t T = (size_t)e->o.max_tokens, H = (size_t)e->m->cfg.hidden, V = (size_t)e->m->cfg.vocab;
     mb->tok = eg_malloc(4 * T, err); mb->pos = eg_malloc(4 * T, err); mb->slt = eg_malloc(4 * T, err);
@@ -242,25 +259,42 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
         e->mbs[j].index = j;
         if ((st = mb_alloc(e, &e->mbs[j], err))) { eg_engine_free(e); return st; }
     }
+    /* validate the split, then build the stages: with one backend per stage (one GPU
+     * each) every stage uploads its own layers from the mmapped shards in parallel */
+    stage_build *sbs = eg_calloc((size_t)e->n_stages, sizeof *sbs, err);
+    if (!sbs) { eg_engine_free(e); return EG_ERR_NOMEM; }
     int begin = 0;
     for (int i = 0; i < e->n_stages; i++) {
         int end = o->stage_ends && o->n_stages > 0 ? o->stage_ends[i] : c->n_layers;
         if (end <= begin || end > c->n_layers || (i == e->n_stages - 1 && end != c->n_layers)) {
+            free(sbs);
             eg_engine_free(e);
             return eg_fail(err, EG_ERR_INVALID, "pipeline stages: stage %d ends at layer %d (must increase and end at %d)",
                            i, end, c->n_layers);
         }
-        eg_forward_opts fo = {.layer_begin = begin, .layer_end = end, .max_tokens = o->max_tokens,
-                              .n_slots = o->n_slots, .max_seq_len = o->max_seq_len, .block_size = o->block_size,
-                              .kv_blocks = o->kv_blocks, .capture = e->aux_layers, .n_capture = o->n_aux,
-                              .final_pre_norm = o->final_pre_norm};
-        eg_backend *sb = e->threaded ? o->stage_backends[i] : be;
-        if ((st = eg_forward_create(m, sb, &fo, &e->stages[i], err))) {
-            eg_engine_free(e);
-            return eg_wrap(err, "stage %d (layers %d..%d)", i, begin, end - 1);
-        }
+        sbs[i] = (stage_build){.m = m, .be = e->threaded ? o->stage_backends[i] : be, .out = &e->stages[i],
+                               .fo = {.layer_begin = begin, .layer_end = end, .max_tokens = o->max_tokens,
+                                      .n_slots = o->n_slots, .max_seq_len = o->max_seq_len, .block_size = o->block_size,
+                                      .kv_blocks = o->kv_blocks, .capture = e->aux_layers, .n_capture = o->n_aux,
+                                      .final_pre_norm = o->final_pre_norm}};
         begin = end;
     }
+    for (int i = 1; i < e->n_stages; i++) /* a thread each (inline if none can start) */
+        if (!e->threaded || pthread_create(&sbs[i].th, NULL, stage_build_thread, &sbs[i])) stage_build_thread(&sbs[i]);
+        else sbs[i].started = 1;
+    stage_build_thread(&sbs[0]);
+    for (int i = 0; i < e->n_stages; i++)
+        if (sbs[i].started) pthread_join(sbs[i].th, NULL);
+    for (int i = 0; i < e->n_stages; i++)
+        if (sbs[i].st) {
+            st = sbs[i].st;
+            *err = sbs[i].err;
+            eg_wrap(err, "stage %d (layers %d..%d)", i, sbs[i].fo.layer_begin, sbs[i].fo.layer_end - 1);
+            free(sbs);
+            eg_engine_free(e);
+            return st;
+        }
+    free(sbs);
     if (e->threaded) {
         e->queues = eg_calloc((size_t)e->n_stages + 1, sizeof *e->queues, err);
         e->threads = eg_calloc((size_t)e->n_stages, sizeof *e->threads, err);
