@@ -1,6 +1,8 @@
 /* The batch engine; see engine.h. */
 #include "engine/engine.h"
 
+#include "engine/cuda_plan.h"
+
 #include <signal.h>
 #include <stdlib.h>
 
@@ -105,11 +107,14 @@ static void q_close(mb_queue *q) {
     pthread_mutex_unlock(&q->mu);
 }
 
+/* Host step buffers that receive device copies (captures, hand-over, logits) are
+ * page-locked where CUDA is present, so to_host is truly asynchronous. */
 static void mb_free(micro_batch *mb, int n_stages) {
     free(mb->tok); free(mb->pos); free(mb->slt); free(mb->rows); free(mb->sampled);
-    free(mb->sp); free(mb->rng); free(mb->cap); free(mb->fin); free(mb->logits);
+    free(mb->sp); free(mb->rng);
+    eg_cuda_host_free(mb->cap); eg_cuda_host_free(mb->fin); eg_cuda_host_free(mb->logits);
     if (mb->x)
-        for (int k = 0; k < n_stages - 1; k++) free(mb->x[k]);
+        for (int k = 0; k < n_stages - 1; k++) eg_cuda_host_free(mb->x[k]);
     free(mb->x);
 }
 
@@ -209,15 +214,15 @@ static eg_status mb_alloc(eg_engine *e, micro_batch *mb, eg_error *err) {
     mb->tok = eg_malloc(4 * T, err); mb->pos = eg_malloc(4 * T, err); mb->slt = eg_malloc(4 * T, err);
     mb->rows = eg_malloc(4 * T, err); mb->sampled = eg_malloc(4 * T, err);
     mb->sp = eg_malloc(sizeof *mb->sp * T, err); mb->rng = eg_malloc(8 * T, err);
-    mb->cap = eg_malloc(4 * T * H * (size_t)(e->o.n_aux + 1), err);
-    mb->fin = eg_malloc(4 * T * H, err);
-    if (e->o.want_logits) mb->logits = eg_malloc(4 * T * V, err);
+    mb->cap = eg_cuda_host_alloc(4 * T * H * (size_t)(e->o.n_aux + 1), err);
+    mb->fin = eg_cuda_host_alloc(4 * T * H, err);
+    if (e->o.want_logits) mb->logits = eg_cuda_host_alloc(4 * T * V, err);
     mb->x = eg_calloc((size_t)e->n_stages, sizeof *mb->x, err);
     if (!mb->tok || !mb->pos || !mb->slt || !mb->rows || !mb->sampled || !mb->sp || !mb->rng || !mb->cap || !mb->fin ||
         (e->o.want_logits && !mb->logits) || !mb->x)
         return EG_ERR_NOMEM;
     for (int k = 0; k < e->n_stages - 1; k++)
-        if (!(mb->x[k] = eg_malloc(4 * T * H, err))) return EG_ERR_NOMEM;
+        if (!(mb->x[k] = eg_cuda_host_alloc(4 * T * H, err))) return EG_ERR_NOMEM;
     return EG_OK;
 }
 

@@ -189,6 +189,14 @@ fail:
     return st;
 }
 
+int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens) {
+    int64_t T = max_tokens > 0 ? max_tokens : 1, H = c->hidden, NH = c->n_heads;
+    int64_t DQ = NH * (c->qk_nope + c->qk_rope), W = c->kv_lora_rank + c->qk_rope, K = c->topk > 0 ? c->topk : 1;
+    /* x, xn, dx, g [T][H]; qa, qan [T][QL]; q; kv; attn; ids, weights; logits [T][V]; 4 index arrays */
+    return 4 * T * (4 * H + 2 * (int64_t)c->q_lora_rank + DQ + W + NH * c->v_head + 2 * K + c->vocab + 4) +
+           4 * (int64_t)(c->qk_rope / 2 + 1);
+}
+
 eg_kv_cache *eg_forward_kv(eg_forward *f) { return f->kv; }
 int eg_forward_is_first(const eg_forward *f) { return f->l0 == 0; }
 int eg_forward_is_last(const eg_forward *f) { return f->l1 == f->m->cfg.n_layers; }

@@ -59,6 +59,9 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err);
 eg_kv_cache *eg_forward_kv(eg_forward *f);
 int eg_forward_is_first(const eg_forward *f);
 int eg_forward_is_last(const eg_forward *f);
+/* Backend bytes a forward object allocates for activations at max_tokens rows (for
+ * memory planning before it exists). */
+int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens);
 /* Bytes of this forward's weights as stored on the backend. */
 int64_t eg_forward_weight_bytes(const eg_forward *f);
 

@@ -17,6 +17,7 @@
 
 #include "common/eg_hash.h"
 #include "dataset/writer.h"
+#include "engine/cuda_plan.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
 #include "gen/args.h"
@@ -46,6 +47,8 @@ typedef struct gen_args {
     int skip_bad;
     const char *stages;       /* --stages: "N" (balanced) or "e0,e1,...,L" */
     int micro_batches;
+    double gpu_mem_fraction;  /* cuda: share of each GPU's memory the process may hold */
+    int gpus;                 /* cuda: stage k runs on GPU k % gpus (0 = one GPU per stage) */
 } gen_args;
 
 static void usage(FILE *f) {
@@ -93,6 +96,10 @@ static void usage(FILE *f) {
             "                          stages ending at the given layers; stage k runs on GPU k\n"
             "                          (cuda) or its own thread (cpu) (default: one stage)\n"
             "  --micro-batches M       micro-batches in flight with --stages (default: the stage count)\n"
+            "  --gpus N                cuda: stage k runs on GPU k mod N (default: one GPU per stage;\n"
+            "                          --gpus 1 runs every stage on one GPU, for testing)\n"
+            "  --gpu-mem-fraction F    cuda: share of each GPU's memory to use; the KV cache gets what\n"
+            "                          weights and activations leave (default 0.9)\n"
             "  --worker I/N            this is worker I (0-based) of N; default from Slurm\n"
             "                          (SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS), else 0/1\n"
             "  --log-json FILE         append progress as JSON lines to FILE\n"
@@ -146,6 +153,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     a->shard_samples = 1000;
     a->limit = -1;
     a->n_workers = 0;
+    a->gpu_mem_fraction = 0.9;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'},          {"prompts", 1, 0, 'p'},        {"out", 1, 0, 'o'},
         {"tokenizer", 1, 0, 'T'},      {"backend", 1, 0, 'b'},        {"mode", 1, 0, 'M'},
@@ -155,7 +163,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"batch", 1, 0, 'B'},          {"chunk", 1, 0, 'c'},          {"shard-samples", 1, 0, 'S'},
         {"threads", 1, 0, 'j'},        {"worker", 1, 0, 'w'},         {"drop-truncated", 0, 0, 'd'},
         {"limit", 1, 0, 'l'},          {"on-bad-record", 1, 0, 'r'},  {"log-json", 1, 0, 'J'},
-        {"stages", 1, 0, 'G'},         {"micro-batches", 1, 0, 'U'},
+        {"stages", 1, 0, 'G'},         {"micro-batches", 1, 0, 'U'},  {"gpu-mem-fraction", 1, 0, 'F'},
+        {"gpus", 1, 0, 'Q'},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     static const char *plist[4096];
     optind = 1;
@@ -216,6 +225,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             break;
         case 'J': a->log_json = optarg; break;
         case 'G': a->stages = optarg; break;
+        case 'Q': if (!gen_arg_int("generate", "--gpus", optarg, 1, 4096, &a->gpus)) return 2; break;
+        case 'F': if (!gen_arg_double("generate", "--gpu-mem-fraction", optarg, 0.05, 1, &a->gpu_mem_fraction)) return 2; break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -606,16 +617,39 @@ int cmd_generate(int argc, char **argv) {
     int max_tokens = a.chunk > a.batch ? a.chunk : a.batch;
     eg_backend_opts bo = {.name = a.backend, .max_tokens = max_tokens, .max_seq_len = a.max_seq_len, .nthreads = a.threads};
     if (a.stages && parse_stages(&a, &model, stage_ends, &n_stages, &err)) goto done;
+    int64_t kv_blocks = 0;
+    if (!strcmp(a.backend, "cuda")) {
+        /* the memory planner: weights and activations first, the KV pool from what is left */
+        for (int k = 0, b0 = 0; k < n_stages; b0 = stage_ends[k++]) {
+            int end = n_stages > 1 ? stage_ends[k] : c->n_layers;
+            int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), wbytes = 0;
+            for (int l = b0; l < end; l++) wbytes += eg_plan_layer_bytes(&model, l);
+            wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
+            eg_backend_opts so = bo;
+            so.device = a.gpus > 0 ? k % a.gpus : k;
+            eg_cuda_mem_plan mp;
+            char line[512];
+            if (eg_cuda_plan(c, &so, a.gpu_mem_fraction, wbytes, eg_forward_act_bytes(c, max_tokens), end - b0, 64, &mp,
+                             &err)) {
+                eg_wrap(&err, "memory plan for GPU %d", k);
+                goto done;
+            }
+            eg_cuda_plan_format(&mp, so.device, line, sizeof line);
+            fprintf(stderr, "  %s\n", line);
+            if (!kv_blocks || mp.kv_blocks < kv_blocks) kv_blocks = mp.kv_blocks;
+            if (n_stages == 1) break;
+        }
+    }
     if (n_stages > 1) {
         int per = (a.threads > 0 ? a.threads : eg_num_threads()) / n_stages;
         for (int k = 0; k < n_stages; k++) {
             eg_backend_opts so = bo;
-            so.device = k;
+            so.device = a.gpus > 0 ? k % a.gpus : k;
             so.nthreads = per > 0 ? per : 1;
             if (eg_backend_create(c, &so, &stage_be[k], &err)) { eg_wrap(&err, "stage %d", k); goto done; }
         }
     } else if (eg_backend_create(c, &bo, &be, &err)) goto done;
-    eg_engine_opts eo = {.n_slots = a.batch, .max_seq_len = a.max_seq_len, .max_tokens = max_tokens,
+    eg_engine_opts eo = {.n_slots = a.batch, .max_seq_len = a.max_seq_len, .max_tokens = max_tokens, .kv_blocks = kv_blocks,
                          .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.pre_norm,
                          .stage_ends = n_stages > 1 ? stage_ends : NULL, .n_stages = n_stages > 1 ? n_stages : 0,
                          .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches};

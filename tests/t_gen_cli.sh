@@ -19,7 +19,7 @@ done
 # every generate flag is documented with its default
 for f in --model --prompts --out --tokenizer --backend --mode --max-new-tokens --max-seq-len --temperature \
          --top-p --top-k --seed --thinking --aux-layers --final-hidden --drop-truncated --limit \
-         --on-bad-record --batch --chunk --shard-samples --threads --worker --log-json --stages --micro-batches; do
+         --on-bad-record --batch --chunk --shard-samples --threads --worker --log-json --stages --micro-batches --gpus --gpu-mem-fraction; do
     $E generate --help | grep -q -- "$f" || { echo "generate --help lacks $f"; exit 1; }
 done
 expect 2 $E nosuchcommand
