@@ -281,6 +281,10 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
     TRY(ops->to_device(be, f->slot_d, s->slot, sizeof(int32_t) * (size_t)T, err));
     TRY(eg_kv_sync_table(f->kv, err));
     if (f->l0 == 0) {
+        /* checked here, on the host: a device embedding cannot report a bad id without a sync */
+        for (int t = 0; t < T; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= c->vocab)
+                return eg_fail(err, EG_ERR_INVALID, "token %d: id %d out of range [0, %d)", t, s->tokens[t], c->vocab);
         TRY(ops->to_device(be, f->tok_d, s->tokens, sizeof(int32_t) * (size_t)T, err));
         TRY(ops->embed(be, f->tok_d, T, &f->embed, f->x, err));
         TRY(capture_rows(f, s, -1, f->x, err));

@@ -1,0 +1,923 @@
+/* The CUDA backend: every op of backend.h on one GPU, through the kernels' extern "C"
+ * surface (kernels/eg_cuda.h), cuBLAS for the BF16 GEMMs and the CUDA runtime for
+ * memory and the stream.
+ *
+ *  - One stream per backend; ops enqueue and return (no host synchronisation) except
+ *    sample (it returns tokens to the host), sync, and to_device of more than
+ *    EG_CUDA_STAGE_SLOT bytes (it waits so the caller may reuse the source).
+ *  - Small to_device copies go through a ring of pinned staging slots guarded by
+ *    events, so they are asynchronous and the caller's buffer is free on return.
+ *  - to_host is cudaMemcpyAsync: asynchronous into pinned memory (eg_cuda_host_alloc),
+ *    complete after sync.
+ *  - BF16 weights: activations converted FP32->BF16 into scratch, cuBLAS GEMM with FP32
+ *    accumulation and FP32 output. Other formats (INT4, FP8, F16, F32): kernels/gemm.cu
+ *    (FP32 arithmetic, dequantised on the fly). The router is FP32 throughout.
+ *  - All scratch is one allocation sized at create from cfg and max_tokens; no op
+ *    allocates device memory.
+ *  - Every CUDA/cuBLAS call is checked; the error names the call. Kernel faults show at
+ *    the next checked call (run with CUDA_LAUNCH_BLOCKING=1 to pin them down).
+ * Without EG_HAVE_CUDA this file compiles to stubs that report EG_ERR_UNSUPPORTED. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/backend.h"
+#include "engine/cuda_plan.h"
+
+#define EG_CUDA_HEADROOM ((int64_t)512 << 20)
+
+
+void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_t n) {
+    const double G = 1024.0 * 1024.0 * 1024.0;
+    snprintf(buf, n,
+             "GPU %d: %.1f GiB total, %.1f GiB free, budget %.1f GiB (fraction %.2f); weights %.2f GiB, "
+             "activations %.2f GiB, backend scratch %.2f GiB; KV capacity %lld tokens (%lld blocks, %lld bytes/token)",
+             device, (double)p->total_bytes / G, (double)p->free_bytes / G, (double)p->budget_bytes / G,
+             p->fraction, (double)p->weight_bytes / G, (double)p->act_bytes / G, (double)p->scratch_bytes / G,
+             (long long)p->kv_tokens, (long long)p->kv_blocks, (long long)p->kv_bytes_per_token);
+}
+
+#ifndef EG_HAVE_CUDA
+
+eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err) {
+    (void)cfg;
+    (void)o;
+    *out = NULL;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: built without CUDA (nvcc not found at build time)");
+}
+
+eg_status eg_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes, eg_error *err) {
+    (void)device;
+    *free_bytes = *total_bytes = 0;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
+}
+
+int64_t eg_cuda_scratch_bytes(const eg_config *cfg, const eg_backend_opts *o) {
+    (void)cfg;
+    (void)o;
+    return 0;
+}
+
+eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t weight_bytes,
+                       int64_t act_bytes, int n_layers, int block_size, eg_cuda_mem_plan *out, eg_error *err) {
+    (void)cfg; (void)o; (void)fraction; (void)weight_bytes; (void)act_bytes; (void)n_layers; (void)block_size;
+    memset(out, 0, sizeof *out);
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
+}
+
+void *eg_cuda_host_alloc(size_t bytes, eg_error *err) { return eg_malloc(bytes ? bytes : 1, err); }
+void eg_cuda_host_free(void *p) { free(p); }
+
+#else /* EG_HAVE_CUDA */
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels/eg_cuda.h"
+
+_Static_assert((int)EGK_F32 == (int)EG_W_F32 && (int)EGK_BF16 == (int)EG_W_BF16 && (int)EGK_F16 == (int)EG_W_F16 &&
+                   (int)EGK_INT4 == (int)EG_W_INT4 && (int)EGK_FP8 == (int)EG_W_FP8,
+               "kernels/eg_cuda.h format codes must equal eg_wfmt");
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+#define EG_CUDA_STAGE_SLOTS 16
+#define EG_CUDA_STAGE_SLOT ((size_t)1 << 20)
+#define EG_CUDA_MOE_CHUNK 1024   /* tokens per MoE pass: bounds the [T*K][H] scratch */
+#define EG_CUDA_SAMPLE_CHUNK 64  /* rows per sampling pass: bounds the [N][V] sort scratch */
+
+/* ---- error helpers -------------------------------------------------------------- */
+
+static eg_status cuda_fail(eg_error *err, const char *call, cudaError_t e) {
+    return eg_fail(err, e == cudaErrorMemoryAllocation ? EG_ERR_NOMEM : EG_ERR_DEVICE, "cuda backend: %s failed: %s (%s)",
+                   call, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+static eg_status blas_fail(eg_error *err, const char *call, cublasStatus_t s) {
+    return eg_fail(err, EG_ERR_DEVICE, "cuda backend: %s failed: %s (%s)", call, cublasGetStatusName(s),
+                   cublasGetStatusString(s));
+}
+static eg_status kern_fail(eg_error *err, const char *call, int rc) {
+    return eg_fail(err, EG_ERR_DEVICE, "cuda backend: %s failed: %s (%s)", call, egk_error_name(rc),
+                   egk_error_string(rc));
+}
+
+#define CU(name, call)                                                                   \
+    do {                                                                                 \
+        cudaError_t e_ = (call);                                                         \
+        if (e_ != cudaSuccess) return cuda_fail(err, name, e_);                          \
+    } while (0)
+#define BL(name, call)                                                                   \
+    do {                                                                                 \
+        cublasStatus_t s_ = (call);                                                      \
+        if (s_ != CUBLAS_STATUS_SUCCESS) return blas_fail(err, name, s_);                \
+    } while (0)
+#define KR(name, call)                                                                   \
+    do {                                                                                 \
+        int rc_ = (call);                                                                \
+        if (rc_) return kern_fail(err, name, rc_);                                       \
+    } while (0)
+
+/* ---- state -------------------------------------------------------------------------- */
+
+typedef struct xtab {          /* device pointer table of one layer's experts [e0, e1) */
+    const eg_expert_w *key;
+    int e0, e1, fmt, group, valid;
+    egk_expert_ptrs *host;     /* pinned [E] */
+    egk_expert_ptrs *dev;      /* scratch [E] */
+} xtab;
+
+typedef struct scratch_layout {
+    uint16_t *xb, *xb_lo;      /* [Tm][maxdim] bf16 activations for cuBLAS, and residuals */
+    float *mlp_g, *mlp_u;      /* [Tm][I] */
+    uint16_t *q_bf16, *q_bf16_lo; /* [Tm][NH][DN+DR] */
+    float *q_pe;               /* [Tm][NH][DR] */
+    float *q_lat;              /* [Tm][NH][C] */
+    float *part_o, *part_ml;   /* [part_rows][C], [part_rows][2] */
+    uint16_t *o_lat, *o_lat_lo; /* [Tm][NH][C] */
+    uint16_t *kvb;             /* [NH*(DN+DV)][C] kv_b as BF16 when stored otherwise */
+    float *router_logits;      /* [Tm][E] */
+    egk_moe_ws moe;
+    egk_expert_ptrs *xtab_dev; /* [n_xtab][E] */
+    float *s_keys;             /* [Ns][V] */
+    int32_t *s_ids_in, *s_ids_out, *s_offsets, *s_out;
+    egk_sample_row *s_rows;
+    void *s_temp;
+    size_t s_temp_bytes;
+    int64_t xb_elems, mlp_elems, part_rows, kvb_elems;
+    int moe_chunk, sample_chunk, n_xtab, E;
+    size_t total;
+} scratch_layout;
+
+typedef struct cuda_impl {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    eg_config cfg;
+    int max_tokens;
+    int split;            /* BF16 GEMM inputs as hi + lo pairs (default; EG_CUDA_GEMM=bf16: hi only) */
+    void *scratch;
+    scratch_layout L;
+    unsigned char *stage; /* pinned [SLOTS][SLOT] */
+    cudaEvent_t stage_ev[EG_CUDA_STAGE_SLOTS];
+    int stage_next, n_events;
+    egk_sample_row *rows_h; /* pinned [Ns] */
+    int32_t *out_h;         /* pinned [Ns] */
+    xtab *xt;               /* [n_xtab] */
+    egk_expert_ptrs *xt_host; /* pinned [n_xtab][E] */
+    int xt_victim;
+} cuda_impl;
+
+static cuda_impl *impl_of(eg_backend *b) { return (cuda_impl *)b->impl; }
+
+/* Place (base != NULL) or size (base == NULL) the scratch. */
+static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_temp, unsigned char *base,
+                           scratch_layout *L) {
+    int64_t Tm = max_tokens > 0 ? max_tokens : 1;
+    int64_t H = c->hidden, NH = c->n_heads, C = c->kv_lora_rank, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head;
+    int64_t F = c->moe_inter, E = c->n_experts > 0 ? c->n_experts : 1, K = c->topk > 0 ? c->topk : 1;
+    int64_t V = c->vocab > 0 ? c->vocab : 1;
+    int64_t I = max64(max64(c->inter, F * (c->n_shared > 0 ? c->n_shared : 1)), max64(F, 1));
+    int64_t maxdim = max64(max64(max64(H, I), max64(NH * DV, c->q_lora_rank)),
+                           max64(max64(C + DR, E), NH * (DN + DR)));
+    size_t off = 0;
+#define PLACE(field, type, count)                                                        \
+    do {                                                                                 \
+        off = (off + 255) & ~(size_t)255;                                                \
+        L->field = base ? (type *)(base + off) : NULL;                                   \
+        off += sizeof(type) * (size_t)max64((count), 1);                                 \
+    } while (0)
+    L->E = (int)E;
+    L->xb_elems = Tm * maxdim;
+    L->mlp_elems = Tm * I;
+    L->part_rows = NH * max64(Tm, 64);
+    L->kvb_elems = NH * (DN + DV) * C;
+    L->moe_chunk = (int)min64(Tm, EG_CUDA_MOE_CHUNK);
+    L->sample_chunk = (int)min64(Tm, EG_CUDA_SAMPLE_CHUNK);
+    L->n_xtab = c->n_layers + 2;
+    int64_t R = (int64_t)L->moe_chunk * K;
+    L->moe.max_rows = (int)R;
+    L->moe.max_tiles = (int)(R / EGK_MOE_BM + E + 1);
+    PLACE(xb, uint16_t, L->xb_elems);
+    PLACE(xb_lo, uint16_t, L->xb_elems);
+    PLACE(mlp_g, float, L->mlp_elems);
+    PLACE(mlp_u, float, L->mlp_elems);
+    PLACE(q_bf16, uint16_t, Tm * NH * (DN + DR));
+    PLACE(q_bf16_lo, uint16_t, Tm * NH * (DN + DR));
+    PLACE(q_pe, float, Tm * NH * DR);
+    PLACE(q_lat, float, Tm * NH * C);
+    PLACE(part_o, float, L->part_rows * C);
+    PLACE(part_ml, float, L->part_rows * 2);
+    PLACE(o_lat, uint16_t, Tm * NH * C);
+    PLACE(o_lat_lo, uint16_t, Tm * NH * C);
+    PLACE(kvb, uint16_t, L->kvb_elems);
+    PLACE(router_logits, float, Tm * E);
+    PLACE(moe.row_tk, int32_t, R);
+    PLACE(moe.rowmap, int32_t, R);
+    PLACE(moe.offsets, int32_t, E + 1);
+    PLACE(moe.tiles, int32_t, 2 * (int64_t)L->moe.max_tiles);
+    PLACE(moe.ntiles, int32_t, 1);
+    PLACE(moe.h, float, R * F);
+    PLACE(moe.o, float, R * H);
+    PLACE(xtab_dev, egk_expert_ptrs, (int64_t)L->n_xtab * E);
+    int64_t Ns = L->sample_chunk;
+    PLACE(s_keys, float, Ns * V);
+    PLACE(s_ids_in, int32_t, Ns * V);
+    PLACE(s_ids_out, int32_t, Ns * V);
+    PLACE(s_offsets, int32_t, Ns + 1);
+    PLACE(s_out, int32_t, Ns);
+    PLACE(s_rows, egk_sample_row, Ns);
+    PLACE(s_temp, unsigned char, (int64_t)sample_temp);
+    L->s_temp_bytes = sample_temp;
+#undef PLACE
+    L->total = off;
+}
+
+static size_t sample_temp_bytes(const eg_config *c, int max_tokens) {
+    int64_t Tm = max_tokens > 0 ? max_tokens : 1;
+    return egk_sample_temp_bytes((int)min64(Tm, EG_CUDA_SAMPLE_CHUNK), c->vocab > 0 ? c->vocab : 1);
+}
+
+int64_t eg_cuda_scratch_bytes(const eg_config *cfg, const eg_backend_opts *o) {
+    scratch_layout L;
+    memset(&L, 0, sizeof L);
+    int count = 0;
+    size_t tb = cudaGetDeviceCount(&count) == cudaSuccess && count > 0 ? sample_temp_bytes(cfg, o->max_tokens) : 0;
+    layout_scratch(cfg, o->max_tokens, tb, NULL, &L);
+    return (int64_t)L.total;
+}
+
+static egk_weight kw(const eg_weight *w) {
+    egk_weight k;
+    k.fmt = (int)w->fmt;
+    k.group = w->group;
+    k.rows = w->rows;
+    k.cols = w->cols;
+    k.data = w->data;
+    k.scale = w->scale;
+    return k;
+}
+
+static const char *wname(const eg_weight *w) { return w && w->name ? w->name : "weight"; }
+
+/* ---- memory ------------------------------------------------------------------------ */
+
+static eg_status cu_alloc(eg_backend *b, size_t bytes, void **ptr, eg_error *err) {
+    (void)b;
+    *ptr = NULL;
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *ptr = NULL;
+        cudaGetLastError();
+        return eg_fail(err, e == cudaErrorMemoryAllocation ? EG_ERR_NOMEM : EG_ERR_DEVICE,
+                       "cuda backend: cudaMalloc(%zu bytes) failed: %s", bytes, cudaGetErrorString(e));
+    }
+    return EG_OK;
+}
+
+static void cu_release(eg_backend *b, void *p) {
+    (void)b;
+    if (p) cudaFree(p);
+}
+
+static eg_status cu_to_device(eg_backend *b, void *dst, const void *src, size_t n, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (!n) return EG_OK;
+    if (n <= EG_CUDA_STAGE_SLOT) {
+        int s = im->stage_next;
+        im->stage_next = (s + 1) % EG_CUDA_STAGE_SLOTS;
+        CU("cudaEventSynchronize (staging slot)", cudaEventSynchronize(im->stage_ev[s]));
+        unsigned char *slot = im->stage + (size_t)s * EG_CUDA_STAGE_SLOT;
+        memcpy(slot, src, n);
+        CU("cudaMemcpyAsync (to_device)", cudaMemcpyAsync(dst, slot, n, cudaMemcpyHostToDevice, im->stream));
+        CU("cudaEventRecord (staging slot)", cudaEventRecord(im->stage_ev[s], im->stream));
+        return EG_OK;
+    }
+    CU("cudaMemcpyAsync (to_device)", cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, im->stream));
+    CU("cudaStreamSynchronize (to_device)", cudaStreamSynchronize(im->stream));
+    return EG_OK;
+}
+
+static eg_status cu_to_host(eg_backend *b, void *dst, const void *src, size_t n, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (!n) return EG_OK;
+    CU("cudaMemcpyAsync (to_host)", cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, im->stream));
+    return EG_OK;
+}
+
+static eg_status cu_memset0(eg_backend *b, void *dst, size_t n, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (!n) return EG_OK;
+    CU("cudaMemsetAsync", cudaMemsetAsync(dst, 0, n, im->stream));
+    return EG_OK;
+}
+
+static eg_status cu_sync(eg_backend *b, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    CU("cudaStreamSynchronize", cudaStreamSynchronize(im->stream));
+    CU("cudaGetLastError", cudaGetLastError());
+    return EG_OK;
+}
+
+static int64_t data_bytes(const eg_weight *w) {
+    switch (w->fmt) {
+    case EG_W_F32: return w->rows * w->cols * 4;
+    case EG_W_BF16:
+    case EG_W_F16: return w->rows * w->cols * 2;
+    case EG_W_INT4: return w->rows * (w->cols / 8) * 4;
+    case EG_W_FP8: return w->rows * w->cols;
+    default: return 0;
+    }
+}
+
+static int64_t scale_bytes(const eg_weight *w) {
+    if (w->fmt == EG_W_INT4) return w->rows * ((w->cols + w->group - 1) / w->group) * 2;
+    if (w->fmt == EG_W_FP8) return ((w->rows + 127) / 128) * ((w->cols + 127) / 128) * 4;
+    return 0;
+}
+
+static eg_status cu_weight_upload(eg_backend *b, const eg_weight *h, eg_weight *d, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    *d = *h;
+    d->data = d->scale = NULL;
+    if (h->fmt == EG_W_NONE) return EG_OK;
+    if (h->fmt < EG_W_F32 || h->fmt > EG_W_FP8)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: %s: unknown weight format %d", wname(h), (int)h->fmt);
+    if (h->fmt == EG_W_INT4 && (h->cols % 8 || h->group <= 0 || h->cols % h->group || !h->scale))
+        return eg_fail(err, EG_ERR_UNSUPPORTED,
+                       "cuda backend: %s: INT4 needs cols (%lld) divisible by 8 and by the group (%d), and a scale",
+                       wname(h), (long long)h->cols, h->group);
+    if (h->fmt == EG_W_FP8 && !h->scale)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: %s: FP8 weight without scale", wname(h));
+    if (!h->data) return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s: no data", wname(h));
+    int64_t db = data_bytes(h), sb = scale_bytes(h);
+    int64_t soff = (db + 255) & ~(int64_t)255;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, (size_t)(soff + sb > 0 ? soff + sb : 1));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return eg_fail(err, e == cudaErrorMemoryAllocation ? EG_ERR_NOMEM : EG_ERR_DEVICE,
+                       "cuda backend: cudaMalloc for %s (%lld bytes) failed: %s", wname(h), (long long)(soff + sb),
+                       cudaGetErrorString(e));
+    }
+    /* From pageable (mmapped) memory cudaMemcpyAsync returns once the source is staged,
+     * and stream order makes the data visible to every later op. */
+    e = cudaMemcpyAsync(p, h->data, (size_t)db, cudaMemcpyHostToDevice, im->stream);
+    if (e == cudaSuccess && sb)
+        e = cudaMemcpyAsync((char *)p + soff, h->scale, (size_t)sb, cudaMemcpyHostToDevice, im->stream);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return eg_fail(err, EG_ERR_DEVICE, "cuda backend: cudaMemcpyAsync uploading %s failed: %s", wname(h),
+                       cudaGetErrorString(e));
+    }
+    d->data = p;
+    d->scale = sb ? (char *)p + soff : NULL;
+    return EG_OK;
+}
+
+static void cu_weight_release(eg_backend *b, eg_weight *d) {
+    (void)b;
+    if (d && d->data) cudaFree((void *)d->data);
+    if (d) {
+        d->data = d->scale = NULL;
+        d->fmt = EG_W_NONE;
+    }
+}
+
+/* ---- GEMM helpers --------------------------------------------------------------------- */
+
+/* y[T][rows] = beta*y + xb[T][cols] W^T with W BF16 [rows][cols], FP32 accumulate/output;
+ * with xb_lo (the BF16 residual of the activations) a second GEMM adds xb_lo W^T, which
+ * makes the product accurate to ~1e-5 instead of BF16's ~3e-3.
+ * Column-major view: y^T (rows x T, ld rows) = W^T-as-stored (op T of cols x rows) * xb^T. */
+static eg_status gemm_bf16(cuda_impl *im, const uint16_t *xb, const uint16_t *xb_lo, int T, const eg_weight *W,
+                           float *y, float beta, eg_error *err) {
+    const float one = 1.0f;
+    if (W->rows > 0x7fffffff || W->cols > 0x7fffffff)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: %s too large for cublasGemmEx", wname(W));
+    BL("cublasGemmEx", cublasGemmEx(im->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)W->rows, T, (int)W->cols, &one, W->data,
+                                    CUDA_R_16BF, (int)W->cols, xb, CUDA_R_16BF, (int)W->cols, &beta, y, CUDA_R_32F,
+                                    (int)W->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (xb_lo)
+        BL("cublasGemmEx (residual)",
+           cublasGemmEx(im->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)W->rows, T, (int)W->cols, &one, W->data, CUDA_R_16BF,
+                        (int)W->cols, xb_lo, CUDA_R_16BF, (int)W->cols, &one, y, CUDA_R_32F, (int)W->rows,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return EG_OK;
+}
+
+static uint16_t *lo_of(cuda_impl *im, uint16_t *p) { return im->split ? p : NULL; }
+
+/* y (+)= x W^T for any format; BF16 through cuBLAS, F32 through SGEMM, others ours. */
+static eg_status linear_any(cuda_impl *im, const float *x, int T, const eg_weight *W, float *y, int accumulate,
+                            eg_error *err) {
+    if (T <= 0) return EG_OK;
+    if (T > im->max_tokens)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s: %d tokens exceed max_tokens %d", wname(W), T,
+                       im->max_tokens);
+    if (!W->data) return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s: weight not uploaded", wname(W));
+    if (W->fmt == EG_W_BF16) {
+        if ((int64_t)T * W->cols > im->L.xb_elems)
+            return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s: %lld columns exceed the activation scratch",
+                           wname(W), (long long)W->cols);
+        KR("egk_f32_to_bf16", egk_f32_to_bf16(x, im->L.xb, lo_of(im, im->L.xb_lo), (int64_t)T * W->cols, im->stream));
+        return gemm_bf16(im, im->L.xb, lo_of(im, im->L.xb_lo), T, W, y, accumulate ? 1.0f : 0.0f, err);
+    }
+    if (W->fmt == EG_W_F32 && W->rows <= 0x7fffffff && W->cols <= 0x7fffffff) {
+        const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+        BL("cublasSgemm", cublasSgemm(im->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)W->rows, T, (int)W->cols, &one,
+                                      (const float *)W->data, (int)W->cols, x, (int)W->cols, &beta, y, (int)W->rows));
+        return EG_OK;
+    }
+    KR("egk_gemm", egk_gemm(x, T, kw(W), y, accumulate, im->stream));
+    return EG_OK;
+}
+
+/* ---- ops ----------------------------------------------------------------------------- */
+
+static int vector_fmt_ok(const eg_weight *w) {
+    return w->fmt == EG_W_F32 || w->fmt == EG_W_BF16 || w->fmt == EG_W_F16;
+}
+
+static eg_status cu_embed(eg_backend *b, const int32_t *tokens, int T, const eg_weight *E, float *x, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (!vector_fmt_ok(E))
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: embedding %s must be F32/BF16/F16", wname(E));
+    KR("egk_embed", egk_embed(tokens, T, kw(E), x, im->stream));
+    return EG_OK;
+}
+
+static eg_status cu_rmsnorm(eg_backend *b, const float *x, const eg_weight *w, int T, int D, float eps, float *y,
+                            eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (!vector_fmt_ok(w)) return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: norm %s format", wname(w));
+    KR("egk_rmsnorm", egk_rmsnorm(x, kw(w), T, D, eps, y, im->stream));
+    return EG_OK;
+}
+
+static eg_status cu_add_rmsnorm(eg_backend *b, float *x, const float *dx, const eg_weight *w, int T, int D, float eps,
+                                float *y, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (!vector_fmt_ok(w)) return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: norm %s format", wname(w));
+    KR("egk_add_rmsnorm", egk_add_rmsnorm(x, dx, kw(w), T, D, eps, y, im->stream));
+    return EG_OK;
+}
+
+static eg_status cu_add(eg_backend *b, float *x, const float *dx, int64_t n, eg_error *err) {
+    KR("egk_add", egk_add(x, dx, n, impl_of(b)->stream));
+    return EG_OK;
+}
+
+static eg_status cu_linear(eg_backend *b, const float *x, int T, const eg_weight *W, float *y, eg_error *err) {
+    return linear_any(impl_of(b), x, T, W, y, 0, err);
+}
+
+static eg_status cu_gather_rows(eg_backend *b, const float *x, const int32_t *idx, int n, int D, float *out,
+                                eg_error *err) {
+    KR("egk_gather_rows", egk_gather_rows(x, idx, n, D, out, impl_of(b)->stream));
+    return EG_OK;
+}
+
+static eg_status cu_swiglu_mlp(eg_backend *b, const float *x, int T, const eg_weight *gate, const eg_weight *up,
+                               const eg_weight *down, float *y, int accumulate, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (T <= 0) return EG_OK;
+    int64_t I = gate->rows, n = (int64_t)T * I;
+    if (T > im->max_tokens || n > im->L.mlp_elems || up->rows != I || down->cols != I)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: swiglu %s: T=%d I=%lld exceeds scratch or shapes differ",
+                       wname(gate), T, (long long)I);
+    eg_status st;
+    if (gate->fmt == EG_W_BF16 && up->fmt == EG_W_BF16) {
+        if ((int64_t)T * gate->cols > im->L.xb_elems)
+            return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s: columns exceed scratch", wname(gate));
+        uint16_t *lo = lo_of(im, im->L.xb_lo);
+        KR("egk_f32_to_bf16", egk_f32_to_bf16(x, im->L.xb, lo, (int64_t)T * gate->cols, im->stream));
+        if ((st = gemm_bf16(im, im->L.xb, lo, T, gate, im->L.mlp_g, 0.0f, err)) ||
+            (st = gemm_bf16(im, im->L.xb, lo, T, up, im->L.mlp_u, 0.0f, err)))
+            return st;
+    } else if ((st = linear_any(im, x, T, gate, im->L.mlp_g, 0, err)) ||
+               (st = linear_any(im, x, T, up, im->L.mlp_u, 0, err))) {
+        return st;
+    }
+    if (down->fmt == EG_W_BF16 && n <= im->L.xb_elems) {
+        /* h goes straight to BF16 for cuBLAS (xb is free again: stream order). */
+        uint16_t *lo = lo_of(im, im->L.xb_lo);
+        KR("egk_swiglu", egk_swiglu(im->L.mlp_g, im->L.mlp_u, NULL, im->L.xb, lo, n, im->stream));
+        return gemm_bf16(im, im->L.xb, lo, T, down, y, accumulate ? 1.0f : 0.0f, err);
+    }
+    KR("egk_swiglu", egk_swiglu(im->L.mlp_g, im->L.mlp_u, im->L.mlp_g, NULL, NULL, n, im->stream));
+    return linear_any(im, im->L.mlp_g, T, down, y, accumulate, err);
+}
+
+static eg_status cu_mla_attention(eg_backend *b, const eg_mla_args *a, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    const eg_config *c = &im->cfg;
+    int NH = c->n_heads, C = c->kv_lora_rank, DN = c->qk_nope, DR = c->qk_rope, DV = c->v_head, T = a->T;
+    if (T <= 0 || a->h1 <= a->h0) return EG_OK;
+    if (T > im->max_tokens || a->h0 < 0 || a->h1 > NH)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: mla: T=%d heads [%d,%d) out of range", T, a->h0, a->h1);
+    if (!vector_fmt_ok(a->kv_a_norm))
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: %s format", wname(a->kv_a_norm));
+    const eg_weight *kvb = a->kv_b;
+    if (kvb->rows != (int64_t)NH * (DN + DV) || kvb->cols != C)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s is [%lld][%lld], expected [%d][%d]", wname(kvb),
+                       (long long)kvb->rows, (long long)kvb->cols, NH * (DN + DV), C);
+    const uint16_t *wkv = (const uint16_t *)kvb->data;
+    if (kvb->fmt != EG_W_BF16) {
+        KR("egk_dequant_bf16", egk_dequant_bf16(kw(kvb), 0, kvb->rows, im->L.kvb, im->stream));
+        wkv = im->L.kvb;
+    }
+    egk_mla m;
+    memset(&m, 0, sizeof m);
+    m.T = T;
+    m.NH = NH;
+    m.C = C;
+    m.DN = DN;
+    m.DR = DR;
+    m.DV = DV;
+    m.h0 = a->h0;
+    m.h1 = a->h1;
+    m.pos = a->pos;
+    m.slot = a->slot;
+    m.block_table = a->block_table;
+    m.max_blocks = a->max_blocks;
+    m.block_size = a->block_size;
+    m.max_pos = a->max_pos;
+    m.q = a->q;
+    m.kv = a->kv;
+    m.kv_norm = kw(a->kv_a_norm);
+    m.cache = a->cache.data;
+    m.inv_freq = a->rope_inv_freq;
+    m.attn_factor = a->rope_attn_factor;
+    m.scale = a->softmax_scale;
+    m.eps = a->eps;
+    m.q_bf16 = im->L.q_bf16;
+    m.q_bf16_lo = lo_of(im, im->L.q_bf16_lo);
+    m.q_pe = im->L.q_pe;
+    m.q_lat = im->L.q_lat;
+    m.part_o = im->L.part_o;
+    m.part_ml = im->L.part_ml;
+    m.part_rows = im->L.part_rows;
+    m.o_lat = im->L.o_lat;
+    m.o_lat_lo = lo_of(im, im->L.o_lat_lo);
+    if (egk_mla_splits(&m) < 1)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: mla: partial-result scratch too small");
+    KR("egk_mla_prep", egk_mla_prep(&m, im->stream));
+    const float one = 1.0f, zero = 0.0f;
+    int nb = a->h1 - a->h0;
+    long long hstride = (long long)(DN + DV) * C;
+    /* q_lat[t][h][:] = W_UK_h^T q_nope[t][h]: per head, column-major
+     * (C x T, ld NH*C) = (C x DN, ld C) * (DN x T, ld NH*(DN+DR)); then the residual. */
+    for (int part = 0; part < (im->split ? 2 : 1); part++) {
+        const uint16_t *qb = part ? im->L.q_bf16_lo : im->L.q_bf16;
+        BL("cublasGemmStridedBatchedEx (q_nope W_UK)",
+           cublasGemmStridedBatchedEx(im->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, DN, &one,
+                                      wkv + (int64_t)a->h0 * hstride, CUDA_R_16BF, C, hstride,
+                                      qb + (int64_t)a->h0 * (DN + DR), CUDA_R_16BF, NH * (DN + DR), DN + DR,
+                                      part ? &one : &zero, im->L.q_lat + (int64_t)a->h0 * C, CUDA_R_32F, NH * C, C,
+                                      nb, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    KR("egk_mla_attend", egk_mla_attend(&m, im->stream));
+    /* out[t][h][:] = W_UV_h o_lat[t][h]: (DV x T, ld NH*DV) = (C x DV, ld C)^T * (C x T, ld NH*C). */
+    for (int part = 0; part < (im->split ? 2 : 1); part++) {
+        const uint16_t *ob = part ? im->L.o_lat_lo : im->L.o_lat;
+        BL("cublasGemmStridedBatchedEx (o_lat W_UV)",
+           cublasGemmStridedBatchedEx(im->blas, CUBLAS_OP_T, CUBLAS_OP_N, DV, T, C, &one,
+                                      wkv + (int64_t)a->h0 * hstride + (int64_t)DN * C, CUDA_R_16BF, C, hstride,
+                                      ob + (int64_t)a->h0 * C, CUDA_R_16BF, NH * C, C, part ? &one : &zero,
+                                      a->out + (int64_t)a->h0 * DV, CUDA_R_32F, NH * DV, DV, nb, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+    }
+    return EG_OK;
+}
+
+static eg_status cu_router(eg_backend *b, const eg_router_args *a, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    int E = (int)a->gate->rows;
+    if (a->T <= 0) return EG_OK;
+    if (a->T > im->max_tokens || E > im->L.E)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: router: T=%d E=%d exceed scratch", a->T, E);
+    if (!a->gate->data) return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s not uploaded", wname(a->gate));
+    int G = a->n_group > 0 ? a->n_group : 1;
+    if (E % G) return eg_fail(err, EG_ERR_CONFIG, "n_routed_experts %d not divisible by n_group %d", E, G);
+    if (a->topk > E) return eg_fail(err, EG_ERR_CONFIG, "topk %d exceeds %d experts", a->topk, E);
+    /* FP32 logits whatever the gate's format (never BF16 activations here). */
+    KR("egk_gemm (router)", egk_gemm(a->x, a->T, kw(a->gate), im->L.router_logits, 0, im->stream));
+    egk_weight bias;
+    memset(&bias, 0, sizeof bias);
+    if (a->bias && a->bias->fmt != EG_W_NONE) {
+        if (!vector_fmt_ok(a->bias))
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: %s format", wname(a->bias));
+        bias = kw(a->bias);
+    }
+    KR("egk_router_select", egk_router_select(im->L.router_logits, a->T, E, bias, a->n_group, a->topk_group, a->topk,
+                                              a->norm_topk, a->routed_scale, a->ids, a->weights, im->stream));
+    return EG_OK;
+}
+
+static void fill_ptrs(const eg_expert_w *x, egk_expert_ptrs *p) {
+    p->gate = x->gate.data;
+    p->gate_s = x->gate.scale;
+    p->up = x->up.data;
+    p->up_s = x->up.scale;
+    p->down = x->down.data;
+    p->down_s = x->down.scale;
+}
+
+/* The device pointer table for experts [e0, e1) of this array: cached per array and
+ * rebuilt (once, with a host sync so no queued kernel still reads the old table) when
+ * the array is new or its pointers changed. */
+static eg_status expert_table(cuda_impl *im, const eg_moe_args *a, xtab **out, eg_error *err) {
+    const eg_config *c = &im->cfg;
+    int n = a->e1 - a->e0;
+    for (int i = 0; i < im->L.n_xtab; i++) {
+        xtab *t = &im->xt[i];
+        if (!t->valid || t->key != a->experts || t->e0 != a->e0 || t->e1 != a->e1) continue;
+        int same = 1;
+        for (int e = 0; e < n && same; e++) {
+            egk_expert_ptrs p;
+            fill_ptrs(&a->experts[a->e0 + e], &p);
+            same = !memcmp(&p, &t->host[e], sizeof p);
+        }
+        if (same) {
+            *out = t;
+            return EG_OK;
+        }
+    }
+    int slot = -1;
+    for (int i = 0; i < im->L.n_xtab && slot < 0; i++)
+        if (!im->xt[i].valid || im->xt[i].key == a->experts) slot = i;
+    if (slot < 0) slot = im->xt_victim++ % im->L.n_xtab;
+    xtab *t = &im->xt[slot];
+    const eg_expert_w *x0 = &a->experts[a->e0];
+    int fmt = (int)x0->gate.fmt, group = x0->gate.group;
+    int64_t H = c->hidden, F = c->moe_inter;
+    for (int e = a->e0; e < a->e1; e++) {
+        const eg_expert_w *x = &a->experts[e];
+        const eg_weight *ws[3] = {&x->gate, &x->up, &x->down};
+        for (int j = 0; j < 3; j++) {
+            const eg_weight *w = ws[j];
+            int64_t r = j < 2 ? F : H, cc = j < 2 ? H : F;
+            if ((int)w->fmt != fmt || w->group != group || !w->data || w->rows != r || w->cols != cc)
+                return eg_fail(err, EG_ERR_UNSUPPORTED,
+                               "cuda backend: expert %d %s: format %d group %d [%lld][%lld], expected the format of "
+                               "expert %d (%d, group %d) and [%lld][%lld]",
+                               e, wname(w), (int)w->fmt, w->group, (long long)w->rows, (long long)w->cols, a->e0, fmt,
+                               group, (long long)r, (long long)cc);
+        }
+    }
+    t->valid = 0;
+    CU("cudaStreamSynchronize (expert table)", cudaStreamSynchronize(im->stream));
+    for (int e = 0; e < n; e++) fill_ptrs(&a->experts[a->e0 + e], &t->host[e]);
+    CU("cudaMemcpyAsync (expert table)", cudaMemcpyAsync(t->dev, t->host, sizeof(egk_expert_ptrs) * (size_t)n,
+                                                         cudaMemcpyHostToDevice, im->stream));
+    t->key = a->experts;
+    t->e0 = a->e0;
+    t->e1 = a->e1;
+    t->fmt = fmt;
+    t->group = group;
+    t->valid = 1;
+    *out = t;
+    return EG_OK;
+}
+
+static eg_status cu_moe(eg_backend *b, const eg_moe_args *a, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    const eg_config *c = &im->cfg;
+    int K = a->topk, H = c->hidden, F = c->moe_inter;
+    if (a->T <= 0 || a->e1 <= a->e0) return EG_OK;
+    if (a->T > im->max_tokens || K > (c->topk > 0 ? c->topk : 1) || a->e0 < 0 || a->e1 > c->n_experts)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: moe: T=%d K=%d experts [%d,%d) exceed scratch", a->T, K,
+                       a->e0, a->e1);
+    xtab *t = NULL;
+    eg_status st = expert_table(im, a, &t, err);
+    if (st) return st;
+    for (int t0 = 0; t0 < a->T; t0 += im->L.moe_chunk) {
+        int Tc = a->T - t0 < im->L.moe_chunk ? a->T - t0 : im->L.moe_chunk;
+        KR("egk_moe", egk_moe(a->x + (int64_t)t0 * H, Tc, H, F, a->ids + (int64_t)t0 * K, a->weights + (int64_t)t0 * K,
+                              K, a->e0, a->e1, t->dev, t->fmt, t->group, &im->L.moe, a->y + (int64_t)t0 * H,
+                              im->stream));
+    }
+    return EG_OK;
+}
+
+static eg_status cu_sample(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params,
+                           uint64_t *rng, int32_t *out, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (V > im->cfg.vocab) return eg_fail(err, EG_ERR_INVALID, "cuda backend: sample: V=%d exceeds the vocabulary", V);
+    int chunk = im->L.sample_chunk;
+    for (int i0 = 0; i0 < N; i0 += chunk) {
+        int n = N - i0 < chunk ? N - i0 : chunk, any = 0;
+        for (int i = 0; i < n; i++) {
+            const eg_sample_params *p = &params[i0 + i];
+            egk_sample_row *r = &im->rows_h[i];
+            r->temperature = p->temperature;
+            r->top_p = p->top_p;
+            r->top_k = p->top_k;
+            r->pad = 0;
+            /* One draw per non-greedy row, exactly as eg_sample_row advances the state. */
+            r->u = p->temperature > 0.0f ? eg_rng_uniform(&rng[i0 + i]) : 0.0;
+            any |= p->temperature > 0.0f;
+        }
+        CU("cudaMemcpyAsync (sample params)", cudaMemcpyAsync(im->L.s_rows, im->rows_h, sizeof(egk_sample_row) * (size_t)n,
+                                                              cudaMemcpyHostToDevice, im->stream));
+        KR("egk_sample", egk_sample(logits + (int64_t)i0 * V, n, V, im->L.s_rows, any, im->L.s_keys, im->L.s_ids_in,
+                                    im->L.s_ids_out, im->L.s_offsets, im->L.s_temp, im->L.s_temp_bytes, im->L.s_out,
+                                    im->stream));
+        CU("cudaMemcpyAsync (sampled tokens)", cudaMemcpyAsync(im->out_h, im->L.s_out, sizeof(int32_t) * (size_t)n,
+                                                               cudaMemcpyDeviceToHost, im->stream));
+        CU("cudaStreamSynchronize (sample)", cudaStreamSynchronize(im->stream));
+        memcpy(out + i0, im->out_h, sizeof(int32_t) * (size_t)n);
+    }
+    return EG_OK;
+}
+
+/* ---- lifecycle --------------------------------------------------------------------------- */
+
+static void cu_destroy(eg_backend *b) {
+    if (!b) return;
+    cuda_impl *im = impl_of(b);
+    if (im) {
+        if (im->stream) cudaStreamSynchronize(im->stream);
+        for (int i = 0; i < im->n_events; i++) cudaEventDestroy(im->stage_ev[i]);
+        if (im->blas) cublasDestroy(im->blas);
+        if (im->scratch) cudaFree(im->scratch);
+        if (im->stage) cudaFreeHost(im->stage);
+        if (im->rows_h) cudaFreeHost(im->rows_h);
+        if (im->out_h) cudaFreeHost(im->out_h);
+        if (im->xt_host) cudaFreeHost(im->xt_host);
+        free(im->xt);
+        if (im->stream) cudaStreamDestroy(im->stream);
+        free(im);
+    }
+    free(b);
+}
+
+static const eg_backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cu_destroy,
+    .alloc = cu_alloc,
+    .release = cu_release,
+    .to_device = cu_to_device,
+    .to_host = cu_to_host,
+    .memset0 = cu_memset0,
+    .sync = cu_sync,
+    .weight_upload = cu_weight_upload,
+    .weight_release = cu_weight_release,
+    .embed = cu_embed,
+    .rmsnorm = cu_rmsnorm,
+    .add_rmsnorm = cu_add_rmsnorm,
+    .add = cu_add,
+    .linear = cu_linear,
+    .swiglu_mlp = cu_swiglu_mlp,
+    .mla_attention = cu_mla_attention,
+    .router = cu_router,
+    .moe = cu_moe,
+    .gather_rows = cu_gather_rows,
+    .sample = cu_sample,
+};
+
+static eg_status device_check(int device, eg_error *err) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: no CUDA device (cudaGetDeviceCount: %s)",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    }
+    if (device < 0 || device >= count)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: device %d out of range (%d present)", device, count);
+    return EG_OK;
+}
+
+/* Everything below may fail halfway; cu_destroy frees whatever was made. */
+static eg_status cuda_init(cuda_impl *im, eg_error *err) {
+    CU("cudaSetDevice", cudaSetDevice(im->device));
+    CU("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
+    BL("cublasCreate", cublasCreate(&im->blas));
+    BL("cublasSetStream", cublasSetStream(im->blas, im->stream));
+    for (; im->n_events < EG_CUDA_STAGE_SLOTS; im->n_events++)
+        CU("cudaEventCreateWithFlags",
+           cudaEventCreateWithFlags(&im->stage_ev[im->n_events], cudaEventDisableTiming));
+    size_t tb = sample_temp_bytes(&im->cfg, im->max_tokens);
+    layout_scratch(&im->cfg, im->max_tokens, tb, NULL, &im->L);
+    size_t total = im->L.total;
+    cudaError_t e = cudaMalloc(&im->scratch, total);
+    if (e != cudaSuccess) {
+        im->scratch = NULL;
+        cudaGetLastError();
+        return eg_fail(err, EG_ERR_NOMEM, "cuda backend: cudaMalloc of %zu bytes of scratch (max_tokens %d) failed: %s",
+                       total, im->max_tokens, cudaGetErrorString(e));
+    }
+    layout_scratch(&im->cfg, im->max_tokens, tb, (unsigned char *)im->scratch, &im->L);
+    CU("cudaMallocHost (staging)", cudaMallocHost((void **)&im->stage, EG_CUDA_STAGE_SLOTS * EG_CUDA_STAGE_SLOT));
+    CU("cudaMallocHost (sample rows)",
+       cudaMallocHost((void **)&im->rows_h, sizeof(egk_sample_row) * (size_t)im->L.sample_chunk));
+    CU("cudaMallocHost (sample out)", cudaMallocHost((void **)&im->out_h, sizeof(int32_t) * (size_t)im->L.sample_chunk));
+    size_t nx = (size_t)im->L.n_xtab, E = (size_t)im->L.E;
+    CU("cudaMallocHost (expert tables)", cudaMallocHost((void **)&im->xt_host, sizeof(egk_expert_ptrs) * nx * E));
+    im->xt = eg_calloc(nx, sizeof *im->xt, err);
+    if (!im->xt) return EG_ERR_NOMEM;
+    for (size_t i = 0; i < nx; i++) {
+        im->xt[i].host = im->xt_host + i * E;
+        im->xt[i].dev = im->L.xtab_dev + i * E;
+    }
+    return EG_OK;
+}
+
+eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err) {
+    *out = NULL;
+    eg_status st = device_check(o->device, err);
+    if (st) return st;
+    eg_backend *b = eg_calloc(1, sizeof *b, err);
+    cuda_impl *im = b ? eg_calloc(1, sizeof *im, err) : NULL;
+    if (!im) {
+        free(b);
+        return EG_ERR_NOMEM;
+    }
+    b->ops = &cuda_ops;
+    b->impl = im;
+    im->cfg = *cfg;
+    im->cfg.eos_ids = NULL;
+    im->cfg.n_eos = 0;
+    im->device = o->device;
+    im->max_tokens = o->max_tokens > 0 ? o->max_tokens : 1;
+    const char *gm = getenv("EG_CUDA_GEMM");
+    im->split = !(gm && !strcmp(gm, "bf16"));
+    if ((st = cuda_init(im, err))) {
+        cu_destroy(b);
+        return st;
+    }
+    *out = b;
+    return EG_OK;
+}
+
+/* ---- planner and pinned memory ------------------------------------------------------------- */
+
+eg_status eg_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes, eg_error *err) {
+    *free_bytes = *total_bytes = 0;
+    eg_status st = device_check(device, err);
+    if (st) return st;
+    CU("cudaSetDevice", cudaSetDevice(device));
+    size_t fr = 0, to = 0;
+    CU("cudaMemGetInfo", cudaMemGetInfo(&fr, &to));
+    *free_bytes = (int64_t)fr;
+    *total_bytes = (int64_t)to;
+    return EG_OK;
+}
+
+eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t weight_bytes,
+                       int64_t act_bytes, int n_layers, int block_size, eg_cuda_mem_plan *out, eg_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!(fraction > 0.0 && fraction <= 1.0))
+        return eg_fail(err, EG_ERR_INVALID, "gpu memory fraction %g must be in (0, 1]", fraction);
+    if (block_size <= 0 || n_layers <= 0)
+        return eg_fail(err, EG_ERR_INVALID, "planner: block_size %d and n_layers %d must be positive", block_size,
+                       n_layers);
+    eg_status st = eg_cuda_mem_info(o->device, &out->free_bytes, &out->total_bytes, err);
+    if (st) return st;
+    out->fraction = fraction;
+    out->weight_bytes = weight_bytes;
+    out->act_bytes = act_bytes;
+    out->scratch_bytes = eg_cuda_scratch_bytes(cfg, o);
+    out->headroom_bytes = EG_CUDA_HEADROOM;
+    /* What others (and this process so far) hold counts against the budget. */
+    out->budget_bytes = (int64_t)((double)out->total_bytes * fraction) - (out->total_bytes - out->free_bytes) -
+                        out->headroom_bytes;
+    out->kv_bytes_per_token = (int64_t)n_layers * (cfg->kv_lora_rank + cfg->qk_rope) * 2;
+    int64_t left = out->budget_bytes - weight_bytes - act_bytes - out->scratch_bytes;
+    int64_t per_block = out->kv_bytes_per_token * block_size;
+    out->kv_blocks = left > 0 && per_block > 0 ? left / per_block : 0;
+    out->kv_tokens = out->kv_blocks * block_size;
+    if (out->kv_blocks < 1) {
+        char buf[512];
+        eg_cuda_plan_format(out, o->device, buf, sizeof buf);
+        return eg_fail(err, EG_ERR_NOMEM, "not enough GPU memory for one KV block: %s", buf);
+    }
+    return EG_OK;
+}
+
+/* A 64-byte header records how the block was allocated, so free needs no lookup. */
+#define HOST_HDR 64
+void *eg_cuda_host_alloc(size_t bytes, eg_error *err) {
+    unsigned char *p = NULL;
+    int count = 0;
+    if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0 &&
+        cudaMallocHost((void **)&p, bytes + HOST_HDR) == cudaSuccess) {
+        p[0] = 1;
+        return p + HOST_HDR;
+    }
+    cudaGetLastError();
+    p = eg_malloc(bytes + HOST_HDR, err);
+    if (!p) return NULL;
+    p[0] = 0;
+    return p + HOST_HDR;
+}
+
+void eg_cuda_host_free(void *q) {
+    if (!q) return;
+    unsigned char *p = (unsigned char *)q - HOST_HDR;
+    if (p[0]) cudaFreeHost(p);
+    else free(p);
+}
+
+#endif /* EG_HAVE_CUDA */

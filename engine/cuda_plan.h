@@ -1,0 +1,49 @@
+/* cuda_plan.h — device memory planning for the CUDA backend, and pinned host buffers.
+ *
+ * The planner splits a GPU's memory: weights, activations for the largest step, the
+ * CUDA backend's own scratch, then a KV pool sized from what is left under a
+ * `--gpu-mem-fraction` style budget. Call it before creating the backend and uploading
+ * weights (weight_bytes/act_bytes are bytes still to be allocated).
+ * Pinned host memory makes to_host truly asynchronous (capture copies overlap compute);
+ * eg_cuda_host_alloc falls back to plain memory without CUDA, so callers need no #ifdef.
+ * Implemented in engine/backend_cuda.c (stubs when built without CUDA).
+ * Ownership: eg_cuda_host_alloc's memory is freed with eg_cuda_host_free (NULL ok).
+ * Thread safety: all functions are reentrant. */
+#ifndef EG_CUDA_PLAN_H
+#define EG_CUDA_PLAN_H
+
+#include "engine/backend.h"
+
+typedef struct eg_cuda_mem_plan {
+    int64_t total_bytes, free_bytes; /* the device's, when planned */
+    double fraction;                 /* of total the process may hold */
+    int64_t budget_bytes;            /* total * fraction - (total - free) - headroom */
+    int64_t weight_bytes;            /* as passed in */
+    int64_t act_bytes;               /* as passed in (the forward pass's own buffers) */
+    int64_t scratch_bytes;           /* the CUDA backend's scratch for these options */
+    int64_t headroom_bytes;          /* kept back for cuBLAS workspaces and fragmentation */
+    int64_t kv_bytes_per_token;      /* n_layers * (C + DR) * 2 */
+    int64_t kv_blocks;               /* of block_size tokens */
+    int64_t kv_tokens;               /* kv_blocks * block_size: the KV capacity */
+} eg_cuda_mem_plan;
+
+/* Free and total memory of a device. EG_ERR_UNSUPPORTED without CUDA or a GPU. */
+eg_status eg_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes, eg_error *err);
+
+/* Device bytes eg_backend_cuda_create allocates for its scratch (no device needed,
+ * except that the sampler's sort workspace is queried from CUB when one is present). */
+int64_t eg_cuda_scratch_bytes(const eg_config *cfg, const eg_backend_opts *o);
+
+/* Plan: n_layers = layers held on this device; block_size = cache block tokens.
+ * Fails with EG_ERR_NOMEM (message giving the numbers) when not even one block fits. */
+eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t weight_bytes,
+                       int64_t act_bytes, int n_layers, int block_size, eg_cuda_mem_plan *out, eg_error *err);
+
+/* One line: "GPU 0: 139.8 GiB total, ... KV capacity 1234567 tokens (19290 blocks of 64)". */
+void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_t n);
+
+/* Page-locked host memory (plain memory when CUDA is absent or pinning fails). */
+void *eg_cuda_host_alloc(size_t bytes, eg_error *err);
+void eg_cuda_host_free(void *p);
+
+#endif

@@ -1,0 +1,86 @@
+/* common.cuh — device helpers shared by the kernels: BF16/FP8 conversion, weight
+ * element loads by format, warp/block reductions. Internal to kernels/. */
+#ifndef EG_KERNELS_COMMON_CUH
+#define EG_KERNELS_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/eg_cuda.h"
+
+#define EGK_LAUNCH_RESULT() ((int)cudaGetLastError())
+
+static __device__ __forceinline__ float egk_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/* Round to nearest even; NaN kept quiet (same bits as eg_f32_to_bf16 on the host). */
+static __device__ __forceinline__ uint16_t egk_f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* OCP E4M3 (fn): bias 7, no infinities, S.1111.111 is NaN. */
+static __device__ __forceinline__ float egk_fp8_to_f32(uint8_t v) {
+    int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    float r;
+    if (e == 15 && m == 7) r = __int_as_float(0x7fc00000);
+    else if (e == 0) r = ldexpf((float)m, -9);
+    else r = ldexpf((float)(8 + m), e - 10);
+    return s ? -r : r;
+}
+
+/* Element (r, c) of a weight of format FMT, as float. */
+template <int FMT>
+static __device__ __forceinline__ float egk_wload(const void *data, const void *scale, int64_t cols, int group,
+                                                  int64_t r, int64_t c) {
+    if (FMT == EGK_F32) return ((const float *)data)[r * cols + c];
+    if (FMT == EGK_BF16) return egk_bf16_to_f32(((const uint16_t *)data)[r * cols + c]);
+    if (FMT == EGK_F16) return __half2float(((const __half *)data)[r * cols + c]);
+    if (FMT == EGK_INT4) {
+        uint32_t word = ((const uint32_t *)data)[r * (cols >> 3) + (c >> 3)];
+        int nib = (int)((word >> (4 * (int)(c & 7))) & 15u);
+        int64_t sg = (cols + group - 1) / group;
+        float s = egk_bf16_to_f32(((const uint16_t *)scale)[r * sg + c / group]);
+        return (float)(nib - 8) * s;
+    }
+    /* EGK_FP8 */
+    float v = egk_fp8_to_f32(((const uint8_t *)data)[r * cols + c]);
+    int64_t sc = (cols + 127) / 128;
+    return v * ((const float *)scale)[(r >> 7) * sc + (c >> 7)];
+}
+
+/* A 1-D vector element (norm weights, biases): F32, BF16 or F16. */
+static __device__ __forceinline__ float egk_vload(int fmt, const void *data, int64_t i) {
+    if (fmt == EGK_F32) return ((const float *)data)[i];
+    if (fmt == EGK_F16) return __half2float(((const __half *)data)[i]);
+    return egk_bf16_to_f32(((const uint16_t *)data)[i]);
+}
+
+static __device__ __forceinline__ float egk_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ double egk_warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets it.
+ * sh: 32 doubles of shared memory. */
+static __device__ __forceinline__ double egk_block_sum_d(double v, double *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = egk_warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    return t;
+}
+
+static inline unsigned egk_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+#endif

@@ -1,0 +1,165 @@
+/* eg_cuda.h — the one extern "C" surface of the CUDA kernels (the .cu files in kernels/).
+ *
+ * Plain C types only: device pointers, ints, floats, and a cudaStream_t passed as
+ * void *. The kernels know tensor shapes and formats, never layers, configs or model
+ * semantics: engine/backend_cuda.c maps the ops of backend.h onto these calls.
+ * Every launcher returns a cudaError_t as int (0 = success): the result of
+ * cudaGetLastError() after its launches, so a bad launch configuration is reported at
+ * the call; faults inside kernels surface at the next synchronisation.
+ * Nothing here allocates device memory or synchronises the host: scratch is passed in.
+ * Activations are FP32 row-major; BF16 values are uint16_t bit patterns (RNE rounding).
+ * Thread safety: launchers are reentrant; ordering is the caller's stream. */
+#ifndef EG_CUDA_H
+#define EG_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Weight formats; the numeric values equal engine/weights.h's eg_wfmt (checked there). */
+enum { EGK_F32 = 1, EGK_BF16 = 2, EGK_F16 = 3, EGK_INT4 = 4, EGK_FP8 = 5 };
+
+/* A 2-D weight [rows][cols] in device memory.
+ * INT4: data int32 [rows][cols/8] (column 8j+i in bits 4i..4i+3, value nibble-8),
+ *       scale bf16 [rows][ceil(cols/group)].
+ * FP8:  data e4m3 [rows][cols], scale f32 [ceil(rows/128)][ceil(cols/128)] (multiplies). */
+typedef struct egk_weight {
+    int fmt;
+    int group;
+    int64_t rows, cols;
+    const void *data;
+    const void *scale;
+} egk_weight;
+
+const char *egk_error_name(int code);
+const char *egk_error_string(int code);
+
+/* ---- elementwise (kernels/elementwise.cu) ----------------------------------------- */
+/* x[t][:] = E[tokens[t]][:] (E F32/BF16/F16); an id outside [0, E.rows) gives a zero row. */
+int egk_embed(const int32_t *tokens, int T, egk_weight E, float *x, void *stream);
+/* y = x / sqrt(mean(x^2) + eps) * w, per row of D (sum of squares in FP64, like the CPU). */
+int egk_rmsnorm(const float *x, egk_weight w, int T, int D, float eps, float *y, void *stream);
+/* x += dx; y = rmsnorm(x). */
+int egk_add_rmsnorm(float *x, const float *dx, egk_weight w, int T, int D, float eps, float *y, void *stream);
+/* x += dx over n elements. */
+int egk_add(float *x, const float *dx, int64_t n, void *stream);
+/* y = bf16(x) (RNE), n elements; when lo is not NULL also lo = bf16(x - y), so that
+ * y + lo carries ~16 mantissa bits (two BF16 GEMMs then give near-FP32 products). */
+int egk_f32_to_bf16(const float *x, uint16_t *y, uint16_t *lo, int64_t n, void *stream);
+/* h = silu(g) * u; written as FP32 to hf and/or BF16 to hb (+ its residual to hb_lo);
+ * any of the three may be NULL. */
+int egk_swiglu(const float *g, const float *u, float *hf, uint16_t *hb, uint16_t *hb_lo, int64_t n, void *stream);
+/* out[i][:] = x[idx[i]][:], rows of D floats. */
+int egk_gather_rows(const float *x, const int32_t *idx, int n, int D, float *out, void *stream);
+/* out[r - row0][:] = bf16(dequant(w row r)) for r in [row0, row0+nrows). */
+int egk_dequant_bf16(egk_weight w, int64_t row0, int64_t nrows, uint16_t *out, void *stream);
+
+/* ---- dequantising GEMM (kernels/gemm.cu) -------------------------------------------- */
+/* y[t][r] (+)= sum_c x[t][c] * W[r][c] for t < T, r < W.rows; x row stride W.cols,
+ * y row stride W.rows. Any format, weights dequantised on the fly, FP32 arithmetic.
+ * The BF16 fast path is cuBLAS (called by the backend); this serves INT4, FP8, F16, F32
+ * and anything cuBLAS does not take. */
+int egk_gemm(const float *x, int T, egk_weight W, float *y, int accumulate, void *stream);
+
+/* ---- MoE (kernels/gemm.cu) -------------------------------------------------------- */
+/* One local expert's tensors (formats/shapes shared by all experts of a call). */
+typedef struct egk_expert_ptrs {
+    const void *gate, *gate_s; /* [F][H] */
+    const void *up, *up_s;     /* [F][H] */
+    const void *down, *down_s; /* [H][F] */
+} egk_expert_ptrs;
+
+/* Workspace of one MoE call over at most max_rows = T*K routed rows. */
+typedef struct egk_moe_ws {
+    int32_t *row_tk;     /* [max_rows] (t*K+k) of each permuted row */
+    int32_t *rowmap;     /* [max_rows] permuted row of (t*K+k), -1 when outside [e0,e1) */
+    int32_t *offsets;    /* [n_local+1] first row of each local expert */
+    int32_t *tiles;      /* [max_tiles][2] (local expert, first row) */
+    int32_t *ntiles;     /* [1] */
+    float *h;            /* [max_rows][F] silu(gate)*up */
+    float *o;            /* [max_rows][H] weighted expert outputs */
+    int max_rows, max_tiles;
+} egk_moe_ws;
+
+/* Rows per grouped-GEMM tile: max_tiles must be >= max_rows/EGK_MOE_BM + n_local + 1. */
+#define EGK_MOE_BM 32
+
+/* y[t] += sum_k weights[t][k] * expert_{ids[t][k]}(x[t]) for experts in [e0, e1).
+ * tab: device array [e1-e0] of egk_expert_ptrs (local index e - e0). fmt/group: the
+ * experts' format. Deterministic: the k-sum is in k order and rows never race. */
+int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, const float *weights, int K, int e0, int e1,
+            const egk_expert_ptrs *tab, int fmt, int group, const egk_moe_ws *ws, float *y, void *stream);
+
+/* ---- MLA attention (kernels/mla.cu) ---------------------------------------------- */
+typedef struct egk_mla {
+    int T, NH, C, DN, DR, DV;  /* tokens, all heads, latent, nope/rope/value dims */
+    int h0, h1;                /* heads computed */
+    const int32_t *pos, *slot; /* [T] */
+    const int32_t *block_table;/* [S][MB] */
+    int max_blocks, block_size;
+    int max_pos;               /* max pos + 1 over the call */
+    const float *q;            /* [T][NH][DN+DR] */
+    const float *kv;           /* [T][C+DR] raw latent, unrotated k_pe */
+    egk_weight kv_norm;        /* [C] */
+    uint16_t *cache;           /* [blocks][BS][C+DR] bf16 */
+    const float *inv_freq;     /* [DR/2] */
+    float attn_factor, scale, eps;
+    /* scratch */
+    uint16_t *q_bf16;          /* [T][NH][DN+DR]: nope part written (for the W_UK GEMM) */
+    uint16_t *q_bf16_lo;       /* same layout: bf16(q - q_bf16), or NULL (single BF16) */
+    float *q_pe;               /* [T][NH][DR] rotated */
+    const float *q_lat;        /* [T][NH][C] absorbed queries (the W_UK GEMM's output) */
+    float *part_o;             /* [part_rows][C] */
+    float *part_ml;            /* [part_rows][2] (max, sum) */
+    int64_t part_rows;         /* capacity in (token, head, split) rows */
+    uint16_t *o_lat;           /* [T][NH][C] bf16 attention output in latent space */
+    uint16_t *o_lat_lo;        /* same layout: bf16(o - o_lat), or NULL */
+} egk_mla;
+
+/* Step 1: write every token's normalised latent and rotated k_pe to the cache (BF16
+ * RNE), rotate q_pe into q_pe and convert q_nope to q_bf16 for heads [h0, h1). */
+int egk_mla_prep(const egk_mla *a, void *stream);
+/* Step 3 (after the caller's q_lat = q_nope W_UK GEMM): flash-style attention over
+ * positions 0..pos[t] of each token's slot, split along the sequence, LSE combine,
+ * o_lat written as BF16 for the caller's W_UV GEMM. */
+int egk_mla_attend(const egk_mla *a, void *stream);
+/* The number of sequence splits egk_mla_attend will use (for tests and tuning). */
+int egk_mla_splits(const egk_mla *a);
+
+/* ---- router (kernels/router.cu) -------------------------------------------------- */
+/* From FP32 logits [T][E]: s = sigmoid, biased = s + bias (bias F32/BF16 [E] or
+ * fmt 0 = none), keep topk_group of n_group groups by their top-2 biased sum, then topk
+ * experts by biased score (ties: lower id); weights = s (/ sum when norm_topk) * scale.
+ * ids/weights [T][topk] in descending biased order. */
+int egk_router_select(const float *logits, int T, int E, egk_weight bias, int n_group, int topk_group, int topk,
+                      int norm_topk, float routed_scale, int32_t *ids, float *weights, void *stream);
+
+/* ---- sampling (kernels/sample.cu) ------------------------------------------------ */
+/* Per-row parameters; u is the row's uniform draw in [0,1) (drawn by the host from the
+ * row's RNG state so states advance exactly as eg_rng_uniform does). */
+typedef struct egk_sample_row {
+    float temperature, top_p;
+    int top_k;
+    int pad;
+    double u;
+} egk_sample_row;
+
+/* Bytes of the sort workspace for N rows of V logits. */
+size_t egk_sample_temp_bytes(int N, int V);
+/* out[i] = token for row i of logits [N][V]. Greedy rows (temperature <= 0): the lowest
+ * id among equal maxima. Others: candidates sorted by (logit desc, id asc), top_k, then
+ * softmax at temperature in FP64, top_p cut, pick the first whose cumulative mass
+ * exceeds u * kept mass: eg_sample_row's algorithm. any_random = 0 skips the sort.
+ * Scratch: keys [N][V] f32, ids_in/ids_out [N][V] i32, offsets [N+1] i32, temp. */
+int egk_sample(const float *logits, int N, int V, const egk_sample_row *rows, int any_random, float *keys,
+               int32_t *ids_in, int32_t *ids_out, int32_t *offsets, void *temp, size_t temp_bytes, int32_t *out,
+               void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

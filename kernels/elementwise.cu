@@ -1,0 +1,141 @@
+/* elementwise.cu — embedding gather, RMSNorm (+ fused residual add), add, BF16
+ * conversion, SwiGLU, row gather, dequantisation to BF16. See eg_cuda.h. */
+#include "kernels/common.cuh"
+
+extern "C" const char *egk_error_name(int code) { return cudaGetErrorName((cudaError_t)code); }
+extern "C" const char *egk_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+static __global__ void embed_kernel(const int32_t *tokens, int fmt, const void *E, int64_t V, int64_t D, float *x) {
+    int t = blockIdx.x;
+    int64_t id = tokens[t];
+    float *row = x + (int64_t)t * D;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
+        row[c] = (id >= 0 && id < V) ? egk_vload(fmt, E, id * D + c) : 0.0f;
+}
+
+extern "C" int egk_embed(const int32_t *tokens, int T, egk_weight E, float *x, void *stream) {
+    if (T <= 0) return 0;
+    embed_kernel<<<T, 256, 0, (cudaStream_t)stream>>>(tokens, E.fmt, E.data, E.rows, E.cols, x);
+    return EGK_LAUNCH_RESULT();
+}
+
+/* One block per row. When dx is given, x += dx first (x written back). */
+static __global__ void rmsnorm_kernel(float *x, const float *dx, int fmt, const void *w, int D, float eps, float *y) {
+    __shared__ double sh[32];
+    int64_t base = (int64_t)blockIdx.x * D;
+    double ss = 0;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        float v = x[base + c];
+        if (dx) {
+            v += dx[base + c];
+            x[base + c] = v;
+        }
+        ss += (double)v * v;
+    }
+    ss = egk_block_sum_d(ss, sh);
+    float inv = (float)(1.0 / sqrt(ss / D + (double)eps));
+    /* Each thread re-reads only the elements it wrote itself, so no barrier is needed. */
+    for (int c = threadIdx.x; c < D; c += blockDim.x) y[base + c] = x[base + c] * inv * egk_vload(fmt, w, c);
+}
+
+extern "C" int egk_rmsnorm(const float *x, egk_weight w, int T, int D, float eps, float *y, void *stream) {
+    if (T <= 0) return 0;
+    rmsnorm_kernel<<<T, 256, 0, (cudaStream_t)stream>>>((float *)x, NULL, w.fmt, w.data, D, eps, y);
+    return EGK_LAUNCH_RESULT();
+}
+
+extern "C" int egk_add_rmsnorm(float *x, const float *dx, egk_weight w, int T, int D, float eps, float *y,
+                               void *stream) {
+    if (T <= 0) return 0;
+    rmsnorm_kernel<<<T, 256, 0, (cudaStream_t)stream>>>(x, dx, w.fmt, w.data, D, eps, y);
+    return EGK_LAUNCH_RESULT();
+}
+
+static __global__ void add_kernel(float *x, const float *dx, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += dx[i];
+}
+
+static unsigned grid_for(int64_t n) {
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+extern "C" int egk_add(float *x, const float *dx, int64_t n, void *stream) {
+    if (n <= 0) return 0;
+    add_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(x, dx, n);
+    return EGK_LAUNCH_RESULT();
+}
+
+static __global__ void to_bf16_kernel(const float *x, uint16_t *y, uint16_t *lo, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = x[i];
+        uint16_t h = egk_f32_to_bf16(v);
+        y[i] = h;
+        if (lo) lo[i] = egk_f32_to_bf16(v - egk_bf16_to_f32(h));
+    }
+}
+
+extern "C" int egk_f32_to_bf16(const float *x, uint16_t *y, uint16_t *lo, int64_t n, void *stream) {
+    if (n <= 0) return 0;
+    to_bf16_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(x, y, lo, n);
+    return EGK_LAUNCH_RESULT();
+}
+
+static __global__ void swiglu_kernel(const float *g, const float *u, float *hf, uint16_t *hb, uint16_t *hb_lo,
+                                     int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float a = g[i];
+        float h = a / (1.0f + expf(-a)) * u[i];
+        if (hf) hf[i] = h;
+        if (hb) {
+            uint16_t b = egk_f32_to_bf16(h);
+            hb[i] = b;
+            if (hb_lo) hb_lo[i] = egk_f32_to_bf16(h - egk_bf16_to_f32(b));
+        }
+    }
+}
+
+extern "C" int egk_swiglu(const float *g, const float *u, float *hf, uint16_t *hb, uint16_t *hb_lo, int64_t n,
+                          void *stream) {
+    if (n <= 0) return 0;
+    swiglu_kernel<<<grid_for(n), 256, 0, (cudaStream_t)stream>>>(g, u, hf, hb, hb_lo, n);
+    return EGK_LAUNCH_RESULT();
+}
+
+static __global__ void gather_kernel(const float *x, const int32_t *idx, int D, float *out) {
+    int i = blockIdx.x;
+    const float *src = x + (int64_t)idx[i] * D;
+    float *dst = out + (int64_t)i * D;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) dst[c] = src[c];
+}
+
+extern "C" int egk_gather_rows(const float *x, const int32_t *idx, int n, int D, float *out, void *stream) {
+    if (n <= 0) return 0;
+    gather_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(x, idx, D, out);
+    return EGK_LAUNCH_RESULT();
+}
+
+template <int FMT>
+static __global__ void dequant_kernel(egk_weight w, int64_t row0, int64_t nrows, uint16_t *out) {
+    int64_t n = nrows * w.cols;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / w.cols, c = i - r * w.cols;
+        out[i] = egk_f32_to_bf16(egk_wload<FMT>(w.data, w.scale, w.cols, w.group, row0 + r, c));
+    }
+}
+
+extern "C" int egk_dequant_bf16(egk_weight w, int64_t row0, int64_t nrows, uint16_t *out, void *stream) {
+    int64_t n = nrows * w.cols;
+    if (n <= 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (w.fmt) {
+    case EGK_F32: dequant_kernel<EGK_F32><<<grid_for(n), 256, 0, s>>>(w, row0, nrows, out); break;
+    case EGK_BF16: dequant_kernel<EGK_BF16><<<grid_for(n), 256, 0, s>>>(w, row0, nrows, out); break;
+    case EGK_F16: dequant_kernel<EGK_F16><<<grid_for(n), 256, 0, s>>>(w, row0, nrows, out); break;
+    case EGK_INT4: dequant_kernel<EGK_INT4><<<grid_for(n), 256, 0, s>>>(w, row0, nrows, out); break;
+    case EGK_FP8: dequant_kernel<EGK_FP8><<<grid_for(n), 256, 0, s>>>(w, row0, nrows, out); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    return EGK_LAUNCH_RESULT();
+}

@@ -1,0 +1,267 @@
+/* gemm.cu — the dequantising GEMM (any weight format, FP32 arithmetic) and the MoE
+ * pipeline built on the same tile: permutation by expert (counting sort on the
+ * device), grouped gate/up GEMM with SwiGLU in the epilogue, grouped down GEMM with the
+ * routing weight in the epilogue, and a deterministic combine.
+ *
+ * Tile: BM=32 tokens x BN=64 output rows x BK=32 inputs, 256 threads, each thread 2x4
+ * outputs. Weights are dequantised into shared memory as FP32, so every format shares
+ * one code path (correct first; the mma.sync W4A16 path of the performance issue
+ * replaces the inner loop, not the structure). The grid's tile list for the grouped
+ * GEMM is built on the device, so the host never learns the per-expert counts (no
+ * synchronisation) and no per-expert launches are needed. */
+#include "kernels/common.cuh"
+
+#define BM EGK_MOE_BM
+#define BN 64
+#define BK 32
+#define NTHREADS 256
+
+/* Accumulate acc[w][i][j] += X[row i] . W_w[row n0 + tx + 16j] over all K columns.
+ * xrow[i]: pointer to the i-th activation row of the tile (NULL = zero row). */
+template <int FMT, int NW>
+static __device__ __forceinline__ void tile_product(const float *const *xrow, int64_t K, const void *const *wdata,
+                                                    const void *const *wscale, int64_t wrows, int group, int64_t n0,
+                                                    float (*Xs)[BK + 1], float (*Ws)[BN][BK + 1],
+                                                    float acc[NW][2][4]) {
+    int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    for (int64_t k0 = 0; k0 < K; k0 += BK) {
+        for (int i = 0; i < BM * BK / NTHREADS; i++) {
+            int idx = tid + i * NTHREADS, r = idx / BK, c = idx % BK;
+            int64_t k = k0 + c;
+            Xs[r][c] = (xrow[r] && k < K) ? xrow[r][k] : 0.0f;
+        }
+#pragma unroll
+        for (int w = 0; w < NW; w++)
+            for (int i = 0; i < BN * BK / NTHREADS; i++) {
+                int idx = tid + i * NTHREADS, r = idx / BK, c = idx % BK;
+                int64_t n = n0 + r, k = k0 + c;
+                Ws[w][r][c] = (n < wrows && k < K) ? egk_wload<FMT>(wdata[w], wscale[w], K, group, n, k) : 0.0f;
+            }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < BK; kk++) {
+            float a0 = Xs[ty * 2][kk], a1 = Xs[ty * 2 + 1][kk];
+#pragma unroll
+            for (int w = 0; w < NW; w++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float b = Ws[w][tx + 16 * j][kk];
+                    acc[w][0][j] += a0 * b;
+                    acc[w][1][j] += a1 * b;
+                }
+        }
+        __syncthreads();
+    }
+}
+
+/* ---- plain GEMM ------------------------------------------------------------------ */
+
+template <int FMT>
+static __global__ void __launch_bounds__(NTHREADS) gemm_kernel(const float *x, int T, egk_weight W, float *y,
+                                                               int accumulate) {
+    __shared__ float Xs[BM][BK + 1];
+    __shared__ float Ws[1][BN][BK + 1];
+    __shared__ const float *xrow[BM];
+    int64_t n0 = (int64_t)blockIdx.x * BN;
+    int m0 = blockIdx.y * BM;
+    if (threadIdx.x < BM) {
+        int m = m0 + threadIdx.x;
+        xrow[threadIdx.x] = m < T ? x + (int64_t)m * W.cols : NULL;
+    }
+    __syncthreads();
+    float acc[1][2][4] = {};
+    const void *wd[1] = {W.data}, *ws[1] = {W.scale};
+    tile_product<FMT, 1>(xrow, W.cols, wd, ws, W.rows, W.group, n0, Xs, Ws, acc);
+    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    for (int i = 0; i < 2; i++) {
+        int m = m0 + ty * 2 + i;
+        if (m >= T) continue;
+        for (int j = 0; j < 4; j++) {
+            int64_t n = n0 + tx + 16 * j;
+            if (n >= W.rows) continue;
+            float *dst = y + (int64_t)m * W.rows + n;
+            *dst = accumulate ? *dst + acc[0][i][j] : acc[0][i][j];
+        }
+    }
+}
+
+extern "C" int egk_gemm(const float *x, int T, egk_weight W, float *y, int accumulate, void *stream) {
+    if (T <= 0 || W.rows <= 0) return 0;
+    dim3 grid(egk_blocks(W.rows, BN), egk_blocks(T, BM));
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (W.fmt) {
+    case EGK_F32: gemm_kernel<EGK_F32><<<grid, NTHREADS, 0, s>>>(x, T, W, y, accumulate); break;
+    case EGK_BF16: gemm_kernel<EGK_BF16><<<grid, NTHREADS, 0, s>>>(x, T, W, y, accumulate); break;
+    case EGK_F16: gemm_kernel<EGK_F16><<<grid, NTHREADS, 0, s>>>(x, T, W, y, accumulate); break;
+    case EGK_INT4: gemm_kernel<EGK_INT4><<<grid, NTHREADS, 0, s>>>(x, T, W, y, accumulate); break;
+    case EGK_FP8: gemm_kernel<EGK_FP8><<<grid, NTHREADS, 0, s>>>(x, T, W, y, accumulate); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    return EGK_LAUNCH_RESULT();
+}
+
+/* ---- MoE ------------------------------------------------------------------------- */
+
+/* One block: counting sort of the T*K (token, slot) pairs by local expert, the
+ * per-expert row offsets, and the list of (expert, first row) tiles of BM rows.
+ * Row order inside an expert depends on atomics, which changes nothing numerically:
+ * each row's outputs are reduced in a fixed order, and the combine goes by (t, k). */
+static __global__ void moe_permute_kernel(const int32_t *ids, int TK, int e0, int e1, int32_t *row_tk,
+                                          int32_t *rowmap, int32_t *offsets, int32_t *tiles, int32_t *ntiles) {
+    extern __shared__ int32_t sh[]; /* cnt[nl], cursor[nl] */
+    int nl = e1 - e0;
+    int32_t *cnt = sh, *cur = sh + nl;
+    for (int e = threadIdx.x; e < nl; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < TK; i += blockDim.x) {
+        int e = ids[i];
+        if (e >= e0 && e < e1) atomicAdd(&cnt[e - e0], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int off = 0, nt = 0;
+        for (int e = 0; e < nl; e++) {
+            offsets[e] = off;
+            cur[e] = off;
+            for (int r = 0; r < cnt[e]; r += BM) {
+                tiles[2 * nt] = e;
+                tiles[2 * nt + 1] = off + r;
+                nt++;
+            }
+            off += cnt[e];
+        }
+        offsets[nl] = off;
+        *ntiles = nt;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < TK; i += blockDim.x) {
+        int e = ids[i];
+        if (e >= e0 && e < e1) {
+            int r = atomicAdd(&cur[e - e0], 1);
+            row_tk[r] = i;
+            rowmap[i] = r;
+        } else {
+            rowmap[i] = -1;
+        }
+    }
+}
+
+/* h[r][f] = silu(x_t . gate_e[f]) * (x_t . up_e[f]) for the rows of one tile. */
+template <int FMT>
+static __global__ void __launch_bounds__(NTHREADS)
+    moe_gate_up_kernel(const float *x, int H, int F, int K, const egk_expert_ptrs *tab, int group,
+                       const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
+                       float *h) {
+    __shared__ float Xs[BM][BK + 1];
+    __shared__ float Ws[2][BN][BK + 1];
+    __shared__ const float *xrow[BM];
+    int tile = blockIdx.x;
+    if (tile >= *ntiles) return;
+    int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], r1 = offsets[e + 1];
+    int64_t n0 = (int64_t)blockIdx.y * BN;
+    if (threadIdx.x < BM) {
+        int r = r0 + threadIdx.x;
+        xrow[threadIdx.x] = r < r1 ? x + (int64_t)(row_tk[r] / K) * H : NULL;
+    }
+    __syncthreads();
+    egk_expert_ptrs p = tab[e];
+    const void *wd[2] = {p.gate, p.up}, *ws[2] = {p.gate_s, p.up_s};
+    float acc[2][2][4] = {};
+    tile_product<FMT, 2>(xrow, H, wd, ws, F, group, n0, Xs, Ws, acc);
+    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    for (int i = 0; i < 2; i++) {
+        int r = r0 + ty * 2 + i;
+        if (r >= r1) continue;
+        for (int j = 0; j < 4; j++) {
+            int64_t n = n0 + tx + 16 * j;
+            if (n >= F) continue;
+            float g = acc[0][i][j];
+            h[(int64_t)r * F + n] = g / (1.0f + expf(-g)) * acc[1][i][j];
+        }
+    }
+}
+
+/* o[r][n] = weight(r) * (h[r] . down_e[n]). */
+template <int FMT>
+static __global__ void __launch_bounds__(NTHREADS)
+    moe_down_kernel(const float *h, int H, int F, const float *weights, const egk_expert_ptrs *tab, int group,
+                    const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
+                    float *o) {
+    __shared__ float Xs[BM][BK + 1];
+    __shared__ float Ws[1][BN][BK + 1];
+    __shared__ const float *xrow[BM];
+    int tile = blockIdx.x;
+    if (tile >= *ntiles) return;
+    int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], r1 = offsets[e + 1];
+    int64_t n0 = (int64_t)blockIdx.y * BN;
+    if (threadIdx.x < BM) {
+        int r = r0 + threadIdx.x;
+        xrow[threadIdx.x] = r < r1 ? h + (int64_t)r * F : NULL;
+    }
+    __syncthreads();
+    egk_expert_ptrs p = tab[e];
+    const void *wd[1] = {p.down}, *ws[1] = {p.down_s};
+    float acc[1][2][4] = {};
+    tile_product<FMT, 1>(xrow, F, wd, ws, H, group, n0, Xs, Ws, acc);
+    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    for (int i = 0; i < 2; i++) {
+        int r = r0 + ty * 2 + i;
+        if (r >= r1) continue;
+        float wgt = weights[row_tk[r]];
+        for (int j = 0; j < 4; j++) {
+            int64_t n = n0 + tx + 16 * j;
+            if (n < H) o[(int64_t)r * H + n] = acc[0][i][j] * wgt;
+        }
+    }
+}
+
+/* y[t][n] += o[rowmap[t*K+k]][n] for k = 0..K-1 in order (like the CPU backend). */
+static __global__ void moe_combine_kernel(const float *o, const int32_t *rowmap, int K, int H, float *y) {
+    int t = blockIdx.y;
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= H) return;
+    float v = y[(int64_t)t * H + n];
+    for (int k = 0; k < K; k++) {
+        int r = rowmap[t * K + k];
+        if (r >= 0) v += o[(int64_t)r * H + n];
+    }
+    y[(int64_t)t * H + n] = v;
+}
+
+template <int FMT>
+static void moe_gemms(const float *x, int H, int F, int K, const float *weights, const egk_expert_ptrs *tab,
+                      int group, const egk_moe_ws *ws, int max_tiles, cudaStream_t s) {
+    dim3 g1((unsigned)max_tiles, egk_blocks(F, BN)), g2((unsigned)max_tiles, egk_blocks(H, BN));
+    moe_gate_up_kernel<FMT><<<g1, NTHREADS, 0, s>>>(x, H, F, K, tab, group, ws->tiles, ws->ntiles, ws->offsets,
+                                                   ws->row_tk, ws->h);
+    moe_down_kernel<FMT><<<g2, NTHREADS, 0, s>>>(ws->h, H, F, weights, tab, group, ws->tiles, ws->ntiles,
+                                                ws->offsets, ws->row_tk, ws->o);
+}
+
+extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, const float *weights, int K, int e0,
+                       int e1, const egk_expert_ptrs *tab, int fmt, int group, const egk_moe_ws *ws, float *y,
+                       void *stream) {
+    int TK = T * K, nl = e1 - e0;
+    if (T <= 0 || nl <= 0) return 0;
+    /* The tile bound: each expert wastes at most one partial tile. */
+    int max_tiles = TK / BM + nl + 1;
+    if (TK > ws->max_rows || max_tiles > ws->max_tiles) return (int)cudaErrorInvalidValue;
+    cudaStream_t s = (cudaStream_t)stream;
+    size_t shm = sizeof(int32_t) * 2 * (size_t)nl;
+    moe_permute_kernel<<<1, 1024, shm, s>>>(ids, TK, e0, e1, ws->row_tk, ws->rowmap, ws->offsets, ws->tiles,
+                                            ws->ntiles);
+    int rc = EGK_LAUNCH_RESULT();
+    if (rc) return rc;
+    switch (fmt) {
+    case EGK_F32: moe_gemms<EGK_F32>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;
+    case EGK_BF16: moe_gemms<EGK_BF16>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;
+    case EGK_F16: moe_gemms<EGK_F16>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;
+    case EGK_INT4: moe_gemms<EGK_INT4>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;
+    case EGK_FP8: moe_gemms<EGK_FP8>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    rc = EGK_LAUNCH_RESULT();
+    if (rc) return rc;
+    moe_combine_kernel<<<dim3(egk_blocks(H, 256), (unsigned)T), 256, 0, s>>>(ws->o, ws->rowmap, K, H, y);
+    return EGK_LAUNCH_RESULT();
+}

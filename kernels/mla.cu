@@ -1,0 +1,199 @@
+/* mla.cu — MLA attention in the absorbed form over the paged BF16 latent cache.
+ *
+ *   prep:   cache[slot, pos] = bf16(rmsnorm(latent) * w) ++ bf16(rope(k_pe));
+ *           q_pe rotated; q_nope converted to BF16 (the W_UK GEMM is cuBLAS, in the backend)
+ *   attend: per (split, head, token) block, 4 warps stream the cache rows of positions
+ *           [split*len, min((split+1)*len, pos+1)) with an online softmax (one cache row
+ *           per warp at a time, each lane holding C/32 latent values in registers), then
+ *           the warps merge; a second kernel merges the splits by log-sum-exp and writes
+ *           o_lat in BF16 (+ its BF16 residual when asked) for the caller's W_UV GEMM.
+ * RoPE pairs are interleaved (x[2i], x[2i+1]) with angle pos*inv_freq[i] computed in
+ * FP64 and cos/sin scaled by attn_factor, exactly as the CPU backend; products that
+ * feed the cache are not contracted into FMAs so both backends write the same bits. */
+#include "kernels/common.cuh"
+
+#define MLA_WARPS 4
+#define MLA_MAX_SPLITS 64
+#define MLA_MIN_SPLIT_LEN 256
+
+static __device__ __forceinline__ void rot(float a0, float a1, float c, float s, float *o0, float *o1) {
+    *o0 = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(a1, s));
+    *o1 = __fadd_rn(__fmul_rn(a0, s), __fmul_rn(a1, c));
+}
+
+static __global__ void mla_prep_kernel(egk_mla a) {
+    extern __shared__ float cs[]; /* [DR/2] cos then [DR/2] sin */
+    __shared__ double sh[32];
+    int t = blockIdx.x, C = a.C, DR = a.DR, W = C + DR, half = DR / 2;
+    float *sn = cs + half;
+    int p = a.pos[t], sl = a.slot[t];
+    const float *kv = a.kv + (int64_t)t * W;
+    double ss = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += (double)kv[c] * kv[c];
+    ss = egk_block_sum_d(ss, sh);
+    float inv = (float)(1.0 / sqrt(ss / C + (double)a.eps));
+    int blk = a.block_table[(int64_t)sl * a.max_blocks + p / a.block_size];
+    uint16_t *row = a.cache + ((int64_t)blk * a.block_size + p % a.block_size) * W;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        row[c] = egk_f32_to_bf16(__fmul_rn(__fmul_rn(kv[c], inv), egk_vload(a.kv_norm.fmt, a.kv_norm.data, c)));
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double ang = (double)p * (double)a.inv_freq[i];
+        cs[i] = (float)(cos(ang) * (double)a.attn_factor);
+        sn[i] = (float)(sin(ang) * (double)a.attn_factor);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float o0, o1;
+        rot(kv[C + 2 * i], kv[C + 2 * i + 1], cs[i], sn[i], &o0, &o1);
+        row[C + 2 * i] = egk_f32_to_bf16(o0);
+        row[C + 2 * i + 1] = egk_f32_to_bf16(o1);
+    }
+    int nhl = a.h1 - a.h0, DQ = a.DN + DR;
+    for (int idx = threadIdx.x; idx < nhl * half; idx += blockDim.x) {
+        int h = a.h0 + idx / half, i = idx % half;
+        const float *q = a.q + ((int64_t)t * a.NH + h) * DQ + a.DN;
+        float *o = a.q_pe + ((int64_t)t * a.NH + h) * DR;
+        rot(q[2 * i], q[2 * i + 1], cs[i], sn[i], &o[2 * i], &o[2 * i + 1]);
+    }
+    for (int idx = threadIdx.x; idx < nhl * a.DN; idx += blockDim.x) {
+        int h = a.h0 + idx / a.DN, d = idx % a.DN;
+        int64_t off = ((int64_t)t * a.NH + h) * DQ + d;
+        float v = a.q[off];
+        uint16_t b = egk_f32_to_bf16(v);
+        a.q_bf16[off] = b;
+        if (a.q_bf16_lo) a.q_bf16_lo[off] = egk_f32_to_bf16(v - egk_bf16_to_f32(b));
+    }
+}
+
+extern "C" int egk_mla_prep(const egk_mla *a, void *stream) {
+    if (a->T <= 0) return 0;
+    size_t shm = sizeof(float) * (size_t)(a->DR > 0 ? a->DR : 1);
+    mla_prep_kernel<<<a->T, 256, shm, (cudaStream_t)stream>>>(*a);
+    return EGK_LAUNCH_RESULT();
+}
+
+extern "C" int egk_mla_splits(const egk_mla *a) {
+    int64_t rows = (int64_t)a->T * (a->h1 - a->h0);
+    if (rows <= 0 || a->part_rows < rows) return 0;
+    int64_t want = (a->max_pos + MLA_MIN_SPLIT_LEN - 1) / MLA_MIN_SPLIT_LEN;
+    int64_t cap = a->part_rows / rows;
+    int64_t n = want < cap ? want : cap;
+    if (n > MLA_MAX_SPLITS) n = MLA_MAX_SPLITS;
+    return n < 1 ? 1 : (int)n;
+}
+
+/* Partial attention of one (split, head, token). NC = latent values per lane. */
+template <int NC>
+static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attn_kernel(egk_mla a, int nsplit, int split_len) {
+    extern __shared__ float smem[];
+    int C = a.C, DR = a.DR, W = C + DR;
+    float *q_s = smem, *qr_s = q_s + C, *wo = qr_s + DR, *wml = wo + MLA_WARPS * C;
+    int sp = blockIdx.x, hl = blockIdx.y, t = blockIdx.z, h = a.h0 + hl, nhl = a.h1 - a.h0;
+    int p = a.pos[t], sl = a.slot[t];
+    int s0 = sp * split_len, s1 = min(s0 + split_len, p + 1);
+    const float *ql = a.q_lat + ((int64_t)t * a.NH + h) * C;
+    const float *qr = a.q_pe + ((int64_t)t * a.NH + h) * DR;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) q_s[c] = ql[c];
+    for (int r = threadIdx.x; r < DR; r += blockDim.x) qr_s[r] = qr[r];
+    __syncthreads();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float m = -INFINITY, l = 0.0f, o[NC];
+#pragma unroll
+    for (int j = 0; j < NC; j++) o[j] = 0.0f;
+    const int32_t *bt = a.block_table + (int64_t)sl * a.max_blocks;
+    for (int s = s0 + warp; s < s1; s += MLA_WARPS) {
+        int blk = bt[s / a.block_size];
+        const uint16_t *row = a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W;
+        float lat[NC], dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            int c = lane + 32 * j;
+            lat[j] = c < C ? egk_bf16_to_f32(row[c]) : 0.0f;
+            dot += c < C ? q_s[c] * lat[j] : 0.0f;
+        }
+        for (int r = lane; r < DR; r += 32) dot += qr_s[r] * egk_bf16_to_f32(row[C + r]);
+        dot = egk_warp_sum(dot);
+        float sc = dot * a.scale, mn = fmaxf(m, sc);
+        float alpha = expf(m - mn), pe = expf(sc - mn);
+        l = l * alpha + pe;
+#pragma unroll
+        for (int j = 0; j < NC; j++) o[j] = o[j] * alpha + pe * lat[j];
+        m = mn;
+    }
+    if (lane == 0) {
+        wml[2 * warp] = m;
+        wml[2 * warp + 1] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+        int c = lane + 32 * j;
+        if (c < C) wo[warp * C + c] = o[j];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < MLA_WARPS; w++) M = fmaxf(M, wml[2 * w]);
+    float fac[MLA_WARPS], L = 0.0f;
+    for (int w = 0; w < MLA_WARPS; w++) {
+        fac[w] = (M == -INFINITY || wml[2 * w + 1] == 0.0f) ? 0.0f : expf(wml[2 * w] - M);
+        L += wml[2 * w + 1] * fac[w];
+    }
+    int64_t pr = ((int64_t)t * nhl + hl) * nsplit + sp;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < MLA_WARPS; w++) v += wo[w * C + c] * fac[w];
+        a.part_o[pr * C + c] = v;
+    }
+    if (threadIdx.x == 0) {
+        a.part_ml[2 * pr] = M;
+        a.part_ml[2 * pr + 1] = L;
+    }
+}
+
+/* Merge the splits of one (head, token) and write o_lat in BF16. */
+static __global__ void mla_combine_kernel(egk_mla a, int nsplit) {
+    __shared__ float fac[MLA_MAX_SPLITS];
+    __shared__ float invL;
+    int hl = blockIdx.x, t = blockIdx.y, h = a.h0 + hl, nhl = a.h1 - a.h0, C = a.C;
+    int64_t base = ((int64_t)t * nhl + hl) * nsplit;
+    if (threadIdx.x == 0) {
+        float M = -INFINITY, L = 0.0f;
+        for (int s = 0; s < nsplit; s++) M = fmaxf(M, a.part_ml[2 * (base + s)]);
+        for (int s = 0; s < nsplit; s++) {
+            float ls = a.part_ml[2 * (base + s) + 1];
+            fac[s] = (M == -INFINITY || ls == 0.0f) ? 0.0f : expf(a.part_ml[2 * (base + s)] - M);
+            L += ls * fac[s];
+        }
+        invL = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+    int64_t row = ((int64_t)t * a.NH + h) * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float v = 0.0f;
+        for (int s = 0; s < nsplit; s++) v += a.part_o[(base + s) * C + c] * fac[s];
+        v *= invL;
+        uint16_t b = egk_f32_to_bf16(v);
+        a.o_lat[row + c] = b;
+        if (a.o_lat_lo) a.o_lat_lo[row + c] = egk_f32_to_bf16(v - egk_bf16_to_f32(b));
+    }
+}
+
+extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
+    int nhl = a->h1 - a->h0;
+    if (a->T <= 0 || nhl <= 0) return 0;
+    if (a->T > 65535 || nhl > 65535 || a->C > 32 * 32) return (int)cudaErrorInvalidValue;
+    int nsplit = egk_mla_splits(a);
+    if (nsplit < 1) return (int)cudaErrorInvalidValue;
+    int split_len = (a->max_pos + nsplit - 1) / nsplit;
+    if (split_len < 1) split_len = 1;
+    cudaStream_t s = (cudaStream_t)stream;
+    dim3 grid((unsigned)nsplit, (unsigned)nhl, (unsigned)a->T);
+    size_t shm = sizeof(float) * ((size_t)a->C * (1 + MLA_WARPS) + (size_t)a->DR + 2 * MLA_WARPS);
+    if (a->C <= 128) mla_attn_kernel<4><<<grid, MLA_WARPS * 32, shm, s>>>(*a, nsplit, split_len);
+    else if (a->C <= 256) mla_attn_kernel<8><<<grid, MLA_WARPS * 32, shm, s>>>(*a, nsplit, split_len);
+    else if (a->C <= 512) mla_attn_kernel<16><<<grid, MLA_WARPS * 32, shm, s>>>(*a, nsplit, split_len);
+    else mla_attn_kernel<32><<<grid, MLA_WARPS * 32, shm, s>>>(*a, nsplit, split_len);
+    int rc = EGK_LAUNCH_RESULT();
+    if (rc) return rc;
+    mla_combine_kernel<<<dim3((unsigned)nhl, (unsigned)a->T), 128, 0, s>>>(*a, nsplit);
+    return EGK_LAUNCH_RESULT();
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Turn a kernels/*.cu file into host C++ for the emulator: `k<<<g, b, shm, s>>>(args);`
+becomes `emu_launch(dim3(g), dim3(b), shm, [&] { k(args); });` and `extern __shared__
+T name[];` a pointer into the launch's dynamic shared buffer.
+usage: rewrite.py IN.cu OUT.cpp"""
+import re
+import sys
+
+
+def split_top(s):
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch in "([{<" and ch != "<":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def main():
+    src = open(sys.argv[1]).read()
+    src = re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;",
+                 r"\1 *\2 = (\1 *)emu_dyn_smem;", src)
+    pat = re.compile(r"([A-Za-z_][\w:]*(?:<[^;<>]*>)?)\s*<<<(.*?)>>>\s*\((.*?)\)\s*;", re.S)
+
+    def repl(m):
+        cfg = split_top(m.group(2))
+        grid, block = cfg[0], cfg[1]
+        shm = cfg[2] if len(cfg) > 2 else "0"
+        return f"emu_launch(dim3({grid}), dim3({block}), (size_t)({shm}), [&] {{ {m.group(1)}({m.group(3)}); }});"
+
+    src, n = pat.subn(repl, src)
+    open(sys.argv[2], "w").write(f"// generated from {sys.argv[1]} by tests/gpu/emu/rewrite.py ({n} launches)\n" + src)
+
+
+if __name__ == "__main__":
+    main()

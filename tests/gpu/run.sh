@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh — verify the CUDA backend on a machine with a GPU, in one call
+# (budget: under 8 minutes on an H200). Steps:
+#   1. build: make -j16 eaglegen + GPU test programs (BUILD, default build-gpu)
+#   2. ops:   build-gpu/gpu/test_cuda_ops — every op CUDA vs CPU backend, small and
+#             Kimi-K2.5 shapes, normalised errors printed
+#   3. golden: eaglegen forward --backend cuda on the fixtures vs golden-*-bf16kv,
+#             teacher-forced (per-layer rel error, argmax at high-margin steps) and
+#             greedy --generate 16 (tests/gpu/golden_gpu.py)
+#   4. e2e:   mkmodel tiny -> generate --backend cuda -> inspect --verify
+#   5. bench: eaglegen bench --backend cuda on the tiny model and, time allowing, a
+#             2-layer moonlight-16b (BF16 experts)
+# Every step is guarded: a missing piece (binary, fixture, command) is SKIP with the
+# reason, a failure is FAIL; the script always reaches the final table. Logs go to
+# $OUT/gpu-logs when $OUT is set (the device runner brings $OUT back), else
+# $BUILD/gpu-logs. Exit status 1 when any step failed.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BUILD=${BUILD:-build-gpu}
+PYTHON=${PYTHON:-/usr/bin/python3}
+BUDGET=${GPU_RUN_BUDGET:-450} # seconds; late optional steps are skipped past it
+if [ -z "${FIXTURES:-}" ]; then
+    for d in "$ROOT/../shared/fixtures" "$ROOT/shared/fixtures" /work/shared/fixtures; do
+        if [ -d "$d/models" ]; then FIXTURES=$(cd "$d" && pwd); break; fi
+    done
+fi
+FIXTURES=${FIXTURES:-}
+LOGS=${OUT:+$OUT/gpu-logs}
+LOGS=${LOGS:-$ROOT/$BUILD/gpu-logs}
+mkdir -p "$LOGS"
+rm -f "$LOGS"/*.log "$LOGS"/summary.txt
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+E=$ROOT/$BUILD/eaglegen
+T0=$(date +%s)
+NAMES=() STATUS=() NOTES=() SECS=()
+FAILED=0
+NO_GPU=0
+
+elapsed() { echo $(($(date +%s) - T0)); }
+record() { # name status note seconds
+    NAMES+=("$1"); STATUS+=("$2"); NOTES+=("$3"); SECS+=("$4")
+    [ "$2" = FAIL ] && FAILED=1
+    echo "-- $1: $2 ${3:+($3)}"
+}
+# run NAME TIMEOUT LOG cmd... : runs with a timeout, keeps the log, records PASS/FAIL
+run() {
+    local name=$1 to=$2 log=$3
+    shift 3
+    local s rc
+    s=$(date +%s)
+    echo "== $name: $*" | tee "$LOGS/$log"
+    timeout -k 10 "$to" "$@" >> "$LOGS/$log" 2>&1
+    rc=$?
+    tail -n 60 "$LOGS/$log" | sed 's/^/   | /'
+    local note="rc $rc"
+    [ $rc -eq 124 ] && note="timed out after ${to}s"
+    if [ $rc -eq 0 ]; then record "$name" PASS "${SUMMARY:-}" $(($(date +%s) - s))
+    else record "$name" FAIL "$note${SUMMARY:+; $SUMMARY}" $(($(date +%s) - s)); fi
+    return $rc
+}
+have_cmd() { [ -x "$E" ] && "$E" "$1" --help 2>&1 | grep -q -- "${2:---}"; }
+late() { [ "$(elapsed)" -gt "$BUDGET" ]; }
+
+echo "== machine"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "nvidia-smi unavailable"
+  /usr/local/cuda/bin/nvcc --version 2>&1 | tail -1; nproc; } | tee "$LOGS/machine.log"
+
+# 1. build --------------------------------------------------------------------------
+SUMMARY="" run build 300 build.log make -j16 BUILD="$BUILD" "$BUILD/eaglegen" gpu-tests
+grep -E "warning|error" "$LOGS/build.log" | head -20
+
+# 2. op tests -----------------------------------------------------------------------
+OPS=$ROOT/$BUILD/gpu/test_cuda_ops
+if [ -x "$OPS" ]; then
+    SUMMARY="" run ops 240 ops.log "$OPS"
+    [ $? -eq 2 ] && grep -q "no CUDA device" "$LOGS/ops.log" && NO_GPU=1
+    grep -E "rel |differ|FAIL|passed" "$LOGS/ops.log" > "$LOGS/ops-summary.log"
+    # keep the numbers in the table's note
+    n=${#STATUS[@]}
+    NOTES[$((n - 1))]="${NOTES[$((n - 1))]} $(tail -n 1 "$LOGS/ops.log")"
+else
+    if grep -q "built without CUDA" "$LOGS/build.log"; then
+        record ops SKIP "built without CUDA: nvcc not found at build time" 0
+    else
+        record ops SKIP "no $OPS (build failed?)" 0
+    fi
+    NO_GPU=1
+fi
+
+# 3. fixtures vs golden (bf16kv) ------------------------------------------------------
+if [ $NO_GPU = 1 ]; then
+    record rest SKIP "no CUDA device or no CUDA build: steps 3-5 not run" 0
+elif [ -z "$FIXTURES" ]; then
+    record golden SKIP "fixtures not found (set FIXTURES)" 0
+elif ! have_cmd forward --backend; then
+    record golden SKIP "eaglegen forward has no --backend" 0
+else
+    for case in a:tiny-a q4:tiny-q4 fp8:tiny-fp8 a-long:tiny-a; do
+        g=${case%%:*}
+        model=${case#*:}
+        gold=$FIXTURES/models/golden-$g-bf16kv.safetensors
+        if [ ! -f "$gold" ] || [ ! -d "$FIXTURES/models/$model" ]; then
+            record "golden-$g" SKIP "missing $gold or $model" 0
+            continue
+        fi
+        if late; then record "golden-$g" SKIP "time budget" 0; continue; fi
+        "$PYTHON" tests/gpu/golden_gpu.py prompts "$gold" "$TMP/$g-full.json"
+        s=$(date +%s)
+        {
+            "$E" forward --backend cuda --model "$FIXTURES/models/$model" --prompts "$TMP/$g-full.json" \
+                --out "$TMP/$g.safetensors" --chunk 37 &&
+                "$PYTHON" tests/gpu/golden_gpu.py teacher "$TMP/$g.safetensors" "$gold" --tol 2e-2 --margin 0.1
+        } > "$LOGS/golden-$g.log" 2>&1
+        rc=$?
+        sed 's/^/   | /' "$LOGS/golden-$g.log" | tail -n 30
+        sum=$(grep SUMMARY "$LOGS/golden-$g.log" | sed 's/.*SUMMARY //')
+        if [ $rc -eq 0 ]; then record "golden-$g teacher" PASS "$sum" $(($(date +%s) - s))
+        else record "golden-$g teacher" FAIL "rc $rc; $sum" $(($(date +%s) - s)); fi
+        if [ -f "$FIXTURES/models/prompts-$g.json" ]; then
+            s=$(date +%s)
+            {
+                "$E" forward --backend cuda --model "$FIXTURES/models/$model" --prompts "$FIXTURES/models/prompts-$g.json" \
+                    --out "$TMP/$g-gen.safetensors" --generate 16 &&
+                    "$PYTHON" tests/gpu/golden_gpu.py greedy "$TMP/$g-gen.safetensors" "$gold" --margin 0.1
+            } > "$LOGS/golden-$g-greedy.log" 2>&1
+            rc=$?
+            sed 's/^/   | /' "$LOGS/golden-$g-greedy.log" | tail -n 10
+            sum=$(grep SUMMARY "$LOGS/golden-$g-greedy.log" | sed 's/.*SUMMARY //')
+            if [ $rc -eq 0 ]; then record "golden-$g greedy" PASS "$sum" $(($(date +%s) - s))
+            else record "golden-$g greedy" FAIL "rc $rc; $sum" $(($(date +%s) - s)); fi
+        fi
+    done
+    # the CPU backend on the same case, for scale (same comparer, same bounds)
+    if ! late && [ -f "$FIXTURES/models/golden-a-bf16kv.safetensors" ]; then
+        s=$(date +%s)
+        { "$E" forward --backend cpu --model "$FIXTURES/models/tiny-a" --prompts "$TMP/a-full.json" \
+              --out "$TMP/a-cpu.safetensors" --chunk 37 &&
+              "$PYTHON" tests/gpu/golden_gpu.py teacher "$TMP/a-cpu.safetensors" \
+                  "$FIXTURES/models/golden-a-bf16kv.safetensors" --tol 2e-2 --margin 0.1; } > "$LOGS/golden-a-cpu.log" 2>&1
+        rc=$?
+        sum=$(grep SUMMARY "$LOGS/golden-a-cpu.log" | sed 's/.*SUMMARY //')
+        record "golden-a (cpu, for scale)" "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" "$sum" $(($(date +%s) - s))
+    fi
+fi
+
+# 4. generate end to end on a mkmodel model -----------------------------------------------
+if [ $NO_GPU = 1 ]; then
+    :
+elif ! have_cmd mkmodel --preset; then
+    record e2e SKIP "eaglegen mkmodel not available" 0
+elif ! have_cmd generate --backend; then
+    record e2e SKIP "eaglegen generate has no --backend" 0
+else
+    CORPUS=$ROOT/prompts/samples/sample.jsonl
+    if [ ! -f "$CORPUS" ]; then
+        CORPUS=$TMP/corpus.jsonl
+        for i in 1 2 3 4 5 6 7 8; do
+            echo "{\"id\": \"gpu-$i\", \"messages\": [{\"role\": \"user\", \"content\": \"Count to $i and explain.\"}]}"
+        done > "$CORPUS"
+    fi
+    gen_ok=0
+    SUMMARY="" run mkmodel-tiny 60 mkmodel.log "$E" mkmodel --preset tiny --out "$TMP/tiny" --seed 1 &&
+        SUMMARY="" run generate-cuda 180 generate.log "$E" generate --backend cuda --model "$TMP/tiny" \
+            --prompts "$CORPUS" --out "$TMP/ds" --max-new-tokens 64 --max-seq-len 1024 --shard-samples 16 \
+            --batch 8 --temperature 0.8 --top-p 0.95 --seed 7 && gen_ok=1
+    if [ $gen_ok = 1 ]; then
+        if "$E" inspect --help 2>&1 | grep -q -- --verify; then
+            SUMMARY="" run inspect-verify 60 inspect.log "$E" inspect "$TMP/ds" --verify
+        else
+            record inspect-verify SKIP "eaglegen inspect --verify not available" 0
+        fi
+    fi
+fi
+
+# (issue step 4, an independent reference at real widths through transformers'
+# DeepseekV3: not written yet; reported so the gap is visible)
+if "$PYTHON" -c "import torch, transformers" > /dev/null 2>&1; then
+    record hf-reference SKIP "torch+transformers present, comparison script not written yet" 0
+else
+    record hf-reference SKIP "no torch/transformers on this machine" 0
+fi
+
+# 5. bench ---------------------------------------------------------------------------------
+if [ $NO_GPU = 1 ]; then
+    :
+elif ! have_cmd bench --backend; then
+    record bench SKIP "eaglegen bench has no --backend" 0
+else
+    if [ -d "$TMP/tiny" ]; then
+        SUMMARY="" run bench-tiny 90 bench-tiny.log "$E" bench --backend cuda --model "$TMP/tiny" --batch 1,16,64 \
+            --prompt-len 128 --decode-steps 16
+    fi
+    if late; then
+        record bench-moonlight SKIP "time budget" 0
+    elif have_cmd mkmodel moonlight; then
+        SUMMARY="" run mkmodel-moonlight 120 mkmodel-moon.log "$E" mkmodel --preset moonlight-16b --layers 2 \
+            --experts bf16 --out "$TMP/moon" --seed 1 &&
+            SUMMARY="" run bench-moonlight 120 bench-moon.log "$E" bench --backend cuda --model "$TMP/moon" \
+                --batch 1,16,64 --prompt-len 256 --decode-steps 16
+    fi
+fi
+
+# table ---------------------------------------------------------------------------------------
+{
+    echo
+    echo "tests/gpu/run.sh summary ($(elapsed)s total; logs in $LOGS)"
+    printf '%-28s %-5s %6s  %s\n' step result secs note
+    for i in "${!NAMES[@]}"; do
+        printf '%-28s %-5s %6s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${NOTES[$i]}"
+    done
+    [ -f "$LOGS/ops-summary.log" ] && { echo; echo "op errors (CUDA vs CPU):"; cat "$LOGS/ops-summary.log"; }
+    for f in "$LOGS"/bench-*.log; do [ -f "$f" ] && { echo; echo "$(basename "$f"):"; tail -n 20 "$f"; }; done
+} | tee "$LOGS/summary.txt"
+exit $FAILED

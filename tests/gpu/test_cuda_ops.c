@@ -1,0 +1,838 @@
+/* GPU op tests: every op of the CUDA backend against the CPU backend (the reference,
+ * itself tested against scalar double code in tests/test_engine_ops.c) on seeded
+ * random inputs, at small shapes and at Kimi-K2.5's (hidden 7168, 64 heads, kv_lora
+ * 512, rope 64, nope 128, v 128, 384 experts top-8, F 2048, INT4 group 32), including a
+ * long paged-cache case (4K positions, shuffled blocks, many sequence splits).
+ * Each comparison prints ||cuda - cpu|| / ||cpu||. Bounds: 1e-3 where the CUDA path
+ * feeds BF16 hi+lo activation pairs to cuBLAS (BF16 linear/MLP, MLA's W_UK/W_UV GEMMs;
+ * 1e-2 with EG_CUDA_GEMM=bf16, plain BF16 activations), 1e-4 where both sides compute
+ * in FP32 (dequantising GEMM, MoE, router logits; 1e-6 for norms),
+ * exact for copies and for sampling (same logits and RNG states give the same tokens).
+ * Needs a GPU: exits 2 with "no CUDA device" otherwise. Filter: argv[1] substring. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/backend.h"
+#include "engine/cuda_plan.h"
+#include "tests/check.h"
+
+/* ---- random numbers ------------------------------------------------------------ */
+
+static uint64_t rs;
+static void seed(uint64_t salt) { rs = eg_test_seed() * 0x9e3779b97f4a7c15ull ^ (salt + 1) * 0xd1b54a32d192ed03ull; }
+static uint64_t next64(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return rs;
+}
+static double urand(void) { return (double)(next64() >> 11) * 0x1.0p-53; }
+static float nrand(void) {
+    double u = urand() + 1e-12, v = urand();
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* ---- configs ------------------------------------------------------------------------ */
+
+static eg_config kimi_cfg(void) {
+    eg_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.model_type, "kimi_k2");
+    c.hidden = 7168; c.n_layers = 4; c.n_heads = 64; c.q_lora_rank = 1536; c.kv_lora_rank = 512;
+    c.qk_nope = 128; c.qk_rope = 64; c.v_head = 128; c.inter = 2048; c.moe_inter = 2048; c.n_experts = 384;
+    c.n_shared = 1; c.topk = 8; c.n_group = 1; c.topk_group = 1; c.routed_scale = 2.827f; c.norm_topk = 1;
+    c.first_dense = 1; c.moe_freq = 1; c.rope_theta = 50000; c.rms_eps = 1e-6f; c.vocab = 163840;
+    c.expert_format = EG_EXPERTS_INT4; c.quant_group = 32;
+    return c;
+}
+
+static eg_config small_cfg(void) {
+    eg_config c;
+    memset(&c, 0, sizeof c);
+    strcpy(c.model_type, "deepseek_v3");
+    c.hidden = 256; c.n_layers = 2; c.n_heads = 4; c.q_lora_rank = 0; c.kv_lora_rank = 32;
+    c.qk_nope = 16; c.qk_rope = 16; c.v_head = 16; c.inter = 320; c.moe_inter = 128; c.n_experts = 16;
+    c.n_shared = 1; c.topk = 4; c.n_group = 4; c.topk_group = 2; c.routed_scale = 2.5f; c.norm_topk = 1;
+    c.rope_theta = 10000; c.rms_eps = 1e-6f; c.vocab = 5000; c.quant_group = 32;
+    return c;
+}
+
+/* ---- the pair of backends --------------------------------------------------------------- */
+
+typedef struct pair {
+    eg_backend *cpu, *gpu;
+} pair;
+
+static int no_gpu;
+
+static int pair_make(const eg_config *c, int max_tokens, pair *p) {
+    eg_error err = {0};
+    memset(p, 0, sizeof *p);
+    eg_backend_opts o = {.name = "cpu", .max_tokens = max_tokens, .max_seq_len = 8192, .nthreads = 0, .device = 0};
+    eg_status st = eg_backend_cpu_create(c, &o, &p->cpu, &err);
+    CHECKF(st == EG_OK, "cpu backend: %s", err.msg);
+    if (st) return 0;
+    o.name = "cuda";
+    st = eg_backend_cuda_create(c, &o, &p->gpu, &err);
+    CHECKF(st == EG_OK, "cuda backend: %s", err.msg);
+    if (st) {
+        eg_backend_free(p->cpu);
+        p->cpu = NULL;
+        return 0;
+    }
+    return 1;
+}
+
+static void pair_free(pair *p) {
+    eg_backend_free(p->cpu);
+    eg_backend_free(p->gpu);
+}
+
+/* A buffer on both backends, filled from host data (NULL = zeros). */
+typedef struct buf2 {
+    void *c, *g;
+    size_t n;
+} buf2;
+
+static buf2 b2(pair *p, const void *host, size_t bytes) {
+    eg_error err = {0};
+    buf2 b = {NULL, NULL, bytes};
+    CHECK_OK(p->cpu->ops->alloc(p->cpu, bytes, &b.c, &err), &err);
+    CHECK_OK(p->gpu->ops->alloc(p->gpu, bytes, &b.g, &err), &err);
+    if (host) {
+        memcpy(b.c, host, bytes);
+        CHECK_OK(p->gpu->ops->to_device(p->gpu, b.g, host, bytes, &err), &err);
+    } else {
+        memset(b.c, 0, bytes);
+        CHECK_OK(p->gpu->ops->memset0(p->gpu, b.g, bytes, &err), &err);
+    }
+    return b;
+}
+
+static void b2_free(pair *p, buf2 *b) {
+    if (b->c) p->cpu->ops->release(p->cpu, b->c);
+    if (b->g) p->gpu->ops->release(p->gpu, b->g);
+    b->c = b->g = NULL;
+}
+
+/* The GPU copy on the host (caller frees). */
+static void *fetch(pair *p, const buf2 *b) {
+    eg_error err = {0};
+    void *h = malloc(b->n ? b->n : 1);
+    CHECK_OK(p->gpu->ops->to_host(p->gpu, h, b->g, b->n, &err), &err);
+    CHECK_OK(p->gpu->ops->sync(p->gpu, &err), &err);
+    return h;
+}
+
+/* Bound for paths that feed BF16 to cuBLAS: the backend splits activations into BF16
+ * hi + lo pairs by default (near-FP32 products); EG_CUDA_GEMM=bf16 turns that off. */
+static double bf16_bound(void) {
+    const char *g = getenv("EG_CUDA_GEMM");
+    return g && !strcmp(g, "bf16") ? 1e-2 : 1e-3;
+}
+
+static double rel_err(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+        if (isnan(a[i]) != isnan(b[i])) return INFINITY;
+    }
+    return sqrt(num) / (den > 0 ? sqrt(den) : 1.0);
+}
+
+/* Compare a float buffer; print and check against bound. */
+static double cmp_f32(pair *p, const buf2 *b, const char *what, double bound) {
+    float *g = fetch(p, b);
+    double e = rel_err(g, (const float *)b->c, (int64_t)(b->n / 4));
+    printf("    %-58s rel %.3e (bound %.0e)\n", what, e, bound);
+    CHECKF(e <= bound, "%s: relative error %.3e > %.0e", what, e, bound);
+    free(g);
+    return e;
+}
+
+/* ---- host weights ----------------------------------------------------------------------- */
+
+typedef struct hw {
+    eg_weight w;
+    void *data, *scale;
+    eg_weight dc, dg; /* uploaded to cpu / gpu */
+} hw;
+
+static void fill_bf16(uint16_t *d, int64_t n, float sd) {
+    for (int64_t i = 0; i < n; i++) d[i] = eg_f32_to_bf16(nrand() * sd);
+}
+
+static hw make_w(eg_wfmt fmt, int64_t rows, int64_t cols, float sd) {
+    hw o;
+    memset(&o, 0, sizeof o);
+    o.w.fmt = fmt;
+    o.w.rows = rows;
+    o.w.cols = cols;
+    o.w.name = "test.weight";
+    int64_t n = rows * cols;
+    if (fmt == EG_W_F32) {
+        float *d = malloc(4 * (size_t)n);
+        for (int64_t i = 0; i < n; i++) d[i] = nrand() * sd;
+        o.data = d;
+    } else if (fmt == EG_W_BF16) {
+        o.data = malloc(2 * (size_t)n);
+        fill_bf16(o.data, n, sd);
+    } else if (fmt == EG_W_F16) {
+        /* values k/1024 with small k: exactly representable in F16 */
+        uint16_t *d = malloc(2 * (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            int k = (int)(urand() * 64) - 32;
+            float v = (float)k / 1024.0f;
+            /* build the half: sign, exponent, mantissa for |k| in [1, 32] */
+            uint16_t h = 0;
+            if (k) {
+                int a = k < 0 ? -k : k, e = 0;
+                while ((a >> e) > 1) e++;
+                int mant = ((a << 10) >> e) & 0x3ff; /* a = 2^e * (1 + mant/1024) */
+                h = (uint16_t)(((k < 0) << 15) | ((e - 10 + 15) << 10) | mant);
+            }
+            (void)v;
+            d[i] = h;
+        }
+        o.data = d;
+    } else if (fmt == EG_W_INT4) {
+        int g = 32;
+        int64_t words = rows * (cols / 8);
+        uint32_t *d = malloc(4 * (size_t)words);
+        for (int64_t i = 0; i < words; i++) d[i] = (uint32_t)next64();
+        int64_t ns = rows * ((cols + g - 1) / g);
+        uint16_t *s = malloc(2 * (size_t)ns);
+        for (int64_t i = 0; i < ns; i++) s[i] = eg_f32_to_bf16(sd * (0.05f + (float)urand() * 0.2f));
+        o.w.group = g;
+        o.data = d;
+        o.scale = s;
+    } else if (fmt == EG_W_FP8) {
+        uint8_t *d = malloc((size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            uint8_t v;
+            do v = (uint8_t)next64(); while ((v & 0x7f) == 0x7f || ((v >> 3) & 15) > 9); /* no NaN, |v| <= 8 */
+            d[i] = v;
+        }
+        int64_t ns = ((rows + 127) / 128) * ((cols + 127) / 128);
+        float *s = malloc(4 * (size_t)ns);
+        for (int64_t i = 0; i < ns; i++) s[i] = sd * (0.2f + (float)urand());
+        o.data = d;
+        o.scale = s;
+    }
+    o.w.data = o.data;
+    o.w.scale = o.scale;
+    return o;
+}
+
+static void hw_up(pair *p, hw *o) {
+    eg_error err = {0};
+    CHECK_OK(p->cpu->ops->weight_upload(p->cpu, &o->w, &o->dc, &err), &err);
+    CHECK_OK(p->gpu->ops->weight_upload(p->gpu, &o->w, &o->dg, &err), &err);
+}
+
+static void hw_free(pair *p, hw *o) {
+    if (p && p->gpu && o->dg.data) p->gpu->ops->weight_release(p->gpu, &o->dg);
+    free(o->data);
+    free(o->scale);
+    memset(o, 0, sizeof *o);
+}
+
+static float *randv(int64_t n, float sd) {
+    float *v = malloc(4 * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) v[i] = nrand() * sd;
+    return v;
+}
+
+static const char *fmt_name(eg_wfmt f) {
+    switch (f) {
+    case EG_W_F32: return "F32";
+    case EG_W_BF16: return "BF16";
+    case EG_W_F16: return "F16";
+    case EG_W_INT4: return "INT4";
+    case EG_W_FP8: return "FP8";
+    default: return "?";
+    }
+}
+
+/* ---- elementwise ops ------------------------------------------------------------------------ */
+
+static void test_embed_norm_add_gather(void) {
+    seed(1);
+    eg_config c = small_cfg();
+    pair p;
+    if (!pair_make(&c, 64, &p)) return;
+    eg_error err = {0};
+    int T = 33, V = 5000, H = 7168;
+    hw E = make_w(EG_W_BF16, V, H, 1.0f);
+    hw_up(&p, &E);
+    int32_t tok[33];
+    for (int t = 0; t < T; t++) tok[t] = t == 0 ? 0 : t == 1 ? V - 1 : (int32_t)(urand() * V);
+    buf2 tk = b2(&p, tok, sizeof tok), x = b2(&p, NULL, 4 * (size_t)T * H);
+    CHECK_OK(p.cpu->ops->embed(p.cpu, tk.c, T, &E.dc, x.c, &err), &err);
+    CHECK_OK(p.gpu->ops->embed(p.gpu, tk.g, T, &E.dg, x.g, &err), &err);
+    cmp_f32(&p, &x, "embed BF16 [5000][7168], T=33", 0.0);
+
+    /* rmsnorm / add_rmsnorm at H=7168 with BF16 and F32 weights */
+    float *xv = randv((int64_t)T * H, 3.0f), *dv = randv((int64_t)T * H, 1.0f);
+    buf2 xx = b2(&p, xv, 4 * (size_t)T * H), dx = b2(&p, dv, 4 * (size_t)T * H), y = b2(&p, NULL, 4 * (size_t)T * H);
+    hw nw = make_w(EG_W_BF16, 1, H, 1.0f), nf = make_w(EG_W_F32, 1, H, 1.0f);
+    hw_up(&p, &nw);
+    hw_up(&p, &nf);
+    CHECK_OK(p.cpu->ops->rmsnorm(p.cpu, xx.c, &nw.dc, T, H, 1e-6f, y.c, &err), &err);
+    CHECK_OK(p.gpu->ops->rmsnorm(p.gpu, xx.g, &nw.dg, T, H, 1e-6f, y.g, &err), &err);
+    cmp_f32(&p, &y, "rmsnorm H=7168 (BF16 weight)", 1e-6);
+    CHECK_OK(p.cpu->ops->rmsnorm(p.cpu, xx.c, &nf.dc, T, H, 1e-6f, y.c, &err), &err);
+    CHECK_OK(p.gpu->ops->rmsnorm(p.gpu, xx.g, &nf.dg, T, H, 1e-6f, y.g, &err), &err);
+    cmp_f32(&p, &y, "rmsnorm H=7168 (F32 weight)", 1e-6);
+    CHECK_OK(p.cpu->ops->add_rmsnorm(p.cpu, xx.c, dx.c, &nw.dc, T, H, 1e-6f, y.c, &err), &err);
+    CHECK_OK(p.gpu->ops->add_rmsnorm(p.gpu, xx.g, dx.g, &nw.dg, T, H, 1e-6f, y.g, &err), &err);
+    cmp_f32(&p, &xx, "add_rmsnorm residual x += dx", 0.0);
+    cmp_f32(&p, &y, "add_rmsnorm output", 1e-6);
+    CHECK_OK(p.cpu->ops->add(p.cpu, xx.c, dx.c, (int64_t)T * H - 5, &err), &err);
+    CHECK_OK(p.gpu->ops->add(p.gpu, xx.g, dx.g, (int64_t)T * H - 5, &err), &err);
+    cmp_f32(&p, &xx, "add (n = T*H - 5)", 0.0);
+    int32_t idx[7] = {32, 0, 5, 5, 17, 1, 31};
+    buf2 ix = b2(&p, idx, sizeof idx), g = b2(&p, NULL, 4 * 7 * (size_t)H);
+    CHECK_OK(p.cpu->ops->gather_rows(p.cpu, xx.c, ix.c, 7, H, g.c, &err), &err);
+    CHECK_OK(p.gpu->ops->gather_rows(p.gpu, xx.g, ix.g, 7, H, g.g, &err), &err);
+    cmp_f32(&p, &g, "gather_rows n=7", 0.0);
+    buf2 *bs[] = {&tk, &x, &xx, &dx, &y, &ix, &g};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) b2_free(&p, bs[i]);
+    hw_free(&p, &E);
+    hw_free(&p, &nw);
+    hw_free(&p, &nf);
+    free(xv);
+    free(dv);
+    pair_free(&p);
+}
+
+/* ---- linear ---------------------------------------------------------------------------------- */
+
+static void linear_case(pair *p, eg_wfmt fmt, int64_t rows, int64_t cols, int T, double bound) {
+    eg_error err = {0};
+    hw W = make_w(fmt, rows, cols, 1.0f / sqrtf((float)cols));
+    hw_up(p, &W);
+    float *xv = randv((int64_t)T * cols, 1.0f);
+    buf2 x = b2(p, xv, 4 * (size_t)T * cols), y = b2(p, NULL, 4 * (size_t)T * rows);
+    CHECK_OK(p->cpu->ops->linear(p->cpu, x.c, T, &W.dc, y.c, &err), &err);
+    CHECK_OK(p->gpu->ops->linear(p->gpu, x.g, T, &W.dg, y.g, &err), &err);
+    char what[128];
+    snprintf(what, sizeof what, "linear %s [%lld][%lld] T=%d", fmt_name(fmt), (long long)rows, (long long)cols, T);
+    cmp_f32(p, &y, what, bound);
+    b2_free(p, &x);
+    b2_free(p, &y);
+    hw_free(p, &W);
+    free(xv);
+}
+
+/* Kimi widths (cuBLAS and the dequantising GEMM at size). */
+static void test_linear_kimi(void) {
+    seed(2);
+    eg_config c = kimi_cfg();
+    pair p;
+    if (!pair_make(&c, 256, &p)) return;
+    int Ts[] = {1, 37, 256};
+    for (int i = 0; i < 3; i++) linear_case(&p, EG_W_BF16, 2048, 7168, Ts[i], bf16_bound());
+    linear_case(&p, EG_W_BF16, 1536 + 64 + 512 - 64, 7168, 5, bf16_bound()); /* odd rows */
+    linear_case(&p, EG_W_BF16, 32768, 7168, 3, bf16_bound());                /* lm_head-like */
+    for (int i = 0; i < 2; i++) linear_case(&p, EG_W_INT4, 2048, 7168, Ts[i], 1e-4);
+    linear_case(&p, EG_W_INT4, 7168, 2048, 37, 1e-4);
+    linear_case(&p, EG_W_FP8, 1536, 7168, 37, 1e-4);
+    pair_free(&p);
+}
+
+/* Every format at small and ragged shapes (partial tiles and scale blocks). */
+static void test_linear_small(void) {
+    seed(13);
+    eg_config c = small_cfg();
+    c.hidden = 1024; /* the CPU backend's row scratch must hold 544 columns */
+    pair p;
+    if (!pair_make(&c, 64, &p)) return;
+    linear_case(&p, EG_W_BF16, 77, 130, 5, bf16_bound());
+    linear_case(&p, EG_W_INT4, 100, 96, 3, 1e-4);   /* cols not a multiple of the tile */
+    linear_case(&p, EG_W_INT4, 130, 256, 40, 1e-4); /* rows and T past one tile */
+    linear_case(&p, EG_W_FP8, 300, 544, 7, 1e-4);   /* partial 128-blocks both ways */
+    linear_case(&p, EG_W_F32, 100, 200, 9, 1e-5);
+    linear_case(&p, EG_W_F16, 64, 96, 9, 1e-5);
+    pair_free(&p);
+}
+
+/* ---- SwiGLU MLP -------------------------------------------------------------------------------- */
+
+static void mlp_case(pair *p, eg_wfmt fmt, int H, int I, int T, int accumulate, double bound) {
+    eg_error err = {0};
+    hw G = make_w(fmt, I, H, 1.0f / sqrtf((float)H)), U = make_w(fmt, I, H, 1.0f / sqrtf((float)H));
+    hw D = make_w(fmt, H, I, 1.0f / sqrtf((float)I));
+    hw_up(p, &G);
+    hw_up(p, &U);
+    hw_up(p, &D);
+    float *xv = randv((int64_t)T * H, 1.0f), *yv = randv((int64_t)T * H, 0.1f);
+    buf2 x = b2(p, xv, 4 * (size_t)T * H), y = b2(p, yv, 4 * (size_t)T * H);
+    CHECK_OK(p->cpu->ops->swiglu_mlp(p->cpu, x.c, T, &G.dc, &U.dc, &D.dc, y.c, accumulate, &err), &err);
+    CHECK_OK(p->gpu->ops->swiglu_mlp(p->gpu, x.g, T, &G.dg, &U.dg, &D.dg, y.g, accumulate, &err), &err);
+    char what[128];
+    snprintf(what, sizeof what, "swiglu_mlp %s H=%d I=%d T=%d%s", fmt_name(fmt), H, I, T, accumulate ? " (+=)" : "");
+    cmp_f32(p, &y, what, bound);
+    b2_free(p, &x);
+    b2_free(p, &y);
+    hw_free(p, &G);
+    hw_free(p, &U);
+    hw_free(p, &D);
+    free(xv);
+    free(yv);
+}
+
+static void test_swiglu(void) {
+    seed(3);
+    eg_config c = kimi_cfg();
+    pair p;
+    if (!pair_make(&c, 64, &p)) return;
+    mlp_case(&p, EG_W_BF16, 7168, 2048, 37, 0, bf16_bound());
+    mlp_case(&p, EG_W_BF16, 7168, 2048, 1, 1, bf16_bound());
+    mlp_case(&p, EG_W_INT4, 1024, 512, 19, 1, 1e-4);
+    mlp_case(&p, EG_W_FP8, 640, 384, 5, 0, 1e-4);
+    pair_free(&p);
+}
+
+/* ---- MLA attention ------------------------------------------------------------------------------ */
+
+typedef struct mla_setup {
+    pair *p;
+    eg_config c;
+    int NH, C, DN, DR, DV, W, S, MB, BS;
+    int64_t nblocks;
+    buf2 cache, table, inv_freq;
+    hw norm, kvb;
+} mla_setup;
+
+static void mla_init(mla_setup *m, pair *p, const eg_config *c, int S, int MB, int BS) {
+    memset(m, 0, sizeof *m);
+    m->p = p;
+    m->c = *c;
+    m->NH = c->n_heads; m->C = c->kv_lora_rank; m->DN = c->qk_nope; m->DR = c->qk_rope; m->DV = c->v_head;
+    m->W = m->C + m->DR; m->S = S; m->MB = MB; m->BS = BS;
+    m->nblocks = (int64_t)S * MB;
+    /* shuffled block table: slot s's logical block i lives anywhere */
+    int32_t *tab = malloc(sizeof(int32_t) * (size_t)m->nblocks);
+    for (int64_t i = 0; i < m->nblocks; i++) tab[i] = (int32_t)i;
+    for (int64_t i = m->nblocks - 1; i > 0; i--) {
+        int64_t j = (int64_t)(urand() * (double)(i + 1));
+        int32_t t = tab[i]; tab[i] = tab[j]; tab[j] = t;
+    }
+    m->table = b2(p, tab, sizeof(int32_t) * (size_t)m->nblocks);
+    free(tab);
+    size_t cbytes = 2 * (size_t)m->nblocks * (size_t)BS * (size_t)m->W;
+    /* random BF16 history (the same bits on both sides) */
+    uint16_t *hist = malloc(cbytes);
+    fill_bf16(hist, (int64_t)(cbytes / 2), 1.0f);
+    m->cache = b2(p, hist, cbytes);
+    free(hist);
+    float *inv = malloc(sizeof(float) * (size_t)(m->DR / 2));
+    for (int i = 0; i < m->DR / 2; i++) inv[i] = (float)pow(c->rope_theta, -2.0 * i / m->DR);
+    m->inv_freq = b2(p, inv, sizeof(float) * (size_t)(m->DR / 2));
+    free(inv);
+    m->norm = make_w(EG_W_BF16, 1, m->C, 1.0f);
+    for (int i = 0; i < m->C; i++) ((uint16_t *)m->norm.data)[i] = eg_f32_to_bf16(1.0f + 0.3f * nrand());
+    m->kvb = make_w(EG_W_BF16, (int64_t)m->NH * (m->DN + m->DV), m->C, 1.0f / sqrtf((float)m->C));
+    hw_up(p, &m->norm);
+    hw_up(p, &m->kvb);
+}
+
+static void mla_free(mla_setup *m) {
+    b2_free(m->p, &m->cache);
+    b2_free(m->p, &m->table);
+    b2_free(m->p, &m->inv_freq);
+    hw_free(m->p, &m->norm);
+    hw_free(m->p, &m->kvb);
+}
+
+/* One call on both backends with T tokens at (slot, pos); compares out and the cache. */
+static void mla_call(mla_setup *m, int T, const int32_t *slot, const int32_t *pos, int h0, int h1, float attn_factor,
+                     const char *what) {
+    pair *p = m->p;
+    eg_error err = {0};
+    int max_pos = 0;
+    for (int t = 0; t < T; t++) max_pos = pos[t] + 1 > max_pos ? pos[t] + 1 : max_pos;
+    float *q = randv((int64_t)T * m->NH * (m->DN + m->DR), 1.0f), *kv = randv((int64_t)T * m->W, 1.0f);
+    buf2 bq = b2(p, q, 4 * (size_t)T * m->NH * (m->DN + m->DR)), bkv = b2(p, kv, 4 * (size_t)T * m->W);
+    buf2 bpos = b2(p, pos, 4 * (size_t)T), bslot = b2(p, slot, 4 * (size_t)T);
+    buf2 out = b2(p, NULL, 4 * (size_t)T * m->NH * m->DV);
+    eg_mla_args a = {.T = T, .max_blocks = m->MB, .block_size = m->BS, .max_pos = max_pos,
+                     .rope_attn_factor = attn_factor,
+                     .softmax_scale = 1.0f / sqrtf((float)(m->DN + m->DR)), .eps = 1e-6f, .h0 = h0, .h1 = h1};
+    a.pos = bpos.c; a.slot = bslot.c; a.block_table = m->table.c; a.q = bq.c; a.kv = bkv.c;
+    a.kv_a_norm = &m->norm.dc; a.kv_b = &m->kvb.dc; a.cache.data = m->cache.c; a.rope_inv_freq = m->inv_freq.c;
+    a.out = out.c;
+    CHECK_OK(p->cpu->ops->mla_attention(p->cpu, &a, &err), &err);
+    a.pos = bpos.g; a.slot = bslot.g; a.block_table = m->table.g; a.q = bq.g; a.kv = bkv.g;
+    a.kv_a_norm = &m->norm.dg; a.kv_b = &m->kvb.dg; a.cache.data = m->cache.g; a.rope_inv_freq = m->inv_freq.g;
+    a.out = out.g;
+    CHECK_OK(p->gpu->ops->mla_attention(p->gpu, &a, &err), &err);
+    cmp_f32(p, &out, what, bf16_bound());
+    /* the cache rows written by this call: identical bits expected */
+    uint16_t *gc = fetch(p, &m->cache);
+    const uint16_t *cc = m->cache.c;
+    int32_t *tab = m->table.c;
+    int64_t diff = 0, total = 0;
+    for (int t = 0; t < T; t++) {
+        int64_t row = ((int64_t)tab[(int64_t)slot[t] * m->MB + pos[t] / m->BS] * m->BS + pos[t] % m->BS) * m->W;
+        for (int k = 0; k < m->W; k++, total++) diff += gc[row + k] != cc[row + k];
+    }
+    int64_t alldiff = 0;
+    for (size_t i = 0; i < m->cache.n / 2; i++) alldiff += gc[i] != cc[i];
+    printf("    %-58s %lld of %lld cache values differ (%lld in the whole cache)\n", "  cache rows written", (long long)diff,
+           (long long)total, (long long)alldiff);
+    CHECKF(diff * 1000 <= total && alldiff == diff, "%s: %lld cache values differ", what, (long long)alldiff);
+    free(gc);
+    free(q);
+    free(kv);
+    buf2 *bs[] = {&bq, &bkv, &bpos, &bslot, &out};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) b2_free(p, bs[i]);
+}
+
+static void test_mla_small(void) {
+    seed(4);
+    eg_config c = small_cfg();
+    pair p;
+    if (!pair_make(&c, 64, &p)) return;
+    mla_setup m;
+    mla_init(&m, &p, &c, 2, 8, 4);
+    int32_t slot[16], pos[16];
+    for (int t = 0; t < 10; t++) { slot[t] = 0; pos[t] = t; }
+    for (int t = 0; t < 6; t++) { slot[10 + t] = 1; pos[10 + t] = t; }
+    mla_call(&m, 16, slot, pos, 0, c.n_heads, 1.0f, "mla small: mixed prefill T=16 (2 slots)");
+    int32_t s2[2] = {0, 1}, p2[2] = {10, 6};
+    mla_call(&m, 2, s2, p2, 0, c.n_heads, 1.0f, "mla small: decode T=2");
+    int32_t s3[3] = {1, 0, 1}, p3[3] = {7, 11, 8};
+    mla_call(&m, 3, s3, p3, 1, 3, 1.3f, "mla small: decode heads [1,3), attn_factor 1.3");
+    mla_free(&m);
+    pair_free(&p);
+}
+
+/* Small dims, long history: several sequence splits, and a short sequence in the same
+ * call whose later splits are empty. */
+static void test_mla_small_long(void) {
+    seed(12);
+    eg_config c = small_cfg();
+    pair p;
+    if (!pair_make(&c, 64, &p)) return;
+    mla_setup m;
+    mla_init(&m, &p, &c, 2, 300, 4);
+    int32_t s[3] = {0, 0, 1}, q[3] = {1000, 1001, 3};
+    mla_call(&m, 3, s, q, 0, c.n_heads, 1.0f, "mla small long: 1000/1001 with a 4-token sequence");
+    int32_t s1[1] = {1}, q1[1] = {1199};
+    mla_call(&m, 1, s1, q1, 0, c.n_heads, 1.0f, "mla small long: T=1 at 1199");
+    mla_free(&m);
+    pair_free(&p);
+}
+
+static void test_mla_kimi(void) {
+    seed(5);
+    eg_config c = kimi_cfg();
+    pair p;
+    if (!pair_make(&c, 128, &p)) return;
+    mla_setup m;
+    mla_init(&m, &p, &c, 2, 4, 64);
+    int32_t slot[128], pos[128];
+    for (int t = 0; t < 100; t++) { slot[t] = 0; pos[t] = t; }
+    for (int t = 0; t < 28; t++) { slot[100 + t] = 1; pos[100 + t] = t; }
+    mla_call(&m, 128, slot, pos, 0, 64, 1.0f, "mla Kimi: mixed prefill T=128");
+    int32_t s2[2] = {0, 1}, p2[2] = {100, 28};
+    mla_call(&m, 2, s2, p2, 8, 40, 1.0f, "mla Kimi: decode T=2 heads [8,40)");
+    mla_free(&m);
+    pair_free(&p);
+}
+
+/* 4K-position history in a shuffled paged cache: the decode splits the sequence. */
+static void test_mla_long(void) {
+    seed(6);
+    eg_config c = kimi_cfg();
+    pair p;
+    if (!pair_make(&c, 16, &p)) return;
+    mla_setup m;
+    mla_init(&m, &p, &c, 2, 72, 64);
+    int32_t s[3] = {0, 0, 1}, q[3] = {4096, 4097, 1500};
+    mla_call(&m, 3, s, q, 0, 64, 1.0f, "mla Kimi long: decode at 4096/4097 and 1500");
+    int32_t s1[1] = {1}, q1[1] = {4600};
+    mla_call(&m, 1, s1, q1, 0, 64, 1.0f, "mla Kimi long: decode T=1 at 4600");
+    mla_free(&m);
+    pair_free(&p);
+}
+
+/* ---- router ------------------------------------------------------------------------------------- */
+
+static void router_case(int E, int G, int TG, int K, int H, int T, int norm, float scale) {
+    eg_config c = kimi_cfg();
+    c.n_experts = E; c.n_group = G; c.topk_group = TG; c.topk = K; c.hidden = H; c.norm_topk = norm;
+    c.routed_scale = scale;
+    pair p;
+    if (!pair_make(&c, T, &p)) return;
+    eg_error err = {0};
+    hw gate = make_w(EG_W_BF16, E, H, 1.0f / sqrtf((float)H)), bias = make_w(EG_W_F32, 1, E, 0.05f);
+    hw_up(&p, &gate);
+    hw_up(&p, &bias);
+    float *xv = randv((int64_t)T * H, 1.0f);
+    buf2 x = b2(&p, xv, 4 * (size_t)T * H), ids = b2(&p, NULL, 4 * (size_t)T * K), w = b2(&p, NULL, 4 * (size_t)T * K);
+    eg_router_args a = {.T = T, .n_group = G, .topk_group = TG, .topk = K, .norm_topk = norm, .routed_scale = scale};
+    a.x = x.c; a.gate = &gate.dc; a.bias = &bias.dc; a.ids = ids.c; a.weights = w.c;
+    CHECK_OK(p.cpu->ops->router(p.cpu, &a, &err), &err);
+    a.x = x.g; a.gate = &gate.dg; a.bias = &bias.dg; a.ids = ids.g; a.weights = w.g;
+    CHECK_OK(p.gpu->ops->router(p.gpu, &a, &err), &err);
+    int32_t *gi = fetch(&p, &ids), *ci = ids.c;
+    float *gw = fetch(&p, &w), *cw = w.c;
+    int bad_tokens = 0;
+    double num = 0, den = 0;
+    for (int t = 0; t < T; t++) {
+        int same = !memcmp(gi + t * K, ci + t * K, sizeof(int32_t) * (size_t)K);
+        bad_tokens += !same;
+        if (same)
+            for (int k = 0; k < K; k++) {
+                double d = gw[t * K + k] - cw[t * K + k];
+                num += d * d;
+                den += (double)cw[t * K + k] * cw[t * K + k];
+            }
+    }
+    double e = sqrt(num) / (den > 0 ? sqrt(den) : 1);
+    printf("    router E=%d groups %d/%d top-%d H=%d T=%d: %d token(s) with different experts, weights rel %.3e\n", E, TG,
+           G, K, H, T, bad_tokens, e);
+    /* FP32 logits summed in another order can flip a near-tie; more than one is a bug */
+    CHECKF(bad_tokens <= 1, "router: %d tokens chose different experts", bad_tokens);
+    CHECKF(e <= 1e-5, "router weights rel %.3e", e);
+    free(gi);
+    free(gw);
+    free(xv);
+    b2_free(&p, &x);
+    b2_free(&p, &ids);
+    b2_free(&p, &w);
+    hw_free(&p, &gate);
+    hw_free(&p, &bias);
+    pair_free(&p);
+}
+
+static void test_router(void) {
+    seed(7);
+    router_case(384, 1, 1, 8, 7168, 64, 1, 2.827f); /* Kimi */
+    router_case(16, 4, 2, 4, 256, 50, 1, 2.5f);     /* tiny-a: group-limited */
+    router_case(256, 8, 4, 8, 7168, 20, 1, 2.5f);   /* DeepSeek-V3 */
+    router_case(64, 8, 3, 6, 512, 30, 0, 1.0f);     /* no normalisation */
+}
+
+/* ---- MoE ---------------------------------------------------------------------------------------- */
+
+static void moe_case(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0, int e1, double bound) {
+    eg_config c = kimi_cfg();
+    c.n_experts = E; c.topk = K; c.hidden = H; c.moe_inter = F; c.inter = F;
+    pair p;
+    if (!pair_make(&c, T, &p)) return;
+    eg_error err = {0};
+    double t0 = eg_now();
+    hw *ex = calloc((size_t)E, 3 * sizeof(hw));
+    eg_expert_w *xc = calloc((size_t)E, sizeof *xc), *xg = calloc((size_t)E, sizeof *xg);
+    for (int e = 0; e < E; e++) {
+        hw *w3 = ex + 3 * e;
+        w3[0] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
+        w3[1] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
+        w3[2] = make_w(fmt, H, F, 1.0f / sqrtf((float)F));
+        for (int j = 0; j < 3; j++) hw_up(&p, &w3[j]);
+        xc[e].gate = w3[0].dc; xc[e].up = w3[1].dc; xc[e].down = w3[2].dc;
+        xg[e].gate = w3[0].dg; xg[e].up = w3[1].dg; xg[e].down = w3[2].dg;
+    }
+    double t1 = eg_now();
+    /* routing: distinct experts per token, random weights */
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * K);
+    float *wts = malloc(sizeof(float) * (size_t)T * K);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e, dup;
+            do {
+                e = (int)(urand() * E);
+                dup = 0;
+                for (int j = 0; j < k; j++) dup |= ids[t * K + j] == e;
+            } while (dup);
+            ids[t * K + k] = e;
+            wts[t * K + k] = 0.1f + (float)urand();
+        }
+    float *xv = randv((int64_t)T * H, 1.0f), *yv = randv((int64_t)T * H, 0.1f);
+    buf2 x = b2(&p, xv, 4 * (size_t)T * H), y = b2(&p, yv, 4 * (size_t)T * H);
+    buf2 bi = b2(&p, ids, 4 * (size_t)T * K), bw = b2(&p, wts, 4 * (size_t)T * K);
+    eg_moe_args a = {.T = T, .topk = K, .e0 = e0, .e1 = e1};
+    a.x = x.c; a.ids = bi.c; a.weights = bw.c; a.experts = xc; a.y = y.c;
+    CHECK_OK(p.cpu->ops->moe(p.cpu, &a, &err), &err);
+    double t2 = eg_now();
+    a.x = x.g; a.ids = bi.g; a.weights = bw.g; a.experts = xg; a.y = y.g;
+    CHECK_OK(p.gpu->ops->moe(p.gpu, &a, &err), &err);
+    /* a second call reuses the cached expert table */
+    CHECK_OK(p.gpu->ops->sync(p.gpu, &err), &err);
+    char what[160];
+    snprintf(what, sizeof what, "moe %s E=%d top-%d H=%d F=%d T=%d experts [%d,%d)", fmt_name(fmt), E, K, H, F, T, e0,
+             e1);
+    cmp_f32(&p, &y, what, bound);
+    printf("      (make+upload %.1fs, cpu %.1fs)\n", t1 - t0, t2 - t1);
+    free(ids);
+    free(wts);
+    free(xv);
+    free(yv);
+    buf2 *bs[] = {&x, &y, &bi, &bw};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) b2_free(&p, bs[i]);
+    for (int i = 0; i < 3 * E; i++) hw_free(&p, &ex[i]);
+    free(ex);
+    free(xc);
+    free(xg);
+    pair_free(&p);
+}
+
+static void test_moe_small(void) {
+    seed(8);
+    moe_case(EG_W_BF16, 8, 2, 256, 128, 300, 0, 8, 1e-4);    /* > 32 rows per expert: several tiles */
+    moe_case(EG_W_BF16, 8, 2, 256, 128, 300, 2, 6, 1e-4);    /* expert range */
+    moe_case(EG_W_INT4, 16, 4, 512, 192, 50, 0, 16, 1e-4);
+    moe_case(EG_W_FP8, 16, 4, 384, 256, 40, 3, 16, 1e-4);
+    moe_case(EG_W_BF16, 16, 4, 256, 128, 1500, 0, 16, 1e-4); /* > 1024 tokens: two passes */
+}
+
+static void test_moe_kimi(void) {
+    seed(9);
+    moe_case(EG_W_INT4, 384, 8, 7168, 2048, 37, 0, 384, 1e-4);
+}
+
+static void test_moe_kimi_range(void) {
+    seed(10);
+    moe_case(EG_W_INT4, 384, 8, 7168, 2048, 1, 100, 300, 1e-4);
+}
+
+/* ---- sampling -------------------------------------------------------------------------------------- */
+
+static void sample_case(int N, int V, int rounds) {
+    eg_config c = small_cfg();
+    c.vocab = V;
+    pair p;
+    if (!pair_make(&c, N, &p)) return;
+    eg_error err = {0};
+    eg_sample_params *sp = malloc(sizeof *sp * (size_t)N);
+    uint64_t *rc = malloc(8 * (size_t)N), *rg = malloc(8 * (size_t)N);
+    int32_t *oc = malloc(4 * (size_t)N), *og = malloc(4 * (size_t)N);
+    const eg_sample_params kinds[8] = {{0, 1, 0},      {0, 1, 0},     {1.0f, 1, 0},   {0.7f, 1, 50},
+                                       {1.0f, 0.9f, 0}, {0.8f, 0.5f, 200}, {1.2f, 1, 1}, {1.0f, 0.999f, 0}};
+    for (int i = 0; i < N; i++) {
+        sp[i] = kinds[i % 8];
+        rc[i] = rg[i] = eg_rng_seed(1234, (uint64_t)i);
+    }
+    int mismatches = 0, draws = 0;
+    for (int r = 0; r < rounds; r++) {
+        float *lg = randv((int64_t)N * V, 4.0f);
+        /* row 1 (mod 8): a tie at the maximum between ids 5 and 100 */
+        for (int i = 1; i < N; i += 8) {
+            lg[(int64_t)i * V + 5] = 50.0f;
+            lg[(int64_t)i * V + 100] = 50.0f;
+        }
+        buf2 l = b2(&p, lg, 4 * (size_t)N * V);
+        CHECK_OK(p.cpu->ops->sample(p.cpu, l.c, N, V, sp, rc, oc, &err), &err);
+        CHECK_OK(p.gpu->ops->sample(p.gpu, l.g, N, V, sp, rg, og, &err), &err);
+        for (int i = 0; i < N; i++) {
+            mismatches += oc[i] != og[i] || rc[i] != rg[i];
+            draws++;
+        }
+        for (int i = 1; i < N; i += 8) CHECKF(og[i] == 5, "greedy tie: got %d, want 5", og[i]);
+        b2_free(&p, &l);
+        free(lg);
+    }
+    printf("    sample N=%d V=%d x %d rounds: %d of %d tokens/RNG states differ\n", N, V, rounds, mismatches, draws);
+    CHECKF(mismatches == 0, "sampling differs from the CPU in %d of %d draws", mismatches, draws);
+    free(sp);
+    free(rc);
+    free(rg);
+    free(oc);
+    free(og);
+    pair_free(&p);
+}
+
+static void test_sample_kimi(void) {
+    seed(11);
+    sample_case(8, 163840, 6);
+}
+
+static void test_sample_small(void) {
+    seed(14);
+    sample_case(8, 3000, 4);
+    sample_case(100, 5000, 3); /* more rows than one sampling pass */
+}
+
+/* ---- errors, planner ---------------------------------------------------------------------------------- */
+
+static void test_errors_and_plan(void) {
+    eg_config c = kimi_cfg();
+    eg_error err = {0};
+    eg_backend_opts o = {.name = "cuda", .max_tokens = 256, .max_seq_len = 8192, .device = 0};
+    eg_backend *b = NULL;
+    CHECK_OK(eg_backend_cuda_create(&c, &o, &b, &err), &err);
+    if (!b) return;
+    void *ptr = NULL;
+    eg_status st = b->ops->alloc(b, (size_t)1 << 50, &ptr, &err);
+    printf("    alloc 1 PiB -> %s: %s\n", eg_status_name(st), err.msg);
+    CHECK(st == EG_ERR_NOMEM && ptr == NULL);
+    hw W = make_w(EG_W_BF16, 64, 7168, 0.01f);
+    eg_weight d;
+    CHECK_OK(b->ops->weight_upload(b, &W.w, &d, &err), &err);
+    st = b->ops->linear(b, NULL, 1000, &d, NULL, &err);
+    printf("    linear T=1000 > max_tokens -> %s: %s\n", eg_status_name(st), err.msg);
+    CHECK(st == EG_ERR_INVALID);
+    CHECK_OK(b->ops->sync(b, &err), &err); /* still usable */
+    b->ops->weight_release(b, &d);
+    hw_free(NULL, &W);
+    int64_t fr = 0, to = 0;
+    CHECK_OK(eg_cuda_mem_info(0, &fr, &to, &err), &err);
+    CHECK(fr > 0 && to >= fr);
+    eg_cuda_mem_plan plan;
+    CHECK_OK(eg_cuda_plan(&c, &o, 0.9, (int64_t)20 << 30, (int64_t)1 << 30, c.n_layers, 64, &plan, &err), &err);
+    char line[512];
+    eg_cuda_plan_format(&plan, 0, line, sizeof line);
+    printf("    plan: %s\n", line);
+    CHECK(plan.kv_tokens > 0 && plan.kv_tokens % 64 == 0);
+    CHECK(plan.kv_bytes_per_token == (int64_t)c.n_layers * 576 * 2);
+    st = eg_cuda_plan(&c, &o, 0.9, (int64_t)1 << 50, 0, c.n_layers, 64, &plan, &err);
+    CHECK(st == EG_ERR_NOMEM);
+    void *h = eg_cuda_host_alloc(1 << 20, &err);
+    CHECK(h != NULL);
+    eg_cuda_host_free(h);
+    eg_cuda_host_free(NULL);
+    eg_backend_free(b);
+    eg_backend_free(NULL);
+}
+
+static const eg_test tests[] = {
+    {"errors_and_plan", test_errors_and_plan},
+    {"embed_norm_add_gather", test_embed_norm_add_gather},
+    {"linear_small", test_linear_small},
+    {"linear_kimi", test_linear_kimi},
+    {"swiglu", test_swiglu},
+    {"mla_small", test_mla_small},
+    {"mla_small_long", test_mla_small_long},
+    {"mla_kimi", test_mla_kimi},
+    {"mla_long", test_mla_long},
+    {"router", test_router},
+    {"moe_small", test_moe_small},
+    {"moe_kimi", test_moe_kimi},
+    {"moe_kimi_range", test_moe_kimi_range},
+    {"sample_small", test_sample_small},
+    {"sample_kimi", test_sample_kimi},
+};
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    eg_config c = small_cfg();
+    eg_backend_opts o = {.name = "cuda", .max_tokens = 1, .max_seq_len = 16, .device = 0};
+    eg_backend *b = NULL;
+    eg_error err = {0};
+    eg_status st = eg_backend_cuda_create(&c, &o, &b, &err);
+    if (st == EG_ERR_UNSUPPORTED) {
+        printf("test_cuda_ops: %s\n", err.msg);
+        no_gpu = 1;
+        return 2;
+    }
+    eg_backend_free(b);
+    (void)eg_test_seed();
+    return eg_test_main("cuda_ops", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
