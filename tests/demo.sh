@@ -12,8 +12,13 @@ mkdir -p "$out"
 echo "== mkmodel: a tiny random Kimi-K2.5-layout model"
 $E mkmodel --preset tiny --out "$out/model" --seed 1
 echo "== generate over prompts/samples/sample.jsonl"
+# The sample's {"input_ids"} record holds ids of Kimi's real vocabulary, which the tiny
+# model's 512-id vocabulary does not have: it is rejected by design and logged, showing
+# the bad-record policy (without --on-bad-record=skip the run would stop there).
 $E generate --model "$out/model" --prompts prompts/samples/sample.jsonl --out "$out/dataset" \
-    --max-new-tokens 64 --max-seq-len 1024 --shard-samples 16 --batch 8
+    --max-new-tokens 64 --max-seq-len 1024 --shard-samples 16 --batch 8 --on-bad-record skip
+echo "== rejected records"
+cat "$out/dataset/rejects.jsonl"
 echo "== inspect --verify"
 $E inspect "$out/dataset" --verify
 echo "== one sample"
