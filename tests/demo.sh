@@ -22,6 +22,6 @@ cat "$out/dataset/rejects.jsonl"
 echo "== inspect --verify"
 $E inspect "$out/dataset" --verify
 echo "== one sample"
-$E inspect "$out/dataset" --sample 0 --show 8
+$E inspect "$out/dataset" --sample 0 --tokenizer "$out/model"
 echo
 echo "demo done: the dataset is in $out/dataset (rerun the generate command to see it resume)"
