@@ -6,20 +6,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "engine/forward.h"
+#include "engine/mkmodel.h"
 #include "gen/args.h"
 #include "gen/commands.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: eaglegen bench --model DIR [options]\n"
+            "usage: eaglegen bench (--model DIR | --preset NAME [--layers N]) [options]\n"
             "\n"
             "Prefill: BATCH sequences of PROMPT tokens in chunks of CHUNK rows. Decode: the same\n"
             "sequences then take STEPS steps of one token each (greedy, sampled on the backend).\n"
             "Prints tokens/s for each phase.\n"
             "\n"
             "options:\n"
-            "  --model DIR        checkpoint directory (required)\n"
+            "  --model DIR        checkpoint directory\n"
+            "  --preset NAME      instead of --model: draw a random model of this mkmodel preset (tiny,\n"
+            "                     moonlight-16b, kimi-k2.5) into --scratch, run, and delete it\n"
+            "  --layers N         with --preset: layer count (e.g. kimi-k2.5 --layers 4: real layer shapes)\n"
+            "  --experts int4|bf16  with --preset: expert format (default int4)\n"
+            "  --scratch DIR      with --preset: where the model is drawn (default /dev/shm, a RAM\n"
+            "                     disk, when present; else /tmp)\n"
             "  --backend NAME     cpu or cuda (default cpu)\n"
             "  --batch LIST       comma-separated batch sizes (default 1,8)\n"
             "  --prompt-len N     prompt tokens per sequence (default 128)\n"
@@ -87,14 +98,32 @@ out:
     return st;
 }
 
+/* Delete the drawn model: a flat directory of files. */
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[4200];
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
 int cmd_bench(int argc, char **argv) {
-    const char *model_dir = NULL, *backend = "cpu", *batches = "1,8";
-    int plen = 128, steps = 16, chunk = 256, threads = 0;
+    const char *model_dir = NULL, *backend = "cpu", *batches = "1,8", *preset = NULL, *scratch = NULL;
+    int plen = 128, steps = 16, chunk = 256, threads = 0, layers = 0, experts = EG_MK_EXPERTS_INT4;
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},      {"backend", required_argument, 0, 'b'},
         {"batch", required_argument, 0, 'B'},      {"prompt-len", required_argument, 0, 'p'},
         {"decode-steps", required_argument, 0, 's'}, {"chunk", required_argument, 0, 'c'},
         {"threads", required_argument, 0, 't'},    {"help", no_argument, 0, 'h'},
+        {"preset", required_argument, 0, 'P'},     {"layers", required_argument, 0, 'L'},
+        {"experts", required_argument, 0, 'E'},    {"scratch", required_argument, 0, 'S'},
         {0, 0, 0, 0}};
     optind = 1;
     int ch;
@@ -107,15 +136,50 @@ int cmd_bench(int argc, char **argv) {
         case 's': if (!gen_arg_int("bench", "--decode-steps", optarg, 1, 1 << 24, &steps)) return 2; break;
         case 'c': if (!gen_arg_int("bench", "--chunk", optarg, 1, 1 << 20, &chunk)) return 2; break;
         case 't': if (!gen_arg_int("bench", "--threads", optarg, 1, 4096, &threads)) return 2; break;
+        case 'P': preset = optarg; break;
+        case 'L': if (!gen_arg_int("bench", "--layers", optarg, 1, 1 << 20, &layers)) return 2; break;
+        case 'S': scratch = optarg; break;
+        case 'E':
+            if (!strcmp(optarg, "int4")) experts = EG_MK_EXPERTS_INT4;
+            else if (!strcmp(optarg, "bf16")) experts = EG_MK_EXPERTS_BF16;
+            else { fprintf(stderr, "eaglegen bench: --experts expects int4 or bf16\n"); return 2; }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (!model_dir) { fprintf(stderr, "eaglegen bench: --model is required\n"); usage(stderr); return 2; }
+    if (!model_dir == !preset) {
+        fprintf(stderr, "eaglegen bench: give one of --model or --preset\n");
+        usage(stderr);
+        return 2;
+    }
     eg_error err = {0};
     eg_model m;
     memset(&m, 0, sizeof m);
-    if (eg_model_load(model_dir, &m, &err)) { fprintf(stderr, "eaglegen bench: %s\n", err.msg); return 1; }
+    char drawn[4096] = "";
+    if (preset) {
+        struct stat sb;
+        if (!scratch) scratch = stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) ? "/dev/shm" : "/tmp";
+        snprintf(drawn, sizeof drawn, "%s/eaglegen-bench-XXXXXX", scratch);
+        if (!mkdtemp(drawn)) { fprintf(stderr, "eaglegen bench: cannot create a directory in %s\n", scratch); return 1; }
+        eg_mkmodel_opts mo = {.preset = preset, .out_dir = drawn, .seed = 1, .layers = layers, .experts = experts,
+                              .threads = threads};
+        eg_mkmodel_plan_info info;
+        double t0 = eg_now();
+        if (eg_mkmodel_run(&mo, &info, &err)) {
+            fprintf(stderr, "eaglegen bench: drawing the %s model: %s\n", preset, err.msg);
+            remove_tree(drawn);
+            return 1;
+        }
+        printf("drew preset %s (%d layers, %.1f GB) in %.1f s into %s\n", preset, info.n_layers,
+               (double)info.total_bytes / 1e9, eg_now() - t0, drawn);
+        model_dir = drawn;
+    }
+    if (eg_model_load(model_dir, &m, &err)) {
+        fprintf(stderr, "eaglegen bench: %s\n", err.msg);
+        if (*drawn) remove_tree(drawn);
+        return 1;
+    }
     printf("model %s: %d layers, hidden %d, %d experts top-%d, weights %.1f MB\n", model_dir, m.cfg.n_layers,
            m.cfg.hidden, m.cfg.n_experts, m.cfg.topk, (double)m.weight_bytes / 1e6);
     printf("%-8s %6s %8s %12s %12s %10s\n", "backend", "batch", "prompt", "prefill t/s", "decode t/s", "ms/step");
@@ -127,5 +191,6 @@ int cmd_bench(int argc, char **argv) {
             rc = 1;
         }
     eg_model_free(&m);
+    if (*drawn) remove_tree(drawn);
     return rc;
 }

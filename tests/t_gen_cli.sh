@@ -57,4 +57,8 @@ grep -q "weights 594.2 GB" "$tmp/plan"
 [ "$(grep -c '^[0-7] ' "$tmp/plan")" -eq 8 ]
 $E plan --model "$FIXTURES/models/tiny-a" --stages 2 --gpu-mem-gb 0.01 --act-gb 0 > "$tmp/plan2"
 grep -q "^1 " "$tmp/plan2"
+echo "-- bench on a drawn preset (removed afterwards)"
+$E bench --preset tiny --batch 2 --prompt-len 16 --decode-steps 2 --scratch "$tmp" > "$tmp/bench"
+grep -q "^cpu  *2  *16 " "$tmp/bench" || { cat "$tmp/bench"; exit 1; }
+[ -z "$(ls -d "$tmp"/eaglegen-bench-* 2>/dev/null)" ] || { echo "bench left its drawn model behind"; exit 1; }
 echo "t_gen_cli: ok"
