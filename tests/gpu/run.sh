@@ -224,6 +224,12 @@ else
     fi
 fi
 
+# 5b. issue 7's real layer shapes, opt-in (draws ~35 GB into /dev/shm): RUN_KIMI=1
+if [ $NO_GPU = 0 ] && [ "${RUN_KIMI:-0}" = 1 ] && have_cmd bench --preset; then
+    SUMMARY="" run bench-kimi-4l 420 bench-kimi.log "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 \
+        --experts int4 --batch 1,16,64,256 --prompt-len 2048 --decode-steps 8
+fi
+
 # table ---------------------------------------------------------------------------------------
 {
     echo
