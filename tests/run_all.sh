@@ -24,5 +24,5 @@ for p in tests/test_*.py dataset/python/test_*.py; do
     if "$PYTHON" "$p"; then passed=$((passed + 1)); else failed=$((failed + 1)); failed_names+=("$(basename "$p")"); fi
 done
 [ "$failed" -eq 0 ] || echo "failed suites: ${failed_names[*]}"
-echo "all suites: $passed passed, $failed failed"
+echo "total: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
