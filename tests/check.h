@@ -6,11 +6,13 @@
 #ifndef EG_CHECK_H
 #define EG_CHECK_H
 
+#include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct eg_test {
     const char *name;
@@ -58,6 +60,21 @@ static inline uint64_t eg_test_seed(void) {
         printed = 1;
     }
     return seed;
+}
+
+/* Remove a flat directory of files that a test made (no recursion needed). */
+static inline void eg_test_rm_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[1024];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(dir);
 }
 
 static inline int eg_test_main(const char *suite, const eg_test *t, int n, int argc, char **argv) {

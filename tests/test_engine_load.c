@@ -17,19 +17,6 @@
 
 #define FIX "../shared/fixtures/models"
 
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
 
 /* ------------------------------------------------------------ config helpers */
 
@@ -735,8 +722,8 @@ static void test_mkmodel_tiny_roundtrip(void) {
         eg_model_free(&a);
         eg_model_free(&b);
     }
-    rm_rf(d1);
-    rm_rf(d2);
+    eg_test_rm_dir(d1);
+    eg_test_rm_dir(d2);
 }
 
 
@@ -767,7 +754,7 @@ static void test_mkmodel_kimi_sparse(void) {
         CHECK(eg_weight_get(&m.lm_head, 163839, 7167) == 0.0f);
         eg_model_free(&m);
     }
-    rm_rf(d);
+    eg_test_rm_dir(d);
 }
 
 static const eg_test tests[] = {

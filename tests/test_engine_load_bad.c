@@ -16,19 +16,6 @@
 
 #define FIX "../shared/fixtures/models"
 
-static void rm_rf(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
 
 static char *read_all(const char *p, size_t *n) {
     FILE *f = fopen(p, "rb");
@@ -225,16 +212,16 @@ static void test_missing_tensor(void) {
     const char *d = build("tiny-a", &m);
     expect_fail(d, "dropped from shard", "model.layers.2.self_attn.kv_b_proj.weight",
                 "model-00001-of-00002.safetensors", "missing");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m2 = {.drop = {L1 "3.mlp.experts.7.down_proj.weight"}, .drop_index = 1};
     d = build("tiny-a", &m2);
     expect_fail(d, "dropped from index", "model.layers.3.mlp.experts.7.down_proj.weight",
                 "model.safetensors.index.json", "missing");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m3 = {.drop = {"language_model.model.norm.weight"}, .drop_index = 1, .single = 1, .strip = 1};
     d = build("tiny-a", &m3);
     expect_fail(d, "single file", "model.norm.weight", "model.safetensors", "missing");
-    rm_rf(d);
+    eg_test_rm_dir(d);
 }
 
 static void test_wrong_shape_dtype(void) {
@@ -242,20 +229,20 @@ static void test_wrong_shape_dtype(void) {
     const char *d = build("tiny-a", &m);
     expect_fail(d, "shape", "model.layers.0.self_attn.q_a_proj.weight", "model-00001-of-00002.safetensors",
                 "shape [64, 48], expected [48, 64]");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m2 = {.redtype = L1 "3.input_layernorm.weight", .dtype = EG_ST_I16};
     d = build("tiny-a", &m2);
     expect_fail(d, "dtype", "model.layers.3.input_layernorm.weight", "model-00002-of-00002.safetensors",
                 "dtype I16");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m3 = {.reshape = "language_model.lm_head.weight", .ndim = 2, .shape = {256, 128}};
     d = build("tiny-a", &m3);
     expect_fail(d, "lm_head shape", "lm_head.weight", "model-00002-of-00002.safetensors", "expected [512, 64]");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m4 = {.redtype = L1 "1.mlp.gate.e_score_correction_bias", .dtype = EG_ST_I32};
     d = build("tiny-a", &m4);
     expect_fail(d, "bias dtype", "e_score_correction_bias", "model-00001-of-00002.safetensors", "dtype I32");
-    rm_rf(d);
+    eg_test_rm_dir(d);
 }
 
 static void test_int4_defects(void) {
@@ -264,20 +251,20 @@ static void test_int4_defects(void) {
     const char *d = build("tiny-q4", &m);
     expect_fail(d, "weight_shape value", "model.layers.2.mlp.experts.5.gate_proj.weight_shape",
                 "model-00002-of-00002.safetensors", "[32, 65], expected [32, 64]");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m2 = {.reshape = L1 "1.mlp.experts.0.down_proj.weight_scale", .ndim = 2, .shape = {32, 2}};
     d = build("tiny-q4", &m2);
     expect_fail(d, "scale shape", "model.layers.1.mlp.experts.0.down_proj.weight_scale",
                 "model-00001-of-00002.safetensors", "expected [64, 1]");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m3 = {.redtype = L1 "1.mlp.experts.3.up_proj.weight_packed", .dtype = EG_ST_F32};
     d = build("tiny-q4", &m3);
     expect_fail(d, "packed dtype", "model.layers.1.mlp.experts.3.up_proj.weight_packed", "dtype F32", "I32");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m4 = {.drop = {L1 "3.mlp.experts.11.gate_proj.weight_scale"}, .drop_index = 1};
     d = build("tiny-q4", &m4);
     expect_fail(d, "no scale", "model.layers.3.mlp.experts.11.gate_proj.weight_scale", "missing", NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
     /* a routed expert stored as BF16 although the config announces INT4 */
     mut m5 = {.drop = {L1 "1.mlp.experts.0.up_proj.weight_packed", L1 "1.mlp.experts.0.up_proj.weight_scale",
                        L1 "1.mlp.experts.0.up_proj.weight_shape"},
@@ -287,39 +274,39 @@ static void test_int4_defects(void) {
     d = build("tiny-q4", &m5);
     expect_fail(d, "unquantised expert", "model.layers.1.mlp.experts.0.up_proj.weight", "unquantised",
                 "model-00002-of-00002.safetensors");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     /* INT4 tensors but no quantization_config */
     mut m6 = {.cfg_from = "\"quantization_config\"", .cfg_to = "\"quantization_config_off\""};
     d = build("tiny-q4", &m6);
     expect_fail(d, "int4 without config", "model.layers.1.mlp.experts.0.gate_proj.weight_packed",
                 "quantization_config", NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
 }
 
 static void test_fp8_defects(void) {
     mut m = {.drop = {"model.layers.2.self_attn.o_proj.weight_scale_inv"}, .drop_index = 1};
     const char *d = build("tiny-fp8", &m);
     expect_fail(d, "fp8 no scale", "model.layers.2.self_attn.o_proj.weight_scale_inv", "missing", NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m2 = {.reshape = "model.layers.0.self_attn.o_proj.weight_scale_inv", .ndim = 2, .shape = {1, 2}};
     d = build("tiny-fp8", &m2);
     expect_fail(d, "fp8 scale shape", "model.layers.0.self_attn.o_proj.weight_scale_inv",
                 "model-00001-of-00002.safetensors", "expected [2, 1]");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m3 = {.cfg_from = "\"quant_method\": \"fp8\"", .cfg_to = "\"quant_method_x\": \"fp8\""};
     d = build("tiny-fp8", &m3);
     expect_fail(d, "fp8 method", "quant_method", NULL, NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut m4 = {.cfg_from = "\"quantization_config\"", .cfg_to = "\"quantization_config_off\""};
     d = build("tiny-fp8", &m4);
     expect_fail(d, "fp8 without config", "model.layers.0.self_attn.q_a_proj.weight", "F8_E4M3",
                 "model-00001-of-00002.safetensors");
-    rm_rf(d);
+    eg_test_rm_dir(d);
     /* an FP8 norm is refused */
     mut m5 = {.redtype = "model.layers.1.self_attn.kv_a_layernorm.weight", .dtype = EG_ST_I16};
     d = build("tiny-fp8", &m5);
     expect_fail(d, "norm dtype", "kv_a_layernorm.weight", "dtype I16", NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
 }
 
 static void test_damaged_files(void) {
@@ -364,23 +351,23 @@ static void test_damaged_files(void) {
     expect_fail(d, "bad config json", "config.json", "bad JSON", NULL);
     unlink(p);
     expect_fail(d, "no config", "config.json", NULL, NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut sm = {.cfg_from = "\"sigmoid\"", .cfg_to = "\"softmax\""};
     d = build("tiny-a", &sm);
     expect_fail(d, "softmax", "text_config.scoring_func", "softmax", NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut rope = {.cfg_from = "\"type\": \"yarn\"", .cfg_to = "\"type\": \"dynamic\""};
     d = build("tiny-q4", &rope);
     expect_fail(d, "rope type", "rope_scaling.type", "dynamic", NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut bits = {.cfg_from = "\"num_bits\": 4", .cfg_to = "\"num_bits\": 8"};
     d = build("tiny-q4", &bits);
     expect_fail(d, "num_bits", "num_bits", NULL, NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
     mut dup = {.add_name = "model.norm.weight", .add_from = "language_model.model.norm.weight"};
     d = build("tiny-a", &dup);
     expect_fail(d, "duplicate", "model.norm.weight", "twice", NULL);
-    rm_rf(d);
+    eg_test_rm_dir(d);
 }
 
 static void test_layouts_that_load(void) {
@@ -398,13 +385,13 @@ static void test_layouts_that_load(void) {
         CHECK(eg_weight_get(&m.lm_head, 511, 63) == eg_weight_get(&ref.lm_head, 511, 63));
         eg_model_free(&m);
     }
-    rm_rf(d);
+    eg_test_rm_dir(d);
     /* sharded, prefixed, with extras */
     mut m2 = {.extras = 1};
     d = build("tiny-q4", &m2);
     CHECK_OK(eg_model_load(d, &m, &e), &e);
     if (!e.code) eg_model_free(&m);
-    rm_rf(d);
+    eg_test_rm_dir(d);
     /* tied embeddings: no lm_head tensor at all */
     mut m3 = {.drop = {"language_model.lm_head.weight"}, .drop_index = 1,
               .cfg_from = "\"tie_word_embeddings\": false", .cfg_to = "\"tie_word_embeddings\": true"};
@@ -415,7 +402,7 @@ static void test_layouts_that_load(void) {
         CHECK(m.weight_bytes == ref.weight_bytes - 512 * 64 * 2);
         eg_model_free(&m);
     }
-    rm_rf(d);
+    eg_test_rm_dir(d);
     /* tie_word_embeddings true but the checkpoint has its own lm_head: the stored one */
     mut m4 = {.cfg_from = "\"tie_word_embeddings\": false", .cfg_to = "\"tie_word_embeddings\": true"};
     d = build("tiny-q4", &m4);
@@ -426,7 +413,7 @@ static void test_layouts_that_load(void) {
         CHECK(m.weight_bytes == ref.weight_bytes);
         eg_model_free(&m);
     }
-    rm_rf(d);
+    eg_test_rm_dir(d);
     eg_model_free(&ref);
 }
 
