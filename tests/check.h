@@ -62,6 +62,22 @@ static inline uint64_t eg_test_seed(void) {
     return seed;
 }
 
+/* Whole file, NUL-terminated (n excludes the NUL); NULL if it cannot be opened. */
+static inline char *eg_test_read_file(const char *path, size_t *n) {
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)(len > 0 ? len : 0) + 1);
+    if (!b) { fclose(f); return NULL; }
+    *n = fread(b, 1, (size_t)(len > 0 ? len : 0), f);
+    b[*n] = 0;
+    fclose(f);
+    return b;
+}
+
 /* Remove a flat directory of files that a test made (no recursion needed). */
 static inline void eg_test_rm_dir(const char *dir) {
     DIR *d = opendir(dir);

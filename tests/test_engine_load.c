@@ -606,19 +606,6 @@ static int64_t file_size(const char *p) {
     return stat(p, &sb) == 0 ? (int64_t)sb.st_size : -1;
 }
 
-static char *read_all(const char *p, size_t *n) {
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long L = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)L + 1);
-    *n = fread(b, 1, (size_t)L, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
 static void test_mkmodel_tiny_roundtrip(void) {
     char d1[] = "/tmp/eg_mk1_XXXXXX", d2[] = "/tmp/eg_mk2_XXXXXX";
     CHECK(mkdtemp(d1) && mkdtemp(d2));
@@ -685,7 +672,7 @@ static void test_mkmodel_tiny_roundtrip(void) {
     char p[512];
     size_t len;
     snprintf(p, sizeof p, "%s/tiktoken.model", d1);
-    char *tk = read_all(p, &len);
+    char *tk = eg_test_read_file(p, &len);
     CHECK(tk && !strncmp(tk, "AA== 0\nAQ== 1\n", 14) && strstr(tk, "/w== 255\n"));
     int lines = 0;
     for (size_t i = 0; tk && i < len; i++) lines += tk[i] == '\n';

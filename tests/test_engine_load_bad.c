@@ -17,19 +17,6 @@
 #define FIX "../shared/fixtures/models"
 
 
-static char *read_all(const char *p, size_t *n) {
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long L = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)L + 1);
-    *n = fread(b, 1, (size_t)L, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
 static void write_all(const char *p, const void *d, size_t n) {
     FILE *f = fopen(p, "wb");
     if (!f) return;
@@ -98,7 +85,7 @@ static const char *build(const char *name, const mut *m) {
     char p[512], q[512];
     size_t n;
     snprintf(p, sizeof p, FIX "/%s/config.json", name);
-    char *cfg = read_all(p, &n);
+    char *cfg = eg_test_read_file(p, &n);
     if (m->cfg_from) {
         char *at = strstr(cfg, m->cfg_from);
         CHECKF(at != NULL, "config edit '%s' not found", m->cfg_from);
@@ -316,7 +303,7 @@ static void test_damaged_files(void) {
     const char *d = build("tiny-a", &none);
     snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", d);
     size_t n;
-    char *orig = read_all(p, &n);
+    char *orig = eg_test_read_file(p, &n);
     size_t cuts[] = {0, 3, 8, 9, 100, 16000, 16583, 16584, 16585, 20000, n / 2, n - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         write_all(p, orig, cuts[i]);

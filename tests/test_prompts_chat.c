@@ -11,21 +11,9 @@
 #include "prompts/corpus.h"
 #include "prompts/tokenizer.h"
 #include "tests/check.h"
+#include "tests/tok_fixture.h"
 
-#define TOKDIR "../shared/fixtures/tokenizer"
 
-static tok_tokenizer *g_tok;
-
-static tok_tokenizer *tok(void) {
-    if (!g_tok) {
-        eg_error err = {0};
-        if (tok_load(TOKDIR, &g_tok, &err)) {
-            fprintf(stderr, "    cannot load %s: %s\n", TOKDIR, err.msg);
-            exit(1);
-        }
-    }
-    return g_tok;
-}
 
 static void test_chat_fixtures(void) {
     FILE *f = fopen(TOKDIR "/chat.jsonl", "r");

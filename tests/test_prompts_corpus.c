@@ -15,25 +15,13 @@
 #include "prompts/corpus.h"
 #include "prompts/tokenizer.h"
 #include "tests/check.h"
+#include "tests/tok_fixture.h"
 
-#define TOKDIR "../shared/fixtures/tokenizer"
 #define SAMPLE "prompts/samples/sample.jsonl"
 #define BAD "prompts/samples/bad.jsonl"
 #define N_SAMPLE 37
 
-static tok_tokenizer *g_tok;
 static char g_tmp[64];
-
-static tok_tokenizer *tok(void) {
-    if (!g_tok) {
-        eg_error err = {0};
-        if (tok_load(TOKDIR, &g_tok, &err)) {
-            fprintf(stderr, "    cannot load %s: %s\n", TOKDIR, err.msg);
-            exit(1);
-        }
-    }
-    return g_tok;
-}
 
 static const char *tmpdir(void) {
     if (!g_tmp[0]) {

@@ -13,21 +13,9 @@
 #include "common/eg_common.h"
 #include "prompts/tokenizer.h"
 #include "tests/check.h"
+#include "tests/tok_fixture.h"
 
-#define TOKDIR "../shared/fixtures/tokenizer"
 
-static tok_tokenizer *g_tok;
-
-static tok_tokenizer *tok(void) {
-    if (!g_tok) {
-        eg_error err = {0};
-        if (tok_load(TOKDIR, &g_tok, &err)) {
-            fprintf(stderr, "    cannot load %s: %s\n", TOKDIR, err.msg);
-            exit(1);
-        }
-    }
-    return g_tok;
-}
 
 typedef struct fixture {
     char *name;
@@ -362,18 +350,6 @@ static void write_file(const char *dir, const char *name, const void *p, size_t 
     fclose(f);
 }
 
-static char *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long L = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)L + 1);
-    *n = fread(b, 1, (size_t)L, f);
-    fclose(f);
-    return b;
-}
-
 static int64_t try_load(const char *dir) {
     tok_tokenizer *t = NULL;
     eg_error err = {0};
@@ -476,8 +452,8 @@ static void test_load_errors(void) {
     printf("    mutated tokenizer files: %d loaded, %d rejected cleanly\n", loaded, failed);
     /* truncations of the real model file (with the real config): fail cleanly */
     size_t rn, cn;
-    char *real = read_all(TOKDIR "/tiktoken.model", &rn);
-    char *cfg = read_all(TOKDIR "/tokenizer_config.json", &cn);
+    char *real = eg_test_read_file(TOKDIR "/tiktoken.model", &rn);
+    char *cfg = eg_test_read_file(TOKDIR "/tokenizer_config.json", &cn);
     CHECK(real && cfg);
     write_file(g_tmp, "tokenizer_config.json", cfg, cn);
     size_t cuts[] = {rn / 3, rn / 2 + 7, rn - 1, rn - 5};
