@@ -26,6 +26,19 @@ NVFLAGS   = -std=c++17 -O3 -g -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP \
             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 \
             --expt-relaxed-constexpr
 LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart -lstdc++
+# NCCL (the multi-GPU pipeline transport) where the toolkit or the system has it; NO_NCCL=1 disables
+NCCL_H   = $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+NCCL_SO  = $(firstword $(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/targets/x86_64-linux/lib/libnccl.so \
+                                  /usr/lib/x86_64-linux-gnu/libnccl.so))
+ifneq ($(NCCL_H),)
+ifneq ($(NCCL_SO),)
+ifeq ($(NO_NCCL),)
+HAVE_NCCL = 1
+CFLAGS   += -DEG_HAVE_NCCL=1
+LDLIBS   += -lnccl
+endif
+endif
+endif
 endif
 endif
 

@@ -14,3 +14,7 @@ eg_status eg_backend_create(const eg_config *cfg, const eg_backend_opts *o, eg_b
 void eg_backend_free(eg_backend *b) {
     if (b && b->ops && b->ops->destroy) b->ops->destroy(b);
 }
+
+eg_status eg_backend_bind(eg_backend *b, eg_error *err) {
+    return b && b->ops->bind ? b->ops->bind(b, err) : EG_OK;
+}

@@ -13,7 +13,8 @@
  * Ordering: ops on one backend run in issue order (a CUDA stream); to_host may be
  * asynchronous and is complete after sync.
  * Ownership: the caller owns eg_backend and frees it with eg_backend_free (NULL ok).
- * Thread safety: one thread drives a backend at a time. */
+ * Thread safety: one thread drives a backend at a time; a thread that did not create
+ * it calls eg_backend_bind first. */
 #ifndef EG_BACKEND_H
 #define EG_BACKEND_H
 
@@ -72,6 +73,15 @@ typedef struct eg_moe_args {
     float *y;                     /* [T][H]: y += sum_k w * expert_k(x) */
 } eg_moe_args;
 
+/* How weight_random draws a weight in place of uploading one (benchmarks of a preset:
+ * no checkpoint bytes are read or written). Values are mean + std * U with U uniform of
+ * unit variance; INT4 nibbles are uniform over 1..15 (values -7..7) with per-group BF16
+ * scales std * (0.8 + 0.4 u); FP8 is not drawn. Element i depends only on (seed, i). */
+typedef struct eg_weight_rand {
+    uint64_t seed;
+    float mean, std;
+} eg_weight_rand;
+
 typedef struct eg_sample_params {
     float temperature;            /* 0 = greedy */
     float top_p;                  /* 1 = off */
@@ -88,9 +98,16 @@ typedef struct eg_backend_ops {
     eg_status (*to_host)(eg_backend *b, void *dst, const void *src, size_t bytes, eg_error *err);
     eg_status (*memset0)(eg_backend *b, void *dst, size_t bytes, eg_error *err);
     eg_status (*sync)(eg_backend *b, eg_error *err);
+    /* Make the calling thread able to drive b (CUDA: select b's GPU, a per-thread
+     * setting). Every thread other than the creator calls it first. NULL = no-op. */
+    eg_status (*bind)(eg_backend *b, eg_error *err);
     /* Make a weight usable by this backend (CPU: the view itself; CUDA: a device copy). */
     eg_status (*weight_upload)(eg_backend *b, const eg_weight *host, eg_weight *dev, eg_error *err);
     void (*weight_release)(eg_backend *b, eg_weight *dev);
+    /* Allocate a weight of shape's format and dimensions (shape->data unused) and fill
+     * it as r says. */
+    eg_status (*weight_random)(eg_backend *b, const eg_weight *shape, const eg_weight_rand *r, eg_weight *dev,
+                               eg_error *err);
 
     /* x[t] = E[tokens[t]] */
     eg_status (*embed)(eg_backend *b, const int32_t *tokens, int T, const eg_weight *E, float *x, eg_error *err);
@@ -132,6 +149,8 @@ typedef struct eg_backend_opts {
 
 eg_status eg_backend_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err);
 void eg_backend_free(eg_backend *b);
+/* b->ops->bind when present; EG_OK otherwise. */
+eg_status eg_backend_bind(eg_backend *b, eg_error *err);
 
 eg_status eg_backend_cpu_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err);
 /* Returns EG_ERR_UNSUPPORTED when built without CUDA or no GPU is present. */
@@ -145,6 +164,12 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
 int32_t eg_sample_row(const float *logits, int V, const eg_sample_params *p, uint64_t *rng, float *scratch, int32_t *iscratch);
 /* Seed a per-sequence RNG state from (job seed, sample id). */
 uint64_t eg_rng_seed(uint64_t seed, uint64_t id);
+/* The value weight_random gives element i (BF16/F32 formats, before rounding): the
+ * reference for backends and tests. */
+float eg_weight_rand_value(const eg_weight_rand *r, int64_t i);
+/* Word i of a drawn INT4 weight (8 nibbles, each 1..15) and group scale i. */
+uint32_t eg_weight_rand_int4_word(const eg_weight_rand *r, int64_t i);
+float eg_weight_rand_scale(const eg_weight_rand *r, int64_t i);
 /* Uniform [0,1) from the state (splitmix64 step). */
 double eg_rng_uniform(uint64_t *state);
 

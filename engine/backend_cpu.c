@@ -59,7 +59,55 @@ static eg_status cpu_weight_upload(eg_backend *b, const eg_weight *h, eg_weight 
     *d = *h;
     return EG_OK;
 }
-static void cpu_weight_release(eg_backend *b, eg_weight *d) { (void)b; (void)d; }
+static void cpu_weight_release(eg_backend *b, eg_weight *d) {
+    (void)b;
+    if (d && d->owned) {
+        free((void *)d->data);
+        free((void *)d->scale);
+        d->data = d->scale = NULL;
+        d->owned = 0;
+    }
+}
+
+static eg_status cpu_weight_random(eg_backend *b, const eg_weight *h, const eg_weight_rand *r, eg_weight *d,
+                                   eg_error *err) {
+    (void)b;
+    *d = *h;
+    d->data = d->scale = NULL;
+    d->owned = 1;
+    const char *name = h->name ? h->name : "weight";
+    int64_t n = h->rows * h->cols;
+    if (h->fmt == EG_W_BF16 || h->fmt == EG_W_F32) {
+        size_t es = h->fmt == EG_W_F32 ? 4 : 2;
+        void *p = malloc((size_t)n * es + 1);
+        if (!p) return eg_fail(err, EG_ERR_NOMEM, "cpu backend: drawing %s: out of memory", name);
+        for (int64_t i = 0; i < n; i++) {
+            float v = eg_weight_rand_value(r, i);
+            if (es == 4) ((float *)p)[i] = v;
+            else ((uint16_t *)p)[i] = eg_f32_to_bf16(v);
+        }
+        d->data = p;
+        return EG_OK;
+    }
+    if (h->fmt == EG_W_INT4 && h->cols % 8 == 0 && h->group > 0 && h->cols % h->group == 0) {
+        int64_t nw = h->rows * h->cols / 8, ns = h->rows * (h->cols / h->group);
+        uint32_t *w = malloc(sizeof *w * (size_t)nw + 1);
+        uint16_t *sc = malloc(sizeof *sc * (size_t)ns + 1);
+        if (!w || !sc) {
+            free(w);
+            free(sc);
+            return eg_fail(err, EG_ERR_NOMEM, "cpu backend: drawing %s: out of memory", name);
+        }
+        for (int64_t i = 0; i < nw; i++) w[i] = eg_weight_rand_int4_word(r, i);
+        for (int64_t i = 0; i < ns; i++) sc[i] = eg_f32_to_bf16(eg_weight_rand_scale(r, i));
+        d->data = w;
+        d->scale = sc;
+        return EG_OK;
+    }
+    d->owned = 0;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "cpu backend: cannot draw %s (format %d, %lld x %lld)", name, (int)h->fmt,
+                   (long long)h->rows, (long long)h->cols);
+}
 
 /* ---- helpers ---------------------------------------------------------------- */
 
@@ -497,6 +545,7 @@ static const eg_backend_ops cpu_ops = {
     .sync = cpu_sync,
     .weight_upload = cpu_weight_upload,
     .weight_release = cpu_weight_release,
+    .weight_random = cpu_weight_random,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,

@@ -65,6 +65,19 @@ eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fr
 }
 
 void *eg_cuda_host_alloc(size_t bytes, eg_error *err) { return eg_malloc(bytes ? bytes : 1, err); }
+
+eg_status eg_cuda_measure(int device, double *copy_bytes_per_s, double *bf16_flops_per_s, eg_error *err) {
+    (void)device;
+    *copy_bytes_per_s = *bf16_flops_per_s = 0;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
+}
+
+eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream) {
+    (void)b;
+    if (device) *device = -1;
+    if (stream) *stream = NULL;
+    return EG_ERR_UNSUPPORTED;
+}
 void eg_cuda_host_free(void *p) { free(p); }
 
 #else /* EG_HAVE_CUDA */
@@ -318,6 +331,11 @@ static eg_status cu_sync(eg_backend *b, eg_error *err) {
     return EG_OK;
 }
 
+static eg_status cu_bind(eg_backend *b, eg_error *err) {
+    CU("cudaSetDevice", cudaSetDevice(impl_of(b)->device));
+    return EG_OK;
+}
+
 static int64_t data_bytes(const eg_weight *w) {
     switch (w->fmt) {
     case EG_W_F32: return w->rows * w->cols * 4;
@@ -368,6 +386,41 @@ static eg_status cu_weight_upload(eg_backend *b, const eg_weight *h, eg_weight *
         cudaFree(p);
         return eg_fail(err, EG_ERR_DEVICE, "cuda backend: cudaMemcpyAsync uploading %s failed: %s", wname(h),
                        cudaGetErrorString(e));
+    }
+    d->data = p;
+    d->scale = sb ? (char *)p + soff : NULL;
+    return EG_OK;
+}
+
+static eg_status cu_weight_random(eg_backend *b, const eg_weight *h, const eg_weight_rand *r, eg_weight *d,
+                                  eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    *d = *h;
+    d->data = d->scale = NULL;
+    d->owned = 0; /* device copies are always freed by weight_release */
+    int int4 = h->fmt == EG_W_INT4;
+    if (!(h->fmt == EG_W_BF16 || h->fmt == EG_W_F32 || (int4 && h->cols % 8 == 0 && h->group > 0 && h->cols % h->group == 0)))
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: cannot draw %s (format %d, %lld x %lld)", wname(h),
+                       (int)h->fmt, (long long)h->rows, (long long)h->cols);
+    int64_t db = data_bytes(h), sb = scale_bytes(h);
+    int64_t soff = (db + 255) & ~(int64_t)255;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, (size_t)(soff + sb > 0 ? soff + sb : 1));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return eg_fail(err, e == cudaErrorMemoryAllocation ? EG_ERR_NOMEM : EG_ERR_DEVICE,
+                       "cuda backend: cudaMalloc for %s (%lld bytes) failed: %s", wname(h), (long long)(soff + sb),
+                       cudaGetErrorString(e));
+    }
+    int rc = int4 ? egk_fill_random(p, h->rows * h->cols / 8, EGK_RAND_INT4_WORDS, r->seed, r->mean, r->std, im->stream)
+                  : egk_fill_random(p, h->rows * h->cols, h->fmt == EG_W_F32 ? EGK_RAND_F32 : EGK_RAND_BF16, r->seed,
+                                    r->mean, r->std, im->stream);
+    if (!rc && int4)
+        rc = egk_fill_random((char *)p + soff, h->rows * (h->cols / h->group), EGK_RAND_SCALE_BF16, r->seed, r->mean,
+                             r->std, im->stream);
+    if (rc) {
+        cudaFree(p);
+        return kern_fail(err, "egk_fill_random", rc);
     }
     d->data = p;
     d->scale = sb ? (char *)p + soff : NULL;
@@ -737,6 +790,7 @@ static void cu_destroy(eg_backend *b) {
     if (!b) return;
     cuda_impl *im = impl_of(b);
     if (im) {
+        cudaSetDevice(im->device); /* the destroying thread may have another GPU selected */
         if (im->stream) cudaStreamSynchronize(im->stream);
         for (int i = 0; i < im->n_events; i++) cudaEventDestroy(im->stage_ev[i]);
         if (im->blas) cublasDestroy(im->blas);
@@ -761,8 +815,10 @@ static const eg_backend_ops cuda_ops = {
     .to_host = cu_to_host,
     .memset0 = cu_memset0,
     .sync = cu_sync,
+    .bind = cu_bind,
     .weight_upload = cu_weight_upload,
     .weight_release = cu_weight_release,
+    .weight_random = cu_weight_random,
     .embed = cu_embed,
     .rmsnorm = cu_rmsnorm,
     .add_rmsnorm = cu_add_rmsnorm,
@@ -775,6 +831,74 @@ static const eg_backend_ops cuda_ops = {
     .gather_rows = cu_gather_rows,
     .sample = cu_sample,
 };
+
+static eg_status device_check(int device, eg_error *err);
+
+/* The timed loops of eg_cuda_measure; buffers and handles are freed by the caller. */
+static eg_status measure_run(cudaStream_t st, cublasHandle_t h, void *a, void *b, size_t bytes, double *copy,
+                             double *flops, eg_error *err) {
+    const int reps = 8, n = 8192, greps = 4;
+    const float one = 1.0f, zero = 0.0f;
+    CU("cudaMemsetAsync (measure)", cudaMemsetAsync(a, 0, bytes, st));
+    CU("cudaMemcpyAsync (measure warm-up)", cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st));
+    CU("cudaStreamSynchronize (measure)", cudaStreamSynchronize(st));
+    double t0 = eg_now();
+    for (int i = 0; i < reps; i++)
+        CU("cudaMemcpyAsync (measure)", cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, st));
+    CU("cudaStreamSynchronize (measure)", cudaStreamSynchronize(st));
+    *copy = 2.0 * (double)bytes * reps / (eg_now() - t0);
+    /* A, B: bf16 [n][n] in the first 256 MiB of a; C: f32 [n][n] in b */
+    const uint16_t *A = a, *B = (const uint16_t *)a + (size_t)n * n;
+    BL("cublasSetStream (measure)", cublasSetStream(h, st));
+    for (int i = 0; i <= greps; i++) {
+        if (i == 1) {
+            CU("cudaStreamSynchronize (measure)", cudaStreamSynchronize(st));
+            t0 = eg_now();
+        }
+        BL("cublasGemmEx (measure)", cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B,
+                                                  CUDA_R_16BF, n, &zero, b, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                                  CUBLAS_GEMM_DEFAULT));
+    }
+    CU("cudaStreamSynchronize (measure)", cudaStreamSynchronize(st));
+    *flops = 2.0 * n * (double)n * n * greps / (eg_now() - t0);
+    return EG_OK;
+}
+
+eg_status eg_cuda_measure(int device, double *copy_bytes_per_s, double *bf16_flops_per_s, eg_error *err) {
+    *copy_bytes_per_s = *bf16_flops_per_s = 0;
+    eg_status st = device_check(device, err);
+    if (st) return st;
+    CU("cudaSetDevice", cudaSetDevice(device));
+    size_t bytes = (size_t)1 << 30; /* also holds the GEMM's A, B (256 MiB) and C (256 MiB) */
+    void *a = NULL, *b = NULL;
+    cudaStream_t s = NULL;
+    cublasHandle_t h = NULL;
+    cudaError_t e = cudaMalloc(&a, bytes);
+    if (e == cudaSuccess) e = cudaMalloc(&b, bytes);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        st = cuda_fail(err, "cudaMalloc/cudaStreamCreate (measure)", e);
+    } else {
+        cublasStatus_t bs = cublasCreate(&h);
+        st = bs != CUBLAS_STATUS_SUCCESS ? blas_fail(err, "cublasCreate (measure)", bs)
+                                         : measure_run(s, h, a, b, bytes, copy_bytes_per_s, bf16_flops_per_s, err);
+    }
+    if (h) cublasDestroy(h);
+    if (s) cudaStreamDestroy(s);
+    if (a) cudaFree(a);
+    if (b) cudaFree(b);
+    return st;
+}
+
+eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream) {
+    if (device) *device = -1;
+    if (stream) *stream = NULL;
+    if (!b || b->ops != &cuda_ops) return EG_ERR_UNSUPPORTED;
+    if (device) *device = impl_of(b)->device;
+    if (stream) *stream = (void *)impl_of(b)->stream;
+    return EG_OK;
+}
 
 static eg_status device_check(int device, eg_error *err) {
     int count = 0;

@@ -42,6 +42,15 @@ eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fr
 /* One line: "GPU 0: 139.8 GiB total, ... KV capacity 1234567 tokens (19290 blocks of 64)". */
 void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_t n);
 
+/* The GPU index and cudaStream_t (as void *; either out may be NULL) of a CUDA
+ * backend. EG_ERR_UNSUPPORTED when b is not one (e.g. the CPU backend). */
+eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream);
+
+/* Measure a device's roofline (benchmarks, never tests): copy bandwidth of a
+ * device-to-device copy of 1 GiB, counted as bytes read + written per second, and the
+ * BF16 GEMM rate of cuBLAS (8192^3, FP32 accumulation) in FLOP/s. Takes ~1 s. */
+eg_status eg_cuda_measure(int device, double *copy_bytes_per_s, double *bf16_flops_per_s, eg_error *err);
+
 /* Page-locked host memory (plain memory when CUDA is absent or pinning fails). */
 void *eg_cuda_host_alloc(size_t bytes, eg_error *err);
 void eg_cuda_host_free(void *p);

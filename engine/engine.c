@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include "engine/cuda_plan.h"
+#include "engine/transport.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -37,7 +38,6 @@ typedef struct micro_batch {
     float *cap;                                /* [n_aux][T][H] */
     float *fin;                                /* [T][H] */
     float *logits;                             /* [T][V] when want_logits */
-    float **x;                                 /* [n_stages-1] hand-over [T][H] between stages */
     struct micro_batch *qnext;
 } micro_batch;
 
@@ -56,6 +56,8 @@ struct eg_engine {
     int *aux_layers;
     int n_stages;
     eg_forward **stages;
+    eg_transport *transport; /* hands rows between stages (n_stages > 1) */
+    eg_backend **stage_be;   /* [n_stages] each stage's backend (borrowed) */
     slot_state *slots;
     int n_mb;
     micro_batch *mbs;
@@ -109,13 +111,10 @@ static void q_close(mb_queue *q) {
 
 /* Host step buffers that receive device copies (captures, hand-over, logits) are
  * page-locked where CUDA is present, so to_host is truly asynchronous. */
-static void mb_free(micro_batch *mb, int n_stages) {
+static void mb_free(micro_batch *mb) {
     free(mb->tok); free(mb->pos); free(mb->slt); free(mb->rows); free(mb->sampled);
     free(mb->sp); free(mb->rng);
     eg_cuda_host_free(mb->cap); eg_cuda_host_free(mb->fin); eg_cuda_host_free(mb->logits);
-    if (mb->x)
-        for (int k = 0; k < n_stages - 1; k++) eg_cuda_host_free(mb->x[k]);
-    free(mb->x);
 }
 
 static void stop_threads(eg_engine *e) {
@@ -129,6 +128,7 @@ static void stop_threads(eg_engine *e) {
 void eg_engine_free(eg_engine *e) {
     if (!e) return;
     stop_threads(e);
+    eg_transport_free(e->transport);
     if (e->queues) {
         for (int k = 0; k <= e->n_stages; k++) q_destroy(&e->queues[k]);
         free(e->queues);
@@ -136,6 +136,7 @@ void eg_engine_free(eg_engine *e) {
     if (e->stages)
         for (int i = 0; i < e->n_stages; i++) eg_forward_free(e->stages[i]);
     free(e->stages);
+    free(e->stage_be);
     if (e->slots)
         for (int i = 0; i < e->o.n_slots; i++) {
             slot_state *s = &e->slots[i];
@@ -143,7 +144,7 @@ void eg_engine_free(eg_engine *e) {
         }
     free(e->slots);
     if (e->mbs)
-        for (int j = 0; j < e->n_mb; j++) mb_free(&e->mbs[j], e->n_stages);
+        for (int j = 0; j < e->n_mb; j++) mb_free(&e->mbs[j]);
     free(e->mbs);
     free(e->aux_layers);
     free(e->sample_scratch);
@@ -151,13 +152,18 @@ void eg_engine_free(eg_engine *e) {
     free(e);
 }
 
-/* Run one micro-batch's step through stage k (any thread). */
+/* Run one micro-batch's step through stage k (any thread): receive its rows from
+ * stage k-1, compute, send them on to stage k+1. Only the last stage waits for its
+ * backend; earlier stages leave ordering to the transport (transport.h). */
 static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
     eg_step s = {.T = mb->T, .tokens = mb->tok, .pos = mb->pos, .slot = mb->slt,
-                 .capture = e->o.n_aux ? mb->cap : NULL};
-    s.x_in = k > 0 ? mb->x[k - 1] : NULL;
+                 .capture = e->o.n_aux ? mb->cap : NULL, .x_device = 1};
+    size_t n = (size_t)mb->T * (size_t)e->m->cfg.hidden;
+    eg_status st = EG_OK;
+    if (k > 0 && (st = e->transport->ops->recv(e->transport, k - 1, mb->index, eg_forward_x(e->stages[k]), n, &mb->err)))
+        return eg_wrap(&mb->err, "pipeline stage %d", k);
     if (k < e->n_stages - 1) {
-        s.x_out = mb->x[k];
+        s.async = 1;
     } else {
         s.final_hidden = mb->fin;
         s.logit_rows = mb->rows;
@@ -171,7 +177,9 @@ static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
             s.rng = mb->rng;
         }
     }
-    eg_status st = eg_forward_step(e->stages[k], &s, &mb->err);
+    st = eg_forward_step(e->stages[k], &s, &mb->err);
+    if (!st && k < e->n_stages - 1)
+        st = e->transport->ops->send(e->transport, k, mb->index, eg_forward_x(e->stages[k]), n, &mb->err);
     if (st && e->n_stages > 1) eg_wrap(&mb->err, "pipeline stage %d", k);
     return st;
 }
@@ -184,7 +192,13 @@ static void *stage_thread(void *vp) {
     int k = a->k;
     free(a);
     micro_batch *mb;
+    eg_error bind_err;
+    eg_status bind_st = eg_backend_bind(e->stage_be[k], &bind_err);
     while ((mb = q_pop(&e->queues[k]))) {
+        if (!mb->status && bind_st) {
+            mb->status = bind_st;
+            mb->err = bind_err;
+        }
         if (!mb->status) mb->status = run_stage(e, k, mb);
         e->stats.stage_steps[k < 8 ? k : 7]++; /* each counter written by one thread */
         q_push(&e->queues[k + 1], mb);
@@ -205,7 +219,8 @@ typedef struct stage_build {
 
 static void *stage_build_thread(void *vp) {
     stage_build *b = vp;
-    b->st = eg_forward_create(b->m, b->be, &b->fo, b->out, &b->err);
+    /* this thread uploads the stage's weights: it must drive the stage's own GPU */
+    if (!(b->st = eg_backend_bind(b->be, &b->err))) b->st = eg_forward_create(b->m, b->be, &b->fo, b->out, &b->err);
     return NULL;
 }
 
@@ -217,12 +232,9 @@ static eg_status mb_alloc(eg_engine *e, micro_batch *mb, eg_error *err) {
     mb->cap = eg_cuda_host_alloc(4 * T * H * (size_t)(e->o.n_aux + 1), err);
     mb->fin = eg_cuda_host_alloc(4 * T * H, err);
     if (e->o.want_logits) mb->logits = eg_cuda_host_alloc(4 * T * V, err);
-    mb->x = eg_calloc((size_t)e->n_stages, sizeof *mb->x, err);
     if (!mb->tok || !mb->pos || !mb->slt || !mb->rows || !mb->sampled || !mb->sp || !mb->rng || !mb->cap || !mb->fin ||
-        (e->o.want_logits && !mb->logits) || !mb->x)
+        (e->o.want_logits && !mb->logits))
         return EG_ERR_NOMEM;
-    for (int k = 0; k < e->n_stages - 1; k++)
-        if (!(mb->x[k] = eg_cuda_host_alloc(4 * T * H, err))) return EG_ERR_NOMEM;
     return EG_OK;
 }
 
@@ -253,10 +265,11 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     if (e->n_mb > o->n_slots) e->n_mb = o->n_slots;
     eg_status st = EG_OK;
     e->stages = eg_calloc((size_t)e->n_stages, sizeof *e->stages, err);
+    e->stage_be = eg_calloc((size_t)e->n_stages, sizeof *e->stage_be, err);
     e->slots = eg_calloc((size_t)o->n_slots, sizeof *e->slots, err);
     e->mbs = eg_calloc((size_t)e->n_mb, sizeof *e->mbs, err);
     if (o->want_logits) e->sample_scratch = eg_malloc(4 * 2 * (size_t)c->vocab, err);
-    if (!e->stages || !e->slots || !e->mbs || (o->want_logits && !e->sample_scratch)) {
+    if (!e->stages || !e->stage_be || !e->slots || !e->mbs || (o->want_logits && !e->sample_scratch)) {
         eg_engine_free(e);
         return EG_ERR_NOMEM;
     }
@@ -277,7 +290,8 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
             return eg_fail(err, EG_ERR_INVALID, "pipeline stages: stage %d ends at layer %d (must increase and end at %d)",
                            i, end, c->n_layers);
         }
-        sbs[i] = (stage_build){.m = m, .be = e->threaded ? o->stage_backends[i] : be, .out = &e->stages[i],
+        e->stage_be[i] = e->threaded ? o->stage_backends[i] : be;
+        sbs[i] = (stage_build){.m = m, .be = e->stage_be[i], .out = &e->stages[i],
                                .fo = {.layer_begin = begin, .layer_end = end, .max_tokens = o->max_tokens,
                                       .n_slots = o->n_slots, .max_seq_len = o->max_seq_len, .block_size = o->block_size,
                                       .kv_blocks = o->kv_blocks, .capture = e->aux_layers, .n_capture = o->n_aux,
@@ -300,6 +314,12 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
             return st;
         }
     free(sbs);
+    if (e->n_stages > 1) {
+        eg_transport_opts to = {.name = o->transport, .stages = e->stage_be, .n_stages = e->n_stages,
+                                .n_micro_batches = e->n_mb,
+                                .max_floats = (size_t)o->max_tokens * (size_t)c->hidden};
+        if ((st = eg_transport_create(&to, &e->transport, err))) { eg_engine_free(e); return st; }
+    }
     if (e->threaded) {
         e->queues = eg_calloc((size_t)e->n_stages + 1, sizeof *e->queues, err);
         e->threads = eg_calloc((size_t)e->n_stages, sizeof *e->threads, err);
@@ -324,6 +344,7 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
 
 void eg_engine_request_stop(eg_engine *e) { e->stop_requested = 1; }
 void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s) { *s = e->stats; }
+const char *eg_engine_transport(const eg_engine *e) { return e->transport ? eg_transport_name(e->transport) : "none"; }
 int64_t eg_engine_kv_capacity(const eg_engine *e) {
     eg_kv_cache *kv = eg_forward_kv(e->stages[0]);
     return kv->n_blocks * kv->block_size;

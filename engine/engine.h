@@ -13,7 +13,8 @@
  * parameters and RNG state — not on batch composition (the CPU backend reduces in a
  * fixed order per row).
  * Pipeline split: opts.stage_ends cuts the layers into stages run one after another
- * with the hidden rows handed over between them; the output equals the unsplit engine.
+ * with the hidden rows handed over between them by a transport (transport.h); the
+ * output equals the unsplit engine.
  * Ownership: the engine borrows model and backend(s); result buffers passed to the
  * done callback are valid only during the call.
  * Thread safety: one thread drives an engine. */
@@ -73,6 +74,8 @@ typedef struct eg_engine_opts {
      * the calling thread (same results, no overlap). */
     eg_backend *const *stage_backends;
     int micro_batches;
+    const char *transport;   /* hand-over between stages: "local", "nccl" or NULL/"auto"
+                                (transport.h) */
 } eg_engine_opts;
 
 /* Return 1 and fill req when a request is available, 0 when there are no more,
@@ -103,6 +106,8 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
  * them). Safe from a signal handler. */
 void eg_engine_request_stop(eg_engine *e);
 void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s);
+/* The transport between stages ("local", "nccl"; "none" for one stage). */
+const char *eg_engine_transport(const eg_engine *e);
 /* The KV capacity in tokens (stage 0's cache). */
 int64_t eg_engine_kv_capacity(const eg_engine *e);
 

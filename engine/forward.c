@@ -2,6 +2,7 @@
  * computation goes through eg_backend_ops. */
 #include "engine/forward.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 struct eg_forward {
@@ -34,9 +35,33 @@ struct eg_forward {
     float rope_attn_factor, softmax_scale;
 };
 
+/* Random-weights mode: the draw for h, at mkmodel's scales (mkmodel.c's header): linear
+ * weights of unit-variance projections, norms near 1, small router biases, the
+ * embedding N(0,1)-like and lm_head 4/sqrt(H). Each tensor's seed comes from its name. */
+static eg_weight_rand rand_for(const eg_forward *f, const eg_weight *h) {
+    uint64_t k = 1469598103934665603ull;
+    for (const char *c = h->name ? h->name : ""; *c; c++) k = (k ^ (uint8_t)*c) * 1099511628211ull;
+    eg_weight_rand r = {.seed = f->o.random_seed ^ k, .mean = 0, .std = 1};
+    double fan_in = (double)(h->cols > 0 ? h->cols : 1);
+    if (h == &f->m->embed) r.std = 1.0f;
+    else if (h == &f->m->lm_head) r.std = (float)(4.0 / sqrt(fan_in));
+    else if (h->rows == 1 && h->fmt == EG_W_F32) r.std = 0.02f;                  /* router bias */
+    else if (h->rows == 1) { r.mean = 1.0f; r.std = 0.05f; }                      /* norm */
+    else if (h->fmt == EG_W_INT4) r.std = (float)(1.0 / (4.32 * sqrt(fan_in)));  /* group scale */
+    else r.std = (float)(1.0 / sqrt(fan_in));
+    return r;
+}
+
 static eg_status up(eg_forward *f, const eg_weight *h, eg_weight *d, eg_error *err) {
     if (h->fmt == EG_W_NONE) { memset(d, 0, sizeof *d); return EG_OK; }
-    eg_status st = f->ops->weight_upload(f->be, h, d, err);
+    eg_status st;
+    if (f->o.random_weights) {
+        eg_weight_rand r = rand_for(f, h);
+        st = f->ops->weight_random ? f->ops->weight_random(f->be, h, &r, d, err)
+                                   : eg_fail(err, EG_ERR_UNSUPPORTED, "backend %s cannot draw weights", f->ops->name);
+    } else {
+        st = f->ops->weight_upload(f->be, h, d, err);
+    }
     if (st) return eg_wrap(err, "uploading %s", h->name ? h->name : "weight");
     f->weight_bytes += eg_weight_bytes(h);
     return EG_OK;
@@ -198,6 +223,7 @@ int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens) {
 }
 
 eg_kv_cache *eg_forward_kv(eg_forward *f) { return f->kv; }
+float *eg_forward_x(eg_forward *f) { return f->x; }
 int eg_forward_is_first(const eg_forward *f) { return f->l0 == 0; }
 int eg_forward_is_last(const eg_forward *f) { return f->l1 == f->m->cfg.n_layers; }
 int64_t eg_forward_weight_bytes(const eg_forward *f) { return f->weight_bytes; }
@@ -288,7 +314,7 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
         TRY(ops->to_device(be, f->tok_d, s->tokens, sizeof(int32_t) * (size_t)T, err));
         TRY(ops->embed(be, f->tok_d, T, &f->embed, f->x, err));
         TRY(capture_rows(f, s, -1, f->x, err));
-    } else {
+    } else if (!s->x_device) {
         if (!s->x_in) return eg_fail(err, EG_ERR_INVALID, "pipeline stage starting at layer %d needs x_in", f->l0);
         TRY(ops->to_device(be, f->x, s->x_in, sizeof(float) * (size_t)T * H, err));
     }
@@ -316,8 +342,9 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
             if (s->sampled)
                 TRY(ops->sample(be, f->logits, s->n_logits, c->vocab, s->sp, s->rng, s->sampled, err));
         }
-    } else if (s->x_out) {
-        TRY(ops->to_host(be, s->x_out, f->x, sizeof(float) * (size_t)T * H, err));
+    } else {
+        if (s->x_out && !s->x_device) TRY(ops->to_host(be, s->x_out, f->x, sizeof(float) * (size_t)T * H, err));
+        if (s->async) return EG_OK;
     }
     return ops->sync(be, err);
 }

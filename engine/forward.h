@@ -30,6 +30,11 @@ typedef struct eg_forward_opts {
                                    layer k (HF hidden_states[k+1]); -1 = the embedding */
     int n_capture;
     int final_pre_norm;         /* capture the residual before the final norm instead */
+    int random_weights;         /* draw every weight on the backend (weight_random) instead
+                                   of uploading the model's data: benchmarks of a preset
+                                   whose checkpoint is only a sparse layout. Scales follow
+                                   mkmodel.h's (linear N(0,1/fan_in)-like, norms near 1) */
+    uint64_t random_seed;
 } eg_forward_opts;
 
 typedef struct eg_step {
@@ -37,8 +42,14 @@ typedef struct eg_step {
     const int32_t *tokens;  /* [T] host; first stage */
     const int32_t *pos;     /* [T] host */
     const int32_t *slot;    /* [T] host */
-    const float *x_in;      /* [T][H] host; stages after the first */
+    const float *x_in;      /* [T][H] host; stages after the first (unless x_device) */
     float *x_out;           /* [T][H] host; stages before the last (NULL otherwise) */
+    int x_device;           /* the rows are in eg_forward_x() already (a transport put them
+                               there) and stay there for a transport to take: x_in and
+                               x_out unused */
+    int async;              /* return without waiting for the backend: capture and x_out
+                               copies complete later (the caller orders them, e.g. by a
+                               transport send or a sync); only for stages before the last */
     /* Rows whose logits are wanted (last stage): */
     int n_logits;
     const int32_t *logit_rows; /* [n_logits] indices into 0..T-1 */
@@ -57,6 +68,10 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
 void eg_forward_free(eg_forward *f);
 eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err);
 eg_kv_cache *eg_forward_kv(eg_forward *f);
+/* The residual stream buffer [max_tokens][H] in backend memory: after a step of a
+ * stage before the last it holds the rows for the next stage; a stage after the first
+ * takes its input from it when eg_step.x_device is set. */
+float *eg_forward_x(eg_forward *f);
 int eg_forward_is_first(const eg_forward *f);
 int eg_forward_is_last(const eg_forward *f);
 /* Backend bytes a forward object allocates for activations at max_tokens rows (for

@@ -1,6 +1,7 @@
 /* Stage splitting and memory planning; see plan.h. */
 #include "engine/plan.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 int64_t eg_plan_layer_bytes(const eg_model *m, int l) {
@@ -105,4 +106,80 @@ void eg_plan_memory(const eg_config *c, const int64_t *layer_bytes, int64_t head
         s->kv_tokens = s->free_bytes > 0 && s->kv_bytes_per_token > 0 ? s->free_bytes / s->kv_bytes_per_token : 0;
         begin = ends[k];
     }
+}
+
+/* ---- roofline accounting ------------------------------------------------------ */
+
+static double elems(const eg_weight *w) { return w->fmt == EG_W_NONE ? 0 : (double)w->rows * (double)w->cols; }
+static double wbytes(const eg_weight *w) { return w->fmt == EG_W_NONE ? 0 : (double)eg_weight_bytes(w); }
+
+/* One layer's always-read weights (everything except routed experts): bytes, and the
+ * multiply-adds per token of its projections (kv_b counted once: absorbed or expanded,
+ * each token passes through W_UK and W_UV once). */
+static void layer_fixed(const eg_model *m, int l, double *bytes, double *madds) {
+    const eg_layer_w *L = &m->layers[l];
+    const eg_weight *ws[] = {&L->attn_norm, &L->ffn_norm, &L->q_a, &L->q_a_norm, &L->q_b, &L->q, &L->kv_a,
+                             &L->kv_a_norm, &L->kv_b, &L->o, &L->mlp_gate, &L->mlp_up, &L->mlp_down,
+                             &L->router, &L->router_bias, &L->sh_gate, &L->sh_up, &L->sh_down};
+    *bytes = *madds = 0;
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+        *bytes += wbytes(ws[i]);
+        if (ws[i]->rows > 1) *madds += elems(ws[i]);
+    }
+}
+
+static void expert_size(const eg_model *m, int l, double *bytes, double *madds) {
+    const eg_layer_w *L = &m->layers[l];
+    *bytes = *madds = 0;
+    if (!L->is_moe || !L->experts) return;
+    const eg_expert_w *x = &L->experts[0];
+    *bytes = wbytes(&x->gate) + wbytes(&x->up) + wbytes(&x->down);
+    *madds = elems(&x->gate) + elems(&x->up) + elems(&x->down);
+}
+
+static void head_cost(const eg_model *m, int l0, int l1, double tokens, double logit_rows, eg_step_cost *o) {
+    const eg_config *c = &m->cfg;
+    if (l0 == 0) o->weight_bytes += tokens * (double)c->hidden * (double)eg_weight_bytes(&m->embed) /
+                                    (elems(&m->embed) > 0 ? elems(&m->embed) : 1);
+    if (l1 == c->n_layers) {
+        o->weight_bytes += wbytes(&m->final_norm) + wbytes(&m->lm_head);
+        o->flops += 2.0 * logit_rows * elems(&m->lm_head);
+    }
+}
+
+void eg_plan_decode_cost(const eg_model *m, int l0, int l1, int B, int ctx, eg_step_cost *o) {
+    const eg_config *c = &m->cfg;
+    memset(o, 0, sizeof *o);
+    double E = c->n_experts, K = c->topk, NH = c->n_heads, C = c->kv_lora_rank, DR = c->qk_rope;
+    double hit = E > 0 ? E * (1.0 - pow(1.0 - K / E, (double)B)) : 0;
+    o->experts_hit = hit;
+    for (int l = l0; l < l1; l++) {
+        double fb, fm, eb, em;
+        layer_fixed(m, l, &fb, &fm);
+        expert_size(m, l, &eb, &em);
+        o->weight_bytes += fb + hit * eb;
+        o->expert_bytes += hit * eb;
+        o->kv_bytes += (double)B * (ctx + 1) * (C + DR) * 2.0;
+        o->flops += 2.0 * B * (fm + (eb > 0 ? K * em : 0)) + 2.0 * B * NH * (ctx + 1) * (C + DR + C);
+    }
+    head_cost(m, l0, l1, B, B, o);
+}
+
+void eg_plan_prefill_cost(const eg_model *m, int l0, int l1, int n_seq, int P, eg_step_cost *o) {
+    const eg_config *c = &m->cfg;
+    memset(o, 0, sizeof *o);
+    double E = c->n_experts, K = c->topk, NH = c->n_heads, T = (double)n_seq * P;
+    double keys = (P + 1) / 2.0;
+    double hit = E > 0 ? E * (1.0 - pow(1.0 - K / E, T)) : 0;
+    o->experts_hit = hit;
+    for (int l = l0; l < l1; l++) {
+        double fb, fm, eb, em;
+        layer_fixed(m, l, &fb, &fm);
+        expert_size(m, l, &eb, &em);
+        o->weight_bytes += fb + hit * eb;
+        o->expert_bytes += hit * eb;
+        o->flops += 2.0 * T * (fm + (eb > 0 ? K * em : 0)) +
+                    2.0 * T * NH * keys * ((double)c->qk_nope + c->qk_rope + c->v_head);
+    }
+    head_cost(m, l0, l1, T, n_seq, o);
 }

@@ -42,4 +42,26 @@ typedef struct eg_stage_mem {
 void eg_plan_memory(const eg_config *c, const int64_t *layer_bytes, int64_t head, int64_t tail, const int *ends, int n,
                     int64_t device_bytes, double fraction, int64_t act_bytes, eg_stage_mem *stages);
 
+/* Roofline accounting for benchmarks (docs/PERFORMANCE.md): what one step must read
+ * and compute over layers [l0, l1) of a loaded model (the embedding rows when l0 == 0,
+ * final norm and lm_head when l1 == L). Weight bytes are as stored (INT4 with scales);
+ * FLOPs count 2 per multiply-add with every weight format as one element. */
+typedef struct eg_step_cost {
+    double weight_bytes;  /* every weight the step reads: attention, norms, dense/shared MLPs,
+                             router, head, and the routed experts expected to be hit */
+    double expert_bytes;  /* of which routed experts */
+    double kv_bytes;      /* BF16 cache read by attention */
+    double experts_hit;   /* expected distinct routed experts per MoE layer */
+    double flops;
+} eg_step_cost;
+/* A decode step: B sequences, one new token each, attending over ctx cached positions
+ * plus itself (absorbed MLA: scores over C+DR, values over C, per head). Experts hit
+ * per MoE layer: E(1 - (1 - K/E)^B), the expectation under uniform independent
+ * routing (random weights route near-uniformly; real traffic is skewed, hitting fewer). */
+void eg_plan_decode_cost(const eg_model *m, int l0, int l1, int B, int ctx, eg_step_cost *out);
+/* Prefill of n_seq sequences of P tokens from an empty cache, logits for each
+ * sequence's last token; attention counted in the expanded (MHA) form over the causal
+ * half, (P+1)/2 keys per query on average. */
+void eg_plan_prefill_cost(const eg_model *m, int l0, int l1, int n_seq, int P, eg_step_cost *out);
+
 #endif

@@ -34,6 +34,8 @@ typedef struct eg_weight {
     const void *scale; /* INT4: bf16 [rows][cols/group]; FP8: f32 [ceil(rows/128)][ceil(cols/128)] */
     int group;         /* INT4 group size */
     const char *name;  /* tensor name without prefix, for messages (points into eg_model) */
+    int owned;         /* data/scale were allocated by a backend's weight_random (the CPU
+                          backend frees them on weight_release); 0 for views and uploads */
 } eg_weight;
 
 typedef struct eg_expert_w {

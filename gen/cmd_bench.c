@@ -1,5 +1,13 @@
-/* eaglegen bench — prefill and decode throughput of a backend on a model. Performance
- * is measured here (and in `make bench`), never asserted in tests. */
+/* eaglegen bench — prefill and decode throughput of a backend, next to the roofline the
+ * step's bytes and FLOPs allow. Performance is measured here (and in `make bench`),
+ * never asserted in tests.
+ *
+ * With --preset the model's weights are never written or read: mkmodel lays out a
+ * sparse checkpoint (shapes only, file holes) in --scratch, and every weight is drawn
+ * by the backend itself (weight_random; on a GPU straight into device memory), so
+ * Kimi-K2.5's real layer shapes cost no disk and no upload. Decode at context N needs
+ * no prefill: each sequence's cache blocks for positions < N are mapped and zeroed,
+ * and attention reads them as it would a real prompt's. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -10,8 +18,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/cuda_plan.h"
 #include "engine/forward.h"
 #include "engine/mkmodel.h"
+#include "engine/plan.h"
 #include "gen/args.h"
 #include "gen/commands.h"
 
@@ -19,78 +29,173 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: eaglegen bench (--model DIR | --preset NAME [--layers N]) [options]\n"
             "\n"
-            "Prefill: BATCH sequences of PROMPT tokens in chunks of CHUNK rows. Decode: the same\n"
-            "sequences then take STEPS steps of one token each (greedy, sampled on the backend).\n"
-            "Prints tokens/s for each phase.\n"
+            "Prefill: sequences of --prompt-len tokens, --prefill-tokens in all, in chunks of --chunk\n"
+            "rows. Decode: for each --context N and --batch B, B sequences whose caches hold N\n"
+            "positions take --decode-steps steps of one token each (greedy, sampled on the backend)\n"
+            "after --warmup untimed steps. Each row prints tokens/s and, against the device's\n"
+            "measured copy bandwidth and BF16 GEMM rate, the share of the roofline reached: decode\n"
+            "by the bytes a step must read (weights of the experts expected to be hit, attention and\n"
+            "dense weights, lm_head, the KV cache), prefill by its FLOPs (docs/PERFORMANCE.md).\n"
             "\n"
             "options:\n"
-            "  --model DIR        checkpoint directory\n"
-            "  --preset NAME      instead of --model: draw a random model of this mkmodel preset (tiny,\n"
-            "                     moonlight-16b, kimi-k2.5) into --scratch, run, and delete it\n"
-            "  --layers N         with --preset: layer count (e.g. kimi-k2.5 --layers 4: real layer shapes)\n"
-            "  --experts int4|bf16  with --preset: expert format (default int4)\n"
-            "  --scratch DIR      with --preset: where the model is drawn (default /dev/shm, a RAM\n"
-            "                     disk, when present; else /tmp)\n"
+            "  --model DIR        checkpoint directory (weights uploaded from it)\n"
+            "  --preset NAME      instead of --model: a random model of this mkmodel preset (tiny,\n"
+            "                     moonlight-16b, kimi-k2.5) drawn by the backend itself, in device\n"
+            "                     memory on a GPU; only a sparse layout (no weight bytes) is written\n"
+            "  --layers N         with --preset: layer count (kimi-k2.5 --layers 4: the real layer shapes)\n"
+            "  --experts int4|bf16  with --preset: routed expert format (default int4)\n"
+            "  --scratch DIR      with --preset: where the sparse layout goes (default /dev/shm when\n"
+            "                     present, else /tmp); deleted afterwards\n"
             "  --backend NAME     cpu or cuda (default cpu)\n"
-            "  --batch LIST       comma-separated batch sizes (default 1,8)\n"
-            "  --prompt-len N     prompt tokens per sequence (default 128)\n"
-            "  --decode-steps N   decode steps (default 16)\n"
-            "  --chunk N          prefill rows per step (default 256)\n"
+            "  --device N         cuda: GPU index (default 0)\n"
+            "  --batch LIST       decode batch sizes, comma-separated (default 1,8)\n"
+            "  --context LIST     decode context lengths (default 128)\n"
+            "  --decode-steps N   timed decode steps per row (default 8)\n"
+            "  --warmup N         untimed decode steps before them (default 2)\n"
+            "  --prefill-tokens N prefill tokens in all, 0 = no prefill row (default 2048)\n"
+            "  --prompt-len N     prefill sequence length (default 512)\n"
+            "  --chunk N          prefill rows per step (default 512)\n"
+            "  --no-roofline      do not measure the device (no bandwidth/FLOP columns)\n"
             "  --threads N        CPU threads (default: all cores, or $EG_THREADS)\n"
             "  -h, --help         this text\n");
 }
 
-static eg_status bench_one(const eg_model *m, const char *backend, int threads, int batch, int plen, int steps,
-                           int chunk, eg_error *err) {
+typedef struct bench_opts {
+    const char *backend;
+    int device, threads, random;
+    int batch[64], n_batch, ctx[64], n_ctx;
+    int steps, warmup, prefill_tokens, plen, chunk;
+    double copy_bps, gemm_fps; /* measured roofline; 0 = unknown */
+} bench_opts;
+
+static int imax(const int *v, int n) {
+    int m = 0;
+    for (int i = 0; i < n; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+static void print_row(const bench_opts *o, const char *phase, int batch, int ctx, double tokens, double secs,
+                      double steps, const eg_step_cost *c) {
+    double tps = tokens / secs, ms = 1e3 * secs / steps;
+    double gb = c->weight_bytes / steps + c->kv_bytes / steps; /* per step */
+    double bw = (c->weight_bytes + c->kv_bytes) / secs, fl = c->flops / secs;
+    printf("%-8s %6d %7d %11.1f %9.3f", phase, batch, ctx, tps, ms);
+    if (gb > 0) printf(" %10.2f %8.1f", gb / 1e6, bw / 1e9);
+    else printf(" %10s %8s", "-", "-"); /* prefill: bound by FLOPs, bytes not reported */
+    if (o->copy_bps > 0 && gb > 0) printf(" %6.1f%%", 100.0 * bw / o->copy_bps);
+    else printf(" %7s", "-");
+    printf(" %9.2f", fl / 1e12);
+    if (o->gemm_fps > 0) printf(" %6.1f%%", 100.0 * fl / o->gemm_fps);
+    else printf(" %7s", "-");
+    printf(" %8.1f\n", c->experts_hit);
+    fflush(stdout);
+}
+
+/* Zero the whole cache once, so positions a decode row never wrote read as zeros
+ * (device memory starts as garbage, possibly NaN patterns). */
+static eg_status clear_cache(eg_backend *be, eg_kv_cache *kv, eg_error *err) {
+    size_t bytes = sizeof(uint16_t) * (size_t)kv->n_layers * (size_t)kv->n_blocks * (size_t)kv->block_size *
+                   (size_t)kv->width;
+    return be->ops->memset0(be, kv->storage, bytes, err);
+}
+
+static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
     const eg_config *c = &m->cfg;
-    int max_tokens = chunk > batch ? chunk : batch, seq = plen + steps + 1;
+    int maxb = imax(o->batch, o->n_batch), maxctx = imax(o->ctx, o->n_ctx);
+    int n_seq = o->prefill_tokens > 0 ? (o->prefill_tokens + o->plen - 1) / o->plen : 0;
+    int max_tokens = o->chunk > maxb ? o->chunk : maxb;
+    int dec_len = maxctx + o->warmup + o->steps + 1;
+    int seq = dec_len > o->plen ? dec_len : o->plen;
+    int slots = maxb > n_seq ? maxb : n_seq;
     eg_backend *be = NULL;
     eg_forward *f = NULL;
-    eg_backend_opts bo = {.name = backend, .max_tokens = max_tokens, .max_seq_len = seq, .nthreads = threads};
-    eg_status st = eg_backend_create(c, &bo, &be, err);
     int32_t *tok = NULL, *pos = NULL, *slot = NULL, *rows = NULL, *sampled = NULL;
     eg_sample_params *sp = NULL;
     uint64_t *rng = NULL;
+    eg_backend_opts bo = {.name = o->backend, .max_tokens = max_tokens, .max_seq_len = seq, .nthreads = o->threads,
+                          .device = o->device};
+    eg_status st = eg_backend_create(c, &bo, &be, err);
     if (st) goto out;
-    eg_forward_opts fo = {.max_tokens = max_tokens, .n_slots = batch, .max_seq_len = seq, .block_size = 64};
+    /* cache for the largest row only: prefill and each decode row run alone */
+    int64_t bs = 64, need = (int64_t)maxb * ((dec_len + bs - 1) / bs), pneed = (int64_t)n_seq * ((o->plen + bs - 1) / bs);
+    eg_forward_opts fo = {.max_tokens = max_tokens, .n_slots = slots, .max_seq_len = seq, .block_size = (int)bs,
+                          .kv_blocks = need > pneed ? need : pneed, .random_weights = o->random, .random_seed = 1};
+    double t0 = eg_now();
     if ((st = eg_forward_create(m, be, &fo, &f, err))) goto out;
-    for (int s = 0; s < batch; s++)
-        if ((st = eg_kv_reserve(eg_forward_kv(f), s, seq, err))) goto out;
+    if ((st = clear_cache(be, eg_forward_kv(f), err)) || (st = be->ops->sync(be, err))) goto out;
+    printf("weights %s in %.1f s: %.2f GB on the %s backend; KV cache %.2f GB (%lld tokens)\n",
+           o->random ? "drawn" : "uploaded", eg_now() - t0, (double)eg_forward_weight_bytes(f) / 1e9, o->backend,
+           (double)eg_forward_kv(f)->n_blocks * bs * (double)eg_kv_bytes_per_token(eg_forward_kv(f)) / 1e9,
+           (long long)(eg_forward_kv(f)->n_blocks * bs));
+    printf("%-8s %6s %7s %11s %9s %10s %8s %7s %9s %7s %8s\n", "phase", "batch", "context", "tok/s", "ms/step",
+           "MB/step", "GB/s", "%copy", "TFLOP/s", "%gemm", "experts");
     tok = malloc(4 * (size_t)max_tokens); pos = malloc(4 * (size_t)max_tokens); slot = malloc(4 * (size_t)max_tokens);
     rows = malloc(4 * (size_t)max_tokens); sampled = malloc(4 * (size_t)max_tokens);
     sp = calloc((size_t)max_tokens, sizeof *sp); rng = calloc((size_t)max_tokens, 8);
     if (!tok || !pos || !slot || !rows || !sampled || !sp || !rng) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto out; }
-    /* prefill: all sequences' prompts, packed into chunks */
-    double t0 = eg_now();
-    int64_t total = (int64_t)batch * plen, done = 0;
-    while (done < total) {
-        int T = 0;
-        while (T < chunk && done < total) {
-            int s = (int)(done / plen), p = (int)(done % plen);
-            tok[T] = (int32_t)((s * 7919 + p * 104729) % c->vocab);
-            pos[T] = p;
-            slot[T] = s;
-            T++;
-            done++;
+    eg_kv_cache *kv = eg_forward_kv(f);
+
+    if (n_seq > 0) {
+        for (int s = 0; s < n_seq; s++)
+            if ((st = eg_kv_reserve(kv, s, o->plen, err))) goto out;
+        int64_t total = (int64_t)n_seq * o->plen, done = 0, steps = 0;
+        t0 = eg_now();
+        while (done < total) {
+            int T = 0, n_rows = 0;
+            while (T < o->chunk && done < total) {
+                int s = (int)(done / o->plen), p = (int)(done % o->plen);
+                tok[T] = (int32_t)((s * 7919 + p * 104729) % c->vocab);
+                pos[T] = p;
+                slot[T] = s;
+                if (p == o->plen - 1) rows[n_rows++] = T; /* logits for each prompt's last token */
+                T++;
+                done++;
+            }
+            eg_step step = {.T = T, .tokens = tok, .pos = pos, .slot = slot, .n_logits = n_rows, .logit_rows = rows,
+                            .sampled = n_rows ? sampled : NULL, .sp = sp, .rng = rng};
+            if ((st = eg_forward_step(f, &step, err))) goto out;
+            steps++;
         }
-        eg_step step = {.T = T, .tokens = tok, .pos = pos, .slot = slot};
-        if ((st = eg_forward_step(f, &step, err))) goto out;
+        double secs = eg_now() - t0;
+        eg_step_cost cost;
+        eg_plan_prefill_cost(m, 0, c->n_layers, n_seq, o->plen, &cost);
+        cost.kv_bytes = 0; /* weights once per step are not prefill's bound; report FLOPs */
+        cost.weight_bytes = 0;
+        print_row(o, "prefill", n_seq, o->plen, (double)total, secs, (double)steps, &cost);
+        for (int s = 0; s < n_seq; s++) eg_kv_release(kv, s);
     }
-    double t_pre = eg_now() - t0;
-    /* decode: one token per sequence per step, greedy on the backend */
-    for (int s = 0; s < batch; s++) { tok[s] = (int32_t)(s % c->vocab); slot[s] = s; rows[s] = s; }
-    t0 = eg_now();
-    for (int k = 0; k < steps; k++) {
-        for (int s = 0; s < batch; s++) pos[s] = plen + k;
-        eg_step step = {.T = batch, .tokens = tok, .pos = pos, .slot = slot, .n_logits = batch, .logit_rows = rows,
-                        .sampled = sampled, .sp = sp, .rng = rng};
-        if ((st = eg_forward_step(f, &step, err))) goto out;
-        memcpy(tok, sampled, 4 * (size_t)batch);
-    }
-    double t_dec = eg_now() - t0;
-    printf("%-8s %6d %8d %12.1f %12.1f %10.2f\n", backend, batch, plen, (double)total / t_pre,
-           (double)batch * steps / t_dec, 1e3 * t_dec / steps);
-    fflush(stdout);
+
+    for (int ci = 0; ci < o->n_ctx; ci++)
+        for (int bi = 0; bi < o->n_batch; bi++) {
+            int B = o->batch[bi], ctx = o->ctx[ci];
+            for (int s = 0; s < B; s++)
+                if ((st = eg_kv_reserve(kv, s, ctx + o->warmup + o->steps + 1, err))) goto out;
+            for (int s = 0; s < B; s++) {
+                tok[s] = (int32_t)((s * 131 + 7) % c->vocab);
+                slot[s] = s;
+                rows[s] = s;
+            }
+            for (int k = 0; k < o->warmup + o->steps; k++) {
+                if (k == o->warmup) t0 = eg_now();
+                for (int s = 0; s < B; s++) pos[s] = ctx + k;
+                eg_step step = {.T = B, .tokens = tok, .pos = pos, .slot = slot, .n_logits = B, .logit_rows = rows,
+                                .sampled = sampled, .sp = sp, .rng = rng};
+                if ((st = eg_forward_step(f, &step, err))) goto out;
+                memcpy(tok, sampled, 4 * (size_t)B);
+            }
+            double secs = eg_now() - t0;
+            eg_step_cost one, cost;
+            memset(&cost, 0, sizeof cost);
+            for (int k = 0; k < o->steps; k++) { /* the context grows by one per step */
+                eg_plan_decode_cost(m, 0, c->n_layers, B, ctx + o->warmup + k, &one);
+                cost.weight_bytes += one.weight_bytes;
+                cost.kv_bytes += one.kv_bytes;
+                cost.flops += one.flops;
+                cost.experts_hit = one.experts_hit;
+            }
+            print_row(o, "decode", B, ctx, (double)B * o->steps, secs, (double)o->steps, &cost);
+            for (int s = 0; s < B; s++) eg_kv_release(kv, s);
+        }
 out:
     free(tok); free(pos); free(slot); free(rows); free(sampled); free(sp); free(rng);
     eg_forward_free(f);
@@ -98,7 +203,26 @@ out:
     return st;
 }
 
-/* Delete the drawn model: a flat directory of files. */
+/* The CPU's copy bandwidth, bytes read + written per second (memcpy of 256 MiB; called
+ * through a volatile pointer so the compiler cannot drop copies nobody reads). */
+static void *(*volatile bench_memcpy)(void *, const void *, size_t) = memcpy;
+static double cpu_copy_rate(void) {
+    size_t n = (size_t)256 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double r = 0;
+    if (a && b) {
+        memset(a, 1, n);
+        memset(b, 2, n);
+        double t0 = eg_now();
+        for (int i = 0; i < 4; i++) bench_memcpy(i % 2 ? a : b, i % 2 ? b : a, n);
+        r = 2.0 * (double)n * 4 / (eg_now() - t0);
+    }
+    free(a);
+    free(b);
+    return r;
+}
+
+/* Delete the sparse layout: a flat directory of files. */
 static void remove_tree(const char *dir) {
     DIR *d = opendir(dir);
     if (d) {
@@ -115,8 +239,9 @@ static void remove_tree(const char *dir) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *model_dir = NULL, *backend = "cpu", *batches = "1,8", *preset = NULL, *scratch = NULL;
-    int plen = 128, steps = 16, chunk = 256, threads = 0, layers = 0, experts = EG_MK_EXPERTS_INT4;
+    const char *model_dir = NULL, *batches = "1,8", *contexts = "128", *preset = NULL, *scratch = NULL;
+    int layers = 0, experts = EG_MK_EXPERTS_INT4, roofline = 1;
+    bench_opts o = {.backend = "cpu", .steps = 8, .warmup = 2, .prefill_tokens = 2048, .plen = 512, .chunk = 512};
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},      {"backend", required_argument, 0, 'b'},
         {"batch", required_argument, 0, 'B'},      {"prompt-len", required_argument, 0, 'p'},
@@ -124,21 +249,28 @@ int cmd_bench(int argc, char **argv) {
         {"threads", required_argument, 0, 't'},    {"help", no_argument, 0, 'h'},
         {"preset", required_argument, 0, 'P'},     {"layers", required_argument, 0, 'L'},
         {"experts", required_argument, 0, 'E'},    {"scratch", required_argument, 0, 'S'},
-        {0, 0, 0, 0}};
+        {"context", required_argument, 0, 'C'},    {"warmup", required_argument, 0, 'w'},
+        {"prefill-tokens", required_argument, 0, 'T'}, {"device", required_argument, 0, 'd'},
+        {"no-roofline", no_argument, 0, 'R'},      {0, 0, 0, 0}};
     optind = 1;
     int ch;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
         case 'm': model_dir = optarg; break;
-        case 'b': backend = optarg; break;
+        case 'b': o.backend = optarg; break;
         case 'B': batches = optarg; break;
-        case 'p': if (!gen_arg_int("bench", "--prompt-len", optarg, 1, 1 << 24, &plen)) return 2; break;
-        case 's': if (!gen_arg_int("bench", "--decode-steps", optarg, 1, 1 << 24, &steps)) return 2; break;
-        case 'c': if (!gen_arg_int("bench", "--chunk", optarg, 1, 1 << 20, &chunk)) return 2; break;
-        case 't': if (!gen_arg_int("bench", "--threads", optarg, 1, 4096, &threads)) return 2; break;
+        case 'C': contexts = optarg; break;
+        case 'p': if (!gen_arg_int("bench", "--prompt-len", optarg, 1, 1 << 24, &o.plen)) return 2; break;
+        case 's': if (!gen_arg_int("bench", "--decode-steps", optarg, 1, 1 << 24, &o.steps)) return 2; break;
+        case 'w': if (!gen_arg_int("bench", "--warmup", optarg, 0, 1 << 20, &o.warmup)) return 2; break;
+        case 'T': if (!gen_arg_int("bench", "--prefill-tokens", optarg, 0, 1 << 30, &o.prefill_tokens)) return 2; break;
+        case 'c': if (!gen_arg_int("bench", "--chunk", optarg, 1, 1 << 20, &o.chunk)) return 2; break;
+        case 't': if (!gen_arg_int("bench", "--threads", optarg, 1, 4096, &o.threads)) return 2; break;
+        case 'd': if (!gen_arg_int("bench", "--device", optarg, 0, 4096, &o.device)) return 2; break;
         case 'P': preset = optarg; break;
         case 'L': if (!gen_arg_int("bench", "--layers", optarg, 1, 1 << 20, &layers)) return 2; break;
         case 'S': scratch = optarg; break;
+        case 'R': roofline = 0; break;
         case 'E':
             if (!strcmp(optarg, "int4")) experts = EG_MK_EXPERTS_INT4;
             else if (!strcmp(optarg, "bf16")) experts = EG_MK_EXPERTS_BF16;
@@ -153,6 +285,13 @@ int cmd_bench(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (!gen_arg_int_list("bench", "--batch", batches, 1, o.batch, 64, &o.n_batch) ||
+        !gen_arg_int_list("bench", "--context", contexts, 0, o.ctx, 64, &o.n_ctx))
+        return 2;
+    if (strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda")) {
+        fprintf(stderr, "eaglegen bench: --backend expects cpu or cuda, not '%s'\n", o.backend);
+        return 2;
+    }
     eg_error err = {0};
     eg_model m;
     memset(&m, 0, sizeof m);
@@ -161,35 +300,46 @@ int cmd_bench(int argc, char **argv) {
         struct stat sb;
         if (!scratch) scratch = stat("/dev/shm", &sb) == 0 && S_ISDIR(sb.st_mode) ? "/dev/shm" : "/tmp";
         snprintf(drawn, sizeof drawn, "%s/eaglegen-bench-XXXXXX", scratch);
-        if (!mkdtemp(drawn)) { fprintf(stderr, "eaglegen bench: cannot create a directory in %s\n", scratch); return 1; }
+        if (!mkdtemp(drawn)) {
+            fprintf(stderr, "eaglegen bench: cannot create a directory in %s: %s\n", scratch, strerror(errno));
+            return 1;
+        }
         eg_mkmodel_opts mo = {.preset = preset, .out_dir = drawn, .seed = 1, .layers = layers, .experts = experts,
-                              .threads = threads};
+                              .threads = o.threads, .sparse = 1};
         eg_mkmodel_plan_info info;
-        double t0 = eg_now();
         if (eg_mkmodel_run(&mo, &info, &err)) {
-            fprintf(stderr, "eaglegen bench: drawing the %s model: %s\n", preset, err.msg);
+            fprintf(stderr, "eaglegen bench: laying out the %s model: %s\n", preset, err.msg);
             remove_tree(drawn);
             return 1;
         }
-        printf("drew preset %s (%d layers, %.1f GB) in %.1f s into %s\n", preset, info.n_layers,
-               (double)info.total_bytes / 1e9, eg_now() - t0, drawn);
         model_dir = drawn;
+        o.random = 1;
     }
     if (eg_model_load(model_dir, &m, &err)) {
         fprintf(stderr, "eaglegen bench: %s\n", err.msg);
         if (*drawn) remove_tree(drawn);
         return 1;
     }
-    printf("model %s: %d layers, hidden %d, %d experts top-%d, weights %.1f MB\n", model_dir, m.cfg.n_layers,
-           m.cfg.hidden, m.cfg.n_experts, m.cfg.topk, (double)m.weight_bytes / 1e6);
-    printf("%-8s %6s %8s %12s %12s %10s\n", "backend", "batch", "prompt", "prefill t/s", "decode t/s", "ms/step");
-    int rc = 0, list[64], n_list = 0;
-    if (!gen_arg_int_list("bench", "--batch", batches, 1, list, 64, &n_list)) rc = 2;
-    for (int i = 0; i < n_list && !rc; i++)
-        if (bench_one(&m, backend, threads, list[i], plen, steps, chunk, &err)) {
-            fprintf(stderr, "eaglegen bench: %s\n", err.msg);
-            rc = 1;
+    printf("model %s: %d layers, hidden %d, %d experts top-%d, weights %.2f GB%s\n", preset ? preset : model_dir,
+           m.cfg.n_layers, m.cfg.hidden, m.cfg.n_experts, m.cfg.topk, (double)m.weight_bytes / 1e9,
+           preset ? " (drawn on the backend)" : "");
+    if (roofline) {
+        if (!strcmp(o.backend, "cuda")) {
+            if (eg_cuda_measure(o.device, &o.copy_bps, &o.gemm_fps, &err))
+                fprintf(stderr, "eaglegen bench: measuring GPU %d: %s (no roofline columns)\n", o.device, err.msg);
+            else
+                printf("GPU %d measured: copy %.0f GB/s (read + write), BF16 GEMM %.1f TFLOP/s (cuBLAS 8192^3)\n",
+                       o.device, o.copy_bps / 1e9, o.gemm_fps / 1e12);
+        } else {
+            o.copy_bps = cpu_copy_rate();
+            printf("CPU measured: copy %.1f GB/s (read + write, memcpy); no GEMM reference\n", o.copy_bps / 1e9);
         }
+    }
+    int rc = 0;
+    if (run_bench(&m, &o, &err)) {
+        fprintf(stderr, "eaglegen bench: %s\n", err.msg);
+        rc = 1;
+    }
     eg_model_free(&m);
     if (*drawn) remove_tree(drawn);
     return rc;

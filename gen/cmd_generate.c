@@ -49,6 +49,7 @@ typedef struct gen_args {
     int micro_batches;
     double gpu_mem_fraction;  /* cuda: share of each GPU's memory the process may hold */
     int gpus;                 /* cuda: stage k runs on GPU k % gpus (0 = one GPU per stage) */
+    const char *transport;    /* --transport: local, nccl or auto (NULL) */
 } gen_args;
 
 static void usage(FILE *f) {
@@ -98,6 +99,10 @@ static void usage(FILE *f) {
             "  --micro-batches M       micro-batches in flight with --stages (default: the stage count)\n"
             "  --gpus N                cuda: stage k runs on GPU k mod N (default: one GPU per stage;\n"
             "                          --gpus 1 runs every stage on one GPU, for testing)\n"
+            "  --transport NAME        how stages hand rows on: nccl (GPU to GPU on the stages' streams),\n"
+            "                          local (through pinned host memory; any backends) or auto\n"
+            "                          (default: nccl when every stage has its own GPU and NCCL is\n"
+            "                          built in, else local)\n"
             "  --gpu-mem-fraction F    cuda: share of each GPU's memory to use; the KV cache gets what\n"
             "                          weights and activations leave (default 0.9)\n"
             "  --worker I/N            this is worker I (0-based) of N; default from Slurm\n"
@@ -165,6 +170,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"limit", 1, 0, 'l'},          {"on-bad-record", 1, 0, 'r'},  {"log-json", 1, 0, 'J'},
         {"stages", 1, 0, 'G'},         {"micro-batches", 1, 0, 'U'},  {"gpu-mem-fraction", 1, 0, 'F'},
         {"gpus", 1, 0, 'Q'},
+        {"transport", 1, 0, 'X'},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     static const char *plist[4096];
     optind = 1;
@@ -226,6 +232,11 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 'J': a->log_json = optarg; break;
         case 'G': a->stages = optarg; break;
         case 'Q': if (!gen_arg_int("generate", "--gpus", optarg, 1, 4096, &a->gpus)) return 2; break;
+        case 'X':
+            if (strcmp(optarg, "local") && strcmp(optarg, "nccl") && strcmp(optarg, "auto"))
+                return bad_arg("--transport", optarg, "local, nccl or auto"), 2;
+            a->transport = optarg;
+            break;
         case 'F': if (!gen_arg_double("generate", "--gpu-mem-fraction", optarg, 0.05, 1, &a->gpu_mem_fraction)) return 2; break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'h': usage(stdout); return 0;
@@ -619,25 +630,32 @@ int cmd_generate(int argc, char **argv) {
     if (a.stages && parse_stages(&a, &model, stage_ends, &n_stages, &err)) goto done;
     int64_t kv_blocks = 0;
     if (!strcmp(a.backend, "cuda")) {
-        /* the memory planner: weights and activations first, the KV pool from what is left */
-        for (int k = 0, b0 = 0; k < n_stages; b0 = stage_ends[k++]) {
-            int end = n_stages > 1 ? stage_ends[k] : c->n_layers;
-            int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), wbytes = 0;
-            for (int l = b0; l < end; l++) wbytes += eg_plan_layer_bytes(&model, l);
-            wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
+        /* the memory planner, per GPU: weights and activations of every stage on it first
+         * (each stage backend has its own scratch), the KV pool from what is left; every
+         * stage gets the same number of cache blocks, the smallest any GPU allows */
+        int n_dev = a.gpus > 0 && a.gpus < n_stages ? a.gpus : n_stages;
+        for (int d = 0; d < n_dev; d++) {
+            int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), wbytes = 0, act = 0;
+            int layers = 0, on_dev = 0;
+            for (int k = 0, b0 = 0; k < n_stages; b0 = stage_ends[k++]) {
+                int end = n_stages > 1 ? stage_ends[k] : c->n_layers;
+                if (k % n_dev != d) continue;
+                for (int l = b0; l < end; l++) wbytes += eg_plan_layer_bytes(&model, l);
+                wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
+                act += eg_forward_act_bytes(c, max_tokens) + (on_dev++ ? eg_cuda_scratch_bytes(c, &bo) : 0);
+                layers += end - b0;
+            }
             eg_backend_opts so = bo;
-            so.device = a.gpus > 0 ? k % a.gpus : k;
+            so.device = d;
             eg_cuda_mem_plan mp;
             char line[512];
-            if (eg_cuda_plan(c, &so, a.gpu_mem_fraction, wbytes, eg_forward_act_bytes(c, max_tokens), end - b0, 64, &mp,
-                             &err)) {
-                eg_wrap(&err, "memory plan for GPU %d", k);
+            if (eg_cuda_plan(c, &so, a.gpu_mem_fraction, wbytes, act, layers, 64, &mp, &err)) {
+                eg_wrap(&err, "memory plan for GPU %d", d);
                 goto done;
             }
             eg_cuda_plan_format(&mp, so.device, line, sizeof line);
-            fprintf(stderr, "  %s\n", line);
+            fprintf(stderr, "  %s%s\n", line, on_dev > 1 ? " (shared by its stages)" : "");
             if (!kv_blocks || mp.kv_blocks < kv_blocks) kv_blocks = mp.kv_blocks;
-            if (n_stages == 1) break;
         }
     }
     if (n_stages > 1) {
@@ -652,7 +670,8 @@ int cmd_generate(int argc, char **argv) {
     eg_engine_opts eo = {.n_slots = a.batch, .max_seq_len = a.max_seq_len, .max_tokens = max_tokens, .kv_blocks = kv_blocks,
                          .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.pre_norm,
                          .stage_ends = n_stages > 1 ? stage_ends : NULL, .n_stages = n_stages > 1 ? n_stages : 0,
-                         .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches};
+                         .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches,
+                         .transport = a.transport};
     if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
     fprintf(stderr, "eaglegen generate: %s, %s backend, worker %d/%d, %d slots, KV cache %lld tokens, aux layers",
             existed ? "resuming" : "starting", a.backend, a.worker, a.n_workers, a.batch,
@@ -664,8 +683,13 @@ int cmd_generate(int argc, char **argv) {
         for (int l = b0; l < stage_ends[k]; l++) bytes += eg_plan_layer_bytes(&model, l);
         bytes += (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
         fprintf(stderr, "  stage %d: layers %d-%d, %.3f GB of weights, %s %d\n", k, b0, stage_ends[k] - 1,
-                (double)bytes / 1e9, strcmp(a.backend, "cuda") ? "thread" : "GPU", k);
+                (double)bytes / 1e9, strcmp(a.backend, "cuda") ? "thread" : "GPU",
+                strcmp(a.backend, "cuda") || a.gpus <= 0 ? k : k % a.gpus);
     }
+    if (n_stages > 1)
+        fprintf(stderr, "  transport between stages: %s, %d micro-batches\n", eg_engine_transport(g.engine),
+                (a.micro_batches > n_stages ? a.micro_batches : n_stages) < a.batch
+                    ? (a.micro_batches > n_stages ? a.micro_batches : n_stages) : a.batch);
 
     gen_progress_init(&g.prog, jlog);
     struct sigaction sa;

@@ -56,6 +56,11 @@ int egk_swiglu(const float *g, const float *u, float *hf, uint16_t *hb, uint16_t
 int egk_gather_rows(const float *x, const int32_t *idx, int n, int D, float *out, void *stream);
 /* out[r - row0][:] = bf16(dequant(w row r)) for r in [row0, row0+nrows). */
 int egk_dequant_bf16(egk_weight w, int64_t row0, int64_t nrows, uint16_t *out, void *stream);
+/* Fill n elements of dst with engine/weight_rand.c's counter-based draw (the same values
+ * bit for bit): BF16/F32 mean + std*U; INT4 words of 8 nibbles in 1..15; BF16 group
+ * scales std*(0.8+0.4u). Benchmarks draw a preset's weights with it, no upload. */
+enum { EGK_RAND_BF16 = 0, EGK_RAND_F32 = 1, EGK_RAND_INT4_WORDS = 2, EGK_RAND_SCALE_BF16 = 3 };
+int egk_fill_random(void *dst, int64_t n, int kind, uint64_t seed, float mean, float std, void *stream);
 
 /* ---- dequantising GEMM (kernels/gemm.cu) -------------------------------------------- */
 /* y[t][r] (+)= sum_c x[t][c] * W[r][c] for t < T, r < W.rows; x row stride W.cols,

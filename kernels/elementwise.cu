@@ -139,3 +139,42 @@ extern "C" int egk_dequant_bf16(egk_weight w, int64_t row0, int64_t nrows, uint1
     }
     return EGK_LAUNCH_RESULT();
 }
+
+/* ---- random weights (engine/weight_rand.c, bit for bit) ------------------------------ */
+
+static __device__ __forceinline__ uint64_t rand_mix(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static __device__ __forceinline__ float rand_unit(uint64_t h) { return (float)(h >> 40) * (1.0f / 16777216.0f); }
+
+/* explicit _rn operations: no FMA contraction, so the host's float arithmetic is matched */
+static __global__ void fill_random_kernel(void *dst, int64_t n, int kind, uint64_t seed, float mean, float std) {
+    const uint64_t golden = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if (kind == EGK_RAND_INT4_WORDS) {
+            uint64_t h = rand_mix((seed ^ 0x1234567887654321ull) + (uint64_t)(i + 1) * golden);
+            uint32_t w = 0;
+            for (int j = 0; j < 8; j++) w |= (uint32_t)(1 + ((h >> (8 * j)) & 0xff) % 15) << (4 * j);
+            ((uint32_t *)dst)[i] = w;
+        } else if (kind == EGK_RAND_SCALE_BF16) {
+            float u = rand_unit(rand_mix((seed ^ 0x5ca1e5ca1e5ca1e5ull) + (uint64_t)(i + 1) * golden));
+            ((uint16_t *)dst)[i] = egk_f32_to_bf16(__fmul_rn(std, __fadd_rn(0.8f, __fmul_rn(0.4f, u))));
+        } else {
+            float u = rand_unit(rand_mix(seed + (uint64_t)(i + 1) * golden));
+            float v = __fadd_rn(mean, __fmul_rn(__fmul_rn(std, 1.7320508f), __fsub_rn(__fmul_rn(2.0f, u), 1.0f)));
+            if (kind == EGK_RAND_F32) ((float *)dst)[i] = v;
+            else ((uint16_t *)dst)[i] = egk_f32_to_bf16(v);
+        }
+    }
+}
+
+extern "C" int egk_fill_random(void *dst, int64_t n, int kind, uint64_t seed, float mean, float std, void *stream) {
+    if (n <= 0) return 0;
+    unsigned blocks = egk_blocks(n, 256);
+    if (blocks > 8192) blocks = 8192;
+    fill_random_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(dst, n, kind, seed, mean, std);
+    return EGK_LAUNCH_RESULT();
+}

@@ -19,13 +19,15 @@ done
 # every generate flag is documented with its default
 for f in --model --prompts --out --tokenizer --backend --mode --max-new-tokens --max-seq-len --temperature \
          --top-p --top-k --seed --thinking --aux-layers --final-hidden --drop-truncated --limit \
-         --on-bad-record --batch --chunk --shard-samples --threads --worker --log-json --stages --micro-batches --gpus --gpu-mem-fraction; do
+         --on-bad-record --batch --chunk --shard-samples --threads --worker --log-json --stages --micro-batches --gpus --transport --gpu-mem-fraction; do
     $E generate --help | grep -q -- "$f" || { echo "generate --help lacks $f"; exit 1; }
 done
 expect 2 $E nosuchcommand
 expect 2 $E generate --model m
 expect 2 $E generate --model m --prompts p --out o --temperature hot
 expect 2 $E generate --model m --prompts p --out o --worker 3/2
+expect 2 $E generate --model m --prompts p --out o --transport pigeon
+grep -q "local, nccl or auto" "$tmp/err"
 expect 2 $E forward --model m
 expect 2 $E plan --preset kimi-k2.5 --stages 0
 expect 1 $E forward --model "$tmp/none" --prompts "$FIXTURES/models/prompts-a.json" --out "$tmp/x.st"
@@ -44,6 +46,15 @@ else
     echo "  refused: $(tail -1 "$tmp/err")"
 fi
 
+echo "-- bench: a preset drawn by the backend, decode at a context, roofline columns"
+expect 0 $E bench --preset tiny --batch 1,4 --context 0,40 --prefill-tokens 96 --prompt-len 48 --chunk 32 \
+    --decode-steps 2 --warmup 1 --scratch "$tmp"
+[ "$(grep -c '^decode ' "$tmp/out")" = 4 ] && [ "$(grep -c '^prefill ' "$tmp/out")" = 1 ] || { cat "$tmp/out"; exit 1; }
+grep -q "weights drawn" "$tmp/out" && grep -q "CPU measured: copy" "$tmp/out" && grep -q "%copy" "$tmp/out" || { cat "$tmp/out"; exit 1; }
+[ -z "$(ls -d "$tmp"/eaglegen-bench-* 2>/dev/null)" ] || { echo "bench left its layout behind"; exit 1; }
+expect 2 $E bench --preset tiny --context x
+expect 2 $E bench --preset tiny --backend tpu
+
 echo "-- forward over pipeline stages writes the same bytes"
 $E forward --model "$FIXTURES/models/tiny-a" --prompts "$FIXTURES/models/prompts-a.json" --out "$tmp/one.st" 2>/dev/null
 $E forward --model "$FIXTURES/models/tiny-a" --prompts "$FIXTURES/models/prompts-a.json" --out "$tmp/two.st" --stages 2,5 2>/dev/null
@@ -57,8 +68,4 @@ grep -q "weights 594.2 GB" "$tmp/plan"
 [ "$(grep -c '^[0-7] ' "$tmp/plan")" -eq 8 ]
 $E plan --model "$FIXTURES/models/tiny-a" --stages 2 --gpu-mem-gb 0.01 --act-gb 0 > "$tmp/plan2"
 grep -q "^1 " "$tmp/plan2"
-echo "-- bench on a drawn preset (removed afterwards)"
-$E bench --preset tiny --batch 2 --prompt-len 16 --decode-steps 2 --scratch "$tmp" > "$tmp/bench"
-grep -q "^cpu  *2  *16 " "$tmp/bench" || { cat "$tmp/bench"; exit 1; }
-[ -z "$(ls -d "$tmp"/eaglegen-bench-* 2>/dev/null)" ] || { echo "bench left its drawn model behind"; exit 1; }
 echo "t_gen_cli: ok"

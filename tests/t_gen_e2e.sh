@@ -67,6 +67,18 @@ $E generate --model model --prompts corpus.jsonl --out job-b1 --max-new-tokens 2
     --batch 1 --chunk 5 --shard-samples 100 --aux-layers 0,2,3 --seed 5 2>/dev/null
 "$PYTHON" "$here/gen_check.py" same job job-b1
 
+echo "-- pipeline stages on threads (local transport, micro-batches in flight): same samples"
+$E generate --model model --prompts corpus.jsonl --out job-pp --max-new-tokens 24 --max-seq-len 512 \
+    --batch 4 --chunk 16 --shard-samples 3 --aux-layers 0,2,3 --seed 5 --stages 1,3,5 --micro-batches 4 \
+    --transport local 2> logpp || { cat logpp; exit 1; }
+grep -q "transport between stages: local, 4 micro-batches" logpp || { cat logpp; exit 1; }
+"$PYTHON" "$here/gen_check.py" same job job-pp
+if $E generate --model model --prompts corpus.jsonl --out job-nccl --max-new-tokens 24 --max-seq-len 512 \
+    --batch 4 --stages 2 --transport nccl 2> lognccl; then
+    echo "--transport nccl on CPU stages was accepted"; exit 1
+fi
+grep -q "nccl transport" lognccl || { cat lognccl; exit 1; }
+
 echo "-- capture mode: teacher-forced assistant turns, mask on the assistant spans"
 head -c 0 /dev/null > conv.jsonl
 "$PYTHON" - <<'PY'

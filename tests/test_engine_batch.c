@@ -1,9 +1,12 @@
 /* Batch engine tests on the fixture model tiny-a: results do not depend on batch
  * composition, chunk size or a pipeline split (bit-identical); stop tokens, length
  * limits, KV pressure and oversized requests behave. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "engine/engine.h"
+#include "engine/plan.h"
+#include "engine/transport.h"
 #include "tests/check.h"
 
 #define MODEL "../shared/fixtures/models/tiny-a"
@@ -82,6 +85,8 @@ static eg_model model;
 static int have_model;
 
 static eg_engine_stats last_stats;
+static const char *test_transport;      /* eg_engine_opts.transport for run_ex */
+static const char *last_transport_name; /* what the engine chose */
 
 /* threaded > 0: one backend per stage, stages on their own threads, `threaded`
  * micro-batches. */
@@ -96,13 +101,15 @@ static eg_status run_ex(int slots, int max_tokens, const int *stages, int n_stag
     if (!st) {
         eg_engine_opts eo = {.n_slots = slots, .max_seq_len = 128, .max_tokens = max_tokens, .block_size = 8,
                              .kv_blocks = kv_blocks, .aux_layers = aux, .n_aux = 3, .stage_ends = stages, .n_stages = n_stages,
-                             .stage_backends = threaded ? sb : NULL, .micro_batches = threaded};
+                             .stage_backends = threaded ? sb : NULL, .micro_batches = threaded,
+                             .transport = test_transport};
         st = eg_engine_create(&model, be, &eo, &e, err);
     }
     if (!st) {
         run_ctx c = {.only = only, .max_new = max_new, .temp = temp, .stop = stop, .out = out, .n_aux = 3, .H = model.cfg.hidden};
         st = eg_engine_run(e, next_req, on_done, &c, err);
         eg_engine_get_stats(e, &last_stats);
+        last_transport_name = eg_engine_transport(e);
     }
     eg_engine_free(e);
     eg_backend_free(be);
@@ -190,6 +197,178 @@ static void test_pipeline_threaded(void) {
     free_results(&base);
 }
 
+/* The transport interface: the local transport moves rows exactly and rejects bad
+ * links; the factory picks local for CPU stages and refuses NCCL there; the engine
+ * with an explicit local transport equals the unsplit run, and with nccl on CPU
+ * backends it fails at create, saying why. */
+static void test_transports(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    eg_backend *b[3] = {0};
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = 4, .max_seq_len = 16, .nthreads = 1};
+    for (int k = 0; k < 3; k++) CHECK_OK(eg_backend_create(&model.cfg, &bo, &b[k], &err), &err);
+    eg_transport *t = NULL;
+    eg_transport_opts to = {.name = "local", .stages = b, .n_stages = 3, .n_micro_batches = 2, .max_floats = 64};
+    CHECK_OK(eg_transport_create(&to, &t, &err), &err);
+    if (t) {
+        CHECK(!strcmp(eg_transport_name(t), "local"));
+        float src[2][64], dst[2][64];
+        for (int m = 0; m < 2; m++)
+            for (int i = 0; i < 64; i++) { src[m][i] = (float)(m * 1000 + i) * 0.37f; dst[m][i] = -1; }
+        /* two micro-batches in flight on link 1: each arrives intact, in any order */
+        CHECK_OK(t->ops->send(t, 1, 0, src[0], 64, &err), &err);
+        CHECK_OK(t->ops->send(t, 1, 1, src[1], 50, &err), &err);
+        CHECK_OK(t->ops->recv(t, 1, 1, dst[1], 50, &err), &err);
+        CHECK_OK(t->ops->recv(t, 1, 0, dst[0], 64, &err), &err);
+        CHECK(!memcmp(dst[0], src[0], sizeof src[0]) && !memcmp(dst[1], src[1], 50 * sizeof(float)));
+        CHECK(dst[1][50] == -1);
+        CHECK(t->ops->send(t, 2, 0, src[0], 8, &err) == EG_ERR_INVALID); /* 3 stages: links 0, 1 */
+        CHECK(t->ops->recv(t, 0, 2, dst[0], 8, &err) == EG_ERR_INVALID); /* 2 micro-batches */
+        CHECK(t->ops->send(t, 0, 0, src[0], 65, &err) == EG_ERR_INVALID);
+        CHECK(strstr(err.msg, "65 floats") != NULL);
+    }
+    eg_transport_free(t);
+    eg_transport_free(NULL);
+    t = NULL;
+    to.name = "auto";
+    CHECK_OK(eg_transport_create(&to, &t, &err), &err);
+    CHECK(t && !strcmp(eg_transport_name(t), "local"));
+    eg_transport_free(t);
+    t = NULL;
+    to.name = "carrier-pigeon";
+    CHECK(eg_transport_create(&to, &t, &err) == EG_ERR_INVALID && !t);
+    CHECK(strstr(err.msg, "carrier-pigeon") != NULL);
+    to.name = "nccl";
+    CHECK(eg_transport_create(&to, &t, &err) == EG_ERR_UNSUPPORTED && !t);
+    CHECKF(strstr(err.msg, eg_transport_have_nccl() ? "not on a CUDA backend" : "without NCCL") != NULL, "%s", err.msg);
+    to.name = "local";
+    to.n_stages = 1;
+    CHECK(eg_transport_create(&to, &t, &err) == EG_ERR_INVALID && !t);
+    for (int k = 0; k < 3; k++) eg_backend_free(b[k]);
+
+    results base = {0}, split = {0};
+    CHECK_OK(run(4, 10, NULL, 0, -1, 6, 0.7f, -1, 0, &base, &err), &err);
+    int s3[3] = {1, 3, 5};
+    test_transport = "local";
+    CHECK_OK(run_ex(4, 10, s3, 3, 3, -1, 6, 0.7f, -1, 0, &split, &err), &err);
+    CHECK(last_transport_name && !strcmp(last_transport_name, "local"));
+    for (int r = 0; r < NREQ; r++) CHECKF(same(&base, &split, r, model.cfg.hidden), "local transport: request %d differs", r);
+    free_results(&split);
+    test_transport = "nccl";
+    CHECK(run_ex(4, 10, s3, 3, 3, -1, 6, 0.7f, -1, 0, &split, &err) == EG_ERR_UNSUPPORTED);
+    CHECKF(strstr(err.msg, "transport") != NULL, "%s", err.msg);
+    test_transport = NULL;
+    free_results(&split);
+    free_results(&base);
+}
+
+/* Roofline accounting: at batch 1 exactly top-k experts per MoE layer are read, and the
+ * bytes add up to the per-layer totals with the unread experts taken out; at a large
+ * batch every expert is hit; the cache read is B * (ctx + 1) rows per layer. */
+static void test_step_cost(void) {
+    load_model();
+    if (!have_model) return;
+    const eg_config *c = &model.cfg;
+    eg_step_cost one, big;
+    eg_plan_decode_cost(&model, 0, c->n_layers, 1, 0, &one);
+    double want = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        double lb = (double)eg_plan_layer_bytes(&model, l);
+        if (model.layers[l].is_moe) {
+            const eg_expert_w *x = &model.layers[l].experts[0];
+            double eb = (double)(eg_weight_bytes(&x->gate) + eg_weight_bytes(&x->up) + eg_weight_bytes(&x->down));
+            lb += (c->topk - c->n_experts) * eb;
+        }
+        want += lb;
+    }
+    int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail);
+    want += (double)tail + (double)head / c->vocab; /* one embedding row */
+    CHECKF(fabs(one.weight_bytes - want) <= 1e-6 * want, "decode bytes %.1f, expected %.1f", one.weight_bytes, want);
+    CHECK(fabs(one.experts_hit - c->topk) < 1e-9);
+    CHECK(one.kv_bytes == (double)c->n_layers * (c->kv_lora_rank + c->qk_rope) * 2);
+    eg_plan_decode_cost(&model, 0, c->n_layers, 4096, 100, &big);
+    CHECK(fabs(big.experts_hit - c->n_experts) < 1e-6);
+    CHECK(big.kv_bytes == 4096.0 * 101 * c->n_layers * (c->kv_lora_rank + c->qk_rope) * 2);
+    CHECK(big.flops > 4096 * one.flops && big.expert_bytes > one.expert_bytes);
+    /* a pipeline stage's share: the layers split exactly, the head counted once */
+    eg_step_cost a, b;
+    eg_plan_decode_cost(&model, 0, 2, 8, 50, &a);
+    eg_plan_decode_cost(&model, 2, c->n_layers, 8, 50, &b);
+    eg_plan_decode_cost(&model, 0, c->n_layers, 8, 50, &big);
+    CHECK(fabs(a.weight_bytes + b.weight_bytes - big.weight_bytes) < 1e-6 * big.weight_bytes);
+    CHECK(fabs(a.flops + b.flops - big.flops) < 1e-6 * big.flops);
+    eg_plan_prefill_cost(&model, 0, c->n_layers, 2, 16, &a);
+    CHECK(a.flops > 32 * one.flops * 0.5 && a.kv_bytes == 0);
+}
+
+/* Weights drawn by the backend (benchmarks of a preset): the counter-based values land
+ * as stored, at the requested scale, INT4 nibbles in 1..15; a forward pass over them is
+ * finite and repeatable. */
+static void test_random_weights(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    eg_backend *be = NULL;
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = 8, .max_seq_len = 32, .nthreads = 1};
+    CHECK_OK(eg_backend_create(&model.cfg, &bo, &be, &err), &err);
+    if (!be) return;
+    eg_weight shape = {.fmt = EG_W_BF16, .rows = 64, .cols = 128, .name = "w"}, d;
+    eg_weight_rand r = {.seed = 7, .mean = 0, .std = 0.125f};
+    CHECK_OK(be->ops->weight_random(be, &shape, &r, &d, &err), &err);
+    double s1 = 0, s2 = 0;
+    int exact = 1;
+    for (int i = 0; i < 64 * 128; i++) {
+        float v = eg_bf16_to_f32(((const uint16_t *)d.data)[i]);
+        exact &= v == eg_bf16_round(eg_weight_rand_value(&r, i));
+        s1 += v;
+        s2 += (double)v * v;
+    }
+    double mean = s1 / 8192, sd = sqrt(s2 / 8192 - mean * mean);
+    CHECK(exact);
+    CHECKF(fabs(mean) < 0.01 && fabs(sd - 0.125) < 0.01, "mean %g sd %g", mean, sd);
+    be->ops->weight_release(be, &d);
+    CHECK(!d.data && !d.owned);
+    eg_weight q = {.fmt = EG_W_INT4, .rows = 16, .cols = 64, .group = 32, .name = "q"};
+    CHECK_OK(be->ops->weight_random(be, &q, &r, &d, &err), &err);
+    int nib_ok = 1, hist[16] = {0};
+    for (int i = 0; i < 16 * 8; i++) {
+        uint32_t w = ((const uint32_t *)d.data)[i];
+        CHECK(w == eg_weight_rand_int4_word(&r, i));
+        for (int j = 0; j < 8; j++) hist[(w >> (4 * j)) & 15]++;
+    }
+    nib_ok = hist[0] == 0;
+    for (int v = 1; v < 16; v++) nib_ok &= hist[v] > 0;
+    CHECK(nib_ok);
+    for (int i = 0; i < 16 * 2; i++) {
+        float sc = eg_bf16_to_f32(((const uint16_t *)d.scale)[i]);
+        CHECK(sc >= 0.125f * 0.79f && sc <= 0.125f * 1.21f);
+    }
+    be->ops->weight_release(be, &d);
+    eg_weight f8 = {.fmt = EG_W_FP8, .rows = 4, .cols = 4, .name = "f8"};
+    CHECK(be->ops->weight_random(be, &f8, &r, &d, &err) == EG_ERR_UNSUPPORTED && strstr(err.msg, "f8"));
+
+    float logits[2][2 * 1024];
+    for (int run = 0; run < 2; run++) {
+        eg_forward *f = NULL;
+        eg_forward_opts fo = {.max_tokens = 8, .n_slots = 1, .max_seq_len = 32, .random_weights = 1, .random_seed = 3};
+        CHECK_OK(eg_forward_create(&model, be, &fo, &f, &err), &err);
+        if (!f) break;
+        CHECK_OK(eg_kv_reserve(eg_forward_kv(f), 0, 8, &err), &err);
+        int32_t tok[2] = {5, 9}, pos[2] = {0, 1}, slot[2] = {0, 0}, rows[2] = {0, 1};
+        eg_step st = {.T = 2, .tokens = tok, .pos = pos, .slot = slot, .n_logits = 2, .logit_rows = rows,
+                      .logits = logits[run]};
+        CHECK(model.cfg.vocab <= 1024);
+        CHECK_OK(eg_forward_step(f, &st, &err), &err);
+        eg_forward_free(f);
+    }
+    int finite = 1;
+    for (int i = 0; i < 2 * model.cfg.vocab; i++) finite &= isfinite(logits[0][i]);
+    CHECK(finite);
+    CHECK(!memcmp(logits[0], logits[1], sizeof(float) * 2 * (size_t)model.cfg.vocab));
+    eg_backend_free(be);
+}
+
 static void test_stop_and_kv_pressure(void) {
     load_model();
     if (!have_model) return;
@@ -241,6 +420,9 @@ static const eg_test tests[] = {
     {"batch_independence", test_batch_independence},
     {"pipeline_split_exact", test_pipeline_split_exact},
     {"pipeline_threaded", test_pipeline_threaded},
+    {"transport", test_transports},
+    {"step_cost", test_step_cost},
+    {"random_weights", test_random_weights},
     {"stop_and_kv_pressure", test_stop_and_kv_pressure},
     {"teacher_forced", test_teacher_forced},
     {"cleanup", test_cleanup},

@@ -703,6 +703,41 @@ static void test_moe_kimi_range(void) {
     moe_case(EG_W_INT4, 384, 8, 7168, 2048, 1, 100, 300, 1e-4);
 }
 
+/* ---- drawn weights (benchmarks of a preset) ----------------------------------------------------------- */
+
+/* weight_random on the GPU gives the CPU's values bit for bit, in every drawn format. */
+static void test_random_weights(void) {
+    eg_config c = small_cfg();
+    pair p;
+    if (!pair_make(&c, 4, &p)) return;
+    eg_error err = {0};
+    const eg_wfmt fmts[3] = {EG_W_BF16, EG_W_F32, EG_W_INT4};
+    for (int i = 0; i < 3; i++) {
+        eg_weight shape = {.fmt = fmts[i], .rows = 300, .cols = 7168, .group = 32, .name = "drawn"}, dc, dg;
+        eg_weight_rand r = {.seed = 11 + (uint64_t)i, .mean = i == 1 ? 1.0f : 0.0f, .std = 0.02f};
+        CHECK_OK(p.cpu->ops->weight_random(p.cpu, &shape, &r, &dc, &err), &err);
+        CHECK_OK(p.gpu->ops->weight_random(p.gpu, &shape, &r, &dg, &err), &err);
+        size_t db = (size_t)shape.rows * (size_t)shape.cols * (fmts[i] == EG_W_F32 ? 4 : 2);
+        size_t sb = 0;
+        if (fmts[i] == EG_W_INT4) {
+            db = (size_t)shape.rows * (size_t)shape.cols / 2;
+            sb = (size_t)shape.rows * (size_t)(shape.cols / 32) * 2;
+        }
+        unsigned char *h = malloc(db + sb + 1);
+        CHECK_OK(p.gpu->ops->to_host(p.gpu, h, dg.data, db, &err), &err);
+        if (sb) CHECK_OK(p.gpu->ops->to_host(p.gpu, h + db, dg.scale, sb, &err), &err);
+        CHECK_OK(p.gpu->ops->sync(p.gpu, &err), &err);
+        int same = !memcmp(h, dc.data, db) && (!sb || !memcmp(h + db, dc.scale, sb));
+        CHECKF(same, "drawn %s weight differs between CUDA and CPU", fmt_name(fmts[i]));
+        printf("    weight_random %-5s %lld x %lld: %s\n", fmt_name(fmts[i]), (long long)shape.rows,
+               (long long)shape.cols, same ? "identical" : "DIFFERENT");
+        free(h);
+        p.cpu->ops->weight_release(p.cpu, &dc);
+        p.gpu->ops->weight_release(p.gpu, &dg);
+    }
+    pair_free(&p);
+}
+
 /* ---- sampling -------------------------------------------------------------------------------------- */
 
 static void sample_case(int N, int V, int rounds) {
@@ -817,6 +852,7 @@ static const eg_test tests[] = {
     {"moe_kimi", test_moe_kimi},
     {"moe_kimi_range", test_moe_kimi_range},
     {"sample_small", test_sample_small},
+    {"random_weights", test_random_weights},
     {"sample_kimi", test_sample_kimi},
 };
 

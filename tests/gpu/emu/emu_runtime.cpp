@@ -7,8 +7,21 @@
 #include "cublas_v2.h"
 
 extern "C" {
-cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
-cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+/* EMU_DEVICES=N pretends N devices (default 1); the current device is per thread, as
+ * in CUDA, so a thread that forgets cudaSetDevice is caught by the emulated NCCL. */
+static int emu_devices(void) {
+    const char *e = getenv("EMU_DEVICES");
+    int n = e ? atoi(e) : 1;
+    return n > 0 ? n : 1;
+}
+static thread_local int emu_current;
+cudaError_t cudaGetDeviceCount(int *n) { *n = emu_devices(); return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) {
+    if (d < 0 || d >= emu_devices()) return cudaErrorInvalidValue;
+    emu_current = d;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *d) { *d = emu_current; return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
@@ -31,7 +44,14 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
 }
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { memset(d, v, n); return cudaSuccess; }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-cudaError_t cudaMemGetInfo(size_t *fr, size_t *to) { *to = (size_t)80 << 30; *fr = (size_t)79 << 30; return cudaSuccess; }
+/* EMU_MEM_GB sets the emulated device's size (default 80), 1% of it in use */
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *to) {
+    const char *e = getenv("EMU_MEM_GB");
+    double gb = e ? atof(e) : 80.0;
+    *to = (size_t)(gb * (double)(1 << 30));
+    *fr = *to / 100 * 99;
+    return cudaSuccess;
+}
 const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation" : "cudaErrorEmulated"; }
 const char *cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 

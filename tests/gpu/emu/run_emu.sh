@@ -9,6 +9,7 @@
 # between blocks, not device math libraries. Slow (minutes: thread creation).
 # usage: tests/gpu/emu/run_emu.sh [test-name filters...]
 #        tests/gpu/emu/run_emu.sh --forward   (tiny-a forward vs golden-a-bf16kv)
+#        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL)
 set -eu
 cd "$(dirname "$0")/../../.."
 B=${BUILD_EMU:-build-emu}
@@ -20,18 +21,47 @@ for f in elementwise gemm mla router sample; do
     g++ -std=c++20 -O1 -g -w $INC -include cuda_runtime.h -c "$B/emu/$f.cpp" -o "$B/emu/$f.o"
 done
 g++ -std=c++20 -O1 -g -w $INC -c tests/gpu/emu/emu_runtime.cpp -o "$B/emu/emu_runtime.o"
+g++ -std=c++20 -O1 -g -Wall -Wextra $INC -c tests/gpu/emu/emu_nccl.cpp -o "$B/emu/emu_nccl.o"
+cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1 -DEG_HAVE_NCCL=1 $INC \
+    -c engine/transport_nccl.c -o "$B/emu/transport_nccl.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1 $INC -c engine/backend_cuda.c \
     -o "$B/emu/backend_cuda.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread $INC -c tests/gpu/test_cuda_ops.c -o "$B/emu/test.o"
 g++ -o "$B/emu/test_cuda_ops_emu" "$B/emu/test.o" "$B/emu/backend_cuda.o" "$B/emu"/elementwise.o "$B/emu"/gemm.o \
     "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu/emu_runtime.o" "$B/libeg_engine.a" "$B/libeg_common.a" \
     -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
+link_eaglegen() {
+    make -s BUILD="$B" NO_CUDA=1 "$B/libeg_gen.a" "$B/libeg_dataset.a" "$B/libeg_prompts.a" "$B/gen/main.o"
+    g++ -o "$B/emu/eaglegen_emu" "$B/gen/main.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" \
+        "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o \
+        "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_gen.a" "$B/libeg_engine.a" "$B/libeg_dataset.a" \
+        "$B/libeg_prompts.a" "$B/libeg_common.a" -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
+}
+if [ "${1:-}" = --pipeline ]; then
+    # issue 8's NCCL path without GPUs: a tiny model generated in 3 stages on 3 emulated
+    # GPUs, rows handed over by the emulated NCCL (stage threads, micro-batches in flight,
+    # no host sync in the first stages), must equal the same run with the local transport
+    # and the unsplit emulated run, sample for sample (~5 min)
+    link_eaglegen
+    W=$B/emu/pp
+    rm -rf "$W" && mkdir -p "$W"
+    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 4 >/dev/null
+    for i in 1 2 3 4 5; do printf '{"id": "p%d", "input_ids": [%d, 72, 101, 108, 108, 111, %d]}\n' $i $((i * 7)) $((i + 40)); done > "$W/corpus.jsonl"
+    common=(generate --backend cuda --model "$W/model" --prompts "$W/corpus.jsonl" --max-new-tokens 4
+            --max-seq-len 64 --batch 4 --chunk 16 --aux-layers 0,1,2 --seed 3 --gpu-mem-fraction 0.4)
+    export EMU_MEM_GB=2
+    EMU_DEVICES=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/one" 2> "$W/one.log" || { cat "$W/one.log"; exit 1; }
+    EMU_DEVICES=3 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/nccl" --stages 1,2,4 --micro-batches 4 \
+        --transport nccl 2> "$W/nccl.log" || { cat "$W/nccl.log"; exit 1; }
+    grep -q "transport between stages: nccl" "$W/nccl.log" || { cat "$W/nccl.log"; exit 1; }
+    EMU_DEVICES=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/local" --stages 1,2,4 --micro-batches 4 \
+        --gpus 1 --transport local 2> "$W/local.log" || { cat "$W/local.log"; exit 1; }
+    /usr/bin/python3 tests/gen_check.py same "$W/nccl" "$W/local"
+    exec /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/nccl"
+fi
 if [ "${1:-}" = --forward ]; then
     # the whole forward pass of tiny-a through the emulated backend vs its golden (~15 min)
-    make -s BUILD="$B" NO_CUDA=1 "$B/libeg_gen.a" "$B/libeg_dataset.a" "$B/libeg_prompts.a" "$B/gen/main.o"
-    g++ -o "$B/emu/eaglegen_emu" "$B/gen/main.o" "$B/emu/backend_cuda.o" "$B/emu"/elementwise.o "$B/emu"/gemm.o \
-        "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu/emu_runtime.o" "$B/libeg_gen.a" "$B/libeg_engine.a" \
-        "$B/libeg_dataset.a" "$B/libeg_prompts.a" "$B/libeg_common.a" -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
+    link_eaglegen
     FX=${FIXTURES:-../shared/fixtures}
     G=$FX/models/golden-a-bf16kv.safetensors
     /usr/bin/python3 tests/gpu/golden_gpu.py prompts "$G" "$B/emu/a-full.json"

@@ -1,0 +1,120 @@
+/* The NCCL pipeline transport: one rank per stage GPU (ncclCommInitAll), rows moved by
+ * ncclSend/ncclRecv on each stage's own stream, so no host thread waits for a
+ * hand-over. See transport.h for the ordering contract. Built with EG_HAVE_NCCL (the
+ * Makefile sets it when nccl.h and libnccl are found next to nvcc); otherwise
+ * eg_transport_nccl_create reports EG_ERR_UNSUPPORTED. */
+#include "engine/transport.h"
+
+#include <stdlib.h>
+
+#include "engine/cuda_plan.h"
+
+#ifndef EG_HAVE_NCCL
+
+int eg_transport_have_nccl(void) { return 0; }
+
+eg_status eg_transport_nccl_create(const eg_transport_opts *o, eg_transport **out, eg_error *err) {
+    (void)o;
+    *out = NULL;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "nccl transport: built without NCCL (nccl.h/libnccl not found at build time)");
+}
+
+#else
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+typedef struct nccl_impl {
+    int n;              /* ranks = stages */
+    int *dev;           /* [n] */
+    cudaStream_t *strm; /* [n] each stage backend's stream (borrowed) */
+    ncclComm_t *comm;   /* [n] */
+} nccl_impl;
+
+static eg_status nccl_fail(eg_error *err, const char *call, ncclResult_t r) {
+    return eg_fail(err, EG_ERR_DEVICE, "nccl transport: %s failed: %s", call, ncclGetErrorString(r));
+}
+
+static eg_status nccl_send(eg_transport *t, int k, int mb, const float *src, size_t n, eg_error *err) {
+    nccl_impl *N = t->impl;
+    (void)mb;
+    if (k < 0 || k >= N->n - 1) return eg_fail(err, EG_ERR_INVALID, "nccl transport: no link %d", k);
+    ncclResult_t r = ncclSend(src, n, ncclFloat32, k + 1, N->comm[k], N->strm[k]);
+    if (r != ncclSuccess) return nccl_fail(err, "ncclSend", r);
+    return EG_OK;
+}
+
+static eg_status nccl_recv(eg_transport *t, int k, int mb, float *dst, size_t n, eg_error *err) {
+    nccl_impl *N = t->impl;
+    (void)mb;
+    if (k < 0 || k >= N->n - 1) return eg_fail(err, EG_ERR_INVALID, "nccl transport: no link %d", k);
+    ncclResult_t r = ncclRecv(dst, n, ncclFloat32, k, N->comm[k + 1], N->strm[k + 1]);
+    if (r != ncclSuccess) return nccl_fail(err, "ncclRecv", r);
+    return EG_OK;
+}
+
+static void nccl_destroy(eg_transport *t) {
+    if (!t) return;
+    nccl_impl *N = t->impl;
+    if (N) {
+        for (int k = 0; N->comm && k < N->n; k++)
+            if (N->comm[k]) {
+                cudaSetDevice(N->dev[k]);
+                if (N->strm) cudaStreamSynchronize(N->strm[k]);
+                ncclCommDestroy(N->comm[k]);
+            }
+        free(N->comm);
+        free(N->strm);
+        free(N->dev);
+        free(N);
+    }
+    free(t);
+}
+
+static const eg_transport_ops nccl_ops = {"nccl", nccl_send, nccl_recv, nccl_destroy};
+
+int eg_transport_have_nccl(void) { return 1; }
+
+eg_status eg_transport_nccl_create(const eg_transport_opts *o, eg_transport **out, eg_error *err) {
+    *out = NULL;
+    if (!o->stages || o->n_stages < 2)
+        return eg_fail(err, EG_ERR_INVALID, "nccl transport: need at least 2 stages");
+    eg_transport *t = eg_calloc(1, sizeof *t, err);
+    nccl_impl *N = t ? eg_calloc(1, sizeof *N, err) : NULL;
+    if (!N) { free(t); return EG_ERR_NOMEM; }
+    t->ops = &nccl_ops;
+    t->impl = N;
+    N->n = o->n_stages;
+    N->dev = eg_calloc((size_t)N->n, sizeof *N->dev, err);
+    N->strm = eg_calloc((size_t)N->n, sizeof *N->strm, err);
+    N->comm = eg_calloc((size_t)N->n, sizeof *N->comm, err);
+    if (!N->dev || !N->strm || !N->comm) { nccl_destroy(t); return EG_ERR_NOMEM; }
+    for (int k = 0; k < N->n; k++) {
+        void *s = NULL;
+        if (eg_backend_cuda_device(o->stages[k], &N->dev[k], &s)) {
+            nccl_destroy(t);
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "nccl transport: stage %d is not on a CUDA backend (use --transport local)", k);
+        }
+        N->strm[k] = (cudaStream_t)s;
+        for (int j = 0; j < k; j++)
+            if (N->dev[j] == N->dev[k]) {
+                int d = N->dev[k];
+                nccl_destroy(t);
+                return eg_fail(err, EG_ERR_UNSUPPORTED, "nccl transport: stages %d and %d share GPU %d; NCCL needs one "
+                               "GPU per stage (use --transport local)", j, k, d);
+            }
+    }
+    int prev = 0;
+    cudaGetDevice(&prev);
+    ncclResult_t r = ncclCommInitAll(N->comm, N->n, N->dev);
+    cudaSetDevice(prev);
+    if (r != ncclSuccess) {
+        memset(N->comm, 0, sizeof *N->comm * (size_t)N->n);
+        nccl_destroy(t);
+        return nccl_fail(err, "ncclCommInitAll", r);
+    }
+    *out = t;
+    return EG_OK;
+}
+
+#endif

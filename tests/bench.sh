@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# make bench: throughput with the roofline columns (docs/PERFORMANCE.md). Weights are
+# drawn by the backend (--preset), so nothing is downloaded or written. CPU always; the
+# CUDA rows (issue 7's table: Kimi-K2.5's real layer shapes and moonlight-16b) only when
+# a GPU answers. Numbers are printed, never asserted.
+set -eu
+cd "$(dirname "$0")/.."
+E=${BUILD:-build}/eaglegen
+echo "== CPU: tiny"
+"$E" bench --backend cpu --preset tiny --batch 1,16,64 --context 128,1024 --prefill-tokens 4096 --prompt-len 512
+echo "== CPU: moonlight-16b, 2 layers, INT4 experts"
+"$E" bench --backend cpu --preset moonlight-16b --layers 2 --batch 1,4 --context 128 --prefill-tokens 256 \
+    --prompt-len 128 --chunk 128 --decode-steps 3 --warmup 1
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+    for args in "--preset kimi-k2.5 --layers 4 --experts int4" "--preset moonlight-16b --layers 4 --experts bf16"; do
+        echo "== CUDA: $args"
+        # shellcheck disable=SC2086
+        "$E" bench --backend cuda $args --batch 1,16,64,256 --context 2048,8192 --prefill-tokens 8192 \
+            --prompt-len 2048 --chunk 2048 --decode-steps 8
+    done
+else
+    echo "== CUDA: no GPU here (tests/gpu/run.sh runs these rows on a GPU machine)"
+fi

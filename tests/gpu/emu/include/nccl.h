@@ -1,0 +1,28 @@
+/* Emulation stand-in for NCCL (tests/gpu/emu): ranks in one process, point-to-point
+ * only (ncclSend/ncclRecv), implemented in emu_nccl.cpp. Emulated streams are
+ * synchronous, so a send copies the rows into the peer's FIFO and returns, and a recv
+ * waits for them: the pairing and ordering contract of real NCCL is checked (count,
+ * order, the calling thread's current device), not its timing. C and C++. */
+#ifndef EMU_NCCL_H
+#define EMU_NCCL_H
+#include <stddef.h>
+
+#include "cuda_runtime_api.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
+               ncclInvalidArgument = 4, ncclInvalidUsage = 5 } ncclResult_t;
+typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef struct emu_nccl_comm *ncclComm_t;
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int n, const int *devlist);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s);
+ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s);
+const char *ncclGetErrorString(ncclResult_t r);
+/* emulation only: messages sent through the emulated NCCL so far */
+long long emu_nccl_messages(void);
+#ifdef __cplusplus
+}
+#endif
+#endif
