@@ -129,5 +129,7 @@ clean:
 
 # GPU-only test programs and rules (built only with nvcc; run by tests/gpu/run.sh).
 -include tests/gpu/gpu.mk
+# The optional reference check against transformers' DeepseekV3 (`make ref-check`).
+-include tests/ref/ref.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -98,6 +98,11 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 #define EG_CUDA_STAGE_SLOT ((size_t)1 << 20)
 #define EG_CUDA_MOE_CHUNK 1024   /* tokens per MoE pass: bounds the [T*K][H] scratch */
 #define EG_CUDA_SAMPLE_CHUNK 64  /* rows per sampling pass: bounds the [N][V] sort scratch */
+/* Up to this many rows, a BF16 GEMM with hi + lo activations runs as ONE GEMM over the
+ * 2T stacked rows (the weight is read once, not twice: at decode batch sizes the GEMM is
+ * bound by weight bytes), then a kernel adds the two halves. Above it, two GEMMs (the
+ * work is compute-bound and the same either way, and the scratch stays small). */
+#define EG_CUDA_FUSE_T 64
 
 /* ---- error helpers -------------------------------------------------------------- */
 
@@ -140,7 +145,9 @@ typedef struct xtab {          /* device pointer table of one layer's experts [e
 } xtab;
 
 typedef struct scratch_layout {
-    uint16_t *xb, *xb_lo;      /* [Tm][maxdim] bf16 activations for cuBLAS, and residuals */
+    uint16_t *xb, *xb_lo;      /* [Tm + FUSE_T][maxdim] bf16 activations for cuBLAS (with room
+                                  for a fused lo half after T rows), [Tm][maxdim] residuals */
+    float *fuse_y;             /* [2*FUSE_T][max(maxdim, V)] hi and lo products of a fused GEMM */
     float *mlp_g, *mlp_u;      /* [Tm][I] */
     uint16_t *q_bf16, *q_bf16_lo; /* [Tm][NH][DN+DR] */
     float *q_pe;               /* [Tm][NH][DR] */
@@ -156,7 +163,7 @@ typedef struct scratch_layout {
     egk_sample_row *s_rows;
     void *s_temp;
     size_t s_temp_bytes;
-    int64_t xb_elems, mlp_elems, part_rows, kvb_elems;
+    int64_t xb_elems, mlp_elems, part_rows, kvb_elems, fuse_rows;
     int moe_chunk, sample_chunk, n_xtab, E;
     size_t total;
 } scratch_layout;
@@ -168,6 +175,8 @@ typedef struct cuda_impl {
     eg_config cfg;
     int max_tokens;
     int split;            /* BF16 GEMM inputs as hi + lo pairs (default; EG_CUDA_GEMM=bf16: hi only) */
+    int fuse;             /* hi + lo as one GEMM up to EG_CUDA_FUSE_T rows (EG_CUDA_FUSE=0: two) */
+    int moe_path;         /* EGK_MOE_AUTO (tensor cores where they apply) or, EG_CUDA_MOE=simt, SIMT */
     void *scratch;
     scratch_layout L;
     unsigned char *stage; /* pinned [SLOTS][SLOT] */
@@ -210,8 +219,10 @@ static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_tem
     int64_t R = (int64_t)L->moe_chunk * K;
     L->moe.max_rows = (int)R;
     L->moe.max_tiles = (int)(R / EGK_MOE_BM + E + 1);
-    PLACE(xb, uint16_t, L->xb_elems);
+    L->fuse_rows = max64(maxdim, V);
+    PLACE(xb, uint16_t, L->xb_elems + (int64_t)EG_CUDA_FUSE_T * maxdim);
     PLACE(xb_lo, uint16_t, L->xb_elems);
+    PLACE(fuse_y, float, 2 * (int64_t)min64(Tm, EG_CUDA_FUSE_T) * L->fuse_rows);
     PLACE(mlp_g, float, L->mlp_elems);
     PLACE(mlp_u, float, L->mlp_elems);
     PLACE(q_bf16, uint16_t, Tm * NH * (DN + DR));
@@ -444,9 +455,20 @@ static void cu_weight_release(eg_backend *b, eg_weight *d) {
  * Column-major view: y^T (rows x T, ld rows) = W^T-as-stored (op T of cols x rows) * xb^T. */
 static eg_status gemm_bf16(cuda_impl *im, const uint16_t *xb, const uint16_t *xb_lo, int T, const eg_weight *W,
                            float *y, float beta, eg_error *err) {
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f;
     if (W->rows > 0x7fffffff || W->cols > 0x7fffffff)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: %s too large for cublasGemmEx", wname(W));
+    if (im->fuse && xb_lo && xb_lo == xb + (int64_t)T * W->cols && T <= EG_CUDA_FUSE_T && W->rows <= im->L.fuse_rows) {
+        /* fused: one GEMM over [x_hi; x_lo] (2T rows), then y = (beta y + hi) + lo, the
+         * same additions in the same order as the two-GEMM path */
+        int64_t n = (int64_t)T * W->rows;
+        BL("cublasGemmEx (hi+lo)",
+           cublasGemmEx(im->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)W->rows, 2 * T, (int)W->cols, &one, W->data,
+                        CUDA_R_16BF, (int)W->cols, xb, CUDA_R_16BF, (int)W->cols, &zero, im->L.fuse_y, CUDA_R_32F,
+                        (int)W->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        KR("egk_add_pair", egk_add_pair(y, im->L.fuse_y, im->L.fuse_y + n, n, beta != 0.0f, im->stream));
+        return EG_OK;
+    }
     BL("cublasGemmEx", cublasGemmEx(im->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)W->rows, T, (int)W->cols, &one, W->data,
                                     CUDA_R_16BF, (int)W->cols, xb, CUDA_R_16BF, (int)W->cols, &beta, y, CUDA_R_32F,
                                     (int)W->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -459,6 +481,12 @@ static eg_status gemm_bf16(cuda_impl *im, const uint16_t *xb, const uint16_t *xb
 }
 
 static uint16_t *lo_of(cuda_impl *im, uint16_t *p) { return im->split ? p : NULL; }
+/* Where the lo half of T rows of `cols` BF16 activations in xb goes: right after them
+ * (so gemm_bf16 can fuse) when T is small enough, else the separate residual buffer. */
+static uint16_t *xb_lo_for(cuda_impl *im, int T, int64_t cols) {
+    if (!im->split) return NULL;
+    return T <= EG_CUDA_FUSE_T ? im->L.xb + (int64_t)T * cols : im->L.xb_lo;
+}
 
 /* y (+)= x W^T for any format; BF16 through cuBLAS, F32 through SGEMM, others ours. */
 static eg_status linear_any(cuda_impl *im, const float *x, int T, const eg_weight *W, float *y, int accumulate,
@@ -472,8 +500,9 @@ static eg_status linear_any(cuda_impl *im, const float *x, int T, const eg_weigh
         if ((int64_t)T * W->cols > im->L.xb_elems)
             return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s: %lld columns exceed the activation scratch",
                            wname(W), (long long)W->cols);
-        KR("egk_f32_to_bf16", egk_f32_to_bf16(x, im->L.xb, lo_of(im, im->L.xb_lo), (int64_t)T * W->cols, im->stream));
-        return gemm_bf16(im, im->L.xb, lo_of(im, im->L.xb_lo), T, W, y, accumulate ? 1.0f : 0.0f, err);
+        uint16_t *lo = xb_lo_for(im, T, W->cols);
+        KR("egk_f32_to_bf16", egk_f32_to_bf16(x, im->L.xb, lo, (int64_t)T * W->cols, im->stream));
+        return gemm_bf16(im, im->L.xb, lo, T, W, y, accumulate ? 1.0f : 0.0f, err);
     }
     if (W->fmt == EG_W_F32 && W->rows <= 0x7fffffff && W->cols <= 0x7fffffff) {
         const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -542,7 +571,7 @@ static eg_status cu_swiglu_mlp(eg_backend *b, const float *x, int T, const eg_we
     if (gate->fmt == EG_W_BF16 && up->fmt == EG_W_BF16) {
         if ((int64_t)T * gate->cols > im->L.xb_elems)
             return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s: columns exceed scratch", wname(gate));
-        uint16_t *lo = lo_of(im, im->L.xb_lo);
+        uint16_t *lo = xb_lo_for(im, T, gate->cols);
         KR("egk_f32_to_bf16", egk_f32_to_bf16(x, im->L.xb, lo, (int64_t)T * gate->cols, im->stream));
         if ((st = gemm_bf16(im, im->L.xb, lo, T, gate, im->L.mlp_g, 0.0f, err)) ||
             (st = gemm_bf16(im, im->L.xb, lo, T, up, im->L.mlp_u, 0.0f, err)))
@@ -553,7 +582,7 @@ static eg_status cu_swiglu_mlp(eg_backend *b, const float *x, int T, const eg_we
     }
     if (down->fmt == EG_W_BF16 && n <= im->L.xb_elems) {
         /* h goes straight to BF16 for cuBLAS (xb is free again: stream order). */
-        uint16_t *lo = lo_of(im, im->L.xb_lo);
+        uint16_t *lo = xb_lo_for(im, T, I);
         KR("egk_swiglu", egk_swiglu(im->L.mlp_g, im->L.mlp_u, NULL, im->L.xb, lo, n, im->stream));
         return gemm_bf16(im, im->L.xb, lo, T, down, y, accumulate ? 1.0f : 0.0f, err);
     }
@@ -747,8 +776,8 @@ static eg_status cu_moe(eg_backend *b, const eg_moe_args *a, eg_error *err) {
     for (int t0 = 0; t0 < a->T; t0 += im->L.moe_chunk) {
         int Tc = a->T - t0 < im->L.moe_chunk ? a->T - t0 : im->L.moe_chunk;
         KR("egk_moe", egk_moe(a->x + (int64_t)t0 * H, Tc, H, F, a->ids + (int64_t)t0 * K, a->weights + (int64_t)t0 * K,
-                              K, a->e0, a->e1, t->dev, t->fmt, t->group, &im->L.moe, a->y + (int64_t)t0 * H,
-                              im->stream));
+                              K, a->e0, a->e1, t->dev, t->fmt, t->group, &im->L.moe, im->moe_path,
+                              a->y + (int64_t)t0 * H, im->stream));
     }
     return EG_OK;
 }
@@ -967,6 +996,10 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
     im->max_tokens = o->max_tokens > 0 ? o->max_tokens : 1;
     const char *gm = getenv("EG_CUDA_GEMM");
     im->split = !(gm && !strcmp(gm, "bf16"));
+    /* switches for before/after benchmarks of issue 7's levers; the defaults are the fast paths */
+    const char *fz = getenv("EG_CUDA_FUSE"), *mp = getenv("EG_CUDA_MOE");
+    im->fuse = !(fz && !strcmp(fz, "0"));
+    im->moe_path = mp && !strcmp(mp, "simt") ? EGK_MOE_SIMT : EGK_MOE_AUTO;
     if ((st = cuda_init(im, err))) {
         cu_destroy(b);
         return st;

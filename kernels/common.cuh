@@ -52,6 +52,24 @@ static __device__ __forceinline__ float egk_wload(const void *data, const void *
     return v * ((const float *)scale)[(r >> 7) * sc + (c >> 7)];
 }
 
+/* d += A B for one warp: mma.sync m16n8k16, BF16 inputs, FP32 accumulation (sm_80+:
+ * Hopper and Blackwell alike). Fragments, g = lane / 4, t = lane % 4, two BF16 per
+ * register with the lower index in the low half:
+ *   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..]   a[3] = A[g+8][2t+8..]
+ *   b[0] = B[2t..2t+1][g]   b[1] = B[2t+8..2t+9][g]          (B is K x N, stored as [n][k])
+ *   d[0..1] = D[g][2t..2t+1]   d[2..3] = D[g+8][2t..2t+1]
+ * The CPU emulator (tests/gpu/emu) implements the same contract lane by lane. */
+static __device__ __forceinline__ void egk_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef EMU_CUDA_RUNTIME_H
+    emu_mma_bf16_16816(d, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
 /* A 1-D vector element (norm weights, biases): F32, BF16 or F16. */
 static __device__ __forceinline__ float egk_vload(int fmt, const void *data, int64_t i) {
     if (fmt == EGK_F32) return ((const float *)data)[i];

@@ -52,6 +52,8 @@ int egk_f32_to_bf16(const float *x, uint16_t *y, uint16_t *lo, int64_t n, void *
 /* h = silu(g) * u; written as FP32 to hf and/or BF16 to hb (+ its residual to hb_lo);
  * any of the three may be NULL. */
 int egk_swiglu(const float *g, const float *u, float *hf, uint16_t *hb, uint16_t *hb_lo, int64_t n, void *stream);
+/* y[i] = (accumulate ? y[i] : 0) + a[i] + b[i], added in that order, n elements. */
+int egk_add_pair(float *y, const float *a, const float *b, int64_t n, int accumulate, void *stream);
 /* out[i][:] = x[idx[i]][:], rows of D floats. */
 int egk_gather_rows(const float *x, const int32_t *idx, int n, int D, float *out, void *stream);
 /* out[r - row0][:] = bf16(dequant(w row r)) for r in [row0, row0+nrows). */
@@ -95,8 +97,13 @@ typedef struct egk_moe_ws {
 /* y[t] += sum_k weights[t][k] * expert_{ids[t][k]}(x[t]) for experts in [e0, e1).
  * tab: device array [e1-e0] of egk_expert_ptrs (local index e - e0). fmt/group: the
  * experts' format. Deterministic: the k-sum is in k order and rows never race. */
+/* path: EGK_MOE_AUTO takes the tensor-core path (mma.sync, W4A16/W16A16 with the
+ * activations as BF16 hi + lo pairs, so products stay near FP32) for INT4 experts with
+ * group 32 and BF16 experts, when H and F are multiples of 64; EGK_MOE_SIMT forces the
+ * FP32 CUDA-core tiles (every format). */
+enum { EGK_MOE_AUTO = 0, EGK_MOE_SIMT = 1 };
 int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, const float *weights, int K, int e0, int e1,
-            const egk_expert_ptrs *tab, int fmt, int group, const egk_moe_ws *ws, float *y, void *stream);
+            const egk_expert_ptrs *tab, int fmt, int group, const egk_moe_ws *ws, int path, float *y, void *stream);
 
 /* ---- MLA attention (kernels/mla.cu) ---------------------------------------------- */
 typedef struct egk_mla {

@@ -140,6 +140,19 @@ extern "C" int egk_dequant_bf16(egk_weight w, int64_t row0, int64_t nrows, uint1
     return EGK_LAUNCH_RESULT();
 }
 
+static __global__ void add_pair_kernel(float *y, const float *a, const float *b, int64_t n, int accumulate) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(__fadd_rn(accumulate ? y[i] : 0.0f, a[i]), b[i]);
+}
+
+extern "C" int egk_add_pair(float *y, const float *a, const float *b, int64_t n, int accumulate, void *stream) {
+    if (n <= 0) return 0;
+    unsigned blocks = egk_blocks(n, 256);
+    if (blocks > 8192) blocks = 8192;
+    add_pair_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(y, a, b, n, accumulate);
+    return EGK_LAUNCH_RESULT();
+}
+
 /* ---- random weights (engine/weight_rand.c, bit for bit) ------------------------------ */
 
 static __device__ __forceinline__ uint64_t rand_mix(uint64_t x) {

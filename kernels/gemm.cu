@@ -5,8 +5,8 @@
  *
  * Tile: BM=32 tokens x BN=64 output rows x BK=32 inputs, 256 threads, each thread 2x4
  * outputs. Weights are dequantised into shared memory as FP32, so every format shares
- * one code path (correct first; the mma.sync W4A16 path of the performance issue
- * replaces the inner loop, not the structure). The grid's tile list for the grouped
+ * one code path. INT4 (group 32) and BF16 experts take a tensor-core path with the same
+ * tiles and tile list (mma.sync m16n8k16, activations as BF16 hi + lo; see below). The grid's tile list for the grouped
  * GEMM is built on the device, so the host never learns the per-expert counts (no
  * synchronisation) and no per-expert launches are needed. */
 #include "kernels/common.cuh"
@@ -228,6 +228,188 @@ static __global__ void moe_combine_kernel(const float *o, const int32_t *rowmap,
     y[(int64_t)t * H + n] = v;
 }
 
+/* ---- MoE on tensor cores ----------------------------------------------------------- */
+/* The same tiles (BM rows of one expert x BN outputs), K in steps of MK = 64 (two INT4
+ * groups of 32). 8 warps: warp w computes rows 16*(w&1).. and outputs 16*(w>>1).. as
+ * two m16n8 mma tiles. Activations enter shared memory as BF16 hi + lo pairs (lo = the
+ * rounding residual), both multiplied by the same weight fragment, so a product carries
+ * ~16 mantissa bits of the activation. INT4 weights enter as their exact integer values
+ * (-8..7 in BF16) and each 32-column group's partial sum is scaled in FP32 afterwards,
+ * so nothing is rounded that the FP32 reference does not round. */
+#define MK 64
+#define MKP (MK + 8) /* padded row (BF16 elements): spreads fragment loads over banks */
+
+static __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+
+template <int FMT, int NW>
+static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_t K, const void *const *wdata,
+                                                const void *const *wscale, int64_t wrows, int group, int64_t n0,
+                                                uint16_t (*Xh)[MKP], uint16_t (*Xl)[MKP], uint16_t (*Wt)[BN][MKP],
+                                                float (*Sc)[BN][2], float acc[NW][2][4]) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int g = lane >> 2, t4 = lane & 3, mr = (warp & 1) * 16, nc = (warp >> 1) * 16;
+    for (int64_t k0 = 0; k0 < K; k0 += MK) {
+        for (int i = tid; i < BM * MK; i += NTHREADS) {
+            int r = i / MK, c = i % MK;
+            float v = xrow[r] ? xrow[r][k0 + c] : 0.0f;
+            uint16_t h = egk_f32_to_bf16(v);
+            Xh[r][c] = h;
+            Xl[r][c] = egk_f32_to_bf16(v - egk_bf16_to_f32(h));
+        }
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            if (FMT == EGK_INT4) {
+                /* 8 words (64 nibbles) per row, a warp loads 4 whole rows of 32 bytes */
+                for (int i = tid; i < BN * (MK / 8); i += NTHREADS) {
+                    int r = i / (MK / 8), q = i % (MK / 8);
+                    int64_t n = n0 + r;
+                    uint32_t word = n < wrows ? ((const uint32_t *)wdata[w])[n * (K >> 3) + (k0 >> 3) + q] : 0x88888888u;
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        int v = (int)((word >> (4 * j)) & 15u) - 8;
+                        Wt[w][r][q * 8 + j] = egk_f32_to_bf16((float)v);
+                    }
+                }
+                for (int i = tid; i < BN * 2; i += NTHREADS) {
+                    int r = i >> 1, q = i & 1;
+                    int64_t n = n0 + r;
+                    Sc[w][r][q] = n < wrows ? egk_bf16_to_f32(((const uint16_t *)wscale[w])[n * (K / group) + (k0 / group) + q])
+                                            : 0.0f;
+                }
+            } else { /* BF16 */
+                for (int i = tid; i < BN * (MK / 2); i += NTHREADS) {
+                    int r = i / (MK / 2), q = i % (MK / 2);
+                    int64_t n = n0 + r;
+                    uint32_t two = n < wrows ? ((const uint32_t *)wdata[w])[(n * K + k0) / 2 + q] : 0u;
+                    Wt[w][r][2 * q] = (uint16_t)(two & 0xffffu);
+                    Wt[w][r][2 * q + 1] = (uint16_t)(two >> 16);
+                }
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < NW; w++)
+#pragma unroll
+            for (int grp = 0; grp < MK / 32; grp++) {
+                float part[2][4] = {};
+#pragma unroll
+                for (int kk = grp * 32; kk < grp * 32 + 32; kk += 16) {
+                    uint32_t ah[4], al[4];
+                    ah[0] = pack2(Xh[mr + g][kk + 2 * t4], Xh[mr + g][kk + 2 * t4 + 1]);
+                    ah[1] = pack2(Xh[mr + g + 8][kk + 2 * t4], Xh[mr + g + 8][kk + 2 * t4 + 1]);
+                    ah[2] = pack2(Xh[mr + g][kk + 2 * t4 + 8], Xh[mr + g][kk + 2 * t4 + 9]);
+                    ah[3] = pack2(Xh[mr + g + 8][kk + 2 * t4 + 8], Xh[mr + g + 8][kk + 2 * t4 + 9]);
+                    al[0] = pack2(Xl[mr + g][kk + 2 * t4], Xl[mr + g][kk + 2 * t4 + 1]);
+                    al[1] = pack2(Xl[mr + g + 8][kk + 2 * t4], Xl[mr + g + 8][kk + 2 * t4 + 1]);
+                    al[2] = pack2(Xl[mr + g][kk + 2 * t4 + 8], Xl[mr + g][kk + 2 * t4 + 9]);
+                    al[3] = pack2(Xl[mr + g + 8][kk + 2 * t4 + 8], Xl[mr + g + 8][kk + 2 * t4 + 9]);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        const uint16_t *wr = Wt[w][nc + 8 * j + g];
+                        uint32_t b[2] = {pack2(wr[kk + 2 * t4], wr[kk + 2 * t4 + 1]),
+                                         pack2(wr[kk + 2 * t4 + 8], wr[kk + 2 * t4 + 9])};
+                        egk_mma_bf16_16816(part[j], ah, b);
+                        egk_mma_bf16_16816(part[j], al, b);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float s = FMT == EGK_INT4 ? Sc[w][nc + 8 * j + 2 * t4 + (e & 1)][grp] : 1.0f;
+                        acc[w][j][e] += part[j][e] * s;
+                    }
+            }
+        __syncthreads();
+    }
+}
+
+/* Row and output column of accumulator element (j, e) of this thread. */
+static __device__ __forceinline__ int mma_row(int e) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    return (warp & 1) * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+}
+static __device__ __forceinline__ int mma_col(int j, int e) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    return (warp >> 1) * 16 + 8 * j + 2 * (lane & 3) + (e & 1);
+}
+
+template <int FMT>
+static __global__ void __launch_bounds__(NTHREADS)
+    moe_gate_up_mma_kernel(const float *x, int H, int F, int K, const egk_expert_ptrs *tab, int group,
+                           const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
+                           float *h) {
+    __shared__ uint16_t Xh[BM][MKP], Xl[BM][MKP];
+    __shared__ uint16_t Wt[2][BN][MKP];
+    __shared__ float Sc[2][BN][2];
+    __shared__ const float *xrow[BM];
+    int tile = blockIdx.x;
+    if (tile >= *ntiles) return;
+    int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], r1 = offsets[e + 1];
+    int64_t n0 = (int64_t)blockIdx.y * BN;
+    if (threadIdx.x < BM) {
+        int r = r0 + threadIdx.x;
+        xrow[threadIdx.x] = r < r1 ? x + (int64_t)(row_tk[r] / K) * H : NULL;
+    }
+    __syncthreads();
+    egk_expert_ptrs p = tab[e];
+    const void *wd[2] = {p.gate, p.up}, *ws[2] = {p.gate_s, p.up_s};
+    float acc[2][2][4] = {};
+    mma_tile<FMT, 2>(xrow, H, wd, ws, F, group, n0, Xh, Xl, Wt, Sc, acc);
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int r = r0 + mma_row(q);
+            int64_t n = n0 + mma_col(j, q);
+            if (r >= r1 || n >= F) continue;
+            float gv = acc[0][j][q];
+            h[(int64_t)r * F + n] = gv / (1.0f + expf(-gv)) * acc[1][j][q];
+        }
+}
+
+template <int FMT>
+static __global__ void __launch_bounds__(NTHREADS)
+    moe_down_mma_kernel(const float *h, int H, int F, const float *weights, const egk_expert_ptrs *tab, int group,
+                        const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
+                        float *o) {
+    __shared__ uint16_t Xh[BM][MKP], Xl[BM][MKP];
+    __shared__ uint16_t Wt[1][BN][MKP];
+    __shared__ float Sc[1][BN][2];
+    __shared__ const float *xrow[BM];
+    int tile = blockIdx.x;
+    if (tile >= *ntiles) return;
+    int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], r1 = offsets[e + 1];
+    int64_t n0 = (int64_t)blockIdx.y * BN;
+    if (threadIdx.x < BM) {
+        int r = r0 + threadIdx.x;
+        xrow[threadIdx.x] = r < r1 ? h + (int64_t)r * F : NULL;
+    }
+    __syncthreads();
+    egk_expert_ptrs p = tab[e];
+    const void *wd[1] = {p.down}, *ws[1] = {p.down_s};
+    float acc[1][2][4] = {};
+    mma_tile<FMT, 1>(xrow, F, wd, ws, H, group, n0, Xh, Xl, Wt, Sc, acc);
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int r = r0 + mma_row(q);
+            int64_t n = n0 + mma_col(j, q);
+            if (r < r1 && n < H) o[(int64_t)r * H + n] = acc[0][j][q] * weights[row_tk[r]];
+        }
+}
+
+template <int FMT>
+static void moe_gemms_mma(const float *x, int H, int F, int K, const float *weights, const egk_expert_ptrs *tab,
+                          int group, const egk_moe_ws *ws, int max_tiles, cudaStream_t s) {
+    dim3 g1((unsigned)max_tiles, egk_blocks(F, BN)), g2((unsigned)max_tiles, egk_blocks(H, BN));
+    moe_gate_up_mma_kernel<FMT><<<g1, NTHREADS, 0, s>>>(x, H, F, K, tab, group, ws->tiles, ws->ntiles, ws->offsets,
+                                                       ws->row_tk, ws->h);
+    moe_down_mma_kernel<FMT><<<g2, NTHREADS, 0, s>>>(ws->h, H, F, weights, tab, group, ws->tiles, ws->ntiles,
+                                                    ws->offsets, ws->row_tk, ws->o);
+}
+
 template <int FMT>
 static void moe_gemms(const float *x, int H, int F, int K, const float *weights, const egk_expert_ptrs *tab,
                       int group, const egk_moe_ws *ws, int max_tiles, cudaStream_t s) {
@@ -239,8 +421,8 @@ static void moe_gemms(const float *x, int H, int F, int K, const float *weights,
 }
 
 extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, const float *weights, int K, int e0,
-                       int e1, const egk_expert_ptrs *tab, int fmt, int group, const egk_moe_ws *ws, float *y,
-                       void *stream) {
+                       int e1, const egk_expert_ptrs *tab, int fmt, int group, const egk_moe_ws *ws, int path,
+                       float *y, void *stream) {
     int TK = T * K, nl = e1 - e0;
     if (T <= 0 || nl <= 0) return 0;
     /* The tile bound: each expert wastes at most one partial tile. */
@@ -252,7 +434,11 @@ extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, 
                                             ws->ntiles);
     int rc = EGK_LAUNCH_RESULT();
     if (rc) return rc;
-    switch (fmt) {
+    int mma = path == EGK_MOE_AUTO && H % MK == 0 && F % MK == 0 &&
+              (fmt == EGK_BF16 || (fmt == EGK_INT4 && group == 32));
+    if (mma && fmt == EGK_INT4) moe_gemms_mma<EGK_INT4>(x, H, F, K, weights, tab, group, ws, max_tiles, s);
+    else if (mma) moe_gemms_mma<EGK_BF16>(x, H, F, K, weights, tab, group, ws, max_tiles, s);
+    else switch (fmt) {
     case EGK_F32: moe_gemms<EGK_F32>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;
     case EGK_BF16: moe_gemms<EGK_BF16>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;
     case EGK_F16: moe_gemms<EGK_F16>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;

@@ -2,7 +2,7 @@
  *
  *   prep:   cache[slot, pos] = bf16(rmsnorm(latent) * w) ++ bf16(rope(k_pe));
  *           q_pe rotated; q_nope converted to BF16 (the W_UK GEMM is cuBLAS, in the backend)
- *   attend: per (split, head, token) block, 4 warps stream the cache rows of positions
+ *   attend: per (head, split, token) block, 4 warps stream the cache rows of positions
  *           [split*len, min((split+1)*len, pos+1)) with an online softmax (one cache row
  *           per warp at a time, each lane holding C/32 latent values in registers), then
  *           the warps merge; a second kernel merges the splits by log-sum-exp and writes
@@ -88,7 +88,7 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attn_kernel(egk_mla
     extern __shared__ float smem[];
     int C = a.C, DR = a.DR, W = C + DR;
     float *q_s = smem, *qr_s = q_s + C, *wo = qr_s + DR, *wml = wo + MLA_WARPS * C;
-    int sp = blockIdx.x, hl = blockIdx.y, t = blockIdx.z, h = a.h0 + hl, nhl = a.h1 - a.h0;
+    int hl = blockIdx.x, sp = blockIdx.y, t = blockIdx.z, h = a.h0 + hl, nhl = a.h1 - a.h0;
     int p = a.pos[t], sl = a.slot[t];
     int s0 = sp * split_len, s1 = min(s0 + split_len, p + 1);
     const float *ql = a.q_lat + ((int64_t)t * a.NH + h) * C;
@@ -186,7 +186,9 @@ extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
     int split_len = (a->max_pos + nsplit - 1) / nsplit;
     if (split_len < 1) split_len = 1;
     cudaStream_t s = (cudaStream_t)stream;
-    dim3 grid((unsigned)nsplit, (unsigned)nhl, (unsigned)a->T);
+    /* heads vary fastest: the blocks of all heads of one (split, token) run together and
+     * read the same cache rows, so those come from HBM once and from L2 for the other heads */
+    dim3 grid((unsigned)nhl, (unsigned)nsplit, (unsigned)a->T);
     size_t shm = sizeof(float) * ((size_t)a->C * (1 + MLA_WARPS) + (size_t)a->DR + 2 * MLA_WARPS);
     if (a->C <= 128) mla_attn_kernel<4><<<grid, MLA_WARPS * 32, shm, s>>>(*a, nsplit, split_len);
     else if (a->C <= 256) mla_attn_kernel<8><<<grid, MLA_WARPS * 32, shm, s>>>(*a, nsplit, split_len);

@@ -215,7 +215,7 @@ elif ! "$PYTHON" -c "import torch, transformers" > /dev/null 2>&1; then
 elif late; then
     record hf-reference SKIP "time budget" 0
 else
-    SUMMARY="" REF_NO_INSTALL=1 run hf-reference 240 hf-reference.log bash tests/ref/run.sh --backend cuda
+    SUMMARY="" REF_SKIP_INSTALL=1 run hf-reference 240 hf-reference.log bash tests/ref/run.sh --backend cuda
 fi
 
 # 5. bench (issue 7): weights drawn on the GPU by the backend (no disk, no upload), the
@@ -240,6 +240,14 @@ else
         SUMMARY="" run bench-kimi-4l 200 bench-kimi.log "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 \
             --experts int4 --batch 1,16,64,256 --context 2048,8192 --prefill-tokens 8192 --prompt-len 2048 \
             --chunk 2048 --decode-steps 8
+    fi
+    # the same without issue 7's switchable levers (SIMT MoE tiles, two GEMMs for hi + lo):
+    # the "before" column of the closing note's table
+    if late; then record bench-kimi-4l-before SKIP "time budget" 0
+    else
+        SUMMARY="" EG_CUDA_MOE=simt EG_CUDA_FUSE=0 run bench-kimi-4l-before 150 bench-kimi-before.log \
+            "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 --experts int4 --batch 1,64,256 \
+            --context 2048 --prefill-tokens 4096 --prompt-len 2048 --chunk 2048 --decode-steps 6
     fi
 fi
 

@@ -691,6 +691,14 @@ static void test_moe_small(void) {
     moe_case(EG_W_INT4, 16, 4, 512, 192, 50, 0, 16, 1e-4);
     moe_case(EG_W_FP8, 16, 4, 384, 256, 40, 3, 16, 1e-4);
     moe_case(EG_W_BF16, 16, 4, 256, 128, 1500, 0, 16, 1e-4); /* > 1024 tokens: two passes */
+    /* the same shapes through the FP32 CUDA-core tiles (BF16 and INT4 above took the
+     * tensor-core path): both paths stay checked */
+    setenv("EG_CUDA_MOE", "simt", 1);
+    moe_case(EG_W_BF16, 8, 2, 256, 128, 300, 0, 8, 1e-4);
+    moe_case(EG_W_INT4, 16, 4, 512, 192, 50, 0, 16, 1e-4);
+    unsetenv("EG_CUDA_MOE");
+    /* widths not a multiple of 64 fall back to the CUDA-core tiles */
+    moe_case(EG_W_INT4, 8, 2, 96, 160, 20, 0, 8, 1e-4);
 }
 
 static void test_moe_kimi(void) {

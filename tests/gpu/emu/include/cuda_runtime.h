@@ -1,7 +1,7 @@
 /* Emulation stand-in for cuda_runtime.h when the kernels are compiled as host C++
  * (tests/gpu/emu): every CUDA thread of a block is an OS thread, __syncthreads a
  * std::barrier, warp shuffles go through a per-warp exchange buffer and barrier.
- * Blocks run one after another. Slow, and only for checking index arithmetic and
+ * Blocks run one after another, one launch at a time process-wide. Slow, and only for checking index arithmetic and
  * logic on small shapes; it says nothing about races that need real concurrency
  * across blocks or about memory-model subtleties. */
 #ifndef EMU_CUDA_RUNTIME_H
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -23,6 +24,7 @@ struct dim3 {
 struct emu_warp {
     std::unique_ptr<std::barrier<>> bar;
     uint64_t slot[32];
+    uint32_t ma[32][4], mb[32][2]; /* mma fragments of each lane */
 };
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
@@ -48,6 +50,43 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     emu_w->bar->arrive_and_wait();
     return r;
 }
+/* mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 with the fragment layout documented in
+ * kernels/common.cuh (the PTX ISA's): every lane publishes its fragments, each lane then
+ * rebuilds A (16x16) and B (16x8) and computes its four outputs in FP32, k in order. */
+static inline float emu_bf16_half(uint32_t r, int hi) {
+    uint32_t u = (hi ? (r >> 16) : (r & 0xffffu)) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+static inline void emu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    int lane = threadIdx.x & 31;
+    for (int i = 0; i < 4; i++) emu_w->ma[lane][i] = a[i];
+    emu_w->mb[lane][0] = b[0];
+    emu_w->mb[lane][1] = b[1];
+    emu_w->bar->arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, t = l & 3;
+        const uint32_t *fa = emu_w->ma[l], *fb = emu_w->mb[l];
+        for (int h = 0; h < 2; h++) {
+            A[g][2 * t + h] = emu_bf16_half(fa[0], h);
+            A[g + 8][2 * t + h] = emu_bf16_half(fa[1], h);
+            A[g][2 * t + 8 + h] = emu_bf16_half(fa[2], h);
+            A[g + 8][2 * t + 8 + h] = emu_bf16_half(fa[3], h);
+            B[2 * t + h][g] = emu_bf16_half(fb[0], h);
+            B[2 * t + 8 + h][g] = emu_bf16_half(fb[1], h);
+        }
+    }
+    emu_w->bar->arrive_and_wait();
+    int g = lane >> 2, t = lane & 3;
+    for (int e = 0; e < 4; e++) {
+        int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        float acc = d[e];
+        for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+        d[e] = acc;
+    }
+}
 static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline int atomicMin(int *p, int v) {
     int cur = __atomic_load_n(p, __ATOMIC_SEQ_CST);
@@ -67,8 +106,12 @@ using std::exp;
 using std::sin;
 using std::sqrt;
 
-/* Run a grid: blocks in order, each block's threads concurrently. */
+/* Run a grid: blocks in order, each block's threads concurrently. One launch at a time
+ * in the whole process (gridDim, blockDim, static __shared__ and the dynamic buffer are
+ * process-wide here), so host threads driving several emulated GPUs take turns. */
+inline std::mutex emu_launch_mu;
 inline void emu_launch(dim3 g, dim3 b, size_t shm, const std::function<void()> &fn) {
+    std::lock_guard<std::mutex> serial(emu_launch_mu);
     gridDim = g;
     blockDim = b;
     unsigned nt = b.x * b.y * b.z;
