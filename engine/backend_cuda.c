@@ -177,6 +177,7 @@ typedef struct cuda_impl {
     int split;            /* BF16 GEMM inputs as hi + lo pairs (default; EG_CUDA_GEMM=bf16: hi only) */
     int fuse;             /* hi + lo as one GEMM up to EG_CUDA_FUSE_T rows (EG_CUDA_FUSE=0: two) */
     int moe_path;         /* EGK_MOE_AUTO (tensor cores where they apply) or, EG_CUDA_MOE=simt, SIMT */
+    int mla_simt;         /* EG_CUDA_MLA=simt: the CUDA-core attention kernel everywhere */
     void *scratch;
     scratch_layout L;
     unsigned char *stage; /* pinned [SLOTS][SLOT] */
@@ -639,6 +640,7 @@ static eg_status cu_mla_attention(eg_backend *b, const eg_mla_args *a, eg_error 
     m.part_o = im->L.part_o;
     m.part_ml = im->L.part_ml;
     m.part_rows = im->L.part_rows;
+    m.simt = im->mla_simt;
     m.o_lat = im->L.o_lat;
     m.o_lat_lo = lo_of(im, im->L.o_lat_lo);
     if (egk_mla_splits(&m) < 1)
@@ -1000,6 +1002,8 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
     const char *fz = getenv("EG_CUDA_FUSE"), *mp = getenv("EG_CUDA_MOE");
     im->fuse = !(fz && !strcmp(fz, "0"));
     im->moe_path = mp && !strcmp(mp, "simt") ? EGK_MOE_SIMT : EGK_MOE_AUTO;
+    const char *ml = getenv("EG_CUDA_MLA");
+    im->mla_simt = ml && !strcmp(ml, "simt");
     if ((st = cuda_init(im, err))) {
         cu_destroy(b);
         return st;

@@ -129,6 +129,8 @@ typedef struct egk_mla {
     int64_t part_rows;         /* capacity in (token, head, split) rows */
     uint16_t *o_lat;           /* [T][NH][C] bf16 attention output in latent space */
     uint16_t *o_lat_lo;        /* same layout: bf16(o - o_lat), or NULL */
+    int simt;                  /* 1: the CUDA-core attention kernel even where the tensor-core
+                                  one applies (before/after measurements) */
 } egk_mla;
 
 /* Step 1: write every token's normalised latent and rotated k_pe to the cache (BF16
@@ -136,7 +138,9 @@ typedef struct egk_mla {
 int egk_mla_prep(const egk_mla *a, void *stream);
 /* Step 3 (after the caller's q_lat = q_nope W_UK GEMM): flash-style attention over
  * positions 0..pos[t] of each token's slot, split along the sequence, LSE combine,
- * o_lat written as BF16 for the caller's W_UV GEMM. */
+ * o_lat written as BF16 for the caller's W_UV GEMM. Where C % 32 == 0, C <= 512 and
+ * (C + DR) % 16 == 0 (Kimi: 512, 64) a block serves 16 heads on tensor cores, reading
+ * each cache row once for all of them; otherwise one block per head on CUDA cores. */
 int egk_mla_attend(const egk_mla *a, void *stream);
 /* The number of sequence splits egk_mla_attend will use (for tests and tuning). */
 int egk_mla_splits(const egk_mla *a);

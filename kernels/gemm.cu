@@ -241,6 +241,75 @@ static __global__ void moe_combine_kernel(const float *o, const int32_t *rowmap,
 
 static __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
+/* Per k-step, each thread moves XN activations and WN weight words (plus, for INT4, at
+ * most one group scale per matrix) from global memory to shared. They are loaded into
+ * registers one step ahead, so the next step's global reads are in flight while the
+ * tensor cores work on this one. */
+#define XN (BM * MK / NTHREADS)
+
+template <int FMT>
+struct mma_wn {
+    static const int n = FMT == EGK_INT4 ? BN * (MK / 8) / NTHREADS : BN * (MK / 2) / NTHREADS;
+};
+
+template <int FMT>
+static __device__ __forceinline__ void mma_load(const float *const *xrow, int64_t K, const void *wdata,
+                                                const void *wscale, int64_t wrows, int group, int64_t n0, int64_t k0,
+                                                float *xr, uint32_t *wr, float *sr, int with_x) {
+    int tid = threadIdx.x;
+    if (with_x)
+#pragma unroll
+        for (int j = 0; j < XN; j++) {
+            int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
+            xr[j] = xrow[r] ? xrow[r][k0 + c] : 0.0f;
+        }
+#pragma unroll
+    for (int j = 0; j < mma_wn<FMT>::n; j++) {
+        int i = tid + j * NTHREADS;
+        if (FMT == EGK_INT4) { /* 8 words (64 nibbles) per row: a warp reads 4 whole rows of 32 bytes */
+            int r = i / (MK / 8), q = i % (MK / 8);
+            int64_t n = n0 + r;
+            wr[j] = n < wrows ? ((const uint32_t *)wdata)[n * (K >> 3) + (k0 >> 3) + q] : 0x88888888u;
+        } else {
+            int r = i / (MK / 2), q = i % (MK / 2);
+            int64_t n = n0 + r;
+            wr[j] = n < wrows ? ((const uint32_t *)wdata)[(n * K + k0) / 2 + q] : 0u;
+        }
+    }
+    if (FMT == EGK_INT4 && tid < BN * 2) {
+        int64_t n = n0 + (tid >> 1);
+        *sr = n < wrows ? egk_bf16_to_f32(((const uint16_t *)wscale)[n * (K / group) + (k0 / group) + (tid & 1)]) : 0.0f;
+    }
+}
+
+template <int FMT>
+static __device__ __forceinline__ void mma_store(const float *xr, const uint32_t *wr, float sr, uint16_t (*Xh)[MKP],
+                                                 uint16_t (*Xl)[MKP], uint16_t (*Wt)[MKP], float (*Sc)[2], int with_x) {
+    int tid = threadIdx.x;
+    if (with_x)
+#pragma unroll
+        for (int j = 0; j < XN; j++) {
+            int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
+            uint16_t h = egk_f32_to_bf16(xr[j]);
+            Xh[r][c] = h;
+            Xl[r][c] = egk_f32_to_bf16(xr[j] - egk_bf16_to_f32(h));
+        }
+#pragma unroll
+    for (int j = 0; j < mma_wn<FMT>::n; j++) {
+        int i = tid + j * NTHREADS;
+        if (FMT == EGK_INT4) {
+            int r = i / (MK / 8), q = i % (MK / 8);
+#pragma unroll
+            for (int b = 0; b < 8; b++) Wt[r][q * 8 + b] = egk_f32_to_bf16((float)((int)((wr[j] >> (4 * b)) & 15u) - 8));
+        } else {
+            int r = i / (MK / 2), q = i % (MK / 2);
+            Wt[r][2 * q] = (uint16_t)(wr[j] & 0xffffu);
+            Wt[r][2 * q + 1] = (uint16_t)(wr[j] >> 16);
+        }
+    }
+    if (FMT == EGK_INT4 && tid < BN * 2) Sc[tid >> 1][tid & 1] = sr;
+}
+
 template <int FMT, int NW>
 static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_t K, const void *const *wdata,
                                                 const void *const *wscale, int64_t wrows, int group, int64_t n0,
@@ -248,45 +317,18 @@ static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_
                                                 float (*Sc)[BN][2], float acc[NW][2][4]) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, t4 = lane & 3, mr = (warp & 1) * 16, nc = (warp >> 1) * 16;
+    float xr[XN], sr[NW] = {};
+    uint32_t wr[NW][mma_wn<FMT>::n];
+#pragma unroll
+    for (int w = 0; w < NW; w++) mma_load<FMT>(xrow, K, wdata[w], wscale[w], wrows, group, n0, 0, xr, wr[w], &sr[w], w == 0);
     for (int64_t k0 = 0; k0 < K; k0 += MK) {
-        for (int i = tid; i < BM * MK; i += NTHREADS) {
-            int r = i / MK, c = i % MK;
-            float v = xrow[r] ? xrow[r][k0 + c] : 0.0f;
-            uint16_t h = egk_f32_to_bf16(v);
-            Xh[r][c] = h;
-            Xl[r][c] = egk_f32_to_bf16(v - egk_bf16_to_f32(h));
-        }
 #pragma unroll
-        for (int w = 0; w < NW; w++) {
-            if (FMT == EGK_INT4) {
-                /* 8 words (64 nibbles) per row, a warp loads 4 whole rows of 32 bytes */
-                for (int i = tid; i < BN * (MK / 8); i += NTHREADS) {
-                    int r = i / (MK / 8), q = i % (MK / 8);
-                    int64_t n = n0 + r;
-                    uint32_t word = n < wrows ? ((const uint32_t *)wdata[w])[n * (K >> 3) + (k0 >> 3) + q] : 0x88888888u;
-#pragma unroll
-                    for (int j = 0; j < 8; j++) {
-                        int v = (int)((word >> (4 * j)) & 15u) - 8;
-                        Wt[w][r][q * 8 + j] = egk_f32_to_bf16((float)v);
-                    }
-                }
-                for (int i = tid; i < BN * 2; i += NTHREADS) {
-                    int r = i >> 1, q = i & 1;
-                    int64_t n = n0 + r;
-                    Sc[w][r][q] = n < wrows ? egk_bf16_to_f32(((const uint16_t *)wscale[w])[n * (K / group) + (k0 / group) + q])
-                                            : 0.0f;
-                }
-            } else { /* BF16 */
-                for (int i = tid; i < BN * (MK / 2); i += NTHREADS) {
-                    int r = i / (MK / 2), q = i % (MK / 2);
-                    int64_t n = n0 + r;
-                    uint32_t two = n < wrows ? ((const uint32_t *)wdata[w])[(n * K + k0) / 2 + q] : 0u;
-                    Wt[w][r][2 * q] = (uint16_t)(two & 0xffffu);
-                    Wt[w][r][2 * q + 1] = (uint16_t)(two >> 16);
-                }
-            }
-        }
+        for (int w = 0; w < NW; w++) mma_store<FMT>(xr, wr[w], sr[w], Xh, Xl, Wt[w], Sc[w], w == 0);
         __syncthreads();
+        if (k0 + MK < K)
+#pragma unroll
+            for (int w = 0; w < NW; w++)
+                mma_load<FMT>(xrow, K, wdata[w], wscale[w], wrows, group, n0, k0 + MK, xr, wr[w], &sr[w], w == 0);
 #pragma unroll
         for (int w = 0; w < NW; w++)
 #pragma unroll
@@ -305,9 +347,9 @@ static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_
                     al[3] = pack2(Xl[mr + g + 8][kk + 2 * t4 + 8], Xl[mr + g + 8][kk + 2 * t4 + 9]);
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
-                        const uint16_t *wr = Wt[w][nc + 8 * j + g];
-                        uint32_t b[2] = {pack2(wr[kk + 2 * t4], wr[kk + 2 * t4 + 1]),
-                                         pack2(wr[kk + 2 * t4 + 8], wr[kk + 2 * t4 + 9])};
+                        const uint16_t *wrow = Wt[w][nc + 8 * j + g];
+                        uint32_t b[2] = {pack2(wrow[kk + 2 * t4], wrow[kk + 2 * t4 + 1]),
+                                         pack2(wrow[kk + 2 * t4 + 8], wrow[kk + 2 * t4 + 9])};
                         egk_mma_bf16_16816(part[j], ah, b);
                         egk_mma_bf16_16816(part[j], al, b);
                     }

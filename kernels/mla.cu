@@ -2,7 +2,8 @@
  *
  *   prep:   cache[slot, pos] = bf16(rmsnorm(latent) * w) ++ bf16(rope(k_pe));
  *           q_pe rotated; q_nope converted to BF16 (the W_UK GEMM is cuBLAS, in the backend)
- *   attend: per (head, split, token) block, 4 warps stream the cache rows of positions
+ *   attend: tensor cores, 16 heads per block where the shapes allow (below), else
+ *           per (head, split, token) block, 4 warps stream the cache rows of positions
  *           [split*len, min((split+1)*len, pos+1)) with an online softmax (one cache row
  *           per warp at a time, each lane holding C/32 latent values in registers), then
  *           the warps merge; a second kernel merges the splits by log-sum-exp and writes
@@ -149,6 +150,157 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attn_kernel(egk_mla
     }
 }
 
+/* ---- tensor-core attention: 16 heads per block ------------------------------------- */
+/* Block (head group of 16, split, token), 4 warps. Per tile of TC_ROWS cache rows (BF16
+ * straight from the cache into shared memory, read once for the 16 heads):
+ *   S = Q K^T on tensor cores: warp w scores rows 8w..8w+7 for the 16 heads (m16n8k16,
+ *       Q as BF16 hi + lo, the cache exact), masked past the split's end;
+ *   online softmax per head in FP32 (16 threads), P = exp(S - m) as BF16 hi + lo;
+ *   O = O * alpha + P V on tensor cores: warp w owns latent columns [w C/4, (w+1) C/4).
+ * The partial (O, max, sum) rows have the CUDA-core kernel's layout and meaning, so the
+ * same combine kernel merges the splits. */
+#define TC_HEADS 16
+#define TC_ROWS 32
+#define TC_WARPS 4
+#define TC_MAX_NT 16 /* 8-column tiles per warp: C <= 4 * 8 * 16 = 512 */
+
+static __device__ __forceinline__ uint32_t tc_pack(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+
+static size_t tc_smem_bytes(int W) {
+    size_t ldq = (size_t)W + 8;
+    return sizeof(uint16_t) * (2 * TC_HEADS * ldq + TC_ROWS * ldq + 2 * TC_HEADS * (TC_ROWS + 8)) +
+           sizeof(float) * (TC_HEADS * (TC_ROWS + 1) + 3 * TC_HEADS);
+}
+
+static __global__ void __launch_bounds__(TC_WARPS * 32) mla_attn_tc_kernel(egk_mla a, int nsplit, int split_len) {
+    extern __shared__ float smem[];
+    const int C = a.C, DR = a.DR, W = C + DR, ldq = W + 8, ldp = TC_ROWS + 8;
+    uint16_t *Qh = (uint16_t *)smem, *Ql = Qh + TC_HEADS * ldq, *Kt = Ql + TC_HEADS * ldq;
+    uint16_t *Ph = Kt + TC_ROWS * ldq, *Pl = Ph + TC_HEADS * ldp;
+    float *S = (float *)(Pl + TC_HEADS * ldp), *mrun = S + TC_HEADS * (TC_ROWS + 1), *lrun = mrun + TC_HEADS,
+          *alpha = lrun + TC_HEADS;
+    int hg = blockIdx.x, sp = blockIdx.y, t = blockIdx.z, nhl = a.h1 - a.h0;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    int p = a.pos[t], sl = a.slot[t];
+    int s0 = sp * split_len, s1 = min(s0 + split_len, p + 1);
+    /* queries of the group's heads (zero rows past h1) as BF16 hi + lo */
+    for (int i = tid; i < TC_HEADS * W; i += blockDim.x) {
+        int hh = i / W, c = i % W, hl = hg * TC_HEADS + hh, h = a.h0 + hl;
+        float v = 0.0f;
+        if (hl < nhl) v = c < C ? a.q_lat[((int64_t)t * a.NH + h) * C + c] : a.q_pe[((int64_t)t * a.NH + h) * DR + c - C];
+        uint16_t hb = egk_f32_to_bf16(v);
+        Qh[hh * ldq + c] = hb;
+        Ql[hh * ldq + c] = egk_f32_to_bf16(v - egk_bf16_to_f32(hb));
+    }
+    if (tid < TC_HEADS) {
+        mrun[tid] = -INFINITY;
+        lrun[tid] = 0.0f;
+    }
+    const int NT = C / (8 * TC_WARPS), c0 = warp * (C / TC_WARPS);
+    float o[TC_MAX_NT][4];
+#pragma unroll
+    for (int j = 0; j < TC_MAX_NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    const int32_t *bt = a.block_table + (int64_t)sl * a.max_blocks;
+    for (int r0 = s0; r0 < s1; r0 += TC_ROWS) {
+        __syncthreads(); /* the previous tile's Kt, S and P are no longer read */
+        for (int i = tid; i < TC_ROWS * (W / 2); i += blockDim.x) {
+            int r = i / (W / 2), q = i % (W / 2), s = r0 + r;
+            uint32_t two = 0;
+            if (s < s1) {
+                int blk = bt[s / a.block_size];
+                two = ((const uint32_t *)(a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W))[q];
+            }
+            Kt[r * ldq + 2 * q] = (uint16_t)(two & 0xffffu);
+            Kt[r * ldq + 2 * q + 1] = (uint16_t)(two >> 16);
+        }
+        __syncthreads();
+        /* scores: warp w, cache rows 8w + g (B) for heads g, g + 8 (A) */
+        float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int k = 0; k < W; k += 16) {
+            const uint16_t *q0 = Qh + g * ldq + k, *q8 = Qh + (g + 8) * ldq + k;
+            const uint16_t *l0 = Ql + g * ldq + k, *l8 = Ql + (g + 8) * ldq + k;
+            uint32_t ah[4] = {tc_pack(q0[2 * t4], q0[2 * t4 + 1]), tc_pack(q8[2 * t4], q8[2 * t4 + 1]),
+                              tc_pack(q0[2 * t4 + 8], q0[2 * t4 + 9]), tc_pack(q8[2 * t4 + 8], q8[2 * t4 + 9])};
+            uint32_t al[4] = {tc_pack(l0[2 * t4], l0[2 * t4 + 1]), tc_pack(l8[2 * t4], l8[2 * t4 + 1]),
+                              tc_pack(l0[2 * t4 + 8], l0[2 * t4 + 9]), tc_pack(l8[2 * t4 + 8], l8[2 * t4 + 9])};
+            const uint16_t *kr = Kt + (warp * 8 + g) * ldq + k;
+            uint32_t b[2] = {tc_pack(kr[2 * t4], kr[2 * t4 + 1]), tc_pack(kr[2 * t4 + 8], kr[2 * t4 + 9])};
+            egk_mma_bf16_16816(sc, ah, b);
+            egk_mma_bf16_16816(sc, al, b);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int hh = g + (e >= 2 ? 8 : 0), col = warp * 8 + 2 * t4 + (e & 1);
+            S[hh * (TC_ROWS + 1) + col] = r0 + col < s1 ? sc[e] * a.scale : -INFINITY;
+        }
+        __syncthreads();
+        if (tid < TC_HEADS) { /* online softmax of head tid over this tile */
+            float *srow = S + tid * (TC_ROWS + 1), mx = -INFINITY;
+            for (int j = 0; j < TC_ROWS; j++) mx = fmaxf(mx, srow[j]);
+            float mo = mrun[tid], mn = fmaxf(mo, mx), sum = 0.0f;
+            for (int j = 0; j < TC_ROWS; j++) {
+                float pe = srow[j] == -INFINITY ? 0.0f : expf(srow[j] - mn);
+                sum += pe;
+                uint16_t hb = egk_f32_to_bf16(pe);
+                Ph[tid * ldp + j] = hb;
+                Pl[tid * ldp + j] = egk_f32_to_bf16(pe - egk_bf16_to_f32(hb));
+            }
+            float al_ = expf(mo - mn); /* 0 on the first tile (mo = -inf) */
+            lrun[tid] = lrun[tid] * al_ + sum;
+            mrun[tid] = mn;
+            alpha[tid] = al_;
+        }
+        __syncthreads();
+        float a0 = alpha[g], a8 = alpha[g + 8];
+        uint32_t ph[2][4], pl[2][4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            const uint16_t *p0 = Ph + g * ldp + 16 * ks, *p8 = Ph + (g + 8) * ldp + 16 * ks;
+            const uint16_t *m0 = Pl + g * ldp + 16 * ks, *m8 = Pl + (g + 8) * ldp + 16 * ks;
+            ph[ks][0] = tc_pack(p0[2 * t4], p0[2 * t4 + 1]);
+            ph[ks][1] = tc_pack(p8[2 * t4], p8[2 * t4 + 1]);
+            ph[ks][2] = tc_pack(p0[2 * t4 + 8], p0[2 * t4 + 9]);
+            ph[ks][3] = tc_pack(p8[2 * t4 + 8], p8[2 * t4 + 9]);
+            pl[ks][0] = tc_pack(m0[2 * t4], m0[2 * t4 + 1]);
+            pl[ks][1] = tc_pack(m8[2 * t4], m8[2 * t4 + 1]);
+            pl[ks][2] = tc_pack(m0[2 * t4 + 8], m0[2 * t4 + 9]);
+            pl[ks][3] = tc_pack(m8[2 * t4 + 8], m8[2 * t4 + 9]);
+        }
+#pragma unroll
+        for (int j = 0; j < TC_MAX_NT; j++) {
+            if (j >= NT) break;
+            o[j][0] *= a0;
+            o[j][1] *= a0;
+            o[j][2] *= a8;
+            o[j][3] *= a8;
+            int c = c0 + 8 * j + g; /* B = V: element (k = cache row, n = latent column c) */
+#pragma unroll
+            for (int ks = 0; ks < 2; ks++) {
+                int k = 16 * ks + 2 * t4;
+                uint32_t b[2] = {tc_pack(Kt[k * ldq + c], Kt[(k + 1) * ldq + c]),
+                                 tc_pack(Kt[(k + 8) * ldq + c], Kt[(k + 9) * ldq + c])};
+                egk_mma_bf16_16816(o[j], ph[ks], b);
+                egk_mma_bf16_16816(o[j], pl[ks], b);
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < TC_MAX_NT; j++) {
+        if (j >= NT) break;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int hl = hg * TC_HEADS + g + (e >= 2 ? 8 : 0), c = c0 + 8 * j + 2 * t4 + (e & 1);
+            if (hl < nhl) a.part_o[(((int64_t)t * nhl + hl) * nsplit + sp) * C + c] = o[j][e];
+        }
+    }
+    if (tid < TC_HEADS && hg * TC_HEADS + tid < nhl) {
+        int64_t pr = ((int64_t)t * nhl + hg * TC_HEADS + tid) * nsplit + sp;
+        a.part_ml[2 * pr] = mrun[tid];
+        a.part_ml[2 * pr + 1] = lrun[tid];
+    }
+}
+
 /* Merge the splits of one (head, token) and write o_lat in BF16. */
 static __global__ void mla_combine_kernel(egk_mla a, int nsplit) {
     __shared__ float fac[MLA_MAX_SPLITS];
@@ -186,6 +338,20 @@ extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
     int split_len = (a->max_pos + nsplit - 1) / nsplit;
     if (split_len < 1) split_len = 1;
     cudaStream_t s = (cudaStream_t)stream;
+    int W = a->C + a->DR;
+    if (!a->simt && a->C % (8 * TC_WARPS) == 0 && a->C <= 8 * TC_WARPS * TC_MAX_NT && W % 16 == 0) {
+        size_t shm = tc_smem_bytes(W);
+        /* the opt-in above 48 KB of shared memory: per device, so set at every launch (a
+         * host-side attribute write, no synchronisation) rather than cached */
+        cudaError_t e = cudaFuncSetAttribute(mla_attn_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+        if (e != cudaSuccess) return (int)e;
+        dim3 grid((unsigned)((nhl + TC_HEADS - 1) / TC_HEADS), (unsigned)nsplit, (unsigned)a->T);
+        mla_attn_tc_kernel<<<grid, TC_WARPS * 32, shm, s>>>(*a, nsplit, split_len);
+        int rc = EGK_LAUNCH_RESULT();
+        if (rc) return rc;
+        mla_combine_kernel<<<dim3((unsigned)nhl, (unsigned)a->T), 128, 0, s>>>(*a, nsplit);
+        return EGK_LAUNCH_RESULT();
+    }
     /* heads vary fastest: the blocks of all heads of one (split, token) run together and
      * read the same cache rows, so those come from HBM once and from L2 for the other heads */
     dim3 grid((unsigned)nhl, (unsigned)nsplit, (unsigned)a->T);

@@ -245,7 +245,7 @@ else
     # the "before" column of the closing note's table
     if late; then record bench-kimi-4l-before SKIP "time budget" 0
     else
-        SUMMARY="" EG_CUDA_MOE=simt EG_CUDA_FUSE=0 run bench-kimi-4l-before 150 bench-kimi-before.log \
+        SUMMARY="" EG_CUDA_MOE=simt EG_CUDA_MLA=simt EG_CUDA_FUSE=0 run bench-kimi-4l-before 150 bench-kimi-before.log \
             "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 --experts int4 --batch 1,64,256 \
             --context 2048 --prefill-tokens 4096 --prompt-len 2048 --chunk 2048 --decode-steps 6
     fi

@@ -512,6 +512,38 @@ static void test_mla_small(void) {
     pair_free(&p);
 }
 
+/* Both attention kernels: 20 heads (a full and a partial group of 16 on the tensor-core
+ * path), the same through the CUDA-core kernel (EG_CUDA_MLA=simt), and a latent width
+ * the tensor-core path does not take (48: falls back). */
+static void test_mla_paths(void) {
+    for (int v = 0; v < 3; v++) {
+        seed(20 + (uint64_t)v);
+        eg_config c = small_cfg();
+        c.n_heads = 20;
+        c.kv_lora_rank = v == 2 ? 48 : 64;
+        if (v == 1) setenv("EG_CUDA_MLA", "simt", 1);
+        pair p;
+        int ok = pair_make(&c, 64, &p);
+        unsetenv("EG_CUDA_MLA");
+        if (!ok) return;
+        mla_setup m;
+        mla_init(&m, &p, &c, 2, 80, 8);
+        const char *what[3] = {"mla 20 heads C=64: tensor cores, prefill + decode",
+                               "mla 20 heads C=64: CUDA cores (EG_CUDA_MLA=simt)",
+                               "mla 20 heads C=48: CUDA-core fallback"};
+        int32_t slot[12], pos[12];
+        for (int t = 0; t < 9; t++) { slot[t] = 0; pos[t] = t; }
+        slot[9] = 1; pos[9] = 600;
+        slot[10] = 1; pos[10] = 601;
+        slot[11] = 0; pos[11] = 9;
+        mla_call(&m, 12, slot, pos, 0, c.n_heads, 1.0f, what[v]);
+        int32_t s1[2] = {1, 0}, p1[2] = {602, 10};
+        mla_call(&m, 2, s1, p1, 3, 19, 1.1f, "   ... decode, heads [3,19)");
+        mla_free(&m);
+        pair_free(&p);
+    }
+}
+
 /* Small dims, long history: several sequence splits, and a short sequence in the same
  * call whose later splits are empty. */
 static void test_mla_small_long(void) {
@@ -853,6 +885,7 @@ static const eg_test tests[] = {
     {"swiglu", test_swiglu},
     {"mla_small", test_mla_small},
     {"mla_small_long", test_mla_small_long},
+    {"mla_paths", test_mla_paths},
     {"mla_kimi", test_mla_kimi},
     {"mla_long", test_mla_long},
     {"router", test_router},

@@ -33,9 +33,11 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st);
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *to);
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);
 #ifdef __cplusplus
 }
+template <class F> static inline cudaError_t cudaFuncSetAttribute(F, enum cudaFuncAttribute, int) { return cudaSuccess; }
 #endif
 #endif
