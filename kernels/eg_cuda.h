@@ -139,7 +139,7 @@ int egk_mla_prep(const egk_mla *a, void *stream);
 /* Step 3 (after the caller's q_lat = q_nope W_UK GEMM): flash-style attention over
  * positions 0..pos[t] of each token's slot, split along the sequence, LSE combine,
  * o_lat written as BF16 for the caller's W_UV GEMM. Where C % 32 == 0, C <= 512 and
- * (C + DR) % 16 == 0 (Kimi: 512, 64) a block serves 16 heads on tensor cores, reading
+ * C + DR is even (Kimi: 512, 64) a block serves 16 heads on tensor cores, reading
  * each cache row once for all of them; otherwise one block per head on CUDA cores. */
 int egk_mla_attend(const egk_mla *a, void *stream);
 /* The number of sequence splits egk_mla_attend will use (for tests and tuning). */

@@ -166,15 +166,18 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attn_kernel(egk_mla
 
 static __device__ __forceinline__ uint32_t tc_pack(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
+/* W rounded up to the mma's k of 16; the padding columns are zeros in Q and K. */
+static __host__ __device__ __forceinline__ int tc_wp(int W) { return (W + 15) & ~15; }
+
 static size_t tc_smem_bytes(int W) {
-    size_t ldq = (size_t)W + 8;
+    size_t ldq = (size_t)tc_wp(W) + 8;
     return sizeof(uint16_t) * (2 * TC_HEADS * ldq + TC_ROWS * ldq + 2 * TC_HEADS * (TC_ROWS + 8)) +
            sizeof(float) * (TC_HEADS * (TC_ROWS + 1) + 3 * TC_HEADS);
 }
 
 static __global__ void __launch_bounds__(TC_WARPS * 32) mla_attn_tc_kernel(egk_mla a, int nsplit, int split_len) {
     extern __shared__ float smem[];
-    const int C = a.C, DR = a.DR, W = C + DR, ldq = W + 8, ldp = TC_ROWS + 8;
+    const int C = a.C, DR = a.DR, W = C + DR, Wp = tc_wp(W), ldq = Wp + 8, ldp = TC_ROWS + 8;
     uint16_t *Qh = (uint16_t *)smem, *Ql = Qh + TC_HEADS * ldq, *Kt = Ql + TC_HEADS * ldq;
     uint16_t *Ph = Kt + TC_ROWS * ldq, *Pl = Ph + TC_HEADS * ldp;
     float *S = (float *)(Pl + TC_HEADS * ldp), *mrun = S + TC_HEADS * (TC_ROWS + 1), *lrun = mrun + TC_HEADS,
@@ -184,10 +187,10 @@ static __global__ void __launch_bounds__(TC_WARPS * 32) mla_attn_tc_kernel(egk_m
     int p = a.pos[t], sl = a.slot[t];
     int s0 = sp * split_len, s1 = min(s0 + split_len, p + 1);
     /* queries of the group's heads (zero rows past h1) as BF16 hi + lo */
-    for (int i = tid; i < TC_HEADS * W; i += blockDim.x) {
-        int hh = i / W, c = i % W, hl = hg * TC_HEADS + hh, h = a.h0 + hl;
+    for (int i = tid; i < TC_HEADS * Wp; i += blockDim.x) {
+        int hh = i / Wp, c = i % Wp, hl = hg * TC_HEADS + hh, h = a.h0 + hl;
         float v = 0.0f;
-        if (hl < nhl) v = c < C ? a.q_lat[((int64_t)t * a.NH + h) * C + c] : a.q_pe[((int64_t)t * a.NH + h) * DR + c - C];
+        if (hl < nhl && c < W) v = c < C ? a.q_lat[((int64_t)t * a.NH + h) * C + c] : a.q_pe[((int64_t)t * a.NH + h) * DR + c - C];
         uint16_t hb = egk_f32_to_bf16(v);
         Qh[hh * ldq + c] = hb;
         Ql[hh * ldq + c] = egk_f32_to_bf16(v - egk_bf16_to_f32(hb));
@@ -203,10 +206,10 @@ static __global__ void __launch_bounds__(TC_WARPS * 32) mla_attn_tc_kernel(egk_m
     const int32_t *bt = a.block_table + (int64_t)sl * a.max_blocks;
     for (int r0 = s0; r0 < s1; r0 += TC_ROWS) {
         __syncthreads(); /* the previous tile's Kt, S and P are no longer read */
-        for (int i = tid; i < TC_ROWS * (W / 2); i += blockDim.x) {
-            int r = i / (W / 2), q = i % (W / 2), s = r0 + r;
+        for (int i = tid; i < TC_ROWS * (Wp / 2); i += blockDim.x) {
+            int r = i / (Wp / 2), q = i % (Wp / 2), s = r0 + r;
             uint32_t two = 0;
-            if (s < s1) {
+            if (s < s1 && 2 * q < W) {
                 int blk = bt[s / a.block_size];
                 two = ((const uint32_t *)(a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W))[q];
             }
@@ -216,7 +219,7 @@ static __global__ void __launch_bounds__(TC_WARPS * 32) mla_attn_tc_kernel(egk_m
         __syncthreads();
         /* scores: warp w, cache rows 8w + g (B) for heads g, g + 8 (A) */
         float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k = 0; k < W; k += 16) {
+        for (int k = 0; k < Wp; k += 16) {
             const uint16_t *q0 = Qh + g * ldq + k, *q8 = Qh + (g + 8) * ldq + k;
             const uint16_t *l0 = Ql + g * ldq + k, *l8 = Ql + (g + 8) * ldq + k;
             uint32_t ah[4] = {tc_pack(q0[2 * t4], q0[2 * t4 + 1]), tc_pack(q8[2 * t4], q8[2 * t4 + 1]),
@@ -339,7 +342,7 @@ extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
     if (split_len < 1) split_len = 1;
     cudaStream_t s = (cudaStream_t)stream;
     int W = a->C + a->DR;
-    if (!a->simt && a->C % (8 * TC_WARPS) == 0 && a->C <= 8 * TC_WARPS * TC_MAX_NT && W % 16 == 0) {
+    if (!a->simt && a->C % (8 * TC_WARPS) == 0 && a->C <= 8 * TC_WARPS * TC_MAX_NT && W % 2 == 0) {
         size_t shm = tc_smem_bytes(W);
         /* the opt-in above 48 KB of shared memory: per device, so set at every launch (a
          * host-side attribute write, no synchronisation) rather than cached */

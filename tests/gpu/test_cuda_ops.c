@@ -513,14 +513,16 @@ static void test_mla_small(void) {
 }
 
 /* Both attention kernels: 20 heads (a full and a partial group of 16 on the tensor-core
- * path), the same through the CUDA-core kernel (EG_CUDA_MLA=simt), and a latent width
- * the tensor-core path does not take (48: falls back). */
+ * path), the same through the CUDA-core kernel (EG_CUDA_MLA=simt), a latent width the
+ * tensor-core path does not take (48: falls back), and a row of C + DR = 72 that the
+ * tensor-core path pads to 80. */
 static void test_mla_paths(void) {
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 4; v++) {
         seed(20 + (uint64_t)v);
         eg_config c = small_cfg();
         c.n_heads = 20;
         c.kv_lora_rank = v == 2 ? 48 : 64;
+        if (v == 3) c.qk_rope = 8;
         if (v == 1) setenv("EG_CUDA_MLA", "simt", 1);
         pair p;
         int ok = pair_make(&c, 64, &p);
@@ -528,9 +530,10 @@ static void test_mla_paths(void) {
         if (!ok) return;
         mla_setup m;
         mla_init(&m, &p, &c, 2, 80, 8);
-        const char *what[3] = {"mla 20 heads C=64: tensor cores, prefill + decode",
+        const char *what[4] = {"mla 20 heads C=64: tensor cores, prefill + decode",
                                "mla 20 heads C=64: CUDA cores (EG_CUDA_MLA=simt)",
-                               "mla 20 heads C=48: CUDA-core fallback"};
+                               "mla 20 heads C=48: CUDA-core fallback",
+                               "mla 20 heads C=64 DR=8: tensor cores, row padded"};
         int32_t slot[12], pos[12];
         for (int t = 0; t < 9; t++) { slot[t] = 0; pos[t] = t; }
         slot[9] = 1; pos[9] = 600;
