@@ -243,6 +243,8 @@ static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_tem
     PLACE(moe.ntiles, int32_t, 1);
     PLACE(moe.h, float, R * F);
     PLACE(moe.o, float, R * H);
+    L->moe.part_rows = (int)min64(R, EGK_MOE_SPLIT_ROWS);
+    PLACE(moe.part, float, (int64_t)EGK_MOE_KSPLIT * L->moe.part_rows * max64(2 * F, H));
     PLACE(xtab_dev, egk_expert_ptrs, (int64_t)L->n_xtab * E);
     int64_t Ns = L->sample_chunk;
     PLACE(s_keys, float, Ns * V);

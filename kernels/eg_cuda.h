@@ -88,11 +88,18 @@ typedef struct egk_moe_ws {
     int32_t *ntiles;     /* [1] */
     float *h;            /* [max_rows][F] silu(gate)*up */
     float *o;            /* [max_rows][H] weighted expert outputs */
+    float *part;         /* [EGK_MOE_KSPLIT][part_rows][max(2F, H)] split-K partial sums */
     int max_rows, max_tiles;
+    int part_rows;       /* calls with T*K <= part_rows may split K (decode); 0 = never */
 } egk_moe_ws;
 
 /* Rows per grouped-GEMM tile: max_tiles must be >= max_rows/EGK_MOE_BM + n_local + 1. */
 #define EGK_MOE_BM 32
+/* At most this many K splits on the tensor-core path for small calls (few rows per
+ * expert: one k-loop per block would leave most of the GPU idle); the partial sums are
+ * added in split order by a second kernel, so results do not depend on scheduling. */
+#define EGK_MOE_KSPLIT 4
+#define EGK_MOE_SPLIT_ROWS 64
 
 /* y[t] += sum_k weights[t][k] * expert_{ids[t][k]}(x[t]) for experts in [e0, e1).
  * tab: device array [e1-e0] of egk_expert_ptrs (local index e - e0). fmt/group: the

@@ -310,22 +310,24 @@ static __device__ __forceinline__ void mma_store(const float *xr, const uint32_t
     if (FMT == EGK_INT4 && tid < BN * 2) Sc[tid >> 1][tid & 1] = sr;
 }
 
+/* Columns [kb, ke) of rows with K columns (kb, ke multiples of MK). */
 template <int FMT, int NW>
-static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_t K, const void *const *wdata,
-                                                const void *const *wscale, int64_t wrows, int group, int64_t n0,
-                                                uint16_t (*Xh)[MKP], uint16_t (*Xl)[MKP], uint16_t (*Wt)[BN][MKP],
-                                                float (*Sc)[BN][2], float acc[NW][2][4]) {
+static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_t K, int64_t kb, int64_t ke,
+                                                const void *const *wdata, const void *const *wscale, int64_t wrows,
+                                                int group, int64_t n0, uint16_t (*Xh)[MKP], uint16_t (*Xl)[MKP],
+                                                uint16_t (*Wt)[BN][MKP], float (*Sc)[BN][2], float acc[NW][2][4]) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int g = lane >> 2, t4 = lane & 3, mr = (warp & 1) * 16, nc = (warp >> 1) * 16;
     float xr[XN], sr[NW] = {};
     uint32_t wr[NW][mma_wn<FMT>::n];
 #pragma unroll
-    for (int w = 0; w < NW; w++) mma_load<FMT>(xrow, K, wdata[w], wscale[w], wrows, group, n0, 0, xr, wr[w], &sr[w], w == 0);
-    for (int64_t k0 = 0; k0 < K; k0 += MK) {
+    for (int w = 0; w < NW; w++)
+        if (kb < ke) mma_load<FMT>(xrow, K, wdata[w], wscale[w], wrows, group, n0, kb, xr, wr[w], &sr[w], w == 0);
+    for (int64_t k0 = kb; k0 < ke; k0 += MK) {
 #pragma unroll
         for (int w = 0; w < NW; w++) mma_store<FMT>(xr, wr[w], sr[w], Xh, Xl, Wt[w], Sc[w], w == 0);
         __syncthreads();
-        if (k0 + MK < K)
+        if (k0 + MK < ke)
 #pragma unroll
             for (int w = 0; w < NW; w++)
                 mma_load<FMT>(xrow, K, wdata[w], wscale[w], wrows, group, n0, k0 + MK, xr, wr[w], &sr[w], w == 0);
@@ -380,7 +382,7 @@ template <int FMT>
 static __global__ void __launch_bounds__(NTHREADS)
     moe_gate_up_mma_kernel(const float *x, int H, int F, int K, const egk_expert_ptrs *tab, int group,
                            const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
-                           float *h) {
+                           float *h, float *part, int R) {
     __shared__ uint16_t Xh[BM][MKP], Xl[BM][MKP];
     __shared__ uint16_t Wt[2][BN][MKP];
     __shared__ float Sc[2][BN][2];
@@ -397,7 +399,8 @@ static __global__ void __launch_bounds__(NTHREADS)
     egk_expert_ptrs p = tab[e];
     const void *wd[2] = {p.gate, p.up}, *ws[2] = {p.gate_s, p.up_s};
     float acc[2][2][4] = {};
-    mma_tile<FMT, 2>(xrow, H, wd, ws, F, group, n0, Xh, Xl, Wt, Sc, acc);
+    int64_t per = ((H / MK + gridDim.z - 1) / gridDim.z) * MK, kb = blockIdx.z * per, ke = min((int64_t)H, kb + per);
+    mma_tile<FMT, 2>(xrow, H, kb, ke, wd, ws, F, group, n0, Xh, Xl, Wt, Sc, acc);
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -405,16 +408,47 @@ static __global__ void __launch_bounds__(NTHREADS)
             int r = r0 + mma_row(q);
             int64_t n = n0 + mma_col(j, q);
             if (r >= r1 || n >= F) continue;
+            if (part) { /* split K: partial gate and up sums, finished by moe_gate_up_finish */
+                float *dst = part + (((int64_t)blockIdx.z * R + r) * 2) * F + n;
+                dst[0] = acc[0][j][q];
+                dst[F] = acc[1][j][q];
+                continue;
+            }
             float gv = acc[0][j][q];
             h[(int64_t)r * F + n] = gv / (1.0f + expf(-gv)) * acc[1][j][q];
         }
+}
+
+/* h = silu(sum gate) * (sum up) over the splits, in split order; rows of the call only. */
+static __global__ void moe_gate_up_finish(const float *part, int nsplit, int R, int F, const int32_t *nrows, float *h) {
+    int r = blockIdx.y;
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= *nrows || n >= F) return;
+    float g = 0.0f, u = 0.0f;
+    for (int s = 0; s < nsplit; s++) {
+        const float *src = part + (((int64_t)s * R + r) * 2) * F + n;
+        g += src[0];
+        u += src[F];
+    }
+    h[(int64_t)r * F + n] = g / (1.0f + expf(-g)) * u;
+}
+
+/* o = (sum of the splits) * routing weight. */
+static __global__ void moe_down_finish(const float *part, int nsplit, int R, int H, const float *weights,
+                                       const int32_t *row_tk, const int32_t *nrows, float *o) {
+    int r = blockIdx.y;
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= *nrows || n >= H) return;
+    float v = 0.0f;
+    for (int s = 0; s < nsplit; s++) v += part[((int64_t)s * R + r) * H + n];
+    o[(int64_t)r * H + n] = v * weights[row_tk[r]];
 }
 
 template <int FMT>
 static __global__ void __launch_bounds__(NTHREADS)
     moe_down_mma_kernel(const float *h, int H, int F, const float *weights, const egk_expert_ptrs *tab, int group,
                         const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
-                        float *o) {
+                        float *o, float *part, int R) {
     __shared__ uint16_t Xh[BM][MKP], Xl[BM][MKP];
     __shared__ uint16_t Wt[1][BN][MKP];
     __shared__ float Sc[1][BN][2];
@@ -431,25 +465,43 @@ static __global__ void __launch_bounds__(NTHREADS)
     egk_expert_ptrs p = tab[e];
     const void *wd[1] = {p.down}, *ws[1] = {p.down_s};
     float acc[1][2][4] = {};
-    mma_tile<FMT, 1>(xrow, F, wd, ws, H, group, n0, Xh, Xl, Wt, Sc, acc);
+    int64_t per = ((F / MK + gridDim.z - 1) / gridDim.z) * MK, kb = blockIdx.z * per, ke = min((int64_t)F, kb + per);
+    mma_tile<FMT, 1>(xrow, F, kb, ke, wd, ws, H, group, n0, Xh, Xl, Wt, Sc, acc);
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             int r = r0 + mma_row(q);
             int64_t n = n0 + mma_col(j, q);
-            if (r < r1 && n < H) o[(int64_t)r * H + n] = acc[0][j][q] * weights[row_tk[r]];
+            if (r >= r1 || n >= H) continue;
+            if (part) part[((int64_t)blockIdx.z * R + r) * H + n] = acc[0][j][q];
+            else o[(int64_t)r * H + n] = acc[0][j][q] * weights[row_tk[r]];
         }
 }
 
+/* K splits for a GEMM over K columns with TK rows: only small calls, at least 8 k-steps
+ * of MK per split. */
+static int moe_ksplit(const egk_moe_ws *ws, int TK, int K) {
+    if (!ws->part || TK > ws->part_rows) return 1;
+    int n = (K / MK) / 8;
+    return n < 2 ? 1 : (n > EGK_MOE_KSPLIT ? EGK_MOE_KSPLIT : n);
+}
+
 template <int FMT>
-static void moe_gemms_mma(const float *x, int H, int F, int K, const float *weights, const egk_expert_ptrs *tab,
-                          int group, const egk_moe_ws *ws, int max_tiles, cudaStream_t s) {
-    dim3 g1((unsigned)max_tiles, egk_blocks(F, BN)), g2((unsigned)max_tiles, egk_blocks(H, BN));
+static void moe_gemms_mma(const float *x, int H, int F, int K, int TK, int nl, const float *weights,
+                          const egk_expert_ptrs *tab, int group, const egk_moe_ws *ws, int max_tiles, cudaStream_t s) {
+    int k1 = moe_ksplit(ws, TK, H), k2 = moe_ksplit(ws, TK, F), R = ws->part_rows;
+    const int32_t *nrows = ws->offsets + nl; /* rows of the call (local experts), on the device */
+    dim3 g1((unsigned)max_tiles, egk_blocks(F, BN), (unsigned)k1), g2((unsigned)max_tiles, egk_blocks(H, BN), (unsigned)k2);
     moe_gate_up_mma_kernel<FMT><<<g1, NTHREADS, 0, s>>>(x, H, F, K, tab, group, ws->tiles, ws->ntiles, ws->offsets,
-                                                       ws->row_tk, ws->h);
+                                                       ws->row_tk, ws->h, k1 > 1 ? ws->part : NULL, R);
+    if (k1 > 1)
+        moe_gate_up_finish<<<dim3(egk_blocks(F, 256), (unsigned)TK), 256, 0, s>>>(ws->part, k1, R, F, nrows, ws->h);
     moe_down_mma_kernel<FMT><<<g2, NTHREADS, 0, s>>>(ws->h, H, F, weights, tab, group, ws->tiles, ws->ntiles,
-                                                    ws->offsets, ws->row_tk, ws->o);
+                                                    ws->offsets, ws->row_tk, ws->o, k2 > 1 ? ws->part : NULL, R);
+    if (k2 > 1)
+        moe_down_finish<<<dim3(egk_blocks(H, 256), (unsigned)TK), 256, 0, s>>>(ws->part, k2, R, H, weights, ws->row_tk,
+                                                                              nrows, ws->o);
 }
 
 template <int FMT>
@@ -478,8 +530,8 @@ extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, 
     if (rc) return rc;
     int mma = path == EGK_MOE_AUTO && H % MK == 0 && F % MK == 0 &&
               (fmt == EGK_BF16 || (fmt == EGK_INT4 && group == 32));
-    if (mma && fmt == EGK_INT4) moe_gemms_mma<EGK_INT4>(x, H, F, K, weights, tab, group, ws, max_tiles, s);
-    else if (mma) moe_gemms_mma<EGK_BF16>(x, H, F, K, weights, tab, group, ws, max_tiles, s);
+    if (mma && fmt == EGK_INT4) moe_gemms_mma<EGK_INT4>(x, H, F, K, TK, nl, weights, tab, group, ws, max_tiles, s);
+    else if (mma) moe_gemms_mma<EGK_BF16>(x, H, F, K, TK, nl, weights, tab, group, ws, max_tiles, s);
     else switch (fmt) {
     case EGK_F32: moe_gemms<EGK_F32>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;
     case EGK_BF16: moe_gemms<EGK_BF16>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;

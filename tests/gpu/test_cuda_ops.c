@@ -734,6 +734,10 @@ static void test_moe_small(void) {
     unsetenv("EG_CUDA_MOE");
     /* widths not a multiple of 64 fall back to the CUDA-core tiles */
     moe_case(EG_W_INT4, 8, 2, 96, 160, 20, 0, 8, 1e-4);
+    /* decode-sized calls (T*K <= 64) split K on the tensor-core path: 2 splits of
+     * H = F = 1024 (with an expert range, so fewer rows than T*K), 4 splits of H = 2048 */
+    moe_case(EG_W_INT4, 16, 4, 1024, 1024, 3, 3, 12, 1e-4);
+    moe_case(EG_W_BF16, 8, 2, 2048, 512, 1, 0, 8, 1e-4);
 }
 
 static void test_moe_kimi(void) {
