@@ -80,4 +80,8 @@ double eg_now(void);
 /* Number of worker threads for CPU work: $EG_THREADS, else online CPUs. */
 int eg_num_threads(void);
 
+/* Remove a flat directory of files (scratch that this program made; no recursion):
+ * best effort, errors ignored. */
+void eg_rm_flat_dir(const char *dir);
+
 #endif

@@ -367,6 +367,21 @@ static int64_t scale_bytes(const eg_weight *w) {
     return 0;
 }
 
+/* One device allocation for a weight: data, then its scales at *soff (256-aligned). */
+static eg_status weight_alloc(const eg_weight *h, void **p, int64_t *soff, eg_error *err) {
+    int64_t db = data_bytes(h), sb = scale_bytes(h);
+    *soff = (db + 255) & ~(int64_t)255;
+    cudaError_t e = cudaMalloc(p, (size_t)(*soff + sb > 0 ? *soff + sb : 1));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *p = NULL;
+        return eg_fail(err, e == cudaErrorMemoryAllocation ? EG_ERR_NOMEM : EG_ERR_DEVICE,
+                       "cuda backend: cudaMalloc for %s (%lld bytes) failed: %s", wname(h), (long long)(*soff + sb),
+                       cudaGetErrorString(e));
+    }
+    return EG_OK;
+}
+
 static eg_status cu_weight_upload(eg_backend *b, const eg_weight *h, eg_weight *d, eg_error *err) {
     cuda_impl *im = impl_of(b);
     *d = *h;
@@ -381,19 +396,13 @@ static eg_status cu_weight_upload(eg_backend *b, const eg_weight *h, eg_weight *
     if (h->fmt == EG_W_FP8 && !h->scale)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: %s: FP8 weight without scale", wname(h));
     if (!h->data) return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s: no data", wname(h));
-    int64_t db = data_bytes(h), sb = scale_bytes(h);
-    int64_t soff = (db + 255) & ~(int64_t)255;
+    int64_t db = data_bytes(h), sb = scale_bytes(h), soff;
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, (size_t)(soff + sb > 0 ? soff + sb : 1));
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return eg_fail(err, e == cudaErrorMemoryAllocation ? EG_ERR_NOMEM : EG_ERR_DEVICE,
-                       "cuda backend: cudaMalloc for %s (%lld bytes) failed: %s", wname(h), (long long)(soff + sb),
-                       cudaGetErrorString(e));
-    }
+    eg_status st = weight_alloc(h, &p, &soff, err);
+    if (st) return st;
     /* From pageable (mmapped) memory cudaMemcpyAsync returns once the source is staged,
      * and stream order makes the data visible to every later op. */
-    e = cudaMemcpyAsync(p, h->data, (size_t)db, cudaMemcpyHostToDevice, im->stream);
+    cudaError_t e = cudaMemcpyAsync(p, h->data, (size_t)db, cudaMemcpyHostToDevice, im->stream);
     if (e == cudaSuccess && sb)
         e = cudaMemcpyAsync((char *)p + soff, h->scale, (size_t)sb, cudaMemcpyHostToDevice, im->stream);
     if (e != cudaSuccess) {
@@ -416,16 +425,10 @@ static eg_status cu_weight_random(eg_backend *b, const eg_weight *h, const eg_we
     if (!(h->fmt == EG_W_BF16 || h->fmt == EG_W_F32 || (int4 && h->cols % 8 == 0 && h->group > 0 && h->cols % h->group == 0)))
         return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: cannot draw %s (format %d, %lld x %lld)", wname(h),
                        (int)h->fmt, (long long)h->rows, (long long)h->cols);
-    int64_t db = data_bytes(h), sb = scale_bytes(h);
-    int64_t soff = (db + 255) & ~(int64_t)255;
+    int64_t sb = scale_bytes(h), soff;
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, (size_t)(soff + sb > 0 ? soff + sb : 1));
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return eg_fail(err, e == cudaErrorMemoryAllocation ? EG_ERR_NOMEM : EG_ERR_DEVICE,
-                       "cuda backend: cudaMalloc for %s (%lld bytes) failed: %s", wname(h), (long long)(soff + sb),
-                       cudaGetErrorString(e));
-    }
+    eg_status st = weight_alloc(h, &p, &soff, err);
+    if (st) return st;
     int rc = int4 ? egk_fill_random(p, h->rows * h->cols / 8, EGK_RAND_INT4_WORDS, r->seed, r->mean, r->std, im->stream)
                   : egk_fill_random(p, h->rows * h->cols, h->fmt == EG_W_F32 ? EGK_RAND_F32 : EGK_RAND_BF16, r->seed,
                                     r->mean, r->std, im->stream);

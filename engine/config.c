@@ -32,15 +32,21 @@ typedef struct cfgp {
     eg_error *err;
 } cfgp;
 
-static int get_int(cfgp *p, json_t *o, const char *k, int required, int def, int minv, int *out) {
+/* Key k of o, or NULL when absent or null; then -1 (error filled) if it is required. */
+static json_t *get_key(cfgp *p, json_t *o, const char *k, int required, int *rc) {
     json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) {
-        if (required) {
-            eg_fail(p->err, EG_ERR_CONFIG, "%s: missing %s%s", p->what, p->scope, k);
-            return -1;
-        }
-        *out = def;
-        return 0;
+    *rc = 0;
+    if (v && !json_is_null(v)) return v;
+    if (required) *rc = -1, eg_fail(p->err, EG_ERR_CONFIG, "%s: missing %s%s", p->what, p->scope, k);
+    return NULL;
+}
+
+static int get_int(cfgp *p, json_t *o, const char *k, int required, int def, int minv, int *out) {
+    int rc;
+    json_t *v = get_key(p, o, k, required, &rc);
+    if (!v) {
+        if (!rc) *out = def;
+        return rc;
     }
     json_int_t x;
     if (json_is_integer(v)) x = json_integer_value(v);
@@ -61,14 +67,11 @@ static int get_int(cfgp *p, json_t *o, const char *k, int required, int def, int
 }
 
 static int get_num(cfgp *p, json_t *o, const char *k, int required, double def, double *out) {
-    json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) {
-        if (required) {
-            eg_fail(p->err, EG_ERR_CONFIG, "%s: missing %s%s", p->what, p->scope, k);
-            return -1;
-        }
-        *out = def;
-        return 0;
+    int rc;
+    json_t *v = get_key(p, o, k, required, &rc);
+    if (!v) {
+        if (!rc) *out = def;
+        return rc;
     }
     if (!json_is_number(v) || !isfinite(json_number_value(v))) {
         eg_fail(p->err, EG_ERR_CONFIG, "%s: %s%s must be a number", p->what, p->scope, k);
@@ -79,8 +82,9 @@ static int get_num(cfgp *p, json_t *o, const char *k, int required, double def, 
 }
 
 static int get_bool(cfgp *p, json_t *o, const char *k, int def, int *out) {
-    json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) {
+    int rc;
+    json_t *v = get_key(p, o, k, 0, &rc);
+    if (!v) {
         *out = def;
         return 0;
     }
@@ -94,8 +98,9 @@ static int get_bool(cfgp *p, json_t *o, const char *k, int def, int *out) {
 
 /* A string field that, when present, must equal one of the allowed values. */
 static int want_str(cfgp *p, json_t *o, const char *k, const char *allowed, const char *allowed2) {
-    json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) return 0;
+    int rc;
+    json_t *v = get_key(p, o, k, 0, &rc);
+    if (!v) return 0;
     if (!json_is_string(v)) {
         eg_fail(p->err, EG_ERR_CONFIG, "%s: %s%s must be a string", p->what, p->scope, k);
         return -1;

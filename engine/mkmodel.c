@@ -297,6 +297,17 @@ static eg_status add_lin(mk_plan *pl, const char *base, int64_t out, int64_t in,
     return EG_OK;
 }
 
+/* What a plan amounts to, for the caller (info may be NULL). */
+static void fill_info(eg_mkmodel_plan_info *info, const mk_plan *pl, const mk_cfg *c) {
+    if (!info) return;
+    info->n_tensors = pl->n;
+    info->total_bytes = (int64_t)pl->total;
+    info->n_shards = pl->n_shards;
+    info->vocab = c->vocab;
+    info->n_base = c->p.n_base;
+    info->n_layers = c->p.layers;
+}
+
 static eg_status build_plan(const mk_cfg *c, uint64_t seed, int64_t shard_bytes, mk_plan *pl,
                             eg_error *err) {
     const mk_preset *p = &c->p;
@@ -679,14 +690,7 @@ eg_status eg_mkmodel_plan(const eg_mkmodel_opts *o, eg_mkmodel_plan_info *info, 
         fprintf(list, "total: %" PRId64 " tensors, %" PRIu64 " bytes in %d shards\n", pl.n,
                 pl.total, pl.n_shards);
     }
-    if (info) {
-        info->n_tensors = pl.n;
-        info->total_bytes = (int64_t)pl.total;
-        info->n_shards = pl.n_shards;
-        info->vocab = c.vocab;
-        info->n_base = c.p.n_base;
-        info->n_layers = c.p.layers;
-    }
+    fill_info(info, &pl, &c);
     plan_free(&pl);
     return EG_OK;
 }
@@ -752,14 +756,7 @@ eg_status eg_mkmodel_run(const eg_mkmodel_opts *o, eg_mkmodel_plan_info *info, e
     }
     if ((st = write_json(o->out_dir, "model.safetensors.index.json", idx, err))) goto out;
 done:
-    if (info) {
-        info->n_tensors = pl.n;
-        info->total_bytes = (int64_t)pl.total;
-        info->n_shards = pl.n_shards;
-        info->vocab = c.vocab;
-        info->n_base = c.p.n_base;
-        info->n_layers = c.p.layers;
-    }
+    fill_info(info, &pl, &c);
 out:
     eg_st_writer_free(w);
     json_decref(idx);

@@ -147,29 +147,14 @@ static void head_cost(const eg_model *m, int l0, int l1, double tokens, double l
     }
 }
 
-void eg_plan_decode_cost(const eg_model *m, int l0, int l1, int B, int ctx, eg_step_cost *o) {
+/* What the two costs share: T tokens through layers [l0, l1) (every projection, the
+ * routed experts expected to be hit), plus per layer the given attention FLOPs per token
+ * and cache bytes read; the head with logit_rows rows of lm_head. */
+static void step_cost(const eg_model *m, int l0, int l1, double T, double logit_rows, double attn_flops_per_token,
+                      double kv_bytes_per_layer, eg_step_cost *o) {
     const eg_config *c = &m->cfg;
     memset(o, 0, sizeof *o);
-    double E = c->n_experts, K = c->topk, NH = c->n_heads, C = c->kv_lora_rank, DR = c->qk_rope;
-    double hit = E > 0 ? E * (1.0 - pow(1.0 - K / E, (double)B)) : 0;
-    o->experts_hit = hit;
-    for (int l = l0; l < l1; l++) {
-        double fb, fm, eb, em;
-        layer_fixed(m, l, &fb, &fm);
-        expert_size(m, l, &eb, &em);
-        o->weight_bytes += fb + hit * eb;
-        o->expert_bytes += hit * eb;
-        o->kv_bytes += (double)B * (ctx + 1) * (C + DR) * 2.0;
-        o->flops += 2.0 * B * (fm + (eb > 0 ? K * em : 0)) + 2.0 * B * NH * (ctx + 1) * (C + DR + C);
-    }
-    head_cost(m, l0, l1, B, B, o);
-}
-
-void eg_plan_prefill_cost(const eg_model *m, int l0, int l1, int n_seq, int P, eg_step_cost *o) {
-    const eg_config *c = &m->cfg;
-    memset(o, 0, sizeof *o);
-    double E = c->n_experts, K = c->topk, NH = c->n_heads, T = (double)n_seq * P;
-    double keys = (P + 1) / 2.0;
+    double E = c->n_experts, K = c->topk;
     double hit = E > 0 ? E * (1.0 - pow(1.0 - K / E, T)) : 0;
     o->experts_hit = hit;
     for (int l = l0; l < l1; l++) {
@@ -178,8 +163,21 @@ void eg_plan_prefill_cost(const eg_model *m, int l0, int l1, int n_seq, int P, e
         expert_size(m, l, &eb, &em);
         o->weight_bytes += fb + hit * eb;
         o->expert_bytes += hit * eb;
-        o->flops += 2.0 * T * (fm + (eb > 0 ? K * em : 0)) +
-                    2.0 * T * NH * keys * ((double)c->qk_nope + c->qk_rope + c->v_head);
+        o->kv_bytes += kv_bytes_per_layer;
+        o->flops += 2.0 * T * (fm + (eb > 0 ? K * em : 0)) + T * attn_flops_per_token;
     }
-    head_cost(m, l0, l1, T, n_seq, o);
+    head_cost(m, l0, l1, T, logit_rows, o);
+}
+
+void eg_plan_decode_cost(const eg_model *m, int l0, int l1, int B, int ctx, eg_step_cost *o) {
+    const eg_config *c = &m->cfg;
+    double NH = c->n_heads, C = c->kv_lora_rank, DR = c->qk_rope, keys = ctx + 1.0;
+    step_cost(m, l0, l1, B, B, 2.0 * NH * keys * (C + DR + C), (double)B * keys * (C + DR) * 2.0, o);
+}
+
+void eg_plan_prefill_cost(const eg_model *m, int l0, int l1, int n_seq, int P, eg_step_cost *o) {
+    const eg_config *c = &m->cfg;
+    double keys = (P + 1) / 2.0;
+    step_cost(m, l0, l1, (double)n_seq * P, n_seq,
+              2.0 * c->n_heads * keys * ((double)c->qk_nope + c->qk_rope + c->v_head), 0.0, o);
 }

@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -222,22 +221,6 @@ static double cpu_copy_rate(void) {
     return r;
 }
 
-/* Delete the sparse layout: a flat directory of files. */
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char p[4200];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 int cmd_bench(int argc, char **argv) {
     const char *model_dir = NULL, *batches = "1,8", *contexts = "128", *preset = NULL, *scratch = NULL;
     int layers = 0, experts = EG_MK_EXPERTS_INT4, roofline = 1;
@@ -309,7 +292,7 @@ int cmd_bench(int argc, char **argv) {
         eg_mkmodel_plan_info info;
         if (eg_mkmodel_run(&mo, &info, &err)) {
             fprintf(stderr, "eaglegen bench: laying out the %s model: %s\n", preset, err.msg);
-            remove_tree(drawn);
+            eg_rm_flat_dir(drawn);
             return 1;
         }
         model_dir = drawn;
@@ -317,7 +300,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (eg_model_load(model_dir, &m, &err)) {
         fprintf(stderr, "eaglegen bench: %s\n", err.msg);
-        if (*drawn) remove_tree(drawn);
+        if (*drawn) eg_rm_flat_dir(drawn);
         return 1;
     }
     printf("model %s: %d layers, hidden %d, %d experts top-%d, weights %.2f GB%s\n", preset ? preset : model_dir,
@@ -341,6 +324,6 @@ int cmd_bench(int argc, char **argv) {
         rc = 1;
     }
     eg_model_free(&m);
-    if (*drawn) remove_tree(drawn);
+    if (*drawn) eg_rm_flat_dir(drawn);
     return rc;
 }

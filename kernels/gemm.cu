@@ -146,6 +146,26 @@ static __global__ void moe_permute_kernel(const int32_t *ids, int TK, int e0, in
     }
 }
 
+/* This block's tile of a grouped GEMM: expert e, rows [r0, r1), and xrow[i] = the input
+ * row of row r0 + i (NULL past r1): per token, x + (row_tk[r] / K) * ld, for gate/up;
+ * per row, x + r * ld, for down (row_tk NULL). Returns 0 when the block has no tile;
+ * that is block-uniform, so the caller may return before any barrier. */
+static __device__ __forceinline__ int moe_tile(const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets,
+                                               const float *x, int64_t ld, const int32_t *row_tk, int K,
+                                               const float **xrow, int *e, int *r0, int *r1) {
+    int tile = blockIdx.x;
+    if (tile >= *ntiles) return 0;
+    *e = tiles[2 * tile];
+    *r0 = tiles[2 * tile + 1];
+    *r1 = offsets[*e + 1];
+    if (threadIdx.x < BM) {
+        int r = *r0 + threadIdx.x;
+        xrow[threadIdx.x] = r < *r1 ? x + (row_tk ? (int64_t)(row_tk[r] / K) : (int64_t)r) * ld : NULL;
+    }
+    __syncthreads();
+    return 1;
+}
+
 /* h[r][f] = silu(x_t . gate_e[f]) * (x_t . up_e[f]) for the rows of one tile. */
 template <int FMT>
 static __global__ void __launch_bounds__(NTHREADS)
@@ -155,15 +175,9 @@ static __global__ void __launch_bounds__(NTHREADS)
     __shared__ float Xs[BM][BK + 1];
     __shared__ float Ws[2][BN][BK + 1];
     __shared__ const float *xrow[BM];
-    int tile = blockIdx.x;
-    if (tile >= *ntiles) return;
-    int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], r1 = offsets[e + 1];
+    int e, r0, r1;
+    if (!moe_tile(tiles, ntiles, offsets, x, H, row_tk, K, xrow, &e, &r0, &r1)) return;
     int64_t n0 = (int64_t)blockIdx.y * BN;
-    if (threadIdx.x < BM) {
-        int r = r0 + threadIdx.x;
-        xrow[threadIdx.x] = r < r1 ? x + (int64_t)(row_tk[r] / K) * H : NULL;
-    }
-    __syncthreads();
     egk_expert_ptrs p = tab[e];
     const void *wd[2] = {p.gate, p.up}, *ws[2] = {p.gate_s, p.up_s};
     float acc[2][2][4] = {};
@@ -190,15 +204,9 @@ static __global__ void __launch_bounds__(NTHREADS)
     __shared__ float Xs[BM][BK + 1];
     __shared__ float Ws[1][BN][BK + 1];
     __shared__ const float *xrow[BM];
-    int tile = blockIdx.x;
-    if (tile >= *ntiles) return;
-    int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], r1 = offsets[e + 1];
+    int e, r0, r1;
+    if (!moe_tile(tiles, ntiles, offsets, h, F, NULL, 1, xrow, &e, &r0, &r1)) return;
     int64_t n0 = (int64_t)blockIdx.y * BN;
-    if (threadIdx.x < BM) {
-        int r = r0 + threadIdx.x;
-        xrow[threadIdx.x] = r < r1 ? h + (int64_t)r * F : NULL;
-    }
-    __syncthreads();
     egk_expert_ptrs p = tab[e];
     const void *wd[1] = {p.down}, *ws[1] = {p.down_s};
     float acc[1][2][4] = {};
@@ -387,15 +395,9 @@ static __global__ void __launch_bounds__(NTHREADS)
     __shared__ uint16_t Wt[2][BN][MKP];
     __shared__ float Sc[2][BN][2];
     __shared__ const float *xrow[BM];
-    int tile = blockIdx.x;
-    if (tile >= *ntiles) return;
-    int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], r1 = offsets[e + 1];
+    int e, r0, r1;
+    if (!moe_tile(tiles, ntiles, offsets, x, H, row_tk, K, xrow, &e, &r0, &r1)) return;
     int64_t n0 = (int64_t)blockIdx.y * BN;
-    if (threadIdx.x < BM) {
-        int r = r0 + threadIdx.x;
-        xrow[threadIdx.x] = r < r1 ? x + (int64_t)(row_tk[r] / K) * H : NULL;
-    }
-    __syncthreads();
     egk_expert_ptrs p = tab[e];
     const void *wd[2] = {p.gate, p.up}, *ws[2] = {p.gate_s, p.up_s};
     float acc[2][2][4] = {};
@@ -453,15 +455,9 @@ static __global__ void __launch_bounds__(NTHREADS)
     __shared__ uint16_t Wt[1][BN][MKP];
     __shared__ float Sc[1][BN][2];
     __shared__ const float *xrow[BM];
-    int tile = blockIdx.x;
-    if (tile >= *ntiles) return;
-    int e = tiles[2 * tile], r0 = tiles[2 * tile + 1], r1 = offsets[e + 1];
+    int e, r0, r1;
+    if (!moe_tile(tiles, ntiles, offsets, h, F, NULL, 1, xrow, &e, &r0, &r1)) return;
     int64_t n0 = (int64_t)blockIdx.y * BN;
-    if (threadIdx.x < BM) {
-        int r = r0 + threadIdx.x;
-        xrow[threadIdx.x] = r < r1 ? h + (int64_t)r * F : NULL;
-    }
-    __syncthreads();
     egk_expert_ptrs p = tab[e];
     const void *wd[1] = {p.down}, *ws[1] = {p.down_s};
     float acc[1][2][4] = {};

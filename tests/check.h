@@ -14,6 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/eg_common.h"
+
 typedef struct eg_test {
     const char *name;
     void (*fn)(void);
@@ -79,19 +81,7 @@ static inline char *eg_test_read_file(const char *path, size_t *n) {
 }
 
 /* Remove a flat directory of files that a test made (no recursion needed). */
-static inline void eg_test_rm_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
+static inline void eg_test_rm_dir(const char *dir) { eg_rm_flat_dir(dir); }
 
 static inline int eg_test_main(const char *suite, const eg_test *t, int n, int argc, char **argv) {
     int passed = 0, failed = 0;

@@ -28,30 +28,7 @@ static int count_files(const char *dir) {
     return n;
 }
 
-static void rm_tmp(void) {
-    DIR *d = opendir(tmpdir);
-    struct dirent *e;
-    char p[512];
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-            unlink(p);
-        }
-    if (d) closedir(d);
-    rmdir(tmpdir);
-}
-
-static uint8_t *read_file(const char *p, size_t *n) {
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long L = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)L + 1);
-    *n = fread(b, 1, (size_t)L, f);
-    fclose(f);
-    return b;
-}
+static void rm_tmp(void) { eg_test_rm_dir(tmpdir); }
 
 static void test_roundtrip_dtypes(void) {
     mk_tmp();
@@ -298,7 +275,7 @@ static uint8_t *small_file(size_t *n) {
     snprintf(p, sizeof p, "%s/s.safetensors", tmpdir);
     CHECK_OK(eg_st_writer_write(w, p, &e), &e);
     eg_st_writer_free(w);
-    uint8_t *b = read_file(p, n);
+    uint8_t *b = (uint8_t *)eg_test_read_file(p, n);
     rm_tmp();
     return b;
 }
