@@ -109,6 +109,21 @@ typedef struct eg_backend_ops {
     eg_status (*weight_random)(eg_backend *b, const eg_weight *shape, const eg_weight_rand *r, eg_weight *dev,
                                eg_error *err);
 
+    /* dst = src, both in backend memory. */
+    eg_status (*copy)(eg_backend *b, void *dst, const void *src, size_t bytes, eg_error *err);
+    /* Recorded replay (CUDA graphs); NULL where the backend has none. Between graph_begin
+     * and graph_end the ops are recorded, not run; only ops on backend memory may be
+     * issued (no to_device, to_host, sample or sync: they fail while recording). graph_end
+     * stops recording either way and returns the replayable sequence, or fails (the
+     * recording is discarded). graph_begin fails with EG_ERR_UNSUPPORTED when replay is
+     * switched off (EG_CUDA_GRAPHS=0). graph_launch enqueues a replay; *ran = 0 means the
+     * graph went stale (device tables it reads were rebuilt since it was recorded): it did
+     * not run and the caller records again. graph_free: NULL ok, waits if it may be running. */
+    eg_status (*graph_begin)(eg_backend *b, eg_error *err);
+    eg_status (*graph_end)(eg_backend *b, void **graph, eg_error *err);
+    eg_status (*graph_launch)(eg_backend *b, void *graph, int *ran, eg_error *err);
+    void (*graph_free)(eg_backend *b, void *graph);
+
     /* x[t] = E[tokens[t]] */
     eg_status (*embed)(eg_backend *b, const int32_t *tokens, int T, const eg_weight *E, float *x, eg_error *err);
     /* y[t] = x[t] / rms(x[t]) * w, FP32, eps from config */

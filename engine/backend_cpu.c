@@ -542,6 +542,7 @@ static const eg_backend_ops cpu_ops = {
     .to_device = cpu_copy,
     .to_host = cpu_copy,
     .memset0 = cpu_memset0,
+    .copy = cpu_copy,
     .sync = cpu_sync,
     .weight_upload = cpu_weight_upload,
     .weight_release = cpu_weight_release,

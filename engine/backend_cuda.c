@@ -14,6 +14,11 @@
  *    (FP32 arithmetic, dequantised on the fly). The router is FP32 throughout.
  *  - All scratch is one allocation sized at create from cfg and max_tokens; no op
  *    allocates device memory.
+ *  - Graph ops record a step's ops as a CUDA graph (stream capture, thread-local mode)
+ *    and replay it: one launch per decode step. cuBLAS gets a fixed workspace in the
+ *    scratch, so recorded GEMMs never allocate. A graph remembers the expert-table
+ *    generation it was recorded under and refuses to replay after a table was rebuilt.
+ *    EG_CUDA_GRAPHS=0 switches recording off (graph_begin: EG_ERR_UNSUPPORTED).
  *  - Every CUDA/cuBLAS call is checked; the error names the call. Kernel faults show at
  *    the next checked call (run with CUDA_LAUNCH_BLOCKING=1 to pin them down).
  * Without EG_HAVE_CUDA this file compiles to stubs that report EG_ERR_UNSUPPORTED. */
@@ -103,6 +108,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * bound by weight bytes), then a kernel adds the two halves. Above it, two GEMMs (the
  * work is compute-bound and the same either way, and the scratch stays small). */
 #define EG_CUDA_FUSE_T 64
+#define EG_CUDA_BLAS_WS ((size_t)32 << 20) /* cuBLAS workspace: fixed, so captured GEMMs never allocate */
 
 /* ---- error helpers -------------------------------------------------------------- */
 
@@ -156,6 +162,7 @@ typedef struct scratch_layout {
     uint16_t *o_lat, *o_lat_lo; /* [Tm][NH][C] */
     uint16_t *kvb;             /* [NH*(DN+DV)][C] kv_b as BF16 when stored otherwise */
     float *router_logits;      /* [Tm][E] */
+    unsigned char *blas_ws;    /* [EG_CUDA_BLAS_WS] cuBLAS workspace */
     egk_moe_ws moe;
     egk_expert_ptrs *xtab_dev; /* [n_xtab][E] */
     float *s_keys;             /* [Ns][V] */
@@ -188,7 +195,23 @@ typedef struct cuda_impl {
     xtab *xt;               /* [n_xtab] */
     egk_expert_ptrs *xt_host; /* pinned [n_xtab][E] */
     int xt_victim;
+    int graphs;             /* recording allowed (EG_CUDA_GRAPHS=0: no) */
+    int capturing;          /* between graph_begin and graph_end */
+    uint64_t xt_gen;        /* bumped whenever an expert table is rebuilt */
 } cuda_impl;
+
+/* A recorded step: the executable graph and the expert-table generation it reads. */
+typedef struct cu_graph {
+    cudaGraphExec_t exec;
+    uint64_t xt_gen;
+} cu_graph;
+
+/* Ops that move data to or from the host, or wait, cannot be recorded. */
+#define NOT_WHILE_RECORDING(im, what)                                                    \
+    do {                                                                                 \
+        if ((im)->capturing)                                                             \
+            return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s while recording a graph", what); \
+    } while (0)
 
 static cuda_impl *impl_of(eg_backend *b) { return (cuda_impl *)b->impl; }
 
@@ -236,6 +259,7 @@ static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_tem
     PLACE(o_lat_lo, uint16_t, Tm * NH * C);
     PLACE(kvb, uint16_t, L->kvb_elems);
     PLACE(router_logits, float, Tm * E);
+    PLACE(blas_ws, unsigned char, (int64_t)EG_CUDA_BLAS_WS);
     PLACE(moe.row_tk, int32_t, R);
     PLACE(moe.rowmap, int32_t, R);
     PLACE(moe.offsets, int32_t, E + 1);
@@ -308,6 +332,7 @@ static void cu_release(eg_backend *b, void *p) {
 
 static eg_status cu_to_device(eg_backend *b, void *dst, const void *src, size_t n, eg_error *err) {
     cuda_impl *im = impl_of(b);
+    NOT_WHILE_RECORDING(im, "to_device");
     if (!n) return EG_OK;
     if (n <= EG_CUDA_STAGE_SLOT) {
         int s = im->stage_next;
@@ -326,6 +351,7 @@ static eg_status cu_to_device(eg_backend *b, void *dst, const void *src, size_t 
 
 static eg_status cu_to_host(eg_backend *b, void *dst, const void *src, size_t n, eg_error *err) {
     cuda_impl *im = impl_of(b);
+    NOT_WHILE_RECORDING(im, "to_host");
     if (!n) return EG_OK;
     CU("cudaMemcpyAsync (to_host)", cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, im->stream));
     return EG_OK;
@@ -338,8 +364,73 @@ static eg_status cu_memset0(eg_backend *b, void *dst, size_t n, eg_error *err) {
     return EG_OK;
 }
 
+static eg_status cu_copy(eg_backend *b, void *dst, const void *src, size_t n, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (!n) return EG_OK;
+    CU("cudaMemcpyAsync (copy)", cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, im->stream));
+    return EG_OK;
+}
+
+static eg_status cu_graph_begin(eg_backend *b, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (!im->graphs) return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: graphs switched off (EG_CUDA_GRAPHS=0)");
+    if (im->capturing) return eg_fail(err, EG_ERR_INVALID, "cuda backend: graph_begin while recording");
+    CU("cudaStreamBeginCapture", cudaStreamBeginCapture(im->stream, cudaStreamCaptureModeThreadLocal));
+    im->capturing = 1;
+    return EG_OK;
+}
+
+static eg_status cu_graph_end(eg_backend *b, void **graph, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    *graph = NULL;
+    if (!im->capturing) return eg_fail(err, EG_ERR_INVALID, "cuda backend: graph_end without graph_begin");
+    im->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(im->stream, &g);
+    cudaGetLastError(); /* a failed capture leaves its error pending; it is reported here */
+    if (e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        return cuda_fail(err, "cudaStreamEndCapture", e);
+    }
+    cu_graph *cg = eg_calloc(1, sizeof *cg, err);
+    if (!cg) {
+        cudaGraphDestroy(g);
+        return EG_ERR_NOMEM;
+    }
+    e = cudaGraphInstantiate(&cg->exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        free(cg);
+        cudaGetLastError();
+        return cuda_fail(err, "cudaGraphInstantiate", e);
+    }
+    cg->xt_gen = im->xt_gen;
+    *graph = cg;
+    return EG_OK;
+}
+
+static eg_status cu_graph_launch(eg_backend *b, void *graph, int *ran, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    cu_graph *cg = graph;
+    *ran = 0;
+    NOT_WHILE_RECORDING(im, "graph_launch");
+    if (cg->xt_gen != im->xt_gen) return EG_OK;
+    CU("cudaGraphLaunch", cudaGraphLaunch(cg->exec, im->stream));
+    *ran = 1;
+    return EG_OK;
+}
+
+static void cu_graph_free(eg_backend *b, void *graph) {
+    cu_graph *cg = graph;
+    if (!cg) return;
+    cudaStreamSynchronize(impl_of(b)->stream); /* it may still be running */
+    cudaGraphExecDestroy(cg->exec);
+    free(cg);
+}
+
 static eg_status cu_sync(eg_backend *b, eg_error *err) {
     cuda_impl *im = impl_of(b);
+    NOT_WHILE_RECORDING(im, "sync");
     CU("cudaStreamSynchronize", cudaStreamSynchronize(im->stream));
     CU("cudaGetLastError", cudaGetLastError());
     return EG_OK;
@@ -755,6 +846,8 @@ static eg_status expert_table(cuda_impl *im, const eg_moe_args *a, xtab **out, e
         }
     }
     t->valid = 0;
+    im->xt_gen++; /* graphs recorded before may read this slot's old table */
+    NOT_WHILE_RECORDING(im, "building an expert table (first use of a layer's experts)");
     CU("cudaStreamSynchronize (expert table)", cudaStreamSynchronize(im->stream));
     for (int e = 0; e < n; e++) fill_ptrs(&a->experts[a->e0 + e], &t->host[e]);
     CU("cudaMemcpyAsync (expert table)", cudaMemcpyAsync(t->dev, t->host, sizeof(egk_expert_ptrs) * (size_t)n,
@@ -792,6 +885,7 @@ static eg_status cu_moe(eg_backend *b, const eg_moe_args *a, eg_error *err) {
 static eg_status cu_sample(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params,
                            uint64_t *rng, int32_t *out, eg_error *err) {
     cuda_impl *im = impl_of(b);
+    NOT_WHILE_RECORDING(im, "sample");
     if (V > im->cfg.vocab) return eg_fail(err, EG_ERR_INVALID, "cuda backend: sample: V=%d exceeds the vocabulary", V);
     int chunk = im->L.sample_chunk;
     for (int i0 = 0; i0 < N; i0 += chunk) {
@@ -850,7 +944,12 @@ static const eg_backend_ops cuda_ops = {
     .to_device = cu_to_device,
     .to_host = cu_to_host,
     .memset0 = cu_memset0,
+    .copy = cu_copy,
     .sync = cu_sync,
+    .graph_begin = cu_graph_begin,
+    .graph_end = cu_graph_end,
+    .graph_launch = cu_graph_launch,
+    .graph_free = cu_graph_free,
     .bind = cu_bind,
     .weight_upload = cu_weight_upload,
     .weight_release = cu_weight_release,
@@ -969,6 +1068,7 @@ static eg_status cuda_init(cuda_impl *im, eg_error *err) {
                        total, im->max_tokens, cudaGetErrorString(e));
     }
     layout_scratch(&im->cfg, im->max_tokens, tb, (unsigned char *)im->scratch, &im->L);
+    BL("cublasSetWorkspace", cublasSetWorkspace(im->blas, im->L.blas_ws, EG_CUDA_BLAS_WS));
     CU("cudaMallocHost (staging)", cudaMallocHost((void **)&im->stage, EG_CUDA_STAGE_SLOTS * EG_CUDA_STAGE_SLOT));
     CU("cudaMallocHost (sample rows)",
        cudaMallocHost((void **)&im->rows_h, sizeof(egk_sample_row) * (size_t)im->L.sample_chunk));
@@ -1009,6 +1109,8 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
     im->moe_path = mp && !strcmp(mp, "simt") ? EGK_MOE_SIMT : EGK_MOE_AUTO;
     const char *ml = getenv("EG_CUDA_MLA");
     im->mla_simt = ml && !strcmp(ml, "simt");
+    const char *gr = getenv("EG_CUDA_GRAPHS");
+    im->graphs = !(gr && !strcmp(gr, "0"));
     if ((st = cuda_init(im, err))) {
         cu_destroy(b);
         return st;

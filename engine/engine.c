@@ -5,6 +5,7 @@
 #include "engine/transport.h"
 
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct slot_state {
@@ -344,6 +345,24 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
 
 void eg_engine_request_stop(eg_engine *e) { e->stop_requested = 1; }
 void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s) { *s = e->stats; }
+void eg_engine_graph_stats(const eg_engine *e, eg_forward_graph_stats *out) {
+    memset(out, 0, sizeof *out);
+    for (int k = 0; k < e->n_stages; k++) {
+        eg_forward_graph_stats g;
+        eg_forward_get_graph_stats(e->stages[k], &g);
+        out->recorded += g.recorded;
+        out->replays += g.replays;
+        out->failed += g.failed;
+        out->stale += g.stale;
+        out->evicted += g.evicted;
+        if (!out->first_failure[0] && g.first_failure[0]) {
+            int n = snprintf(out->first_failure, sizeof out->first_failure, "stage %d: ", k);
+            if (n > 0 && (size_t)n < sizeof out->first_failure)
+                snprintf(out->first_failure + n, sizeof out->first_failure - (size_t)n, "%.*s",
+                         (int)(sizeof out->first_failure - (size_t)n - 1), g.first_failure);
+        }
+    }
+}
 const char *eg_engine_transport(const eg_engine *e) { return e->transport ? eg_transport_name(e->transport) : "none"; }
 int64_t eg_engine_kv_capacity(const eg_engine *e) {
     eg_kv_cache *kv = eg_forward_kv(e->stages[0]);

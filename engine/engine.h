@@ -106,6 +106,8 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
  * them). Safe from a signal handler. */
 void eg_engine_request_stop(eg_engine *e);
 void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s);
+/* Recorded-replay counts summed over the stages (forward.h); call when no run is active. */
+void eg_engine_graph_stats(const eg_engine *e, eg_forward_graph_stats *out);
 /* The transport between stages ("local", "nccl"; "none" for one stage). */
 const char *eg_engine_transport(const eg_engine *e);
 /* The KV capacity in tokens (stage 0's cache). */

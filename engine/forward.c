@@ -3,7 +3,29 @@
 #include "engine/forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+
+/* Recorded replay (backend graph ops): steps of at most this many tokens (decode-sized)
+ * are recorded once per shape and replayed, so a decode step costs one launch instead
+ * of hundreds. Prefill-sized steps are few and long: they run op by op. */
+#define EG_GRAPH_MAX_TOKENS 512
+#define EG_GRAPH_SLOTS 32
+#define EG_GRAPH_MAX_FAILS 3
+
+enum { GRAPH_NEW = 0, GRAPH_SEEN, GRAPH_READY, GRAPH_OFF };
+
+/* One step shape: everything the recorded ops depend on that is not device data. */
+typedef struct graph_key {
+    int T, max_pos, n_logits, staged_capture;
+} graph_key;
+
+typedef struct graph_entry {
+    graph_key key;
+    int state, fails;
+    void *graph;
+    uint64_t last_use;
+} graph_entry;
 
 struct eg_forward {
     const eg_model *m;
@@ -33,6 +55,12 @@ struct eg_forward {
     int32_t *tok_d, *pos_d, *slot_d, *rows_d; /* [T] */
     float *inv_freq_d;                          /* [DR/2] */
     float rope_attn_factor, softmax_scale;
+    /* recorded replay */
+    int graph_T;            /* steps of T <= graph_T are recorded; 0 = never */
+    float *cap_d;           /* [n_capture][graph_T][H]: captured rows, copied out after the step */
+    graph_entry graphs[EG_GRAPH_SLOTS];
+    uint64_t tick;
+    eg_forward_graph_stats gstats;
 };
 
 /* Random-weights mode: the draw for h, at mkmodel's scales (mkmodel.c's header): linear
@@ -113,6 +141,8 @@ static void release_layer(eg_forward *f, eg_layer_w *d) {
 
 void eg_forward_free(eg_forward *f) {
     if (!f) return;
+    for (int i = 0; i < EG_GRAPH_SLOTS; i++)
+        if (f->graphs[i].graph) f->ops->graph_free(f->be, f->graphs[i].graph);
     if (f->layers) {
         for (int l = 0; l < f->l1 - f->l0; l++) release_layer(f, &f->layers[l]);
         free(f->layers);
@@ -122,7 +152,7 @@ void eg_forward_free(eg_forward *f) {
     if (!(f->m->cfg.tie_embeddings && f->lm_head.data == f->embed.data)) down(f, &f->lm_head);
     eg_kv_free(f->kv);
     void *bufs[] = {f->x, f->xn, f->dx, f->qa, f->qan, f->q, f->kvbuf, f->attn, f->ids, f->rw,
-                    f->g, f->logits, f->tok_d, f->pos_d, f->slot_d, f->rows_d, f->inv_freq_d};
+                    f->g, f->logits, f->tok_d, f->pos_d, f->slot_d, f->rows_d, f->inv_freq_d, f->cap_d};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->ops->release(f->be, bufs[i]);
     free(f->capture);
@@ -198,6 +228,13 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         free(invf);
         if (st) goto fail;
     }
+    if (f->ops->graph_begin && f->ops->graph_end && f->ops->graph_launch && f->ops->graph_free && f->ops->copy &&
+        !o->no_graphs) {
+        f->graph_T = (int)T < EG_GRAPH_MAX_TOKENS ? (int)T : EG_GRAPH_MAX_TOKENS;
+        if (o->n_capture > 0 &&
+            (st = alloc(f, (void **)&f->cap_d, 4 * (size_t)o->n_capture * (size_t)f->graph_T * H, err)))
+            goto fail;
+    }
     f->rope_attn_factor = (float)eg_config_rope_attn_factor(c);
     f->softmax_scale = (float)eg_config_softmax_scale(c);
     {
@@ -214,13 +251,24 @@ fail:
     return st;
 }
 
-int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens) {
+int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int n_capture) {
     int64_t T = max_tokens > 0 ? max_tokens : 1, H = c->hidden, NH = c->n_heads;
+    int64_t TG = T < EG_GRAPH_MAX_TOKENS ? T : EG_GRAPH_MAX_TOKENS;
     int64_t DQ = NH * (c->qk_nope + c->qk_rope), W = c->kv_lora_rank + c->qk_rope, K = c->topk > 0 ? c->topk : 1;
     /* x, xn, dx, g [T][H]; qa, qan [T][QL]; q; kv; attn; ids, weights; logits [T][V]; 4 index arrays */
     return 4 * T * (4 * H + 2 * (int64_t)c->q_lora_rank + DQ + W + NH * c->v_head + 2 * K + c->vocab + 4) +
-           4 * (int64_t)(c->qk_rope / 2 + 1);
+           4 * (int64_t)(c->qk_rope / 2 + 1) + 4 * TG * H * (n_capture > 0 ? n_capture : 0);
 }
+
+int eg_forward_pos_bucket(int max_pos, int limit) {
+    int64_t g = 256;
+    while (g * 8 <= max_pos) g *= 2;
+    int64_t b = ((int64_t)max_pos + g - 1) / g * g;
+    if (b > limit) b = limit;
+    return (int)(b > max_pos ? b : max_pos);
+}
+
+void eg_forward_get_graph_stats(const eg_forward *f, eg_forward_graph_stats *out) { *out = f->gstats; }
 
 eg_kv_cache *eg_forward_kv(eg_forward *f) { return f->kv; }
 float *eg_forward_x(eg_forward *f) { return f->x; }
@@ -228,12 +276,33 @@ int eg_forward_is_first(const eg_forward *f) { return f->l0 == 0; }
 int eg_forward_is_last(const eg_forward *f) { return f->l1 == f->m->cfg.n_layers; }
 int64_t eg_forward_weight_bytes(const eg_forward *f) { return f->weight_bytes; }
 
-static eg_status capture_rows(eg_forward *f, const eg_step *s, int layer, const float *x, eg_error *err) {
+/* Does capture entry i belong to this forward's layers? */
+static int capture_here(const eg_forward *f, int i) {
+    int l = f->o.capture[i];
+    return l == -1 ? f->l0 == 0 : l >= f->l0 && l < f->l1;
+}
+
+/* Rows after `layer`: straight to the host, or (staged, when the step may be recorded)
+ * into cap_d, copied out by copy_out_captures after the step's ops. */
+static eg_status capture_rows(eg_forward *f, const eg_step *s, int staged, int layer, const float *x, eg_error *err) {
     if (!s->capture) return EG_OK;
     size_t H = (size_t)f->m->cfg.hidden, T = (size_t)s->T;
     for (int i = 0; i < f->o.n_capture; i++)
         if (f->o.capture[i] == layer) {
-            eg_status st = f->ops->to_host(f->be, s->capture + (size_t)i * T * H, x, sizeof(float) * T * H, err);
+            eg_status st = staged ? f->ops->copy(f->be, f->cap_d + (size_t)i * T * H, x, sizeof(float) * T * H, err)
+                                  : f->ops->to_host(f->be, s->capture + (size_t)i * T * H, x, sizeof(float) * T * H, err);
+            if (st) return st;
+        }
+    return EG_OK;
+}
+
+static eg_status copy_out_captures(eg_forward *f, const eg_step *s, eg_error *err) {
+    if (!s->capture) return EG_OK;
+    size_t H = (size_t)f->m->cfg.hidden, T = (size_t)s->T;
+    for (int i = 0; i < f->o.n_capture; i++)
+        if (capture_here(f, i)) {
+            eg_status st = f->ops->to_host(f->be, s->capture + (size_t)i * T * H, f->cap_d + (size_t)i * T * H,
+                                           sizeof(float) * T * H, err);
             if (st) return st;
         }
     return EG_OK;
@@ -286,6 +355,123 @@ static eg_status ffn(eg_forward *f, const eg_layer_w *L, int T, eg_error *err) {
     return EG_OK;
 }
 
+/* The ops of a step on backend memory only (recordable): embedding, the layers, the
+ * final norm and the logits of the gathered rows. Inputs are on the device already. */
+static eg_status step_ops(eg_forward *f, const eg_step *s, int max_pos, int staged, eg_error *err) {
+    const eg_config *c = &f->m->cfg;
+    const eg_backend_ops *ops = f->ops;
+    eg_backend *be = f->be;
+    int T = s->T;
+    if (f->l0 == 0) {
+        TRY(ops->embed(be, f->tok_d, T, &f->embed, f->x, err));
+        TRY(capture_rows(f, s, staged, -1, f->x, err));
+    }
+    for (int l = f->l0; l < f->l1; l++) {
+        const eg_layer_w *L = &f->layers[l - f->l0];
+        eg_status st;
+        if ((st = ops->rmsnorm(be, f->x, &L->attn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
+            (st = attention(f, L, T, max_pos, f->kv->layers[l - f->l0], err)) ||
+            (st = ops->add_rmsnorm(be, f->x, f->dx, &L->ffn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
+            (st = ffn(f, L, T, err)) || (st = ops->add(be, f->x, f->dx, (int64_t)T * c->hidden, err)) ||
+            (st = capture_rows(f, s, staged, l, f->x, err)))
+            return eg_wrap(err, "layer %d", l);
+    }
+    if (f->l1 == c->n_layers) {
+        TRY(ops->rmsnorm(be, f->x, &f->final_norm, T, c->hidden, c->rms_eps, f->xn, err));
+        if (s->n_logits > 0) {
+            TRY(ops->gather_rows(be, f->xn, f->rows_d, s->n_logits, c->hidden, f->g, err));
+            TRY(ops->linear(be, f->g, s->n_logits, &f->lm_head, f->logits, err));
+        }
+    }
+    return EG_OK;
+}
+
+static int key_eq(const graph_key *a, const graph_key *b) {
+    return a->T == b->T && a->max_pos == b->max_pos && a->n_logits == b->n_logits &&
+           a->staged_capture == b->staged_capture;
+}
+
+/* The entry of this shape; a new one replaces the least recently used (its graph is
+ * freed: graph_free waits for a replay in flight). */
+static graph_entry *graph_lookup(eg_forward *f, const graph_key *k) {
+    graph_entry *victim = NULL;
+    for (int i = 0; i < EG_GRAPH_SLOTS; i++) {
+        graph_entry *g = &f->graphs[i];
+        if (g->state != GRAPH_NEW && key_eq(&g->key, k)) return g;
+        if (!victim || (victim->state != GRAPH_NEW &&
+                        (g->state == GRAPH_NEW || g->last_use < victim->last_use)))
+            victim = g;
+    }
+    if (victim->graph) {
+        f->ops->graph_free(f->be, victim->graph);
+        f->gstats.evicted++;
+    }
+    memset(victim, 0, sizeof *victim);
+    victim->key = *k;
+    return victim;
+}
+
+static void note_graph_failure(eg_forward *f, graph_entry *g, const eg_error *why) {
+    f->gstats.failed++;
+    if (!f->gstats.first_failure[0])
+        snprintf(f->gstats.first_failure, sizeof f->gstats.first_failure, "%.*s",
+                 (int)sizeof f->gstats.first_failure - 1, why->msg);
+    g->state = ++g->fails >= EG_GRAPH_MAX_FAILS ? GRAPH_OFF : GRAPH_SEEN;
+}
+
+/* Run the step's ops: replayed when this shape was recorded, recorded on its second
+ * sighting (the first runs op by op and warms every lazily built device table), op by
+ * op otherwise. Same kernels, same arguments either way: results are bit-identical. */
+static eg_status run_ops(eg_forward *f, const eg_step *s, int max_pos, int *staged, eg_error *err) {
+    *staged = s->T <= f->graph_T;
+    if (!*staged) return step_ops(f, s, max_pos, 0, err);
+    graph_key k = {.T = s->T, .max_pos = max_pos, .n_logits = eg_forward_is_last(f) ? s->n_logits : 0,
+                   .staged_capture = s->capture != NULL};
+    graph_entry *g = graph_lookup(f, &k);
+    g->last_use = ++f->tick;
+    if (g->state == GRAPH_READY) {
+        int ran = 0;
+        TRY(f->ops->graph_launch(f->be, g->graph, &ran, err));
+        if (ran) {
+            f->gstats.replays++;
+            return EG_OK;
+        }
+        f->ops->graph_free(f->be, g->graph); /* stale: record again next time */
+        g->graph = NULL;
+        g->state = GRAPH_SEEN;
+        f->gstats.stale++;
+        return step_ops(f, s, max_pos, 1, err);
+    }
+    if (g->state != GRAPH_SEEN) {
+        if (g->state == GRAPH_NEW) g->state = GRAPH_SEEN;
+        return step_ops(f, s, max_pos, 1, err);
+    }
+    eg_error why;
+    eg_status st = f->ops->graph_begin(f->be, &why);
+    if (st == EG_ERR_UNSUPPORTED) { /* switched off: never try again */
+        f->graph_T = 0;
+        return step_ops(f, s, max_pos, 1, err);
+    }
+    if (st) return eg_fail(err, st, "%s", why.msg);
+    void *graph = NULL;
+    st = step_ops(f, s, max_pos, 1, &why);
+    eg_error end_why;
+    eg_status est = f->ops->graph_end(f->be, &graph, &end_why);
+    if (st || est) {
+        /* nothing ran while recording: run the ops for real (a genuine error shows there) */
+        note_graph_failure(f, g, st ? &why : &end_why);
+        return step_ops(f, s, max_pos, 1, err);
+    }
+    g->graph = graph;
+    g->state = GRAPH_READY;
+    f->gstats.recorded++;
+    int ran = 0;
+    TRY(f->ops->graph_launch(f->be, graph, &ran, err));
+    if (!ran) return eg_fail(err, EG_ERR_DEVICE, "a graph went stale between recording and its first replay");
+    f->gstats.replays++;
+    return EG_OK;
+}
+
 eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
     const eg_config *c = &f->m->cfg;
     const eg_backend_ops *ops = f->ops;
@@ -303,6 +489,11 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
                            s->pos[t], s->slot[t]);
         if (s->pos[t] + 1 > max_pos) max_pos = s->pos[t] + 1;
     }
+    /* max_pos only bounds work (kernels read each token's own position); rounding it up
+     * keeps the step's shape, and a recorded replay of it, for hundreds of steps */
+    max_pos = eg_forward_pos_bucket(max_pos, f->kv->max_blocks * f->kv->block_size);
+    int last = eg_forward_is_last(f);
+    if (last && s->n_logits > T) return eg_fail(err, EG_ERR_INVALID, "more logit rows than tokens");
     TRY(ops->to_device(be, f->pos_d, s->pos, sizeof(int32_t) * (size_t)T, err));
     TRY(ops->to_device(be, f->slot_d, s->slot, sizeof(int32_t) * (size_t)T, err));
     TRY(eg_kv_sync_table(f->kv, err));
@@ -312,31 +503,19 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
             if (s->tokens[t] < 0 || s->tokens[t] >= c->vocab)
                 return eg_fail(err, EG_ERR_INVALID, "token %d: id %d out of range [0, %d)", t, s->tokens[t], c->vocab);
         TRY(ops->to_device(be, f->tok_d, s->tokens, sizeof(int32_t) * (size_t)T, err));
-        TRY(ops->embed(be, f->tok_d, T, &f->embed, f->x, err));
-        TRY(capture_rows(f, s, -1, f->x, err));
     } else if (!s->x_device) {
         if (!s->x_in) return eg_fail(err, EG_ERR_INVALID, "pipeline stage starting at layer %d needs x_in", f->l0);
         TRY(ops->to_device(be, f->x, s->x_in, sizeof(float) * (size_t)T * H, err));
     }
-    for (int l = f->l0; l < f->l1; l++) {
-        const eg_layer_w *L = &f->layers[l - f->l0];
-        eg_status st;
-        if ((st = ops->rmsnorm(be, f->x, &L->attn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
-            (st = attention(f, L, T, max_pos, f->kv->layers[l - f->l0], err)) ||
-            (st = ops->add_rmsnorm(be, f->x, f->dx, &L->ffn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
-            (st = ffn(f, L, T, err)) || (st = ops->add(be, f->x, f->dx, (int64_t)T * c->hidden, err)) ||
-            (st = capture_rows(f, s, l, f->x, err)))
-            return eg_wrap(err, "layer %d", l);
-    }
-    if (f->l1 == c->n_layers) {
-        TRY(ops->rmsnorm(be, f->x, &f->final_norm, T, c->hidden, c->rms_eps, f->xn, err));
+    if (last && s->n_logits > 0)
+        TRY(ops->to_device(be, f->rows_d, s->logit_rows, sizeof(int32_t) * (size_t)s->n_logits, err));
+    int staged = 0;
+    TRY(run_ops(f, s, max_pos, &staged, err));
+    if (staged) TRY(copy_out_captures(f, s, err));
+    if (last) {
         if (s->final_hidden)
             TRY(ops->to_host(be, s->final_hidden, f->o.final_pre_norm ? f->x : f->xn, sizeof(float) * (size_t)T * H, err));
         if (s->n_logits > 0) {
-            if (s->n_logits > T) return eg_fail(err, EG_ERR_INVALID, "more logit rows than tokens");
-            TRY(ops->to_device(be, f->rows_d, s->logit_rows, sizeof(int32_t) * (size_t)s->n_logits, err));
-            TRY(ops->gather_rows(be, f->xn, f->rows_d, s->n_logits, c->hidden, f->g, err));
-            TRY(ops->linear(be, f->g, s->n_logits, &f->lm_head, f->logits, err));
             if (s->logits)
                 TRY(ops->to_host(be, s->logits, f->logits, sizeof(float) * (size_t)s->n_logits * (size_t)c->vocab, err));
             if (s->sampled)

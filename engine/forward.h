@@ -35,6 +35,7 @@ typedef struct eg_forward_opts {
                                    whose checkpoint is only a sparse layout. Scales follow
                                    mkmodel.h's (linear N(0,1/fan_in)-like, norms near 1) */
     uint64_t random_seed;
+    int no_graphs;              /* never record/replay steps, even where the backend can */
 } eg_forward_opts;
 
 typedef struct eg_step {
@@ -74,9 +75,24 @@ eg_kv_cache *eg_forward_kv(eg_forward *f);
 float *eg_forward_x(eg_forward *f);
 int eg_forward_is_first(const eg_forward *f);
 int eg_forward_is_last(const eg_forward *f);
-/* Backend bytes a forward object allocates for activations at max_tokens rows (for
- * memory planning before it exists). */
-int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens);
+/* Backend bytes a forward object allocates for activations at max_tokens rows with
+ * n_capture captured layers (for memory planning before it exists; an upper bound). */
+int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int n_capture);
+
+/* Recorded replay. On a backend with graph ops (CUDA graphs), a step of at most 512
+ * tokens is recorded the second time its shape (tokens, position bound, logit rows,
+ * capture on/off) is seen and replayed after that: one launch per step instead of one
+ * per op. Captured rows then go through a device buffer and are copied out after the
+ * step. A recording that fails (e.g. an op that cannot be recorded) falls back to
+ * running the ops one by one; the first reason is kept here. */
+typedef struct eg_forward_graph_stats {
+    int64_t recorded, replays, failed, stale, evicted;
+    char first_failure[256];
+} eg_forward_graph_stats;
+void eg_forward_get_graph_stats(const eg_forward *f, eg_forward_graph_stats *out);
+/* The position bound a step is run with: max_pos rounded up (to a multiple of 256, or of
+ * a quarter of its power of two when larger), at most limit, never below max_pos. */
+int eg_forward_pos_bucket(int max_pos, int limit);
 /* Bytes of this forward's weights as stored on the backend. */
 int64_t eg_forward_weight_bytes(const eg_forward *f);
 

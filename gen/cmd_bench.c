@@ -56,7 +56,12 @@ static void usage(FILE *f) {
             "  --chunk N          prefill rows per step (default 512)\n"
             "  --no-roofline      do not measure the device (no bandwidth/FLOP columns)\n"
             "  --threads N        CPU threads (default: all cores, or $EG_THREADS)\n"
-            "  -h, --help         this text\n");
+            "  -h, --help         this text\n"
+            "\n"
+            "On CUDA a step shape seen twice is recorded as a CUDA graph and replayed (one launch\n"
+            "per step); the default --warmup 2 keeps the recording out of the timed steps. The\n"
+            "last line says how many shapes were recorded. Switches for before/after columns:\n"
+            "EG_CUDA_GRAPHS=0, EG_CUDA_MOE=simt, EG_CUDA_MLA=simt, EG_CUDA_FUSE=0 (docs/CUDA.md).\n");
 }
 
 typedef struct bench_opts {
@@ -195,6 +200,17 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
             print_row(o, "decode", B, ctx, (double)B * o->steps, secs, (double)o->steps, &cost);
             for (int s = 0; s < B; s++) eg_kv_release(kv, s);
         }
+    {
+        eg_forward_graph_stats gs;
+        eg_forward_get_graph_stats(f, &gs);
+        if (gs.recorded || gs.failed)
+            printf("graphs: %lld step shapes recorded, %lld replays, %lld recordings fell back to op-by-op%s%s\n",
+                   (long long)gs.recorded, (long long)gs.replays, (long long)gs.failed, gs.failed ? "; first: " : "",
+                   gs.first_failure);
+        else
+            printf("graphs: none recorded (%s)\n", be->ops->graph_begin ? "switched off, or no step shape repeated"
+                                                                         : "this backend has no graphs");
+    }
 out:
     free(tok); free(pos); free(slot); free(rows); free(sampled); free(sp); free(rng);
     eg_forward_free(f);

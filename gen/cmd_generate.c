@@ -642,7 +642,7 @@ int cmd_generate(int argc, char **argv) {
                 if (k % n_dev != d) continue;
                 for (int l = b0; l < end; l++) wbytes += eg_plan_layer_bytes(&model, l);
                 wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
-                act += eg_forward_act_bytes(c, max_tokens) + (on_dev++ ? eg_cuda_scratch_bytes(c, &bo) : 0);
+                act += eg_forward_act_bytes(c, max_tokens, a.n_aux) + (on_dev++ ? eg_cuda_scratch_bytes(c, &bo) : 0);
                 layers += end - b0;
             }
             eg_backend_opts so = bo;
@@ -734,6 +734,12 @@ int cmd_generate(int argc, char **argv) {
             (long long)want[EG_DS_COUNT_REJECTED], (long long)want[EG_DS_COUNT_DROPPED],
             (long long)want[EG_DS_COUNT_SKIPPED], a.out, rej_name,
             es.seconds > 0 ? es.prefill_tokens / es.seconds : 0.0, es.seconds > 0 ? es.decode_tokens / es.seconds : 0.0);
+    eg_forward_graph_stats gs;
+    eg_engine_graph_stats(g.engine, &gs);
+    if (gs.recorded || gs.failed)
+        fprintf(stderr, "eaglegen generate: graphs: %lld step shapes recorded, %lld replays, %lld recordings fell back to "
+                        "op-by-op%s%s\n", (long long)gs.recorded, (long long)gs.replays, (long long)gs.failed,
+                gs.failed ? "; first: " : "", gs.first_failure);
     if (close_st) { err = cerr; goto done; }
     if (run_st == EG_ERR_INTERRUPTED) { rc = 130; goto done_quiet; }
     if (run_st) goto done;

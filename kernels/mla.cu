@@ -345,8 +345,12 @@ extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
     if (!a->simt && a->C % (8 * TC_WARPS) == 0 && a->C <= 8 * TC_WARPS * TC_MAX_NT && W % 2 == 0) {
         size_t shm = tc_smem_bytes(W);
         /* the opt-in above 48 KB of shared memory: per device, so set at every launch (a
-         * host-side attribute write, no synchronisation) rather than cached */
-        cudaError_t e = cudaFuncSetAttribute(mla_attn_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+         * host-side attribute write, no synchronisation) rather than cached; not while the
+         * stream is recorded (the same shape ran, and set it, before any recording) */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        cudaError_t e = cudaStreamIsCapturing(s, &cs);
+        if (e == cudaSuccess && cs == cudaStreamCaptureStatusNone)
+            e = cudaFuncSetAttribute(mla_attn_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
         if (e != cudaSuccess) return (int)e;
         dim3 grid((unsigned)((nhl + TC_HEADS - 1) / TC_HEADS), (unsigned)nsplit, (unsigned)a->T);
         mla_attn_tc_kernel<<<grid, TC_WARPS * 32, shm, s>>>(*a, nsplit, split_len);

@@ -7,7 +7,8 @@
 #   3. golden: eaglegen forward --backend cuda on the fixtures vs golden-*-bf16kv,
 #             teacher-forced (per-layer rel error, argmax at high-margin steps) and
 #             greedy --generate 16 (tests/gpu/golden_gpu.py)
-#   4. e2e:   mkmodel tiny -> generate --backend cuda -> inspect --verify
+#   4. e2e:   mkmodel tiny -> generate --backend cuda -> inspect --verify; the same run
+#             with EG_CUDA_GRAPHS=0 must write the same samples bit for bit
 #   4b. pipeline: 2 and 4 stages on the one GPU equal the unsplit run (forward, generate)
 #   4c. hf-reference: transformers' DeepseekV3 vs ours (only where torch+transformers exist)
 #   5. bench: eaglegen bench --backend cuda, weights drawn on the GPU: tiny, moonlight-16b
@@ -79,7 +80,7 @@ OPS=$ROOT/$BUILD/gpu/test_cuda_ops
 if [ -x "$OPS" ]; then
     SUMMARY="" run ops 240 ops.log "$OPS"
     [ $? -eq 2 ] && grep -q "no CUDA device" "$LOGS/ops.log" && NO_GPU=1
-    grep -E "rel |differ|FAIL|passed" "$LOGS/ops.log" > "$LOGS/ops-summary.log"
+    grep -E "rel |differ|identical|DIFFERENT|FAIL|passed" "$LOGS/ops.log" > "$LOGS/ops-summary.log"
     # keep the numbers in the table's note
     n=${#STATUS[@]}
     NOTES[$((n - 1))]="${NOTES[$((n - 1))]} $(tail -n 1 "$LOGS/ops.log")"
@@ -169,6 +170,12 @@ else
             --prompts "$CORPUS" --out "$TMP/ds" --max-new-tokens 64 --max-seq-len 1024 --shard-samples 16 \
             --batch 8 --temperature 0.8 --top-p 0.95 --seed 7 --on-bad-record skip && gen_ok=1
     if [ $gen_ok = 1 ]; then
+        # recorded replay (CUDA graphs) runs the same kernels with the same arguments
+        SUMMARY="" EG_CUDA_GRAPHS=0 run generate-no-graphs 180 generate-nograph.log "$E" generate --backend cuda \
+            --model "$TMP/tiny" --prompts "$CORPUS" --out "$TMP/ds-nograph" --max-new-tokens 64 --max-seq-len 1024 \
+            --shard-samples 16 --batch 8 --temperature 0.8 --top-p 0.95 --seed 7 --on-bad-record skip &&
+            SUMMARY="$(grep 'graphs:' "$LOGS/generate.log" | sed 's/.*graphs: //')" run graphs-same 60 graphs-same.log \
+                "$PYTHON" tests/gen_check.py same "$TMP/ds" "$TMP/ds-nograph"
         if "$E" inspect --help 2>&1 | grep -q -- --verify; then
             SUMMARY="" run inspect-verify 60 inspect.log "$E" inspect "$TMP/ds" --verify
         else
@@ -241,11 +248,18 @@ else
             --experts int4 --batch 1,16,64,256 --context 2048,8192 --prefill-tokens 8192 --prompt-len 2048 \
             --chunk 2048 --decode-steps 8
     fi
-    # the same without issue 7's switchable levers (SIMT MoE tiles, two GEMMs for hi + lo):
-    # the "before" column of the closing note's table
+    # recorded replay alone off (CUDA graphs: launch overhead, the batch-1 lever)
+    if late; then record bench-kimi-4l-nographs SKIP "time budget" 0
+    else
+        SUMMARY="" EG_CUDA_GRAPHS=0 run bench-kimi-4l-nographs 100 bench-kimi-nographs.log "$E" bench --backend cuda \
+            --preset kimi-k2.5 --layers 4 --experts int4 --batch 1,16,64 --context 2048 --prefill-tokens 0 \
+            --decode-steps 8
+    fi
+    # the same without issue 7's switchable levers (SIMT MoE tiles, two GEMMs for hi + lo,
+    # no graphs): the "before" column of the closing note's table
     if late; then record bench-kimi-4l-before SKIP "time budget" 0
     else
-        SUMMARY="" EG_CUDA_MOE=simt EG_CUDA_MLA=simt EG_CUDA_FUSE=0 run bench-kimi-4l-before 150 bench-kimi-before.log \
+        SUMMARY="" EG_CUDA_MOE=simt EG_CUDA_MLA=simt EG_CUDA_FUSE=0 EG_CUDA_GRAPHS=0 run bench-kimi-4l-before 150 bench-kimi-before.log \
             "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 --experts int4 --batch 1,64,256 \
             --context 2048 --prefill-tokens 4096 --prompt-len 2048 --chunk 2048 --decode-steps 6
     fi

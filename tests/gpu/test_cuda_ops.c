@@ -842,6 +842,132 @@ static void test_sample_small(void) {
     sample_case(100, 5000, 3); /* more rows than one sampling pass */
 }
 
+/* ---- recorded replay (CUDA graphs) ------------------------------------------------------------------ */
+
+/* The recorded ops: y = moe(linear(x)) with a fresh zeroed y. */
+static void graph_ops(eg_backend *b, const void *x, void *h, void *y, int T, const eg_weight *W,
+                      const eg_moe_args *proto, eg_error *err) {
+    eg_moe_args a = *proto;
+    a.x = h;
+    a.y = y;
+    CHECK_OK(b->ops->memset0(b, y, 4 * (size_t)T * (size_t)W->rows, err), err);
+    CHECK_OK(b->ops->linear(b, x, T, W, h, err), err);
+    CHECK_OK(b->ops->moe(b, &a, err), err);
+}
+
+/* Recording runs nothing; a replay on new inputs equals the ops run one by one, bit for
+ * bit; host copies and syncs are refused while recording; a rebuilt expert table makes
+ * a graph stale; EG_CUDA_GRAPHS=0 switches recording off. */
+static void test_graphs(void) {
+    seed(21);
+    eg_config c = kimi_cfg();
+    int E = 8, K = 2, H = 256, F = 128, T = 5;
+    c.n_experts = E; c.topk = K; c.hidden = H; c.moe_inter = F; c.inter = F;
+    pair p;
+    if (!pair_make(&c, T, &p)) return;
+    eg_backend *g = p.gpu;
+    eg_error err = {0};
+    hw W = make_w(EG_W_BF16, H, H, 1.0f / 16.0f);
+    hw_up(&p, &W);
+    hw ex[2][8][3];
+    eg_expert_w xg[2][8];
+    for (int s = 0; s < 2; s++)
+        for (int e = 0; e < E; e++) {
+            for (int j = 0; j < 3; j++) {
+                ex[s][e][j] = make_w(EG_W_INT4, j < 2 ? F : H, j < 2 ? H : F, 0.05f);
+                hw_up(&p, &ex[s][e][j]);
+            }
+            xg[s][e] = (eg_expert_w){.gate = ex[s][e][0].dg, .up = ex[s][e][1].dg, .down = ex[s][e][2].dg};
+        }
+    int32_t ids[5 * 2] = {0, 3, 1, 7, 2, 5, 3, 0, 6, 4};
+    float wts[5 * 2] = {0.6f, 0.4f, 0.9f, 0.1f, 0.5f, 0.5f, 0.3f, 0.7f, 0.2f, 0.8f};
+    float *x1 = randv((int64_t)T * H, 1.0f), *x2 = randv((int64_t)T * H, 1.0f);
+    buf2 x = b2(&p, x1, 4 * (size_t)T * H), hb = b2(&p, NULL, 4 * (size_t)T * H), y = b2(&p, NULL, 4 * (size_t)T * H);
+    buf2 bi = b2(&p, ids, sizeof ids), bw = b2(&p, wts, sizeof wts);
+    eg_moe_args proto = {.T = T, .ids = bi.g, .weights = bw.g, .topk = K, .experts = xg[0], .e0 = 0, .e1 = E};
+    /* op by op on x2: the reference (and the expert table gets built) */
+    CHECK_OK(g->ops->to_device(g, x.g, x2, 4 * (size_t)T * H, &err), &err);
+    graph_ops(g, x.g, hb.g, y.g, T, &W.dg, &proto, &err);
+    float *want = fetch(&p, &y);
+    /* record with x1 in place; y holds the reference and must keep it: nothing runs */
+    CHECK_OK(g->ops->to_device(g, x.g, x1, 4 * (size_t)T * H, &err), &err);
+    CHECK_OK(g->ops->sync(g, &err), &err);
+    void *graph = NULL;
+    CHECK_OK(g->ops->graph_begin(g, &err), &err);
+    graph_ops(g, x.g, hb.g, y.g, T, &W.dg, &proto, &err);
+    CHECK_OK(g->ops->graph_end(g, &graph, &err), &err);
+    float *after_rec = fetch(&p, &y);
+    CHECK(memcmp(after_rec, want, 4 * (size_t)T * H) == 0);
+    /* replay on x2: the reference exactly */
+    CHECK_OK(g->ops->to_device(g, x.g, x2, 4 * (size_t)T * H, &err), &err);
+    CHECK_OK(g->ops->memset0(g, y.g, 4 * (size_t)T * H, &err), &err);
+    int ran = 0;
+    CHECK_OK(g->ops->graph_launch(g, graph, &ran, &err), &err);
+    CHECK(ran == 1);
+    float *got = fetch(&p, &y);
+    int same = !memcmp(got, want, 4 * (size_t)T * H);
+    printf("    replay on new inputs vs op by op: %s\n", same ? "bit-identical" : "DIFFERENT");
+    CHECK(same);
+    /* and against the CPU reference */
+    eg_moe_args ac = proto;
+    ac.ids = bi.c; ac.weights = bw.c;
+    eg_expert_w xc[8];
+    for (int e = 0; e < E; e++) xc[e] = (eg_expert_w){.gate = ex[0][e][0].dc, .up = ex[0][e][1].dc, .down = ex[0][e][2].dc};
+    ac.experts = xc;
+    memcpy(x.c, x2, 4 * (size_t)T * H);
+    graph_ops(p.cpu, x.c, hb.c, y.c, T, &W.dc, &ac, &err);
+    cmp_f32(&p, &y, "graph replay vs cpu", 1e-3);
+    /* refused while recording, and the recording stays usable */
+    CHECK_OK(g->ops->graph_begin(g, &err), &err);
+    float tmp[4];
+    eg_status st = g->ops->to_host(g, tmp, y.g, sizeof tmp, &err);
+    printf("    to_host while recording -> %s: %s\n", eg_status_name(st), err.msg);
+    CHECK(st == EG_ERR_INVALID);
+    CHECK(g->ops->to_device(g, y.g, tmp, sizeof tmp, &err) == EG_ERR_INVALID);
+    CHECK(g->ops->sync(g, &err) == EG_ERR_INVALID);
+    void *g2 = NULL;
+    CHECK_OK(g->ops->graph_end(g, &g2, &err), &err);
+    g->ops->graph_free(g, g2);
+    g->ops->graph_free(g, NULL);
+    /* an expert table built for another expert array, with a different layer's pointers,
+     * while recording: refused, and the recording fails at graph_end */
+    CHECK_OK(g->ops->graph_begin(g, &err), &err);
+    eg_moe_args other = proto;
+    other.experts = xg[1];
+    other.x = hb.g;
+    other.y = y.g;
+    st = g->ops->moe(g, &other, &err);
+    printf("    new expert table while recording -> %s: %s\n", eg_status_name(st), err.msg);
+    CHECK(st != EG_OK);
+    g2 = NULL;
+    eg_status est = g->ops->graph_end(g, &g2, &err);
+    printf("    graph_end after it -> %s\n", eg_status_name(est));
+    if (est == EG_OK) g->ops->graph_free(g, g2);
+    /* the same call outside a recording builds that table: the old graph is stale */
+    CHECK_OK(g->ops->moe(g, &other, &err), &err);
+    ran = 1;
+    CHECK_OK(g->ops->graph_launch(g, graph, &ran, &err), &err);
+    CHECK(ran == 0);
+    g->ops->graph_free(g, graph);
+    CHECK_OK(g->ops->sync(g, &err), &err);
+    /* switched off */
+    setenv("EG_CUDA_GRAPHS", "0", 1);
+    eg_backend *off = NULL;
+    eg_backend_opts o = {.name = "cuda", .max_tokens = T, .max_seq_len = 64, .device = 0};
+    CHECK_OK(eg_backend_cuda_create(&c, &o, &off, &err), &err);
+    unsetenv("EG_CUDA_GRAPHS");
+    if (off) CHECK(off->ops->graph_begin(off, &err) == EG_ERR_UNSUPPORTED);
+    eg_backend_free(off);
+    free(want); free(after_rec); free(got); free(x1); free(x2);
+    buf2 *bs[] = {&x, &hb, &y, &bi, &bw};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) b2_free(&p, bs[i]);
+    for (int s = 0; s < 2; s++)
+        for (int e = 0; e < E; e++)
+            for (int j = 0; j < 3; j++) hw_free(&p, &ex[s][e][j]);
+    hw_free(&p, &W);
+    pair_free(&p);
+}
+
 /* ---- errors, planner ---------------------------------------------------------------------------------- */
 
 static void test_errors_and_plan(void) {
@@ -902,6 +1028,7 @@ static const eg_test tests[] = {
     {"sample_small", test_sample_small},
     {"random_weights", test_random_weights},
     {"sample_kimi", test_sample_kimi},
+    {"graphs", test_graphs},
 };
 
 int main(int argc, char **argv) {

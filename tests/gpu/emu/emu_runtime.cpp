@@ -1,10 +1,43 @@
 // Host implementations of the emulated CUDA runtime and cuBLAS subset
-// (tests/gpu/emu/include). Streams are synchronous: every call completes on return.
+// (tests/gpu/emu/include). Streams are synchronous: every call completes on return,
+// except on a capturing stream, where launches, copies, memsets and GEMMs are recorded
+// for a graph to replay.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "cublas_v2.h"
+#include "cuda_runtime.h"
+
+struct emu_stream {
+    int capturing, invalid;
+    std::vector<std::function<void()>> rec;
+};
+struct emu_graph {
+    std::vector<std::function<void()>> ops;
+};
+struct emu_blas {
+    cudaStream_t s;
+};
+/* streams this thread is capturing: a real capture (thread-local mode) refuses
+ * synchronisation and allocation from the capturing thread */
+static thread_local int emu_thread_captures;
+
+bool emu_capture_record(cudaStream_t s, std::function<void()> fn) {
+    if (!s || !s->capturing) return false;
+    s->rec.push_back(std::move(fn));
+    return true;
+}
+/* A call a capture refuses: it fails and the capture is invalidated. */
+static cudaError_t emu_refuse(cudaStream_t s) {
+    if (s && s->capturing) s->invalid = 1;
+    return cudaErrorStreamCaptureUnsupported;
+}
+static std::vector<cudaStream_t> emu_capturing_streams;
+static void emu_invalidate_thread_captures(void) {
+    for (cudaStream_t s : emu_capturing_streams) s->invalid = 1;
+}
 
 extern "C" {
 /* EMU_DEVICES=N pretends N devices (default 1); the current device is per thread, as
@@ -22,14 +55,59 @@ cudaError_t cudaSetDevice(int d) {
     return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int *d) { *d = emu_current; return cudaSuccess; }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)malloc(1); return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = new emu_stream(); return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (s && s->capturing) return emu_refuse(s);
+    if (emu_thread_captures) { emu_invalidate_thread_captures(); return cudaErrorStreamCaptureUnsupported; }
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) { delete s; return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = (cudaEvent_t)malloc(1); return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+    if (emu_thread_captures) { emu_invalidate_thread_captures(); return cudaErrorStreamCaptureUnsupported; }
+    return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+    if (!s || s->capturing) return cudaErrorInvalidValue;
+    s->capturing = 1;
+    s->invalid = 0;
+    s->rec.clear();
+    emu_thread_captures++;
+    emu_capturing_streams.push_back(s);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    *g = NULL;
+    if (!s || !s->capturing) return cudaErrorInvalidValue;
+    s->capturing = 0;
+    emu_thread_captures--;
+    for (size_t i = 0; i < emu_capturing_streams.size(); i++)
+        if (emu_capturing_streams[i] == s) emu_capturing_streams.erase(emu_capturing_streams.begin() + (long)i);
+    if (s->invalid) { s->rec.clear(); return cudaErrorStreamCaptureInvalidated; }
+    *g = new emu_graph{std::move(s->rec)};
+    s->rec.clear();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *st) {
+    *st = s && s->capturing ? (s->invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive)
+                            : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+    *e = new emu_graph{g->ops};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+    if (s && s->capturing) return emu_refuse(s); /* no nested graphs here */
+    for (auto &op : e->ops) op();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
 cudaError_t cudaMalloc(void **p, size_t n) {
+    if (emu_thread_captures) { emu_invalidate_thread_captures(); return cudaErrorStreamCaptureUnsupported; }
     if (n > ((size_t)64 << 30)) { *p = NULL; return cudaErrorMemoryAllocation; }
     *p = malloc(n);
     if (*p) memset(*p, 0xA5, n); /* garbage, as device memory is */
@@ -38,11 +116,22 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
 cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
 cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st) {
+    if (st && st->capturing) {
+        /* host memory in a graph must be pinned and stay valid for every replay; the
+         * backend never records host copies, so any is a bug here */
+        if (k != cudaMemcpyDeviceToDevice) return emu_refuse(st);
+        st->rec.push_back([d, s, n] { memmove(d, s, n); });
+        return cudaSuccess;
+    }
     memmove(d, s, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t) { memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
+    if (emu_capture_record(st, [d, v, n] { memset(d, v, n); })) return cudaSuccess;
+    memset(d, v, n);
+    return cudaSuccess;
+}
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 /* EMU_MEM_GB sets the emulated device's size (default 80), 1% of it in use */
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *to) {
@@ -55,9 +144,12 @@ cudaError_t cudaMemGetInfo(size_t *fr, size_t *to) {
 const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation" : "cudaErrorEmulated"; }
 const char *cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 
-cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = (cublasHandle_t)malloc(1); return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasDestroy(cublasHandle_t h) { free(h); return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new emu_blas(); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->s = s; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void *ws, size_t bytes) {
+    return ws && bytes ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
 const char *cublasGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS_EMULATED"; }
 const char *cublasGetStatusString(cublasStatus_t) { return "emulated cuBLAS error"; }
 
@@ -92,32 +184,43 @@ static cublasStatus_t gemm1(cublasOperation_t ta, cublasOperation_t tb, int m, i
     return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void *alpha, const void *A, cudaDataType At, int lda, const void *B, cudaDataType Bt,
                             int ldb, const void *beta, void *C, cudaDataType Ct, int ldc, cublasComputeType_t,
                             cublasGemmAlgo_t) {
-    return gemm1(ta, tb, m, n, k, *(const float *)alpha, A, At, lda, B, Bt, ldb, *(const float *)beta, C, Ct, ldc);
+    float al = *(const float *)alpha, be = *(const float *)beta; /* host pointer mode: read at the call */
+    if (emu_capture_record(h->s, [=] { gemm1(ta, tb, m, n, k, al, A, At, lda, B, Bt, ldb, be, C, Ct, ldc); }))
+        return CUBLAS_STATUS_SUCCESS;
+    return gemm1(ta, tb, m, n, k, al, A, At, lda, B, Bt, ldb, be, C, Ct, ldc);
 }
 
 static size_t esz(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
 
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                                           int k, const void *alpha, const void *A, cudaDataType At, int lda,
                                           long long sA, const void *B, cudaDataType Bt, int ldb, long long sB,
                                           const void *beta, void *C, cudaDataType Ct, int ldc, long long sC, int batch,
                                           cublasComputeType_t, cublasGemmAlgo_t) {
-    for (int i = 0; i < batch; i++) {
-        cublasStatus_t s = gemm1(ta, tb, m, n, k, *(const float *)alpha, (const char *)A + i * sA * esz(At), At, lda,
-                                 (const char *)B + i * sB * esz(Bt), Bt, ldb, *(const float *)beta,
-                                 (char *)C + i * sC * esz(Ct), Ct, ldc);
-        if (s) return s;
-    }
-    return CUBLAS_STATUS_SUCCESS;
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    auto run = [=] {
+        for (int i = 0; i < batch; i++) {
+            cublasStatus_t s = gemm1(ta, tb, m, n, k, al, (const char *)A + i * sA * esz(At), At, lda,
+                                     (const char *)B + i * sB * esz(Bt), Bt, ldb, be, (char *)C + i * sC * esz(Ct),
+                                     Ct, ldc);
+            if (s) return s;
+        }
+        return CUBLAS_STATUS_SUCCESS;
+    };
+    if (emu_capture_record(h->s, [run] { run(); })) return CUBLAS_STATUS_SUCCESS;
+    return run();
 }
-
-cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
                            float *C, int ldc) {
+    float al = *alpha, be = *beta;
+    if (emu_capture_record(h->s, [=] { gemm1(ta, tb, m, n, k, al, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, be, C,
+                                             CUDA_R_32F, ldc); }))
+        return CUBLAS_STATUS_SUCCESS;
     return gemm1(ta, tb, m, n, k, *alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, *beta, C, CUDA_R_32F, ldc);
 }
 

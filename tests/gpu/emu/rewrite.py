@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turn a kernels/*.cu file into host C++ for the emulator: `k<<<g, b, shm, s>>>(args);`
-becomes `emu_launch(dim3(g), dim3(b), shm, [&] { k(args); });` and `extern __shared__
+becomes `emu_launch(dim3(g), dim3(b), shm, s, <k(args) with args bound by value>);` and `extern __shared__
 T name[];` a pointer into the launch's dynamic shared buffer.
 usage: rewrite.py IN.cu OUT.cpp"""
 import re
@@ -34,7 +34,12 @@ def main():
         cfg = split_top(m.group(2))
         grid, block = cfg[0], cfg[1]
         shm = cfg[2] if len(cfg) > 2 else "0"
-        return f"emu_launch(dim3({grid}), dim3({block}), (size_t)({shm}), [&] {{ {m.group(1)}({m.group(3)}); }});"
+        stream = cfg[3] if len(cfg) > 3 else "0"
+        args = re.sub(r"\bNULL\b", "nullptr", m.group(3))  # forwarded, a NULL would be a long
+        # the arguments are evaluated now and kept by value: a recorded launch (stream
+        # capture) runs after the launcher's locals are gone
+        return (f"emu_launch(dim3({grid}), dim3({block}), (size_t)({shm}), (cudaStream_t)({stream}), "
+                f"emu_bind({m.group(1)}{', ' if args.strip() else ''}{args}));")
 
     src, n = pat.subn(repl, src)
     open(sys.argv[2], "w").write(f"// generated from {sys.argv[1]} by tests/gpu/emu/rewrite.py ({n} launches)\n" + src)

@@ -10,6 +10,7 @@
 # usage: tests/gpu/emu/run_emu.sh [test-name filters...]
 #        tests/gpu/emu/run_emu.sh --forward   (tiny-a forward vs golden-a-bf16kv)
 #        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL)
+#        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit)
 set -eu
 cd "$(dirname "$0")/../../.."
 B=${BUILD_EMU:-build-emu}
@@ -58,6 +59,31 @@ if [ "${1:-}" = --pipeline ]; then
         --gpus 1 --transport local 2> "$W/local.log" || { cat "$W/local.log"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/nccl" "$W/local"
     exec /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/nccl"
+fi
+if [ "${1:-}" = --graphs ]; then
+    # recorded replay of decode steps (CUDA graphs, emulated by stream capture that records
+    # and replays): the same samples bit for bit as op by op, in one stage and in two
+    # stages sharing one GPU, with aux captures staged through the device buffer (~5 min)
+    link_eaglegen
+    W=$B/emu/gr
+    rm -rf "$W" && mkdir -p "$W"
+    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 3 >/dev/null
+    for i in 1 2 3; do printf '{"id": "g%d", "input_ids": [%d, 72, 101, 108, %d]}\n' $i $((i * 5)) $((i + 30)); done > "$W/corpus.jsonl"
+    common=(generate --backend cuda --model "$W/model" --prompts "$W/corpus.jsonl" --max-new-tokens 8
+            --max-seq-len 64 --batch 3 --chunk 16 --aux-layers 0,1,2 --seed 5 --gpu-mem-fraction 0.4)
+    export EMU_MEM_GB=2
+    EG_CUDA_GRAPHS=0 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/off" 2> "$W/off.log" || { cat "$W/off.log"; exit 1; }
+    nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/on" 2> "$W/on.log" || { cat "$W/on.log"; exit 1; }
+    nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/on2" --stages 1,3 --gpus 1 --transport local \
+        2> "$W/on2.log" || { cat "$W/on2.log"; exit 1; }
+    grep "graphs:" "$W/on.log" "$W/on2.log"
+    if grep -q "graphs:" "$W/off.log"; then echo "graphs recorded with EG_CUDA_GRAPHS=0"; exit 1; fi
+    for l in on on2; do
+        grep -Eq "graphs: [1-9][0-9]* step shapes recorded, [1-9][0-9]* replays, 0 recordings fell back" "$W/$l.log" ||
+            { echo "no replays without fallbacks in $l"; cat "$W/$l.log"; exit 1; }
+    done
+    /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on"
+    exec /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on2"
 fi
 if [ "${1:-}" = --forward ]; then
     # the whole forward pass of tiny-a through the emulated backend vs its golden (~15 min)

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 struct dim3 {
@@ -112,7 +113,13 @@ using std::sqrt;
  * in the whole process (gridDim, blockDim, static __shared__ and the dynamic buffer are
  * process-wide here), so host threads driving several emulated GPUs take turns. */
 inline std::mutex emu_launch_mu;
-inline void emu_launch(dim3 g, dim3 b, size_t shm, const std::function<void()> &fn) {
+/* A kernel call with its arguments converted to the parameter types and kept by value
+ * (a recorded launch runs after the launcher's locals are gone). */
+template <class... P, class... A> inline std::function<void()> emu_bind(void (*k)(P...), A &&...a) {
+    return [k, t = std::tuple<std::decay_t<P>...>(std::forward<A>(a)...)] { std::apply(k, t); };
+}
+inline void emu_launch(dim3 g, dim3 b, size_t shm, cudaStream_t s, const std::function<void()> &fn) {
+    if (emu_capture_record(s, [g, b, shm, fn] { emu_launch(g, b, shm, (cudaStream_t)0, fn); })) return;
     std::lock_guard<std::mutex> serial(emu_launch_mu);
     gridDim = g;
     blockDim = b;

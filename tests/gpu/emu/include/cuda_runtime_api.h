@@ -8,8 +8,18 @@
 extern "C" {
 #endif
 typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
-                         cudaErrorNoDevice = 100 } cudaError_t;
+                         cudaErrorNoDevice = 100, cudaErrorStreamCaptureUnsupported = 900,
+                         cudaErrorStreamCaptureInvalidated = 901 } cudaError_t;
 typedef struct emu_stream *cudaStream_t;
+/* Stream capture: ops on a capturing stream are recorded, not run; a graph replays them
+ * in order. Calls a real capture refuses (synchronisation, host copies, allocation from
+ * the capturing thread) fail and invalidate the capture, as they do on a GPU. */
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph *cudaGraphExec_t;
+typedef enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
+                                     cudaStreamCaptureModeRelaxed = 2 } cudaStreamCaptureMode;
+typedef enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1,
+                                       cudaStreamCaptureStatusInvalidated = 2 } cudaStreamCaptureStatus;
 typedef struct emu_event *cudaEvent_t;
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
                       cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
@@ -33,11 +43,21 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st);
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *to);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *st);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);
 #ifdef __cplusplus
 }
+#include <functional>
+/* Record fn when s is capturing (true), else leave it to the caller to run (false). */
+bool emu_capture_record(cudaStream_t s, std::function<void()> fn);
 template <class F> static inline cudaError_t cudaFuncSetAttribute(F, enum cudaFuncAttribute, int) { return cudaSuccess; }
 #endif
 #endif
