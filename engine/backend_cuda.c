@@ -83,6 +83,10 @@ eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream) {
     if (stream) *stream = NULL;
     return EG_ERR_UNSUPPORTED;
 }
+int64_t eg_cuda_sample_sorted_passes(eg_backend *b) {
+    (void)b;
+    return 0;
+}
 void eg_cuda_host_free(void *p) { free(p); }
 
 #else /* EG_HAVE_CUDA */
@@ -198,6 +202,8 @@ typedef struct cuda_impl {
     int graphs;             /* recording allowed (EG_CUDA_GRAPHS=0: no) */
     int capturing;          /* between graph_begin and graph_end */
     uint64_t xt_gen;        /* bumped whenever an expert table is rebuilt */
+    int sample_m;           /* candidates of the top-M sampler (EG_CUDA_SAMPLE=sort: 0, always sort) */
+    int64_t sample_sorted_passes; /* passes the top-M path could not settle */
 } cuda_impl;
 
 /* A recorded step: the executable graph and the expert-table generation it reads. */
@@ -903,12 +909,26 @@ static eg_status cu_sample(eg_backend *b, const float *logits, int N, int V, con
         }
         CU("cudaMemcpyAsync (sample params)", cudaMemcpyAsync(im->L.s_rows, im->rows_h, sizeof(egk_sample_row) * (size_t)n,
                                                               cudaMemcpyHostToDevice, im->stream));
-        KR("egk_sample", egk_sample(logits + (int64_t)i0 * V, n, V, im->L.s_rows, any, im->L.s_keys, im->L.s_ids_in,
-                                    im->L.s_ids_out, im->L.s_offsets, im->L.s_temp, im->L.s_temp_bytes, im->L.s_out,
-                                    im->stream));
-        CU("cudaMemcpyAsync (sampled tokens)", cudaMemcpyAsync(im->out_h, im->L.s_out, sizeof(int32_t) * (size_t)n,
-                                                               cudaMemcpyDeviceToHost, im->stream));
-        CU("cudaStreamSynchronize (sample)", cudaStreamSynchronize(im->stream));
+        /* first the top-M path (no vocabulary sort); a row it cannot settle exactly comes
+         * back as -1 and the pass is sorted in full */
+        int sorted = im->sample_m <= 0;
+        if (!sorted)
+            KR("egk_sample_topm", egk_sample_topm(logits + (int64_t)i0 * V, n, V, im->L.s_rows, im->sample_m,
+                                                  im->L.s_out, im->stream));
+        for (;;) {
+            if (sorted)
+                KR("egk_sample", egk_sample(logits + (int64_t)i0 * V, n, V, im->L.s_rows, any, im->L.s_keys,
+                                            im->L.s_ids_in, im->L.s_ids_out, im->L.s_offsets, im->L.s_temp,
+                                            im->L.s_temp_bytes, im->L.s_out, im->stream));
+            CU("cudaMemcpyAsync (sampled tokens)", cudaMemcpyAsync(im->out_h, im->L.s_out, sizeof(int32_t) * (size_t)n,
+                                                                   cudaMemcpyDeviceToHost, im->stream));
+            CU("cudaStreamSynchronize (sample)", cudaStreamSynchronize(im->stream));
+            int unsettled = 0;
+            for (int i = 0; i < n; i++) unsettled |= im->out_h[i] < 0;
+            if (!unsettled || sorted) break;
+            sorted = 1;
+            im->sample_sorted_passes++;
+        }
         memcpy(out + i0, im->out_h, sizeof(int32_t) * (size_t)n);
     }
     return EG_OK;
@@ -1035,6 +1055,10 @@ eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream) {
     return EG_OK;
 }
 
+int64_t eg_cuda_sample_sorted_passes(eg_backend *b) {
+    return b && b->ops == &cuda_ops ? impl_of(b)->sample_sorted_passes : 0;
+}
+
 static eg_status device_check(int device, eg_error *err) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -1109,6 +1133,9 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
     im->moe_path = mp && !strcmp(mp, "simt") ? EGK_MOE_SIMT : EGK_MOE_AUTO;
     const char *ml = getenv("EG_CUDA_MLA");
     im->mla_simt = ml && !strcmp(ml, "simt");
+    const char *sm = getenv("EG_CUDA_SAMPLE"), *smm = getenv("EG_CUDA_SAMPLE_M");
+    im->sample_m = sm && !strcmp(sm, "sort") ? 0 : EGK_SAMPLE_TOPM_MAX;
+    if (im->sample_m && smm && atoi(smm) >= 1 && atoi(smm) <= EGK_SAMPLE_TOPM_MAX) im->sample_m = atoi(smm);
     const char *gr = getenv("EG_CUDA_GRAPHS");
     im->graphs = !(gr && !strcmp(gr, "0"));
     if ((st = cuda_init(im, err))) {

@@ -170,6 +170,13 @@ typedef struct egk_sample_row {
     double u;
 } egk_sample_row;
 
+/* The same answers without sorting the vocabulary: per row, the first M candidates in
+ * that order (radix select on the logits' bits, then a sort of M in shared memory; M <=
+ * EGK_SAMPLE_TOPM_MAX). Exact when top_k (or V) <= M; otherwise exact whenever the top_p
+ * cut and the draw fall within the first M (the total mass is summed over the whole
+ * row), and out[i] = -1 where they do not: the caller runs egk_sample on that pass. */
+#define EGK_SAMPLE_TOPM_MAX 2048
+int egk_sample_topm(const float *logits, int N, int V, const egk_sample_row *rows, int M, int32_t *out, void *stream);
 /* Bytes of the sort workspace for N rows of V logits. */
 size_t egk_sample_temp_bytes(int N, int V);
 /* out[i] = token for row i of logits [N][V]. Greedy rows (temperature <= 0): the lowest

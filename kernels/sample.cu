@@ -127,6 +127,169 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (threadIdx.x == 0) out[i] = id[f >= 0 ? f : n - 1];
 }
 
+/* ---- top-M selection: the same answer without sorting the vocabulary -------------- */
+
+/* Orderable bits: a larger float gives a larger key; -0 and +0 give one key (they are
+ * equal logits, ordered by id like every tie). */
+static __device__ __forceinline__ uint32_t logit_key(float f) {
+    if (f == 0.0f) f = 0.0f;
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* a comes before b in eg_sample_row's order: higher logit, then lower id */
+static __device__ __forceinline__ bool cand_before(float av, int ai, float bv, int bi) {
+    return av > bv || (av == bv && ai < bi);
+}
+
+typedef cub::BlockScan<int, SAMPLE_THREADS> block_scan_i;
+
+struct topm_smem {
+    float v[EGK_SAMPLE_TOPM_MAX];
+    int32_t id[EGK_SAMPLE_TOPM_MAX];
+    int hist[256];
+    uint32_t prefix;
+    int need, n_gt, taken, last;
+    block_scan_i::TempStorage ti;
+    scan_state st;
+    double sh[32];
+};
+
+/* One row per block: the m = min(n0, M) first candidates in eg_sample_row's order (n0 =
+ * top_k or V) found by a 4-pass radix select on the logits' bits (ties at the threshold
+ * taken lowest id first), sorted in shared memory (bitonic), then sample_kernel's
+ * arithmetic on them. When n0 <= M that is the whole candidate list: the answer is
+ * exact. Otherwise the total mass comes from the whole row, and the top-p cut and the
+ * draw are exact as long as they land inside the first M (the prefix sums are the same
+ * numbers); a row where they do not gets out = -1, and the caller sorts it fully. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_topm_kernel(const float *logits, int V, const egk_sample_row *rows, int M, int32_t *out) {
+    __shared__ topm_smem s;
+    int i = blockIdx.x, tid = threadIdx.x;
+    egk_sample_row p = rows[i];
+    if (!(p.temperature > 0.0f)) return; /* greedy: argmax_kernel's answer stands */
+    const float *row = logits + (int64_t)i * V;
+    int n0 = p.top_k > 0 && p.top_k < V ? p.top_k : V;
+    if (n0 > M && n0 < V) { /* a top_k above M: sort */
+        if (tid == 0) out[i] = -1;
+        return;
+    }
+    int m = n0 < M ? n0 : M;
+    /* radix select: the key of the m-th candidate, and how many of its ties to take */
+    if (tid == 0) {
+        s.prefix = 0;
+        s.need = m;
+    }
+    uint32_t mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int d = tid; d < 256; d += blockDim.x) s.hist[d] = 0;
+        __syncthreads();
+        uint32_t pre = s.prefix;
+        for (int j = tid; j < V; j += blockDim.x) {
+            uint32_t k = logit_key(row[j]);
+            if ((k & mask) == pre) atomicAdd(&s.hist[(k >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int need = s.need, d = 255;
+            for (; d > 0 && need > s.hist[d]; d--) need -= s.hist[d];
+            s.need = need;
+            s.prefix = pre | ((uint32_t)d << shift);
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    uint32_t thr = s.prefix;
+    int ties = s.need, n_gt = m - ties;
+    if (tid == 0) {
+        s.n_gt = 0;
+        s.taken = 0;
+    }
+    __syncthreads();
+    for (int j = tid; j < V; j += blockDim.x) {
+        float v = row[j];
+        if (logit_key(v) > thr) {
+            int at = atomicAdd(&s.n_gt, 1);
+            s.v[at] = v;
+            s.id[at] = j;
+        }
+    }
+    /* ties at the threshold in id order: a block-wide count per chunk of ids */
+    for (int base = 0; base < V; base += blockDim.x) {
+        int j = base + tid;
+        int flag = j < V && logit_key(row[j]) == thr, inc;
+        block_scan_i(s.ti).InclusiveSum(flag, inc);
+        int rank = s.taken + inc - flag;
+        if (flag && rank < ties) {
+            s.v[n_gt + rank] = row[j];
+            s.id[n_gt + rank] = j;
+        }
+        if (tid == blockDim.x - 1) s.last = inc;
+        __syncthreads();
+        if (tid == 0) s.taken += s.last;
+        __syncthreads();
+        if (s.taken >= ties) break;
+    }
+    /* bitonic sort of the m candidates (padded to a power of two) */
+    int P = 1;
+    while (P < m) P <<= 1;
+    for (int j = m + tid; j < P; j += blockDim.x) {
+        s.v[j] = -INFINITY;
+        s.id[j] = INT_MAX;
+    }
+    __syncthreads();
+    for (int k = 2; k <= P; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int a = tid; a < P; a += blockDim.x) {
+                int b = a ^ j;
+                if (b > a) {
+                    bool up = (a & k) == 0;
+                    float av = s.v[a], bv = s.v[b];
+                    int ai = s.id[a], bi = s.id[b];
+                    if (up ? cand_before(bv, bi, av, ai) : cand_before(av, ai, bv, bi)) {
+                        s.v[a] = bv; s.id[a] = bi;
+                        s.v[b] = av; s.id[b] = ai;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    double mx = s.v[0], temp = p.temperature, total, part = 0;
+    int exact = n0 <= M, n = exact ? m : V;
+    if (exact)
+        for (int j = tid; j < m; j += blockDim.x) part += exp(((double)s.v[j] - mx) / temp);
+    else
+        for (int j = tid; j < V; j += blockDim.x) part += exp(((double)row[j] - mx) / temp);
+    total = egk_block_sum_d(part, s.sh);
+    double at, end;
+    if (p.top_p > 0.0f && p.top_p < 1.0f) {
+        int f = first_prefix(s.v, m, mx, temp, (double)p.top_p * total, 1, &s.st, &at, &end);
+        if (f >= 0) {
+            n = f + 1;
+            total = at;
+        } else if (exact) {
+            total = end;
+        } else {
+            if (tid == 0) out[i] = -1;
+            return;
+        }
+    }
+    int f = first_prefix(s.v, n < m ? n : m, mx, temp, p.u * total, 0, &s.st, &at, &end);
+    if (tid == 0) out[i] = f >= 0 ? s.id[f] : n <= m ? s.id[n - 1] : -1;
+}
+
+extern "C" int egk_sample_topm(const float *logits, int N, int V, const egk_sample_row *rows, int M, int32_t *out,
+                               void *stream) {
+    if (N <= 0) return 0;
+    if (M < 1 || M > EGK_SAMPLE_TOPM_MAX || V < 1) return (int)cudaErrorInvalidValue;
+    cudaStream_t s = (cudaStream_t)stream;
+    argmax_kernel<<<N, 1024, 0, s>>>(logits, V, out);
+    int rc = EGK_LAUNCH_RESULT();
+    if (rc) return rc;
+    sample_topm_kernel<<<N, SAMPLE_THREADS, 0, s>>>(logits, V, rows, M, out);
+    return EGK_LAUNCH_RESULT();
+}
+
 extern "C" size_t egk_sample_temp_bytes(int N, int V) {
     size_t bytes = 0;
     cub::DeviceSegmentedRadixSort::SortPairsDescending((void *)NULL, bytes, (const float *)NULL, (float *)NULL,

@@ -787,11 +787,15 @@ static void test_random_weights(void) {
 
 /* ---- sampling -------------------------------------------------------------------------------------- */
 
-static void sample_case(int N, int V, int rounds) {
+/* peak > 0: five tokens per row get +peak (a peaked distribution, like a trained
+ * model's); cap_k > 0: top_k above it becomes cap_k; quant: logits rounded to halves
+ * (many ties, also at the top-M threshold). Returns the passes the top-M path left to
+ * the full sort. */
+static int64_t sample_case_ex(int N, int V, int rounds, float peak, int cap_k, int quant) {
     eg_config c = small_cfg();
     c.vocab = V;
     pair p;
-    if (!pair_make(&c, N, &p)) return;
+    if (!pair_make(&c, N, &p)) return -1;
     eg_error err = {0};
     eg_sample_params *sp = malloc(sizeof *sp * (size_t)N);
     uint64_t *rc = malloc(8 * (size_t)N), *rg = malloc(8 * (size_t)N);
@@ -800,11 +804,15 @@ static void sample_case(int N, int V, int rounds) {
                                        {1.0f, 0.9f, 0}, {0.8f, 0.5f, 200}, {1.2f, 1, 1}, {1.0f, 0.999f, 0}};
     for (int i = 0; i < N; i++) {
         sp[i] = kinds[i % 8];
+        if (cap_k > 0 && sp[i].top_k > cap_k) sp[i].top_k = cap_k;
         rc[i] = rg[i] = eg_rng_seed(1234, (uint64_t)i);
     }
     int mismatches = 0, draws = 0;
     for (int r = 0; r < rounds; r++) {
         float *lg = randv((int64_t)N * V, 4.0f);
+        for (int i = 0; peak > 0 && i < N; i++)
+            for (int k = 0; k < 5; k++) lg[(int64_t)i * V + (int64_t)(urand() * V)] += peak;
+        for (int64_t j = 0; quant && j < (int64_t)N * V; j++) lg[j] = roundf(lg[j] * 2.0f) / 2.0f;
         /* row 1 (mod 8): a tie at the maximum between ids 5 and 100 */
         for (int i = 1; i < N; i += 8) {
             lg[(int64_t)i * V + 5] = 50.0f;
@@ -821,7 +829,11 @@ static void sample_case(int N, int V, int rounds) {
         b2_free(&p, &l);
         free(lg);
     }
-    printf("    sample N=%d V=%d x %d rounds: %d of %d tokens/RNG states differ\n", N, V, rounds, mismatches, draws);
+    int64_t sorted = eg_cuda_sample_sorted_passes(p.gpu);
+    const char *m = getenv("EG_CUDA_SAMPLE_M"), *how = getenv("EG_CUDA_SAMPLE");
+    printf("    sample N=%d V=%d x %d rounds%s%s%s (%s%s): %d of %d tokens/RNG states differ; %lld passes sorted in full\n",
+           N, V, rounds, peak > 0 ? ", peaked" : "", cap_k > 0 ? ", top_k capped" : "", quant ? ", ties" : "",
+           how ? how : "top-M, M=", how ? "" : m ? m : "2048", mismatches, draws, (long long)sorted);
     CHECKF(mismatches == 0, "sampling differs from the CPU in %d of %d draws", mismatches, draws);
     free(sp);
     free(rc);
@@ -829,17 +841,37 @@ static void sample_case(int N, int V, int rounds) {
     free(oc);
     free(og);
     pair_free(&p);
+    return sorted;
 }
+
+static void sample_case(int N, int V, int rounds) { (void)sample_case_ex(N, V, rounds, 0.0f, 0, 0); }
 
 static void test_sample_kimi(void) {
     seed(11);
     sample_case(8, 163840, 6);
+    CHECK(sample_case_ex(64, 163840, 2, 30.0f, 0, 0) == 0); /* a full pass settled without a sort */
 }
 
 static void test_sample_small(void) {
     seed(14);
     sample_case(8, 3000, 4);
     sample_case(100, 5000, 3); /* more rows than one sampling pass */
+    /* a peaked distribution: every row settles among the first M candidates, no sort */
+    CHECK(sample_case_ex(16, 5000, 2, 30.0f, 0, 0) == 0);
+    /* few candidates (M = 64): flat rows and top_k 200 > M fall back to the sort; with
+     * top_k capped at 32 and peaked rows every row settles on the top-M path alone
+     * (exact top-k, top-p and the draw inside the first 64), also with ties at the
+     * threshold */
+    setenv("EG_CUDA_SAMPLE_M", "64", 1);
+    CHECK(sample_case_ex(16, 3000, 2, 0.0f, 0, 0) > 0);
+    CHECK(sample_case_ex(16, 3000, 2, 30.0f, 0, 0) > 0);
+    CHECK(sample_case_ex(16, 3000, 2, 30.0f, 32, 0) == 0);
+    CHECK(sample_case_ex(16, 3000, 2, 30.0f, 32, 1) == 0);
+    unsetenv("EG_CUDA_SAMPLE_M");
+    /* the full sort alone (before/after switch) */
+    setenv("EG_CUDA_SAMPLE", "sort", 1);
+    sample_case(8, 3000, 2);
+    unsetenv("EG_CUDA_SAMPLE");
 }
 
 /* ---- recorded replay (CUDA graphs) ------------------------------------------------------------------ */
