@@ -200,6 +200,12 @@ int cmd_forward(int argc, char **argv) {
     eg_engine_get_stats(eng, &st);
     fprintf(stderr, "eaglegen forward: %zu prompts, %lld tokens in %.2f s -> %s\n", json_array_size(prompts),
             (long long)(st.prefill_tokens + st.decode_tokens), st.seconds, out_path);
+    eg_forward_graph_stats gs;
+    eg_engine_graph_stats(eng, &gs);
+    if (gs.recorded || gs.failed)
+        fprintf(stderr, "eaglegen forward: graphs: %lld step shapes recorded, %lld replays, %lld recordings fell back%s%s\n",
+                (long long)gs.recorded, (long long)gs.replays, (long long)gs.failed, gs.failed ? "; first: " : "",
+                gs.first_failure);
     rc = 0;
 fail:
     if (rc == 1) fprintf(stderr, "eaglegen forward: %s\n", err.msg);

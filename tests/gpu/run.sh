@@ -13,7 +13,8 @@
 #   4c. hf-reference: transformers' DeepseekV3 vs ours (only where torch+transformers exist)
 #   5. bench: eaglegen bench --backend cuda, weights drawn on the GPU: tiny, moonlight-16b
 #             4 layers BF16 experts, kimi-k2.5 4 layers INT4 (issue 7's table), decode at
-#             batch 1/16/64/256 x context 2K/8K and prefill, with roofline shares
+#             batch 1/16/64/256 x context 2K/8K and prefill, with roofline shares; Kimi
+#             again with CUDA graphs off, and with every lever off (before/after)
 # Every step is guarded: a missing piece (binary, fixture, command) is SKIP with the
 # reason, a failure is FAIL; the script always reaches the final table. Logs go to
 # $OUT/gpu-logs when $OUT is set (the device runner brings $OUT back), else
