@@ -30,7 +30,7 @@ static void usage(FILE *f) {
             "\n"
             "Prefill: sequences of --prompt-len tokens, --prefill-tokens in all, in chunks of --chunk\n"
             "rows. Decode: for each --context N and --batch B, B sequences whose caches hold N\n"
-            "positions take --decode-steps steps of one token each (greedy, sampled on the backend)\n"
+            "positions take --decode-steps steps of one token each (sampled on the backend)\n"
             "after --warmup untimed steps. Each row prints tokens/s and, against the device's\n"
             "measured copy bandwidth and BF16 GEMM rate, the share of the roofline reached: decode\n"
             "by the bytes a step must read (weights of the experts expected to be hit, attention and\n"
@@ -55,13 +55,17 @@ static void usage(FILE *f) {
             "  --prompt-len N     prefill sequence length (default 512)\n"
             "  --chunk N          prefill rows per step (default 512)\n"
             "  --no-roofline      do not measure the device (no bandwidth/FLOP columns)\n"
+            "  --temperature F    decode sampling temperature (default 0: greedy)\n"
+            "  --top-p F          decode top-p (default 1: off)\n"
+            "  --top-k N          decode top-k (default 0: off)\n"
             "  --threads N        CPU threads (default: all cores, or $EG_THREADS)\n"
             "  -h, --help         this text\n"
             "\n"
             "On CUDA a step shape seen twice is recorded as a CUDA graph and replayed (one launch\n"
             "per step); the default --warmup 2 keeps the recording out of the timed steps. The\n"
             "last line says how many shapes were recorded. Switches for before/after columns:\n"
-            "EG_CUDA_GRAPHS=0, EG_CUDA_MOE=simt, EG_CUDA_MLA=simt, EG_CUDA_FUSE=0 (docs/CUDA.md).\n");
+            "EG_CUDA_GRAPHS=0, EG_CUDA_MOE=simt, EG_CUDA_MLA=simt, EG_CUDA_FUSE=0, and for sampled\n"
+            "decode EG_CUDA_SAMPLE=sort (docs/CUDA.md).\n");
 }
 
 typedef struct bench_opts {
@@ -70,6 +74,7 @@ typedef struct bench_opts {
     int batch[64], n_batch, ctx[64], n_ctx;
     int steps, warmup, prefill_tokens, plen, chunk;
     double copy_bps, gemm_fps; /* measured roofline; 0 = unknown */
+    eg_sample_params sample;   /* decode rows' sampling (default greedy) */
 } bench_opts;
 
 static int imax(const int *v, int n) {
@@ -178,6 +183,8 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
                 tok[s] = (int32_t)((s * 131 + 7) % c->vocab);
                 slot[s] = s;
                 rows[s] = s;
+                sp[s] = o->sample;
+                rng[s] = eg_rng_seed(1, (uint64_t)s);
             }
             for (int k = 0; k < o->warmup + o->steps; k++) {
                 if (k == o->warmup) t0 = eg_now();
@@ -210,6 +217,10 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
         else
             printf("graphs: none recorded (%s)\n", be->ops->graph_begin ? "switched off, or no step shape repeated"
                                                                          : "this backend has no graphs");
+        if (o->sample.temperature > 0 && !strcmp(o->backend, "cuda"))
+            printf("sampling: temperature %g, top-p %g, top-k %d; %lld passes of up to 64 rows sorted the vocabulary\n",
+                   o->sample.temperature, o->sample.top_p, o->sample.top_k,
+                   (long long)eg_cuda_sample_sorted_passes(be));
     }
 out:
     free(tok); free(pos); free(slot); free(rows); free(sampled); free(sp); free(rng);
@@ -240,7 +251,8 @@ static double cpu_copy_rate(void) {
 int cmd_bench(int argc, char **argv) {
     const char *model_dir = NULL, *batches = "1,8", *contexts = "128", *preset = NULL, *scratch = NULL;
     int layers = 0, experts = EG_MK_EXPERTS_INT4, roofline = 1;
-    bench_opts o = {.backend = "cpu", .steps = 8, .warmup = 2, .prefill_tokens = 2048, .plen = 512, .chunk = 512};
+    bench_opts o = {.backend = "cpu", .steps = 8, .warmup = 2, .prefill_tokens = 2048, .plen = 512, .chunk = 512,
+                    .sample = {.temperature = 0.0f, .top_p = 1.0f, .top_k = 0}};
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},      {"backend", required_argument, 0, 'b'},
         {"batch", required_argument, 0, 'B'},      {"prompt-len", required_argument, 0, 'p'},
@@ -250,7 +262,9 @@ int cmd_bench(int argc, char **argv) {
         {"experts", required_argument, 0, 'E'},    {"scratch", required_argument, 0, 'S'},
         {"context", required_argument, 0, 'C'},    {"warmup", required_argument, 0, 'w'},
         {"prefill-tokens", required_argument, 0, 'T'}, {"device", required_argument, 0, 'd'},
-        {"no-roofline", no_argument, 0, 'R'},      {0, 0, 0, 0}};
+        {"no-roofline", no_argument, 0, 'R'},      {"temperature", required_argument, 0, 'e'},
+        {"top-p", required_argument, 0, 'p' + 256}, {"top-k", required_argument, 0, 'k'},
+        {0, 0, 0, 0}};
     optind = 1;
     int ch;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -270,6 +284,19 @@ int cmd_bench(int argc, char **argv) {
         case 'L': if (!gen_arg_int("bench", "--layers", optarg, 1, 1 << 20, &layers)) return 2; break;
         case 'S': scratch = optarg; break;
         case 'R': roofline = 0; break;
+        case 'e': {
+            double v;
+            if (!gen_arg_double("bench", "--temperature", optarg, 0, 100, &v)) return 2;
+            o.sample.temperature = (float)v;
+            break;
+        }
+        case 'p' + 256: {
+            double v;
+            if (!gen_arg_double("bench", "--top-p", optarg, 1e-9, 1, &v)) return 2;
+            o.sample.top_p = (float)v;
+            break;
+        }
+        case 'k': if (!gen_arg_int("bench", "--top-k", optarg, 0, 1 << 24, &o.sample.top_k)) return 2; break;
         case 'E':
             if (!strcmp(optarg, "int4")) experts = EG_MK_EXPERTS_INT4;
             else if (!strcmp(optarg, "bf16")) experts = EG_MK_EXPERTS_BF16;

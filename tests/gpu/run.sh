@@ -264,6 +264,14 @@ else
             "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 --experts int4 --batch 1,64,256 \
             --context 2048 --prefill-tokens 4096 --prompt-len 2048 --chunk 2048 --decode-steps 6
     fi
+    # sampled decode (generate's defaults: temperature 1, top-p 0.95): the top-M sampler,
+    # then the full vocabulary sort (the last line of each log counts the passes sorted)
+    for how in topm sort; do
+        if late; then record "bench-kimi-4l-sample-$how" SKIP "time budget" 0; continue; fi
+        SUMMARY="" EG_CUDA_SAMPLE=$([ $how = sort ] && echo sort || echo auto) run "bench-kimi-4l-sample-$how" 90 \
+            "bench-kimi-sample-$how.log" "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 --experts int4 \
+            --batch 64,256 --context 2048 --prefill-tokens 0 --decode-steps 6 --temperature 1 --top-p 0.95 --no-roofline
+    done
 fi
 
 # table ---------------------------------------------------------------------------------------
