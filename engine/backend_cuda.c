@@ -83,7 +83,7 @@ eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream) {
     if (stream) *stream = NULL;
     return EG_ERR_UNSUPPORTED;
 }
-int64_t eg_cuda_sample_sorted_passes(eg_backend *b) {
+int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
     (void)b;
     return 0;
 }
@@ -171,6 +171,7 @@ typedef struct scratch_layout {
     egk_expert_ptrs *xtab_dev; /* [n_xtab][E] */
     float *s_keys;             /* [Ns][V] */
     int32_t *s_ids_in, *s_ids_out, *s_offsets, *s_out;
+    int32_t *s_which, *s_seg;  /* [Ns], [2 Ns]: rows the top-M sampler left to the sort */
     egk_sample_row *s_rows;
     void *s_temp;
     size_t s_temp_bytes;
@@ -196,6 +197,7 @@ typedef struct cuda_impl {
     int stage_next, n_events;
     egk_sample_row *rows_h; /* pinned [Ns] */
     int32_t *out_h;         /* pinned [Ns] */
+    int32_t *which_h;       /* pinned [Ns] */
     xtab *xt;               /* [n_xtab] */
     egk_expert_ptrs *xt_host; /* pinned [n_xtab][E] */
     int xt_victim;
@@ -203,7 +205,7 @@ typedef struct cuda_impl {
     int capturing;          /* between graph_begin and graph_end */
     uint64_t xt_gen;        /* bumped whenever an expert table is rebuilt */
     int sample_m;           /* candidates of the top-M sampler (EG_CUDA_SAMPLE=sort: 0, always sort) */
-    int64_t sample_sorted_passes; /* passes the top-M path could not settle */
+    int64_t sample_sorted_rows; /* rows the top-M path could not settle (sorted) */
 } cuda_impl;
 
 /* A recorded step: the executable graph and the expert-table generation it reads. */
@@ -282,6 +284,8 @@ static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_tem
     PLACE(s_ids_out, int32_t, Ns * V);
     PLACE(s_offsets, int32_t, Ns + 1);
     PLACE(s_out, int32_t, Ns);
+    PLACE(s_which, int32_t, Ns);
+    PLACE(s_seg, int32_t, 2 * Ns);
     PLACE(s_rows, egk_sample_row, Ns);
     PLACE(s_temp, unsigned char, (int64_t)sample_temp);
     L->s_temp_bytes = sample_temp;
@@ -909,25 +913,29 @@ static eg_status cu_sample(eg_backend *b, const float *logits, int N, int V, con
         }
         CU("cudaMemcpyAsync (sample params)", cudaMemcpyAsync(im->L.s_rows, im->rows_h, sizeof(egk_sample_row) * (size_t)n,
                                                               cudaMemcpyHostToDevice, im->stream));
-        /* first the top-M path (no vocabulary sort); a row it cannot settle exactly comes
-         * back as -1 and the pass is sorted in full */
-        int sorted = im->sample_m <= 0;
-        if (!sorted)
-            KR("egk_sample_topm", egk_sample_topm(logits + (int64_t)i0 * V, n, V, im->L.s_rows, im->sample_m,
-                                                  im->L.s_out, im->stream));
-        for (;;) {
-            if (sorted)
-                KR("egk_sample", egk_sample(logits + (int64_t)i0 * V, n, V, im->L.s_rows, any, im->L.s_keys,
-                                            im->L.s_ids_in, im->L.s_ids_out, im->L.s_offsets, im->L.s_temp,
-                                            im->L.s_temp_bytes, im->L.s_out, im->stream));
+        /* first the top-M path (no vocabulary sort); the rows it cannot settle exactly
+         * come back as -1 and only they are sorted (EG_CUDA_SAMPLE=sort: every row) */
+        const float *lg = logits + (int64_t)i0 * V;
+        if (im->sample_m > 0)
+            KR("egk_sample_topm", egk_sample_topm(lg, n, V, im->L.s_rows, im->sample_m, im->L.s_out, im->stream));
+        else
+            KR("egk_sample", egk_sample(lg, n, V, im->L.s_rows, any, im->L.s_keys, im->L.s_ids_in, im->L.s_ids_out,
+                                        im->L.s_offsets, im->L.s_temp, im->L.s_temp_bytes, im->L.s_out, im->stream));
+        for (int round = 0;; round++) {
             CU("cudaMemcpyAsync (sampled tokens)", cudaMemcpyAsync(im->out_h, im->L.s_out, sizeof(int32_t) * (size_t)n,
                                                                    cudaMemcpyDeviceToHost, im->stream));
             CU("cudaStreamSynchronize (sample)", cudaStreamSynchronize(im->stream));
-            int unsettled = 0;
-            for (int i = 0; i < n; i++) unsettled |= im->out_h[i] < 0;
-            if (!unsettled || sorted) break;
-            sorted = 1;
-            im->sample_sorted_passes++;
+            int nw = 0;
+            for (int i = 0; i < n; i++)
+                if (im->out_h[i] < 0) im->which_h[nw++] = i;
+            if (!nw) break;
+            if (round) return eg_fail(err, EG_ERR_DEVICE, "cuda backend: sampling left %d rows unsettled after the sort", nw);
+            im->sample_sorted_rows += nw;
+            CU("cudaMemcpyAsync (rows to sort)", cudaMemcpyAsync(im->L.s_which, im->which_h, sizeof(int32_t) * (size_t)nw,
+                                                                 cudaMemcpyHostToDevice, im->stream));
+            KR("egk_sample_rows", egk_sample_rows(lg, n, V, im->L.s_rows, im->L.s_which, nw, im->L.s_keys,
+                                                  im->L.s_ids_in, im->L.s_ids_out, im->L.s_seg, im->L.s_temp,
+                                                  im->L.s_temp_bytes, im->L.s_out, im->stream));
         }
         memcpy(out + i0, im->out_h, sizeof(int32_t) * (size_t)n);
     }
@@ -948,6 +956,7 @@ static void cu_destroy(eg_backend *b) {
         if (im->stage) cudaFreeHost(im->stage);
         if (im->rows_h) cudaFreeHost(im->rows_h);
         if (im->out_h) cudaFreeHost(im->out_h);
+        if (im->which_h) cudaFreeHost(im->which_h);
         if (im->xt_host) cudaFreeHost(im->xt_host);
         free(im->xt);
         if (im->stream) cudaStreamDestroy(im->stream);
@@ -1055,8 +1064,8 @@ eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream) {
     return EG_OK;
 }
 
-int64_t eg_cuda_sample_sorted_passes(eg_backend *b) {
-    return b && b->ops == &cuda_ops ? impl_of(b)->sample_sorted_passes : 0;
+int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
+    return b && b->ops == &cuda_ops ? impl_of(b)->sample_sorted_rows : 0;
 }
 
 static eg_status device_check(int device, eg_error *err) {
@@ -1097,6 +1106,7 @@ static eg_status cuda_init(cuda_impl *im, eg_error *err) {
     CU("cudaMallocHost (sample rows)",
        cudaMallocHost((void **)&im->rows_h, sizeof(egk_sample_row) * (size_t)im->L.sample_chunk));
     CU("cudaMallocHost (sample out)", cudaMallocHost((void **)&im->out_h, sizeof(int32_t) * (size_t)im->L.sample_chunk));
+    CU("cudaMallocHost (sample rows)", cudaMallocHost((void **)&im->which_h, sizeof(int32_t) * (size_t)im->L.sample_chunk));
     size_t nx = (size_t)im->L.n_xtab, E = (size_t)im->L.E;
     CU("cudaMallocHost (expert tables)", cudaMallocHost((void **)&im->xt_host, sizeof(egk_expert_ptrs) * nx * E));
     im->xt = eg_calloc(nx, sizeof *im->xt, err);

@@ -45,8 +45,8 @@ void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_
 /* The GPU index and cudaStream_t (as void *; either out may be NULL) of a CUDA
  * backend. EG_ERR_UNSUPPORTED when b is not one (e.g. the CPU backend). */
 eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream);
-/* Sampling passes the top-M path could not settle and sorted in full (tests, tuning). */
-int64_t eg_cuda_sample_sorted_passes(eg_backend *b);
+/* Sampled rows the top-M path could not settle, sorted over the vocabulary (tests, tuning). */
+int64_t eg_cuda_sample_sorted_rows(eg_backend *b);
 
 /* Measure a device's roofline (benchmarks, never tests): copy bandwidth of a
  * device-to-device copy of 1 GiB, counted as bytes read + written per second, and the

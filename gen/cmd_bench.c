@@ -218,9 +218,9 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
             printf("graphs: none recorded (%s)\n", be->ops->graph_begin ? "switched off, or no step shape repeated"
                                                                          : "this backend has no graphs");
         if (o->sample.temperature > 0 && !strcmp(o->backend, "cuda"))
-            printf("sampling: temperature %g, top-p %g, top-k %d; %lld passes of up to 64 rows sorted the vocabulary\n",
+            printf("sampling: temperature %g, top-p %g, top-k %d; %lld rows sorted the vocabulary\n",
                    o->sample.temperature, o->sample.top_p, o->sample.top_k,
-                   (long long)eg_cuda_sample_sorted_passes(be));
+                   (long long)eg_cuda_sample_sorted_rows(be));
     }
 out:
     free(tok); free(pos); free(slot); free(rows); free(sampled); free(sp); free(rng);

@@ -174,9 +174,15 @@ typedef struct egk_sample_row {
  * that order (radix select on the logits' bits, then a sort of M in shared memory; M <=
  * EGK_SAMPLE_TOPM_MAX). Exact when top_k (or V) <= M; otherwise exact whenever the top_p
  * cut and the draw fall within the first M (the total mass is summed over the whole
- * row), and out[i] = -1 where they do not: the caller runs egk_sample on that pass. */
+ * row), and out[i] = -1 where they do not: the caller sorts those rows (egk_sample_rows). */
 #define EGK_SAMPLE_TOPM_MAX 2048
 int egk_sample_topm(const float *logits, int N, int V, const egk_sample_row *rows, int M, int32_t *out, void *stream);
+/* The sorting path for the n rows listed in which (device [n], distinct): their logits
+ * sorted in place of the [N][V] layout (keys, ids_out), sampled, out[which[j]] written;
+ * other rows of out untouched. seg: [2n] scratch. Greedy rows are not expected here. */
+int egk_sample_rows(const float *logits, int N, int V, const egk_sample_row *rows, const int32_t *which, int n,
+                    float *keys, int32_t *ids_in, int32_t *ids_out, int32_t *seg, void *temp, size_t temp_bytes,
+                    int32_t *out, void *stream);
 /* Bytes of the sort workspace for N rows of V logits. */
 size_t egk_sample_temp_bytes(int N, int V);
 /* out[i] = token for row i of logits [N][V]. Greedy rows (temperature <= 0): the lowest

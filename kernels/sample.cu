@@ -96,11 +96,13 @@ static __device__ int first_prefix(const float *v, int n, double mx, double temp
     return f == INT_MAX ? -1 : f;
 }
 
+/* which: the rows to sample (block b takes row which[b]); NULL = block b takes row b. */
 static __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_kernel(const float *keys, const int32_t *ids, int V, const egk_sample_row *rows, int32_t *out) {
+    sample_kernel(const float *keys, const int32_t *ids, int V, const egk_sample_row *rows, const int32_t *which,
+                  int32_t *out) {
     __shared__ scan_state st;
     __shared__ double sh[32];
-    int i = blockIdx.x;
+    int i = which ? which[blockIdx.x] : blockIdx.x;
     egk_sample_row p = rows[i];
     if (!(p.temperature > 0.0f)) return; /* greedy: argmax_kernel's answer stands */
     const float *v = keys + (int64_t)i * V;
@@ -307,6 +309,8 @@ extern "C" int egk_sample(const float *logits, int N, int V, const egk_sample_ro
     argmax_kernel<<<N, 1024, 0, s>>>(logits, V, out);
     int rc = EGK_LAUNCH_RESULT();
     if (rc || !any_random) return rc;
+    /* (the whole pass, every row: the EG_CUDA_SAMPLE=sort path; egk_sample_rows sorts
+     * chosen rows only) */
     int64_t n = (int64_t)N * V;
     unsigned g = (unsigned)((n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536);
     iota_kernel<<<g, 256, 0, s>>>(N, V, ids_in, offsets);
@@ -315,6 +319,38 @@ extern "C" int egk_sample(const float *logits, int N, int V, const egk_sample_ro
     cudaError_t e = cub::DeviceSegmentedRadixSort::SortPairsDescending(temp, tb, logits, keys, ids_in, ids_out,
                                                                        (int)n, N, offsets, offsets + 1, 0, 32, s);
     if (e != cudaSuccess) return (int)e;
-    sample_kernel<<<N, SAMPLE_THREADS, 0, s>>>(keys, ids_out, V, rows, out);
+    sample_kernel<<<N, SAMPLE_THREADS, 0, s>>>(keys, ids_out, V, rows, (const int32_t *)NULL, out);
+    return EGK_LAUNCH_RESULT();
+}
+
+/* Segments of the chosen rows (begin, end into the [N][V] layout) and their ids. */
+static __global__ void rows_seg_kernel(const int32_t *which, int n, int V, int32_t *ids, int32_t *begin, int32_t *end) {
+    int64_t total = (int64_t)n * V;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = which[i / V];
+        ids[row * V + i % V] = (int32_t)(i % V);
+    }
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
+        begin[j] = which[j] * V;
+        end[j] = which[j] * V + V;
+    }
+}
+
+extern "C" int egk_sample_rows(const float *logits, int N, int V, const egk_sample_row *rows, const int32_t *which,
+                               int n, float *keys, int32_t *ids_in, int32_t *ids_out, int32_t *seg, void *temp,
+                               size_t temp_bytes, int32_t *out, void *stream) {
+    if (n <= 0) return 0;
+    if (n > N) return (int)cudaErrorInvalidValue;
+    cudaStream_t s = (cudaStream_t)stream;
+    int64_t items = (int64_t)n * V;
+    unsigned g = (unsigned)((items + 255) / 256 < 65536 ? (items + 255) / 256 : 65536);
+    rows_seg_kernel<<<g, 256, 0, s>>>(which, n, V, ids_in, seg, seg + n);
+    int rc = EGK_LAUNCH_RESULT();
+    if (rc) return rc;
+    size_t tb = temp_bytes;
+    cudaError_t e = cub::DeviceSegmentedRadixSort::SortPairsDescending(temp, tb, logits, keys, ids_in, ids_out,
+                                                                       (int)((int64_t)N * V), n, seg, seg + n, 0, 32, s);
+    if (e != cudaSuccess) return (int)e;
+    sample_kernel<<<n, SAMPLE_THREADS, 0, s>>>(keys, ids_out, V, rows, which, out);
     return EGK_LAUNCH_RESULT();
 }

@@ -265,7 +265,7 @@ else
             --context 2048 --prefill-tokens 4096 --prompt-len 2048 --chunk 2048 --decode-steps 6
     fi
     # sampled decode (generate's defaults: temperature 1, top-p 0.95): the top-M sampler,
-    # then the full vocabulary sort (the last line of each log counts the passes sorted)
+    # then the full vocabulary sort (the last line of each log counts the rows sorted)
     for how in topm sort; do
         if late; then record "bench-kimi-4l-sample-$how" SKIP "time budget" 0; continue; fi
         SUMMARY="" EG_CUDA_SAMPLE=$([ $how = sort ] && echo sort || echo auto) run "bench-kimi-4l-sample-$how" 90 \

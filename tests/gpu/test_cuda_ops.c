@@ -789,7 +789,7 @@ static void test_random_weights(void) {
 
 /* peak > 0: five tokens per row get +peak (a peaked distribution, like a trained
  * model's); cap_k > 0: top_k above it becomes cap_k; quant: logits rounded to halves
- * (many ties, also at the top-M threshold). Returns the passes the top-M path left to
+ * (many ties, also at the top-M threshold). Returns the rows the top-M path left to
  * the full sort. */
 static int64_t sample_case_ex(int N, int V, int rounds, float peak, int cap_k, int quant) {
     eg_config c = small_cfg();
@@ -829,9 +829,9 @@ static int64_t sample_case_ex(int N, int V, int rounds, float peak, int cap_k, i
         b2_free(&p, &l);
         free(lg);
     }
-    int64_t sorted = eg_cuda_sample_sorted_passes(p.gpu);
+    int64_t sorted = eg_cuda_sample_sorted_rows(p.gpu);
     const char *m = getenv("EG_CUDA_SAMPLE_M"), *how = getenv("EG_CUDA_SAMPLE");
-    printf("    sample N=%d V=%d x %d rounds%s%s%s (%s%s): %d of %d tokens/RNG states differ; %lld passes sorted in full\n",
+    printf("    sample N=%d V=%d x %d rounds%s%s%s (%s%s): %d of %d tokens/RNG states differ; %lld rows sorted in full\n",
            N, V, rounds, peak > 0 ? ", peaked" : "", cap_k > 0 ? ", top_k capped" : "", quant ? ", ties" : "",
            how ? how : "top-M, M=", how ? "" : m ? m : "2048", mismatches, draws, (long long)sorted);
     CHECKF(mismatches == 0, "sampling differs from the CPU in %d of %d draws", mismatches, draws);
