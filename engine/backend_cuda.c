@@ -433,6 +433,7 @@ static eg_status cu_graph_launch(eg_backend *b, void *graph, int *ran, eg_error 
 static void cu_graph_free(eg_backend *b, void *graph) {
     cu_graph *cg = graph;
     if (!cg) return;
+    cudaSetDevice(impl_of(b)->device); /* freed by whichever thread tears the forward down */
     cudaStreamSynchronize(impl_of(b)->stream); /* it may still be running */
     cudaGraphExecDestroy(cg->exec);
     free(cg);
