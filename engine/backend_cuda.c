@@ -188,7 +188,8 @@ typedef struct cuda_impl {
     int max_tokens;
     int split;            /* BF16 GEMM inputs as hi + lo pairs (default; EG_CUDA_GEMM=bf16: hi only) */
     int fuse;             /* hi + lo as one GEMM up to EG_CUDA_FUSE_T rows (EG_CUDA_FUSE=0: two) */
-    int moe_path;         /* EGK_MOE_AUTO (tensor cores where they apply) or, EG_CUDA_MOE=simt, SIMT */
+    int moe_path;         /* EGK_MOE_AUTO (tensor cores where they apply; INT4 through cp.async);
+                             EG_CUDA_MOE=reg: INT4 via the register prefetch; =simt: CUDA cores */
     int mla_simt;         /* EG_CUDA_MLA=simt: the CUDA-core attention kernel everywhere */
     void *scratch;
     scratch_layout L;
@@ -1141,7 +1142,7 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
     /* switches for before/after benchmarks of issue 7's levers; the defaults are the fast paths */
     const char *fz = getenv("EG_CUDA_FUSE"), *mp = getenv("EG_CUDA_MOE");
     im->fuse = !(fz && !strcmp(fz, "0"));
-    im->moe_path = mp && !strcmp(mp, "simt") ? EGK_MOE_SIMT : EGK_MOE_AUTO;
+    im->moe_path = mp && !strcmp(mp, "simt") ? EGK_MOE_SIMT : mp && !strcmp(mp, "reg") ? EGK_MOE_REG : EGK_MOE_AUTO;
     const char *ml = getenv("EG_CUDA_MLA");
     im->mla_simt = ml && !strcmp(ml, "simt");
     const char *sm = getenv("EG_CUDA_SAMPLE"), *smm = getenv("EG_CUDA_SAMPLE_M");

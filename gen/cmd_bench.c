@@ -64,7 +64,7 @@ static void usage(FILE *f) {
             "On CUDA a step shape seen twice is recorded as a CUDA graph and replayed (one launch\n"
             "per step); the default --warmup 2 keeps the recording out of the timed steps. The\n"
             "last line says how many shapes were recorded. Switches for before/after columns:\n"
-            "EG_CUDA_GRAPHS=0, EG_CUDA_MOE=simt, EG_CUDA_MLA=simt, EG_CUDA_FUSE=0, and for sampled\n"
+            "EG_CUDA_GRAPHS=0, EG_CUDA_MOE=reg|simt, EG_CUDA_MLA=simt, EG_CUDA_FUSE=0, and for sampled\n"
             "decode EG_CUDA_SAMPLE=sort (docs/CUDA.md).\n");
 }
 

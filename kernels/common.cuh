@@ -70,6 +70,37 @@ static __device__ __forceinline__ void egk_mma_bf16_16816(float d[4], const uint
 #endif
 }
 
+/* cp.async (sm_80+, Hopper and Blackwell alike): global -> shared without registers, in
+ * groups; egk_cp_async_wait<N>() waits until at most N of this thread's most recent
+ * groups are in flight. dst/src 16-byte (egk_cp_async16) or 4-byte aligned. The CPU
+ * emulator copies at once (a valid order of the same program). */
+static __device__ __forceinline__ void egk_cp_async16(void *dst, const void *src) {
+#ifdef EMU_CUDA_RUNTIME_H
+    memcpy(dst, src, 16);
+#else
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+#endif
+}
+static __device__ __forceinline__ void egk_cp_async4(void *dst, const void *src) {
+#ifdef EMU_CUDA_RUNTIME_H
+    memcpy(dst, src, 4);
+#else
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+#endif
+}
+static __device__ __forceinline__ void egk_cp_async_commit() {
+#ifndef EMU_CUDA_RUNTIME_H
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> static __device__ __forceinline__ void egk_cp_async_wait() {
+#ifndef EMU_CUDA_RUNTIME_H
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 /* A 1-D vector element (norm weights, biases): F32, BF16 or F16. */
 static __device__ __forceinline__ float egk_vload(int fmt, const void *data, int64_t i) {
     if (fmt == EGK_F32) return ((const float *)data)[i];

@@ -108,7 +108,10 @@ typedef struct egk_moe_ws {
  * activations as BF16 hi + lo pairs, so products stay near FP32) for INT4 experts with
  * group 32 and BF16 experts, when H and F are multiples of 64; EGK_MOE_SIMT forces the
  * FP32 CUDA-core tiles (every format). */
-enum { EGK_MOE_AUTO = 0, EGK_MOE_SIMT = 1 };
+/* EGK_MOE_REG: the tensor-core path with INT4 weights prefetched one k-step ahead in
+ * registers and expanded to a BF16 tile in shared memory (AUTO streams INT4 weights
+ * through a 4-stage cp.async pipeline instead; before/after measurements). */
+enum { EGK_MOE_AUTO = 0, EGK_MOE_SIMT = 1, EGK_MOE_REG = 2 };
 int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, const float *weights, int K, int e0, int e1,
             const egk_expert_ptrs *tab, int fmt, int group, const egk_moe_ws *ws, int path, float *y, void *stream);
 

@@ -376,6 +376,126 @@ static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_
     }
 }
 
+/* INT4 (group 32) weights through a cp.async pipeline: MOE_STAGES k-steps of raw INT4
+ * words and their group scales are in flight to shared memory at once (the register
+ * prefetch above keeps one step, ~4 KB per block, in flight: too little to cover HBM
+ * latency when one block fits per SM), and the nibbles are turned into the mma's BF16
+ * B fragments in registers, so the weights never pass through a BF16 tile in shared
+ * memory. Same products, same order, same FP32 group scaling as mma_tile. */
+#define MOE_STAGES 4
+#define WQ_LD 12 /* words per weight row in shared memory: 8 used; 48 bytes keeps 16-byte
+                    alignment and puts the 8 rows a fragment load touches on distinct banks */
+
+template <int NW>
+static __device__ __forceinline__ void i4_issue(const void *const *wdata, const void *const *wscale, int64_t K,
+                                                int64_t wrows, int group, int64_t n0, int64_t k0,
+                                                uint32_t (*Wq)[BN][WQ_LD], uint32_t (*Sq)[BN]) {
+    int tid = threadIdx.x;
+    for (int i = tid; i < NW * BN * 2; i += NTHREADS) { /* two 16-byte halves of a row's 32 bytes */
+        int w = i / (BN * 2), r = (i >> 1) % BN, half = i & 1;
+        int64_t n = n0 + r;
+        uint32_t *dst = &Wq[w][r][half * 4];
+        if (n < wrows) egk_cp_async16(dst, (const uint32_t *)wdata[w] + n * (K >> 3) + (k0 >> 3) + half * 4);
+        else dst[0] = dst[1] = dst[2] = dst[3] = 0x88888888u; /* nibble 8: value 0 */
+    }
+    for (int i = tid; i < NW * BN; i += NTHREADS) { /* the two group scales of the step, 4 bytes */
+        int w = i / BN, r = i % BN;
+        int64_t n = n0 + r;
+        if (n < wrows) egk_cp_async4(&Sq[w][r], (const uint16_t *)wscale[w] + n * (K / group) + k0 / group);
+        else Sq[w][r] = 0u;
+    }
+}
+
+/* BF16 bits of a nibble's value (-8..7: exact in BF16). */
+static __device__ __forceinline__ uint32_t i4_bf16(uint32_t nib) {
+    return __float_as_uint((float)((int)nib - 8)) >> 16;
+}
+
+template <int NW>
+static __device__ __forceinline__ void mma_tile_i4(const float *const *xrow, int64_t K, int64_t kb, int64_t ke,
+                                                   const void *const *wdata, const void *const *wscale, int64_t wrows,
+                                                   int group, int64_t n0, uint16_t (*Xh)[MKP], uint16_t (*Xl)[MKP],
+                                                   uint32_t (*Wq)[NW][BN][WQ_LD], uint32_t (*Sq)[NW][BN],
+                                                   float acc[NW][2][4]) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int g = lane >> 2, t4 = lane & 3, mr = (warp & 1) * 16, nc = (warp >> 1) * 16;
+    int nk = (int)((ke - kb) / MK);
+#pragma unroll
+    for (int s = 0; s < MOE_STAGES - 1; s++) {
+        if (s < nk) i4_issue<NW>(wdata, wscale, K, wrows, group, n0, kb + (int64_t)s * MK, Wq[s], Sq[s]);
+        egk_cp_async_commit(); /* (empty groups keep the count uniform) */
+    }
+    float xr[XN];
+    if (nk > 0)
+#pragma unroll
+        for (int j = 0; j < XN; j++) {
+            int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
+            xr[j] = xrow[r] ? xrow[r][kb + c] : 0.0f;
+        }
+    for (int step = 0; step < nk; step++) {
+        int64_t k0 = kb + (int64_t)step * MK;
+        int st = step % MOE_STAGES;
+#pragma unroll
+        for (int j = 0; j < XN; j++) {
+            int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
+            uint16_t h = egk_f32_to_bf16(xr[j]);
+            Xh[r][c] = h;
+            Xl[r][c] = egk_f32_to_bf16(xr[j] - egk_bf16_to_f32(h));
+        }
+        egk_cp_async_wait<MOE_STAGES - 2>(); /* this step's group has landed (this thread's part) */
+        __syncthreads();                     /* ... and everyone's; X stored */
+        /* refill the stage read one step ago (its readers passed the trailing barrier) */
+        if (step + MOE_STAGES - 1 < nk)
+            i4_issue<NW>(wdata, wscale, K, wrows, group, n0, k0 + (int64_t)(MOE_STAGES - 1) * MK,
+                         Wq[(step + MOE_STAGES - 1) % MOE_STAGES], Sq[(step + MOE_STAGES - 1) % MOE_STAGES]);
+        egk_cp_async_commit();
+        if (step + 1 < nk)
+#pragma unroll
+            for (int j = 0; j < XN; j++) {
+                int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
+                xr[j] = xrow[r] ? xrow[r][k0 + MK + c] : 0.0f;
+            }
+#pragma unroll
+        for (int w = 0; w < NW; w++)
+#pragma unroll
+            for (int grp = 0; grp < MK / 32; grp++) {
+                float part[2][4] = {};
+#pragma unroll
+                for (int kk = grp * 32; kk < grp * 32 + 32; kk += 16) {
+                    uint32_t ah[4], al[4];
+                    ah[0] = pack2(Xh[mr + g][kk + 2 * t4], Xh[mr + g][kk + 2 * t4 + 1]);
+                    ah[1] = pack2(Xh[mr + g + 8][kk + 2 * t4], Xh[mr + g + 8][kk + 2 * t4 + 1]);
+                    ah[2] = pack2(Xh[mr + g][kk + 2 * t4 + 8], Xh[mr + g][kk + 2 * t4 + 9]);
+                    ah[3] = pack2(Xh[mr + g + 8][kk + 2 * t4 + 8], Xh[mr + g + 8][kk + 2 * t4 + 9]);
+                    al[0] = pack2(Xl[mr + g][kk + 2 * t4], Xl[mr + g][kk + 2 * t4 + 1]);
+                    al[1] = pack2(Xl[mr + g + 8][kk + 2 * t4], Xl[mr + g + 8][kk + 2 * t4 + 1]);
+                    al[2] = pack2(Xl[mr + g][kk + 2 * t4 + 8], Xl[mr + g][kk + 2 * t4 + 9]);
+                    al[3] = pack2(Xl[mr + g + 8][kk + 2 * t4 + 8], Xl[mr + g + 8][kk + 2 * t4 + 9]);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        /* columns kk + 2t4 (+1) and kk + 2t4 + 8 (+9) of row nc + 8j + g: nibbles
+                         * 2t4, 2t4+1 of words kk/8 and kk/8 + 1 */
+                        const uint32_t *wrow = Wq[st][w][nc + 8 * j + g];
+                        uint32_t v0 = wrow[kk >> 3] >> (8 * t4), v1 = wrow[(kk >> 3) + 1] >> (8 * t4);
+                        uint32_t b[2] = {i4_bf16(v0 & 15u) | (i4_bf16((v0 >> 4) & 15u) << 16),
+                                         i4_bf16(v1 & 15u) | (i4_bf16((v1 >> 4) & 15u) << 16)};
+                        egk_mma_bf16_16816(part[j], ah, b);
+                        egk_mma_bf16_16816(part[j], al, b);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        uint32_t sp = Sq[st][w][nc + 8 * j + 2 * t4 + (e & 1)];
+                        acc[w][j][e] += part[j][e] * egk_bf16_to_f32((uint16_t)(grp ? sp >> 16 : sp & 0xffffu));
+                    }
+            }
+        __syncthreads();
+    }
+    egk_cp_async_wait<0>();
+}
+
 /* Row and output column of accumulator element (j, e) of this thread. */
 static __device__ __forceinline__ int mma_row(int e) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -386,14 +506,12 @@ static __device__ __forceinline__ int mma_col(int j, int e) {
     return (warp >> 1) * 16 + 8 * j + 2 * (lane & 3) + (e & 1);
 }
 
-template <int FMT>
+template <int FMT, bool ASYNC>
 static __global__ void __launch_bounds__(NTHREADS)
     moe_gate_up_mma_kernel(const float *x, int H, int F, int K, const egk_expert_ptrs *tab, int group,
                            const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
                            float *h, float *part, int R) {
     __shared__ uint16_t Xh[BM][MKP], Xl[BM][MKP];
-    __shared__ uint16_t Wt[2][BN][MKP];
-    __shared__ float Sc[2][BN][2];
     __shared__ const float *xrow[BM];
     int e, r0, r1;
     if (!moe_tile(tiles, ntiles, offsets, x, H, row_tk, K, xrow, &e, &r0, &r1)) return;
@@ -402,7 +520,15 @@ static __global__ void __launch_bounds__(NTHREADS)
     const void *wd[2] = {p.gate, p.up}, *ws[2] = {p.gate_s, p.up_s};
     float acc[2][2][4] = {};
     int64_t per = ((H / MK + gridDim.z - 1) / gridDim.z) * MK, kb = blockIdx.z * per, ke = min((int64_t)H, kb + per);
-    mma_tile<FMT, 2>(xrow, H, kb, ke, wd, ws, F, group, n0, Xh, Xl, Wt, Sc, acc);
+    if constexpr (ASYNC) {
+        __shared__ __align__(16) uint32_t Wq[MOE_STAGES][2][BN][WQ_LD];
+        __shared__ uint32_t Sq[MOE_STAGES][2][BN];
+        mma_tile_i4<2>(xrow, H, kb, ke, wd, ws, F, group, n0, Xh, Xl, Wq, Sq, acc);
+    } else {
+        __shared__ uint16_t Wt[2][BN][MKP];
+        __shared__ float Sc[2][BN][2];
+        mma_tile<FMT, 2>(xrow, H, kb, ke, wd, ws, F, group, n0, Xh, Xl, Wt, Sc, acc);
+    }
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -446,14 +572,12 @@ static __global__ void moe_down_finish(const float *part, int nsplit, int R, int
     o[(int64_t)r * H + n] = v * weights[row_tk[r]];
 }
 
-template <int FMT>
+template <int FMT, bool ASYNC>
 static __global__ void __launch_bounds__(NTHREADS)
     moe_down_mma_kernel(const float *h, int H, int F, const float *weights, const egk_expert_ptrs *tab, int group,
                         const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
                         float *o, float *part, int R) {
     __shared__ uint16_t Xh[BM][MKP], Xl[BM][MKP];
-    __shared__ uint16_t Wt[1][BN][MKP];
-    __shared__ float Sc[1][BN][2];
     __shared__ const float *xrow[BM];
     int e, r0, r1;
     if (!moe_tile(tiles, ntiles, offsets, h, F, NULL, 1, xrow, &e, &r0, &r1)) return;
@@ -462,7 +586,15 @@ static __global__ void __launch_bounds__(NTHREADS)
     const void *wd[1] = {p.down}, *ws[1] = {p.down_s};
     float acc[1][2][4] = {};
     int64_t per = ((F / MK + gridDim.z - 1) / gridDim.z) * MK, kb = blockIdx.z * per, ke = min((int64_t)F, kb + per);
-    mma_tile<FMT, 1>(xrow, F, kb, ke, wd, ws, H, group, n0, Xh, Xl, Wt, Sc, acc);
+    if constexpr (ASYNC) {
+        __shared__ __align__(16) uint32_t Wq[MOE_STAGES][1][BN][WQ_LD];
+        __shared__ uint32_t Sq[MOE_STAGES][1][BN];
+        mma_tile_i4<1>(xrow, F, kb, ke, wd, ws, H, group, n0, Xh, Xl, Wq, Sq, acc);
+    } else {
+        __shared__ uint16_t Wt[1][BN][MKP];
+        __shared__ float Sc[1][BN][2];
+        mma_tile<FMT, 1>(xrow, F, kb, ke, wd, ws, H, group, n0, Xh, Xl, Wt, Sc, acc);
+    }
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -483,17 +615,17 @@ static int moe_ksplit(const egk_moe_ws *ws, int TK, int K) {
     return n < 2 ? 1 : (n > EGK_MOE_KSPLIT ? EGK_MOE_KSPLIT : n);
 }
 
-template <int FMT>
+template <int FMT, bool ASYNC>
 static void moe_gemms_mma(const float *x, int H, int F, int K, int TK, int nl, const float *weights,
                           const egk_expert_ptrs *tab, int group, const egk_moe_ws *ws, int max_tiles, cudaStream_t s) {
     int k1 = moe_ksplit(ws, TK, H), k2 = moe_ksplit(ws, TK, F), R = ws->part_rows;
     const int32_t *nrows = ws->offsets + nl; /* rows of the call (local experts), on the device */
     dim3 g1((unsigned)max_tiles, egk_blocks(F, BN), (unsigned)k1), g2((unsigned)max_tiles, egk_blocks(H, BN), (unsigned)k2);
-    moe_gate_up_mma_kernel<FMT><<<g1, NTHREADS, 0, s>>>(x, H, F, K, tab, group, ws->tiles, ws->ntiles, ws->offsets,
+    moe_gate_up_mma_kernel<FMT, ASYNC><<<g1, NTHREADS, 0, s>>>(x, H, F, K, tab, group, ws->tiles, ws->ntiles, ws->offsets,
                                                        ws->row_tk, ws->h, k1 > 1 ? ws->part : NULL, R);
     if (k1 > 1)
         moe_gate_up_finish<<<dim3(egk_blocks(F, 256), (unsigned)TK), 256, 0, s>>>(ws->part, k1, R, F, nrows, ws->h);
-    moe_down_mma_kernel<FMT><<<g2, NTHREADS, 0, s>>>(ws->h, H, F, weights, tab, group, ws->tiles, ws->ntiles,
+    moe_down_mma_kernel<FMT, ASYNC><<<g2, NTHREADS, 0, s>>>(ws->h, H, F, weights, tab, group, ws->tiles, ws->ntiles,
                                                     ws->offsets, ws->row_tk, ws->o, k2 > 1 ? ws->part : NULL, R);
     if (k2 > 1)
         moe_down_finish<<<dim3(egk_blocks(H, 256), (unsigned)TK), 256, 0, s>>>(ws->part, k2, R, H, weights, ws->row_tk,
@@ -524,10 +656,13 @@ extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, 
                                             ws->ntiles);
     int rc = EGK_LAUNCH_RESULT();
     if (rc) return rc;
-    int mma = path == EGK_MOE_AUTO && H % MK == 0 && F % MK == 0 &&
+    int mma = (path == EGK_MOE_AUTO || path == EGK_MOE_REG) && H % MK == 0 && F % MK == 0 &&
               (fmt == EGK_BF16 || (fmt == EGK_INT4 && group == 32));
-    if (mma && fmt == EGK_INT4) moe_gemms_mma<EGK_INT4>(x, H, F, K, TK, nl, weights, tab, group, ws, max_tiles, s);
-    else if (mma) moe_gemms_mma<EGK_BF16>(x, H, F, K, TK, nl, weights, tab, group, ws, max_tiles, s);
+    if (mma && fmt == EGK_INT4 && path == EGK_MOE_AUTO)
+        moe_gemms_mma<EGK_INT4, true>(x, H, F, K, TK, nl, weights, tab, group, ws, max_tiles, s);
+    else if (mma && fmt == EGK_INT4)
+        moe_gemms_mma<EGK_INT4, false>(x, H, F, K, TK, nl, weights, tab, group, ws, max_tiles, s);
+    else if (mma) moe_gemms_mma<EGK_BF16, false>(x, H, F, K, TK, nl, weights, tab, group, ws, max_tiles, s);
     else switch (fmt) {
     case EGK_F32: moe_gemms<EGK_F32>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;
     case EGK_BF16: moe_gemms<EGK_BF16>(x, H, F, K, weights, tab, group, ws, max_tiles, s); break;

@@ -206,15 +206,27 @@ static __global__ void __launch_bounds__(TC_WARPS * 32) mla_attn_tc_kernel(egk_m
     const int32_t *bt = a.block_table + (int64_t)sl * a.max_blocks;
     for (int r0 = s0; r0 < s1; r0 += TC_ROWS) {
         __syncthreads(); /* the previous tile's Kt, S and P are no longer read */
-        for (int i = tid; i < TC_ROWS * (Wp / 2); i += blockDim.x) {
-            int r = i / (Wp / 2), q = i % (Wp / 2), s = r0 + r;
-            uint32_t two = 0;
-            if (s < s1 && 2 * q < W) {
-                int blk = bt[s / a.block_size];
-                two = ((const uint32_t *)(a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W))[q];
+        if ((W & 7) == 0) { /* 16-byte loads and stores (Kimi: 72 per row) */
+            for (int i = tid; i < TC_ROWS * (Wp / 8); i += blockDim.x) {
+                int r = i / (Wp / 8), q = i % (Wp / 8), s = r0 + r;
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (s < s1 && 8 * q < W) {
+                    int blk = bt[s / a.block_size];
+                    v = ((const uint4 *)(a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W))[q];
+                }
+                *(uint4 *)(Kt + r * ldq + 8 * q) = v;
             }
-            Kt[r * ldq + 2 * q] = (uint16_t)(two & 0xffffu);
-            Kt[r * ldq + 2 * q + 1] = (uint16_t)(two >> 16);
+        } else {
+            for (int i = tid; i < TC_ROWS * (Wp / 2); i += blockDim.x) {
+                int r = i / (Wp / 2), q = i % (Wp / 2), s = r0 + r;
+                uint32_t two = 0;
+                if (s < s1 && 2 * q < W) {
+                    int blk = bt[s / a.block_size];
+                    two = ((const uint32_t *)(a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W))[q];
+                }
+                Kt[r * ldq + 2 * q] = (uint16_t)(two & 0xffffu);
+                Kt[r * ldq + 2 * q + 1] = (uint16_t)(two >> 16);
+            }
         }
         __syncthreads();
         /* scores: warp w, cache rows 8w + g (B) for heads g, g + 8 (A) */

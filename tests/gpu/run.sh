@@ -14,7 +14,8 @@
 #   5. bench: eaglegen bench --backend cuda, weights drawn on the GPU: tiny, moonlight-16b
 #             4 layers BF16 experts, kimi-k2.5 4 layers INT4 (issue 7's table), decode at
 #             batch 1/16/64/256 x context 2K/8K and prefill, with roofline shares; Kimi
-#             again with CUDA graphs off, and with every lever off (before/after)
+#             again with CUDA graphs off, with the register-prefetch MoE, with every
+#             lever off (before/after), and sampled decode both ways
 # Every step is guarded: a missing piece (binary, fixture, command) is SKIP with the
 # reason, a failure is FAIL; the script always reaches the final table. Logs go to
 # $OUT/gpu-logs when $OUT is set (the device runner brings $OUT back), else
@@ -255,6 +256,14 @@ else
         SUMMARY="" EG_CUDA_GRAPHS=0 run bench-kimi-4l-nographs 100 bench-kimi-nographs.log "$E" bench --backend cuda \
             --preset kimi-k2.5 --layers 4 --experts int4 --batch 1,16,64 --context 2048 --prefill-tokens 0 \
             --decode-steps 8
+    fi
+    # INT4 experts through the one-step register prefetch instead of the cp.async pipeline
+    # (the large-batch lever)
+    if late; then record bench-kimi-4l-moe-reg SKIP "time budget" 0
+    else
+        SUMMARY="" EG_CUDA_MOE=reg run bench-kimi-4l-moe-reg 100 bench-kimi-moe-reg.log "$E" bench --backend cuda \
+            --preset kimi-k2.5 --layers 4 --experts int4 --batch 64,256 --context 2048 --prefill-tokens 0 \
+            --decode-steps 8 --no-roofline
     fi
     # the same without issue 7's switchable levers (SIMT MoE tiles, two GEMMs for hi + lo,
     # no graphs): the "before" column of the closing note's table

@@ -657,7 +657,8 @@ static void test_router(void) {
 
 /* ---- MoE ---------------------------------------------------------------------------------------- */
 
-static void moe_case(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0, int e1, double bound) {
+/* out (optional): the GPU result, fetched (caller frees). */
+static void moe_case_out(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0, int e1, double bound, float **out) {
     eg_config c = kimi_cfg();
     c.n_experts = E; c.topk = K; c.hidden = H; c.moe_inter = F; c.inter = F;
     pair p;
@@ -705,6 +706,7 @@ static void moe_case(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0, int
     snprintf(what, sizeof what, "moe %s E=%d top-%d H=%d F=%d T=%d experts [%d,%d)", fmt_name(fmt), E, K, H, F, T, e0,
              e1);
     cmp_f32(&p, &y, what, bound);
+    if (out) *out = fetch(&p, &y);
     printf("      (make+upload %.1fs, cpu %.1fs)\n", t1 - t0, t2 - t1);
     free(ids);
     free(wts);
@@ -717,6 +719,29 @@ static void moe_case(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0, int
     free(xc);
     free(xg);
     pair_free(&p);
+}
+
+static void moe_case(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0, int e1, double bound) {
+    moe_case_out(fmt, E, K, H, F, T, e0, e1, bound, NULL);
+}
+
+/* INT4 through the cp.async pipeline (default) and through the register prefetch
+ * (EG_CUDA_MOE=reg): the same products in the same order, so the same bits; a
+ * multi-tile call and a split-K decode call. */
+static void moe_int4_paths(int E, int K, int H, int F, int T, uint64_t salt) {
+    float *a = NULL, *b = NULL;
+    seed(salt);
+    moe_case_out(EG_W_INT4, E, K, H, F, T, 0, E, 1e-4, &a);
+    setenv("EG_CUDA_MOE", "reg", 1);
+    seed(salt);
+    moe_case_out(EG_W_INT4, E, K, H, F, T, 0, E, 1e-4, &b);
+    unsetenv("EG_CUDA_MOE");
+    int same = a && b && !memcmp(a, b, sizeof(float) * (size_t)T * (size_t)H);
+    printf("    moe INT4 H=%d F=%d T=%d: cp.async pipeline vs register prefetch: %s\n", H, F, T,
+           same ? "bit-identical" : "DIFFERENT");
+    CHECK(same);
+    free(a);
+    free(b);
 }
 
 static void test_moe_small(void) {
@@ -738,6 +763,8 @@ static void test_moe_small(void) {
      * H = F = 1024 (with an expert range, so fewer rows than T*K), 4 splits of H = 2048 */
     moe_case(EG_W_INT4, 16, 4, 1024, 1024, 3, 3, 12, 1e-4);
     moe_case(EG_W_BF16, 8, 2, 2048, 512, 1, 0, 8, 1e-4);
+    moe_int4_paths(8, 2, 512, 192, 70, 31); /* several tiles per expert, 8 k-steps > the 4 stages */
+    moe_int4_paths(16, 4, 1024, 512, 2, 32); /* split K */
 }
 
 static void test_moe_kimi(void) {

@@ -18,6 +18,10 @@
 #include <tuple>
 #include <vector>
 
+struct uint4 {
+    unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
@@ -38,6 +42,7 @@ inline unsigned char *emu_dyn_smem;
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static
 
 static inline void __syncthreads() { emu_bar->arrive_and_wait(); }
