@@ -57,7 +57,8 @@ struct eg_forward {
     float rope_attn_factor, softmax_scale;
     /* recorded replay */
     int graph_T;            /* steps of T <= graph_T are recorded; 0 = never */
-    float *cap_d;           /* [n_capture][graph_T][H]: captured rows, copied out after the step */
+    float *cap_d;           /* [captures in this range][graph_T][H]: captured rows, copied out after the step */
+    int *cap_slot;          /* [n_capture] entry -> its rows in cap_d, -1 = another stage's layer */
     graph_entry graphs[EG_GRAPH_SLOTS];
     uint64_t tick;
     eg_forward_graph_stats gstats;
@@ -156,6 +157,7 @@ void eg_forward_free(eg_forward *f) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->ops->release(f->be, bufs[i]);
     free(f->capture);
+    free(f->cap_slot);
     free(f);
 }
 
@@ -231,8 +233,16 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
     if (f->ops->graph_begin && f->ops->graph_end && f->ops->graph_launch && f->ops->graph_free && f->ops->copy &&
         !o->no_graphs) {
         f->graph_T = (int)T < EG_GRAPH_MAX_TOKENS ? (int)T : EG_GRAPH_MAX_TOKENS;
-        if (o->n_capture > 0 &&
-            (st = alloc(f, (void **)&f->cap_d, 4 * (size_t)o->n_capture * (size_t)f->graph_T * H, err)))
+        int n_here = 0;
+        if (o->n_capture > 0) {
+            f->cap_slot = eg_malloc(sizeof(int) * (size_t)o->n_capture, err);
+            if (!f->cap_slot) { st = EG_ERR_NOMEM; goto fail; }
+            for (int i = 0; i < o->n_capture; i++) {
+                int l = o->capture[i];
+                f->cap_slot[i] = (l == -1 ? f->l0 == 0 : l >= f->l0 && l < f->l1) ? n_here++ : -1;
+            }
+        }
+        if (n_here > 0 && (st = alloc(f, (void **)&f->cap_d, 4 * (size_t)n_here * (size_t)f->graph_T * H, err)))
             goto fail;
     }
     f->rope_attn_factor = (float)eg_config_rope_attn_factor(c);
@@ -276,12 +286,6 @@ int eg_forward_is_first(const eg_forward *f) { return f->l0 == 0; }
 int eg_forward_is_last(const eg_forward *f) { return f->l1 == f->m->cfg.n_layers; }
 int64_t eg_forward_weight_bytes(const eg_forward *f) { return f->weight_bytes; }
 
-/* Does capture entry i belong to this forward's layers? */
-static int capture_here(const eg_forward *f, int i) {
-    int l = f->o.capture[i];
-    return l == -1 ? f->l0 == 0 : l >= f->l0 && l < f->l1;
-}
-
 /* Rows after `layer`: straight to the host, or (staged, when the step may be recorded)
  * into cap_d, copied out by copy_out_captures after the step's ops. */
 static eg_status capture_rows(eg_forward *f, const eg_step *s, int staged, int layer, const float *x, eg_error *err) {
@@ -289,7 +293,8 @@ static eg_status capture_rows(eg_forward *f, const eg_step *s, int staged, int l
     size_t H = (size_t)f->m->cfg.hidden, T = (size_t)s->T;
     for (int i = 0; i < f->o.n_capture; i++)
         if (f->o.capture[i] == layer) {
-            eg_status st = staged ? f->ops->copy(f->be, f->cap_d + (size_t)i * T * H, x, sizeof(float) * T * H, err)
+            eg_status st = staged ? f->ops->copy(f->be, f->cap_d + (size_t)f->cap_slot[i] * T * H, x,
+                                                 sizeof(float) * T * H, err)
                                   : f->ops->to_host(f->be, s->capture + (size_t)i * T * H, x, sizeof(float) * T * H, err);
             if (st) return st;
         }
@@ -300,8 +305,8 @@ static eg_status copy_out_captures(eg_forward *f, const eg_step *s, eg_error *er
     if (!s->capture) return EG_OK;
     size_t H = (size_t)f->m->cfg.hidden, T = (size_t)s->T;
     for (int i = 0; i < f->o.n_capture; i++)
-        if (capture_here(f, i)) {
-            eg_status st = f->ops->to_host(f->be, s->capture + (size_t)i * T * H, f->cap_d + (size_t)i * T * H,
+        if (f->cap_slot[i] >= 0) {
+            eg_status st = f->ops->to_host(f->be, s->capture + (size_t)i * T * H, f->cap_d + (size_t)f->cap_slot[i] * T * H,
                                            sizeof(float) * T * H, err);
             if (st) return st;
         }
