@@ -236,19 +236,28 @@ elif ! have_cmd bench --context; then
 else
     SUMMARY="" run bench-tiny 60 bench-tiny.log "$E" bench --backend cuda --preset tiny --batch 1,16,64 \
         --context 128 --prefill-tokens 4096 --prompt-len 512
-    # (b) moonlight-16b with BF16 experts, 4 layers
-    if late; then record bench-moonlight SKIP "time budget" 0
-    else
-        SUMMARY="" run bench-moonlight 150 bench-moon.log "$E" bench --backend cuda --preset moonlight-16b \
-            --layers 4 --experts bf16 --batch 1,16,64,256 --context 2048,8192 --prefill-tokens 8192 \
-            --prompt-len 2048 --chunk 2048 --decode-steps 8
-    fi
     # (a) Kimi-K2.5's real layer shapes: 4 layers (layer 0 dense), INT4 experts, ~41 GB on the GPU
     if late; then record bench-kimi-4l SKIP "time budget" 0
     else
         SUMMARY="" run bench-kimi-4l 200 bench-kimi.log "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 \
             --experts int4 --batch 1,16,64,256 --context 2048,8192 --prefill-tokens 8192 --prompt-len 2048 \
             --chunk 2048 --decode-steps 8
+    fi
+    # the same without issue 7's switchable levers (SIMT MoE tiles, two GEMMs for hi + lo,
+    # no graphs): the "before" column of the closing note's table
+    if late; then record bench-kimi-4l-before SKIP "time budget" 0
+    else
+        SUMMARY="" EG_CUDA_MOE=simt EG_CUDA_MLA=simt EG_CUDA_FUSE=0 EG_CUDA_GRAPHS=0 run bench-kimi-4l-before 150 bench-kimi-before.log \
+            "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 --experts int4 --batch 1,64,256 \
+            --context 2048 --prefill-tokens 4096 --prompt-len 2048 --chunk 2048 --decode-steps 6
+    fi
+    # (b) moonlight-16b with BF16 experts, 4 layers (after Kimi and its "before" run: the
+    # time budget skips from the end)
+    if late; then record bench-moonlight SKIP "time budget" 0
+    else
+        SUMMARY="" run bench-moonlight 150 bench-moon.log "$E" bench --backend cuda --preset moonlight-16b \
+            --layers 4 --experts bf16 --batch 1,16,64,256 --context 2048,8192 --prefill-tokens 8192 \
+            --prompt-len 2048 --chunk 2048 --decode-steps 8
     fi
     # recorded replay alone off (CUDA graphs: launch overhead, the batch-1 lever)
     if late; then record bench-kimi-4l-nographs SKIP "time budget" 0
@@ -264,14 +273,6 @@ else
         SUMMARY="" EG_CUDA_MOE=reg run bench-kimi-4l-moe-reg 100 bench-kimi-moe-reg.log "$E" bench --backend cuda \
             --preset kimi-k2.5 --layers 4 --experts int4 --batch 64,256 --context 2048 --prefill-tokens 0 \
             --decode-steps 8 --no-roofline
-    fi
-    # the same without issue 7's switchable levers (SIMT MoE tiles, two GEMMs for hi + lo,
-    # no graphs): the "before" column of the closing note's table
-    if late; then record bench-kimi-4l-before SKIP "time budget" 0
-    else
-        SUMMARY="" EG_CUDA_MOE=simt EG_CUDA_MLA=simt EG_CUDA_FUSE=0 EG_CUDA_GRAPHS=0 run bench-kimi-4l-before 150 bench-kimi-before.log \
-            "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 --experts int4 --batch 1,64,256 \
-            --context 2048 --prefill-tokens 4096 --prompt-len 2048 --chunk 2048 --decode-steps 6
     fi
     # sampled decode (generate's defaults: temperature 1, top-p 0.95): the top-M sampler,
     # then the full vocabulary sort (the last line of each log counts the rows sorted)
