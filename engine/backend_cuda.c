@@ -918,7 +918,7 @@ static eg_status cu_sample(eg_backend *b, const float *logits, int N, int V, con
         /* first the top-M path (no vocabulary sort); the rows it cannot settle exactly
          * come back as -1 and only they are sorted (EG_CUDA_SAMPLE=sort: every row) */
         const float *lg = logits + (int64_t)i0 * V;
-        if (im->sample_m > 0)
+        if (im->sample_m > 0 && any) /* all greedy: egk_sample runs just the argmax */
             KR("egk_sample_topm", egk_sample_topm(lg, n, V, im->L.s_rows, im->sample_m, im->L.s_out, im->stream));
         else
             KR("egk_sample", egk_sample(lg, n, V, im->L.s_rows, any, im->L.s_keys, im->L.s_ids_in, im->L.s_ids_out,

@@ -255,6 +255,38 @@ static __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { ret
  * tensor cores work on this one. */
 #define XN (BM * MK / NTHREADS)
 
+/* The tile's activations for columns [k0, k0 + MK): XN per thread into registers, then
+ * into shared memory as BF16 hi + lo. */
+static __device__ __forceinline__ void x_load(const float *const *xrow, int64_t k0, float *xr) {
+#pragma unroll
+    for (int j = 0; j < XN; j++) {
+        int i = threadIdx.x + j * NTHREADS, r = i / MK, c = i % MK;
+        xr[j] = xrow[r] ? xrow[r][k0 + c] : 0.0f;
+    }
+}
+static __device__ __forceinline__ void x_store(const float *xr, uint16_t (*Xh)[MKP], uint16_t (*Xl)[MKP]) {
+#pragma unroll
+    for (int j = 0; j < XN; j++) {
+        int i = threadIdx.x + j * NTHREADS, r = i / MK, c = i % MK;
+        uint16_t h = egk_f32_to_bf16(xr[j]);
+        Xh[r][c] = h;
+        Xl[r][c] = egk_f32_to_bf16(xr[j] - egk_bf16_to_f32(h));
+    }
+}
+/* The mma A fragments (hi and lo) of rows mr.., columns kk.. (layout in common.cuh). */
+static __device__ __forceinline__ void a_frags(const uint16_t (*Xh)[MKP], const uint16_t (*Xl)[MKP], int mr, int kk,
+                                               uint32_t ah[4], uint32_t al[4]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    ah[0] = pack2(Xh[mr + g][kk + 2 * t4], Xh[mr + g][kk + 2 * t4 + 1]);
+    ah[1] = pack2(Xh[mr + g + 8][kk + 2 * t4], Xh[mr + g + 8][kk + 2 * t4 + 1]);
+    ah[2] = pack2(Xh[mr + g][kk + 2 * t4 + 8], Xh[mr + g][kk + 2 * t4 + 9]);
+    ah[3] = pack2(Xh[mr + g + 8][kk + 2 * t4 + 8], Xh[mr + g + 8][kk + 2 * t4 + 9]);
+    al[0] = pack2(Xl[mr + g][kk + 2 * t4], Xl[mr + g][kk + 2 * t4 + 1]);
+    al[1] = pack2(Xl[mr + g + 8][kk + 2 * t4], Xl[mr + g + 8][kk + 2 * t4 + 1]);
+    al[2] = pack2(Xl[mr + g][kk + 2 * t4 + 8], Xl[mr + g][kk + 2 * t4 + 9]);
+    al[3] = pack2(Xl[mr + g + 8][kk + 2 * t4 + 8], Xl[mr + g + 8][kk + 2 * t4 + 9]);
+}
+
 template <int FMT>
 struct mma_wn {
     static const int n = FMT == EGK_INT4 ? BN * (MK / 8) / NTHREADS : BN * (MK / 2) / NTHREADS;
@@ -265,12 +297,7 @@ static __device__ __forceinline__ void mma_load(const float *const *xrow, int64_
                                                 const void *wscale, int64_t wrows, int group, int64_t n0, int64_t k0,
                                                 float *xr, uint32_t *wr, float *sr, int with_x) {
     int tid = threadIdx.x;
-    if (with_x)
-#pragma unroll
-        for (int j = 0; j < XN; j++) {
-            int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
-            xr[j] = xrow[r] ? xrow[r][k0 + c] : 0.0f;
-        }
+    if (with_x) x_load(xrow, k0, xr);
 #pragma unroll
     for (int j = 0; j < mma_wn<FMT>::n; j++) {
         int i = tid + j * NTHREADS;
@@ -294,14 +321,7 @@ template <int FMT>
 static __device__ __forceinline__ void mma_store(const float *xr, const uint32_t *wr, float sr, uint16_t (*Xh)[MKP],
                                                  uint16_t (*Xl)[MKP], uint16_t (*Wt)[MKP], float (*Sc)[2], int with_x) {
     int tid = threadIdx.x;
-    if (with_x)
-#pragma unroll
-        for (int j = 0; j < XN; j++) {
-            int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
-            uint16_t h = egk_f32_to_bf16(xr[j]);
-            Xh[r][c] = h;
-            Xl[r][c] = egk_f32_to_bf16(xr[j] - egk_bf16_to_f32(h));
-        }
+    if (with_x) x_store(xr, Xh, Xl);
 #pragma unroll
     for (int j = 0; j < mma_wn<FMT>::n; j++) {
         int i = tid + j * NTHREADS;
@@ -347,14 +367,7 @@ static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_
 #pragma unroll
                 for (int kk = grp * 32; kk < grp * 32 + 32; kk += 16) {
                     uint32_t ah[4], al[4];
-                    ah[0] = pack2(Xh[mr + g][kk + 2 * t4], Xh[mr + g][kk + 2 * t4 + 1]);
-                    ah[1] = pack2(Xh[mr + g + 8][kk + 2 * t4], Xh[mr + g + 8][kk + 2 * t4 + 1]);
-                    ah[2] = pack2(Xh[mr + g][kk + 2 * t4 + 8], Xh[mr + g][kk + 2 * t4 + 9]);
-                    ah[3] = pack2(Xh[mr + g + 8][kk + 2 * t4 + 8], Xh[mr + g + 8][kk + 2 * t4 + 9]);
-                    al[0] = pack2(Xl[mr + g][kk + 2 * t4], Xl[mr + g][kk + 2 * t4 + 1]);
-                    al[1] = pack2(Xl[mr + g + 8][kk + 2 * t4], Xl[mr + g + 8][kk + 2 * t4 + 1]);
-                    al[2] = pack2(Xl[mr + g][kk + 2 * t4 + 8], Xl[mr + g][kk + 2 * t4 + 9]);
-                    al[3] = pack2(Xl[mr + g + 8][kk + 2 * t4 + 8], Xl[mr + g + 8][kk + 2 * t4 + 9]);
+                    a_frags(Xh, Xl, mr, kk, ah, al);
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         const uint16_t *wrow = Wt[w][nc + 8 * j + g];
@@ -426,22 +439,11 @@ static __device__ __forceinline__ void mma_tile_i4(const float *const *xrow, int
         egk_cp_async_commit(); /* (empty groups keep the count uniform) */
     }
     float xr[XN];
-    if (nk > 0)
-#pragma unroll
-        for (int j = 0; j < XN; j++) {
-            int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
-            xr[j] = xrow[r] ? xrow[r][kb + c] : 0.0f;
-        }
+    if (nk > 0) x_load(xrow, kb, xr);
     for (int step = 0; step < nk; step++) {
         int64_t k0 = kb + (int64_t)step * MK;
         int st = step % MOE_STAGES;
-#pragma unroll
-        for (int j = 0; j < XN; j++) {
-            int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
-            uint16_t h = egk_f32_to_bf16(xr[j]);
-            Xh[r][c] = h;
-            Xl[r][c] = egk_f32_to_bf16(xr[j] - egk_bf16_to_f32(h));
-        }
+        x_store(xr, Xh, Xl);
         egk_cp_async_wait<MOE_STAGES - 2>(); /* this step's group has landed (this thread's part) */
         __syncthreads();                     /* ... and everyone's; X stored */
         /* refill the stage read one step ago (its readers passed the trailing barrier) */
@@ -449,12 +451,7 @@ static __device__ __forceinline__ void mma_tile_i4(const float *const *xrow, int
             i4_issue<NW>(wdata, wscale, K, wrows, group, n0, k0 + (int64_t)(MOE_STAGES - 1) * MK,
                          Wq[(step + MOE_STAGES - 1) % MOE_STAGES], Sq[(step + MOE_STAGES - 1) % MOE_STAGES]);
         egk_cp_async_commit();
-        if (step + 1 < nk)
-#pragma unroll
-            for (int j = 0; j < XN; j++) {
-                int i = tid + j * NTHREADS, r = i / MK, c = i % MK;
-                xr[j] = xrow[r] ? xrow[r][k0 + MK + c] : 0.0f;
-            }
+        if (step + 1 < nk) x_load(xrow, k0 + MK, xr);
 #pragma unroll
         for (int w = 0; w < NW; w++)
 #pragma unroll
@@ -463,14 +460,7 @@ static __device__ __forceinline__ void mma_tile_i4(const float *const *xrow, int
 #pragma unroll
                 for (int kk = grp * 32; kk < grp * 32 + 32; kk += 16) {
                     uint32_t ah[4], al[4];
-                    ah[0] = pack2(Xh[mr + g][kk + 2 * t4], Xh[mr + g][kk + 2 * t4 + 1]);
-                    ah[1] = pack2(Xh[mr + g + 8][kk + 2 * t4], Xh[mr + g + 8][kk + 2 * t4 + 1]);
-                    ah[2] = pack2(Xh[mr + g][kk + 2 * t4 + 8], Xh[mr + g][kk + 2 * t4 + 9]);
-                    ah[3] = pack2(Xh[mr + g + 8][kk + 2 * t4 + 8], Xh[mr + g + 8][kk + 2 * t4 + 9]);
-                    al[0] = pack2(Xl[mr + g][kk + 2 * t4], Xl[mr + g][kk + 2 * t4 + 1]);
-                    al[1] = pack2(Xl[mr + g + 8][kk + 2 * t4], Xl[mr + g + 8][kk + 2 * t4 + 1]);
-                    al[2] = pack2(Xl[mr + g][kk + 2 * t4 + 8], Xl[mr + g][kk + 2 * t4 + 9]);
-                    al[3] = pack2(Xl[mr + g + 8][kk + 2 * t4 + 8], Xl[mr + g + 8][kk + 2 * t4 + 9]);
+                    a_frags(Xh, Xl, mr, kk, ah, al);
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         /* columns kk + 2t4 (+1) and kk + 2t4 + 8 (+9) of row nc + 8j + g: nibbles
