@@ -486,6 +486,23 @@ static __device__ __forceinline__ void mma_tile_i4(const float *const *xrow, int
     egk_cp_async_wait<0>();
 }
 
+/* The weight tiles' shared memory for the path, and the path's k-loop. */
+template <int FMT, bool ASYNC, int NW>
+static __device__ __forceinline__ void mma_tile_any(const float *const *xrow, int64_t K, int64_t kb, int64_t ke,
+                                                    const void *const *wdata, const void *const *wscale,
+                                                    int64_t wrows, int group, int64_t n0, uint16_t (*Xh)[MKP],
+                                                    uint16_t (*Xl)[MKP], float acc[NW][2][4]) {
+    if constexpr (ASYNC) {
+        __shared__ __align__(16) uint32_t Wq[MOE_STAGES][NW][BN][WQ_LD];
+        __shared__ uint32_t Sq[MOE_STAGES][NW][BN];
+        mma_tile_i4<NW>(xrow, K, kb, ke, wdata, wscale, wrows, group, n0, Xh, Xl, Wq, Sq, acc);
+    } else {
+        __shared__ uint16_t Wt[NW][BN][MKP];
+        __shared__ float Sc[NW][BN][2];
+        mma_tile<FMT, NW>(xrow, K, kb, ke, wdata, wscale, wrows, group, n0, Xh, Xl, Wt, Sc, acc);
+    }
+}
+
 /* Row and output column of accumulator element (j, e) of this thread. */
 static __device__ __forceinline__ int mma_row(int e) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -510,15 +527,7 @@ static __global__ void __launch_bounds__(NTHREADS)
     const void *wd[2] = {p.gate, p.up}, *ws[2] = {p.gate_s, p.up_s};
     float acc[2][2][4] = {};
     int64_t per = ((H / MK + gridDim.z - 1) / gridDim.z) * MK, kb = blockIdx.z * per, ke = min((int64_t)H, kb + per);
-    if constexpr (ASYNC) {
-        __shared__ __align__(16) uint32_t Wq[MOE_STAGES][2][BN][WQ_LD];
-        __shared__ uint32_t Sq[MOE_STAGES][2][BN];
-        mma_tile_i4<2>(xrow, H, kb, ke, wd, ws, F, group, n0, Xh, Xl, Wq, Sq, acc);
-    } else {
-        __shared__ uint16_t Wt[2][BN][MKP];
-        __shared__ float Sc[2][BN][2];
-        mma_tile<FMT, 2>(xrow, H, kb, ke, wd, ws, F, group, n0, Xh, Xl, Wt, Sc, acc);
-    }
+    mma_tile_any<FMT, ASYNC, 2>(xrow, H, kb, ke, wd, ws, F, group, n0, Xh, Xl, acc);
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
@@ -576,15 +585,7 @@ static __global__ void __launch_bounds__(NTHREADS)
     const void *wd[1] = {p.down}, *ws[1] = {p.down_s};
     float acc[1][2][4] = {};
     int64_t per = ((F / MK + gridDim.z - 1) / gridDim.z) * MK, kb = blockIdx.z * per, ke = min((int64_t)F, kb + per);
-    if constexpr (ASYNC) {
-        __shared__ __align__(16) uint32_t Wq[MOE_STAGES][1][BN][WQ_LD];
-        __shared__ uint32_t Sq[MOE_STAGES][1][BN];
-        mma_tile_i4<1>(xrow, F, kb, ke, wd, ws, H, group, n0, Xh, Xl, Wq, Sq, acc);
-    } else {
-        __shared__ uint16_t Wt[1][BN][MKP];
-        __shared__ float Sc[1][BN][2];
-        mma_tile<FMT, 1>(xrow, F, kb, ke, wd, ws, H, group, n0, Xh, Xl, Wt, Sc, acc);
-    }
+    mma_tile_any<FMT, ASYNC, 1>(xrow, F, kb, ke, wd, ws, H, group, n0, Xh, Xl, acc);
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
