@@ -120,6 +120,9 @@ typedef struct eg_backend_ops {
      * graph went stale (device tables it reads were rebuilt since it was recorded): it did
      * not run and the caller records again. graph_free: NULL ok, waits if it may be running. */
     eg_status (*graph_begin)(eg_backend *b, eg_error *err);
+    /* 0 when graph_begin would only fail EG_ERR_UNSUPPORTED (switched off), so callers
+     * need not hold buffers for replays; NULL = as graph_begin != NULL says. */
+    int (*graph_enabled)(eg_backend *b);
     eg_status (*graph_end)(eg_backend *b, void **graph, eg_error *err);
     eg_status (*graph_launch)(eg_backend *b, void *graph, int *ran, eg_error *err);
     void (*graph_free)(eg_backend *b, void *graph);

@@ -41,6 +41,11 @@ void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_
              (long long)p->kv_tokens, (long long)p->kv_blocks, (long long)p->kv_bytes_per_token);
 }
 
+int eg_cuda_graphs_enabled(void) {
+    const char *gr = getenv("EG_CUDA_GRAPHS");
+    return !(gr && !strcmp(gr, "0"));
+}
+
 #ifndef EG_HAVE_CUDA
 
 eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err) {
@@ -390,6 +395,8 @@ static eg_status cu_graph_begin(eg_backend *b, eg_error *err) {
     im->capturing = 1;
     return EG_OK;
 }
+
+static int cu_graph_enabled(eg_backend *b) { return impl_of(b)->graphs; }
 
 static eg_status cu_graph_end(eg_backend *b, void **graph, eg_error *err) {
     cuda_impl *im = impl_of(b);
@@ -978,6 +985,7 @@ static const eg_backend_ops cuda_ops = {
     .copy = cu_copy,
     .sync = cu_sync,
     .graph_begin = cu_graph_begin,
+    .graph_enabled = cu_graph_enabled,
     .graph_end = cu_graph_end,
     .graph_launch = cu_graph_launch,
     .graph_free = cu_graph_free,
@@ -1148,8 +1156,7 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
     const char *sm = getenv("EG_CUDA_SAMPLE"), *smm = getenv("EG_CUDA_SAMPLE_M");
     im->sample_m = sm && !strcmp(sm, "sort") ? 0 : EGK_SAMPLE_TOPM_MAX;
     if (im->sample_m && smm && atoi(smm) >= 1 && atoi(smm) <= EGK_SAMPLE_TOPM_MAX) im->sample_m = atoi(smm);
-    const char *gr = getenv("EG_CUDA_GRAPHS");
-    im->graphs = !(gr && !strcmp(gr, "0"));
+    im->graphs = eg_cuda_graphs_enabled();
     if ((st = cuda_init(im, err))) {
         cu_destroy(b);
         return st;

@@ -34,6 +34,10 @@ eg_status eg_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes
  * except that the sampler's sort workspace is queried from CUB when one is present). */
 int64_t eg_cuda_scratch_bytes(const eg_config *cfg, const eg_backend_opts *o);
 
+/* 0 when EG_CUDA_GRAPHS=0 switches recorded replays off (then the forward pass holds
+ * no staging buffer for captured rows; see eg_forward_act_bytes). */
+int eg_cuda_graphs_enabled(void);
+
 /* Plan: n_layers = layers held on this device; block_size = cache block tokens.
  * Fails with EG_ERR_NOMEM (message giving the numbers) when not even one block fits. */
 eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t weight_bytes,

@@ -231,16 +231,14 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         if (st) goto fail;
     }
     if (f->ops->graph_begin && f->ops->graph_end && f->ops->graph_launch && f->ops->graph_free && f->ops->copy &&
-        !o->no_graphs) {
+        (!f->ops->graph_enabled || f->ops->graph_enabled(be)) && !o->no_graphs) {
         f->graph_T = (int)T < EG_GRAPH_MAX_TOKENS ? (int)T : EG_GRAPH_MAX_TOKENS;
         int n_here = 0;
         if (o->n_capture > 0) {
             f->cap_slot = eg_malloc(sizeof(int) * (size_t)o->n_capture, err);
             if (!f->cap_slot) { st = EG_ERR_NOMEM; goto fail; }
-            for (int i = 0; i < o->n_capture; i++) {
-                int l = o->capture[i];
-                f->cap_slot[i] = (l == -1 ? f->l0 == 0 : l >= f->l0 && l < f->l1) ? n_here++ : -1;
-            }
+            for (int i = 0; i < o->n_capture; i++)
+                f->cap_slot[i] = eg_forward_staged_captures(&o->capture[i], 1, f->l0, f->l1) ? n_here++ : -1;
         }
         if (n_here > 0 && (st = alloc(f, (void **)&f->cap_d, 4 * (size_t)n_here * (size_t)f->graph_T * H, err)))
             goto fail;
@@ -261,13 +259,22 @@ fail:
     return st;
 }
 
-int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int n_capture) {
+int eg_forward_staged_captures(const int *capture, int n_capture, int layer_begin, int layer_end) {
+    int n = 0;
+    for (int i = 0; i < n_capture; i++) {
+        int l = capture[i];
+        n += l == -1 ? layer_begin == 0 : l >= layer_begin && l < layer_end;
+    }
+    return n;
+}
+
+int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int n_staged) {
     int64_t T = max_tokens > 0 ? max_tokens : 1, H = c->hidden, NH = c->n_heads;
     int64_t TG = T < EG_GRAPH_MAX_TOKENS ? T : EG_GRAPH_MAX_TOKENS;
     int64_t DQ = NH * (c->qk_nope + c->qk_rope), W = c->kv_lora_rank + c->qk_rope, K = c->topk > 0 ? c->topk : 1;
     /* x, xn, dx, g [T][H]; qa, qan [T][QL]; q; kv; attn; ids, weights; logits [T][V]; 4 index arrays */
     return 4 * T * (4 * H + 2 * (int64_t)c->q_lora_rank + DQ + W + NH * c->v_head + 2 * K + c->vocab + 4) +
-           4 * (int64_t)(c->qk_rope / 2 + 1) + 4 * TG * H * (n_capture > 0 ? n_capture : 0);
+           4 * (int64_t)(c->qk_rope / 2 + 1) + 4 * TG * H * (n_staged > 0 ? n_staged : 0);
 }
 
 int eg_forward_pos_bucket(int max_pos, int limit) {

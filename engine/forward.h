@@ -75,9 +75,14 @@ eg_kv_cache *eg_forward_kv(eg_forward *f);
 float *eg_forward_x(eg_forward *f);
 int eg_forward_is_first(const eg_forward *f);
 int eg_forward_is_last(const eg_forward *f);
-/* Backend bytes a forward object allocates for activations at max_tokens rows with
- * n_capture captured layers (for memory planning before it exists; an upper bound). */
-int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int n_capture);
+/* Backend bytes a forward object allocates for activations at max_tokens rows (for
+ * memory planning before it exists; an upper bound). n_staged: captured layers this
+ * stage owns when its backend records replays (their rows are staged in backend
+ * memory), 0 when it does not; eg_forward_staged_captures counts them. */
+int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int n_staged);
+/* Of capture[0..n_capture) (layer ids, -1 = embedding output), those a stage over
+ * layers [layer_begin, layer_end) owns. */
+int eg_forward_staged_captures(const int *capture, int n_capture, int layer_begin, int layer_end);
 
 /* Recorded replay. On a backend with graph ops (CUDA graphs), a step of at most 512
  * tokens is recorded the second time its shape (tokens, position bound, logit rows,

@@ -642,7 +642,8 @@ int cmd_generate(int argc, char **argv) {
                 if (k % n_dev != d) continue;
                 for (int l = b0; l < end; l++) wbytes += eg_plan_layer_bytes(&model, l);
                 wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
-                act += eg_forward_act_bytes(c, max_tokens, a.n_aux) + (on_dev++ ? eg_cuda_scratch_bytes(c, &bo) : 0);
+                int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(a.aux, a.n_aux, b0, end) : 0;
+                act += eg_forward_act_bytes(c, max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, &bo) : 0);
                 layers += end - b0;
             }
             eg_backend_opts so = bo;

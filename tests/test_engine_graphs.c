@@ -49,6 +49,8 @@ typedef struct rb {
     int bad_ptrs;      /* recorded activation pointers outside backend memory */
     int refused;       /* host copies / sample / sync refused while recording */
     int64_t replayed_ops;
+    int disabled;      /* graphs switched off: graph_enabled says 0, graph_begin fails UNSUPPORTED */
+    int64_t live, peak; /* bytes allocated now and at most */
 } rb;
 
 static rb *R(eg_backend *b) { return (rb *)b->impl; }
@@ -91,13 +93,19 @@ static eg_status r_alloc(eg_backend *b, size_t n, void **p, eg_error *err) {
         }
         r->mem[r->n_mem].p = *p;
         r->mem[r->n_mem++].n = n ? n : 1;
+        r->live += (int64_t)(n ? n : 1);
+        if (r->live > r->peak) r->peak = r->live;
     }
     return st;
 }
 static void r_release(eg_backend *b, void *p) {
     rb *r = R(b);
     for (int i = 0; i < r->n_mem; i++)
-        if (r->mem[i].p == p) r->mem[i] = r->mem[--r->n_mem];
+        if (r->mem[i].p == p) {
+            r->live -= (int64_t)r->mem[i].n;
+            r->mem[i] = r->mem[--r->n_mem];
+            break;
+        }
     IN(b)->ops->release(IN(b), p);
 }
 static eg_status r_to_device(eg_backend *b, void *d, const void *s, size_t n, eg_error *err) {
@@ -206,6 +214,7 @@ static eg_status replay(eg_backend *in, const rec *x, eg_error *err) {
 
 static eg_status r_graph_begin(eg_backend *b, eg_error *err) {
     rb *r = R(b);
+    if (r->disabled) return eg_fail(err, EG_ERR_UNSUPPORTED, "graphs switched off");
     if (r->recording) return eg_fail(err, EG_ERR_INVALID, "graph_begin while recording");
     r->recording = 1;
     r->n = 0;
@@ -241,6 +250,7 @@ static eg_status r_graph_launch(eg_backend *b, void *g, int *ran, eg_error *err)
     *ran = 1;
     return EG_OK;
 }
+static int r_graph_enabled(eg_backend *b) { return !R(b)->disabled; }
 static void r_graph_free(eg_backend *b, void *g) {
     (void)b;
     rgraph *gr = g;
@@ -261,7 +271,7 @@ static const eg_backend_ops rec_ops = {
     .to_host = r_to_host, .memset0 = r_memset0, .copy = r_copy, .sync = r_sync, .weight_upload = r_weight_upload,
     .weight_release = r_weight_release, .embed = r_embed, .rmsnorm = r_rmsnorm, .add_rmsnorm = r_add_rmsnorm,
     .add = r_add, .linear = r_linear, .swiglu_mlp = r_swiglu, .mla_attention = r_mla, .router = r_router,
-    .moe = r_moe, .gather_rows = r_gather, .sample = r_sample, .graph_begin = r_graph_begin,
+    .moe = r_moe, .gather_rows = r_gather, .sample = r_sample, .graph_begin = r_graph_begin, .graph_enabled = r_graph_enabled,
     .graph_end = r_graph_end, .graph_launch = r_graph_launch, .graph_free = r_graph_free,
 };
 
@@ -431,9 +441,34 @@ static void test_replay_equals_ops(void) {
 
     /* switched off per forward object */
     int64_t before = R(b)->replayed_ops;
+    R(b)->peak = R(b)->live;
     CHECK_OK(script(b, 1, &got, &gs, &err), &err);
     CHECK(outs_same(&ref, &got, c->hidden, c->vocab));
     CHECK(gs.recorded == 0 && gs.replays == 0 && R(b)->replayed_ops == before);
+    outs_free(&got);
+    int64_t peak_off = R(b)->peak;
+
+    /* switched off in the backend (EG_CUDA_GRAPHS=0): nothing recorded, and the forward
+     * object holds no staging buffer for captured rows (3 captures x 16 rows x H) */
+    eg_backend_free(b);
+    b = rec_create(c, 16);
+    if (!b) return;
+    CHECK_OK(script(b, 0, &got, &gs, &err), &err);
+    int64_t peak_on = R(b)->peak;
+    outs_free(&got);
+    eg_backend_free(b);
+    b = rec_create(c, 16);
+    if (!b) return;
+    R(b)->disabled = 1;
+    CHECK_OK(script(b, 0, &got, &gs, &err), &err);
+    CHECK(outs_same(&ref, &got, c->hidden, c->vocab));
+    CHECK(gs.recorded == 0 && gs.replays == 0 && gs.failed == 0 && R(b)->replayed_ops == 0);
+    CHECKF(R(b)->peak == peak_off && peak_on - R(b)->peak == 4LL * 3 * 16 * c->hidden &&
+               eg_forward_act_bytes(c, 16, 3) - eg_forward_act_bytes(c, 16, 0) == 4LL * 3 * 16 * c->hidden,
+           "peak bytes: graphs on %lld, off in the backend %lld, off per forward %lld", (long long)peak_on,
+           (long long)R(b)->peak, (long long)peak_off);
+    CHECK(eg_forward_staged_captures((int[]){-1, 1, 4}, 3, 0, 2) == 2 &&
+          eg_forward_staged_captures((int[]){-1, 1, 4}, 3, 2, 5) == 1);
     outs_free(&got);
     eg_backend_free(b);
     outs_free(&ref);
