@@ -1093,6 +1093,9 @@ static eg_status device_check(int device, eg_error *err) {
 
 /* Everything below may fail halfway; cu_destroy frees whatever was made. */
 static eg_status cuda_init(cuda_impl *im, eg_error *err) {
+    if ((int64_t)EG_CUDA_SAMPLE_CHUNK * im->cfg.vocab > INT32_MAX) /* CUB counts a pass's items in int */
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: a vocabulary of %d ids is over the sampler's limit (%lld)",
+                       im->cfg.vocab, (long long)(INT32_MAX / EG_CUDA_SAMPLE_CHUNK));
     CU("cudaSetDevice", cudaSetDevice(im->device));
     CU("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
     BL("cublasCreate", cublasCreate(&im->blas));

@@ -404,7 +404,7 @@ static eg_status keep_pending(eg_engine *e, const eg_request *r, eg_error *err) 
 static int admit(eg_engine *e, int i, eg_error *err, eg_status *st) {
     const eg_request *r = &e->pending;
     slot_state *s = &e->slots[i];
-    int need = r->n_tokens + r->max_new;
+    int need = r->n_tokens + r->max_new; /* <= max_seq_len: checked when taken */
     *st = EG_OK;
     for (int k = 0; k < e->n_stages; k++) {
         eg_kv_cache *kv = eg_forward_kv(e->stages[k]);
@@ -465,7 +465,10 @@ static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *
             if (got < 0) return err->code ? err->code : EG_ERR_INVALID;
             if (got == 0) { *exhausted = 1; return EG_OK; }
             if (r.n_tokens < 1) return eg_fail(err, EG_ERR_INVALID, "request %llu has no tokens", (unsigned long long)r.id);
-            if (r.n_tokens + r.max_new > e->o.max_seq_len)
+            if (r.max_new < 0)
+                return eg_fail(err, EG_ERR_INVALID, "request %llu: max_new %d is negative", (unsigned long long)r.id,
+                               r.max_new);
+            if ((int64_t)r.n_tokens + r.max_new > e->o.max_seq_len)
                 return eg_fail(err, EG_ERR_INVALID, "request %llu: %d prompt + %d new tokens exceed max_seq_len %d",
                                (unsigned long long)r.id, r.n_tokens, r.max_new, e->o.max_seq_len);
             if ((st = keep_pending(e, &r, err))) return st;

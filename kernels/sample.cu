@@ -292,8 +292,13 @@ extern "C" int egk_sample_topm(const float *logits, int N, int V, const egk_samp
     return EGK_LAUNCH_RESULT();
 }
 
+/* CUB's segmented sort counts items and segment offsets in int: a pass sorts at most
+ * INT_MAX (row, id) pairs (the backend's chunk of 64 rows x 163,840 ids is 10.5M). */
+static bool sort_fits(int64_t N, int64_t V) { return N >= 0 && V >= 0 && N * V <= 2147483647LL; }
+
 extern "C" size_t egk_sample_temp_bytes(int N, int V) {
     size_t bytes = 0;
+    if (!sort_fits(N, V)) return 0;
     cub::DeviceSegmentedRadixSort::SortPairsDescending((void *)NULL, bytes, (const float *)NULL, (float *)NULL,
                                                        (const int32_t *)NULL, (int32_t *)NULL, N * V, N,
                                                        (const int32_t *)NULL, (const int32_t *)NULL, 0, 32,
@@ -309,6 +314,7 @@ extern "C" int egk_sample(const float *logits, int N, int V, const egk_sample_ro
     argmax_kernel<<<N, 1024, 0, s>>>(logits, V, out);
     int rc = EGK_LAUNCH_RESULT();
     if (rc || !any_random) return rc;
+    if (!sort_fits(N, V)) return (int)cudaErrorInvalidValue;
     /* (the whole pass, every row: the EG_CUDA_SAMPLE=sort path; egk_sample_rows sorts
      * chosen rows only) */
     int64_t n = (int64_t)N * V;
@@ -340,7 +346,7 @@ extern "C" int egk_sample_rows(const float *logits, int N, int V, const egk_samp
                                int n, float *keys, int32_t *ids_in, int32_t *ids_out, int32_t *seg, void *temp,
                                size_t temp_bytes, int32_t *out, void *stream) {
     if (n <= 0) return 0;
-    if (n > N) return (int)cudaErrorInvalidValue;
+    if (n > N || !sort_fits(N, V)) return (int)cudaErrorInvalidValue;
     cudaStream_t s = (cudaStream_t)stream;
     int64_t items = (int64_t)n * V;
     unsigned g = (unsigned)((items + 255) / 256 < 65536 ? (items + 255) / 256 : 65536);

@@ -392,6 +392,11 @@ static void test_stop_and_kv_pressure(void) {
     /* a request larger than the whole cache is an error, not a hang */
     CHECK(run(2, 16, NULL, 0, -1, 10, 0.0f, -1, 4, &b, &err) == EG_ERR_NOMEM);
     free_results(&b);
+    /* nonsense lengths are refused by name, not wrapped around */
+    CHECK(run(2, 16, NULL, 0, 1, INT32_MAX, 0.0f, -1, 0, &b, &err) == EG_ERR_INVALID && strstr(err.msg, "exceed"));
+    free_results(&b);
+    CHECK(run(2, 16, NULL, 0, 1, -5, 0.0f, -1, 0, &b, &err) == EG_ERR_INVALID && strstr(err.msg, "negative"));
+    free_results(&b);
     free_results(&a);
 }
 
