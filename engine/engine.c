@@ -55,6 +55,7 @@ struct eg_engine {
     eg_backend *be;
     eg_engine_opts o;
     int *aux_layers;
+    int64_t *stage_count; /* [n_stages] steps each stage ran; stage k's thread alone adds to its own */
     int n_stages;
     eg_forward **stages;
     eg_transport *transport; /* hands rows between stages (n_stages > 1) */
@@ -148,6 +149,7 @@ void eg_engine_free(eg_engine *e) {
         for (int j = 0; j < e->n_mb; j++) mb_free(&e->mbs[j]);
     free(e->mbs);
     free(e->aux_layers);
+    free(e->stage_count);
     free(e->sample_scratch);
     free(e->pending_tok); free(e->pending_stop);
     free(e);
@@ -201,7 +203,8 @@ static void *stage_thread(void *vp) {
             mb->err = bind_err;
         }
         if (!mb->status) mb->status = run_stage(e, k, mb);
-        e->stats.stage_steps[k < 8 ? k : 7]++; /* each counter written by one thread */
+        /* stage k's own counter; the driver reads them while stages run (progress) */
+        __atomic_fetch_add(&e->stage_count[k], 1, __ATOMIC_RELAXED);
         q_push(&e->queues[k + 1], mb);
     }
     return NULL;
@@ -266,11 +269,12 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     if (e->n_mb > o->n_slots) e->n_mb = o->n_slots;
     eg_status st = EG_OK;
     e->stages = eg_calloc((size_t)e->n_stages, sizeof *e->stages, err);
+    e->stage_count = eg_calloc((size_t)e->n_stages, sizeof *e->stage_count, err);
     e->stage_be = eg_calloc((size_t)e->n_stages, sizeof *e->stage_be, err);
     e->slots = eg_calloc((size_t)o->n_slots, sizeof *e->slots, err);
     e->mbs = eg_calloc((size_t)e->n_mb, sizeof *e->mbs, err);
     if (o->want_logits) e->sample_scratch = eg_malloc(4 * 2 * (size_t)c->vocab, err);
-    if (!e->stages || !e->stage_be || !e->slots || !e->mbs || (o->want_logits && !e->sample_scratch)) {
+    if (!e->stages || !e->stage_count || !e->stage_be || !e->slots || !e->mbs || (o->want_logits && !e->sample_scratch)) {
         eg_engine_free(e);
         return EG_ERR_NOMEM;
     }
@@ -344,7 +348,11 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
 }
 
 void eg_engine_request_stop(eg_engine *e) { e->stop_requested = 1; }
-void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s) { *s = e->stats; }
+void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s) {
+    *s = e->stats;
+    for (int k = 0; k < e->n_stages; k++)
+        s->stage_steps[k < 8 ? k : 7] += __atomic_load_n(&e->stage_count[k], __ATOMIC_RELAXED);
+}
 void eg_engine_graph_stats(const eg_engine *e, eg_forward_graph_stats *out) {
     memset(out, 0, sizeof *out);
     for (int k = 0; k < e->n_stages; k++) {
@@ -582,7 +590,7 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
             } else {
                 for (int k = 0; k < e->n_stages && !mb->status; k++) {
                     mb->status = run_stage(e, k, mb);
-                    e->stats.stage_steps[k < 8 ? k : 7]++;
+                    e->stage_count[k]++;
                 }
                 mb->busy = 0;
                 in_flight--;
