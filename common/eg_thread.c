@@ -3,6 +3,7 @@
 #include "common/eg_thread.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -65,7 +66,7 @@ eg_status eg_pool_create(int nthreads, eg_pool **out, eg_error *err) {
     /* thread 0 is the caller; start n-1 workers */
     for (int i = 1; i < nthreads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
-        if (!wa || pthread_create(&p->th[i], NULL, worker, wa ? (wa->p = p, wa->tid = i, wa) : NULL)) {
+        if (!wa || eg_thread_start(&p->th[i], worker, wa ? (wa->p = p, wa->tid = i, wa) : NULL)) {
             free(wa);
             p->n = i;
             eg_pool_free(p);
@@ -109,4 +110,13 @@ void eg_pool_for(eg_pool *p, int64_t n, int64_t grain, eg_for_fn fn, void *ctx) 
     pthread_mutex_lock(&p->mu);
     while (p->running > 0) pthread_cond_wait(&p->cv_done, &p->mu);
     pthread_mutex_unlock(&p->mu);
+}
+
+int eg_thread_start(pthread_t *th, void *(*fn)(void *), void *arg) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread inherits this mask */
+    int rc = pthread_create(th, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
 }

@@ -7,7 +7,14 @@
 #ifndef EG_THREAD_H
 #define EG_THREAD_H
 
+#include <pthread.h>
+
 #include "common/eg_common.h"
+
+/* pthread_create with every signal blocked in the new thread: SIGINT/SIGTERM handlers
+ * (gen/) then always run on the main thread, which owns the state they touch.
+ * Every thread the library starts goes through it. Returns pthread_create's result. */
+int eg_thread_start(pthread_t *th, void *(*fn)(void *), void *arg);
 
 typedef struct eg_pool eg_pool;
 

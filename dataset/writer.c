@@ -3,6 +3,7 @@
  * Threads: the producer fills ring slots (EMPTY -> PENDING), compressors turn PENDING
  * slots into records (-> DONE) in any order, and the I/O thread consumes DONE slots
  * strictly in submission order, so shards hold samples in the order they were added. */
+#include "common/eg_thread.h"
 #include "dataset/writer.h"
 
 #include <archive.h>
@@ -565,14 +566,14 @@ eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *o, eg_s
         if (!a) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto fail; }
         a[0] = w;
         a[1] = w->codecs[i];
-        if (pthread_create(&w->workers[i], NULL, compress_main, a)) {
+        if (eg_thread_start(&w->workers[i], compress_main, a)) {
             free(a);
             st = eg_fail(err, EG_ERR_NOMEM, "cannot start compression thread");
             goto fail;
         }
         w->n_workers = i + 1;
     }
-    if (pthread_create(&w->io, NULL, io_main, w)) {
+    if (eg_thread_start(&w->io, io_main, w)) {
         st = eg_fail(err, EG_ERR_NOMEM, "cannot start I/O thread");
         goto fail;
     }

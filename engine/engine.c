@@ -1,4 +1,5 @@
 /* The batch engine; see engine.h. */
+#include "common/eg_thread.h"
 #include "engine/engine.h"
 
 #include "engine/cuda_plan.h"
@@ -304,7 +305,7 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
         begin = end;
     }
     for (int i = 1; i < e->n_stages; i++) /* a thread each (inline if none can start) */
-        if (!e->threaded || pthread_create(&sbs[i].th, NULL, stage_build_thread, &sbs[i])) stage_build_thread(&sbs[i]);
+        if (!e->threaded || eg_thread_start(&sbs[i].th, stage_build_thread, &sbs[i])) stage_build_thread(&sbs[i]);
         else sbs[i].started = 1;
     stage_build_thread(&sbs[0]);
     for (int i = 0; i < e->n_stages; i++)
@@ -332,7 +333,7 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
         for (int k = 0; k <= e->n_stages; k++) q_init(&e->queues[k]);
         for (int k = 0; k < e->n_stages; k++) {
             stage_arg *a = malloc(sizeof *a);
-            if (!a || pthread_create(&e->threads[k], NULL, stage_thread, a ? (a->e = e, a->k = k, a) : NULL)) {
+            if (!a || eg_thread_start(&e->threads[k], stage_thread, a ? (a->e = e, a->k = k, a) : NULL)) {
                 free(a);
                 for (int j = 0; j < k; j++) q_close(&e->queues[j]);
                 for (int j = 0; j < k; j++) pthread_join(e->threads[j], NULL);

@@ -4,6 +4,10 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <pthread.h>
+#include <signal.h>
+
+#include "common/eg_thread.h"
 #include "engine/engine.h"
 #include "engine/plan.h"
 #include "engine/transport.h"
@@ -415,6 +419,25 @@ static void test_teacher_forced(void) {
     free_results(&b);
 }
 
+/* Threads the library starts block SIGINT/SIGTERM, so gen/'s handler runs on the main
+ * thread (a handler on a stage or writer thread raced the main thread's teardown). */
+static void *mask_probe(void *arg) {
+    sigset_t cur;
+    pthread_sigmask(SIG_BLOCK, NULL, &cur);
+    *(int *)arg = sigismember(&cur, SIGINT) == 1 && sigismember(&cur, SIGTERM) == 1;
+    return NULL;
+}
+static void test_thread_signals(void) {
+    int blocked = 0;
+    pthread_t th;
+    CHECK(eg_thread_start(&th, mask_probe, &blocked) == 0);
+    pthread_join(th, NULL);
+    CHECK(blocked);
+    sigset_t cur; /* the caller's own mask is left as it was */
+    pthread_sigmask(SIG_BLOCK, NULL, &cur);
+    CHECK(!sigismember(&cur, SIGINT));
+}
+
 static void test_cleanup(void) {
     if (have_model) eg_model_free(&model);
     have_model = 0;
@@ -423,6 +446,7 @@ static void test_cleanup(void) {
 
 static const eg_test tests[] = {
     {"batch_independence", test_batch_independence},
+    {"thread_signals", test_thread_signals},
     {"pipeline_split_exact", test_pipeline_split_exact},
     {"pipeline_threaded", test_pipeline_threaded},
     {"transport", test_transports},
