@@ -175,6 +175,12 @@ static int parse_rope(cfgp *p, json_t *tc, eg_config *c) {
     }
     c->yarn = c->max_pos > c->orig_max_pos;
 done:
+    /* a non-positive or absurd base gives non-finite inverse frequencies: NaN hidden states */
+    if (!(c->rope_theta > 1.0) || !(c->rope_theta < 1e30)) {
+        eg_fail(p->err, EG_ERR_CONFIG, "%s: %srope_theta = %g is out of range (must be > 1 and < 1e30)", p->what,
+                p->scope, c->rope_theta);
+        return -1;
+    }
     return 0;
 }
 
@@ -391,9 +397,11 @@ static int parse_all(cfgp *p, json_t *root, eg_config *c) {
     }
     c->routed_scale = (float)rsf;
     c->rms_eps = (float)eps;
-    if (!(eps > 0) || !(rsf > 0)) {
-        eg_fail(p->err, EG_ERR_CONFIG, "%s: %srms_norm_eps and routed_scaling_factor must be > 0",
-                p->what, p->scope);
+    /* both are used as float: a value that does not survive the cast is refused here */
+    if (!(eps > 0) || !(rsf > 0) || !(eps < 1) || !(rsf < 1e6) || !(c->rms_eps > 0)) {
+        eg_fail(p->err, EG_ERR_CONFIG,
+                "%s: %srms_norm_eps = %g and routed_scaling_factor = %g must lie in (1e-38, 1) and (0, 1e6)",
+                p->what, p->scope, eps, rsf);
         return -1;
     }
     if (c->qk_rope % 2) {

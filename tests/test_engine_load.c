@@ -215,6 +215,12 @@ static void m_act(json_t *t) {
                         "input_activations", json_pack("{s:i}", "num_bits", 8));
 }
 static void m_noyarnfactor(json_t *t) { json_object_del(json_object_get(t, "rope_scaling"), "factor"); }
+/* numbers that parse but make every hidden state NaN or zero */
+static void m_theta_neg(json_t *t) { json_object_set_new(t, "rope_theta", json_real(-50000.0)); }
+static void m_theta_0(json_t *t) { json_object_set_new(t, "rope_theta", json_integer(0)); }
+static void m_eps_huge(json_t *t) { json_object_set_new(t, "rms_norm_eps", json_real(1e300)); }
+static void m_eps_tiny(json_t *t) { json_object_set_new(t, "rms_norm_eps", json_real(1e-300)); }
+static void m_rsf_huge(json_t *t) { json_object_set_new(t, "routed_scaling_factor", json_real(1e300)); }
 
 static void test_config_refusals(void) {
     static const struct {
@@ -228,6 +234,8 @@ static void test_config_refusals(void) {
         {m_strhidden, "hidden_size"}, {m_topk, "num_experts_per_tok"},
         {m_oddrope, "qk_rope_head_dim"}, {m_eos, "eos_token_id"}, {m_bias, "attention_bias"},
         {m_group, "n_group"}, {m_act, "input_activations"}, {m_noyarnfactor, "rope_scaling.factor"},
+        {m_theta_neg, "rope_theta"}, {m_theta_0, "rope_theta"}, {m_eps_huge, "rms_norm_eps"},
+        {m_eps_tiny, "rms_norm_eps"}, {m_rsf_huge, "routed_scaling_factor"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         for (int nested = 0; nested < 2; nested++) {
