@@ -622,6 +622,17 @@ eg_status eg_model_load(const char *dir, eg_model *m, eg_error *err) {
     int tied = c->tie_embeddings && !w_find(p, "lm_head.weight");
     if (tied) m->lm_head = m->embed;
     else if ((st = get_w(&L, "lm_head", K_EMB, c->vocab, c->hidden, &m->lm_head))) goto fail;
+    {
+        /* the last layer must exist before num_hidden_layers sizes anything (a corrupt
+         * count would otherwise ask for gigabytes first) */
+        char last[96];
+        snprintf(last, sizeof last, "model.layers.%d.input_layernorm.weight", c->n_layers - 1);
+        if (!w_find(p, last)) {
+            st = eg_fail(err, EG_ERR_FORMAT, "%s: config.json says num_hidden_layers = %d but the checkpoint has no %s",
+                         dir, c->n_layers, last);
+            goto fail;
+        }
+    }
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) {
         st = eg_fail(err, EG_ERR_NOMEM, "out of memory");

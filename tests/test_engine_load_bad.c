@@ -205,6 +205,12 @@ static void test_missing_tensor(void) {
     expect_fail(d, "dropped from index", "model.layers.3.mlp.experts.7.down_proj.weight",
                 "model.safetensors.index.json", "missing");
     eg_test_rm_dir(d);
+    /* a layer count past the checkpoint is refused before it sizes anything */
+    mut m4 = {.cfg_from = "\"num_hidden_layers\": 5", .cfg_to = "\"num_hidden_layers\": 1000000000"};
+    d = build("tiny-a", &m4);
+    expect_fail(d, "layer count", "num_hidden_layers = 1000000000", "model.layers.999999999.input_layernorm.weight",
+                NULL);
+    eg_test_rm_dir(d);
     mut m3 = {.drop = {"language_model.model.norm.weight"}, .drop_index = 1, .single = 1, .strip = 1};
     d = build("tiny-a", &m3);
     expect_fail(d, "single file", "model.norm.weight", "model.safetensors", "missing");
