@@ -520,11 +520,31 @@ static void build_mb(eg_engine *e, micro_batch *mb) {
     mb->status = EG_OK;
 }
 
+/* 1 when any of x[0..n) is NaN or infinite: exponent bits all set. An integer OR
+ * reduction (vectorises), run over every captured row, since a NaN row written to a
+ * shard would poison the drafter's training silently. */
+static int any_nonfinite(const float *x, int64_t n) {
+    const uint32_t *b = (const uint32_t *)(const void *)x;
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad |= (uint32_t)((b[i] & 0x7f800000u) == 0x7f800000u);
+    return (int)bad;
+}
+
 /* After mb's step: scatter captures, take sampled tokens, finish sequences. */
 static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, void *ctx, eg_error *err) {
     const int T = mb->T, n_aux = e->o.n_aux;
     const int64_t H = e->m->cfg.hidden, V = e->m->cfg.vocab;
     eg_status st;
+    if (any_nonfinite(mb->fin, (int64_t)T * H) || (n_aux && any_nonfinite(mb->cap, (int64_t)n_aux * T * H)))
+        for (int t = 0; t < T; t++) {
+            int bad = any_nonfinite(mb->fin + t * H, H);
+            for (int a = 0; a < n_aux && !bad; a++) bad = any_nonfinite(mb->cap + ((int64_t)a * T + t) * H, H);
+            if (bad)
+                return eg_fail(err, EG_ERR_INVALID,
+                               "request %llu: the forward pass produced a NaN or infinite hidden state at position %d "
+                               "(broken weights or config?); nothing of it was written",
+                               (unsigned long long)e->slots[mb->slt[t]].req.id, mb->pos[t]);
+        }
     int row = 0, srow = 0;
     while (row < T) {
         int i = mb->slt[row];
