@@ -2,6 +2,7 @@
 #include "common/eg_common.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -98,8 +99,16 @@ double eg_now(void) {
 }
 
 int eg_num_threads(void) {
+    /* a number in 1..4096 (the --threads range); anything else is ignored with a
+     * warning rather than read half-way (atoi("8x") = 8) */
     const char *s = getenv("EG_THREADS");
-    if (s && atoi(s) > 0) return atoi(s);
+    if (s && *s) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (!errno && !*end && v >= 1 && v <= 4096) return (int)v;
+        fprintf(stderr, "eaglegen: ignoring EG_THREADS=\"%s\" (expected 1..4096)\n", s);
+    }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }

@@ -131,6 +131,14 @@ int cmd_plan(int argc, char **argv) {
     printf("tensor parallel (%d GPUs, latent cache on every GPU): %.0f token slots, %.0f concurrent sequences\n", n,
            tp_tokens, tp_tokens / mean_len);
     rc = 0;
+    for (int k = 0; k < n && !rc; k++)
+        if (sm[k].kv_tokens <= 0) { /* the table above shows by how much */
+            eg_fail(&err, EG_ERR_NOMEM,
+                    "stage %d does not fit: %.2f GB of weights, %.2f GB left for the KV cache on a %.1f GB GPU at "
+                    "fraction %.2f (use more stages/GPUs, or larger GPUs)",
+                    k, (double)sm[k].weight_bytes / 1e9, (double)sm[k].free_bytes / 1e9, gpu_gb, frac);
+            rc = 1;
+        }
 out:
     if (rc) fprintf(stderr, "eaglegen plan: %s\n", err.msg);
     free(lb); free(cost); free(ends); free(sm);

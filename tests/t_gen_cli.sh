@@ -68,4 +68,7 @@ grep -q "weights 594.2 GB" "$tmp/plan"
 [ "$(grep -c '^[0-7] ' "$tmp/plan")" -eq 8 ]
 $E plan --model "$FIXTURES/models/tiny-a" --stages 2 --gpu-mem-gb 0.01 --act-gb 0 > "$tmp/plan2"
 grep -q "^1 " "$tmp/plan2"
+# a split that does not fit says so and exits 1 (the table is still printed)
+expect 1 $E plan --preset kimi-k2.5 --stages 2 --gpu-mem-gb 96
+grep -q "stage 0 does not fit" "$tmp/err"
 echo "t_gen_cli: ok"
