@@ -32,6 +32,7 @@ typedef struct micro_batch {
     int index;
     int busy;
     eg_status status;    /* of the step in flight */
+    int sent_to;         /* stage whose receive of this step's rows is posted-for (a send is in flight), -1 none */
     eg_error err;
     int T, n_rows;
     int32_t *tok, *pos, *slt, *rows, *sampled; /* [T] */
@@ -182,8 +183,10 @@ static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
         }
     }
     st = eg_forward_step(e->stages[k], &s, &mb->err);
-    if (!st && k < e->n_stages - 1)
+    if (!st && k < e->n_stages - 1) {
         st = e->transport->ops->send(e->transport, k, mb->index, eg_forward_x(e->stages[k]), n, &mb->err);
+        if (!st) mb->sent_to = k + 1;
+    }
     if (st && e->n_stages > 1) eg_wrap(&mb->err, "pipeline stage %d", k);
     return st;
 }
@@ -203,6 +206,14 @@ static void *stage_thread(void *vp) {
             mb->status = bind_st;
             mb->err = bind_err;
         }
+        if (mb->status && mb->sent_to == k) {
+            /* stage k-1 sent before this stage failed (its bind, say): take the rows
+             * anyway, or the sender's stream (NCCL) holds a transfer nobody completes */
+            eg_error ignored;
+            e->transport->ops->recv(e->transport, k - 1, mb->index, eg_forward_x(e->stages[k]),
+                                    (size_t)mb->T * (size_t)e->m->cfg.hidden, &ignored);
+        }
+        mb->sent_to = -1;
         if (!mb->status) mb->status = run_stage(e, k, mb);
         /* stage k's own counter; the driver reads them while stages run (progress) */
         __atomic_fetch_add(&e->stage_count[k], 1, __ATOMIC_RELAXED);
@@ -518,6 +529,7 @@ static void build_mb(eg_engine *e, micro_batch *mb) {
     mb->T = T;
     mb->n_rows = n_rows;
     mb->status = EG_OK;
+    mb->sent_to = -1;
 }
 
 /* 1 when any of x[0..n) is NaN or infinite: exponent bits all set. An integer OR
@@ -640,7 +652,12 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
         in_flight--;
         if (!in_flight) e->stats.seconds += eg_now() - busy_since;
         if (st) continue; /* draining after an error */
-        if (mb->status) { *err = mb->err; st = mb->status; continue; }
+        if (mb->status) {
+            *err = mb->err;
+            st = mb->status;
+            if (e->transport) e->transport->failed = 1; /* its teardown must not wait on a dead peer */
+            continue;
+        }
         eg_status cst = complete_mb(e, mb, done, ctx, err);
         if (cst) st = cst;
     }

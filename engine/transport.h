@@ -44,6 +44,10 @@ typedef struct eg_transport_ops {
 struct eg_transport {
     const eg_transport_ops *ops;
     void *impl;
+    /* Set by the owner when a run ended in an error: destroy then abandons transfers
+     * still in flight (NCCL: ncclCommAbort) instead of waiting for them, since a peer
+     * that failed may never post its half. */
+    int failed;
 };
 
 typedef struct eg_transport_opts {

@@ -60,6 +60,10 @@ static void nccl_destroy(eg_transport *t) {
         for (int k = 0; N->comm && k < N->n; k++)
             if (N->comm[k]) {
                 cudaSetDevice(N->dev[k]);
+                if (t->failed) { /* a send or receive whose peer gave up would never finish */
+                    ncclCommAbort(N->comm[k]);
+                    continue;
+                }
                 if (N->strm) cudaStreamSynchronize(N->strm[k]);
                 ncclCommDestroy(N->comm[k]);
             }

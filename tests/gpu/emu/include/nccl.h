@@ -17,6 +17,7 @@ typedef enum { ncclFloat32 = 7 } ncclDataType_t;
 typedef struct emu_nccl_comm *ncclComm_t;
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int n, const int *devlist);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s);
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s);
 const char *ncclGetErrorString(ncclResult_t r);
