@@ -113,7 +113,7 @@ test: $(EAGLEGEN) $(TEST_BINS)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run_all.sh
 
 asan:
-	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" NO_CUDA=1 test
+	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" NO_CUDA=1 test
 
 bench: $(EAGLEGEN)
 	@BUILD=$(BUILD) bash tests/bench.sh
