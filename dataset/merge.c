@@ -1,4 +1,15 @@
-/* dataset_merge: combine worker manifests into one manifest.json; see manifest.h. */
+/* dataset_merge: combine worker manifests into one manifest.json; see manifest.h.
+ *
+ * All or nothing: every input manifest, shard index and sample id is checked before
+ * anything is created in the output directory; then the shards are linked (or copied),
+ * and manifest.json is written last, atomically. On any failure the files this call
+ * created are removed again (and the output directory, when this call made it). A shard
+ * already present under its output name is accepted when it is the same file (the hard
+ * link of an earlier merge) or byte-identical; a different file of that name is a
+ * conflict. Shards of worker manifests keep their names (shard-w{I}of{N}-*.tar is unique
+ * within a job); shards of a plain or merged manifest.json from another directory are
+ * named in{D}-NAME (D: the input's position), as plain datasets all start at
+ * shard-000000.tar; a name still taken gets in{D}.{K}-NAME. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -6,6 +17,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,16 +58,79 @@ static eg_status copy_file(const char *src, const char *dst, eg_error *err) {
     return st;
 }
 
+/* 1 when a and b are the same file or have the same bytes, 0 when not, -1 on error
+ * (reported in *err). */
+static int same_content(const char *a, const char *b, eg_error *err) {
+    struct stat sa, sb;
+    if (stat(a, &sa)) { eg_fail(err, EG_ERR_IO, "%s: %s", a, strerror(errno)); return -1; }
+    if (stat(b, &sb)) { eg_fail(err, EG_ERR_IO, "%s: %s", b, strerror(errno)); return -1; }
+    if (sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino) return 1;
+    if (!S_ISREG(sa.st_mode) || !S_ISREG(sb.st_mode) || sa.st_size != sb.st_size) return 0;
+    int fa = open(a, O_RDONLY | O_CLOEXEC), fb = open(b, O_RDONLY | O_CLOEXEC);
+    char *ba = malloc(1 << 16), *bb = malloc(1 << 16);
+    int res = 1;
+    if (fa < 0 || fb < 0 || !ba || !bb) {
+        res = -1;
+        if (!ba || !bb) eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        else eg_fail(err, EG_ERR_IO, "%s: %s", fa < 0 ? a : b, strerror(errno));
+    }
+    while (res == 1) {
+        ssize_t ra = read(fa, ba, 1 << 16);
+        if (ra < 0 && errno == EINTR) continue;
+        if (ra < 0) { res = -1; eg_fail(err, EG_ERR_IO, "%s: %s", a, strerror(errno)); break; }
+        if (ra == 0) {
+            char c;
+            if (read(fb, &c, 1) != 0) res = 0;
+            break;
+        }
+        ssize_t got = 0;
+        while (got < ra) {
+            ssize_t rb = read(fb, bb + got, (size_t)(ra - got));
+            if (rb < 0 && errno == EINTR) continue;
+            if (rb < 0) { res = -1; eg_fail(err, EG_ERR_IO, "%s: %s", b, strerror(errno)); break; }
+            if (rb == 0) { res = 0; break; }
+            got += rb;
+        }
+        if (res == 1 && memcmp(ba, bb, (size_t)ra)) res = 0;
+    }
+    if (fa >= 0) close(fa);
+    if (fb >= 0) close(fb);
+    free(ba);
+    free(bb);
+    return res;
+}
+
+/* One shard of the merge: where it comes from, and whether it stays where it is. */
+typedef struct merge_item {
+    char *src;  /* dirs[input]/file */
+    int input;  /* index into dirs */
+    int in_out; /* the input is out_dir itself: the shard is not linked */
+    int worker; /* listed by a worker manifest */
+} merge_item;
+
+static int name_taken(const eg_ds_idset *names, const char *name) { return eg_ds_idset_get(names, name, NULL); }
+
 eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir, eg_error *err) {
     if (n_dirs < 1) return eg_fail(err, EG_ERR_INVALID, "merge: no input directories");
-    if (mkdir(out_dir, 0755) && errno != EEXIST) return eg_fail(err, EG_ERR_IO, "mkdir %s: %s", out_dir, strerror(errno));
+    int made_out = 0;
+    if (!mkdir(out_dir, 0755)) made_out = 1;
+    else if (errno != EEXIST) return eg_fail(err, EG_ERR_IO, "mkdir %s: %s", out_dir, strerror(errno));
     char out_real[PATH_MAX];
-    if (!realpath(out_dir, out_real)) return eg_fail(err, EG_ERR_IO, "%s: %s", out_dir, strerror(errno));
+    if (!realpath(out_dir, out_real)) {
+        eg_status st = eg_fail(err, EG_ERR_IO, "%s: %s", out_dir, strerror(errno));
+        if (made_out) rmdir(out_dir);
+        return st;
+    }
     eg_ds_info merged = {0};
     eg_ds_idset ids = {0}, files = {0};
+    merge_item *items = NULL; /* [merged.n_shards] */
+    char **created = NULL;    /* output files this call made */
+    int n_created = 0;
     json_t *from = json_array();
     eg_status st = EG_OK;
     int have = 0;
+
+    /* 1. read and check everything; nothing is created yet */
     for (int d = 0; d < n_dirs && !st; d++) {
         char **names = NULL;
         int nn = 0;
@@ -84,14 +159,8 @@ eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir
                                                   json_loads(m.job_json, 0, &je) ?: json_object()));
             for (int s = 0; s < m.n_shards && !st; s++) {
                 eg_ds_shard_info *si = &m.shards[s];
-                char src[4096], dst[4096];
+                char src[4096];
                 snprintf(src, sizeof src, "%s/%s", dirs[d], si->file);
-                snprintf(dst, sizeof dst, "%s/%s", out_dir, si->file);
-                if (eg_ds_idset_get(&files, si->file, NULL)) {
-                    st = eg_fail(err, EG_ERR_CONFIG, "merge: two inputs have a shard named %s (%s)", si->file, src);
-                    break;
-                }
-                if ((st = eg_ds_idset_put(&files, si->file, 0, err))) break;
                 eg_ds_trailer tr;
                 eg_ds_index ix;
                 uint64_t size;
@@ -101,28 +170,37 @@ eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir
                     st = eg_fail(err, EG_ERR_FORMAT, "shard %s: size or sample count differs from %s", src, mp);
                     break;
                 }
+                int me = merged.n_shards;
                 for (uint64_t i = 0; i < ix.n && !st; i++) {
-                    if (eg_ds_idset_get(&ids, ix.e[i].id, NULL))
-                        st = eg_fail(err, EG_ERR_FORMAT, "merge: sample id %s appears twice (again in shard %s)", ix.e[i].id, src);
-                    else
-                        st = eg_ds_idset_put(&ids, ix.e[i].id, 0, err);
+                    int64_t first;
+                    if (eg_ds_idset_get(&ids, ix.e[i].id, &first)) {
+                        const merge_item *o = first < me ? &items[first] : NULL;
+                        if (!o)
+                            st = eg_fail(err, EG_ERR_FORMAT, "merge: sample id %s appears twice in shard %s", ix.e[i].id, src);
+                        else if (o->input == d)
+                            st = eg_fail(err, EG_ERR_FORMAT, "merge: sample id %s appears twice in input %s (%s and %s)",
+                                         ix.e[i].id, dirs[d], o->src, src);
+                        else
+                            st = eg_fail(err, EG_ERR_FORMAT,
+                                         "merge: sample id %s is in two inputs: %s (%s) and %s (%s)", ix.e[i].id,
+                                         dirs[o->input], o->src, dirs[d], src);
+                    } else {
+                        st = eg_ds_idset_put(&ids, ix.e[i].id, me, err);
+                    }
                 }
                 eg_ds_index_clear(&ix);
                 if (st) break;
-                if (!same) {
-                    if (!access(dst, F_OK)) {
-                        st = eg_fail(err, EG_ERR_CONFIG, "merge: %s already exists", dst);
-                        break;
-                    }
-                    if (link(src, dst) && (st = copy_file(src, dst, err))) break;
-                }
-                eg_ds_shard_info *q = realloc(merged.shards, sizeof *q * (size_t)(merged.n_shards + 1));
+                eg_ds_shard_info *q = realloc(merged.shards, sizeof *q * (size_t)(me + 1));
                 if (!q) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); break; }
                 merged.shards = q;
-                q[merged.n_shards] = *si;
-                q[merged.n_shards].file = strdup(si->file);
-                if (!q[merged.n_shards].file) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); break; }
+                merge_item *it = realloc(items, sizeof *it * (size_t)(me + 1));
+                if (!it) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); break; }
+                items = it;
+                q[me] = *si;
+                q[me].file = NULL; /* named in step 2 */
+                items[me] = (merge_item){strdup(src), d, same, m.worker_count > 1};
                 merged.n_shards++;
+                if (!items[me].src) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); break; }
             }
             if (!st) {
                 for (int c = 0; c < EG_DS_NCOUNTS; c++) merged.counts[c] += m.counts[c];
@@ -132,6 +210,62 @@ eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir
         }
         eg_ds_free_names(names, nn);
     }
+
+    /* 2. output names: shards already in out_dir keep theirs, then the linked ones */
+    for (int pass = 0; pass < 2 && !st; pass++) {
+        for (int i = 0; i < merged.n_shards && !st; i++) {
+            merge_item *it = &items[i];
+            if (it->in_out != !pass) continue;
+            const char *file = strrchr(it->src, '/') + 1;
+            char name[4096];
+            if (it->in_out) {
+                if (name_taken(&files, file)) {
+                    st = eg_fail(err, EG_ERR_CONFIG, "merge: shard %s is listed twice", it->src);
+                    break;
+                }
+                snprintf(name, sizeof name, "%s", file);
+            } else {
+                if (it->worker) snprintf(name, sizeof name, "%s", file);
+                else snprintf(name, sizeof name, "in%d-%s", it->input, file);
+                for (int k = 2; name_taken(&files, name); k++) snprintf(name, sizeof name, "in%d.%d-%s", it->input, k, file);
+            }
+            if ((st = eg_ds_idset_put(&files, name, i, err))) break;
+            if (!(merged.shards[i].file = strdup(name))) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        }
+    }
+
+    /* 3. link (or copy) the shards living elsewhere */
+    if (!st) {
+        created = calloc((size_t)merged.n_shards + 1, sizeof *created);
+        if (!created) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < merged.n_shards && !st; i++) {
+        if (items[i].in_out) continue;
+        char dst[4096];
+        snprintf(dst, sizeof dst, "%s/%s", out_dir, merged.shards[i].file);
+        struct stat sb;
+        if (!lstat(dst, &sb)) {
+            eg_error e2 = {0};
+            int same = same_content(items[i].src, dst, &e2);
+            if (same < 0) { st = eg_fail(err, e2.code, "merge: %s", e2.msg); break; }
+            if (!same) {
+                st = eg_fail(err, EG_ERR_CONFIG, "merge: %s already exists and is not %s (a different file of that name)",
+                             dst, items[i].src);
+                break;
+            }
+            continue; /* the link of an earlier merge, or an identical copy */
+        }
+        if (errno != ENOENT) { st = eg_fail(err, EG_ERR_IO, "%s: %s", dst, strerror(errno)); break; }
+        if (link(items[i].src, dst) && (st = copy_file(items[i].src, dst, err))) break;
+        if (!(created[n_created] = strdup(dst))) {
+            unlink(dst);
+            st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+            break;
+        }
+        n_created++;
+    }
+
+    /* 4. the manifest, last */
     if (!st) st = eg_ds_fsync_dir(out_dir, err);
     if (!st) {
         json_t *job = json_pack("{s:o}", "merged_from", json_incref(from));
@@ -141,6 +275,15 @@ eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir
         if (!merged.job_json) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
     }
     if (!st) st = eg_ds_info_save(&merged, out_dir, EG_DS_MANIFEST, err);
+    if (st) {
+        for (int i = 0; i < n_created; i++) unlink(created[i]);
+        if (n_created) eg_ds_fsync_dir(out_dir, NULL);
+        if (made_out) rmdir(out_dir);
+    }
+    for (int i = 0; i < n_created; i++) free(created[i]);
+    free(created);
+    for (int i = 0; i < merged.n_shards; i++) free(items[i].src);
+    free(items);
     json_decref(from);
     eg_ds_info_clear(&merged);
     eg_ds_idset_clear(&ids);

@@ -665,8 +665,40 @@ static void test_merge(void) {
         for (int k = 0; k < dataset_num_shards(r); k++) CHECK_OK(dataset_verify_shard(r, k, &err), &err);
         dataset_close(r);
     }
-    /* merging a dataset into a directory that already has its shards fails cleanly */
-    CHECK(dataset_merge(dirs, 1, out, &err) != EG_OK);
+    /* a worker resumes after the merge and commits more shards; merging again into the same
+     * out (which holds hard links of the first shards) takes them all */
+    {
+        eg_shard_writer_opts o = base_opts();
+        o.worker_index = 0;
+        o.worker_count = 2;
+        o.shard_samples = 4;
+        o.resume = 1;
+        CHECK_OK(write_range(dir, o, "m0-", 9, 14, &err), &err);
+    }
+    CHECK_OK(dataset_merge(dirs, 1, out, &err), &err);
+    CHECK_OK(dataset_open(out, &r, &err), &err);
+    if (r) {
+        CHECK(dataset_num_samples(r) == 24);
+        CHECK(dataset_find(r, "m0-000013") >= 0);
+        for (int k = 0; k < dataset_num_shards(r); k++) CHECK_OK(dataset_verify_shard(r, k, &err), &err);
+        dataset_close(r);
+    }
+    /* a different file under a shard's output name is a conflict, and nothing is left behind */
+    char victim[400], other[400];
+    snprintf(victim, sizeof victim, "%s/shard-w0of2-000000.tar", out);
+    snprintf(other, sizeof other, "%s/shard-w1of2-000000.tar", dir);
+    size_t vn;
+    char *vb = slurp(other, &vn);
+    CHECK(vb != NULL);
+    if (vb) {
+        unlink(victim);
+        spit(victim, vb, vn);
+        free(vb);
+        int before = count_files(out, ".tar");
+        CHECK(dataset_merge(dirs, 1, out, &err) == EG_ERR_CONFIG);
+        CHECKF(strstr(err.msg, "shard-w0of2-000000.tar") != NULL, "%s", err.msg);
+        CHECK(count_files(out, ".tar") == before);
+    }
     /* duplicate ids across inputs are rejected */
     char dup[300];
     snprintf(dup, sizeof dup, "%s_dup", dir);
@@ -677,7 +709,8 @@ static void test_merge(void) {
     snprintf(out2, sizeof out2, "%s_out2", dir);
     rm_dir(out2);
     CHECK(dataset_merge(two, 2, out2, &err) == EG_ERR_FORMAT);
-    CHECKF(strstr(err.msg, "m0-000000") != NULL, "%s", err.msg);
+    CHECKF(strstr(err.msg, "m0-000000") != NULL && strstr(err.msg, dir) && strstr(err.msg, dup), "%s", err.msg);
+    CHECK(access(out2, F_OK) != 0); /* the refused merge removed the directory it made */
     rm_dir(out2);
     rm_dir(dup);
     rm_dir(out);

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# eaglegen merge (docs/FORMAT.md §8): merging again into an --out that holds an earlier
+# merge (workers resumed in between); plain single-writer datasets (all start at
+# shard-000000.tar); a failed merge leaves nothing behind, so a corrected retry works;
+# shared sample ids are refused naming the id and both inputs; a different file under a
+# shard's output name is a conflict, an identical one is not.
+set -eu
+: "${EAGLEGEN:?}" "${PYTHON:=/usr/bin/python3}"
+E=$EAGLEGEN
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=${EG_KEEP:-$(mktemp -d)}; [ -n "${EG_KEEP:-}" ] || trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+$E mkmodel --preset tiny --out model --seed 11 >/dev/null 2>&1
+"$PYTHON" - <<'PY'
+import json
+for n in "abc":
+    with open(n + ".jsonl", "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"prompt": f"{n} record {i}: say something about {i * 3}."}) + "\n")
+PY
+args=(--model model --max-new-tokens 8 --max-seq-len 128 --batch 4 --chunk 8 --shard-samples 2
+      --aux-layers 1,2,3 --threads 2)
+gen() { $E generate "${args[@]}" "$@" 2>/dev/null; }
+fail() { echo "FAIL: $*"; exit 1; }
+ntar() { find "$1" -maxdepth 1 -name '*.tar' 2>/dev/null | wc -l; }
+
+echo "-- merge again into the same --out after a worker committed more shards"
+gen --prompts a.jsonl --out rw0 --worker 0/2
+gen --prompts a.jsonl --out rw1 --worker 1/2
+# the state of worker 0 before its last shards were committed: a manifest listing only its
+# first shard (test_dataset_writer's merge test does the same with a real resume)
+cp rw0/manifest.w0of2.json full.json
+"$PYTHON" - rw0/manifest.w0of2.json <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["shards"] = m["shards"][:1]
+json.dump(m, open(sys.argv[1], "w"))
+PY
+$E merge rw0 rw1 --out rwm 2>/dev/null
+"$PYTHON" "$here/gen_check.py" count rwm 6
+cp full.json rw0/manifest.w0of2.json                    # worker 0 resumed and committed the rest
+$E merge rw0 rw1 --out rwm || fail "second merge into rwm"
+"$PYTHON" "$here/gen_check.py" count rwm 8
+$E inspect rwm --verify >/dev/null
+# a byte-identical copy under the output name is accepted, a different file is not
+f=shard-w0of2-000000.tar
+cp rw0/$f rwm/$f.copy && mv rwm/$f.copy rwm/$f
+$E merge rw0 rw1 --out rwm 2>/dev/null || fail "identical copy refused"
+cp rw1/shard-w1of2-000000.tar rwm/$f
+if $E merge rw0 rw1 --out rwm 2>err; then fail "a different file of the same name was accepted"; fi
+grep -q "$f" err || fail "conflict message: $(cat err)"
+cp rw0/$f rwm/$f
+
+echo "-- two plain (single-writer) datasets"
+gen --prompts a.jsonl --out A
+gen --prompts b.jsonl --out B
+$E merge A B --out M || fail "plain datasets"
+$E inspect M --verify >/dev/null
+"$PYTHON" "$here/gen_check.py" count M 16
+# the merged dataset holds exactly the samples of A and B, bit for bit (Python loader)
+"$PYTHON" - "$here/../dataset/python" M A B <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from eaglegen_data import EagleGenDataset
+m = EagleGenDataset(sys.argv[2], as_torch=False)
+n = 0
+for d in sys.argv[3:]:
+    x = EagleGenDataset(d, as_torch=False)
+    for i in range(len(x)):
+        sid = x.metadata(i)["id"]
+        xa, xb = x[i], m.by_id(sid)
+        for k in ("input_ids", "loss_mask", "hidden_states", "target_hidden_states"):
+            assert np.array_equal(xa[k], xb[k]), (sid, k)
+        n += 1
+assert n == len(m), (n, len(m))
+PY
+$E merge A B --out M 2>/dev/null || fail "rerun of the plain merge"
+"$PYTHON" "$here/gen_check.py" count M 16
+# merging the merged dataset with another plain one (names stay unique)
+gen --prompts c.jsonl --out C
+$E merge M C --out MC || fail "merged + plain"
+$E inspect MC --verify >/dev/null
+"$PYTHON" "$here/gen_check.py" count MC 24
+
+echo "-- a failed merge leaves nothing; the corrected retry works"
+$E generate "${args[@]}" --aux-layers 1,2 --prompts c.jsonl --out X 2>/dev/null
+if $E merge A B X --out F 2>err; then fail "incompatible inputs merged"; fi
+[ "$(ntar F)" = 0 ] || fail "failed merge left $(ntar F) shard(s) in F"
+[ ! -e F/manifest.json ] || fail "failed merge wrote a manifest"
+$E merge A B --out F || fail "retry after a failed merge"
+"$PYTHON" "$here/gen_check.py" count F 16
+# into an existing directory: the shards it already had stay, no new ones remain
+mkdir G && echo keep >G/other.txt
+if $E merge rw0 rw1 X --out G 2>/dev/null; then fail "incompatible inputs merged"; fi
+[ "$(ntar G)" = 0 ] && [ -f G/other.txt ] || fail "failed merge into G: $(ls G)"
+
+echo "-- shared sample ids are refused, naming the id and both inputs"
+gen --prompts a.jsonl --out A2
+if $E merge A A2 --out D 2>err; then fail "duplicate ids merged"; fi
+grep -q "a-\|sample id" err || true
+grep -q "sample id" err && grep -q " A " err && grep -q " A2 " err || fail "duplicate id message: $(cat err)"
+[ ! -e D ] || [ "$(ntar D)" = 0 ] || fail "refused merge left shards in D"
+echo "t_dataset_merge: ok"
