@@ -694,10 +694,6 @@ int cmd_generate(int argc, char **argv) {
         snprintf(model_name, sizeof model_name, "%.*s", (int)(end - beg), a.model + beg);
     }
 
-    if (a.log_json && !(jlog = fopen(a.log_json, "a"))) {
-        eg_fail(&err, EG_ERR_IO, "--log-json %s: %s", a.log_json, strerror(errno));
-        goto done;
-    }
     g.records_total = count_records(g.corpus);
     if (g.records_total >= 0 && a.n_workers > 1)
         g.records_total = (g.records_total - a.worker + a.n_workers - 1) / a.n_workers;
@@ -765,6 +761,11 @@ int cmd_generate(int argc, char **argv) {
         if (job_changed && shard_writer_set_job(g.w, job_text, &err)) goto done;
     }
     if (gen_ledger_open(a.out, rej_name, &g.ledger, &err)) goto done;
+    /* after the writer made --out, so the log may live in the job directory */
+    if (a.log_json && !(jlog = fopen(a.log_json, "a"))) {
+        eg_fail(&err, EG_ERR_IO, "--log-json %s: %s", a.log_json, strerror(errno));
+        goto done;
+    }
     fprintf(stderr, "eaglegen generate: %s, %s backend, worker %d/%d, %d slots, KV cache %lld tokens, aux layers",
             existed ? "resuming" : "starting", a.backend, a.worker, a.n_workers, a.batch,
             (long long)eg_engine_kv_capacity(g.engine));

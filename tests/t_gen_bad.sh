@@ -47,6 +47,8 @@ expect 1 $E generate "${args[@]}" --prompts ok.jsonl --out refused --stages 99
 [ ! -e refused/job.json ] || fail "a refused start wrote job.json"
 expect 0 $E generate "${args[@]}" --prompts ok.jsonl --out refused --seed 3
 "$PYTHON" "$here/gen_check.py" count refused 6
+expect 0 $E generate "${args[@]}" --prompts ok.jsonl --out newdir --log-json newdir/progress.jsonl --limit 1
+[ -s newdir/progress.jsonl ] || fail "--log-json inside a new --out"
 
 echo "-- 3. skip mode logs invalid UTF-8 and binary lines"
 { echo '{"id": "g1", "prompt": "fine"}'; printf '{"id": "x", "prompt": "bad \xff\xfe byte"}\n';
