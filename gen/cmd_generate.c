@@ -172,16 +172,16 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"gpus", 1, 0, 'Q'},
         {"transport", 1, 0, 'X'},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
-    static const char *plist[4096];
+    /* every argument could be a prompt path: argc entries is enough, no cap */
+    const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
+    if (!plist) { fprintf(stderr, "eaglegen generate: out of memory\n"); return 1; }
+    a->prompts = plist;
     optind = 1;
     int ch, lim;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
         case 'm': a->model = optarg; break;
-        case 'p':
-            if (a->n_prompts >= 4096) { fprintf(stderr, "eaglegen generate: too many --prompts\n"); return 2; }
-            plist[a->n_prompts++] = optarg;
-            break;
+        case 'p': plist[a->n_prompts++] = optarg; break;
         case 'o': a->out = optarg; break;
         case 'T': a->tokenizer = optarg; break;
         case 'b':
@@ -201,8 +201,11 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 's': {
             char *e;
             errno = 0;
-            unsigned long long v = strtoull(optarg, &e, 10);
-            if (errno || *e || e == optarg || optarg[0] == '-') return bad_arg("--seed", optarg, "a non-negative integer"), 2;
+            /* digits only (strtoull would accept " -5" and wrap it); stored in job.json as a
+             * JSON integer, so at most INT64_MAX */
+            unsigned long long v = optarg[0] >= '0' && optarg[0] <= '9' ? strtoull(optarg, &e, 10) : 0;
+            if (optarg[0] < '0' || optarg[0] > '9' || errno || *e || v > (unsigned long long)INT64_MAX)
+                return bad_arg("--seed", optarg, "an integer in [0, 9223372036854775807]"), 2;
             a->seed = v;
             break;
         }
@@ -211,7 +214,12 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             else if (!strcmp(optarg, "off")) a->thinking = 0;
             else return bad_arg("--thinking", optarg, "on or off"), 2;
             break;
-        case 'a': if (!gen_arg_int_list("generate", "--aux-layers", optarg, 0, a->aux, 64, &a->n_aux)) return 2; break;
+        case 'a':
+            if (!gen_arg_int_list("generate", "--aux-layers", optarg, 0, a->aux, 64, &a->n_aux)) return 2;
+            for (int i = 0; i < a->n_aux; i++)
+                for (int j = 0; j < i; j++)
+                    if (a->aux[i] == a->aux[j]) return bad_arg("--aux-layers", optarg, "distinct layers"), 2;
+            break;
         case 'f':
             if (!strcmp(optarg, "post-norm")) a->pre_norm = 0;
             else if (!strcmp(optarg, "pre-norm")) a->pre_norm = 1;
@@ -243,8 +251,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         default: usage(stderr); return 2;
         }
     }
-    while (optind < argc && a->n_prompts < 4096) plist[a->n_prompts++] = argv[optind++];
-    a->prompts = plist;
+    while (optind < argc) plist[a->n_prompts++] = argv[optind++];
     if (!a->model || !a->out || !a->n_prompts) {
         fprintf(stderr, "eaglegen generate: --model, --prompts and --out are required (see --help)\n");
         return 2;
@@ -265,6 +272,59 @@ typedef struct gen_meta {
     struct gen_meta *prev, *next;
 } gen_meta;
 
+/* The ids this run has met, with where it first met each: an id counts as already done
+ * only when it was committed before this run began and is met the first time; any
+ * later occurrence is a duplicate id. */
+typedef struct seen_entry {
+    char *id;
+    const char *file;
+    uint64_t line;
+} seen_entry;
+
+typedef struct seen_set {
+    seen_entry *e;
+    size_t n, cap; /* cap: 0 or a power of two */
+} seen_set;
+
+static uint64_t str_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The entry for id, or NULL after inserting it (with file:line). -1 in *nomem on OOM. */
+static const seen_entry *seen_find_or_add(seen_set *t, const char *id, const char *file, uint64_t line, int *nomem) {
+    *nomem = 0;
+    if (2 * (t->n + 1) > t->cap) {
+        size_t nc = t->cap ? 2 * t->cap : 1024;
+        seen_entry *ne = calloc(nc, sizeof *ne);
+        if (!ne) { *nomem = 1; return NULL; }
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->e[i].id) continue;
+            size_t k = str_hash(t->e[i].id) & (nc - 1);
+            while (ne[k].id) k = (k + 1) & (nc - 1);
+            ne[k] = t->e[i];
+        }
+        free(t->e);
+        t->e = ne;
+        t->cap = nc;
+    }
+    size_t k = str_hash(id) & (t->cap - 1);
+    for (; t->e[k].id; k = (k + 1) & (t->cap - 1))
+        if (!strcmp(t->e[k].id, id)) return &t->e[k];
+    if (!(t->e[k].id = strdup(id))) { *nomem = 1; return NULL; }
+    t->e[k].file = file;
+    t->e[k].line = line;
+    t->n++;
+    return NULL;
+}
+
+static void seen_free(seen_set *t) {
+    for (size_t i = 0; i < t->cap; i++) free(t->e[i].id);
+    free(t->e);
+    memset(t, 0, sizeof *t);
+}
+
 typedef struct gen_run {
     gen_args *a;
     eg_model *model;
@@ -277,7 +337,8 @@ typedef struct gen_run {
     int32_t *stop;
     int n_stop;
     int64_t records_read;   /* records of this worker seen */
-    int64_t resumed;        /* already committed, passed over */
+    int64_t resumed;        /* committed by an earlier run, passed over */
+    seen_set seen;          /* ids met in this run */
     int64_t written;        /* samples added this run */
     gen_meta live;          /* list head of in-flight requests */
     gen_progress prog;
@@ -341,7 +402,13 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
         g->records_read++;
         corpus_record *r = &g->rec;
         progress(g, 0);
-        if (gen_ledger_has(g->ledger, r->index)) continue; /* handled by an earlier run */
+        int nomem = 0;
+        if (gen_ledger_has(g->ledger, r->index)) { /* handled by an earlier run */
+            /* a dropped sample's id still counts as met, as in an uninterrupted run */
+            if (r->ok && r->id) seen_find_or_add(&g->seen, r->id, r->file, r->line, &nomem);
+            if (nomem) return eg_fail(err, EG_ERR_NOMEM, "out of memory"), -1;
+            continue;
+        }
         if (!r->ok) {
             if (!a->skip_bad) {
                 eg_fail(err, EG_ERR_FORMAT, "%s:%llu: bad record: %s (use --on-bad-record=skip to log and continue)",
@@ -352,6 +419,22 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
                 return -1;
             continue;
         }
+        const seen_entry *first = seen_find_or_add(&g->seen, r->id, r->file, r->line, &nomem);
+        if (nomem) return eg_fail(err, EG_ERR_NOMEM, "out of memory"), -1;
+        if (first) {
+            char why[1024];
+            snprintf(why, sizeof why, "duplicate id \"%.200s\" (first at %.600s:%llu)", r->id, first->file,
+                     (unsigned long long)first->line);
+            if (!a->skip_bad) {
+                eg_fail(err, EG_ERR_FORMAT, "%s:%llu: bad record: %s (use --on-bad-record=skip to log and continue)",
+                        r->file, (unsigned long long)r->line, why);
+                return -1;
+            }
+            if (gen_ledger_add(g->ledger, r->index, r->file, r->line, r->id, GEN_OUT_DUPLICATE, why, r->raw, err))
+                return -1;
+            continue;
+        }
+        /* met for the first time in this run: committed means committed by an earlier run */
         if (shard_writer_has_id(g->w, r->id)) { g->resumed++; continue; }
         int n = (int)r->ids.n;
         if (a->capture) {
@@ -543,7 +626,7 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
 int cmd_generate(int argc, char **argv) {
     gen_args a;
     int rc = parse_args(argc, argv, &a);
-    if (rc >= 0) return rc;
+    if (rc >= 0) { free((void *)a.prompts); return rc; }
     rc = 1;
     eg_error err = {0};
     gen_run g;
@@ -559,10 +642,6 @@ int cmd_generate(int argc, char **argv) {
     char *job_text = NULL;
     g.model = &model;
 
-    if (mkdir(a.out, 0777) && errno != EEXIST) {
-        fprintf(stderr, "eaglegen generate: cannot create %s: %s\n", a.out, strerror(errno));
-        return 1;
-    }
     if (eg_model_load(a.model, &model, &err)) goto done;
     const eg_config *c = &model.cfg;
     if (tok_load(a.tokenizer, &g.tok, &err)) { eg_wrap(&err, "tokenizer %s", a.tokenizer); goto done; }
@@ -597,29 +676,24 @@ int cmd_generate(int argc, char **argv) {
     char job_name[128], rej_name[128];
     gen_job_filename(job_name, sizeof job_name, "job", "json", a.worker, a.n_workers);
     gen_job_filename(rej_name, sizeof rej_name, "rejects", "jsonl", a.worker, a.n_workers);
-    int existed = 0;
-    if (gen_job_check_or_write(a.out, job_name, ident, &existed, &err)) goto done;
-    if (gen_ledger_open(a.out, rej_name, &g.ledger, &err)) goto done;
+    int existed = 0, job_changed = 0;
+    /* only checked here; job.json is written once every check passed and the writer
+     * opened, so a refused start leaves nothing a later run could mistake for its job */
+    if (gen_job_check(a.out, job_name, ident, &existed, &job_changed, &err)) goto done;
     job_text = json_dumps(ident, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!job_text) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
 
     char model_name[256];
     {
-        const char *base = strrchr(a.model, '/');
-        snprintf(model_name, sizeof model_name, "%s", base && base[1] ? base + 1 : a.model);
+        /* the last path component, trailing slashes ignored: dir, dir/ and a/dir// agree */
+        size_t end = strlen(a.model);
+        while (end > 1 && a.model[end - 1] == '/') end--;
+        size_t beg = end;
+        while (beg > 0 && a.model[beg - 1] != '/') beg--;
+        if (beg == end) beg = 0; /* "/" */
+        snprintf(model_name, sizeof model_name, "%.*s", (int)(end - beg), a.model + beg);
     }
-    eg_shard_writer_opts wo = {
-        .model_name = model_name, .model_config_sha256 = c->hash, .tokenizer_sha256 = tok_fingerprint(g.tok),
-        .chat_template = "kimi-k2.5", .thinking = a.thinking, .n_aux = a.n_aux, .aux_layers = a.aux,
-        .hidden_size = c->hidden, .target_vocab_size = c->vocab,
-        .final_source = a.pre_norm ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM, .job_json = job_text,
-        .shard_samples = a.shard_samples, .threads = a.threads, .worker_index = a.worker,
-        .worker_count = a.n_workers, .resume = existed};
-    if (shard_writer_open(a.out, &wo, &g.w, &err)) goto done;
 
-    if (a.log_json && !(jlog = fopen(a.log_json, "a"))) {
-        eg_fail(&err, EG_ERR_IO, "--log-json %s: %s", a.log_json, strerror(errno));
-        goto done;
-    }
     g.records_total = count_records(g.corpus);
     if (g.records_total >= 0 && a.n_workers > 1)
         g.records_total = (g.records_total - a.worker + a.n_workers - 1) / a.n_workers;
@@ -674,6 +748,24 @@ int cmd_generate(int argc, char **argv) {
                          .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches,
                          .transport = a.transport};
     if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
+    eg_shard_writer_opts wo = {
+        .model_name = model_name, .model_config_sha256 = c->hash, .tokenizer_sha256 = tok_fingerprint(g.tok),
+        .chat_template = "kimi-k2.5", .thinking = a.thinking, .n_aux = a.n_aux, .aux_layers = a.aux,
+        .hidden_size = c->hidden, .target_vocab_size = c->vocab,
+        .final_source = a.pre_norm ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM, .job_json = job_text,
+        .shard_samples = a.shard_samples, .threads = a.threads, .worker_index = a.worker,
+        .worker_count = a.n_workers, .resume = existed};
+    if (shard_writer_open(a.out, &wo, &g.w, &err)) goto done;
+    if (!existed || job_changed) {
+        if (gen_job_write(a.out, job_name, ident, &err)) goto done;
+        if (job_changed && shard_writer_set_job(g.w, job_text, &err)) goto done;
+    }
+    if (gen_ledger_open(a.out, rej_name, &g.ledger, &err)) goto done;
+    /* after the writer made --out, so the log may live in the job directory */
+    if (a.log_json && !(jlog = fopen(a.log_json, "a"))) {
+        eg_fail(&err, EG_ERR_IO, "--log-json %s: %s", a.log_json, strerror(errno));
+        goto done;
+    }
     fprintf(stderr, "eaglegen generate: %s, %s backend, worker %d/%d, %d slots, KV cache %lld tokens, aux layers",
             existed ? "resuming" : "starting", a.backend, a.worker, a.n_workers, a.batch,
             (long long)eg_engine_kv_capacity(g.engine));
@@ -755,6 +847,7 @@ done_quiet:
     shard_writer_free(g.w);
     gen_ledger_close(g.ledger);
     corpus_record_free(&g.rec);
+    seen_free(&g.seen);
     corpus_close(g.corpus);
     tok_free(g.tok);
     eg_model_free(&model);
@@ -762,6 +855,7 @@ done_quiet:
     free(job_text);
     free(g.stop);
     free(g.mask_buf);
+    free((void *)a.prompts);
     if (jlog) fclose(jlog);
     return rc;
 }

@@ -77,26 +77,60 @@ static void diff(const char *prefix, json_t *a, json_t *b, char *out, size_t cap
     (*count)++;
 }
 
-eg_status gen_job_check_or_write(const char *dir, const char *name, json_t *want, int *existed, eg_error *err) {
+/* Copy of have with what may legitimately change between runs taken from want: the
+ * --on-bad-record policy (it changes no sample) and an input's spelling when both
+ * spellings name the same file. */
+static json_t *normalized(json_t *have, json_t *want) {
+    json_t *h = json_deep_copy(have);
+    if (!h) return NULL;
+    json_t *hp = json_object_get(h, "params"), *wp = json_object_get(want, "params");
+    json_t *wb = json_object_get(wp, "on_bad_record");
+    if (json_is_object(hp) && json_object_get(hp, "on_bad_record") && wb)
+        json_object_set(hp, "on_bad_record", wb);
+    json_t *hi = json_object_get(json_object_get(h, "fingerprints"), "inputs");
+    json_t *wi = json_object_get(json_object_get(want, "fingerprints"), "inputs");
+    if (json_is_array(hi) && json_is_array(wi) && json_array_size(hi) == json_array_size(wi)) {
+        for (size_t i = 0; i < json_array_size(hi); i++) {
+            json_t *hv = json_object_get(json_array_get(hi, i), "path");
+            json_t *wv = json_object_get(json_array_get(wi, i), "path");
+            const char *a = json_string_value(hv), *b = json_string_value(wv);
+            if (!a || !b || !strcmp(a, b) || !strcmp(a, "-") || !strcmp(b, "-")) continue;
+            char *ra = realpath(a, NULL), *rb = realpath(b, NULL);
+            if (ra && rb && !strcmp(ra, rb)) json_object_set(json_array_get(hi, i), "path", wv);
+            free(ra);
+            free(rb);
+        }
+    }
+    return h;
+}
+
+eg_status gen_job_check(const char *dir, const char *name, json_t *want, int *existed, int *changed, eg_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     *existed = 0;
-    if (access(path, F_OK) == 0) {
-        json_error_t je;
-        json_t *have = json_load_file(path, 0, &je);
-        if (!have) return eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s (the job file is damaged)", path, je.line, je.text);
-        *existed = 1;
-        char msg[900] = "";
-        int count = 0;
-        diff("", have, want, msg, sizeof msg, &count);
-        json_decref(have);
-        if (count)
-            return eg_fail(err, EG_ERR_CONFIG,
-                           "%s was made with different parameters; refusing to resume (%d difference%s, old -> new):%s\n"
-                           "Use the original command, or a new --out directory.",
-                           path, count, count > 1 ? "s" : "", msg);
-        return EG_OK;
-    }
+    *changed = 0;
+    if (access(path, F_OK) != 0) return EG_OK;
+    json_error_t je;
+    json_t *have = json_load_file(path, 0, &je);
+    if (!have) return eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s (the job file is damaged)", path, je.line, je.text);
+    *existed = 1;
+    json_t *norm = normalized(have, want);
+    if (!norm) { json_decref(have); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+    char msg[900] = "";
+    int count = 0;
+    diff("", norm, want, msg, sizeof msg, &count);
+    json_decref(norm);
+    *changed = !json_equal(have, want);
+    json_decref(have);
+    if (count)
+        return eg_fail(err, EG_ERR_CONFIG,
+                       "%s was made with different parameters; refusing to resume (%d difference%s, old -> new):%s\n"
+                       "Use the original command, or a new --out directory.",
+                       path, count, count > 1 ? "s" : "", msg);
+    return EG_OK;
+}
+
+eg_status gen_job_write(const char *dir, const char *name, json_t *want, eg_error *err) {
     char *text = json_dumps(want, JSON_INDENT(2) | JSON_SORT_KEYS);
     if (!text) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
     size_t n = strlen(text);
@@ -104,6 +138,13 @@ eg_status gen_job_check_or_write(const char *dir, const char *name, json_t *want
     eg_status st = eg_ds_write_atomic(dir, name, text, n + 1, err);
     free(text);
     return st;
+}
+
+eg_status gen_job_check_or_write(const char *dir, const char *name, json_t *want, int *existed, eg_error *err) {
+    int changed = 0;
+    eg_status st = gen_job_check(dir, name, want, existed, &changed, err);
+    if (st || (*existed && !changed)) return st;
+    return gen_job_write(dir, name, want, err);
 }
 
 /* ---- ledger ---------------------------------------------------------------- */
@@ -147,15 +188,28 @@ eg_status gen_ledger_open(const char *dir, const char *name, gen_ledger **out, e
         char *line = NULL;
         size_t cap = 0;
         ssize_t len;
+        uint64_t lineno = 0;
         while ((len = getline(&line, &cap, r)) > 0) {
-            if (line[len - 1] != '\n') break; /* torn by a crash */
+            lineno++;
+            if (line[len - 1] != '\n') break; /* torn by a crash: only the last line can be */
             json_t *j = json_loadb(line, (size_t)len, 0, NULL);
             json_t *ix = j ? json_object_get(j, "index") : NULL;
             const char *oc = j ? json_string_value(json_object_get(j, "outcome")) : NULL;
-            if (!json_is_integer(ix) || !oc) { json_decref(j); break; }
+            int o = 0;
+            while (oc && o < GEN_NOUTCOMES && strcmp(oc, outcome_names[o])) o++;
+            if (!json_is_integer(ix) || json_integer_value(ix) < 0 || !oc || o == GEN_NOUTCOMES) {
+                json_decref(j);
+                free(line);
+                fclose(r);
+                eg_fail(err, EG_ERR_FORMAT,
+                        "%s:%llu: damaged ledger line (want an object with an integer \"index\" and an \"outcome\" "
+                        "of rejected, dropped or duplicate); fix or remove the line",
+                        l->path, (unsigned long long)lineno);
+                gen_ledger_close(l);
+                return EG_ERR_FORMAT;
+            }
             eg_status st = push(l, (uint64_t)json_integer_value(ix), err);
-            for (int o = 0; o < GEN_NOUTCOMES; o++)
-                if (!strcmp(oc, outcome_names[o])) l->counts[o]++;
+            l->counts[o]++;
             json_decref(j);
             if (st) { free(line); fclose(r); gen_ledger_close(l); return st; }
             good += len;
@@ -168,7 +222,7 @@ eg_status gen_ledger_open(const char *dir, const char *name, gen_ledger **out, e
             return EG_ERR_IO;
         }
     }
-    qsort(l->idx, l->n, sizeof *l->idx, cmp_u64);
+    if (l->n > 0) qsort(l->idx, l->n, sizeof *l->idx, cmp_u64);
     l->n_sorted = l->n;
     l->f = fopen(l->path, "a");
     if (!l->f) {
@@ -188,7 +242,7 @@ void gen_ledger_close(gen_ledger *l) {
 }
 
 int gen_ledger_has(const gen_ledger *l, uint64_t index) {
-    if (bsearch(&index, l->idx, l->n_sorted, sizeof *l->idx, cmp_u64)) return 1;
+    if (l->n_sorted > 0 && bsearch(&index, l->idx, l->n_sorted, sizeof *l->idx, cmp_u64)) return 1;
     for (size_t i = l->n_sorted; i < l->n; i++)
         if (l->idx[i] == index) return 1;
     return 0;
@@ -196,13 +250,54 @@ int gen_ledger_has(const gen_ledger *l, uint64_t index) {
 
 int64_t gen_ledger_count(const gen_ledger *l, gen_outcome o) { return l->counts[o]; }
 
+/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t k;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) k = 2;
+    else if (c >= 0xE0 && c <= 0xEF) { k = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { k = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    else return 0;
+    if (n < k) return 0;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < k; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+    return k;
+}
+
+/* raw as valid UTF-8: each byte that is not part of a valid sequence becomes the text
+ * "\\xNN" (so binary or mis-encoded lines can still be logged). NULL: out of memory. */
+static char *utf8_escape(const char *raw, size_t *out_len) {
+    size_t n = strlen(raw);
+    char *o = malloc(4 * n + 1);
+    if (!o) return NULL;
+    size_t j = 0;
+    const unsigned char *s = (const unsigned char *)raw;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq(s + i, n - i);
+        if (k) { memcpy(o + j, s + i, k); j += k; i += k; }
+        else { j += (size_t)sprintf(o + j, "\\x%02X", s[i]); i++; }
+    }
+    o[j] = 0;
+    *out_len = j;
+    return o;
+}
+
 eg_status gen_ledger_add(gen_ledger *l, uint64_t index, const char *file, uint64_t line, const char *id,
                          gen_outcome o, const char *reason, const char *raw, eg_error *err) {
     json_t *j = json_pack("{s:I, s:s, s:s, s:I, s:s, s:s}", "index", (json_int_t)index, "outcome", outcome_names[o],
                           "file", file ? file : "", "line", (json_int_t)line, "id", id ? id : "", "reason",
                           reason ? reason : "");
     if (!j) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
-    if (raw) json_object_set_new(j, "raw", json_stringn_nocheck(raw, strlen(raw)));
+    if (raw) {
+        size_t rn = 0;
+        char *safe = utf8_escape(raw, &rn);
+        json_t *rv = safe ? json_stringn(safe, rn) : NULL;
+        free(safe);
+        if (!rv || json_object_set_new(j, "raw", rv)) { json_decref(j); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+    }
     char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
     json_decref(j);
     if (!s) return eg_fail(err, EG_ERR_NOMEM, "out of memory");

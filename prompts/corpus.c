@@ -278,8 +278,16 @@ static eg_status set_id(corpus_record *rec, json_t *id, eg_error *err) {
     rec->id = NULL;
     char buf[64];
     const char *s = NULL;
-    if (json_is_string(id)) s = json_string_value(id);
-    else if (json_is_integer(id)) {
+    if (json_is_string(id)) {
+        /* an empty id, or one with a NUL (strdup would cut it), names no sample: the
+         * record is bad and keeps its FILE:LINE id for the report */
+        size_t n = json_string_length(id);
+        s = json_string_value(id);
+        if (n == 0 || strlen(s) != n) {
+            reject(rec, n ? "\"id\" contains a NUL character (\\u0000)" : "\"id\" is empty");
+            s = NULL;
+        }
+    } else if (json_is_integer(id)) {
         snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(id));
         s = buf;
     }
@@ -334,6 +342,7 @@ eg_status corpus_parse(const tok_tokenizer *tok, const corpus_opts *o, const cha
         return set_id(rec, NULL, err);
     }
     if ((st = set_id(rec, json_is_object(root) ? json_object_get(root, "id") : NULL, err))) goto out;
+    if (!rec->ok) goto out; /* a bad id */
     if (!json_is_object(root)) { reject(rec, "record is not a JSON object"); goto out; }
     json_t *id = json_object_get(root, "id");
     if (id && !json_is_string(id) && !json_is_integer(id)) { reject(rec, "\"id\" must be a string or an integer"); goto out; }
