@@ -44,6 +44,17 @@ PYEOF
 [ $rc -eq 1 ] || fail "huge histogram id: rc $rc"
 grep -q "hist/manifest.json.*2147483647" "$DIR/err" || fail "huge histogram id: message: $(cat "$DIR/err")"
 
+# manifest without "job": read as {} (under ASan/LSan: nothing leaked)
+cp -r "$DIR/ds" "$DIR/nojob"
+"$PY" - "$DIR/nojob/manifest.json" <<'PYEOF' || fail "edit manifest (job)"
+import json, sys
+m = json.load(open(sys.argv[1]))
+m.pop("job", None)
+json.dump(m, open(sys.argv[1], "w"))
+PYEOF
+"$EG" inspect "$DIR/nojob" > "$DIR/nojob.txt" 2> "$DIR/err" || fail "manifest without job: $(cat "$DIR/err")"
+grep -q "^  job {}$" "$DIR/nojob.txt" || fail "manifest without job: summary lacks 'job {}'"
+
 # a single shard: distinct loss-masked ids counted from its samples
 "$EG" inspect "$SH" --json > "$DIR/one.json" || fail "inspect single shard"
 "$PY" - "$DIR/one.json" "$SH" <<'PYEOF' || fail "single-shard distinct ids"
