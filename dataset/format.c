@@ -263,6 +263,22 @@ static eg_status frame_decode(ZSTD_DCtx *dc, const uint8_t *src, size_t stored, 
     return EG_OK;
 }
 
+/* Check a section's zstd frame against the header's sizes without decompressing, so
+ * nothing is allocated from header values the frame does not back up. */
+static eg_status frame_check(const uint8_t *src, size_t stored, uint64_t raw, const char *what,
+                             eg_error *err) {
+    if (stored < 6 || get32(src) != 0xFD2FB528u)
+        return eg_fail(err, EG_ERR_FORMAT, "%s: not a zstd frame", what);
+    unsigned long long fcs = ZSTD_getFrameContentSize(src, stored);
+    if (fcs == ZSTD_CONTENTSIZE_UNKNOWN || fcs == ZSTD_CONTENTSIZE_ERROR || fcs != (unsigned long long)raw)
+        return eg_fail(err, EG_ERR_FORMAT, "%s: frame holds %lld bytes, header says %" PRIu64, what,
+                       (long long)fcs, raw);
+    size_t fsz = ZSTD_findFrameCompressedSize(src, stored);
+    if (ZSTD_isError(fsz) || fsz != stored)
+        return eg_fail(err, EG_ERR_FORMAT, "%s: frame size mismatch (truncated or corrupt)", what);
+    return EG_OK;
+}
+
 static eg_status parse_meta(const char *txt, size_t n, eg_ds_sample *s, eg_error *err) {
     json_error_t je;
     json_t *o = json_loadb(txt, n, JSON_REJECT_DUPLICATES, &je);
@@ -287,8 +303,9 @@ static eg_status parse_meta(const char *txt, size_t n, eg_ds_sample *s, eg_error
     errno = 0;
     s->seed = strtoull(seed, &end, 10);
     if (*end || errno || !*seed) {
+        eg_fail(err, EG_ERR_FORMAT, "metadata: bad seed '%s'", seed); /* seed points into o */
         json_decref(o);
-        return eg_fail(err, EG_ERR_FORMAT, "metadata: bad seed '%s'", seed);
+        return EG_ERR_FORMAT;
     }
     s->id = strdup(id);
     s->source_file = strdup(src);
@@ -328,7 +345,9 @@ eg_status eg_ds_record_decode(const uint8_t *buf, size_t len, int meta_only, eg_
         if (stored[i] > len) return eg_fail(err, EG_ERR_FORMAT, "record: section %d larger than record", i);
         total += stored[i];
     }
-    if (H == 0) return eg_fail(err, EG_ERR_FORMAT, "record: hidden size 0");
+    if (H == 0 || H > EG_DS_MAX_HIDDEN || na > EG_DS_MAX_AUX)
+        return eg_fail(err, EG_ERR_FORMAT, "record: bad shape n_aux=%" PRIu64 " H=%" PRIu64
+                       " (n_aux <= %d, 1 <= H <= %d)", na, H, EG_DS_MAX_AUX, EG_DS_MAX_HIDDEN);
     if (raw[1] != T * 4 || raw[2] != T || raw[3] != T * na * H * 2 || raw[4] != T * H * 2 ||
         raw[0] > (64u << 20))
         return eg_fail(err, EG_ERR_FORMAT, "record: section sizes do not match T=%" PRIu64
@@ -336,6 +355,16 @@ eg_status eg_ds_record_decode(const uint8_t *buf, size_t len, int meta_only, eg_
     if (total != len)
         return eg_fail(err, EG_ERR_FORMAT, "record: sections hold %" PRIu64 " bytes, member has %zu",
                        total, len);
+    {
+        static const char *const names[EG_DS_NSEC] = {"metadata", "input_ids", "loss_mask", "aux_hidden", "final_hidden"};
+        const uint8_t *q = buf + EG_DS_RECORD_HEADER_SIZE;
+        for (int i = 0; i < EG_DS_NSEC; i++) {
+            eg_status cs = frame_check(q, stored[i], raw[i], names[i], err);
+            if (cs) return cs;
+            if (meta_only) break;
+            q += stored[i];
+        }
+    }
     s->T = (int64_t)T;
     s->n_aux = (int)na;
     s->H = (int64_t)H;
@@ -445,9 +474,10 @@ eg_status eg_ds_index_decode(const uint8_t *buf, size_t len, uint64_t raw_len, e
     memset(ix, 0, sizeof *ix);
     if (raw_len < EG_DS_INDEX_HEADER_SIZE || raw_len > ((uint64_t)1 << 34))
         return eg_fail(err, EG_ERR_FORMAT, "index: bad size %" PRIu64, raw_len);
+    eg_status st = frame_check(buf, len, raw_len, "index", err);
+    if (st) return st;
     uint8_t *b = malloc(raw_len);
     ZSTD_DCtx *dc = ZSTD_createDCtx();
-    eg_status st = EG_OK;
     if (!b || !dc) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = frame_decode(dc, buf, len, b, raw_len, "index", err))) goto done;
     if (memcmp(b, EG_DS_INDEX_MAGIC, 4)) { st = eg_fail(err, EG_ERR_FORMAT, "index: bad magic"); goto done; }
@@ -458,6 +488,11 @@ eg_status eg_ds_index_decode(const uint8_t *buf, size_t len, uint64_t raw_len, e
     ix->n_aux = get32(b + 8);
     ix->flags = get32(b + 12);
     ix->H = get64(b + 16);
+    if (ix->n_aux > EG_DS_MAX_AUX || ix->H < 1 || ix->H > EG_DS_MAX_HIDDEN) {
+        st = eg_fail(err, EG_ERR_FORMAT, "index: bad shape n_aux=%u H=%" PRIu64 " (n_aux <= %d, 1 <= H <= %d)",
+                     ix->n_aux, ix->H, EG_DS_MAX_AUX, EG_DS_MAX_HIDDEN);
+        goto done;
+    }
     uint64_t n = get64(b + 24);
     if (n > raw_len / EG_DS_INDEX_ENTRY_SIZE) { st = eg_fail(err, EG_ERR_FORMAT, "index: %" PRIu64 " entries do not fit", n); goto done; }
     ix->e = calloc(n ? n : 1, sizeof *ix->e);
@@ -474,6 +509,10 @@ eg_status eg_ds_index_decode(const uint8_t *buf, size_t len, uint64_t raw_len, e
         e->finish = p[28] ? EG_DS_FINISH_LENGTH : EG_DS_FINISH_STOP;
         if (p[28] > 1 || (uint64_t)(end - p - EG_DS_INDEX_ENTRY_SIZE) < il) {
             st = eg_fail(err, EG_ERR_FORMAT, "index: entry %" PRIu64 " malformed", i);
+            goto done;
+        }
+        if (memchr(p + EG_DS_INDEX_ENTRY_SIZE, 0, il)) {
+            st = eg_fail(err, EG_ERR_FORMAT, "index: entry %" PRIu64 ": id contains a NUL byte", i);
             goto done;
         }
         e->id = malloc(il + 1);

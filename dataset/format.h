@@ -35,6 +35,9 @@
 #define EG_DS_TRAILER_MEMBER "trailer.egt"
 
 /* Record and trailer flags. */
+#define EG_DS_MAX_AUX 1024           /* most aux layers a record or index may declare */
+#define EG_DS_MAX_HIDDEN (1 << 20)   /* largest hidden size a record or index may declare */
+#define EG_DS_MAX_HIST_ID (1 << 24)  /* histogram id bound when the vocab size is unknown */
 #define EG_DS_FLAG_BF16_SPLIT 1u /* BF16 tensors stored as [high bytes][low bytes] */
 
 /* Sections of a sample record, in storage order. */

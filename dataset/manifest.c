@@ -360,13 +360,21 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
         }
         if (json_integer_value(x) > maxid) maxid = json_integer_value(x);
     }
+    /* the histogram is dense: an id must lie inside the tokenizer's vocabulary (or, when
+     * that is unknown, below EG_DS_MAX_HIST_ID) */
+    int64_t id_limit = m->target_vocab_size > 0 ? m->target_vocab_size : EG_DS_MAX_HIST_ID;
+    if (maxid >= id_limit) {
+        st = eg_fail(err, EG_ERR_FORMAT, "%s: loss_token_histogram: token id %" PRId64 " >= %s %" PRId64, path,
+                     maxid, m->target_vocab_size > 0 ? "tokenizer vocab_size" : "limit", id_limit);
+        goto done;
+    }
     m->hist_len = maxid + 1;
     m->hist = calloc((size_t)m->hist_len + 1, sizeof(uint64_t));
     if (!m->hist) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto done; }
     for (size_t i = 0; i < nh; i++)
         m->hist[json_integer_value(json_array_get(hid, i))] += (uint64_t)json_integer_value(json_array_get(hc, i));
     json_t *job = json_object_get(o, "job");
-    m->job_json = json_dumps(job && json_is_object(job) ? job : json_object(), JSON_COMPACT | JSON_PRESERVE_ORDER);
+    m->job_json = job && json_is_object(job) ? json_dumps(job, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup("{}");
     if (!m->job_json) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto done; }
 done:
     json_decref(o);

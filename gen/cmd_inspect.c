@@ -1,4 +1,5 @@
 /* eaglegen inspect: summarise, list, show or verify a dataset (directory) or one shard. */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -106,6 +107,11 @@ static int show_sample(const eg_ds_reader *r, int64_t i, const tok_tokenizer *to
     dataset_entry(r, i, &shard, &pos);
     int nl = s.n_aux + 1;
     stat_acc *acc = calloc((size_t)nl, sizeof *acc);
+    if (!acc) {
+        fprintf(stderr, "eaglegen inspect: out of memory\n");
+        eg_ds_sample_clear(&s);
+        return 1;
+    }
     for (int l = 0; l < nl; l++) acc_init(&acc[l]);
     acc_sample(acc, &s);
     int64_t n_loss = 0;
@@ -262,6 +268,11 @@ static void verify(const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
                 }
             int nl = s.n_aux + 1;
             stat_acc *one = calloc((size_t)nl, sizeof *one);
+            if (!one) {
+                problem(v, "%s: out of memory", where);
+                eg_ds_sample_clear(&s);
+                continue;
+            }
             for (int l = 0; l < nl; l++) acc_init(&one[l]);
             acc_sample(one, &s);
             for (int l = 0; l < nl; l++) {
@@ -302,6 +313,34 @@ static void verify(const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
     free(hist);
 }
 
+/* Distinct loss-masked token ids over every sample of r (for a shard without a manifest). */
+static eg_status count_distinct(const eg_ds_reader *r, int64_t *distinct, eg_error *err) {
+    uint8_t *seen = NULL;
+    int64_t seen_len = 0, d = 0;
+    eg_status st = EG_OK;
+    for (int64_t i = 0; i < dataset_num_samples(r) && !st; i++) {
+        eg_ds_sample s;
+        if ((st = dataset_read(r, i, 0, &s, err))) break;
+        for (int64_t t = 0; t < s.T; t++) {
+            if (!s.loss_mask[t] || s.input_ids[t] < 0) continue;
+            int64_t id = s.input_ids[t];
+            if (id >= seen_len) {
+                int64_t nl = id + 1 > 2 * seen_len ? id + 1 : 2 * seen_len;
+                uint8_t *q = realloc(seen, (size_t)nl);
+                if (!q) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory counting token ids"); break; }
+                memset(q + seen_len, 0, (size_t)(nl - seen_len));
+                seen = q;
+                seen_len = nl;
+            }
+            if (!seen[id]) { seen[id] = 1; d++; }
+        }
+        eg_ds_sample_clear(&s);
+    }
+    free(seen);
+    *distinct = d;
+    return st;
+}
+
 /* ---------------------------------------------------------------- main */
 int cmd_inspect(int argc, char **argv) {
     static const struct option opts[] = {
@@ -328,12 +367,14 @@ int cmd_inspect(int argc, char **argv) {
             samples[n_samples++] = optarg;
             break;
         case 'n':
+            errno = 0;
             show = strtol(optarg, &end, 10);
-            if (*end || show < 0) { fprintf(stderr, "eaglegen inspect: bad --show '%s'\n", optarg); return 2; }
+            if (errno || end == optarg || *end || show < 0) { fprintf(stderr, "eaglegen inspect: bad --show '%s'\n", optarg); return 2; }
             break;
         case 'S':
+            errno = 0;
             stats_n = strtol(optarg, &end, 10);
-            if (*end || stats_n < 0) { fprintf(stderr, "eaglegen inspect: bad --stats-samples '%s'\n", optarg); return 2; }
+            if (errno || end == optarg || *end || stats_n < 0) { fprintf(stderr, "eaglegen inspect: bad --stats-samples '%s'\n", optarg); return 2; }
             break;
         case 't': tokdir = optarg; break;
         case 'h': usage(stdout); return 0;
@@ -368,7 +409,14 @@ int cmd_inspect(int argc, char **argv) {
     int rc = 0;
     json_t *root = json_object();
     int nl = m->n_aux + 1;
-    stat_acc *acc = calloc((size_t)nl, sizeof *acc);
+    stat_acc *acc = nl > 0 ? calloc((size_t)nl, sizeof *acc) : NULL;
+    if (!acc) {
+        fprintf(stderr, "eaglegen inspect: %s: cannot hold statistics for %d aux layers\n", path, m->n_aux);
+        json_decref(root);
+        tok_free(tok);
+        dataset_close(r);
+        return 1;
+    }
     for (int l = 0; l < nl; l++) acc_init(&acc[l]);
     verify_state vs = {0, json_array(), do_json};
     int64_t stats_used = 0;
@@ -397,7 +445,15 @@ int cmd_inspect(int argc, char **argv) {
     /* summary */
     eg_ds_totals t = eg_ds_info_totals(m);
     int64_t distinct = 0;
-    for (int64_t i = 0; i < m->hist_len; i++) distinct += m->hist[i] != 0;
+    if (dataset_has_manifest(r)) {
+        for (int64_t i = 0; i < m->hist_len; i++) distinct += m->hist[i] != 0;
+    } else if (want_summary) {
+        /* a single shard has no manifest histogram: count the loss-masked ids of its samples */
+        if (count_distinct(r, &distinct, &err)) {
+            fprintf(stderr, "eaglegen inspect: %s\n", err.msg);
+            rc = 1;
+        }
+    }
     double ratio = t.bytes ? (double)t.raw_bytes / (double)t.bytes : 0;
     if (do_json) {
         json_object_set_new(root, "path", json_string(path));

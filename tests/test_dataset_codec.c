@@ -5,6 +5,8 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 
 #include "common/eg_common.h"
 #include "dataset/format.h"
@@ -194,6 +196,162 @@ static void test_index_trailer(void) {
     CHECK(eg_ds_trailer_decode(tb, &u, &err) == EG_ERR_FORMAT);
 }
 
+
+/* ---------------------------------------------------------------- damaged headers */
+static void put32t(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64t(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint64_t get64t(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | p[i]; return v; }
+
+/* A valid record of s with its metadata frame replaced by `meta` (header sizes and CRC fixed). */
+static uint8_t *with_meta(const eg_ds_sample *s, const char *meta, size_t *out_len) {
+    eg_error err = {0};
+    eg_ds_codec *c;
+    uint8_t *rec, *mf;
+    size_t len, ml;
+    uint64_t raw;
+    if (eg_ds_codec_new(3, 1, &c, &err)) return NULL;
+    if (eg_ds_record_encode(c, s, &rec, &len, &raw, &err)) { eg_ds_codec_free(c); return NULL; }
+    eg_ds_codec_free(c);
+    if (eg_ds_zstd(meta, strlen(meta), 3, &mf, &ml, &err)) { free(rec); return NULL; }
+    uint64_t old = get64t(rec + 32);
+    size_t n = len - old + ml;
+    uint8_t *o = malloc(n);
+    memcpy(o, rec, EG_DS_RECORD_HEADER_SIZE);
+    memcpy(o + EG_DS_RECORD_HEADER_SIZE, mf, ml);
+    memcpy(o + EG_DS_RECORD_HEADER_SIZE + ml, rec + EG_DS_RECORD_HEADER_SIZE + old, len - EG_DS_RECORD_HEADER_SIZE - old);
+    put64t(o + 32, ml);
+    put64t(o + 40, strlen(meta));
+    put32t(o + 124, eg_ds_crc32(o, 124));
+    free(rec);
+    free(mf);
+    *out_len = n;
+    return o;
+}
+
+static void test_record_bad_seed(void) {
+    eg_error err = {0};
+    eg_ds_sample s, r;
+    make(&s, 5, 1, 4, 9);
+    const char *meta = "{\"finish\":\"stop\",\"gen_len\":2,\"id\":\"x\",\"prompt_len\":3,\"seed\":\"not-a-number-seed-value\","
+                       "\"source_file\":\"f\",\"source_line\":1,\"temperature\":0.5,\"top_k\":0,\"top_p\":1.0}";
+    size_t n;
+    uint8_t *rec = with_meta(&s, meta, &n);
+    CHECK(rec != NULL);
+    if (rec) {
+        CHECK(eg_ds_record_decode(rec, n, 0, &r, &err) == EG_ERR_FORMAT);
+        /* the message quotes the seed: formatted before the JSON holding it is freed */
+        CHECKF(strstr(err.msg, "bad seed 'not-a-number-seed-value'") != NULL, "%s", err.msg);
+        CHECK(eg_ds_record_decode(rec, n, 1, &r, &err) == EG_ERR_FORMAT);
+        CHECKF(strstr(err.msg, "bad seed 'not-a-number-seed-value'") != NULL, "%s", err.msg);
+    }
+    free(rec);
+    eg_ds_sample_clear(&s);
+}
+
+/* Header shapes the frames do not back up are rejected before anything is allocated:
+ * T = 2^31, H = 2^20 would ask for 4 PiB. */
+static void test_record_huge_shape(void) {
+    eg_error err = {0};
+    eg_ds_sample s, r;
+    make(&s, 3, 0, 4, 5);
+    eg_ds_codec *c;
+    uint8_t *rec;
+    size_t len;
+    uint64_t raw;
+    CHECK_OK(eg_ds_codec_new(3, 1, &c, &err), &err);
+    CHECK_OK(eg_ds_record_encode(c, &s, &rec, &len, &raw, &err), &err);
+    eg_ds_codec_free(c);
+    uint64_t T = 1ull << 31, H = 1ull << 20;
+    put32t(rec + 16, (uint32_t)T);
+    put32t(rec + 20, (uint32_t)H);
+    put64t(rec + 40 + 16 * 1, T * 4);
+    put64t(rec + 40 + 16 * 2, T);
+    put64t(rec + 40 + 16 * 3, 0);
+    put64t(rec + 40 + 16 * 4, T * H * 2);
+    put32t(rec + 124, eg_ds_crc32(rec, 124));
+    eg_status st = eg_ds_record_decode(rec, len, 0, &r, &err);
+    CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "frame holds"), "status %d: %s", st, err.msg);
+    put32t(rec + 12, 5000); /* n_aux beyond EG_DS_MAX_AUX */
+    put32t(rec + 124, eg_ds_crc32(rec, 124));
+    st = eg_ds_record_decode(rec, len, 0, &r, &err);
+    CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "bad shape"), "status %d: %s", st, err.msg);
+    free(rec);
+    eg_ds_sample_clear(&s);
+}
+
+/* An index whose raw bytes are given directly (one entry with id bytes `id`, `il` long). */
+static eg_status index_raw(uint32_t n_aux, uint64_t H, const char *id, uint32_t il, eg_ds_index *ix, eg_error *err) {
+    size_t n = EG_DS_INDEX_HEADER_SIZE + EG_DS_INDEX_ENTRY_SIZE + il;
+    uint8_t *b = calloc(1, n), *z;
+    size_t zl;
+    memcpy(b, EG_DS_INDEX_MAGIC, 4);
+    put32t(b + 4, EG_DS_FORMAT_VERSION);
+    put32t(b + 8, n_aux);
+    put64t(b + 16, H);
+    put64t(b + 24, 1);
+    put64t(b + 32, 512);
+    put64t(b + 40, 1000);
+    put32t(b + 48, 3);
+    put32t(b + 56, il);
+    memcpy(b + 64, id, il);
+    eg_status st = eg_ds_zstd(b, n, 3, &z, &zl, err);
+    free(b);
+    if (st) return st;
+    st = eg_ds_index_decode(z, zl, n, ix, err);
+    free(z);
+    return st;
+}
+
+static void test_index_bad_fields(void) {
+    eg_error err = {0};
+    eg_ds_index ix;
+    CHECK_OK(index_raw(3, 64, "ab", 2, &ix, &err), &err);
+    eg_ds_index_clear(&ix);
+    eg_status st = index_raw(1u << 30, 64, "ab", 2, &ix, &err);
+    CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "n_aux=1073741824"), "status %d: %s", st, err.msg);
+    st = index_raw(3, 0, "ab", 2, &ix, &err);
+    CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "bad shape"), "status %d: %s", st, err.msg);
+    st = index_raw(3, (1u << 20) + 1, "ab", 2, &ix, &err);
+    CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "bad shape"), "status %d: %s", st, err.msg);
+    st = index_raw(3, 64, "a\0b", 3, &ix, &err);
+    CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "NUL"), "status %d: %s", st, err.msg);
+}
+
+/* index_raw_size from the trailer (up to 16 GiB) is checked against the frame before the
+ * buffer is allocated: run under a 1 GiB address-space limit (not under ASan, whose
+ * shadow memory needs more), where allocating first fails with EG_ERR_NOMEM. */
+static void test_index_raw_size_first(void) {
+    eg_error err = {0};
+    eg_ds_index ix = {.n_aux = 3, .H = 64, .n = 1}, r;
+    eg_ds_index_entry e = {512, 1000, 3, 1, EG_DS_FINISH_STOP, "a"};
+    ix.e = &e;
+    uint8_t *b;
+    size_t n;
+    uint64_t raw;
+    CHECK_OK(eg_ds_index_encode(&ix, 3, &b, &n, &raw, &err), &err);
+#if defined(__SANITIZE_ADDRESS__)
+    eg_status st = eg_ds_index_decode(b, n, 1ull << 34, &r, &err);
+    CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "frame holds"), "status %d: %s", st, err.msg);
+#else
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit rl = {1ull << 30, 1ull << 30};
+        setrlimit(RLIMIT_AS, &rl);
+        eg_status st = eg_ds_index_decode(b, n, 1ull << 34, &r, &err);
+        if (st != EG_ERR_FORMAT || !strstr(err.msg, "frame holds")) {
+            fprintf(stderr, "    status %d: %s\n", st, err.msg);
+            _exit(1);
+        }
+        _exit(0);
+    }
+    int ws = 0;
+    CHECK(pid > 0 && waitpid(pid, &ws, 0) == pid);
+    CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+#endif
+    free(b);
+}
+
 /* ---------------------------------------------------------------- golden ratios */
 typedef struct golden {
     uint8_t *file;
@@ -322,6 +480,10 @@ static const eg_test tests[] = {
     {"record_roundtrip", test_record_roundtrip},
     {"f32_input", test_f32_input},
     {"index_trailer", test_index_trailer},
+    {"record_bad_seed", test_record_bad_seed},
+    {"record_huge_shape", test_record_huge_shape},
+    {"index_bad_fields", test_index_bad_fields},
+    {"index_raw_size_first", test_index_raw_size_first},
     {"golden_split_gain", test_golden_split_gain},
 };
 

@@ -43,6 +43,8 @@ TRAILER_SIZE = 64
 TRAILER_FROM_END = 1536
 FLAG_BF16_SPLIT = 1
 ZSTD_MAGIC = 0xFD2FB528
+MAX_AUX = 1024  # as the C reader (EG_DS_MAX_AUX, EG_DS_MAX_HIDDEN)
+MAX_HIDDEN = 1 << 20
 
 
 class EagleGenDataError(Exception):
@@ -123,6 +125,8 @@ class ShardIndex:
         if ib[:4] != INDEX_MAGIC or struct.unpack_from("<I", ib, 4)[0] != FORMAT_VERSION:
             raise EagleGenDataError(f"shard {path}: index: bad magic or version")
         self.n_aux, self.flags, self.hidden_size, count = struct.unpack_from("<IIQQ", ib, 8)
+        if self.n_aux > MAX_AUX or not 1 <= self.hidden_size <= MAX_HIDDEN:
+            raise EagleGenDataError(f"shard {path}: index: bad shape n_aux={self.n_aux} H={self.hidden_size}")
         if count != n:
             raise EagleGenDataError(f"shard {path}: index holds {count} samples, trailer says {n}")
         self.offsets, self.sizes, self.tokens, self.n_loss, self.finish, self.ids = [], [], [], [], [], []
@@ -138,7 +142,12 @@ class ShardIndex:
                 self.tokens.append(T)
                 self.n_loss.append(nl)
                 self.finish.append("length" if fin else "stop")
-                self.ids.append(idb.decode("utf-8"))
+                if b"\0" in idb:
+                    raise EagleGenDataError(f"shard {path}: index: entry {i}: id contains a NUL byte")
+                try:
+                    self.ids.append(idb.decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise EagleGenDataError(f"shard {path}: index: entry {i}: id is not valid UTF-8") from None
                 p += 32 + il
         except struct.error:
             raise EagleGenDataError(f"shard {path}: index truncated") from None
@@ -177,6 +186,7 @@ def decode_record(buf, where="record"):
         meta = json.loads(parts[0].decode("utf-8"))
     except ValueError as e:
         raise EagleGenDataError(f"{where}: metadata: {e}") from None
+    _check_meta(meta, where)
     ids = np.frombuffer(parts[1], dtype="<i4")
     mask = np.frombuffer(parts[2], dtype=np.uint8)
     if mask.size and mask.max() > 1:
@@ -189,7 +199,7 @@ def decode_record(buf, where="record"):
         else:
             u = b.view("<u2").astype(np.uint16)
         hid.append(u)
-    meta["seed"] = int(meta["seed"])
+    meta["seed"] = int(meta["seed"])  # checked by _check_meta
     return {
         "meta": meta,
         "input_ids": ids,
@@ -197,6 +207,42 @@ def decode_record(buf, where="record"):
         "aux_hidden": hid[0].reshape(T, na, H),
         "final_hidden": hid[1].reshape(T, H),
     }
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_meta(meta, where):
+    """The record metadata fields the C reader demands, with their types."""
+    if not isinstance(meta, dict):
+        raise EagleGenDataError(f"{where}: metadata: not a JSON object")
+    for k, ok in (("id", lambda v: isinstance(v, str)), ("source_file", lambda v: isinstance(v, str)),
+                  ("finish", lambda v: v in ("stop", "length")), ("seed", lambda v: isinstance(v, str)),
+                  ("source_line", _is_int), ("prompt_len", _is_int), ("gen_len", _is_int), ("top_k", _is_int),
+                  ("temperature", lambda v: _is_int(v) or isinstance(v, float)),
+                  ("top_p", lambda v: _is_int(v) or isinstance(v, float))):
+        if k not in meta or not ok(meta[k]):
+            raise EagleGenDataError(f"{where}: metadata: missing or mistyped field {k!r}")
+    seed = meta["seed"]
+    if not (seed.isascii() and seed.isdigit()) or int(seed) >= 1 << 64:
+        raise EagleGenDataError(f"{where}: metadata: bad seed {seed!r}")
+
+
+def _check_manifest(m, name):
+    """The manifest fields this loader uses, with their types; EagleGenDataError naming the file."""
+    if not isinstance(m, dict):
+        raise EagleGenDataError(f"{name}: not a JSON object")
+    sh = m.get("shards")
+    if not isinstance(sh, list):
+        raise EagleGenDataError(f"{name}: field 'shards' missing or not a list")
+    for i, s in enumerate(sh):
+        if (not isinstance(s, dict) or not isinstance(s.get("file"), str) or "/" in s["file"]
+                or not _is_int(s.get("bytes")) or not _is_int(s.get("samples"))):
+            raise EagleGenDataError(f"{name}: shard entry {i} malformed (needs file, bytes, samples)")
+    for k in ("n_aux", "hidden_size"):
+        if k in m and not _is_int(m[k]):
+            raise EagleGenDataError(f"{name}: field {k!r} is not an integer")
 
 
 class EagleGenDataset:
@@ -209,6 +255,8 @@ class EagleGenDataset:
         self.as_torch = (torch is not None) if as_torch is None else bool(as_torch)
         if self.as_torch and torch is None:
             raise ImportError("as_torch=True but torch is not installed")
+        if max_len is not None and (not _is_int(max_len) or max_len < 1):
+            raise ValueError(f"max_len must be None or an integer >= 1, got {max_len!r}")
         self.max_len = max_len
         if os.path.isdir(path):
             names = [os.path.join(path, "manifest.json")]
@@ -223,8 +271,9 @@ class EagleGenDataset:
                         m = json.load(f)
                 except (OSError, ValueError) as e:
                     raise EagleGenDataError(f"{n}: {e}") from None
-                if m.get("format") != "eaglegen-dataset" or m.get("format_version") != FORMAT_VERSION:
+                if not isinstance(m, dict) or m.get("format") != "eaglegen-dataset" or m.get("format_version") != FORMAT_VERSION:
                     raise EagleGenDataError(f"{n}: not an eaglegen dataset manifest of version {FORMAT_VERSION}")
+                _check_manifest(m, n)
                 self.manifests.append(m)
             self.manifest = self.manifests[0]
             entries = [s for m in self.manifests for s in m["shards"]]

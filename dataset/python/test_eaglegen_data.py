@@ -3,12 +3,15 @@ from the repository root with $BUILD set; needs numpy + zstandard only)."""
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 
 import numpy as np
+import zstandard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import eaglegen_data as eg  # noqa: E402
@@ -116,6 +119,109 @@ def test_damage(d):
     open(shard, "wb").write(orig)
 
 
+def _pad(x):
+    return x + b"\0" * (-len(x) % 512)
+
+
+def rewrite_index(src, dst, n_aux=None, id0=None):
+    """Copy shard src to dst with its index changed (n_aux, or the first entry's id bytes),
+    recompressed, and the trailer's sizes and CRC fixed: a well-formed shard carrying a bad
+    value. Also used by tests/t_dataset_corrupt.sh."""
+    b = open(src, "rb").read()
+    size = len(b)
+    t = bytearray(b[size - 1536 : size - 1536 + 64])
+    _, _, ioff, isize, iraw, _, _ = struct.unpack_from("<IIQQQQQ", t, 8)
+    ib = bytearray(zstandard.ZstdDecompressor().decompress(b[ioff : ioff + isize], max_output_size=iraw))
+    if n_aux is not None:
+        struct.pack_into("<I", ib, 8, n_aux)
+    if id0 is not None:
+        il = struct.unpack_from("<I", ib, 32 + 24)[0]
+        struct.pack_into("<I", ib, 32 + 24, len(id0))
+        ib = ib[:64] + id0 + ib[64 + il :]
+    z = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True).compress(bytes(ib))
+    ti = tarfile.TarInfo("index.egi")
+    ti.size = len(z)
+    struct.pack_into("<QQ", t, 24, len(z), len(ib))
+    struct.pack_into("<I", t, 60, zlib.crc32(bytes(t[:60])))
+    out = b[: ioff - 512] + ti.tobuf(format=tarfile.USTAR_FORMAT) + _pad(z) + b[size - 2048 : size - 1536]
+    open(dst, "wb").write(out + _pad(bytes(t)) + b"\0" * 1024)
+
+
+def with_meta(rec, meta):
+    """Record bytes rec with its metadata frame replaced by JSON text meta (header fixed)."""
+    rec = bytearray(rec)
+    old = struct.unpack_from("<Q", rec, 32)[0]
+    m = meta.encode()
+    z = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True).compress(m)
+    out = bytearray(rec[:128]) + z + rec[128 + old :]
+    struct.pack_into("<QQ", out, 32, len(z), len(m))
+    struct.pack_into("<I", out, 124, zlib.crc32(bytes(out[:124])))
+    return bytes(out)
+
+
+def expect_error(fn, exc, needles, what):
+    try:
+        fn()
+        check(False, f"{what}: accepted")
+    except exc as e:
+        check(all(n in str(e) for n in needles), f"{what}: message {e!r} lacks {needles}")
+    except Exception as e:  # noqa: BLE001 - a bare error is what this test guards against
+        check(False, f"{what}: raised {type(e).__name__}: {e}")
+
+
+def test_bad_fields(d):
+    tmp = os.path.join(d, "bad")
+    os.makedirs(tmp, exist_ok=True)
+    shard = os.path.join(d, "shard-000000.tar")
+    for name, kw, needle in (("badutf8", {"id0": b"py\xff\xfe"}, "UTF-8"), ("nul", {"id0": b"py\0x"}, "NUL"),
+                             ("naux", {"n_aux": 1 << 30}, "n_aux")):
+        bad = os.path.join(tmp, name + ".tar")
+        rewrite_index(shard, bad, **kw)
+        expect_error(lambda: eg.EagleGenDataset(bad, as_torch=False), eg.EagleGenDataError, [bad, needle], name)
+    good = os.path.join(tmp, "good.tar")
+    rewrite_index(shard, good, id0=b"py000000")
+    check(len(eg.EagleGenDataset(good, as_torch=False)) > 0, "rewritten shard with the same id still reads")
+
+    man = json.load(open(os.path.join(d, "manifest.json")))
+    for name, edit in (("no_bytes", lambda m: m["shards"][0].pop("bytes")),
+                       ("str_samples", lambda m: m["shards"][0].__setitem__("samples", "3")),
+                       ("shards_str", lambda m: m.__setitem__("shards", "x")),
+                       ("no_shards", lambda m: m.pop("shards")),
+                       ("file_int", lambda m: m["shards"][0].__setitem__("file", 5)),
+                       ("naux_str", lambda m: m.__setitem__("n_aux", "3"))):
+        dd = os.path.join(tmp, "ds_" + name)
+        shutil.copytree(d, dd, ignore=shutil.ignore_patterns("bad", "sf", "expect"))
+        m = json.loads(json.dumps(man))
+        edit(m)
+        mp = os.path.join(dd, "manifest.json")
+        json.dump(m, open(mp, "w"))
+        expect_error(lambda: eg.EagleGenDataset(dd, as_torch=False), eg.EagleGenDataError, [mp], name)
+
+    ds = eg.EagleGenDataset(d, as_torch=False)
+    ix = ds.shards[0]
+    with open(shard, "rb") as f:
+        f.seek(ix.offsets[0])
+        rec = f.read(ix.sizes[0])
+    base = {"finish": "stop", "gen_len": 1, "id": "x", "prompt_len": 1, "seed": "7", "source_file": "f",
+            "source_line": 1, "temperature": 0.5, "top_k": 0, "top_p": 1.0}
+    check(eg.decode_record(with_meta(rec, json.dumps(base)), "W")["meta"]["seed"] == 7, "good metadata reads")
+    for name, edit, needle in (("no_seed", lambda m: m.pop("seed"), "seed"),
+                               ("seed_abc", lambda m: m.__setitem__("seed", "abc"), "seed"),
+                               ("seed_int", lambda m: m.__setitem__("seed", 7), "seed"),
+                               ("seed_neg", lambda m: m.__setitem__("seed", "-1"), "seed"),
+                               ("no_id", lambda m: m.pop("id"), "id"),
+                               ("finish", lambda m: m.__setitem__("finish", "eos"), "finish"),
+                               ("array", lambda m: m.clear(), "metadata")):
+        m = dict(base)
+        edit(m)
+        txt = json.dumps(m) if name != "array" else "[1]"
+        expect_error(lambda: eg.decode_record(with_meta(rec, txt), "shard S, sample 0"), eg.EagleGenDataError,
+                     ["shard S, sample 0", needle], name)
+    for v in (0, -1, "3", 1.5):
+        expect_error(lambda: eg.EagleGenDataset(d, as_torch=False, max_len=v), ValueError, ["max_len"], f"max_len={v!r}")
+    check(len(eg.EagleGenDataset(d, as_torch=False, max_len=1)[0]["input_ids"]) == 1, "max_len=1")
+
+
 def test_specforge(d):
     out = os.path.join(d, "sf")
     if eg.torch is None:
@@ -146,7 +252,7 @@ def main():
     try:
         d = os.path.join(tmp, "ds")
         subprocess.run([WRITER, "--fixture", d], check=True, stdout=subprocess.DEVNULL)
-        for t in (test_bit_identical, test_damage, test_specforge):
+        for t in (test_bit_identical, test_damage, test_bad_fields, test_specforge):
             before = failures
             t(d)
             print(f"  {'ok  ' if failures == before else 'FAIL'} eaglegen_data.{t.__name__}")
