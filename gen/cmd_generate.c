@@ -755,10 +755,31 @@ int cmd_generate(int argc, char **argv) {
         .final_source = a.pre_norm ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM, .job_json = job_text,
         .shard_samples = a.shard_samples, .threads = a.threads, .worker_index = a.worker,
         .worker_count = a.n_workers, .resume = existed};
-    if (shard_writer_open(a.out, &wo, &g.w, &err)) goto done;
-    if (!existed || job_changed) {
+    /* Every check has passed: the job file goes first, so a run killed between it and the
+     * writer's first manifest resumes (the writer starts fresh on a job without one);
+     * a writer that cannot open takes back what this run made. */
+    int made_out = 0;
+    if (!existed) {
+        if (mkdir(a.out, 0755)) {
+            if (errno != EEXIST) { eg_fail(&err, EG_ERR_IO, "mkdir %s: %s", a.out, strerror(errno)); goto done; }
+        } else made_out = 1;
+        if (gen_job_write(a.out, job_name, ident, &err)) {
+            if (made_out) rmdir(a.out);
+            goto done;
+        }
+    }
+    if (shard_writer_open(a.out, &wo, &g.w, &err)) {
+        if (!existed) {
+            char jp[4096];
+            snprintf(jp, sizeof jp, "%s/%s", a.out, job_name);
+            unlink(jp);
+            if (made_out) eg_rm_flat_dir(a.out);
+        }
+        goto done;
+    }
+    if (job_changed) {
         if (gen_job_write(a.out, job_name, ident, &err)) goto done;
-        if (job_changed && shard_writer_set_job(g.w, job_text, &err)) goto done;
+        if (shard_writer_set_job(g.w, job_text, &err)) goto done;
     }
     if (gen_ledger_open(a.out, rej_name, &g.ledger, &err)) goto done;
     /* after the writer made --out, so the log may live in the job directory */

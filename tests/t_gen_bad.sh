@@ -126,4 +126,10 @@ expect 2 $E generate "${args[@]}" --prompts ok.jsonl --out s1 --seed 18446744073
 expect 2 $E generate "${args[@]}" --prompts ok.jsonl --out s1 --aux-layers 1,1
 expect 0 $E generate "${args[@]}" --prompts ok.jsonl --out s1 --seed 9223372036854775807 --limit 1
 grep -q '"seed": 9223372036854775807' s1/job.json || fail "seed not stored losslessly"
+
+echo "-- 11. killed after job.json, before the first manifest: the next run resumes"
+mkdir g1
+cp s1/job.json g1/
+expect 0 $E generate "${args[@]}" --prompts ok.jsonl --out g1 --seed 9223372036854775807 --limit 1
+$E inspect g1 --verify > out 2>&1 || fail "resumed job does not verify"
 echo "t_gen_bad: ok"
