@@ -114,7 +114,13 @@ int cmd_forward(int argc, char **argv) {
         case 'm': model_dir = optarg; break;
         case 'p': prompts_path = optarg; break;
         case 'o': out_path = optarg; break;
-        case 'b': backend = optarg; break;
+        case 'b':
+            backend = optarg;
+            if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) {
+                fprintf(stderr, "eaglegen forward: unknown backend '%s' (expected cpu or cuda)\n", backend);
+                return 2;
+            }
+            break;
         case 's': stages_arg = optarg; break;
         case 'g': if (!gen_arg_int("forward", "--generate", optarg, 0, 1 << 24, &generate)) return 2; break;
         case 't': if (!gen_arg_int("forward", "--threads", optarg, 1, 4096, &threads)) return 2; break;
@@ -134,7 +140,8 @@ int cmd_forward(int argc, char **argv) {
     json_error_t jerr;
     json_t *root = json_load_file(prompts_path, 0, &jerr);
     if (!root) {
-        fprintf(stderr, "eaglegen forward: %s:%d: %s\n", prompts_path, jerr.line, jerr.text);
+        if (jerr.line > 0) fprintf(stderr, "eaglegen forward: %s:%d: %s\n", prompts_path, jerr.line, jerr.text);
+        else fprintf(stderr, "eaglegen forward: %s: %s\n", prompts_path, jerr.text); /* not opened: no line */
         return 1;
     }
     json_t *prompts = json_object_get(root, "prompts");

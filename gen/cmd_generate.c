@@ -43,6 +43,7 @@ typedef struct gen_args {
     int batch, chunk, shard_samples, threads;
     int worker, n_workers;
     int drop_truncated;
+    const char *sampling_flag; /* the last sampling flag given (capture mode warns it is unused) */
     int64_t limit;            /* -1 = all */
     int skip_bad;
     const char *stages;       /* --stages: "N" (balanced) or "e0,e1,...,L" */
@@ -193,11 +194,19 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             else if (!strcmp(optarg, "capture")) a->capture = 1;
             else return bad_arg("--mode", optarg, "regenerate or capture"), 2;
             break;
-        case 'n': if (!gen_arg_int("generate", "--max-new-tokens", optarg, 1, 1 << 24, &a->max_new)) return 2; break;
+        case 'n': a->sampling_flag = "--max-new-tokens";
+            if (!gen_arg_int("generate", "--max-new-tokens", optarg, 1, 1 << 24, &a->max_new)) return 2;
+            break;
         case 'L': if (!gen_arg_int("generate", "--max-seq-len", optarg, 2, 1 << 24, &a->max_seq_len)) return 2; break;
-        case 't': if (!gen_arg_double("generate", "--temperature", optarg, 0, 100, &a->temperature)) return 2; break;
-        case 'P': if (!gen_arg_double("generate", "--top-p", optarg, 1e-9, 1, &a->top_p)) return 2; break;
-        case 'k': if (!gen_arg_int("generate", "--top-k", optarg, 0, 1 << 24, &a->top_k)) return 2; break;
+        case 't': a->sampling_flag = "--temperature";
+            if (!gen_arg_double("generate", "--temperature", optarg, 0, 100, &a->temperature)) return 2;
+            break;
+        case 'P': a->sampling_flag = "--top-p";
+            if (!gen_arg_double("generate", "--top-p", optarg, 1e-9, 1, &a->top_p)) return 2;
+            break;
+        case 'k': a->sampling_flag = "--top-k";
+            if (!gen_arg_int("generate", "--top-k", optarg, 0, 1 << 24, &a->top_k)) return 2;
+            break;
         case 's': {
             char *e;
             errno = 0;
@@ -230,7 +239,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 'S': if (!gen_arg_int("generate", "--shard-samples", optarg, 1, 1 << 30, &a->shard_samples)) return 2; break;
         case 'j': if (!gen_arg_int("generate", "--threads", optarg, 1, 4096, &a->threads)) return 2; break;
         case 'w': if (!p_worker(optarg, &a->worker, &a->n_workers)) return bad_arg("--worker", optarg, "I/N with 0 <= I < N"), 2; break;
-        case 'd': a->drop_truncated = 1; break;
+        case 'd': a->drop_truncated = 1; a->sampling_flag = "--drop-truncated"; break;
         case 'l': if (!gen_arg_int("generate", "--limit", optarg, 0, 2000000000, &lim)) return 2; a->limit = lim; break;
         case 'r':
             if (!strcmp(optarg, "error")) a->skip_bad = 0;
@@ -256,6 +265,14 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         fprintf(stderr, "eaglegen generate: --model, --prompts and --out are required (see --help)\n");
         return 2;
     }
+    if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
+        fprintf(stderr, "eaglegen generate: --micro-batches, --gpus and --transport apply to pipeline stages; "
+                        "add --stages (see --help)\n");
+        return 2;
+    }
+    if (a->capture && a->sampling_flag)
+        fprintf(stderr, "eaglegen generate: note: %s has no effect in capture mode (nothing is generated)\n",
+                a->sampling_flag);
     if (!a->n_workers && !worker_from_env(&a->worker, &a->n_workers)) { a->worker = 0; a->n_workers = 1; }
     if (!a->tokenizer) a->tokenizer = a->model;
     return -1; /* continue */

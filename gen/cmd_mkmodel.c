@@ -77,7 +77,12 @@ int cmd_mkmodel(int argc, char **argv) {
         } else if (!strcmp(a, "--print-config")) {
             print_cfg = 1;
         } else if (!v) {
-            fprintf(stderr, "eaglegen mkmodel: %s needs a value (see --help)\n", a);
+            static const char *const valued[] = {"--preset", "--out", "--seed", "--layers", "--experts", "--shard-mb",
+                                                 "--threads"};
+            int known = 0;
+            for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
+            if (known) fprintf(stderr, "eaglegen mkmodel: %s needs a value (see --help)\n", a);
+            else fprintf(stderr, "eaglegen mkmodel: unknown option '%s' (see --help)\n", a);
             return 2;
         } else if (!strcmp(a, "--preset")) {
             o.preset = v, i++;
@@ -87,7 +92,7 @@ int cmd_mkmodel(int argc, char **argv) {
             char *end;
             errno = 0;
             o.seed = strtoull(v, &end, 0);
-            if (errno || *end || end == v) {
+            if (errno || *end || end == v || !(*v >= '0' && *v <= '9')) { /* strtoull takes "-1" and wraps */
                 fprintf(stderr, "eaglegen mkmodel: bad --seed '%s'\n", v);
                 return 2;
             }

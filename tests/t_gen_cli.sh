@@ -28,6 +28,12 @@ expect 2 $E generate --model m --prompts p --out o --temperature hot
 expect 2 $E generate --model m --prompts p --out o --worker 3/2
 expect 2 $E generate --model m --prompts p --out o --transport pigeon
 grep -q "local, nccl or auto" "$tmp/err"
+expect 2 $E generate --model m --prompts p --out o --micro-batches 4
+grep -q "add --stages" "$tmp/err"
+expect 2 $E forward --model m --prompts p --out o --backend tpu
+expect 2 $E mkmodel --preset tiny --out o --seed -1
+expect 2 $E mkmodel --preset tiny --out o --bogus
+grep -q "unknown option '--bogus'" "$tmp/err"
 expect 2 $E forward --model m
 expect 2 $E plan --preset kimi-k2.5 --stages 0
 expect 1 $E forward --model "$tmp/none" --prompts "$FIXTURES/models/prompts-a.json" --out "$tmp/x.st"
