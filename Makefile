@@ -1,6 +1,6 @@
 # eaglegen — see README.md. `make` builds build/eaglegen; `make test` runs every test;
 # `make demo` runs the whole pipeline on a tiny random model; `make asan` builds and
-# tests with AddressSanitizer/UBSan; `make bench` prints CPU throughput.
+# tests with AddressSanitizer/UBSan, `make tsan` with ThreadSanitizer; `make bench` prints CPU throughput.
 #
 # Modules are static libraries discovered by wildcard, so adding a .c file needs no
 # edit here. Dependency rules (docs/ARCHITECTURE.md): common <- prompts, dataset,
@@ -72,7 +72,7 @@ TEST_BINS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 
 EAGLEGEN = $(BUILD)/eaglegen
 
-.PHONY: all test demo asan bench clean deps test-unit test-scripts fmt
+.PHONY: all test demo asan tsan bench clean deps test-unit test-scripts fmt
 all: $(EAGLEGEN) $(TEST_BINS)
 
 $(BUILD)/%.o: %.c
@@ -114,6 +114,11 @@ test: $(EAGLEGEN) $(TEST_BINS)
 
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" NO_CUDA=1 test
+
+# ThreadSanitizer over the whole suite (stage threads, writer pool, signal handling);
+# a reported race fails the run (TSan exits 66).
+tsan:
+	TSAN_OPTIONS=halt_on_error=1 $(MAKE) BUILD=build-tsan OPT=-O1 SAN="-fsanitize=thread -fno-omit-frame-pointer" NO_CUDA=1 test
 
 bench: $(EAGLEGEN)
 	@BUILD=$(BUILD) bash tests/bench.sh
