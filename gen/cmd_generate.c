@@ -414,7 +414,10 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
         if (g_interrupted) return 0;
         if (a->limit >= 0 && g->records_read >= a->limit) return 0;
         bool got = false;
-        if (corpus_next(g->corpus, &g->rec, &got, err)) return -1;
+        if (corpus_next(g->corpus, &g->rec, &got, err)) {
+            if (g_interrupted) return 0; /* a read Ctrl-C cut short: finish what is in flight */
+            return -1;
+        }
         if (!got) return 0;
         g->records_read++;
         corpus_record *r = &g->rec;
@@ -687,6 +690,7 @@ int cmd_generate(int argc, char **argv) {
     co.thinking = a.thinking;
     co.max_prompt_tokens = (size_t)(a.capture ? a.max_seq_len : a.max_seq_len - 1);
     co.worker = (uint64_t)a.worker;
+    co.stop = &g_interrupted; /* a Ctrl-C is not held up by a read from an idle stdin */
     co.n_workers = (uint64_t)a.n_workers;
     if (corpus_open(a.prompts, (size_t)a.n_prompts, g.tok, &co, &g.corpus, &err)) goto done;
     if (!(ident = job_identity(&g, &err))) goto done;

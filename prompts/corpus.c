@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #define DEFAULT_MAX_LINE ((size_t)256 << 20)
@@ -459,6 +460,8 @@ out:
 
 /* ------------------------------------------------------------ reader */
 
+#define STDIN_BLOCK (1 << 16)
+
 struct corpus_reader {
     const tok_tokenizer *tok;
     corpus_opts o;
@@ -467,6 +470,7 @@ struct corpus_reader {
     struct archive *a;
     int at_eof;           /* current archive exhausted */
     uint8_t *buf;         /* decompressed block */
+    uint8_t *stdin_buf;   /* [STDIN_BLOCK] raw bytes read from stdin */
     size_t blen, bpos;
     char *line;
     size_t llen, lcap;
@@ -553,6 +557,7 @@ void corpus_close(corpus_reader *r) {
     for (size_t i = 0; i < r->n_files; i++) free(r->files[i]);
     free(r->files);
     free(r->buf);
+    free(r->stdin_buf);
     free(r->line);
     free(r);
 }
@@ -596,6 +601,27 @@ eg_status corpus_open(const char *const *paths, size_t n_paths, const tok_tokeni
     return EG_OK;
 }
 
+/* stdin through our own read callback: libarchive's fd reader retries a read a signal
+ * interrupted, so an interrupted run would wait for the producer's next line. */
+static la_ssize_t stdin_read(struct archive *a, void *ud, const void **out) {
+    corpus_reader *r = ud;
+    for (;;) {
+        ssize_t n = read(0, r->stdin_buf, STDIN_BLOCK);
+        if (n >= 0) {
+            *out = r->stdin_buf;
+            return n;
+        }
+        if (errno != EINTR) {
+            archive_set_error(a, errno, "read: %s", strerror(errno));
+            return -1;
+        }
+        if (r->o.stop && *r->o.stop) {
+            archive_set_error(a, EINTR, "interrupted");
+            return -1;
+        }
+    }
+}
+
 static eg_status open_current(corpus_reader *r, eg_error *err) {
     const char *path = r->files[r->cur];
     struct archive *a = archive_read_new();
@@ -603,7 +629,16 @@ static eg_status open_current(corpus_reader *r, eg_error *err) {
     archive_read_support_filter_all(a);
     archive_read_support_format_raw(a);
     archive_read_support_format_empty(a);
-    int rc = !strcmp(path, "-") ? archive_read_open_fd(a, 0, 1 << 16) : archive_read_open_filename(a, path, 1 << 16);
+    int rc;
+    if (!strcmp(path, "-")) {
+        if (!r->stdin_buf && !(r->stdin_buf = malloc(STDIN_BLOCK))) {
+            archive_read_free(a);
+            return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        }
+        rc = archive_read_open(a, r, NULL, stdin_read, NULL);
+    } else {
+        rc = archive_read_open_filename(a, path, 1 << 16);
+    }
     struct archive_entry *entry;
     if (rc == ARCHIVE_OK) rc = archive_read_next_header(a, &entry);
     if (rc == ARCHIVE_EOF) { /* empty file */

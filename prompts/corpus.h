@@ -42,6 +42,7 @@
 #ifndef EG_PROMPTS_CORPUS_H
 #define EG_PROMPTS_CORPUS_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -83,6 +84,9 @@ typedef struct corpus_opts {
     uint64_t worker, n_workers; /* keep only index % n_workers == worker (n_workers <= 1: all) */
     uint64_t start_index;      /* skip records with index < start_index (resume) */
     size_t max_line_bytes;     /* longer lines are rejected unread; default 256 MiB */
+    /* stdin ("-"): a read interrupted by a signal while *stop is set fails instead of
+     * waiting on for a slow producer (a Ctrl-C must not hang on an idle pipe); NULL: retry */
+    volatile sig_atomic_t *stop;
 } corpus_opts;
 
 void corpus_opts_default(corpus_opts *o);

@@ -132,4 +132,15 @@ mkdir g1
 cp s1/job.json g1/
 expect 0 $E generate "${args[@]}" --prompts ok.jsonl --out g1 --seed 9223372036854775807 --limit 1
 $E inspect g1 --verify > out 2>&1 || fail "resumed job does not verify"
+echo "-- 12. Ctrl-C while reading an idle stdin stops the run (it waited for the producer)"
+{ echo '{"id": "s1", "prompt": "one"}'; exec sleep 61.25; } 2>/dev/null | $E generate "${args[@]}" --prompts - --out st1 > out 2> err &
+gpid=$!
+for _ in $(seq 100); do grep -q "starting" err 2>/dev/null && break; sleep 0.1; done
+sleep 1
+pkill -INT -f -- "eaglegen generate.*--out st1" || true
+for _ in $(seq 150); do pgrep -f -- "eaglegen generate.*--out st1" >/dev/null || break; sleep 0.1; done
+pgrep -f -- "eaglegen generate.*--out st1" >/dev/null && { pkill -KILL -f -- "eaglegen generate.*--out st1"; fail "generate hung on stdin after SIGINT"; }
+grep -q "interrupted" err || fail "no interrupted message"
+pkill -f "sleep 61.25" 2>/dev/null || true  # the idle producer
+wait $gpid 2>/dev/null || true
 echo "t_gen_bad: ok"
