@@ -1,5 +1,5 @@
-/* idset.h — a set of strings (sample ids) with optional int64 values; internal to
- * dataset/. Open addressing, FNV-1a, grows at 50% load.
+/* idset.h — a set of strings (sample ids) with optional int64 values; used by
+ * dataset/ and by gen/ (ids met in a run). Open addressing, FNV-1a, grows at 50% load.
  * Ownership: the set copies every key. Thread safety: none (callers lock). */
 #ifndef EG_DS_IDSET_H
 #define EG_DS_IDSET_H

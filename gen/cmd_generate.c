@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "common/eg_hash.h"
+#include "dataset/idset.h"
 #include "dataset/writer.h"
 #include "engine/cuda_plan.h"
 #include "engine/engine.h"
@@ -291,54 +292,39 @@ typedef struct gen_meta {
 
 /* The ids this run has met, with where it first met each: an id counts as already done
  * only when it was committed before this run began and is met the first time; any
- * later occurrence is a duplicate id. */
+ * later occurrence is a duplicate id. The id set maps each id to its slot in where[]. */
 typedef struct seen_entry {
-    char *id;
-    const char *file;
+    const char *file; /* the corpus reader's, alive for the run */
     uint64_t line;
 } seen_entry;
 
 typedef struct seen_set {
-    seen_entry *e;
-    size_t n, cap; /* cap: 0 or a power of two */
+    eg_ds_idset ids;
+    seen_entry *where; /* [n] */
+    size_t n, cap;
 } seen_set;
 
-static uint64_t str_hash(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-/* The entry for id, or NULL after inserting it (with file:line). -1 in *nomem on OOM. */
-static const seen_entry *seen_find_or_add(seen_set *t, const char *id, const char *file, uint64_t line, int *nomem) {
-    *nomem = 0;
-    if (2 * (t->n + 1) > t->cap) {
+/* Where id was first met, or NULL after recording it (at file:line). */
+static const seen_entry *seen_find_or_add(seen_set *t, const char *id, const char *file, uint64_t line,
+                                          eg_error *err, eg_status *st) {
+    int64_t slot;
+    *st = EG_OK;
+    if (eg_ds_idset_get(&t->ids, id, &slot)) return &t->where[slot];
+    if (t->n == t->cap) {
         size_t nc = t->cap ? 2 * t->cap : 1024;
-        seen_entry *ne = calloc(nc, sizeof *ne);
-        if (!ne) { *nomem = 1; return NULL; }
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->e[i].id) continue;
-            size_t k = str_hash(t->e[i].id) & (nc - 1);
-            while (ne[k].id) k = (k + 1) & (nc - 1);
-            ne[k] = t->e[i];
-        }
-        free(t->e);
-        t->e = ne;
+        seen_entry *nw = realloc(t->where, nc * sizeof *nw);
+        if (!nw) { *st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); return NULL; }
+        t->where = nw;
         t->cap = nc;
     }
-    size_t k = str_hash(id) & (t->cap - 1);
-    for (; t->e[k].id; k = (k + 1) & (t->cap - 1))
-        if (!strcmp(t->e[k].id, id)) return &t->e[k];
-    if (!(t->e[k].id = strdup(id))) { *nomem = 1; return NULL; }
-    t->e[k].file = file;
-    t->e[k].line = line;
-    t->n++;
+    if ((*st = eg_ds_idset_put(&t->ids, id, (int64_t)t->n, err))) return NULL;
+    t->where[t->n++] = (seen_entry){file, line};
     return NULL;
 }
 
 static void seen_free(seen_set *t) {
-    for (size_t i = 0; i < t->cap; i++) free(t->e[i].id);
-    free(t->e);
+    eg_ds_idset_clear(&t->ids);
+    free(t->where);
     memset(t, 0, sizeof *t);
 }
 
@@ -422,11 +408,11 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
         g->records_read++;
         corpus_record *r = &g->rec;
         progress(g, 0);
-        int nomem = 0;
+        eg_status sst = EG_OK;
         if (gen_ledger_has(g->ledger, r->index)) { /* handled by an earlier run */
             /* a dropped sample's id still counts as met, as in an uninterrupted run */
-            if (r->ok && r->id) seen_find_or_add(&g->seen, r->id, r->file, r->line, &nomem);
-            if (nomem) return eg_fail(err, EG_ERR_NOMEM, "out of memory"), -1;
+            if (r->ok && r->id) seen_find_or_add(&g->seen, r->id, r->file, r->line, err, &sst);
+            if (sst) return -1;
             continue;
         }
         if (!r->ok) {
@@ -439,8 +425,8 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
                 return -1;
             continue;
         }
-        const seen_entry *first = seen_find_or_add(&g->seen, r->id, r->file, r->line, &nomem);
-        if (nomem) return eg_fail(err, EG_ERR_NOMEM, "out of memory"), -1;
+        const seen_entry *first = seen_find_or_add(&g->seen, r->id, r->file, r->line, err, &sst);
+        if (sst) return -1;
         if (first) {
             char why[1024];
             snprintf(why, sizeof why, "duplicate id \"%.200s\" (first at %.600s:%llu)", r->id, first->file,
