@@ -9,6 +9,7 @@
 
 #include "common/eg_hash.h"
 #include "dataset/manifest.h"
+#include "prompts/tokenizer.h"
 
 void gen_job_filename(char *out, size_t n, const char *base, const char *ext, int worker, int n_workers) {
     if (n_workers > 1) snprintf(out, n, "%s.w%dof%d.%s", base, worker, n_workers, ext);
@@ -140,13 +141,6 @@ eg_status gen_job_write(const char *dir, const char *name, json_t *want, eg_erro
     return st;
 }
 
-eg_status gen_job_check_or_write(const char *dir, const char *name, json_t *want, int *existed, eg_error *err) {
-    int changed = 0;
-    eg_status st = gen_job_check(dir, name, want, existed, &changed, err);
-    if (st || (*existed && !changed)) return st;
-    return gen_job_write(dir, name, want, err);
-}
-
 /* ---- ledger ---------------------------------------------------------------- */
 
 struct gen_ledger {
@@ -250,23 +244,6 @@ int gen_ledger_has(const gen_ledger *l, uint64_t index) {
 
 int64_t gen_ledger_count(const gen_ledger *l, gen_outcome o) { return l->counts[o]; }
 
-/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    size_t k;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) k = 2;
-    else if (c >= 0xE0 && c <= 0xEF) { k = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-    else if (c >= 0xF0 && c <= 0xF4) { k = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else return 0;
-    if (n < k) return 0;
-    if (s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < k; i++)
-        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
-    return k;
-}
-
 /* raw as valid UTF-8: each byte that is not part of a valid sequence becomes the text
  * "\\xNN" (so binary or mis-encoded lines can still be logged). NULL: out of memory. */
 static char *utf8_escape(const char *raw, size_t *out_len) {
@@ -276,9 +253,11 @@ static char *utf8_escape(const char *raw, size_t *out_len) {
     size_t j = 0;
     const unsigned char *s = (const unsigned char *)raw;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(s + i, n - i);
-        if (k) { memcpy(o + j, s + i, k); j += k; i += k; }
-        else { j += (size_t)sprintf(o + j, "\\x%02X", s[i]); i++; }
+        size_t k = tok_utf8_check(raw + i, n - i); /* valid bytes from i */
+        memcpy(o + j, s + i, k);
+        j += k;
+        i += k;
+        if (i < n) j += (size_t)sprintf(o + j, "\\x%02X", s[i++]);
     }
     o[j] = 0;
     *out_len = j;

@@ -36,8 +36,6 @@ eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err);
 eg_status gen_job_check(const char *dir, const char *name, json_t *want, int *existed, int *changed, eg_error *err);
 /* Write want to DIR/NAME atomically. */
 eg_status gen_job_write(const char *dir, const char *name, json_t *want, eg_error *err);
-/* gen_job_check, then gen_job_write when absent or changed. */
-eg_status gen_job_check_or_write(const char *dir, const char *name, json_t *want, int *existed, eg_error *err);
 
 typedef enum { GEN_OUT_REJECTED = 0, GEN_OUT_DROPPED, GEN_OUT_DUPLICATE, GEN_NOUTCOMES } gen_outcome;
 
