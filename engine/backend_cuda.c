@@ -196,6 +196,7 @@ typedef struct cuda_impl {
     int moe_path;         /* EGK_MOE_AUTO (tensor cores where they apply; INT4 through cp.async);
                              EG_CUDA_MOE=reg: INT4 via the register prefetch; =simt: CUDA cores */
     int mla_simt;         /* EG_CUDA_MLA=simt: the CUDA-core attention kernel everywhere */
+    int mla_rows;         /* EG_CUDA_MLA=tc16|tc32: tensor-core tiles of 16/32 cache rows (0: by device) */
     void *scratch;
     scratch_layout L;
     unsigned char *stage; /* pinned [SLOTS][SLOT] */
@@ -756,6 +757,7 @@ static eg_status cu_mla_attention(eg_backend *b, const eg_mla_args *a, eg_error 
     m.part_ml = im->L.part_ml;
     m.part_rows = im->L.part_rows;
     m.simt = im->mla_simt;
+    m.tile_rows = im->mla_rows;
     m.o_lat = im->L.o_lat;
     m.o_lat_lo = lo_of(im, im->L.o_lat_lo);
     if (egk_mla_splits(&m) < 1)
@@ -1078,7 +1080,41 @@ int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
     return b && b->ops == &cuda_ops ? impl_of(b)->sample_sorted_rows : 0;
 }
 
+/* The EG_CUDA_* switches (docs/CUDA.md): a value none of them knows is an error, not a
+ * silent default, so a typo cannot make a measurement run the path it meant to avoid. */
+static eg_status switches_check(eg_error *err) {
+    static const struct {
+        const char *name, *values[5];
+    } sw[] = {
+        {"EG_CUDA_GEMM", {"hilo", "bf16"}},          {"EG_CUDA_FUSE", {"1", "0"}},
+        {"EG_CUDA_MOE", {"auto", "reg", "simt"}},    {"EG_CUDA_MLA", {"auto", "tc16", "tc32", "simt"}},
+        {"EG_CUDA_SAMPLE", {"auto", "sort"}},        {"EG_CUDA_GRAPHS", {"1", "0"}},
+    };
+    for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++) {
+        const char *v = getenv(sw[i].name);
+        if (!v || !*v) continue;
+        char known[64] = "";
+        int ok = 0;
+        for (int j = 0; j < 5 && sw[i].values[j]; j++) {
+            ok |= !strcmp(v, sw[i].values[j]);
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", j ? ", " : "", sw[i].values[j]);
+        }
+        if (!ok) return eg_fail(err, EG_ERR_INVALID, "cuda backend: %s=%s: expected one of %s", sw[i].name, v, known);
+    }
+    const char *m = getenv("EG_CUDA_SAMPLE_M");
+    if (m && *m) {
+        char *end;
+        long n = strtol(m, &end, 10);
+        if (*end || n < 1 || n > EGK_SAMPLE_TOPM_MAX)
+            return eg_fail(err, EG_ERR_INVALID, "cuda backend: EG_CUDA_SAMPLE_M=%s: expected an integer in 1..%d", m,
+                           EGK_SAMPLE_TOPM_MAX);
+    }
+    return EG_OK;
+}
+
 static eg_status device_check(int device, eg_error *err) {
+    eg_status st = switches_check(err);
+    if (st) return st;
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
@@ -1156,9 +1192,10 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
     im->moe_path = mp && !strcmp(mp, "simt") ? EGK_MOE_SIMT : mp && !strcmp(mp, "reg") ? EGK_MOE_REG : EGK_MOE_AUTO;
     const char *ml = getenv("EG_CUDA_MLA");
     im->mla_simt = ml && !strcmp(ml, "simt");
+    im->mla_rows = ml && !strcmp(ml, "tc16") ? 16 : ml && !strcmp(ml, "tc32") ? 32 : 0;
     const char *sm = getenv("EG_CUDA_SAMPLE"), *smm = getenv("EG_CUDA_SAMPLE_M");
     im->sample_m = sm && !strcmp(sm, "sort") ? 0 : EGK_SAMPLE_TOPM_MAX;
-    if (im->sample_m && smm && atoi(smm) >= 1 && atoi(smm) <= EGK_SAMPLE_TOPM_MAX) im->sample_m = atoi(smm);
+    if (im->sample_m && smm && *smm) im->sample_m = atoi(smm); /* range checked by switches_check */
     im->graphs = eg_cuda_graphs_enabled();
     if ((st = cuda_init(im, err))) {
         cu_destroy(b);

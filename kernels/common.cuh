@@ -70,13 +70,55 @@ static __device__ __forceinline__ void egk_mma_bf16_16816(float d[4], const uint
 #endif
 }
 
+/* d = a * b + c on two BF16 lanes, rounded to nearest even (fma.rn.bf16x2, sm_80+). */
+static __device__ __forceinline__ uint32_t egk_fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef EMU_CUDA_RUNTIME_H
+    uint32_t d = 0;
+    for (int h = 0; h < 2; h++) {
+        float r = fmaf(egk_bf16_to_f32((uint16_t)(a >> (16 * h))), egk_bf16_to_f32((uint16_t)(b >> (16 * h))),
+                       egk_bf16_to_f32((uint16_t)(c >> (16 * h))));
+        d |= (uint32_t)egk_f32_to_bf16(r) << (16 * h);
+    }
+    return d;
+#else
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#endif
+}
+
+/* ldmatrix (sm_75+): N (2 or 4) 8x8 tiles of 16-bit values from shared memory in one
+ * warp-wide instruction; lane 8i + r passes the 16-byte-aligned address of row r of tile
+ * i (lanes past 8N: any valid address). Lane l = 4g + t receives in d[i] the elements
+ * (g, 2t..2t+1) of tile i, or with TRANS (2t..2t+1, g): exactly the mma's A fragment
+ * registers (non-transposed) and B fragment registers of a row-major K x N tile
+ * (transposed). The CPU emulator implements the same contract lane by lane. */
+template <int N, bool TRANS> static __device__ __forceinline__ void egk_ldmatrix(uint32_t d[N], const void *row) {
+#ifdef EMU_CUDA_RUNTIME_H
+    emu_ldmatrix(d, N, TRANS, row);
+#else
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(row);
+    if (N == 4 && TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(s));
+    else if (N == 4)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(s));
+    else if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(d[0]), "=r"(d[1]) : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(d[0]), "=r"(d[1]) : "r"(s));
+#endif
+}
+
 /* cp.async (sm_80+, Hopper and Blackwell alike): global -> shared without registers, in
  * groups; egk_cp_async_wait<N>() waits until at most N of this thread's most recent
  * groups are in flight. dst/src 16-byte (egk_cp_async16) or 4-byte aligned. The CPU
- * emulator copies at once (a valid order of the same program). */
+ * emulator lands each copy at the wait that completes its group (or, EMU_CP_ASYNC=early,
+ * at issue): both are valid orders of the same program. */
 static __device__ __forceinline__ void egk_cp_async16(void *dst, const void *src) {
 #ifdef EMU_CUDA_RUNTIME_H
-    memcpy(dst, src, 16);
+    emu_cp_async(dst, src, 16);
 #else
     uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
@@ -84,19 +126,23 @@ static __device__ __forceinline__ void egk_cp_async16(void *dst, const void *src
 }
 static __device__ __forceinline__ void egk_cp_async4(void *dst, const void *src) {
 #ifdef EMU_CUDA_RUNTIME_H
-    memcpy(dst, src, 4);
+    emu_cp_async(dst, src, 4);
 #else
     uint32_t s = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
 #endif
 }
 static __device__ __forceinline__ void egk_cp_async_commit() {
-#ifndef EMU_CUDA_RUNTIME_H
+#ifdef EMU_CUDA_RUNTIME_H
+    emu_cp_commit();
+#else
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 template <int N> static __device__ __forceinline__ void egk_cp_async_wait() {
-#ifndef EMU_CUDA_RUNTIME_H
+#ifdef EMU_CUDA_RUNTIME_H
+    emu_cp_wait(N);
+#else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }

@@ -141,6 +141,8 @@ typedef struct egk_mla {
     uint16_t *o_lat_lo;        /* same layout: bf16(o - o_lat), or NULL */
     int simt;                  /* 1: the CUDA-core attention kernel even where the tensor-core
                                   one applies (before/after measurements) */
+    int tile_rows;             /* tensor-core kernel's cache rows per tile: 0 = by the device's
+                                  shared memory (32 on sm_90, 16 on sm_120), 16 or 32 forced */
 } egk_mla;
 
 /* Step 1: write every token's normalised latent and rotated k_pe to the cache (BF16

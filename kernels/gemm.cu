@@ -247,7 +247,6 @@ static __global__ void moe_combine_kernel(const float *o, const int32_t *rowmap,
 #define MK 64
 #define MKP (MK + 8) /* padded row (BF16 elements): spreads fragment loads over banks */
 
-static __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
 /* Per k-step, each thread moves XN activations and WN weight words (plus, for INT4, at
  * most one group scale per matrix) from global memory to shared. They are loaded into
@@ -273,18 +272,15 @@ static __device__ __forceinline__ void x_store(const float *xr, uint16_t (*Xh)[M
         Xl[r][c] = egk_f32_to_bf16(xr[j] - egk_bf16_to_f32(h));
     }
 }
-/* The mma A fragments (hi and lo) of rows mr.., columns kk.. (layout in common.cuh). */
+/* The mma A fragments (hi and lo) of rows mr.., columns kk.. (layout in common.cuh): one
+ * ldmatrix.x4 each, lane 8i + r addressing row r of 8x8 tile i (tiles: rows +0/+8 x
+ * columns +0/+8). Xh and Xl rows are 144 bytes: 16-byte aligned, and the 8 rows of a
+ * tile fall on distinct banks. */
 static __device__ __forceinline__ void a_frags(const uint16_t (*Xh)[MKP], const uint16_t (*Xl)[MKP], int mr, int kk,
                                                uint32_t ah[4], uint32_t al[4]) {
-    int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    ah[0] = pack2(Xh[mr + g][kk + 2 * t4], Xh[mr + g][kk + 2 * t4 + 1]);
-    ah[1] = pack2(Xh[mr + g + 8][kk + 2 * t4], Xh[mr + g + 8][kk + 2 * t4 + 1]);
-    ah[2] = pack2(Xh[mr + g][kk + 2 * t4 + 8], Xh[mr + g][kk + 2 * t4 + 9]);
-    ah[3] = pack2(Xh[mr + g + 8][kk + 2 * t4 + 8], Xh[mr + g + 8][kk + 2 * t4 + 9]);
-    al[0] = pack2(Xl[mr + g][kk + 2 * t4], Xl[mr + g][kk + 2 * t4 + 1]);
-    al[1] = pack2(Xl[mr + g + 8][kk + 2 * t4], Xl[mr + g + 8][kk + 2 * t4 + 1]);
-    al[2] = pack2(Xl[mr + g][kk + 2 * t4 + 8], Xl[mr + g][kk + 2 * t4 + 9]);
-    al[3] = pack2(Xl[mr + g + 8][kk + 2 * t4 + 8], Xl[mr + g + 8][kk + 2 * t4 + 9]);
+    int lane = threadIdx.x & 31, li = lane >> 3, r = mr + (lane & 7) + 8 * (li & 1), c = kk + 8 * (li >> 1);
+    egk_ldmatrix<4, false>(ah, &Xh[r][c]);
+    egk_ldmatrix<4, false>(al, &Xl[r][c]);
 }
 
 template <int FMT>
@@ -345,7 +341,7 @@ static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_
                                                 int group, int64_t n0, uint16_t (*Xh)[MKP], uint16_t (*Xl)[MKP],
                                                 uint16_t (*Wt)[BN][MKP], float (*Sc)[BN][2], float acc[NW][2][4]) {
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int g = lane >> 2, t4 = lane & 3, mr = (warp & 1) * 16, nc = (warp >> 1) * 16;
+    int t4 = lane & 3, mr = (warp & 1) * 16, nc = (warp >> 1) * 16;
     float xr[XN], sr[NW] = {};
     uint32_t wr[NW][mma_wn<FMT>::n];
 #pragma unroll
@@ -359,32 +355,39 @@ static __device__ __forceinline__ void mma_tile(const float *const *xrow, int64_
 #pragma unroll
             for (int w = 0; w < NW; w++)
                 mma_load<FMT>(xrow, K, wdata[w], wscale[w], wrows, group, n0, k0 + MK, xr, wr[w], &sr[w], w == 0);
+        /* the A fragments serve every weight matrix; each accumulator still sums its
+         * k-steps in order, and groups into acc in order */
 #pragma unroll
-        for (int w = 0; w < NW; w++)
+        for (int grp = 0; grp < MK / 32; grp++) {
+            float part[NW][2][4] = {};
 #pragma unroll
-            for (int grp = 0; grp < MK / 32; grp++) {
-                float part[2][4] = {};
+            for (int kk = grp * 32; kk < grp * 32 + 32; kk += 16) {
+                uint32_t ah[4], al[4];
+                a_frags(Xh, Xl, mr, kk, ah, al);
 #pragma unroll
-                for (int kk = grp * 32; kk < grp * 32 + 32; kk += 16) {
-                    uint32_t ah[4], al[4];
-                    a_frags(Xh, Xl, mr, kk, ah, al);
+                for (int w = 0; w < NW; w++) {
+                    /* B fragments of both 8-row slices: tiles (rows +0, +8 of the slice) x
+                     * (columns +0, +8), i.e. b[0..1] of slice 0, then of slice 1 */
+                    uint32_t b[4];
+                    int li = lane >> 3;
+                    egk_ldmatrix<4, false>(b, &Wt[w][nc + 8 * (li >> 1) + (lane & 7)][kk + 8 * (li & 1)]);
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
-                        const uint16_t *wrow = Wt[w][nc + 8 * j + g];
-                        uint32_t b[2] = {pack2(wrow[kk + 2 * t4], wrow[kk + 2 * t4 + 1]),
-                                         pack2(wrow[kk + 2 * t4 + 8], wrow[kk + 2 * t4 + 9])};
-                        egk_mma_bf16_16816(part[j], ah, b);
-                        egk_mma_bf16_16816(part[j], al, b);
+                        egk_mma_bf16_16816(part[w][j], ah, b + 2 * j);
+                        egk_mma_bf16_16816(part[w][j], al, b + 2 * j);
                     }
                 }
+            }
+#pragma unroll
+            for (int w = 0; w < NW; w++)
 #pragma unroll
                 for (int j = 0; j < 2; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        float s = FMT == EGK_INT4 ? Sc[w][nc + 8 * j + 2 * t4 + (e & 1)][grp] : 1.0f;
-                        acc[w][j][e] += part[j][e] * s;
+                        float sc = FMT == EGK_INT4 ? Sc[w][nc + 8 * j + 2 * t4 + (e & 1)][grp] : 1.0f;
+                        acc[w][j][e] += part[w][j][e] * sc;
                     }
-            }
+        }
         __syncthreads();
     }
 }
@@ -419,9 +422,13 @@ static __device__ __forceinline__ void i4_issue(const void *const *wdata, const 
     }
 }
 
-/* BF16 bits of a nibble's value (-8..7: exact in BF16). */
-static __device__ __forceinline__ uint32_t i4_bf16(uint32_t nib) {
-    return __float_as_uint((float)((int)nib - 8)) >> 16;
+/* The two low nibbles of v as a BF16 pair (nibble - 8, low nibble in the low half):
+ * each nibble goes into the mantissa of BF16 128 (0x4300: one unit per mantissa step
+ * at that exponent, so 0x4300 | n is 128 + n), then one bf16x2 FMA subtracts 136 from
+ * both halves. Every value is a small integer: exact, the bits of bf16(n - 8). */
+static __device__ __forceinline__ uint32_t i4_pair(uint32_t v) {
+    uint32_t t = (v & 0xFu) | ((v << 12) & 0xF0000u) | 0x43004300u;
+    return egk_fma_bf16x2(t, 0x3F803F80u /* 1, 1 */, 0xC308C308u /* -136, -136 */);
 }
 
 template <int NW>
@@ -452,35 +459,37 @@ static __device__ __forceinline__ void mma_tile_i4(const float *const *xrow, int
                          Wq[(step + MOE_STAGES - 1) % MOE_STAGES], Sq[(step + MOE_STAGES - 1) % MOE_STAGES]);
         egk_cp_async_commit();
         if (step + 1 < nk) x_load(xrow, k0 + MK, xr);
+        /* the A fragments serve every weight matrix; each accumulator still sums its
+         * k-steps in order, and groups into acc in order (the register path's order) */
 #pragma unroll
-        for (int w = 0; w < NW; w++)
+        for (int grp = 0; grp < MK / 32; grp++) {
+            float part[NW][2][4] = {};
 #pragma unroll
-            for (int grp = 0; grp < MK / 32; grp++) {
-                float part[2][4] = {};
+            for (int kk = grp * 32; kk < grp * 32 + 32; kk += 16) {
+                uint32_t ah[4], al[4];
+                a_frags(Xh, Xl, mr, kk, ah, al);
 #pragma unroll
-                for (int kk = grp * 32; kk < grp * 32 + 32; kk += 16) {
-                    uint32_t ah[4], al[4];
-                    a_frags(Xh, Xl, mr, kk, ah, al);
+                for (int w = 0; w < NW; w++)
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         /* columns kk + 2t4 (+1) and kk + 2t4 + 8 (+9) of row nc + 8j + g: nibbles
                          * 2t4, 2t4+1 of words kk/8 and kk/8 + 1 */
                         const uint32_t *wrow = Wq[st][w][nc + 8 * j + g];
-                        uint32_t v0 = wrow[kk >> 3] >> (8 * t4), v1 = wrow[(kk >> 3) + 1] >> (8 * t4);
-                        uint32_t b[2] = {i4_bf16(v0 & 15u) | (i4_bf16((v0 >> 4) & 15u) << 16),
-                                         i4_bf16(v1 & 15u) | (i4_bf16((v1 >> 4) & 15u) << 16)};
-                        egk_mma_bf16_16816(part[j], ah, b);
-                        egk_mma_bf16_16816(part[j], al, b);
+                        uint32_t b[2] = {i4_pair(wrow[kk >> 3] >> (8 * t4)), i4_pair(wrow[(kk >> 3) + 1] >> (8 * t4))};
+                        egk_mma_bf16_16816(part[w][j], ah, b);
+                        egk_mma_bf16_16816(part[w][j], al, b);
                     }
-                }
+            }
+#pragma unroll
+            for (int w = 0; w < NW; w++)
 #pragma unroll
                 for (int j = 0; j < 2; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         uint32_t sp = Sq[st][w][nc + 8 * j + 2 * t4 + (e & 1)];
-                        acc[w][j][e] += part[j][e] * egk_bf16_to_f32((uint16_t)(grp ? sp >> 16 : sp & 0xffffu));
+                        acc[w][j][e] += part[w][j][e] * egk_bf16_to_f32((uint16_t)(grp ? sp >> 16 : sp & 0xffffu));
                     }
-            }
+        }
         __syncthreads();
     }
     egk_cp_async_wait<0>();
@@ -497,7 +506,7 @@ static __device__ __forceinline__ void mma_tile_any(const float *const *xrow, in
         __shared__ uint32_t Sq[MOE_STAGES][NW][BN];
         mma_tile_i4<NW>(xrow, K, kb, ke, wdata, wscale, wrows, group, n0, Xh, Xl, Wq, Sq, acc);
     } else {
-        __shared__ uint16_t Wt[NW][BN][MKP];
+        __shared__ __align__(16) uint16_t Wt[NW][BN][MKP];
         __shared__ float Sc[NW][BN][2];
         mma_tile<FMT, NW>(xrow, K, kb, ke, wdata, wscale, wrows, group, n0, Xh, Xl, Wt, Sc, acc);
     }
@@ -518,7 +527,7 @@ static __global__ void __launch_bounds__(NTHREADS)
     moe_gate_up_mma_kernel(const float *x, int H, int F, int K, const egk_expert_ptrs *tab, int group,
                            const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
                            float *h, float *part, int R) {
-    __shared__ uint16_t Xh[BM][MKP], Xl[BM][MKP];
+    __shared__ __align__(16) uint16_t Xh[BM][MKP], Xl[BM][MKP];
     __shared__ const float *xrow[BM];
     int e, r0, r1;
     if (!moe_tile(tiles, ntiles, offsets, x, H, row_tk, K, xrow, &e, &r0, &r1)) return;
@@ -576,7 +585,7 @@ static __global__ void __launch_bounds__(NTHREADS)
     moe_down_mma_kernel(const float *h, int H, int F, const float *weights, const egk_expert_ptrs *tab, int group,
                         const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
                         float *o, float *part, int R) {
-    __shared__ uint16_t Xh[BM][MKP], Xl[BM][MKP];
+    __shared__ __align__(16) uint16_t Xh[BM][MKP], Xl[BM][MKP];
     __shared__ const float *xrow[BM];
     int e, r0, r1;
     if (!moe_tile(tiles, ntiles, offsets, h, F, NULL, 1, xrow, &e, &r0, &r1)) return;

@@ -151,136 +151,200 @@ static __global__ void __launch_bounds__(MLA_WARPS * 32) mla_attn_kernel(egk_mla
 }
 
 /* ---- tensor-core attention: 16 heads per block ------------------------------------- */
-/* Block (head group of 16, split, token), 4 warps. Per tile of TC_ROWS cache rows (BF16
- * straight from the cache into shared memory, read once for the 16 heads):
- *   S = Q K^T on tensor cores: warp w scores rows 8w..8w+7 for the 16 heads (m16n8k16,
- *       Q as BF16 hi + lo, the cache exact), masked past the split's end;
- *   online softmax per head in FP32 (16 threads), P = exp(S - m) as BF16 hi + lo;
+/* Block (head group of 16, split, token), 4 warps, tiles of ROWS cache rows (32 where
+ * two 86 KB blocks fit an SM, as on sm_90; 16 elsewhere, 43 KB, two blocks per SM on
+ * sm_120's 100 KB). The cache streams through two shared-memory buffers with cp.async:
+ * tile i + 1 is in flight while tile i is computed, each byte read once for the 16 heads.
+ *   S = Q K^T on tensor cores: warp w owns a quarter of the k-steps of the row (Kimi:
+ *       9 of 36), its Q fragments (BF16 hi + lo) live in registers for the whole
+ *       split, and it scores all ROWS rows for the 16 heads; the four partial scores
+ *       are added in warp order (fixed: the result does not depend on scheduling);
+ *   online softmax per head in FP32, 8 lanes per head (shuffle max and sum), P = exp(S - m)
+ *       as BF16 hi + lo; each head's running max and sum stay in its 8 lanes' registers;
  *   O = O * alpha + P V on tensor cores: warp w owns latent columns [w C/4, (w+1) C/4).
  * The partial (O, max, sum) rows have the CUDA-core kernel's layout and meaning, so the
  * same combine kernel merges the splits. */
 #define TC_HEADS 16
-#define TC_ROWS 32
 #define TC_WARPS 4
-#define TC_MAX_NT 16 /* 8-column tiles per warp: C <= 4 * 8 * 16 = 512 */
+#define TC_MAX_NT 16 /* PV: 8-column tiles per warp, C <= 4 * 8 * 16 = 512 */
+#define TC_MAX_KQ 9  /* scores: k-steps of 16 per warp, C + DR <= 4 * 9 * 16 = 576 */
 
 static __device__ __forceinline__ uint32_t tc_pack(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
 /* W rounded up to the mma's k of 16; the padding columns are zeros in Q and K. */
 static __host__ __device__ __forceinline__ int tc_wp(int W) { return (W + 15) & ~15; }
 
-static size_t tc_smem_bytes(int W) {
+/* Shared memory: Kt [2][ROWS][ldq] bf16, partial scores [TC_WARPS][TC_HEADS][ROWS + 1]
+ * f32, P hi and lo [TC_HEADS][ROWS + 8] bf16 each, alpha [TC_HEADS] f32. */
+static size_t tc_smem_bytes(int W, int rows) {
     size_t ldq = (size_t)tc_wp(W) + 8;
-    return sizeof(uint16_t) * (2 * TC_HEADS * ldq + TC_ROWS * ldq + 2 * TC_HEADS * (TC_ROWS + 8)) +
-           sizeof(float) * (TC_HEADS * (TC_ROWS + 1) + 3 * TC_HEADS);
+    return sizeof(uint16_t) * (2 * (size_t)rows * ldq + 2 * TC_HEADS * (size_t)(rows + 8)) +
+           sizeof(float) * (TC_WARPS * TC_HEADS * (size_t)(rows + 1) + TC_HEADS);
 }
 
+/* Start copying cache rows [r0, r0 + ROWS) of the split (zeros past s1 and in the
+ * padding columns: P V multiplies every row, and a stale NaN times P = 0 is NaN) into Kt,
+ * as one cp.async group. 16-byte copies where rows are 16-byte multiples (Kimi: 72 per
+ * row), else 4-byte ones (W is even on this path). */
+static __device__ __forceinline__ void tc_load_tile(const egk_mla &a, const int32_t *bt, int r0, int s1, int rows,
+                                                    uint16_t *Kt, int W, int Wp, int ldq) {
+    if ((W & 7) == 0) {
+        for (int i = threadIdx.x; i < rows * (Wp / 8); i += blockDim.x) {
+            int r = i / (Wp / 8), q = i % (Wp / 8), s = r0 + r;
+            uint16_t *dst = Kt + r * ldq + 8 * q;
+            if (s < s1 && 8 * q < W) {
+                int blk = bt[s / a.block_size];
+                egk_cp_async16(dst, a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W + 8 * q);
+            } else {
+                *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < rows * (Wp / 2); i += blockDim.x) {
+            int r = i / (Wp / 2), q = i % (Wp / 2), s = r0 + r;
+            uint16_t *dst = Kt + r * ldq + 2 * q;
+            if (s < s1 && 2 * q < W) {
+                int blk = bt[s / a.block_size];
+                egk_cp_async4(dst, a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W + 2 * q);
+            } else {
+                *(uint32_t *)dst = 0u;
+            }
+        }
+    }
+    egk_cp_async_commit();
+}
+
+/* Query value (head hh of the group, column c of the padded row), 0 outside. */
+static __device__ __forceinline__ float tc_q(const egk_mla &a, int t, int hg, int hh, int c) {
+    int hl = hg * TC_HEADS + hh, nhl = a.h1 - a.h0, h = a.h0 + hl;
+    if (hl >= nhl || c >= a.C + a.DR) return 0.0f;
+    return c < a.C ? a.q_lat[((int64_t)t * a.NH + h) * a.C + c] : a.q_pe[((int64_t)t * a.NH + h) * a.DR + c - a.C];
+}
+
+template <int ROWS>
 static __global__ void __launch_bounds__(TC_WARPS * 32) mla_attn_tc_kernel(egk_mla a, int nsplit, int split_len) {
+    constexpr int NS = ROWS / 8;   /* score n-tiles per warp (all rows) */
+    constexpr int KP = ROWS / 16;  /* P V k-steps per tile */
+    constexpr int PC = ROWS / 8;   /* softmax columns per lane */
     extern __shared__ float smem[];
-    const int C = a.C, DR = a.DR, W = C + DR, Wp = tc_wp(W), ldq = Wp + 8, ldp = TC_ROWS + 8;
-    uint16_t *Qh = (uint16_t *)smem, *Ql = Qh + TC_HEADS * ldq, *Kt = Ql + TC_HEADS * ldq;
-    uint16_t *Ph = Kt + TC_ROWS * ldq, *Pl = Ph + TC_HEADS * ldp;
-    float *S = (float *)(Pl + TC_HEADS * ldp), *mrun = S + TC_HEADS * (TC_ROWS + 1), *lrun = mrun + TC_HEADS,
-          *alpha = lrun + TC_HEADS;
+    const int C = a.C, DR = a.DR, W = C + DR, Wp = tc_wp(W), ldq = Wp + 8, ldp = ROWS + 8;
+    uint16_t *Kbuf = (uint16_t *)smem;
+    float *Sp = (float *)(Kbuf + 2 * ROWS * ldq);
+    uint16_t *Ph = (uint16_t *)(Sp + TC_WARPS * TC_HEADS * (ROWS + 1)), *Pl = Ph + TC_HEADS * ldp;
+    float *alpha = (float *)(Pl + TC_HEADS * ldp);
     int hg = blockIdx.x, sp = blockIdx.y, t = blockIdx.z, nhl = a.h1 - a.h0;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     int p = a.pos[t], sl = a.slot[t];
     int s0 = sp * split_len, s1 = min(s0 + split_len, p + 1);
-    /* queries of the group's heads (zero rows past h1) as BF16 hi + lo */
-    for (int i = tid; i < TC_HEADS * Wp; i += blockDim.x) {
-        int hh = i / Wp, c = i % Wp, hl = hg * TC_HEADS + hh, h = a.h0 + hl;
-        float v = 0.0f;
-        if (hl < nhl && c < W) v = c < C ? a.q_lat[((int64_t)t * a.NH + h) * C + c] : a.q_pe[((int64_t)t * a.NH + h) * DR + c - C];
-        uint16_t hb = egk_f32_to_bf16(v);
-        Qh[hh * ldq + c] = hb;
-        Ql[hh * ldq + c] = egk_f32_to_bf16(v - egk_bf16_to_f32(hb));
-    }
-    if (tid < TC_HEADS) {
-        mrun[tid] = -INFINITY;
-        lrun[tid] = 0.0f;
-    }
+    const int32_t *bt = a.block_table + (int64_t)sl * a.max_blocks;
+    int ntiles = s1 > s0 ? (s1 - s0 + ROWS - 1) / ROWS : 0;
+    if (ntiles > 0) tc_load_tile(a, bt, s0, s1, ROWS, Kbuf, W, Wp, ldq);
+
+    /* this warp's k-steps [kb, kb + nk) and their Q fragments, BF16 hi + lo */
+    const int KS = Wp / 16, KQ = (KS + TC_WARPS - 1) / TC_WARPS, kb = warp * KQ;
+    const int nk = KS - kb < KQ ? (KS - kb > 0 ? KS - kb : 0) : KQ;
+    uint32_t qh[TC_MAX_KQ][4], ql[TC_MAX_KQ][4];
+#pragma unroll
+    for (int kk = 0; kk < TC_MAX_KQ; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint16_t h2[2] = {0, 0}, l2[2] = {0, 0};
+            if (kk < nk) {
+                int hh = g + (i & 1) * 8, c = 16 * (kb + kk) + 2 * t4 + (i >= 2 ? 8 : 0);
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float v = tc_q(a, t, hg, hh, c + e);
+                    h2[e] = egk_f32_to_bf16(v);
+                    l2[e] = egk_f32_to_bf16(v - egk_bf16_to_f32(h2[e]));
+                }
+            }
+            qh[kk][i] = tc_pack(h2[0], h2[1]);
+            ql[kk][i] = tc_pack(l2[0], l2[1]);
+        }
+
     const int NT = C / (8 * TC_WARPS), c0 = warp * (C / TC_WARPS);
+    const int hs = tid >> 3, js = (tid & 7) * PC; /* softmax: head hs, columns [js, js + PC) */
+    float m_run = -INFINITY, l_run = 0.0f;        /* head hs, the same in its 8 lanes */
     float o[TC_MAX_NT][4];
 #pragma unroll
     for (int j = 0; j < TC_MAX_NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    const int32_t *bt = a.block_table + (int64_t)sl * a.max_blocks;
-    for (int r0 = s0; r0 < s1; r0 += TC_ROWS) {
-        __syncthreads(); /* the previous tile's Kt, S and P are no longer read */
-        if ((W & 7) == 0) { /* 16-byte loads and stores (Kimi: 72 per row) */
-            for (int i = tid; i < TC_ROWS * (Wp / 8); i += blockDim.x) {
-                int r = i / (Wp / 8), q = i % (Wp / 8), s = r0 + r;
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (s < s1 && 8 * q < W) {
-                    int blk = bt[s / a.block_size];
-                    v = ((const uint4 *)(a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W))[q];
-                }
-                *(uint4 *)(Kt + r * ldq + 8 * q) = v;
-            }
+    for (int it = 0; it < ntiles; it++) {
+        int r0 = s0 + it * ROWS;
+        const uint16_t *Kt = Kbuf + (it & 1) * ROWS * ldq;
+        if (it + 1 < ntiles) { /* the other buffer was last read before the previous barrier */
+            tc_load_tile(a, bt, r0 + ROWS, s1, ROWS, Kbuf + ((it + 1) & 1) * ROWS * ldq, W, Wp, ldq);
+            egk_cp_async_wait<1>();
         } else {
-            for (int i = tid; i < TC_ROWS * (Wp / 2); i += blockDim.x) {
-                int r = i / (Wp / 2), q = i % (Wp / 2), s = r0 + r;
-                uint32_t two = 0;
-                if (s < s1 && 2 * q < W) {
-                    int blk = bt[s / a.block_size];
-                    two = ((const uint32_t *)(a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W))[q];
-                }
-                Kt[r * ldq + 2 * q] = (uint16_t)(two & 0xffffu);
-                Kt[r * ldq + 2 * q + 1] = (uint16_t)(two >> 16);
+            egk_cp_async_wait<0>();
+        }
+        __syncthreads(); /* tile it has landed for every thread */
+        float sc[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < TC_MAX_KQ; kk++) {
+            if (kk >= nk) break;
+            int k = 16 * (kb + kk) + 2 * t4;
+#pragma unroll
+            for (int n = 0; n < NS; n++) { /* B = K^T: element (k, row 8n + g) */
+                const uint16_t *kr = Kt + (8 * n + g) * ldq + k;
+                uint32_t b[2] = {*(const uint32_t *)kr, *(const uint32_t *)(kr + 8)};
+                egk_mma_bf16_16816(sc[n], qh[kk], b);
+                egk_mma_bf16_16816(sc[n], ql[kk], b);
             }
         }
-        __syncthreads();
-        /* scores: warp w, cache rows 8w + g (B) for heads g, g + 8 (A) */
-        float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k = 0; k < Wp; k += 16) {
-            const uint16_t *q0 = Qh + g * ldq + k, *q8 = Qh + (g + 8) * ldq + k;
-            const uint16_t *l0 = Ql + g * ldq + k, *l8 = Ql + (g + 8) * ldq + k;
-            uint32_t ah[4] = {tc_pack(q0[2 * t4], q0[2 * t4 + 1]), tc_pack(q8[2 * t4], q8[2 * t4 + 1]),
-                              tc_pack(q0[2 * t4 + 8], q0[2 * t4 + 9]), tc_pack(q8[2 * t4 + 8], q8[2 * t4 + 9])};
-            uint32_t al[4] = {tc_pack(l0[2 * t4], l0[2 * t4 + 1]), tc_pack(l8[2 * t4], l8[2 * t4 + 1]),
-                              tc_pack(l0[2 * t4 + 8], l0[2 * t4 + 9]), tc_pack(l8[2 * t4 + 8], l8[2 * t4 + 9])};
-            const uint16_t *kr = Kt + (warp * 8 + g) * ldq + k;
-            uint32_t b[2] = {tc_pack(kr[2 * t4], kr[2 * t4 + 1]), tc_pack(kr[2 * t4 + 8], kr[2 * t4 + 9])};
-            egk_mma_bf16_16816(sc, ah, b);
-            egk_mma_bf16_16816(sc, al, b);
-        }
+        float *sw = Sp + warp * TC_HEADS * (ROWS + 1);
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int hh = g + (e >= 2 ? 8 : 0), col = warp * 8 + 2 * t4 + (e & 1);
-            S[hh * (TC_ROWS + 1) + col] = r0 + col < s1 ? sc[e] * a.scale : -INFINITY;
-        }
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sw[(g + (e >= 2 ? 8 : 0)) * (ROWS + 1) + 8 * n + 2 * t4 + (e & 1)] = sc[n][e];
         __syncthreads();
-        if (tid < TC_HEADS) { /* online softmax of head tid over this tile */
-            float *srow = S + tid * (TC_ROWS + 1), mx = -INFINITY;
-            for (int j = 0; j < TC_ROWS; j++) mx = fmaxf(mx, srow[j]);
-            float mo = mrun[tid], mn = fmaxf(mo, mx), sum = 0.0f;
-            for (int j = 0; j < TC_ROWS; j++) {
-                float pe = srow[j] == -INFINITY ? 0.0f : expf(srow[j] - mn);
+        {
+            float sv[PC], mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < PC; j++) {
+                int col = js + j;
+                float v = 0.0f;
+#pragma unroll
+                for (int w = 0; w < TC_WARPS; w++) v += Sp[(w * TC_HEADS + hs) * (ROWS + 1) + col];
+                sv[j] = r0 + col < s1 ? v * a.scale : -INFINITY;
+                mx = fmaxf(mx, sv[j]);
+            }
+            /* xor butterflies inside the head's 8 lanes: every lane ends with the same bits */
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            float mn = fmaxf(m_run, mx), sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < PC; j++) {
+                float pe = sv[j] == -INFINITY ? 0.0f : expf(sv[j] - mn);
                 sum += pe;
                 uint16_t hb = egk_f32_to_bf16(pe);
-                Ph[tid * ldp + j] = hb;
-                Pl[tid * ldp + j] = egk_f32_to_bf16(pe - egk_bf16_to_f32(hb));
+                Ph[hs * ldp + js + j] = hb;
+                Pl[hs * ldp + js + j] = egk_f32_to_bf16(pe - egk_bf16_to_f32(hb));
             }
-            float al_ = expf(mo - mn); /* 0 on the first tile (mo = -inf) */
-            lrun[tid] = lrun[tid] * al_ + sum;
-            mrun[tid] = mn;
-            alpha[tid] = al_;
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+            float al_ = expf(m_run - mn); /* 0 on the first tile (m_run = -inf) */
+            l_run = l_run * al_ + sum;
+            m_run = mn;
+            if ((tid & 7) == 0) alpha[hs] = al_;
         }
         __syncthreads();
         float a0 = alpha[g], a8 = alpha[g + 8];
-        uint32_t ph[2][4], pl[2][4];
+        /* A = P (16 heads x 16 rows per k-step) and B = V (16 rows x 8 latent columns) by
+         * ldmatrix: lane 8i + r addresses row r of 8x8 tile i */
+        const int li = lane >> 3, lr = lane & 7;
+        uint32_t ph[KP][4], pl[KP][4];
 #pragma unroll
-        for (int ks = 0; ks < 2; ks++) {
-            const uint16_t *p0 = Ph + g * ldp + 16 * ks, *p8 = Ph + (g + 8) * ldp + 16 * ks;
-            const uint16_t *m0 = Pl + g * ldp + 16 * ks, *m8 = Pl + (g + 8) * ldp + 16 * ks;
-            ph[ks][0] = tc_pack(p0[2 * t4], p0[2 * t4 + 1]);
-            ph[ks][1] = tc_pack(p8[2 * t4], p8[2 * t4 + 1]);
-            ph[ks][2] = tc_pack(p0[2 * t4 + 8], p0[2 * t4 + 9]);
-            ph[ks][3] = tc_pack(p8[2 * t4 + 8], p8[2 * t4 + 9]);
-            pl[ks][0] = tc_pack(m0[2 * t4], m0[2 * t4 + 1]);
-            pl[ks][1] = tc_pack(m8[2 * t4], m8[2 * t4 + 1]);
-            pl[ks][2] = tc_pack(m0[2 * t4 + 8], m0[2 * t4 + 9]);
-            pl[ks][3] = tc_pack(m8[2 * t4 + 8], m8[2 * t4 + 9]);
+        for (int ks = 0; ks < KP; ks++) {
+            int off = (lr + 8 * (li & 1)) * ldp + 16 * ks + 8 * (li >> 1);
+            egk_ldmatrix<4, false>(ph[ks], Ph + off);
+            egk_ldmatrix<4, false>(pl[ks], Pl + off);
         }
+        const uint16_t *vrow = Kt + (lr + 8 * (li & 1)) * ldq + c0;
 #pragma unroll
         for (int j = 0; j < TC_MAX_NT; j++) {
             if (j >= NT) break;
@@ -288,18 +352,16 @@ static __global__ void __launch_bounds__(TC_WARPS * 32) mla_attn_tc_kernel(egk_m
             o[j][1] *= a0;
             o[j][2] *= a8;
             o[j][3] *= a8;
-            int c = c0 + 8 * j + g; /* B = V: element (k = cache row, n = latent column c) */
 #pragma unroll
-            for (int ks = 0; ks < 2; ks++) {
-                int k = 16 * ks + 2 * t4;
-                uint32_t b[2] = {tc_pack(Kt[k * ldq + c], Kt[(k + 1) * ldq + c]),
-                                 tc_pack(Kt[(k + 8) * ldq + c], Kt[(k + 9) * ldq + c])};
+            for (int ks = 0; ks < KP; ks++) {
+                uint32_t b[2];
+                egk_ldmatrix<2, true>(b, vrow + 16 * ks * ldq + 8 * j);
                 egk_mma_bf16_16816(o[j], ph[ks], b);
                 egk_mma_bf16_16816(o[j], pl[ks], b);
             }
         }
+        __syncthreads(); /* Kt, Sp, P and alpha of this tile are no longer read */
     }
-    __syncthreads();
 #pragma unroll
     for (int j = 0; j < TC_MAX_NT; j++) {
         if (j >= NT) break;
@@ -309,10 +371,10 @@ static __global__ void __launch_bounds__(TC_WARPS * 32) mla_attn_tc_kernel(egk_m
             if (hl < nhl) a.part_o[(((int64_t)t * nhl + hl) * nsplit + sp) * C + c] = o[j][e];
         }
     }
-    if (tid < TC_HEADS && hg * TC_HEADS + tid < nhl) {
-        int64_t pr = ((int64_t)t * nhl + hg * TC_HEADS + tid) * nsplit + sp;
-        a.part_ml[2 * pr] = mrun[tid];
-        a.part_ml[2 * pr + 1] = lrun[tid];
+    if ((tid & 7) == 0 && hg * TC_HEADS + hs < nhl) {
+        int64_t pr = ((int64_t)t * nhl + hg * TC_HEADS + hs) * nsplit + sp;
+        a.part_ml[2 * pr] = m_run;
+        a.part_ml[2 * pr + 1] = l_run;
     }
 }
 
@@ -344,6 +406,25 @@ static __global__ void mla_combine_kernel(egk_mla a, int nsplit) {
     }
 }
 
+/* The tensor-core kernel's tile rows for this call and device, 0 where it does not apply
+ * (the CUDA-core kernel runs): 32 where two such blocks fit in an SM's shared memory
+ * (sm_90: 228 KB), else 16 (sm_120: 100 KB), unless a->tile_rows forces one. */
+static int tc_rows(const egk_mla *a) {
+    int W = a->C + a->DR;
+    if (a->C % (8 * TC_WARPS) || a->C > 8 * TC_WARPS * TC_MAX_NT || W % 2 || tc_wp(W) > 16 * TC_WARPS * TC_MAX_KQ)
+        return 0;
+    int dev = 0, per_block = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
+        return 0;
+    const size_t reserved = 1024; /* the runtime's per-block share (sm_80 and later) */
+    if (a->tile_rows == 16 || a->tile_rows == 32)
+        return tc_smem_bytes(W, a->tile_rows) <= (size_t)per_block ? a->tile_rows : 0;
+    if (2 * (tc_smem_bytes(W, 32) + reserved) <= (size_t)per_sm && tc_smem_bytes(W, 32) <= (size_t)per_block) return 32;
+    return tc_smem_bytes(W, 16) <= (size_t)per_block ? 16 : 0;
+}
+
 extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
     int nhl = a->h1 - a->h0;
     if (a->T <= 0 || nhl <= 0) return 0;
@@ -354,18 +435,21 @@ extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
     if (split_len < 1) split_len = 1;
     cudaStream_t s = (cudaStream_t)stream;
     int W = a->C + a->DR;
-    if (!a->simt && a->C % (8 * TC_WARPS) == 0 && a->C <= 8 * TC_WARPS * TC_MAX_NT && W % 2 == 0) {
-        size_t shm = tc_smem_bytes(W);
+    int rows = a->simt ? 0 : tc_rows(a);
+    if (rows > 0) {
+        size_t shm = tc_smem_bytes(W, rows);
         /* the opt-in above 48 KB of shared memory: per device, so set at every launch (a
          * host-side attribute write, no synchronisation) rather than cached; not while the
          * stream is recorded (the same shape ran, and set it, before any recording) */
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         cudaError_t e = cudaStreamIsCapturing(s, &cs);
         if (e == cudaSuccess && cs == cudaStreamCaptureStatusNone)
-            e = cudaFuncSetAttribute(mla_attn_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+            e = rows == 32 ? cudaFuncSetAttribute(mla_attn_tc_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm)
+                           : cudaFuncSetAttribute(mla_attn_tc_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
         if (e != cudaSuccess) return (int)e;
         dim3 grid((unsigned)((nhl + TC_HEADS - 1) / TC_HEADS), (unsigned)nsplit, (unsigned)a->T);
-        mla_attn_tc_kernel<<<grid, TC_WARPS * 32, shm, s>>>(*a, nsplit, split_len);
+        if (rows == 32) mla_attn_tc_kernel<32><<<grid, TC_WARPS * 32, shm, s>>>(*a, nsplit, split_len);
+        else mla_attn_tc_kernel<16><<<grid, TC_WARPS * 32, shm, s>>>(*a, nsplit, split_len);
         int rc = EGK_LAUNCH_RESULT();
         if (rc) return rc;
         mla_combine_kernel<<<dim3((unsigned)nhl, (unsigned)a->T), 128, 0, s>>>(*a, nsplit);

@@ -50,6 +50,15 @@ else
         --out "$tmp/x.st" --backend cuda
     grep -qi "cuda" "$tmp/err" || { cat "$tmp/err"; exit 1; }
     echo "  refused: $(tail -1 "$tmp/err")"
+    if ! grep -q "built without CUDA" "$tmp/err"; then
+        # a misspelt switch is named before anything else (no GPU needed to see it)
+        EG_CUDA_MLA=tc64 expect 1 $E forward --model "$FIXTURES/models/tiny-a" \
+            --prompts "$FIXTURES/models/prompts-a.json" --out "$tmp/x.st" --backend cuda
+        grep -q "EG_CUDA_MLA=tc64: expected one of auto, tc16, tc32, simt" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+        EG_CUDA_SAMPLE_M=4k expect 1 $E forward --model "$FIXTURES/models/tiny-a" \
+            --prompts "$FIXTURES/models/prompts-a.json" --out "$tmp/x.st" --backend cuda
+        grep -q "EG_CUDA_SAMPLE_M=4k" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+    fi
 fi
 
 echo "-- bench: a preset drawn by the backend, decode at a context, roofline columns"

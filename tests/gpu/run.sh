@@ -15,7 +15,8 @@
 #             4 layers BF16 experts, kimi-k2.5 4 layers INT4 (issue 7's table), decode at
 #             batch 1/16/64/256 x context 2K/8K and prefill, with roofline shares; Kimi
 #             again with CUDA graphs off, with the register-prefetch MoE, with every
-#             lever off (before/after), and sampled decode both ways
+#             lever off (before/after), the MLA kernels at 8K context, and sampled
+#             decode both ways
 # Every step is guarded: a missing piece (binary, fixture, command) is SKIP with the
 # reason, a failure is FAIL; the script always reaches the final table. Logs go to
 # $OUT/gpu-logs when $OUT is set (the device runner brings $OUT back), else
@@ -274,6 +275,14 @@ else
             --preset kimi-k2.5 --layers 4 --experts int4 --batch 64,256 --context 2048 --prefill-tokens 0 \
             --decode-steps 8 --no-roofline
     fi
+    # MLA decode at 8K context, where attention is a quarter of the bytes: the tensor-core
+    # kernel with 16-row tiles (what sm_120 runs; the H200 takes 32) and the CUDA-core one
+    for how in tc16 simt; do
+        if late; then record "bench-kimi-4l-mla-$how" SKIP "time budget" 0; continue; fi
+        SUMMARY="" EG_CUDA_MLA=$how run "bench-kimi-4l-mla-$how" 90 "bench-kimi-mla-$how.log" "$E" bench --backend cuda \
+            --preset kimi-k2.5 --layers 4 --experts int4 --batch 64,256 --context 8192 --prefill-tokens 0 \
+            --decode-steps 6 --no-roofline
+    done
     # sampled decode (generate's defaults: temperature 1, top-p 0.95): the top-M sampler,
     # then the full vocabulary sort (the last line of each log counts the rows sorted)
     for how in topm sort; do

@@ -514,26 +514,34 @@ static void test_mla_small(void) {
 
 /* Both attention kernels: 20 heads (a full and a partial group of 16 on the tensor-core
  * path), the same through the CUDA-core kernel (EG_CUDA_MLA=simt), a latent width the
- * tensor-core path does not take (48: falls back), and a row of C + DR = 72 that the
- * tensor-core path pads to 80. */
+ * tensor-core path does not take (48: falls back), a row of C + DR = 72 that the
+ * tensor-core path pads to 80, one of 70 (no multiple of 8: 4-byte copies), and the
+ * tensor-core kernel's 16- and 32-row tiles forced (EG_CUDA_MLA=tc16 / tc32: sm_120
+ * takes 16, sm_90 32). Sequence 1 sits at 600: many tiles, so the cp.async double
+ * buffer turns over. */
 static void test_mla_paths(void) {
-    for (int v = 0; v < 4; v++) {
+    const char *what[7] = {"mla 20 heads C=64: tensor cores, prefill + decode",
+                           "mla 20 heads C=64: CUDA cores (EG_CUDA_MLA=simt)",
+                           "mla 20 heads C=48: CUDA-core fallback",
+                           "mla 20 heads C=64 DR=8: tensor cores, row padded",
+                           "mla 20 heads C=64: tensor cores, 16-row tiles (tc16)",
+                           "mla 20 heads C=64: tensor cores, 32-row tiles (tc32)",
+                           "mla 20 heads C=64 DR=6: tensor cores, 4-byte copies"};
+    const char *env[7] = {NULL, "simt", NULL, NULL, "tc16", "tc32", "tc16"};
+    for (int v = 0; v < 7; v++) {
         seed(20 + (uint64_t)v);
         eg_config c = small_cfg();
         c.n_heads = 20;
         c.kv_lora_rank = v == 2 ? 48 : 64;
         if (v == 3) c.qk_rope = 8;
-        if (v == 1) setenv("EG_CUDA_MLA", "simt", 1);
+        if (v == 6) c.qk_rope = 6;
+        if (env[v]) setenv("EG_CUDA_MLA", env[v], 1);
         pair p;
         int ok = pair_make(&c, 64, &p);
         unsetenv("EG_CUDA_MLA");
         if (!ok) return;
         mla_setup m;
         mla_init(&m, &p, &c, 2, 80, 8);
-        const char *what[4] = {"mla 20 heads C=64: tensor cores, prefill + decode",
-                               "mla 20 heads C=64: CUDA cores (EG_CUDA_MLA=simt)",
-                               "mla 20 heads C=48: CUDA-core fallback",
-                               "mla 20 heads C=64 DR=8: tensor cores, row padded"};
         int32_t slot[12], pos[12];
         for (int t = 0; t < 9; t++) { slot[t] = 0; pos[t] = t; }
         slot[9] = 1; pos[9] = 600;

@@ -55,6 +55,14 @@ cudaError_t cudaSetDevice(int d) {
     return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int *d) { *d = emu_current; return cudaSuccess; }
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int dev) {
+    if (dev < 0 || dev >= emu_devices()) return cudaErrorInvalidValue;
+    switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = 233472; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 232448; return cudaSuccess;
+    }
+    return cudaErrorInvalidValue;
+}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = new emu_stream(); return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (s && s->capturing) return emu_refuse(s);

@@ -10,6 +10,8 @@
 #ifdef __cplusplus
 #include <barrier>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -92,6 +94,57 @@ static inline void emu_mma_bf16_16816(float d[4], const uint32_t a[4], const uin
         for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
         d[e] = acc;
     }
+}
+/* cp.async: by default a thread's copies land only when its cp.async.wait_group lets
+ * their group finish (the latest moment the PTX contract allows), so a read of the
+ * destination before the wait sees stale bytes and fails a test; EMU_CP_ASYNC=early
+ * copies at issue (the earliest moment: a copy into a buffer other warps still read shows). */
+struct emu_cp {
+    void *dst;
+    const void *src;
+    unsigned n;
+    long group;
+};
+inline thread_local std::vector<emu_cp> emu_cp_pending;
+inline thread_local long emu_cp_committed;
+inline int emu_cp_early() {
+    static const int early = [] { const char *e = std::getenv("EMU_CP_ASYNC"); return e && !std::strcmp(e, "early"); }();
+    return early;
+}
+static inline void emu_cp_async(void *dst, const void *src, unsigned n) {
+    if (emu_cp_early()) std::memcpy(dst, src, n);
+    else emu_cp_pending.push_back(emu_cp{dst, src, n, emu_cp_committed});
+}
+static inline void emu_cp_commit() { emu_cp_committed++; }
+static inline void emu_cp_wait(int n) {
+    std::vector<emu_cp> keep;
+    for (const emu_cp &c : emu_cp_pending) {
+        if (c.group < emu_cp_committed - n) std::memcpy(c.dst, c.src, c.n);
+        else keep.push_back(c);
+    }
+    emu_cp_pending.swap(keep);
+}
+/* ldmatrix .x2/.x4 (.trans), the contract in kernels/common.cuh: every lane publishes its
+ * row address, then each lane gathers its elements of every tile. A misaligned row
+ * address aborts (the GPU faults). */
+static inline void emu_ldmatrix(uint32_t *d, int n, bool trans, const void *row) {
+    int lane = threadIdx.x & 31;
+    if (lane < 8 * n && ((uintptr_t)row & 15u)) {
+        std::fprintf(stderr, "emulator: ldmatrix row address %p of lane %d is not 16-byte aligned\n", row, lane);
+        std::abort();
+    }
+    emu_w->slot[lane] = (uint64_t)(uintptr_t)row;
+    emu_w->bar->arrive_and_wait();
+    int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < n; i++) {
+        uint32_t e[2];
+        for (int h = 0; h < 2; h++) {
+            int r = trans ? 2 * t + h : g, c = trans ? g : 2 * t + h;
+            e[h] = ((const uint16_t *)(uintptr_t)emu_w->slot[8 * i + r])[c];
+        }
+        d[i] = e[0] | e[1] << 16;
+    }
+    emu_w->bar->arrive_and_wait();
 }
 static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline int atomicMin(int *p, int v) {
