@@ -72,7 +72,7 @@ TEST_BINS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 
 EAGLEGEN = $(BUILD)/eaglegen
 
-.PHONY: all test demo asan tsan bench clean deps test-unit test-scripts fmt
+.PHONY: emu all test demo asan tsan bench clean deps test-unit test-scripts fmt
 all: $(EAGLEGEN) $(TEST_BINS)
 
 $(BUILD)/%.o: %.c
@@ -122,6 +122,12 @@ tsan:
 
 bench: $(EAGLEGEN)
 	@BUILD=$(BUILD) bash tests/bench.sh
+
+# The CUDA kernels' op tests on the CPU emulator (tests/gpu/emu; needs g++, no GPU;
+# minutes, so not part of `make test`). EMU_ARGS=--forward|--pipeline|--graphs for the
+# emulated end-to-end runs, or test-name filters.
+emu:
+	BUILD_EMU=build-emu bash tests/gpu/emu/run_emu.sh $(EMU_ARGS)
 
 demo:
 	@bash tests/demo.sh

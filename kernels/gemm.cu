@@ -523,11 +523,12 @@ static __device__ __forceinline__ int mma_col(int j, int e) {
 }
 
 template <int FMT, bool ASYNC>
-static __global__ void __launch_bounds__(NTHREADS)
+static __global__ void __launch_bounds__(NTHREADS, 2) /* <= 128 registers: two blocks per SM */
     moe_gate_up_mma_kernel(const float *x, int H, int F, int K, const egk_expert_ptrs *tab, int group,
                            const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
                            float *h, float *part, int R) {
-    __shared__ __align__(16) uint16_t Xh[BM][MKP], Xl[BM][MKP];
+    __shared__ __align__(16) uint16_t Xh[BM][MKP];
+    __shared__ __align__(16) uint16_t Xl[BM][MKP];
     __shared__ const float *xrow[BM];
     int e, r0, r1;
     if (!moe_tile(tiles, ntiles, offsets, x, H, row_tk, K, xrow, &e, &r0, &r1)) return;
@@ -581,11 +582,12 @@ static __global__ void moe_down_finish(const float *part, int nsplit, int R, int
 }
 
 template <int FMT, bool ASYNC>
-static __global__ void __launch_bounds__(NTHREADS)
+static __global__ void __launch_bounds__(NTHREADS, 2) /* <= 128 registers: two blocks per SM */
     moe_down_mma_kernel(const float *h, int H, int F, const float *weights, const egk_expert_ptrs *tab, int group,
                         const int32_t *tiles, const int32_t *ntiles, const int32_t *offsets, const int32_t *row_tk,
                         float *o, float *part, int R) {
-    __shared__ __align__(16) uint16_t Xh[BM][MKP], Xl[BM][MKP];
+    __shared__ __align__(16) uint16_t Xh[BM][MKP];
+    __shared__ __align__(16) uint16_t Xl[BM][MKP];
     __shared__ const float *xrow[BM];
     int e, r0, r1;
     if (!moe_tile(tiles, ntiles, offsets, h, F, NULL, 1, xrow, &e, &r0, &r1)) return;
