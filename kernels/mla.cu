@@ -186,31 +186,27 @@ static size_t tc_smem_bytes(int W, int rows) {
  * padding columns: P V multiplies every row, and a stale NaN times P = 0 is NaN) into Kt,
  * as one cp.async group. 16-byte copies where rows are 16-byte multiples (Kimi: 72 per
  * row), else 4-byte ones (W is even on this path). */
-static __device__ __forceinline__ void tc_load_tile(const egk_mla &a, const int32_t *bt, int r0, int s1, int rows,
+template <int E> /* halves per copy: 8 (16 bytes) or 2 (4 bytes) */
+static __device__ __forceinline__ void tc_copy_rows(const egk_mla &a, const int32_t *bt, int r0, int s1, int rows,
                                                     uint16_t *Kt, int W, int Wp, int ldq) {
-    if ((W & 7) == 0) {
-        for (int i = threadIdx.x; i < rows * (Wp / 8); i += blockDim.x) {
-            int r = i / (Wp / 8), q = i % (Wp / 8), s = r0 + r;
-            uint16_t *dst = Kt + r * ldq + 8 * q;
-            if (s < s1 && 8 * q < W) {
-                int blk = bt[s / a.block_size];
-                egk_cp_async16(dst, a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W + 8 * q);
-            } else {
-                *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-    } else {
-        for (int i = threadIdx.x; i < rows * (Wp / 2); i += blockDim.x) {
-            int r = i / (Wp / 2), q = i % (Wp / 2), s = r0 + r;
-            uint16_t *dst = Kt + r * ldq + 2 * q;
-            if (s < s1 && 2 * q < W) {
-                int blk = bt[s / a.block_size];
-                egk_cp_async4(dst, a.cache + ((int64_t)blk * a.block_size + s % a.block_size) * W + 2 * q);
-            } else {
-                *(uint32_t *)dst = 0u;
-            }
+    for (int i = threadIdx.x; i < rows * (Wp / E); i += blockDim.x) {
+        int r = i / (Wp / E), q = i % (Wp / E), s = r0 + r;
+        uint16_t *dst = Kt + r * ldq + E * q;
+        if (s < s1 && E * q < W) {
+            const uint16_t *src = a.cache + ((int64_t)bt[s / a.block_size] * a.block_size + s % a.block_size) * W + E * q;
+            if (E == 8) egk_cp_async16(dst, src);
+            else egk_cp_async4(dst, src);
+        } else if (E == 8) {
+            *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+        } else {
+            *(uint32_t *)dst = 0u;
         }
     }
+}
+static __device__ __forceinline__ void tc_load_tile(const egk_mla &a, const int32_t *bt, int r0, int s1, int rows,
+                                                    uint16_t *Kt, int W, int Wp, int ldq) {
+    if ((W & 7) == 0) tc_copy_rows<8>(a, bt, r0, s1, rows, Kt, W, Wp, ldq);
+    else tc_copy_rows<2>(a, bt, r0, s1, rows, Kt, W, Wp, ldq);
     egk_cp_async_commit();
 }
 
