@@ -42,8 +42,8 @@ void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_
 }
 
 int eg_cuda_graphs_enabled(void) {
-    const char *gr = getenv("EG_CUDA_GRAPHS");
-    return !(gr && !strcmp(gr, "0"));
+    const char *gr = getenv("EG_CUDA_GRAPHS"), *pf = getenv("EG_CUDA_PROFILE");
+    return !(gr && !strcmp(gr, "0")) && !(pf && !strcmp(pf, "1")); /* profiling records op by op */
 }
 
 #ifndef EG_HAVE_CUDA
@@ -213,6 +213,7 @@ typedef struct cuda_impl {
     uint64_t xt_gen;        /* bumped whenever an expert table is rebuilt */
     int sample_m;           /* candidates of the top-M sampler (EG_CUDA_SAMPLE=sort: 0, always sort) */
     int64_t sample_sorted_rows; /* rows the top-M path could not settle (sorted) */
+    struct cuda_prof *prof; /* EG_CUDA_PROFILE=1: device time per op (NULL: off) */
 } cuda_impl;
 
 /* A recorded step: the executable graph and the expert-table generation it reads. */
@@ -448,12 +449,135 @@ static void cu_graph_free(eg_backend *b, void *graph) {
     free(cg);
 }
 
+/* ---- EG_CUDA_PROFILE=1: device time per op ---------------------------------------------
+ * For measurements (issue 7: where the time goes). Each compute op is bracketed by two
+ * timing events on the stream; the pairs are read at sync (or when the pool fills, which
+ * waits for the stream) and summed per (op, tokens); destroying the backend prints the
+ * table to stderr. Recording graphs is off while profiling (a graph cannot hold these
+ * events), so the numbers are op by op: launch gaps show as the difference between the
+ * ops' sum and the step's wall time. Numerics are unchanged. */
+#define EG_PROF_PAIRS 1024
+#define EG_PROF_ROWS 256
+enum { P_EMBED, P_RMSNORM, P_ADD_RMSNORM, P_ADD, P_LINEAR, P_GATHER, P_SWIGLU, P_MLA, P_ROUTER, P_MOE, P_SAMPLE, P_N };
+static const char *const prof_names[P_N] = {"embed", "rmsnorm", "add_rmsnorm", "add", "linear", "gather_rows",
+                                            "swiglu_mlp", "mla_attention", "router", "moe", "sample"};
+
+typedef struct prof_row {
+    int op, T;
+    long calls;
+    double ms;
+} prof_row;
+
+typedef struct cuda_prof {
+    cudaEvent_t ev[2 * EG_PROF_PAIRS];
+    int n_ev;                        /* events created */
+    int op[EG_PROF_PAIRS], T[EG_PROF_PAIRS], n_pend;
+    prof_row rows[EG_PROF_ROWS];
+    int n_rows;
+    long dropped;                    /* calls past EG_PROF_ROWS distinct (op, tokens) rows */
+} cuda_prof;
+
+static eg_status prof_create(cuda_impl *im, eg_error *err) {
+    cuda_prof *p = eg_calloc(1, sizeof *p, err);
+    if (!p) return EG_ERR_NOMEM;
+    for (; p->n_ev < 2 * EG_PROF_PAIRS; p->n_ev++) {
+        cudaError_t e = cudaEventCreateWithFlags(&p->ev[p->n_ev], 0u);
+        if (e != cudaSuccess) {
+            for (int i = 0; i < p->n_ev; i++) cudaEventDestroy(p->ev[i]);
+            free(p);
+            return cuda_fail(err, "cudaEventCreate (profile)", e);
+        }
+    }
+    im->prof = p;
+    return EG_OK;
+}
+
+/* Read every pending pair (waits for the last one) into the rows. */
+static eg_status prof_flush(cuda_impl *im, eg_error *err) {
+    cuda_prof *p = im->prof;
+    if (!p || !p->n_pend) return EG_OK;
+    CU("cudaEventSynchronize (profile)", cudaEventSynchronize(p->ev[2 * p->n_pend - 1]));
+    for (int k = 0; k < p->n_pend; k++) {
+        float ms = 0.0f;
+        CU("cudaEventElapsedTime (profile)", cudaEventElapsedTime(&ms, p->ev[2 * k], p->ev[2 * k + 1]));
+        int r = 0;
+        while (r < p->n_rows && (p->rows[r].op != p->op[k] || p->rows[r].T != p->T[k])) r++;
+        if (r == p->n_rows) {
+            if (r == EG_PROF_ROWS) {
+                p->dropped++;
+                continue;
+            }
+            p->rows[r].op = p->op[k];
+            p->rows[r].T = p->T[k];
+            p->n_rows++;
+        }
+        p->rows[r].calls++;
+        p->rows[r].ms += ms;
+    }
+    p->n_pend = 0;
+    return EG_OK;
+}
+
+static eg_status prof_begin(cuda_impl *im, eg_error *err) {
+    cuda_prof *p = im->prof;
+    if (p->n_pend == EG_PROF_PAIRS) {
+        eg_status st = prof_flush(im, err);
+        if (st) return st;
+    }
+    CU("cudaEventRecord (profile)", cudaEventRecord(p->ev[2 * p->n_pend], im->stream));
+    return EG_OK;
+}
+
+static eg_status prof_end(cuda_impl *im, int op, int T, eg_error *err) {
+    cuda_prof *p = im->prof;
+    CU("cudaEventRecord (profile)", cudaEventRecord(p->ev[2 * p->n_pend + 1], im->stream));
+    p->op[p->n_pend] = op;
+    p->T[p->n_pend] = T;
+    p->n_pend++;
+    return EG_OK;
+}
+
+static int prof_row_cmp(const void *a, const void *b) {
+    const prof_row *x = a, *y = b;
+    if (x->T != y->T) return x->T < y->T ? -1 : 1;
+    return x->ms > y->ms ? -1 : x->ms < y->ms;
+}
+
+static void prof_report(cuda_impl *im) {
+    cuda_prof *p = im->prof;
+    eg_error e = {0};
+    if (prof_flush(im, &e)) fprintf(stderr, "cuda profile: %s\n", e.msg);
+    qsort(p->rows, (size_t)p->n_rows, sizeof p->rows[0], prof_row_cmp);
+    fprintf(stderr, "cuda profile, GPU %d (EG_CUDA_PROFILE=1, graphs off): device time per op and token count\n",
+            im->device);
+    fprintf(stderr, "  %7s  %-14s %8s %11s %10s %7s\n", "tokens", "op", "calls", "total ms", "mean us", "share");
+    for (int i = 0; i < p->n_rows;) {
+        int j = i;
+        double tot = 0.0;
+        for (; j < p->n_rows && p->rows[j].T == p->rows[i].T; j++) tot += p->rows[j].ms;
+        for (int k = i; k < j; k++)
+            fprintf(stderr, "  %7d  %-14s %8ld %11.3f %10.1f %6.1f%%\n", p->rows[k].T, prof_names[p->rows[k].op],
+                    p->rows[k].calls, p->rows[k].ms, 1000.0 * p->rows[k].ms / (double)p->rows[k].calls,
+                    tot > 0 ? 100.0 * p->rows[k].ms / tot : 0.0);
+        fprintf(stderr, "  %7d  %-14s %8s %11.3f\n", p->rows[i].T, "(sum)", "", tot);
+        i = j;
+    }
+    if (p->dropped) fprintf(stderr, "  (%ld calls of further (op, tokens) pairs not tabulated)\n", p->dropped);
+}
+
+static void prof_free(cuda_impl *im) {
+    if (!im->prof) return;
+    for (int i = 0; i < im->prof->n_ev; i++) cudaEventDestroy(im->prof->ev[i]);
+    free(im->prof);
+    im->prof = NULL;
+}
+
 static eg_status cu_sync(eg_backend *b, eg_error *err) {
     cuda_impl *im = impl_of(b);
     NOT_WHILE_RECORDING(im, "sync");
     CU("cudaStreamSynchronize", cudaStreamSynchronize(im->stream));
     CU("cudaGetLastError", cudaGetLastError());
-    return EG_OK;
+    return im->prof ? prof_flush(im, err) : EG_OK;
 }
 
 static eg_status cu_bind(eg_backend *b, eg_error *err) {
@@ -961,6 +1085,8 @@ static void cu_destroy(eg_backend *b) {
     if (im) {
         cudaSetDevice(im->device); /* the destroying thread may have another GPU selected */
         if (im->stream) cudaStreamSynchronize(im->stream);
+        if (im->prof) prof_report(im);
+        prof_free(im);
         for (int i = 0; i < im->n_events; i++) cudaEventDestroy(im->stage_ev[i]);
         if (im->blas) cublasDestroy(im->blas);
         if (im->scratch) cudaFree(im->scratch);
@@ -976,25 +1102,65 @@ static void cu_destroy(eg_backend *b) {
     free(b);
 }
 
+/* Profiled entries (EG_CUDA_PROFILE=1): the op between two timing events. */
+#define PROFILED(op, T, call)                                                            \
+    do {                                                                                 \
+        cuda_impl *im_ = impl_of(b);                                                     \
+        eg_status st_ = prof_begin(im_, err);                                            \
+        if (!st_) st_ = (call);                                                          \
+        return st_ ? st_ : prof_end(im_, op, T, err);                                    \
+    } while (0)
+
+static eg_status pf_embed(eg_backend *b, const int32_t *tokens, int T, const eg_weight *E, float *x, eg_error *err) {
+    PROFILED(P_EMBED, T, cu_embed(b, tokens, T, E, x, err));
+}
+static eg_status pf_rmsnorm(eg_backend *b, const float *x, const eg_weight *w, int T, int D, float eps, float *y,
+                            eg_error *err) {
+    PROFILED(P_RMSNORM, T, cu_rmsnorm(b, x, w, T, D, eps, y, err));
+}
+static eg_status pf_add_rmsnorm(eg_backend *b, float *x, const float *dx, const eg_weight *w, int T, int D, float eps,
+                                float *y, eg_error *err) {
+    PROFILED(P_ADD_RMSNORM, T, cu_add_rmsnorm(b, x, dx, w, T, D, eps, y, err));
+}
+static eg_status pf_add(eg_backend *b, float *x, const float *dx, int64_t n, eg_error *err) {
+    PROFILED(P_ADD, (int)(n / impl_of(b)->cfg.hidden), cu_add(b, x, dx, n, err));
+}
+static eg_status pf_linear(eg_backend *b, const float *x, int T, const eg_weight *W, float *y, eg_error *err) {
+    PROFILED(P_LINEAR, T, cu_linear(b, x, T, W, y, err));
+}
+static eg_status pf_gather_rows(eg_backend *b, const float *x, const int32_t *idx, int n, int D, float *out,
+                                eg_error *err) {
+    PROFILED(P_GATHER, n, cu_gather_rows(b, x, idx, n, D, out, err));
+}
+static eg_status pf_swiglu_mlp(eg_backend *b, const float *x, int T, const eg_weight *gate, const eg_weight *up,
+                               const eg_weight *down, float *y, int accumulate, eg_error *err) {
+    PROFILED(P_SWIGLU, T, cu_swiglu_mlp(b, x, T, gate, up, down, y, accumulate, err));
+}
+static eg_status pf_mla_attention(eg_backend *b, const eg_mla_args *a, eg_error *err) {
+    PROFILED(P_MLA, a->T, cu_mla_attention(b, a, err));
+}
+static eg_status pf_router(eg_backend *b, const eg_router_args *a, eg_error *err) {
+    PROFILED(P_ROUTER, a->T, cu_router(b, a, err));
+}
+static eg_status pf_moe(eg_backend *b, const eg_moe_args *a, eg_error *err) {
+    PROFILED(P_MOE, a->T, cu_moe(b, a, err));
+}
+static eg_status pf_sample(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params,
+                           uint64_t *rng, int32_t *out, eg_error *err) {
+    PROFILED(P_SAMPLE, N, cu_sample(b, logits, N, V, params, rng, out, err));
+}
+
+/* Everything but the compute ops, which the two tables below take plain or profiled. */
+#define CUDA_OPS_COMMON                                                                  \
+    .name = "cuda", .destroy = cu_destroy, .alloc = cu_alloc, .release = cu_release,     \
+    .to_device = cu_to_device, .to_host = cu_to_host, .memset0 = cu_memset0, .copy = cu_copy, \
+    .sync = cu_sync, .graph_begin = cu_graph_begin, .graph_enabled = cu_graph_enabled,   \
+    .graph_end = cu_graph_end, .graph_launch = cu_graph_launch, .graph_free = cu_graph_free, \
+    .bind = cu_bind, .weight_upload = cu_weight_upload, .weight_release = cu_weight_release, \
+    .weight_random = cu_weight_random
+
 static const eg_backend_ops cuda_ops = {
-    .name = "cuda",
-    .destroy = cu_destroy,
-    .alloc = cu_alloc,
-    .release = cu_release,
-    .to_device = cu_to_device,
-    .to_host = cu_to_host,
-    .memset0 = cu_memset0,
-    .copy = cu_copy,
-    .sync = cu_sync,
-    .graph_begin = cu_graph_begin,
-    .graph_enabled = cu_graph_enabled,
-    .graph_end = cu_graph_end,
-    .graph_launch = cu_graph_launch,
-    .graph_free = cu_graph_free,
-    .bind = cu_bind,
-    .weight_upload = cu_weight_upload,
-    .weight_release = cu_weight_release,
-    .weight_random = cu_weight_random,
+    CUDA_OPS_COMMON,
     .embed = cu_embed,
     .rmsnorm = cu_rmsnorm,
     .add_rmsnorm = cu_add_rmsnorm,
@@ -1006,6 +1172,21 @@ static const eg_backend_ops cuda_ops = {
     .moe = cu_moe,
     .gather_rows = cu_gather_rows,
     .sample = cu_sample,
+};
+
+static const eg_backend_ops cuda_ops_profiled = {
+    CUDA_OPS_COMMON,
+    .embed = pf_embed,
+    .rmsnorm = pf_rmsnorm,
+    .add_rmsnorm = pf_add_rmsnorm,
+    .add = pf_add,
+    .linear = pf_linear,
+    .swiglu_mlp = pf_swiglu_mlp,
+    .mla_attention = pf_mla_attention,
+    .router = pf_router,
+    .moe = pf_moe,
+    .gather_rows = pf_gather_rows,
+    .sample = pf_sample,
 };
 
 static eg_status device_check(int device, eg_error *err);
@@ -1089,6 +1270,7 @@ static eg_status switches_check(eg_error *err) {
         {"EG_CUDA_GEMM", {"hilo", "bf16"}},          {"EG_CUDA_FUSE", {"1", "0"}},
         {"EG_CUDA_MOE", {"auto", "reg", "simt"}},    {"EG_CUDA_MLA", {"auto", "tc16", "tc32", "simt"}},
         {"EG_CUDA_SAMPLE", {"auto", "sort"}},        {"EG_CUDA_GRAPHS", {"1", "0"}},
+        {"EG_CUDA_PROFILE", {"0", "1"}},
     };
     for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++) {
         const char *v = getenv(sw[i].name);
@@ -1197,7 +1379,12 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
     im->sample_m = sm && !strcmp(sm, "sort") ? 0 : EGK_SAMPLE_TOPM_MAX;
     if (im->sample_m && smm && *smm) im->sample_m = atoi(smm); /* range checked by switches_check */
     im->graphs = eg_cuda_graphs_enabled();
-    if ((st = cuda_init(im, err))) {
+    const char *pf = getenv("EG_CUDA_PROFILE");
+    if (pf && !strcmp(pf, "1")) {
+        b->ops = &cuda_ops_profiled;
+        im->graphs = 0;
+    }
+    if ((st = cuda_init(im, err)) || (b->ops == &cuda_ops_profiled && (st = prof_create(im, err)))) {
         cu_destroy(b);
         return st;
     }

@@ -15,8 +15,8 @@
 #             4 layers BF16 experts, kimi-k2.5 4 layers INT4 (issue 7's table), decode at
 #             batch 1/16/64/256 x context 2K/8K and prefill, with roofline shares; Kimi
 #             again with CUDA graphs off, with the register-prefetch MoE, with every
-#             lever off (before/after), the MLA kernels at 8K context, and sampled
-#             decode both ways
+#             lever off (before/after), a per-op device-time profile (EG_CUDA_PROFILE=1),
+#             the MLA kernels at 8K context, and sampled decode both ways
 # Every step is guarded: a missing piece (binary, fixture, command) is SKIP with the
 # reason, a failure is FAIL; the script always reaches the final table. Logs go to
 # $OUT/gpu-logs when $OUT is set (the device runner brings $OUT back), else
@@ -244,6 +244,14 @@ else
             --experts int4 --batch 1,16,64,256 --context 2048,8192 --prefill-tokens 8192 --prompt-len 2048 \
             --chunk 2048 --decode-steps 8
     fi
+    # where the time goes: device time per op (EG_CUDA_PROFILE=1, op by op), decode at batch
+    # 1 and 256 (8K context) and prefill in 2K chunks; the table is in the summary
+    if late; then record bench-kimi-4l-profile SKIP "time budget" 0
+    else
+        SUMMARY="" EG_CUDA_PROFILE=1 run bench-kimi-4l-profile 150 bench-kimi-profile.log "$E" bench --backend cuda \
+            --preset kimi-k2.5 --layers 4 --experts int4 --batch 1,256 --context 8192 --prefill-tokens 4096 \
+            --prompt-len 2048 --chunk 2048 --decode-steps 4 --no-roofline
+    fi
     # the same without issue 7's switchable levers (SIMT MoE tiles, two GEMMs for hi + lo,
     # no graphs): the "before" column of the closing note's table
     if late; then record bench-kimi-4l-before SKIP "time budget" 0
@@ -302,6 +310,11 @@ fi
         printf '%-28s %-5s %6s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${NOTES[$i]}"
     done
     [ -f "$LOGS/ops-summary.log" ] && { echo; echo "op errors (CUDA vs CPU):"; cat "$LOGS/ops-summary.log"; }
-    for f in "$LOGS"/bench-*.log; do [ -f "$f" ] && { echo; echo "$(basename "$f"):"; tail -n 20 "$f"; }; done
+    for f in "$LOGS"/bench-*.log; do
+        [ -f "$f" ] || continue
+        echo
+        echo "$(basename "$f"):"
+        if grep -q "^cuda profile" "$f"; then sed -n '/^cuda profile/,$p' "$f"; else tail -n 20 "$f"; fi
+    done
 } | tee "$LOGS/summary.txt"
 exit $FAILED

@@ -2,6 +2,7 @@
 // (tests/gpu/emu/include). Streams are synchronous: every call completes on return,
 // except on a capturing stream, where launches, copies, memsets and GEMMs are recorded
 // for a graph to replay.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,9 +71,24 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { delete s; return cudaSuccess; }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = (cudaEvent_t)malloc(1); return cudaSuccess; }
-cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+/* Emulated streams run each launch at once, so an event's time is the host's clock when
+ * it is recorded (a recording inside a capture keeps the previous time). */
+struct emu_event {
+    double t;
+};
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = new emu_event{0.0}; return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!e) return cudaErrorInvalidValue;
+    if (!(s && s->capturing))
+        e->t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    if (!ms || !a || !b) return cudaErrorInvalidValue;
+    *ms = (float)(1000.0 * (b->t - a->t));
+    return cudaSuccess;
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t) {
     if (emu_thread_captures) { emu_invalidate_thread_captures(); return cudaErrorStreamCaptureUnsupported; }
     return cudaSuccess;

@@ -10,7 +10,8 @@
 # usage: tests/gpu/emu/run_emu.sh [test-name filters...]
 #        tests/gpu/emu/run_emu.sh --forward   (tiny-a forward vs golden-a-bf16kv)
 #        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL)
-#        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit)
+#        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit;
+#                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
 cd "$(dirname "$0")/../../.."
 B=${BUILD_EMU:-build-emu}
@@ -82,7 +83,14 @@ if [ "${1:-}" = --graphs ]; then
         grep -Eq "graphs: [1-9][0-9]* step shapes recorded, [1-9][0-9]* replays, 0 recordings fell back" "$W/$l.log" ||
             { echo "no replays without fallbacks in $l"; cat "$W/$l.log"; exit 1; }
     done
+    # the per-op profile (EG_CUDA_PROFILE=1): op by op, a table per token count, same samples
+    EG_CUDA_PROFILE=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/prof" 2> "$W/prof.log" ||
+        { cat "$W/prof.log"; exit 1; }
+    grep -q "cuda profile, GPU 0" "$W/prof.log" && grep -Eq "mla_attention +[0-9]+" "$W/prof.log" ||
+        { echo "no profile table"; cat "$W/prof.log"; exit 1; }
+    if grep -q "graphs:" "$W/prof.log"; then echo "graphs recorded while profiling"; exit 1; fi
     /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on"
+    /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/prof"
     exec /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on2"
 fi
 if [ "${1:-}" = --forward ]; then
