@@ -70,7 +70,9 @@ static __device__ __forceinline__ void egk_mma_bf16_16816(float d[4], const uint
 #endif
 }
 
-/* d = a * b + c on two BF16 lanes, rounded to nearest even (fma.rn.bf16x2, sm_80+). */
+/* d = a * b + c on two BF16 lanes, rounded to nearest even (fma.rn.bf16x2, sm_80+). The
+ * emulator's stand-in rounds to FP32 first, then to BF16: the same result wherever the
+ * FP32 value is exact (i4_pair's small integers), not in general. */
 static __device__ __forceinline__ uint32_t egk_fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
 #ifdef EMU_CUDA_RUNTIME_H
     uint32_t d = 0;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "cublas_v2.h"
@@ -56,11 +58,28 @@ cudaError_t cudaSetDevice(int d) {
     return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int *d) { *d = emu_current; return cudaSuccess; }
+int emu_smem_limit(int per_sm) {
+    const char *e = std::getenv(per_sm ? "EMU_SMEM_PER_SM" : "EMU_SMEM_OPTIN");
+    return e && *e ? std::atoi(e) : per_sm ? 233472 : 232448;
+}
+static std::mutex emu_func_mu;
+static std::map<const void *, int> emu_func_smem_map;
+void emu_func_set_smem(const void *k, int bytes) {
+    std::lock_guard<std::mutex> g(emu_func_mu);
+    emu_func_smem_map[k] = bytes;
+}
+int emu_func_smem(const void *k) {
+    std::lock_guard<std::mutex> g(emu_func_mu);
+    auto it = emu_func_smem_map.find(k);
+    return it == emu_func_smem_map.end() ? 48 * 1024 : it->second;
+}
+static thread_local cudaError_t emu_last_error = cudaSuccess;
+void emu_set_last_error(cudaError_t e) { emu_last_error = e; }
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int dev) {
     if (dev < 0 || dev >= emu_devices()) return cudaErrorInvalidValue;
     switch (attr) {
-    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = 233472; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 232448; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *v = emu_smem_limit(1); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = emu_smem_limit(0); return cudaSuccess;
     }
     return cudaErrorInvalidValue;
 }
@@ -156,7 +175,11 @@ cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
     memset(d, v, n);
     return cudaSuccess;
 }
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = emu_last_error;
+    emu_last_error = cudaSuccess;
+    return e;
+}
 /* EMU_MEM_GB sets the emulated device's size (default 80), 1% of it in use */
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *to) {
     const char *e = getenv("EMU_MEM_GB");

@@ -38,7 +38,8 @@ def main():
         args = re.sub(r"\bNULL\b", "nullptr", m.group(3))  # forwarded, a NULL would be a long
         # the arguments are evaluated now and kept by value: a recorded launch (stream
         # capture) runs after the launcher's locals are gone
-        return (f"emu_launch(dim3({grid}), dim3({block}), (size_t)({shm}), (cudaStream_t)({stream}), "
+        return (f"emu_launch(reinterpret_cast<const void *>(&{m.group(1)}), dim3({grid}), dim3({block}), "
+                f"(size_t)({shm}), (cudaStream_t)({stream}), "
                 f"emu_bind({m.group(1)}{', ' if args.strip() else ''}{args}));")
 
     src, n = pat.subn(repl, src)

@@ -112,6 +112,10 @@ inline int emu_cp_early() {
     return early;
 }
 static inline void emu_cp_async(void *dst, const void *src, unsigned n) {
+    if (((uintptr_t)dst | (uintptr_t)src) & (n - 1)) {
+        std::fprintf(stderr, "emulator: cp.async of %u bytes from %p to %p is misaligned\n", n, src, dst);
+        std::abort();
+    }
     if (emu_cp_early()) std::memcpy(dst, src, n);
     else emu_cp_pending.push_back(emu_cp{dst, src, n, emu_cp_committed});
 }
@@ -176,8 +180,24 @@ inline std::mutex emu_launch_mu;
 template <class... P, class... A> inline std::function<void()> emu_bind(void (*k)(P...), A &&...a) {
     return [k, t = std::tuple<std::decay_t<P>...>(std::forward<A>(a)...)] { std::apply(k, t); };
 }
-inline void emu_launch(dim3 g, dim3 b, size_t shm, cudaStream_t s, const std::function<void()> &fn) {
-    if (emu_capture_record(s, [g, b, shm, fn] { emu_launch(g, b, shm, (cudaStream_t)0, fn); })) return;
+/* What a real launch refuses (the launch then reports cudaErrorInvalidValue through
+ * cudaGetLastError and nothing runs): more dynamic shared memory than 48 KB without the
+ * kernel's cudaFuncSetAttribute opt-in, or than the device's opt-in limit; a grid or
+ * block beyond CUDA's dimensions. */
+inline bool emu_launch_ok(const void *k, dim3 g, dim3 b, size_t shm) {
+    unsigned nt = b.x * b.y * b.z;
+    if (!g.x || !g.y || !g.z || g.y > 65535 || g.z > 65535 || !nt || nt > 1024) return false;
+    if (shm > 48 * 1024 && (shm > (size_t)emu_func_smem(k) || shm > (size_t)emu_smem_limit(0))) return false;
+    return true;
+}
+inline void emu_launch(const void *k, dim3 g, dim3 b, size_t shm, cudaStream_t s, const std::function<void()> &fn) {
+    if (!emu_launch_ok(k, g, b, shm)) {
+        std::fprintf(stderr, "emulator: launch refused (grid %u,%u,%u block %u,%u,%u, %zu bytes of dynamic shared memory)\n",
+                     g.x, g.y, g.z, b.x, b.y, b.z, shm);
+        emu_set_last_error(cudaErrorInvalidValue);
+        return;
+    }
+    if (emu_capture_record(s, [k, g, b, shm, fn] { emu_launch(k, g, b, shm, (cudaStream_t)0, fn); })) return;
     std::lock_guard<std::mutex> serial(emu_launch_mu);
     gridDim = g;
     blockDim = b;
@@ -187,6 +207,9 @@ inline void emu_launch(dim3 g, dim3 b, size_t shm, cudaStream_t s, const std::fu
     for (unsigned z = 0; z < g.z; z++)
         for (unsigned y = 0; y < g.y; y++)
             for (unsigned x = 0; x < g.x; x++) {
+                /* a block's shared memory starts as garbage on a GPU: NaN bytes here, so a
+                 * tile column or row the kernel forgot to write shows in the results */
+                std::memset(dyn.data(), 0xFF, dyn.size());
                 std::barrier<> bar((std::ptrdiff_t)nt);
                 std::vector<emu_warp> warps((nt + 31) / 32);
                 for (unsigned w = 0; w < warps.size(); w++)

@@ -62,6 +62,19 @@ const char *cudaGetErrorString(cudaError_t e);
 #include <functional>
 /* Record fn when s is capturing (true), else leave it to the caller to run (false). */
 bool emu_capture_record(cudaStream_t s, std::function<void()> fn);
-template <class F> static inline cudaError_t cudaFuncSetAttribute(F, enum cudaFuncAttribute, int) { return cudaSuccess; }
+/* Per-kernel opt-in above 48 KB of dynamic shared memory (the launch checks it), the
+ * device's limits (an H200's unless EMU_SMEM_PER_SM / EMU_SMEM_OPTIN say otherwise:
+ * 102400 / 101376 for an sm_120), and the error the next cudaGetLastError returns. */
+extern "C" {
+void emu_func_set_smem(const void *k, int bytes);
+int emu_func_smem(const void *k);
+int emu_smem_limit(int per_sm);
+void emu_set_last_error(cudaError_t e);
+}
+template <class F> static inline cudaError_t cudaFuncSetAttribute(F f, enum cudaFuncAttribute, int v) {
+    if (v < 0 || v > emu_smem_limit(0)) return cudaErrorInvalidValue;
+    emu_func_set_smem(reinterpret_cast<const void *>(f), v);
+    return cudaSuccess;
+}
 #endif
 #endif
