@@ -28,6 +28,10 @@ def main():
     src = open(sys.argv[1]).read()
     src = re.sub(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;",
                  r"\1 *\2 = (\1 *)emu_dyn_smem;", src)
+    # static __shared__ arrays become process-wide statics: poison each one the first time
+    # a block reaches its declaration, as a GPU gives a block garbage shared memory
+    src = re.sub(r"(^[ \t]*__shared__\s[^;{}]*?\b([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*;)",
+                 r"\1 emu_poison_shared(&\2, sizeof \2);", src, flags=re.M)
     pat = re.compile(r"([A-Za-z_][\w:]*(?:<[^;<>]*>)?)\s*<<<(.*?)>>>\s*\((.*?)\)\s*;", re.S)
 
     def repl(m):

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -150,6 +151,21 @@ static inline void emu_ldmatrix(uint32_t *d, int n, bool trans, const void *row)
     }
     emu_w->bar->arrive_and_wait();
 }
+/* Static __shared__ variables are process-wide statics here (tests/gpu/emu/rewrite.py
+ * adds this call after each declaration): the first thread of a block to reach one fills
+ * it with 0xFF bytes (NaN, -1, wild pointers), so a read of a value the block never wrote
+ * shows, as it would on a GPU; later threads and later calls in the block leave it. */
+inline std::mutex emu_poison_mu;
+inline std::map<const void *, unsigned long> emu_poisoned;
+inline unsigned long emu_block_gen = 1; /* bumped per block by emu_launch */
+static inline void emu_poison_shared(void *p, size_t n) {
+    std::lock_guard<std::mutex> g(emu_poison_mu);
+    unsigned long &gen = emu_poisoned[p];
+    if (gen != emu_block_gen) {
+        std::memset(p, 0xFF, n);
+        gen = emu_block_gen;
+    }
+}
 static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline int atomicMin(int *p, int v) {
     int cur = __atomic_load_n(p, __ATOMIC_SEQ_CST);
@@ -210,6 +226,7 @@ inline void emu_launch(const void *k, dim3 g, dim3 b, size_t shm, cudaStream_t s
                 /* a block's shared memory starts as garbage on a GPU: NaN bytes here, so a
                  * tile column or row the kernel forgot to write shows in the results */
                 std::memset(dyn.data(), 0xFF, dyn.size());
+                emu_block_gen++;
                 std::barrier<> bar((std::ptrdiff_t)nt);
                 std::vector<emu_warp> warps((nt + 31) / 32);
                 for (unsigned w = 0; w < warps.size(); w++)
