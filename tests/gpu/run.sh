@@ -3,7 +3,8 @@
 # (budget: under 8 minutes on an H200). Steps:
 #   1. build: make -j16 eaglegen + GPU test programs (BUILD, default build-gpu)
 #   2. ops:   build-gpu/gpu/test_cuda_ops — every op CUDA vs CPU backend, small and
-#             Kimi-K2.5 shapes, normalised errors printed
+#             Kimi-K2.5 shapes, normalised errors printed; then compute-sanitizer
+#             (memcheck, racecheck) on the attention and MoE op tests
 #   3. golden: eaglegen forward --backend cuda on the fixtures vs golden-*-bf16kv,
 #             teacher-forced (per-layer rel error, argmax at high-margin steps) and
 #             greedy --generate 16 (tests/gpu/golden_gpu.py)
@@ -94,6 +95,24 @@ else
         record ops SKIP "no $OPS (build failed?)" 0
     fi
     NO_GPU=1
+fi
+
+# 2b. compute-sanitizer on small op tests: out-of-bounds and misaligned accesses
+# (memcheck) and shared-memory races (racecheck) on the real GPU, which the CPU emulator
+# cannot show (it runs a block's threads, not the hardware's memory system).
+# GPU_RUN_SANITIZE=0 skips it.
+SANI=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ $NO_GPU = 1 ] || [ "${GPU_RUN_SANITIZE:-1}" = 0 ]; then
+    :
+elif [ -z "$SANI" ]; then
+    record sanitizer SKIP "compute-sanitizer not found" 0
+else
+    for spec in memcheck:mla_paths racecheck:mla_paths memcheck:moe_small; do
+        tool=${spec%%:*} f=${spec#*:}
+        SUMMARY="" run "sanitize-$tool-$f" 60 "sanitize-$tool-$f.log" "$SANI" --tool "$tool" --error-exitcode 3 \
+            "$OPS" "$f"
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Hazard" "$LOGS/sanitize-$tool-$f.log" | head -5
+    done
 fi
 
 # 3. fixtures vs golden (bf16kv) ------------------------------------------------------
