@@ -1150,7 +1150,7 @@ static eg_status pf_sample(eg_backend *b, const float *logits, int N, int V, con
     PROFILED(P_SAMPLE, N, cu_sample(b, logits, N, V, params, rng, out, err));
 }
 
-/* Everything but the compute ops, which the two tables below take plain or profiled. */
+/* Everything but the compute ops (CUDA_OPS_COMPUTE below). */
 #define CUDA_OPS_COMMON                                                                  \
     .name = "cuda", .destroy = cu_destroy, .alloc = cu_alloc, .release = cu_release,     \
     .to_device = cu_to_device, .to_host = cu_to_host, .memset0 = cu_memset0, .copy = cu_copy, \
@@ -1159,35 +1159,14 @@ static eg_status pf_sample(eg_backend *b, const float *logits, int N, int V, con
     .bind = cu_bind, .weight_upload = cu_weight_upload, .weight_release = cu_weight_release, \
     .weight_random = cu_weight_random
 
-static const eg_backend_ops cuda_ops = {
-    CUDA_OPS_COMMON,
-    .embed = cu_embed,
-    .rmsnorm = cu_rmsnorm,
-    .add_rmsnorm = cu_add_rmsnorm,
-    .add = cu_add,
-    .linear = cu_linear,
-    .swiglu_mlp = cu_swiglu_mlp,
-    .mla_attention = cu_mla_attention,
-    .router = cu_router,
-    .moe = cu_moe,
-    .gather_rows = cu_gather_rows,
-    .sample = cu_sample,
-};
+/* The compute ops, plain (cu_) or profiled (pf_). */
+#define CUDA_OPS_COMPUTE(P)                                                              \
+    .embed = P##_embed, .rmsnorm = P##_rmsnorm, .add_rmsnorm = P##_add_rmsnorm, .add = P##_add, \
+    .linear = P##_linear, .swiglu_mlp = P##_swiglu_mlp, .mla_attention = P##_mla_attention, \
+    .router = P##_router, .moe = P##_moe, .gather_rows = P##_gather_rows, .sample = P##_sample
 
-static const eg_backend_ops cuda_ops_profiled = {
-    CUDA_OPS_COMMON,
-    .embed = pf_embed,
-    .rmsnorm = pf_rmsnorm,
-    .add_rmsnorm = pf_add_rmsnorm,
-    .add = pf_add,
-    .linear = pf_linear,
-    .swiglu_mlp = pf_swiglu_mlp,
-    .mla_attention = pf_mla_attention,
-    .router = pf_router,
-    .moe = pf_moe,
-    .gather_rows = pf_gather_rows,
-    .sample = pf_sample,
-};
+static const eg_backend_ops cuda_ops = {CUDA_OPS_COMMON, CUDA_OPS_COMPUTE(cu)};
+static const eg_backend_ops cuda_ops_profiled = {CUDA_OPS_COMMON, CUDA_OPS_COMPUTE(pf)};
 
 static eg_status device_check(int device, eg_error *err);
 

@@ -247,7 +247,6 @@ static __global__ void moe_combine_kernel(const float *o, const int32_t *rowmap,
 #define MK 64
 #define MKP (MK + 8) /* padded row (BF16 elements): spreads fragment loads over banks */
 
-
 /* Per k-step, each thread moves XN activations and WN weight words (plus, for INT4, at
  * most one group scale per matrix) from global memory to shared. They are loaded into
  * registers one step ahead, so the next step's global reads are in flight while the

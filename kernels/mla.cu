@@ -402,23 +402,29 @@ static __global__ void mla_combine_kernel(egk_mla a, int nsplit) {
     }
 }
 
-/* The tensor-core kernel's tile rows for this call and device, 0 where it does not apply
- * (the CUDA-core kernel runs): 32 where two such blocks fit in an SM's shared memory
- * (sm_90: 228 KB), else 16 (sm_120: 100 KB), unless a->tile_rows forces one. */
-static int tc_rows(const egk_mla *a) {
+/* The tensor-core kernel's tile rows for this call and device in *rows, 0 where it does
+ * not apply (the CUDA-core kernel runs): 32 where two such blocks fit in an SM's shared
+ * memory (sm_90: 228 KB), else 16 (sm_120: 100 KB), unless a->tile_rows forces one.
+ * Returns the failing runtime call's error, if any. */
+static cudaError_t tc_rows(const egk_mla *a, int *rows) {
     int W = a->C + a->DR;
-    if (a->C % (8 * TC_WARPS) || a->C > 8 * TC_WARPS * TC_MAX_NT || W % 2 || tc_wp(W) > 16 * TC_WARPS * TC_MAX_KQ)
-        return 0;
+    *rows = 0;
+    if (a->simt || a->C % (8 * TC_WARPS) || a->C > 8 * TC_WARPS * TC_MAX_NT || W % 2 ||
+        tc_wp(W) > 16 * TC_WARPS * TC_MAX_KQ)
+        return cudaSuccess;
     int dev = 0, per_block = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
-        return 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    if (e != cudaSuccess) return e;
     const size_t reserved = 1024; /* the runtime's per-block share (sm_80 and later) */
     if (a->tile_rows == 16 || a->tile_rows == 32)
-        return tc_smem_bytes(W, a->tile_rows) <= (size_t)per_block ? a->tile_rows : 0;
-    if (2 * (tc_smem_bytes(W, 32) + reserved) <= (size_t)per_sm && tc_smem_bytes(W, 32) <= (size_t)per_block) return 32;
-    return tc_smem_bytes(W, 16) <= (size_t)per_block ? 16 : 0;
+        *rows = tc_smem_bytes(W, a->tile_rows) <= (size_t)per_block ? a->tile_rows : 0;
+    else if (2 * (tc_smem_bytes(W, 32) + reserved) <= (size_t)per_sm && tc_smem_bytes(W, 32) <= (size_t)per_block)
+        *rows = 32;
+    else
+        *rows = tc_smem_bytes(W, 16) <= (size_t)per_block ? 16 : 0;
+    return cudaSuccess;
 }
 
 extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
@@ -431,7 +437,9 @@ extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
     if (split_len < 1) split_len = 1;
     cudaStream_t s = (cudaStream_t)stream;
     int W = a->C + a->DR;
-    int rows = a->simt ? 0 : tc_rows(a);
+    int rows = 0;
+    cudaError_t re = tc_rows(a, &rows);
+    if (re != cudaSuccess) return (int)re;
     if (rows > 0) {
         size_t shm = tc_smem_bytes(W, rows);
         /* the opt-in above 48 KB of shared memory: per device, so set at every launch (a
