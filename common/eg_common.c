@@ -80,6 +80,20 @@ float eg_fp8e4m3_to_f32(uint8_t x) {
     return s ? -v : v;
 }
 
+uint8_t eg_f32_to_fp8e4m3(float f) {
+    if (isnan(f)) return 0x7f;
+    uint8_t s = signbit(f) ? 0x80 : 0;
+    double a = fabs((double)f);
+    if (a < 0x1p-6) return (uint8_t)(s | (uint8_t)nearbyint(a * 512.0)); /* subnormal (8 = 2^-6) */
+    int e2;
+    frexp(a, &e2); /* a = m * 2^e2, m in [0.5, 1) */
+    int e = e2 - 1;
+    int q = (int)nearbyint((ldexp(a, -e) - 1.0) * 8.0); /* 0..8, ties to even */
+    if (q == 8) { q = 0; e++; }
+    if (e + 7 > 15 || (e + 7 == 15 && q == 7)) return (uint8_t)(s | 0x7e); /* saturate at 448 */
+    return (uint8_t)(s | ((e + 7) << 3) | q);
+}
+
 void *eg_malloc(size_t n, eg_error *err) {
     void *p = malloc(n ? n : 1);
     if (!p) eg_fail(err, EG_ERR_NOMEM, "out of memory allocating %zu bytes", n);

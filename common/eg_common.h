@@ -69,6 +69,10 @@ static inline float eg_bf16_round(float f) { return eg_bf16_to_f32(eg_f32_to_bf1
 float eg_f16_to_f32(uint16_t h);
 /* OCP FP8 E4M3 (fn: no infinities, 0x7f/0xff NaN) -> float. */
 float eg_fp8e4m3_to_f32(uint8_t v);
+/* float -> OCP FP8 E4M3, round to nearest even, finite values past +-448 saturate to
+ * +-448 (CUDA's __NV_SATFINITE, what serving engines' FP8 caches use); NaN -> 0x7f. Used
+ * only by `eaglegen fidelity`'s measurement caches: eaglegen never stores FP8 data. */
+uint8_t eg_f32_to_fp8e4m3(float f);
 
 /* Allocation helpers that fail with an eg_error instead of returning silently. */
 void *eg_malloc(size_t n, eg_error *err);

@@ -22,10 +22,24 @@
 
 typedef struct eg_backend eg_backend;
 
-/* The BF16 MLA latent cache of one layer: [n_blocks][BS][C+DR] bf16, each row the
- * normalised latent then the rotated k_pe (round to nearest even). */
+/* Element type of the latent cache. EG_KV_BF16 is the only cache eaglegen produces data
+ * with (`generate` cannot select another: eg_engine_opts has no such field). The others
+ * are measurement caches that exist only for `eaglegen fidelity`, on the CPU backend:
+ *   FP32     the exact reference (no rounding at the cache write);
+ *   FP8      every latent and k_pe value in OCP E4M3 at scale 1 (vLLM's kv_cache_dtype
+ *            "fp8" with its default scale 1.0): row = W bytes;
+ *   FP8_TILE DeepSeek/vLLM "fp8_ds_mla" layout: the latent in tiles of 128 values (one
+ *            tile when C < 128) as E4M3 with one FP32 scale per tile, amax / 448, and k_pe
+ *            kept in BF16: row = C + 4 * tiles + 2 * DR bytes (656 on Kimi-K2.5). */
+typedef enum eg_kv_dtype { EG_KV_BF16 = 0, EG_KV_FP32, EG_KV_FP8, EG_KV_FP8_TILE } eg_kv_dtype;
+
+/* The MLA latent cache of one layer: [n_blocks][BS][C+DR] bf16, each row the
+ * normalised latent then the rotated k_pe (round to nearest even). With a measurement
+ * dtype the same [n_blocks][BS] rows hold row_bytes bytes each (layout above). */
 typedef struct eg_kv_layer {
     uint16_t *data;
+    eg_kv_dtype dtype; /* EG_KV_BF16 except inside `eaglegen fidelity` */
+    int row_bytes;     /* bytes per cached token: 2 * (C + DR) for BF16 */
 } eg_kv_layer;
 
 /* Everything one MLA attention call needs. Positions/slots/tables live in backend memory. */

@@ -8,11 +8,13 @@
  *    depend on its batch neighbours.
  * Scratch is allocated once at create time from the config and max_tokens; no op
  * allocates. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
 #include "common/eg_thread.h"
 #include "engine/backend.h"
+#include "engine/kv_cache.h"
 
 typedef struct cpu_impl {
     eg_pool *pool;
@@ -286,7 +288,47 @@ static void rope_rotate(float *v, int DR, int pos, const float *inv_freq, float 
 
 static uint16_t *cache_row(const eg_mla_args *a, int slot, int pos, int W) {
     int blk = a->block_table[(int64_t)slot * a->max_blocks + pos / a->block_size];
-    return a->cache.data + ((int64_t)blk * a->block_size + pos % a->block_size) * W;
+    int64_t row = (int64_t)blk * a->block_size + pos % a->block_size;
+    if (a->cache.dtype == EG_KV_BF16) return a->cache.data + row * W;
+    return (uint16_t *)((unsigned char *)a->cache.data + row * a->cache.row_bytes);
+}
+
+/* Measurement caches (backend.h's eg_kv_dtype; `eaglegen fidelity` only): store one row
+ * v[C+DR] (normalised latent, rotated k_pe) and load it back as floats. */
+static void cache_store_measure(eg_kv_dtype dt, void *row, const float *v, int C, int DR) {
+    unsigned char *b = row;
+    if (dt == EG_KV_FP32) {
+        memcpy(b, v, sizeof(float) * (size_t)(C + DR));
+    } else if (dt == EG_KV_FP8) {
+        for (int k = 0; k < C + DR; k++) b[k] = eg_f32_to_fp8e4m3(v[k]);
+    } else { /* FP8_TILE: [C e4m3, padded to 4][tiles f32 scale][DR bf16] */
+        float *scale = (float *)(b + (C + 3) / 4 * 4);
+        int n_tiles = (C + 127) / 128;
+        for (int t = 0; t < n_tiles; t++) {
+            int k0 = t * 128, k1 = k0 + 128 < C ? k0 + 128 : C;
+            float amax = 0;
+            for (int k = k0; k < k1; k++) amax = fmaxf(amax, fabsf(v[k]));
+            float sc = fmaxf(amax / 448.0f, FLT_MIN);
+            scale[t] = sc;
+            for (int k = k0; k < k1; k++) b[k] = eg_f32_to_fp8e4m3(v[k] / sc);
+        }
+        uint16_t *pe = (uint16_t *)(scale + n_tiles);
+        for (int k = 0; k < DR; k++) pe[k] = eg_f32_to_bf16(v[C + k]);
+    }
+}
+
+static void cache_load_measure(eg_kv_dtype dt, const void *row, float *v, int C, int DR) {
+    const unsigned char *b = row;
+    if (dt == EG_KV_FP32) {
+        memcpy(v, b, sizeof(float) * (size_t)(C + DR));
+    } else if (dt == EG_KV_FP8) {
+        for (int k = 0; k < C + DR; k++) v[k] = eg_fp8e4m3_to_f32(b[k]);
+    } else {
+        const float *scale = (const float *)(b + (C + 3) / 4 * 4);
+        for (int k = 0; k < C; k++) v[k] = eg_fp8e4m3_to_f32(b[k]) * scale[k / 128];
+        const uint16_t *pe = (const uint16_t *)(scale + (C + 127) / 128);
+        for (int k = 0; k < DR; k++) v[C + k] = eg_bf16_to_f32(pe[k]);
+    }
 }
 
 typedef struct {
@@ -331,7 +373,10 @@ static void mla_head_body(void *vc, int64_t i0, int64_t i1, int tid) {
             for (int cc = 0; cc < C; cc++) o_lat[cc] = 0;
             for (int j = 0; j <= a->pos[t]; j++) {
                 const uint16_t *row = cache_row(a, a->slot[t], j, W);
-                for (int k = 0; k < W; k++) lat[k] = eg_bf16_to_f32(row[k]);
+                if (a->cache.dtype == EG_KV_BF16)
+                    for (int k = 0; k < W; k++) lat[k] = eg_bf16_to_f32(row[k]);
+                else
+                    cache_load_measure(a->cache.dtype, row, lat, C, DR);
                 float s = (dotf(q_lat, lat, C) + dotf(q_pe, lat + C, DR)) * a->softmax_scale;
                 if (s > m) {
                     float r = expf(m - s);
@@ -356,7 +401,11 @@ static eg_status cpu_mla_attention(eg_backend *b, const eg_mla_args *a, eg_error
     int C = cfg->kv_lora_rank, DR = cfg->qk_rope, W = C + DR;
     float *tmp = im->row_scratch; /* thread 0's row: [W] */
     if (W > im->max_cols) return eg_fail(err, EG_ERR_INVALID, "cpu backend: latent width exceeds scratch");
-    /* 1. write every token's normalised latent and rotated k_pe to the cache (BF16, RNE)
+    if (a->cache.dtype != EG_KV_BF16 && a->cache.row_bytes < eg_kv_row_bytes(a->cache.dtype, C, DR))
+        return eg_fail(err, EG_ERR_INVALID, "cpu backend: cache rows of %d bytes for kv dtype %d", a->cache.row_bytes,
+                       (int)a->cache.dtype);
+    /* 1. write every token's normalised latent and rotated k_pe to the cache (BF16, RNE;
+     *    `eaglegen fidelity`'s measurement dtypes as backend.h describes)
      *    before any attention, so all reads come from the cache, the chunk's own too. */
     for (int t = 0; t < a->T; t++) {
         const float *kv = a->kv + (int64_t)t * W;
@@ -366,7 +415,10 @@ static eg_status cpu_mla_attention(eg_backend *b, const eg_mla_args *a, eg_error
         memcpy(tmp + C, kv + C, sizeof(float) * (size_t)DR);
         rope_rotate(tmp + C, DR, a->pos[t], a->rope_inv_freq, a->rope_attn_factor);
         uint16_t *row = cache_row(a, a->slot[t], a->pos[t], W);
-        for (int k = 0; k < W; k++) row[k] = eg_f32_to_bf16(tmp[k]);
+        if (a->cache.dtype == EG_KV_BF16)
+            for (int k = 0; k < W; k++) row[k] = eg_f32_to_bf16(tmp[k]);
+        else
+            cache_store_measure(a->cache.dtype, row, tmp, C, DR);
     }
     /* 2. attention, parallel over heads */
     mla_ctx c = {im, a};

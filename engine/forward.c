@@ -252,6 +252,14 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         st = eg_kv_create(be, nl, (int)W, bs, nb, o->n_slots > 0 ? o->n_slots : 1, o->max_seq_len, &f->kv, err);
         if (st) goto fail;
     }
+    if (o->kv_dtype != EG_KV_BF16) { /* a measurement cache (eaglegen fidelity) */
+        if (strcmp(be->ops->name, "cpu")) {
+            st = eg_fail(err, EG_ERR_UNSUPPORTED, "a non-BF16 KV cache exists only on the cpu backend, not %s",
+                         be->ops->name);
+            goto fail;
+        }
+        if ((st = eg_kv_set_dtype(f->kv, o->kv_dtype, c->kv_lora_rank, err))) goto fail;
+    }
     *out = f;
     return EG_OK;
 fail:

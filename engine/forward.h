@@ -36,6 +36,11 @@ typedef struct eg_forward_opts {
                                    mkmodel.h's (linear N(0,1/fan_in)-like, norms near 1) */
     uint64_t random_seed;
     int no_graphs;              /* never record/replay steps, even where the backend can */
+    eg_kv_dtype kv_dtype;       /* latent cache element type. 0 = EG_KV_BF16, the only one
+                                   eaglegen makes data with (eg_engine_opts cannot set it,
+                                   so `generate` never runs another); the others are
+                                   `eaglegen fidelity`'s measurement caches (backend.h),
+                                   CPU backend only: any other backend is refused */
 } eg_forward_opts;
 
 typedef struct eg_step {

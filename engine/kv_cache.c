@@ -15,6 +15,7 @@ eg_status eg_kv_create(eg_backend *be, int n_layers, int width, int block_size, 
     pthread_mutex_init(&kv->lock, NULL);
     kv->n_layers = n_layers;
     kv->width = width;
+    kv->row_bytes = 2 * width;
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
     kv->n_slots = n_slots;
@@ -34,7 +35,8 @@ eg_status eg_kv_create(eg_backend *be, int n_layers, int width, int block_size, 
         st = be->ops->alloc(be, sizeof(uint16_t) * per_layer * (size_t)n_layers, (void **)&kv->storage, err);
         if (st) { eg_wrap(err, "allocating the KV cache (%lld blocks of %d tokens)", (long long)n_blocks, block_size); eg_kv_free(kv); return st; }
     }
-    for (int l = 0; l < n_layers; l++) kv->layers[l].data = kv->storage + per_layer * (size_t)l;
+    for (int l = 0; l < n_layers; l++)
+        kv->layers[l] = (eg_kv_layer){.data = kv->storage + per_layer * (size_t)l, .row_bytes = kv->row_bytes};
     st = be->ops->alloc(be, sizeof(int32_t) * tab, (void **)&kv->table_dev, err);
     if (st) { eg_kv_free(kv); return st; }
     kv->table_dirty = 1;
@@ -105,4 +107,34 @@ eg_status eg_kv_sync_table(eg_kv_cache *kv, eg_error *err) {
     return st;
 }
 
-int64_t eg_kv_bytes_per_token(const eg_kv_cache *kv) { return (int64_t)kv->n_layers * kv->width * 2; }
+int64_t eg_kv_bytes_per_token(const eg_kv_cache *kv) { return (int64_t)kv->n_layers * kv->row_bytes; }
+
+int eg_kv_row_bytes(eg_kv_dtype dtype, int C, int DR) {
+    switch (dtype) {
+    case EG_KV_FP32: return 4 * (C + DR);
+    case EG_KV_FP8: return (C + DR + 3) / 4 * 4;
+    case EG_KV_FP8_TILE: return (C + 3) / 4 * 4 + 4 * ((C + 127) / 128) + 2 * DR;
+    default: return 2 * (C + DR);
+    }
+}
+
+eg_status eg_kv_set_dtype(eg_kv_cache *kv, eg_kv_dtype dtype, int latent_width, eg_error *err) {
+    if (latent_width < 1 || latent_width > kv->width)
+        return eg_fail(err, EG_ERR_INVALID, "kv cache: latent width %d outside 1..%d", latent_width, kv->width);
+    int rb = eg_kv_row_bytes(dtype, latent_width, kv->width - latent_width);
+    size_t per_layer = (size_t)kv->n_blocks * (size_t)kv->block_size * (size_t)rb; /* bytes */
+    void *mem = NULL;
+    if (kv->n_layers > 0) {
+        /* rows of a multiple of 4 bytes, so FP32 values and scales stay aligned */
+        eg_status st = kv->be->ops->alloc(kv->be, per_layer * (size_t)kv->n_layers, &mem, err);
+        if (st) return eg_wrap(err, "allocating the %d-byte-row measurement KV cache", rb);
+        if (kv->storage) kv->be->ops->release(kv->be, kv->storage);
+    }
+    kv->storage = mem;
+    kv->dtype = dtype;
+    kv->row_bytes = rb;
+    for (int l = 0; l < kv->n_layers; l++)
+        kv->layers[l] = (eg_kv_layer){.data = (uint16_t *)((char *)mem + per_layer * (size_t)l), .dtype = dtype,
+                                      .row_bytes = rb};
+    return EG_OK;
+}

@@ -7,6 +7,7 @@
 int cmd_forward(int argc, char **argv);   /* engine: teacher-forced tensors to safetensors */
 int cmd_mkmodel(int argc, char **argv);   /* engine: random-weights model in HF layout */
 int cmd_bench(int argc, char **argv);     /* engine: prefill/decode tokens/s */
+int cmd_fidelity(int argc, char **argv);  /* engine: precision vs reference; dataset audit */
 int cmd_plan(int argc, char **argv);      /* engine: pipeline split and memory plan */
 int cmd_tokenize(int argc, char **argv);  /* prompts: JSONL in, ids out */
 int cmd_inspect(int argc, char **argv);   /* dataset: summary, --verify, --json */

@@ -18,6 +18,7 @@ static const command commands[] = {
     {"vocab", cmd_vocab, "build an EAGLE-3 draft vocabulary (d2t/t2d) from a dataset"},
     {"tokenize", cmd_tokenize, "tokenize JSONL text or conversations with the Kimi chat template"},
     {"forward", cmd_forward, "teacher-forced hidden states and logits for token prompts"},
+    {"fidelity", cmd_fidelity, "measure a precision choice against the reference; audit a dataset"},
     {"mkmodel", cmd_mkmodel, "write a random-weights model in the Hugging Face layout"},
     {"bench", cmd_bench, "measure prefill and decode tokens/s"},
     {"plan", cmd_plan, "pipeline stage split and per-GPU memory plan (KV capacity)"},
