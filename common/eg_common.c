@@ -84,6 +84,7 @@ uint8_t eg_f32_to_fp8e4m3(float f) {
     if (isnan(f)) return 0x7f;
     uint8_t s = signbit(f) ? 0x80 : 0;
     double a = fabs((double)f);
+    if (isinf(f)) return (uint8_t)(s | 0x7e);
     if (a < 0x1p-6) return (uint8_t)(s | (uint8_t)nearbyint(a * 512.0)); /* subnormal (8 = 2^-6) */
     int e2;
     frexp(a, &e2); /* a = m * 2^e2, m in [0.5, 1) */
