@@ -283,9 +283,12 @@ static eg_status cuda_backend_for(const setting *s, const eg_config *c, const eg
     if (saved) setenv("EG_CUDA_GEMM", saved, 1);
     else unsetenv("EG_CUDA_GEMM");
     free(saved);
-    if (st == EG_ERR_UNSUPPORTED)
-        return eg_fail(err, st, "%s needs the CUDA backend, which is not available here (%s); the kv=* settings "
-                                "run on the CPU", s->name, err->msg);
+    if (st == EG_ERR_UNSUPPORTED) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg[0] ? err->msg : "built without CUDA");
+        return eg_fail(err, st, "%s needs the CUDA backend, which is not available here (%.200s); the kv=* settings "
+                                "run on the CPU", s->name, why);
+    }
     return st ? eg_wrap(err, "%s", s->name) : EG_OK;
 }
 
