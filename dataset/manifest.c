@@ -24,6 +24,7 @@ void eg_ds_info_clear(eg_ds_info *m) {
     free(m->shards);
     free(m->hist);
     free(m->job_json);
+    free(m->precision_json);
     memset(m, 0, sizeof *m);
 }
 
@@ -37,6 +38,7 @@ eg_status eg_ds_info_copy_desc(eg_ds_info *d, const eg_ds_info *s, eg_error *err
     d->tokenizer_sha256 = dupnull(s->tokenizer_sha256);
     d->chat_template = dupnull(s->chat_template);
     d->job_json = dupnull(s->job_json && *s->job_json ? s->job_json : "{}");
+    d->precision_json = s->precision_json ? strdup(s->precision_json) : NULL;
     d->thinking = s->thinking;
     d->n_aux = s->n_aux;
     d->aux_layers = malloc(sizeof(int) * (size_t)(s->n_aux ? s->n_aux : 1));
@@ -49,11 +51,40 @@ eg_status eg_ds_info_copy_desc(eg_ds_info *d, const eg_ds_info *s, eg_error *err
     d->worker_index = s->worker_index;
     d->worker_count = s->worker_count;
     if (!d->model_name || !d->model_config_sha256 || !d->tokenizer_sha256 || !d->chat_template ||
-        !d->job_json || !d->aux_layers) {
+        !d->job_json || !d->aux_layers || (s->precision_json && !d->precision_json)) {
         eg_ds_info_clear(d);
         return eg_fail(err, EG_ERR_NOMEM, "out of memory");
     }
     return EG_OK;
+}
+
+eg_status eg_ds_precision_add(char **list, const char *items, eg_error *err) {
+    if (!items) return EG_OK;
+    json_error_t je;
+    json_t *have = *list ? json_loads(*list, 0, &je) : json_array(), *add = json_loads(items, 0, &je);
+    eg_status st = EG_OK;
+    if (!json_is_array(have) || !(json_is_object(add) || json_is_array(add))) {
+        st = eg_fail(err, EG_ERR_INVALID, "precision: expected a JSON object or array of objects");
+        goto done;
+    }
+    json_t *one = json_is_object(add) ? json_pack("[O]", add) : json_incref(add), *x;
+    size_t i;
+    json_array_foreach(one, i, x) {
+        int dup = 0;
+        size_t k;
+        json_t *y;
+        json_array_foreach(have, k, y) dup |= json_equal(x, y);
+        if (!dup && json_is_object(x)) json_array_append(have, x);
+    }
+    json_decref(one);
+    char *text = json_dumps(have, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!text) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto done; }
+    free(*list);
+    *list = text;
+done:
+    json_decref(have);
+    json_decref(add);
+    return st;
 }
 
 eg_status eg_ds_hist_add(uint64_t **dst, int64_t *dst_len, const uint64_t *src, int64_t n,
@@ -178,6 +209,16 @@ static json_t *to_json(const eg_ds_info *m, eg_error *err) {
         return NULL;
     }
     json_object_set_new(o, "job", job);
+    if (m->precision_json) {
+        json_t *p = json_loads(m->precision_json, 0, &je);
+        if (!json_is_array(p)) {
+            json_decref(p);
+            json_decref(o);
+            eg_fail(err, EG_ERR_INVALID, "precision list is not a JSON array");
+            return NULL;
+        }
+        json_object_set_new(o, "precision", p);
+    }
     return o;
 }
 
@@ -376,6 +417,12 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
     json_t *job = json_object_get(o, "job");
     m->job_json = job && json_is_object(job) ? json_dumps(job, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup("{}");
     if (!m->job_json) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto done; }
+    json_t *prec = json_object_get(o, "precision");
+    if (prec && !json_is_array(prec)) { st = eg_fail(err, EG_ERR_FORMAT, "%s: precision: expected an array", path); goto done; }
+    if (prec && !(m->precision_json = json_dumps(prec, JSON_COMPACT | JSON_PRESERVE_ORDER))) {
+        st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        goto done;
+    }
 done:
     json_decref(o);
     if (st) eg_ds_info_clear(m);

@@ -57,6 +57,9 @@ typedef struct eg_ds_info {
     uint64_t *hist; /* [hist_len] loss-masked occurrences per token id */
     int64_t hist_len;
     char *job_json; /* caller's free-form JSON object */
+    char *precision_json; /* JSON array: the distinct precision objects (cache dtype, activations,
+                             backend, kernels, device) of the runs that wrote this data;
+                             NULL = not recorded (docs/FORMAT.md "precision") */
 } eg_ds_info;
 
 void eg_ds_info_clear(eg_ds_info *info); /* NULL ok */
@@ -67,6 +70,9 @@ eg_status eg_ds_info_save(const eg_ds_info *info, const char *dir, const char *n
 eg_status eg_ds_info_compatible(const eg_ds_info *a, const eg_ds_info *b, eg_error *err);
 /* Deep copy of the description fields only (no shards, counts, histogram). */
 eg_status eg_ds_info_copy_desc(eg_ds_info *dst, const eg_ds_info *src, eg_error *err);
+/* Add the precision object(s) in items (an object or an array of objects, JSON text) to
+ * the list *list (JSON array text or NULL), each unless an equal one is there already. */
+eg_status eg_ds_precision_add(char **list, const char *items, eg_error *err);
 /* Add a histogram into another (grows dst). */
 eg_status eg_ds_hist_add(uint64_t **dst, int64_t *dst_len, const uint64_t *src, int64_t n, eg_error *err);
 

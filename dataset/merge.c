@@ -154,6 +154,7 @@ eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir
                 break;
             }
             if (!merged.target_vocab_size) merged.target_vocab_size = m.target_vocab_size;
+            if ((st = eg_ds_precision_add(&merged.precision_json, m.precision_json, err))) { eg_ds_info_clear(&m); break; }
             json_error_t je;
             json_array_append_new(from, json_pack("{s:s,s:s,s:o}", "dir", dirs[d], "manifest", names[k], "job",
                                                   json_loads(m.job_json, 0, &je) ?: json_object()));

@@ -409,7 +409,9 @@ static eg_status desc_from_opts(eg_ds_info *d, const eg_shard_writer_opts *o, eg
     tmp.job_json = (char *)(o->job_json ? o->job_json : "{}");
     tmp.worker_index = o->worker_count > 1 ? o->worker_index : 0;
     tmp.worker_count = o->worker_count > 1 ? o->worker_count : 1;
-    return eg_ds_info_copy_desc(d, &tmp, err);
+    eg_status st = eg_ds_info_copy_desc(d, &tmp, err);
+    if (!st && (st = eg_ds_precision_add(&d->precision_json, o->precision_json, err))) eg_ds_info_clear(d);
+    return st;
 }
 
 /* Remove our *.tmp files and our shards the manifest does not list. */
@@ -455,6 +457,7 @@ static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_d
     free(w->job_json);
     w->job_json = strdup(want->job_json);
     if (!w->job_json) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    if ((st = eg_ds_precision_add(&w->info.precision_json, want->precision_json, err))) return st;
     for (int i = 0; i < w->info.n_shards; i++) {
         char p[4096];
         snprintf(p, sizeof p, "%s/%s", w->dir, w->info.shards[i].file);

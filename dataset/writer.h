@@ -42,6 +42,8 @@ typedef struct eg_shard_writer_opts {
     int64_t target_vocab_size;       /* 0 = unknown; else input ids are checked against it */
     eg_ds_final_source final_source; /* default post-norm */
     const char *job_json;            /* free-form JSON object for the manifest; NULL = {} */
+    const char *precision_json;      /* this run's precision object (JSON), added to the manifest's
+                                        "precision" list (kept across resumes); NULL = none */
 
     /* Behaviour. Zero selects the default. */
     int64_t shard_samples; /* samples per shard (1000) */

@@ -181,6 +181,10 @@ typedef struct eg_backend_opts {
 
 eg_status eg_backend_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err);
 void eg_backend_free(eg_backend *b);
+/* Human-readable name of the device a backend of that name runs on (the CPU model from
+ * /proc/cpuinfo; the CUDA device's name), for the manifest's precision record. Never
+ * fails: an unknown device reads "unknown". */
+void eg_device_name(const char *backend, int device, char *out, size_t n);
 /* b->ops->bind when present; EG_OK otherwise. */
 eg_status eg_backend_bind(eg_backend *b, eg_error *err);
 

@@ -593,6 +593,7 @@ done:
 
 typedef struct audit_ctx {
     const char *path;
+    const char *precision; /* the manifest's list, JSON text or NULL */
     const char *kv;
     int n;
     double worst;
@@ -603,6 +604,7 @@ static void audit_table(void *vc, json_t *root, FILE *f) {
     json_t *samples = json_object_get(root, "samples");
     fprintf(f, "audit of %s: %d samples re-run teacher-forced on the cpu backend (FP32 arithmetic, %s latent cache)\n",
             c->path, c->n, c->kv);
+    fprintf(f, "the dataset's manifest records its precision as %s\n", c->precision ? c->precision : "(not recorded)");
     fprintf(f, "stored state vs the reference rounded to BF16: relative error per token, worst / median\n\n");
     fprintf(f, "%-24s %6s", "sample", "tokens");
     json_t *s0 = json_array_get(samples, 0);
@@ -788,7 +790,7 @@ static int run_audit(const fid_args *a) {
     free(pick);
     out = json_pack("{s:s,s:s,s:f,s:O}", "dataset", a->audit, "reference", kv == EG_KV_FP32 ? "kv=fp32" : "kv=bf16",
                     "worst", worst, "samples", samples);
-    audit_ctx ac = {.path = a->audit, .kv = kv == EG_KV_FP32 ? "FP32" : "BF16", .n = n, .worst = worst};
+    audit_ctx ac = {.path = a->audit, .precision = info->precision_json, .kv = kv == EG_KV_FP32 ? "FP32" : "BF16", .n = n, .worst = worst};
     rc = emit(a, out, audit_table, &ac);
     if (!rc && a->fail_above > 0 && !(worst <= a->fail_above)) {
         fprintf(stderr, "eaglegen fidelity: stored states are %.2e from the reference, above --fail-above %.2e\n",

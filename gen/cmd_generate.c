@@ -598,6 +598,38 @@ static eg_status parse_stages(gen_args *a, const eg_model *m, int *ends, int *n,
     return EG_OK;
 }
 
+/* The precision this run computes with, for the manifest's "precision" list
+ * (docs/FORMAT.md): always the BF16 cache (eg_engine_opts has no other); FP32 arithmetic
+ * on the CPU; on CUDA BF16 GEMM inputs as hi + lo pairs unless EG_CUDA_GEMM=bf16, and
+ * the kernel switches as the backend reads them. Malloc'd JSON text, NULL on no memory. */
+static char *precision_text(const gen_args *a, int n_stages) {
+    int cuda = !strcmp(a->backend, "cuda");
+    const char *gm = getenv("EG_CUDA_GEMM");
+    json_t *k = json_object();
+    if (cuda) {
+        static const char *const sw[][2] = {{"EG_CUDA_GEMM", "hilo"}, {"EG_CUDA_FUSE", "1"},  {"EG_CUDA_MOE", "auto"},
+                                            {"EG_CUDA_MLA", "auto"},  {"EG_CUDA_GRAPHS", "1"}, {"EG_CUDA_SAMPLE", "auto"}};
+        for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++) {
+            const char *v = getenv(sw[i][0]);
+            json_object_set_new(k, sw[i][0], json_string(v && *v ? v : sw[i][1]));
+        }
+    } else {
+        json_object_set_new(k, "cpu", json_string("reference ops: FP32, fixed reduction order per row"));
+    }
+    char dev[1024] = "", one[256];
+    for (int s = 0; s < (cuda ? n_stages : 1); s++) {
+        eg_device_name(a->backend, cuda && a->gpus > 0 ? s % a->gpus : s, one, sizeof one);
+        if (!strstr(dev, one))
+            snprintf(dev + strlen(dev), sizeof dev - strlen(dev), "%s%s", dev[0] ? "; " : "", one);
+    }
+    json_t *p = json_pack("{s:s,s:s,s:s,s:o,s:s}", "kv_cache", "bf16", "activations",
+                          !cuda ? "fp32" : gm && !strcmp(gm, "bf16") ? "bf16" : "bf16-hilo", "backend", a->backend,
+                          "kernels", k, "device", dev);
+    char *t = p ? json_dumps(p, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(p);
+    return t;
+}
+
 static json_t *job_identity(gen_run *g, eg_error *err) {
     gen_args *a = g->a;
     json_t *aux = json_array();
@@ -645,7 +677,7 @@ int cmd_generate(int argc, char **argv) {
     int stage_ends[EG_MAX_STAGES], n_stages = 1;
     json_t *ident = NULL;
     FILE *jlog = NULL;
-    char *job_text = NULL;
+    char *job_text = NULL, *prec_text = NULL;
     g.model = &model;
 
     if (eg_model_load(a.model, &model, &err)) goto done;
@@ -755,13 +787,14 @@ int cmd_generate(int argc, char **argv) {
                          .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches,
                          .transport = a.transport};
     if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
+    if (!(prec_text = precision_text(&a, n_stages))) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
     eg_shard_writer_opts wo = {
         .model_name = model_name, .model_config_sha256 = c->hash, .tokenizer_sha256 = tok_fingerprint(g.tok),
         .chat_template = "kimi-k2.5", .thinking = a.thinking, .n_aux = a.n_aux, .aux_layers = a.aux,
         .hidden_size = c->hidden, .target_vocab_size = c->vocab,
         .final_source = a.pre_norm ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM, .job_json = job_text,
         .shard_samples = a.shard_samples, .threads = a.threads, .worker_index = a.worker,
-        .worker_count = a.n_workers, .resume = existed};
+        .worker_count = a.n_workers, .resume = existed, .precision_json = prec_text};
     /* Every check has passed: the job file goes first, so a run killed between it and the
      * writer's first manifest resumes (the writer starts fresh on a job without one);
      * a writer that cannot open takes back what this run made. */
@@ -881,6 +914,7 @@ done_quiet:
     eg_model_free(&model);
     json_decref(ident);
     free(job_text);
+    free(prec_text);
     free(g.stop);
     free(g.mask_buf);
     free((void *)a.prompts);

@@ -342,6 +342,32 @@ static eg_status count_distinct(const eg_ds_reader *r, int64_t *distinct, eg_err
 }
 
 /* ---------------------------------------------------------------- main */
+static const char *str_of(json_t *o, const char *key) {
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "?";
+}
+
+/* The manifest's precision list, one run configuration per line. */
+static void print_precision(const char *list) {
+    json_error_t je;
+    json_t *p = list ? json_loads(list, 0, &je) : NULL, *x;
+    if (!json_is_array(p) || !json_array_size(p)) {
+        printf("  precision: not recorded (made before eaglegen recorded it)\n");
+        json_decref(p);
+        return;
+    }
+    size_t i;
+    json_array_foreach(p, i, x) {
+        json_t *k = json_object_get(x, "kernels");
+        char *ks = k ? json_dumps(k, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        printf("  precision%s: KV cache %s, activations %s, backend %s on %s, kernels %s\n",
+               json_array_size(p) > 1 ? " (one of several runs)" : "", str_of(x, "kv_cache"), str_of(x, "activations"),
+               str_of(x, "backend"), str_of(x, "device"), ks ? ks : "{}");
+        free(ks);
+    }
+    json_decref(p);
+}
+
 int cmd_inspect(int argc, char **argv) {
     static const struct option opts[] = {
         {"verify", no_argument, 0, 'v'},       {"json", no_argument, 0, 'j'},
@@ -470,6 +496,8 @@ int cmd_inspect(int argc, char **argv) {
             json_error_t je;
             json_t *job = json_loads(m->job_json, 0, &je);
             json_object_set_new(root, "job", job ? job : json_object());
+            json_t *prec = m->precision_json ? json_loads(m->precision_json, 0, &je) : NULL;
+            json_object_set_new(root, "precision", prec ? prec : json_null());
         }
         json_t *al = json_array();
         for (int i = 0; i < m->n_aux && m->aux_layers; i++) json_array_append_new(al, json_integer(m->aux_layers[i]));
@@ -522,6 +550,7 @@ int cmd_inspect(int argc, char **argv) {
             printf("  counts:");
             for (int i = 0; i < EG_DS_NCOUNTS; i++) printf(" %s %" PRId64, eg_ds_count_names[i], m->counts[i]);
             printf("\n  job %s\n", m->job_json);
+            print_precision(m->precision_json);
         }
         printf("  bytes on disk %" PRId64 ", uncompressed tensors %" PRId64 ", ratio x%.3f (zstd level %d, bf16 byte split %s)\n",
                t.bytes, t.raw_bytes, ratio, m->zstd_level, m->bf16_split ? "on" : "off");

@@ -297,6 +297,30 @@ static void t_audit_altered(void) {
     CHECK(run_cmd(cmd_fidelity, 9, av2) == 0);
 }
 
+/* generate records its precision in the manifest: always the BF16 cache */
+static void t_manifest_precision(void) {
+    if (!dataset_dir()[0]) { CHECK(!"generate failed"); return; }
+    char mp[320];
+    snprintf(mp, sizeof mp, "%s/manifest.json", dataset_dir());
+    json_error_t je;
+    json_t *m = json_load_file(mp, 0, &je), *p = json_object_get(m, "precision");
+    CHECK(json_is_array(p) && json_array_size(p) == 1);
+    json_t *x = json_array_get(p, 0);
+    CHECK(!strcmp(json_string_value(json_object_get(x, "kv_cache")) ?: "", "bf16"));
+    CHECK(!strcmp(json_string_value(json_object_get(x, "activations")) ?: "", "fp32"));
+    CHECK(!strcmp(json_string_value(json_object_get(x, "backend")) ?: "", "cpu"));
+    CHECK(json_string_value(json_object_get(x, "device")) && json_is_object(json_object_get(x, "kernels")));
+    json_decref(m);
+    /* the list keeps distinct runs once each */
+    eg_error err = {0};
+    char *list = NULL;
+    CHECK_OK(eg_ds_precision_add(&list, "{\"kv_cache\":\"bf16\",\"device\":\"a\"}", &err), &err);
+    CHECK_OK(eg_ds_precision_add(&list, "[{\"kv_cache\":\"bf16\",\"device\":\"a\"},{\"kv_cache\":\"bf16\",\"device\":\"b\"}]", &err), &err);
+    CHECK(list && !strcmp(list, "[{\"kv_cache\":\"bf16\",\"device\":\"a\"},{\"kv_cache\":\"bf16\",\"device\":\"b\"}]"));
+    CHECK(eg_ds_precision_add(&list, "7", &err) != EG_OK);
+    free(list);
+}
+
 static void t_cli_refuses(void) {
     const char *a1[] = {"fidelity", "--model", "x"};
     CHECK(run_cmd(cmd_fidelity, 3, a1) == 2);
@@ -318,6 +342,7 @@ int main(int argc, char **argv) {
         {"kv_dtypes_order", t_kv_dtypes_order},
         {"audit_clean", t_audit_clean},
         {"audit_altered", t_audit_altered},
+        {"manifest_precision", t_manifest_precision},
         {"cli_refuses", t_cli_refuses},
     };
     int rc = eg_test_main("gen_fidelity", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
