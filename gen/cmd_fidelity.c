@@ -32,6 +32,8 @@
 #include "engine/forward.h"
 #include "gen/args.h"
 #include "gen/commands.h"
+#include "prompts/corpus.h"
+#include "prompts/tokenizer.h"
 
 #define FID_MARGIN 1e-2 /* top-1 margin below which a position is a near-tie (not counted) */
 
@@ -54,7 +56,10 @@ static void usage(FILE *f) {
             "  act=bf16      the CUDA backend with plain BF16 GEMM inputs (EG_CUDA_GEMM=bf16)\n"
             "The FP8 caches and plain-BF16 activations exist only in this command: `generate`\n"
             "always runs the BF16 cache and never offers them.\n"
-            "P.json is {\"prompts\": [[ids...], ...]}.\n"
+            "P.json is {\"prompts\": [[ids...], ...]}; any other --prompts file is a JSONL corpus\n"
+            "(the formats `generate` reads), rendered with the Kimi-K2.5 chat template and\n"
+            "tokenized as `generate` would feed it (--mode regenerate: the conversation up to\n"
+            "its last user turn plus the generation prompt; capture: the whole conversation).\n"
             "\n"
             "Audit: re-runs N stored samples teacher-forced on the CPU backend (BF16 cache, as\n"
             "`generate` computes; --kv fp32 for the exact cache) and reports the distance of the\n"
@@ -66,6 +71,10 @@ static void usage(FILE *f) {
             "  --model DIR        Hugging Face checkpoint directory (required)\n"
             "  --prompts FILE     prompts JSON (compare mode)\n"
             "  --compare LIST     comma-separated settings (see above)\n"
+            "  --tokenizer DIR    corpus prompts: tokenizer directory (default: --model)\n"
+            "  --mode M           corpus prompts: regenerate (default) or capture\n"
+            "  --thinking on|off  corpus prompts: Kimi thinking mode (default on)\n"
+            "  --limit N          use the first N prompts or records (default all)\n"
             "  --steps N          greedy steps per prompt for the divergence (default 32)\n"
             "  --audit DIR        dataset directory (audit mode)\n"
             "  --samples N        samples to audit, spread over the dataset (default 16)\n"
@@ -445,16 +454,75 @@ static void compare_table(cmp_job *j, json_t *root, FILE *f) {
                "cache (and the CUDA backend's hi + lo GEMM inputs).\n");
 }
 
-static eg_status load_prompts(const char *path, const eg_config *c, json_t **root, json_t **prompts, int *max_len,
+typedef struct fid_args {
+    const char *model, *prompts, *compare, *audit, *json_path, *kv, *tokenizer, *mode;
+    int json, steps, samples, threads, chunk, device, thinking, limit;
+    double fail_above;
+} fid_args;
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* A JSONL corpus as {"prompts": [[ids], ...]}: rendered and tokenized through the same
+ * reader generate uses; a rejected record stops with its file and line. */
+static eg_status corpus_prompts(const fid_args *a, json_t **root, eg_error *err) {
+    tok_tokenizer *tok = NULL;
+    corpus_reader *cr = NULL;
+    corpus_record rec;
+    memset(&rec, 0, sizeof rec);
+    eg_status st = tok_load(a->tokenizer ? a->tokenizer : a->model, &tok, err);
+    if (st) return eg_wrap(err, "tokenizer %s", a->tokenizer ? a->tokenizer : a->model);
+    corpus_opts co;
+    corpus_opts_default(&co);
+    co.mode = a->mode && !strcmp(a->mode, "capture") ? CORPUS_CAPTURE : CORPUS_REGENERATE;
+    co.thinking = a->thinking;
+    const char *paths[1] = {a->prompts};
+    json_t *ps = json_array();
+    if (!(st = corpus_open(paths, 1, tok, &co, &cr, err))) {
+        bool got = true;
+        while (!st && (a->limit <= 0 || (int)json_array_size(ps) < a->limit)) {
+            if ((st = corpus_next(cr, &rec, &got, err)) || !got) break;
+            if (!rec.ok) {
+                st = eg_fail(err, EG_ERR_FORMAT, "%s:%llu: %s", rec.file, (unsigned long long)rec.line, rec.reason);
+                break;
+            }
+            if (rec.ids.n == 0) {
+                st = eg_fail(err, EG_ERR_FORMAT, "%s:%llu: no tokens", rec.file, (unsigned long long)rec.line);
+                break;
+            }
+            json_t *one = json_array();
+            for (size_t i = 0; i < rec.ids.n; i++) json_array_append_new(one, json_integer(rec.ids.ids[i]));
+            json_array_append_new(ps, one);
+        }
+    }
+    corpus_record_free(&rec);
+    corpus_close(cr);
+    tok_free(tok);
+    if (st) { json_decref(ps); return st; }
+    *root = json_pack("{s:o}", "prompts", ps);
+    return EG_OK;
+}
+
+static eg_status load_prompts(const fid_args *a, const eg_config *c, json_t **root, json_t **prompts, int *max_len,
                               eg_error *err) {
+    const char *path = a->prompts;
     json_error_t jerr;
-    *root = json_load_file(path, 0, &jerr);
+    if (!ends_with(path, ".json")) {
+        eg_status st = corpus_prompts(a, root, err);
+        if (st) return st;
+    } else {
+        *root = json_load_file(path, 0, &jerr);
+    }
     if (!*root)
         return jerr.line > 0 ? eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s", path, jerr.line, jerr.text)
                              : eg_fail(err, EG_ERR_IO, "%s: %s", path, jerr.text);
     *prompts = json_object_get(*root, "prompts");
     if (!json_is_array(*prompts) || json_array_size(*prompts) == 0)
         return eg_fail(err, EG_ERR_FORMAT, "%s: expected {\"prompts\": [[ids...], ...]} with at least one prompt", path);
+    while (a->limit > 0 && json_array_size(*prompts) > (size_t)a->limit)
+        json_array_remove(*prompts, json_array_size(*prompts) - 1);
     *max_len = 0;
     for (size_t i = 0; i < json_array_size(*prompts); i++) {
         json_t *p = json_array_get(*prompts, i);
@@ -470,12 +538,6 @@ static eg_status load_prompts(const char *path, const eg_config *c, json_t **roo
     }
     return EG_OK;
 }
-
-typedef struct fid_args {
-    const char *model, *prompts, *compare, *audit, *json_path, *kv;
-    int json, steps, samples, threads, chunk, device;
-    double fail_above;
-} fid_args;
 
 /* Write root as the --json output; the table goes to stdout unless JSON does. */
 static int emit(const fid_args *a, json_t *root, void (*table)(void *, json_t *, FILE *), void *ctx) {
@@ -509,7 +571,7 @@ static int run_compare(const fid_args *a) {
     if (!parse_compare(a->compare ? a->compare : "kv=bf16,kv=fp8,kv=fp8-token", &set, &n_set)) return 2;
     if (eg_model_load(a->model, &model, &err)) goto done;
     const eg_config *c = &model.cfg;
-    if (load_prompts(a->prompts, c, &root, &prompts, &max_len, &err)) goto done;
+    if (load_prompts(a, c, &root, &prompts, &max_len, &err)) goto done;
     int L = c->n_layers, V = c->vocab, chunk = a->chunk;
     int64_t H = c->hidden;
     int max_seq = max_len + a->steps + 1;
@@ -813,7 +875,7 @@ done:
 }
 
 int cmd_fidelity(int argc, char **argv) {
-    fid_args a = {.steps = 32, .samples = 16, .chunk = 256};
+    fid_args a = {.steps = 32, .samples = 16, .chunk = 256, .thinking = 1};
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},   {"prompts", required_argument, 0, 'p'},
         {"compare", required_argument, 0, 'C'}, {"steps", required_argument, 0, 'n'},
@@ -821,6 +883,8 @@ int cmd_fidelity(int argc, char **argv) {
         {"kv", required_argument, 0, 'k'},      {"fail-above", required_argument, 0, 'F'},
         {"json", optional_argument, 0, 'j'},    {"threads", required_argument, 0, 't'},
         {"chunk", required_argument, 0, 'c'},   {"device", required_argument, 0, 'd'},
+        {"tokenizer", required_argument, 0, 'T'}, {"mode", required_argument, 0, 'M'},
+        {"thinking", required_argument, 0, 'H'}, {"limit", required_argument, 0, 'l'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     optind = 1;
     int ch;
@@ -831,6 +895,22 @@ int cmd_fidelity(int argc, char **argv) {
         case 'C': a.compare = optarg; break;
         case 'a': a.audit = optarg; break;
         case 'k': a.kv = optarg; break;
+        case 'T': a.tokenizer = optarg; break;
+        case 'M':
+            if (strcmp(optarg, "regenerate") && strcmp(optarg, "capture")) {
+                fprintf(stderr, "eaglegen fidelity: --mode expects regenerate or capture, got '%s'\n", optarg);
+                return 2;
+            }
+            a.mode = optarg;
+            break;
+        case 'H':
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "eaglegen fidelity: --thinking expects on or off, got '%s'\n", optarg);
+                return 2;
+            }
+            a.thinking = !strcmp(optarg, "on");
+            break;
+        case 'l': if (!gen_arg_int("fidelity", "--limit", optarg, 1, 1 << 30, &a.limit)) return 2; break;
         case 'j': a.json = 1; a.json_path = optarg; break;
         case 'n': if (!gen_arg_int("fidelity", "--steps", optarg, 0, 1 << 20, &a.steps)) return 2; break;
         case 'S': if (!gen_arg_int("fidelity", "--samples", optarg, 1, 1 << 30, &a.samples)) return 2; break;

@@ -41,6 +41,24 @@ else
     cat "$tmp/act.err"
 fi
 
+echo "-- a JSONL corpus is fed as generate feeds it (= the ids eaglegen tokenize prints)"
+"$EAGLEGEN" mkmodel --preset tiny --out "$tmp/model" --seed 3 >/dev/null 2>&1
+"$PYTHON" - "$tmp/corpus.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(3):
+        f.write(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Count {i} sheep, then {i + 2}."}]}) + "\n")
+PY
+"$EAGLEGEN" tokenize --tokenizer "$tmp/model" "$tmp/corpus.jsonl" > "$tmp/tok.jsonl"
+"$PYTHON" -c 'import json,sys; json.dump({"prompts": [json.loads(l)["ids"] for l in open(sys.argv[1])]}, open(sys.argv[2], "w"))' \
+    "$tmp/tok.jsonl" "$tmp/corpus-ids.json"
+"$EAGLEGEN" fidelity --model "$tmp/model" --prompts "$tmp/corpus.jsonl" --steps 4 --json > "$tmp/c1.json" 2>/dev/null
+"$EAGLEGEN" fidelity --model "$tmp/model" --prompts "$tmp/corpus-ids.json" --steps 4 --json > "$tmp/c2.json" 2>/dev/null
+cmp -s "$tmp/c1.json" "$tmp/c2.json" && echo "same numbers" || { echo "corpus and its ids differ"; fail=1; }
+"$EAGLEGEN" fidelity --model "$tmp/model" --prompts "$tmp/corpus.jsonl" --limit 2 --steps 2 --json > "$tmp/c3.json" 2>/dev/null
+"$PYTHON" -c 'import json,sys; assert len(json.load(open(sys.argv[1]))["settings"][0]["divergence_steps"]) == 2' "$tmp/c3.json" \
+    || { echo "--limit 2 did not give 2 prompts"; fail=1; }
+
 echo "-- only fidelity selects a measurement cache"
 # kv_dtype is set in the forward pass (which applies it) and in fidelity; the engine
 # (generate's path) and every other command leave it zero = BF16.
