@@ -113,7 +113,7 @@ int eg_kv_row_bytes(eg_kv_dtype dtype, int C, int DR) {
     switch (dtype) {
     case EG_KV_FP32: return 4 * (C + DR);
     case EG_KV_FP8: return (C + DR + 3) / 4 * 4;
-    case EG_KV_FP8_TILE: return (C + 3) / 4 * 4 + 4 * ((C + 127) / 128) + 2 * DR;
+    case EG_KV_FP8_TILE: return ((C + 3) / 4 * 4 + 4 * ((C + 127) / 128) + 2 * DR + 3) / 4 * 4;
     default: return 2 * (C + DR);
     }
 }

@@ -99,8 +99,10 @@ static void t_row_layouts(void) {
 /* ---- the cache dtypes through the forward pass ------------------------------------------ */
 
 typedef struct fwd_run {
-    float *x; /* [L][T][H] */
-    float *logits;
+    float *x;       /* [L][T][H] */
+    float *logits;  /* [T][V] */
+    uint8_t *rows;  /* [T][row_bytes] layer 0's cache rows, in position order */
+    int row_bytes;
 } fwd_run;
 
 static int run_forward(const eg_model *m, eg_backend *be, const eg_forward_opts *base, eg_kv_dtype dt,
@@ -118,8 +120,17 @@ static int run_forward(const eg_model *m, eg_backend *be, const eg_forward_opts 
     out->logits = malloc(sizeof(float) * (size_t)T * (size_t)c->vocab);
     eg_step s = {.T = T, .tokens = tok, .pos = pos, .slot = slot, .n_logits = T, .logit_rows = rows,
                  .logits = out->logits, .capture = out->x};
-    int ok = !eg_kv_reserve(eg_forward_kv(f), 0, T, &err) && !eg_forward_step(f, &s, &err);
+    eg_kv_cache *kv = eg_forward_kv(f);
+    int ok = !eg_kv_reserve(kv, 0, T, &err) && !eg_forward_step(f, &s, &err);
     if (!ok) fprintf(stderr, "    %s\n", err.msg);
+    out->row_bytes = kv->row_bytes;
+    out->rows = malloc((size_t)T * (size_t)kv->row_bytes);
+    for (int p = 0; ok && p < T; p++) {
+        int64_t blk = kv->table[p / kv->block_size]; /* slot 0's row of the block table */
+        memcpy(out->rows + (size_t)p * (size_t)kv->row_bytes,
+               (const uint8_t *)kv->layers[0].data + (blk * kv->block_size + p % kv->block_size) * kv->row_bytes,
+               (size_t)kv->row_bytes);
+    }
     eg_forward_free(f);
     return ok;
 }
@@ -170,8 +181,33 @@ static void t_kv_dtypes_order(void) {
         CHECK(e8 > 4 * e16 && e8t > 4 * e16);
         CHECK(e8 < 0.2 && e8t < 0.2);
     }
+    /* layer 0 sees the same input under every dtype, so its cache rows are the same
+     * values stored in each layout */
+    if (r32.rows && r16.rows && r8.rows && r8t.rows) {
+        int C = c->kv_lora_rank, DR = c->qk_rope, W = C + DR, bad16 = 0, bad8 = 0, bad8t = 0;
+        CHECK(r32.row_bytes == 4 * W && r16.row_bytes == 2 * W && r8t.row_bytes == eg_kv_row_bytes(EG_KV_FP8_TILE, C, DR));
+        for (int p = 0; p < T; p++) {
+            const float *e = (const float *)(r32.rows + (size_t)p * (size_t)r32.row_bytes);
+            const uint16_t *b = (const uint16_t *)(r16.rows + (size_t)p * (size_t)r16.row_bytes);
+            const uint8_t *q = r8.rows + (size_t)p * (size_t)r8.row_bytes;
+            const uint8_t *qt = r8t.rows + (size_t)p * (size_t)r8t.row_bytes;
+            const float *sc = (const float *)(qt + (C + 3) / 4 * 4);
+            const uint16_t *pe = (const uint16_t *)(sc + (C + 127) / 128);
+            float amax = 0;
+            for (int k = 0; k < C; k++) amax = fmaxf(amax, fabsf(e[k]));
+            if (C <= 128 && fabsf(sc[0] - amax / 448.0f) > 1e-6f * amax) bad8t++;
+            for (int k = 0; k < W; k++) {
+                bad16 += b[k] != eg_f32_to_bf16(e[k]);
+                bad8 += q[k] != eg_f32_to_fp8e4m3(e[k]);
+                if (k < C) bad8t += qt[k] != eg_f32_to_fp8e4m3(e[k] / sc[k / 128]);
+                else bad8t += pe[k - C] != eg_f32_to_bf16(e[k]);
+            }
+        }
+        CHECKF(bad16 == 0 && bad8 == 0 && bad8t == 0, "cache rows differ: bf16 %d, fp8 %d, fp8-token %d", bad16, bad8,
+               bad8t);
+    }
     fwd_run *rs[] = {&r32, &r16, &r8, &r8t, &rdef};
-    for (size_t i = 0; i < 5; i++) { free(rs[i]->x); free(rs[i]->logits); }
+    for (size_t i = 0; i < 5; i++) { free(rs[i]->x); free(rs[i]->logits); free(rs[i]->rows); }
     free(cap);
     eg_backend_free(be);
     eg_model_free(&m);
