@@ -256,19 +256,17 @@ static int parse_compare(const char *list, setting **out, int *n) {
             fprintf(stderr, "eaglegen fidelity: --compare: unknown setting '%s' (%s)\n", t,
                     !strcmp(t, "kv=fp32") ? "kv=fp32 is the reference"
                                           : "expected kv=bf16, kv=fp8, kv=fp8-token, act=hilo or act=bf16");
-            free(dup);
-            return 0;
+            goto fail;
         }
         for (int j = 0; j < *n; j++)
             if (!strcmp((*out)[j].name, known_settings[k].name)) {
                 fprintf(stderr, "eaglegen fidelity: --compare: '%s' given twice\n", t);
-                free(dup);
-                return 0;
+                goto fail;
             }
         if (*n == cap) {
             cap = cap ? 2 * cap : 8;
             setting *ns = realloc(*out, sizeof(setting) * (size_t)cap);
-            if (!ns) { free(dup); return 0; }
+            if (!ns) goto fail;
             *out = ns;
         }
         memset(&(*out)[*n], 0, sizeof(setting));
@@ -280,6 +278,12 @@ static int parse_compare(const char *list, setting **out, int *n) {
     free(dup);
     if (*n == 0) fprintf(stderr, "eaglegen fidelity: --compare: no settings\n");
     return *n > 0;
+fail:
+    free(dup);
+    free(*out);
+    *out = NULL;
+    *n = 0;
+    return 0;
 }
 
 /* The CUDA backend with EG_CUDA_GEMM set for this setting only (restored afterwards). */
