@@ -455,6 +455,9 @@ static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_d
     free(w->job_json);
     w->job_json = strdup(want->job_json);
     if (!w->job_json) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    /* the manifest written at open already carries this run's job (e.g. its state) */
+    free(w->info.job_json);
+    if (!(w->info.job_json = strdup(want->job_json))) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
     for (int i = 0; i < w->info.n_shards; i++) {
         char p[4096];
         snprintf(p, sizeof p, "%s/%s", w->dir, w->info.shards[i].file);

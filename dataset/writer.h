@@ -41,7 +41,8 @@ typedef struct eg_shard_writer_opts {
     int64_t hidden_size;
     int64_t target_vocab_size;       /* 0 = unknown; else input ids are checked against it */
     eg_ds_final_source final_source; /* default post-norm */
-    const char *job_json;            /* free-form JSON object for the manifest; NULL = {} */
+    const char *job_json;            /* free-form JSON object for the manifest (replacing a resumed
+                                      * one from the manifest written at open); NULL = {} */
 
     /* Behaviour. Zero selects the default. */
     int64_t shard_samples; /* samples per shard (1000) */

@@ -24,7 +24,11 @@
 #include "gen/args.h"
 #include "gen/commands.h"
 #include "gen/job.h"
+#include "gen/donelog.h"
 #include "gen/progress.h"
+#include "gen/resume.h"
+#include "gen/version.h"
+#include "gen/worker_env.h"
 #include "prompts/corpus.h"
 
 #define EG_MAX_STAGES 64
@@ -52,6 +56,7 @@ typedef struct gen_args {
     double gpu_mem_fraction;  /* cuda: share of each GPU's memory the process may hold */
     int gpus;                 /* cuda: stage k runs on GPU k % gpus (0 = one GPU per stage) */
     const char *transport;    /* --transport: local, nccl or auto (NULL) */
+    int restart;              /* --restart: delete this worker's job first */
 } gen_args;
 
 static void usage(FILE *f) {
@@ -107,8 +112,10 @@ static void usage(FILE *f) {
             "                          built in, else local)\n"
             "  --gpu-mem-fraction F    cuda: share of each GPU's memory to use; the KV cache gets what\n"
             "                          weights and activations leave (default 0.9)\n"
-            "  --worker I/N            this is worker I (0-based) of N; default from Slurm\n"
-            "                          (SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS), else 0/1\n"
+            "  --worker I/N            this is worker I (0-based) of N; default from the launcher:\n"
+            "                          a Slurm array (SLURM_ARRAY_TASK_ID/MIN/MAX/STEP/COUNT), torchrun\n"
+            "                          (RANK/WORLD_SIZE), srun (SLURM_PROCID/NTASKS) or both (array x\n"
+            "                          ranks); inconsistent variables are refused; else 0/1\n"
             "  --log-json FILE         append progress as JSON lines to FILE\n"
             "  -h, --help              this text\n"
             "\n"
@@ -132,19 +139,6 @@ static int p_worker(const char *v, int *i, int *n) {
     *i = (int)a;
     *n = (int)b;
     return 1;
-}
-
-static int worker_from_env(int *i, int *n) {
-    const char *a = getenv("SLURM_ARRAY_TASK_ID"), *b = getenv("SLURM_ARRAY_TASK_COUNT");
-    const char *mn = getenv("SLURM_ARRAY_TASK_MIN");
-    if (a && b) {
-        int id = atoi(a) - (mn ? atoi(mn) : 0), cnt = atoi(b);
-        if (cnt >= 1 && id >= 0 && id < cnt) { *i = id; *n = cnt; return 1; }
-    }
-    a = getenv("SLURM_PROCID");
-    b = getenv("SLURM_NTASKS");
-    if (a && b && atoi(b) >= 1 && atoi(a) >= 0 && atoi(a) < atoi(b)) { *i = atoi(a); *n = atoi(b); return 1; }
-    return 0;
 }
 
 static int parse_args(int argc, char **argv, gen_args *a) {
@@ -172,7 +166,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"limit", 1, 0, 'l'},          {"on-bad-record", 1, 0, 'r'},  {"log-json", 1, 0, 'J'},
         {"stages", 1, 0, 'G'},         {"micro-batches", 1, 0, 'U'},  {"gpu-mem-fraction", 1, 0, 'F'},
         {"gpus", 1, 0, 'Q'},
-        {"transport", 1, 0, 'X'},
+        {"transport", 1, 0, 'X'},      {"restart", 0, 0, 'R'},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -257,6 +251,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             break;
         case 'F': if (!gen_arg_double("generate", "--gpu-mem-fraction", optarg, 0.05, 1, &a->gpu_mem_fraction)) return 2; break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
+        case 'R': a->restart = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -274,7 +269,16 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     if (a->capture && a->sampling_flag)
         fprintf(stderr, "eaglegen generate: note: %s has no effect in capture mode (nothing is generated)\n",
                 a->sampling_flag);
-    if (!a->n_workers && !worker_from_env(&a->worker, &a->n_workers)) { a->worker = 0; a->n_workers = 1; }
+    if (!a->n_workers) {
+        char how[256], msg[512];
+        int r = gen_worker_from_env(gen_env_getenv, NULL, &a->worker, &a->n_workers, how, sizeof how, msg, sizeof msg);
+        if (r < 0) {
+            fprintf(stderr, "eaglegen generate: cannot tell which worker this is: %s\n", msg);
+            return 2;
+        }
+        if (r == 0) { a->worker = 0; a->n_workers = 1; }
+        else fprintf(stderr, "eaglegen generate: worker %d/%d from %s\n", a->worker, a->n_workers, how);
+    }
     if (!a->tokenizer) a->tokenizer = a->model;
     return -1; /* continue */
 }
@@ -287,6 +291,7 @@ typedef struct gen_meta {
     uint64_t line, index;
     uint8_t *mask;  /* capture mode: [T] */
     uint64_t seed;
+    uint64_t hash;  /* gen_record_hash of the record's token ids */
     struct gen_meta *prev, *next;
 } gen_meta;
 
@@ -346,6 +351,9 @@ typedef struct gen_run {
     gen_meta live;          /* list head of in-flight requests */
     gen_progress prog;
     int64_t records_total;
+    gen_donelog *donelog;   /* ids made with their records' hashes */
+    int64_t changed;        /* done ids whose record has changed since */
+    int corpus_ended;       /* the reader reached the end of the inputs */
     uint8_t *mask_buf;
     size_t mask_cap;
 } gen_run;
@@ -393,6 +401,16 @@ static void progress(gen_run *g, int force) {
     gen_progress_update(&g->prog, &s, force);
 }
 
+/* A done id met again: its record should be the one its sample was made from. */
+static void report_changed(gen_run *g, const corpus_record *r) {
+    uint64_t h;
+    if (!gen_donelog_get(g->donelog, r->id, &h) || h == gen_record_hash(r->ids.ids, r->ids.n)) return;
+    if (g->changed++ < 10)
+        fprintf(stderr, "eaglegen generate: %s:%llu: record \"%.200s\" differs from the one its sample was made from; "
+                        "the old sample is kept (--restart, or a new id, to make it again)\n",
+                r->file, (unsigned long long)r->line, r->id);
+}
+
 static int next_request(void *vc, eg_request *req, eg_error *err) {
     gen_run *g = vc;
     gen_args *a = g->a;
@@ -404,7 +422,7 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
             if (g_interrupted) return 0; /* a read Ctrl-C cut short: finish what is in flight */
             return -1;
         }
-        if (!got) return 0;
+        if (!got) { g->corpus_ended = 1; return 0; }
         g->records_read++;
         corpus_record *r = &g->rec;
         progress(g, 0);
@@ -441,7 +459,11 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
             continue;
         }
         /* met for the first time in this run: committed means committed by an earlier run */
-        if (shard_writer_has_id(g->w, r->id)) { g->resumed++; continue; }
+        if (shard_writer_has_id(g->w, r->id)) {
+            g->resumed++;
+            report_changed(g, r);
+            continue;
+        }
         int n = (int)r->ids.n;
         if (a->capture) {
             int any = 0;
@@ -464,6 +486,7 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
         m->line = r->line;
         m->index = r->index;
         m->seed = id_seed(a->seed, r->id);
+        m->hash = gen_record_hash(r->ids.ids, r->ids.n);
         if (a->capture) {
             m->mask = malloc((size_t)n);
             if (!m->mask) { meta_free(m); return eg_fail(err, EG_ERR_NOMEM, "out of memory"), -1; }
@@ -532,7 +555,8 @@ static eg_status on_done(void *vc, const eg_result *res, eg_error *err) {
         .top_k = a->capture ? 0 : a->top_k, .seed = m->seed, .T = T, .n_aux = res->n_aux,
         .H = g->model->cfg.hidden, .input_ids = (int32_t *)res->tokens, .loss_mask = g->mask_buf,
         .hidden_dtype = EG_DS_F32, .aux_hidden = (void *)res->aux, .final_hidden = (void *)res->final};
-    st = shard_writer_add(g->w, &s, err);
+    st = gen_donelog_add(g->donelog, m->id, m->hash, err);
+    if (!st) st = shard_writer_add(g->w, &s, err);
     if (!st) g->written++;
     meta_free(m);
     progress(g, 0);
@@ -626,7 +650,8 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     json_t *fps = json_pack("{s:s, s:I, s:s, s:o}", "model_config_sha256", g->model->cfg.hash, "model_weight_bytes",
                             (json_int_t)g->model->weight_bytes, "tokenizer_sha256", tok_fingerprint(g->tok),
                             "inputs", inputs);
-    return json_pack("{s:i, s:o, s:o}", "version", 1, "params", params, "fingerprints", fps);
+    return json_pack("{s:i, s:o, s:o, s:[s]}", "version", 1, "params", params, "fingerprints", fps,
+                     "eaglegen_versions", gen_version());
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -680,15 +705,20 @@ int cmd_generate(int argc, char **argv) {
     co.n_workers = (uint64_t)a.n_workers;
     if (corpus_open(a.prompts, (size_t)a.n_prompts, g.tok, &co, &g.corpus, &err)) goto done;
     if (!(ident = job_identity(&g, &err))) goto done;
-    char job_name[128], rej_name[128];
+    char job_name[128], rej_name[128], man_name[128], done_name[128];
     gen_job_filename(job_name, sizeof job_name, "job", "json", a.worker, a.n_workers);
     gen_job_filename(rej_name, sizeof rej_name, "rejects", "jsonl", a.worker, a.n_workers);
-    int existed = 0, job_changed = 0;
+    gen_job_filename(man_name, sizeof man_name, "manifest", "json", a.worker, a.n_workers);
+    gen_job_filename(done_name, sizeof done_name, "done", "jsonl", a.worker, a.n_workers);
     /* only checked here; job.json is written once every check passed and the writer
      * opened, so a refused start leaves nothing a later run could mistake for its job */
-    if (gen_job_check(a.out, job_name, ident, &existed, &job_changed, &err)) goto done;
-    job_text = json_dumps(ident, JSON_COMPACT | JSON_SORT_KEYS);
-    if (!job_text) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
+    gen_resume rs = {0};
+    if (!a.restart && gen_resume_check(a.out, job_name, ident, a.n_workers, &rs, &err)) goto done;
+    int existed = rs.existed;
+    if (existed && gen_resume_apply_names(ident, g.corpus, &err)) goto done;
+    if (existed && rs.changes[0])
+        fprintf(stderr, "eaglegen generate: resuming with changes that leave samples as they are:%s\n", rs.changes);
+    if (!(job_text = gen_job_state_text(ident, "running"))) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
 
     char model_name[256];
     {
@@ -766,6 +796,12 @@ int cmd_generate(int argc, char **argv) {
      * writer's first manifest resumes (the writer starts fresh on a job without one);
      * a writer that cannot open takes back what this run made. */
     int made_out = 0;
+    if (a.restart) {
+        int64_t removed = 0;
+        if (gen_job_restart(a.out, man_name, job_name, rej_name, done_name, &removed, &err)) goto done;
+        if (removed) fprintf(stderr, "eaglegen generate: --restart: removed %lld shard%s of the earlier run\n",
+                             (long long)removed, removed == 1 ? "" : "s");
+    }
     if (!existed) {
         if (mkdir(a.out, 0755)) {
             if (errno != EEXIST) { eg_fail(&err, EG_ERR_IO, "mkdir %s: %s", a.out, strerror(errno)); goto done; }
@@ -784,11 +820,17 @@ int cmd_generate(int argc, char **argv) {
         }
         goto done;
     }
-    if (job_changed) {
-        if (gen_job_write(a.out, job_name, ident, &err)) goto done;
-        if (shard_writer_set_job(g.w, job_text, &err)) goto done;
+    if (rs.rewrite && gen_job_write(a.out, job_name, ident, &err)) goto done;
+    if (rs.inputs == GEN_INPUTS_CHANGED) {
+        /* the ledger names records by index, which the new inputs renumber: rebuilt */
+        char aside[160];
+        int moved;
+        if (gen_set_aside(a.out, rej_name, aside, sizeof aside, &moved, &err)) goto done;
+        if (moved) fprintf(stderr, "eaglegen generate: the inputs changed: %s set aside as %s; bad records are "
+                                   "checked again\n", rej_name, aside);
     }
     if (gen_ledger_open(a.out, rej_name, &g.ledger, &err)) goto done;
+    if (gen_donelog_open(a.out, done_name, &g.donelog, &err)) goto done;
     /* after the writer made --out, so the log may live in the job directory */
     if (a.log_json && !(jlog = fopen(a.log_json, "a"))) {
         eg_fail(&err, EG_ERR_IO, "--log-json %s: %s", a.log_json, strerror(errno));
@@ -839,7 +881,13 @@ int cmd_generate(int argc, char **argv) {
         want[EG_DS_COUNT_GENERATED] = ws.committed_samples;
         for (int k = 0; k < EG_DS_NCOUNTS; k++)
             shard_writer_count(g.w, k, want[k] - shard_writer_get_count(g.w, k));
-        close_st = shard_writer_close(g.w, &cerr);
+        /* the manifest says whether this worker's share is all there (merge checks it) */
+        char *fin = gen_job_state_text(ident, run_st == EG_ERR_INTERRUPTED ? "interrupted" : run_st ? "error"
+                                              : g.corpus_ended ? "complete" : "limit");
+        close_st = fin ? shard_writer_set_job(g.w, fin, &cerr) : eg_fail(&cerr, EG_ERR_NOMEM, "out of memory");
+        free(fin);
+        if (!close_st) close_st = gen_donelog_sync(g.donelog, &cerr);
+        if (!close_st) close_st = shard_writer_close(g.w, &cerr);
     }
     progress(&g, 1);
     gen_progress_finish(&g.prog);
@@ -855,6 +903,9 @@ int cmd_generate(int argc, char **argv) {
             (long long)want[EG_DS_COUNT_REJECTED], (long long)want[EG_DS_COUNT_DROPPED],
             (long long)want[EG_DS_COUNT_SKIPPED], a.out, rej_name,
             es.seconds > 0 ? es.prefill_tokens / es.seconds : 0.0, es.seconds > 0 ? es.decode_tokens / es.seconds : 0.0);
+    if (g.changed)
+        fprintf(stderr, "eaglegen generate: %lld record%s with a done id changed since the sample was made (old samples "
+                        "kept)\n", (long long)g.changed, g.changed == 1 ? "" : "s");
     eg_forward_graph_stats gs;
     eg_engine_graph_stats(g.engine, &gs);
     if (gs.recorded || gs.failed)
@@ -874,6 +925,7 @@ done_quiet:
     for (int k = 0; k < EG_MAX_STAGES; k++) eg_backend_free(stage_be[k]);
     shard_writer_free(g.w);
     gen_ledger_close(g.ledger);
+    gen_donelog_close(g.donelog);
     corpus_record_free(&g.rec);
     seen_free(&g.seen);
     corpus_close(g.corpus);
