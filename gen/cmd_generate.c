@@ -174,7 +174,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     a->prompts = plist;
     optind = 1;
     int ch, lim;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((ch = gen_getopt(argc, argv, "generate", "h", opts)) != -1) {
         switch (ch) {
         case 'm': a->model = optarg; break;
         case 'p': plist[a->n_prompts++] = optarg; break;
@@ -253,12 +253,14 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'R': a->restart = 1; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2; /* gen_getopt said why */
         }
     }
     while (optind < argc) plist[a->n_prompts++] = argv[optind++];
     if (!a->model || !a->out || !a->n_prompts) {
-        fprintf(stderr, "eaglegen generate: --model, --prompts and --out are required (see --help)\n");
+        fprintf(stderr, "eaglegen generate: missing %s%s%s%s%s (required: --model DIR, --prompts PATH..., --out DIR)\n",
+                !a->model ? "--model" : "", !a->model && (!a->n_prompts || !a->out) ? ", " : "",
+                !a->n_prompts ? "--prompts" : "", !a->n_prompts && !a->out ? ", " : "", !a->out ? "--out" : "");
         return 2;
     }
     if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {

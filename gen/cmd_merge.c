@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "dataset/manifest.h"
+#include "gen/args.h"
 #include "gen/commands.h"
 #include "gen/merge_check.h"
 
@@ -38,16 +39,17 @@ int cmd_merge(int argc, char **argv) {
         {"out", 1, 0, 'o'}, {"allow-partial", 0, 0, 'P'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     optind = 1;
     int ch;
-    while ((ch = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
+    while ((ch = gen_getopt(argc, argv, "merge", "ho:", opts)) != -1) {
         switch (ch) {
         case 'o': out = optarg; break;
         case 'P': allow_partial = 1; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2; /* gen_getopt said why */
         }
     }
     if (!out || optind >= argc) {
-        fprintf(stderr, "eaglegen merge: need at least one DIR and --out (see --help)\n");
+        fprintf(stderr, "eaglegen merge: missing %s%s%s (usage: eaglegen merge DIR [DIR...] --out DIR)\n",
+                optind >= argc ? "the input DIRs" : "", optind >= argc && !out ? " and " : "", !out ? "--out" : "");
         return 2;
     }
     eg_error err = {0};
