@@ -123,3 +123,28 @@ int gen_getopt(int argc, char **argv, const char *cmd, const char *shortopts, co
     bad_option(cmd, arg, ch == ':', arg[0] == '-' && arg[1] != '-' ? optopt : 0, opts);
     return '?';
 }
+
+int gen_arg_size(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t *out) {
+    char *e;
+    errno = 0;
+    double x = strtod(v, &e);
+    double mul = 1;
+    if (e != v && *e) {
+        switch (*e == 'k' ? 'K' : *e) {
+        case 'K': mul = 1e3; break;
+        case 'M': mul = 1e6; break;
+        case 'G': mul = 1e9; break;
+        case 'T': mul = 1e12; break;
+        default: mul = 0;
+        }
+        e++;
+        if (*e == 'B') e++;
+    }
+    if (errno || e == v || *e || mul == 0 || !(x * mul >= (double)lo && x * mul <= 9e18)) {
+        fprintf(stderr, "eaglegen %s: %s expects a size of at least %lld bytes (e.g. 2G, 500M, 4096), got '%s'\n", cmd,
+                flag, (long long)lo, v);
+        return 0;
+    }
+    *out = (int64_t)(x * mul);
+    return 1;
+}

@@ -4,8 +4,13 @@
 #ifndef EG_GEN_ARGS_H
 #define EG_GEN_ARGS_H
 
+#include <stdint.h>
+
 int gen_arg_int(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out);
 int gen_arg_double(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out);
+/* A byte size: a number with an optional K, M, G or T (decimal, a trailing B allowed):
+ * "2G" = 2000000000. At least lo. */
+int gen_arg_size(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t *out);
 /* Comma-separated integers >= lo, at most max of them, at least one. */
 int gen_arg_int_list(const char *cmd, const char *flag, const char *v, long lo, int *out, int max, int *n);
 

@@ -25,6 +25,7 @@
 #include "gen/commands.h"
 #include "gen/job.h"
 #include "gen/donelog.h"
+#include "gen/dry_run.h"
 #include "gen/progress.h"
 #include "gen/resume.h"
 #include "gen/version.h"
@@ -57,6 +58,8 @@ typedef struct gen_args {
     int gpus;                 /* cuda: stage k runs on GPU k % gpus (0 = one GPU per stage) */
     const char *transport;    /* --transport: local, nccl or auto (NULL) */
     int restart;              /* --restart: delete this worker's job first */
+    int dry_run;              /* --dry-run: report, load no weights, write nothing */
+    int64_t shard_bytes;      /* --shard-size; 0 = no byte limit */
 } gen_args;
 
 static void usage(FILE *f) {
@@ -98,7 +101,9 @@ static void usage(FILE *f) {
             "throughput and layout:\n"
             "  --batch N               concurrent sequences (default 16)\n"
             "  --chunk N               rows per forward step / prefill chunk (default 512)\n"
-            "  --shard-samples N       samples per shard (default 1000)\n"
+            "  --shard-size SIZE       a shard ends at the sample that takes it past SIZE bytes (K/M/G;\n"
+            "                          default 2G, off when only --shard-samples is given)\n"
+            "  --shard-samples N       a shard ends after N samples (default: no sample limit)\n"
             "  --threads N             CPU threads (default: all cores, or $EG_THREADS)\n"
             "  --stages N|e0,e1,...    pipeline: split the layers into N stages balanced by bytes, or\n"
             "                          stages ending at the given layers; stage k runs on GPU k\n"
@@ -117,6 +122,16 @@ static void usage(FILE *f) {
             "                          (RANK/WORLD_SIZE), srun (SLURM_PROCID/NTASKS) or both (array x\n"
             "                          ranks); inconsistent variables are refused; else 0/1\n"
             "  --log-json FILE         append progress as JSON lines to FILE\n"
+            "job:\n"
+            "  --dry-run               report what the run would do and exit, without loading weights\n"
+            "                          (config.json, tokenizer and corpus only): records accepted and\n"
+            "                          rejected by reason, prompt token statistics, output tokens at\n"
+            "                          most, disk and shard sizes for the model's H and aux layers;\n"
+            "                          --out is optional and nothing is written\n"
+            "  --restart               delete this worker's job in --out (its shards, manifest, job\n"
+            "                          file, ledgers) and start over; without it a rerun resumes, and\n"
+            "                          a parameter that changes samples is refused (see Resuming in\n"
+            "                          README.md)\n"
             "  -h, --help              this text\n"
             "\n"
             "Exit status: 0 done, 1 failure, 2 usage error, 130 interrupted (SIGINT/SIGTERM: what\n"
@@ -151,7 +166,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     a->thinking = 1;
     a->batch = 16;
     a->chunk = 512;
-    a->shard_samples = 1000;
+    a->shard_samples = 0; /* shards by bytes (--shard-size) unless --shard-samples */
+    int shard_size_set = 0;
     a->limit = -1;
     a->n_workers = 0;
     a->gpu_mem_fraction = 0.9;
@@ -166,7 +182,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"limit", 1, 0, 'l'},          {"on-bad-record", 1, 0, 'r'},  {"log-json", 1, 0, 'J'},
         {"stages", 1, 0, 'G'},         {"micro-batches", 1, 0, 'U'},  {"gpu-mem-fraction", 1, 0, 'F'},
         {"gpus", 1, 0, 'Q'},
-        {"transport", 1, 0, 'X'},      {"restart", 0, 0, 'R'},
+        {"transport", 1, 0, 'X'},      {"restart", 0, 0, 'R'},        {"dry-run", 0, 0, 'D'},
+        {"shard-size", 1, 0, 'Z'},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -252,15 +269,19 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 'F': if (!gen_arg_double("generate", "--gpu-mem-fraction", optarg, 0.05, 1, &a->gpu_mem_fraction)) return 2; break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'R': a->restart = 1; break;
+        case 'D': a->dry_run = 1; break;
+        case 'Z': if (!gen_arg_size("generate", "--shard-size", optarg, 1, &a->shard_bytes)) return 2; shard_size_set = 1; break;
         case 'h': usage(stdout); return 0;
         default: return 2; /* gen_getopt said why */
         }
     }
     while (optind < argc) plist[a->n_prompts++] = argv[optind++];
-    if (!a->model || !a->out || !a->n_prompts) {
+    if (!shard_size_set) a->shard_bytes = a->shard_samples ? 0 : 2000000000; /* 2 GB by default */
+    if (!a->model || (!a->out && !a->dry_run) || !a->n_prompts) {
         fprintf(stderr, "eaglegen generate: missing %s%s%s%s%s (required: --model DIR, --prompts PATH..., --out DIR)\n",
                 !a->model ? "--model" : "", !a->model && (!a->n_prompts || !a->out) ? ", " : "",
-                !a->n_prompts ? "--prompts" : "", !a->n_prompts && !a->out ? ", " : "", !a->out ? "--out" : "");
+                !a->n_prompts ? "--prompts" : "", !a->n_prompts && !a->out && !a->dry_run ? ", " : "",
+                !a->out && !a->dry_run ? "--out" : "");
         return 2;
     }
     if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
@@ -647,6 +668,7 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     char w[32];
     snprintf(w, sizeof w, "%d/%d", a->worker, a->n_workers);
     json_object_set_new(params, "worker", json_string(w));
+    json_object_set_new(params, "shard_bytes", json_integer(a->shard_bytes));
     /* the model by content (config hash, stored weight bytes), not by path, so a moved
      * checkpoint still resumes */
     json_t *fps = json_pack("{s:s, s:I, s:s, s:o}", "model_config_sha256", g->model->cfg.hash, "model_weight_bytes",
@@ -659,6 +681,14 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
 int cmd_generate(int argc, char **argv) {
     gen_args a;
     int rc = parse_args(argc, argv, &a);
+    if (rc < 0 && a.dry_run) {
+        gen_dry_run_opts dro = {
+            .model = a.model, .tokenizer = a.tokenizer, .out = a.out, .prompts = a.prompts, .n_prompts = a.n_prompts,
+            .capture = a.capture, .thinking = a.thinking, .max_new = a.max_new, .max_seq_len = a.max_seq_len,
+            .aux = a.aux, .n_aux = a.n_aux, .limit = a.limit, .worker = a.worker, .n_workers = a.n_workers,
+            .shard_samples = a.shard_samples, .shard_bytes = a.shard_bytes, .backend = a.backend, .stages = a.stages};
+        rc = gen_dry_run(&dro, stdout);
+    }
     if (rc >= 0) { free((void *)a.prompts); return rc; }
     rc = 1;
     eg_error err = {0};
@@ -792,7 +822,7 @@ int cmd_generate(int argc, char **argv) {
         .chat_template = "kimi-k2.5", .thinking = a.thinking, .n_aux = a.n_aux, .aux_layers = a.aux,
         .hidden_size = c->hidden, .target_vocab_size = c->vocab,
         .final_source = a.pre_norm ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM, .job_json = job_text,
-        .shard_samples = a.shard_samples, .threads = a.threads, .worker_index = a.worker,
+        .shard_samples = a.shard_samples ? a.shard_samples : -1, .shard_bytes = a.shard_bytes, .threads = a.threads, .worker_index = a.worker,
         .worker_count = a.n_workers, .resume = existed};
     /* Every check has passed: the job file goes first, so a run killed between it and the
      * writer's first manifest resumes (the writer starts fresh on a job without one);

@@ -13,7 +13,8 @@
 #include "prompts/corpus.h"
 
 int gen_job_param_is_sample(const char *key) {
-    static const char *const free_keys[] = {"limit", "shard_samples", "on_bad_record", "worker", "n_workers"};
+    static const char *const free_keys[] = {"limit", "shard_samples", "shard_bytes", "on_bad_record", "worker",
+                                               "n_workers"};
     for (size_t i = 0; i < sizeof free_keys / sizeof free_keys[0]; i++)
         if (!strcmp(key, free_keys[i])) return 0;
     return 1; /* unknown keys change samples: the safe side */
