@@ -377,6 +377,7 @@ typedef struct gen_run {
     gen_donelog *donelog;   /* ids made with their records' hashes */
     int64_t changed;        /* done ids whose record has changed since */
     int corpus_ended;       /* the reader reached the end of the inputs */
+    int64_t ledger_at_open; /* records in the ledger before this run */
     uint8_t *mask_buf;
     size_t mask_cap;
 } gen_run;
@@ -410,17 +411,23 @@ static void meta_free(gen_meta *m) {
     free(m);
 }
 
-static void progress(gen_run *g, int force) {
+static gen_progress_state progress_state(gen_run *g) {
     eg_engine_stats es = {0};
     if (g->engine) eg_engine_get_stats(g->engine, &es);
     eg_shard_writer_stats ws = {0};
     shard_writer_stats(g->w, &ws);
+    int64_t rej = gen_ledger_count(g->ledger, GEN_OUT_REJECTED) + gen_ledger_count(g->ledger, GEN_OUT_DROPPED) +
+                  gen_ledger_count(g->ledger, GEN_OUT_DUPLICATE);
     gen_progress_state s = {
-        .records_done = g->resumed + g->written + gen_ledger_count(g->ledger, GEN_OUT_REJECTED) +
-                        gen_ledger_count(g->ledger, GEN_OUT_DROPPED) + gen_ledger_count(g->ledger, GEN_OUT_DUPLICATE),
-        .records_total = g->records_total, .samples = g->written, .prefill_tokens = es.prefill_tokens,
+        .records_done = g->resumed + g->written + rej, .records_skipped = g->resumed + g->ledger_at_open,
+        .rejected = rej, .records_total = g->records_total, .samples = g->written, .prefill_tokens = es.prefill_tokens,
         .decode_tokens = es.decode_tokens, .engine_seconds = es.seconds, .shards = ws.committed_shards,
         .compression = ws.committed_bytes > 0 ? (double)ws.committed_raw_bytes / (double)ws.committed_bytes : 0};
+    return s;
+}
+
+static void progress(gen_run *g, int force) {
+    gen_progress_state s = progress_state(g);
     gen_progress_update(&g->prog, &s, force);
 }
 
@@ -886,7 +893,11 @@ int cmd_generate(int argc, char **argv) {
                 (a.micro_batches > n_stages ? a.micro_batches : n_stages) < a.batch
                     ? (a.micro_batches > n_stages ? a.micro_batches : n_stages) : a.batch);
 
-    gen_progress_init(&g.prog, jlog);
+    g.ledger_at_open = gen_ledger_count(g.ledger, GEN_OUT_REJECTED) + gen_ledger_count(g.ledger, GEN_OUT_DROPPED) +
+                       gen_ledger_count(g.ledger, GEN_OUT_DUPLICATE);
+    eg_shard_writer_stats ws0;
+    shard_writer_stats(g.w, &ws0);
+    gen_progress_init(&g.prog, jlog, a.worker, a.n_workers);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -922,7 +933,8 @@ int cmd_generate(int argc, char **argv) {
         if (!close_st) close_st = shard_writer_close(g.w, &cerr);
     }
     progress(&g, 1);
-    gen_progress_finish(&g.prog);
+    gen_progress_state fin_s = progress_state(&g);
+    gen_progress_finish(&g.prog, &fin_s);
     eg_shard_writer_stats ws;
     shard_writer_stats(g.w, &ws);
     eg_engine_stats es;
@@ -935,6 +947,13 @@ int cmd_generate(int argc, char **argv) {
             (long long)want[EG_DS_COUNT_REJECTED], (long long)want[EG_DS_COUNT_DROPPED],
             (long long)want[EG_DS_COUNT_SKIPPED], a.out, rej_name,
             es.seconds > 0 ? es.prefill_tokens / es.seconds : 0.0, es.seconds > 0 ? es.decode_tokens / es.seconds : 0.0);
+    fprintf(stderr, "eaglegen generate: summary: %.1f s wall, %lld samples, %lld tokens (%lld prefill + %lld decode), "
+                    "%.3f GB written, %lld rejected/dropped/duplicate, %.2f samples/s\n",
+            eg_now() - g.prog.start, (long long)g.written, (long long)(es.prefill_tokens + es.decode_tokens),
+            (long long)es.prefill_tokens, (long long)es.decode_tokens,
+            (double)(ws.committed_bytes - ws0.committed_bytes) / 1e9,
+            (long long)(want[EG_DS_COUNT_REJECTED] + want[EG_DS_COUNT_DROPPED] + want[EG_DS_COUNT_SKIPPED]),
+            eg_now() - g.prog.start > 0 ? (double)g.written / (eg_now() - g.prog.start) : 0.0);
     if (g.changed)
         fprintf(stderr, "eaglegen generate: %lld record%s with a done id changed since the sample was made (old samples "
                         "kept)\n", (long long)g.changed, g.changed == 1 ? "" : "s");

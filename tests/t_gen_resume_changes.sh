@@ -106,4 +106,16 @@ $E merge wj --out wj 2>/dev/null
 sed -i '3d' w.jsonl
 if gen --prompts w.jsonl e.jsonl --out wj --worker 0/2 2>err; then fail "renumbered inputs accepted by a worker"; fi
 grep -q "renumbers the records" err || fail "renumbering message"
+echo "-- --log-json lines carry time, worker, phase and counts; the run ends with a summary"
+gen --prompts c.jsonl e.jsonl --out lj --log-json lj.log 2>err || fail "log run"
+grep -q "summary: .* s wall, 14 samples, .* tokens .* GB written, 0 rejected/dropped/duplicate" err || fail "summary"
+"$PYTHON" - lj.log <<'PY'
+import json, re, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert lines and lines[-1]["phase"] == "done", lines[-1:]
+for l in lines:
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", l["time"]), l
+    assert l["worker"] == "0/1" and "records_skipped" in l and "rejected" in l, l
+assert lines[-1]["samples"] == 14 and lines[-1]["records_done"] == 14, lines[-1]
+PY
 echo "t_gen_resume_changes: ok"
