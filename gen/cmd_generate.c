@@ -121,7 +121,7 @@ static void usage(FILE *f) {
             "                          a Slurm array (SLURM_ARRAY_TASK_ID/MIN/MAX/STEP/COUNT), torchrun\n"
             "                          (RANK/WORLD_SIZE), srun (SLURM_PROCID/NTASKS) or both (array x\n"
             "                          ranks); inconsistent variables are refused; else 0/1\n"
-            "  --log-json FILE         append progress as JSON lines to FILE\n"
+            "  --log-json FILE         append progress as JSON lines (UTC time, worker, phase, counts) to FILE\n"
             "job:\n"
             "  --dry-run               report what the run would do and exit, without loading weights\n"
             "                          (config.json, tokenizer and corpus only): records accepted and\n"
