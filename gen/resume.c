@@ -228,6 +228,7 @@ static eg_status unlink_in(const char *dir, const char *name, int *gone, eg_erro
 eg_status gen_job_restart(const char *dir, const char *manifest, const char *job, const char *rejects,
                           const char *done, int64_t *removed, eg_error *err) {
     *removed = 0;
+    if (access(dir, F_OK)) return EG_OK; /* nothing to start over from */
     char p[4096];
     snprintf(p, sizeof p, "%s/.lock.%s", dir, manifest);
     int lock = open(p, O_RDWR | O_CLOEXEC);

@@ -89,6 +89,9 @@ assert m["job"]["eaglegen_versions"], m["job"]
 PY
 [ -z "$(ls j/*.tar.tmp 2>/dev/null)" ] && [ "$(ls j/*.tar | wc -l)" -ge 1 ] || fail "shards after restart"
 
+gen --prompts c.jsonl --out fresh --restart 2>err || fail "--restart on a new --out"
+"$PYTHON" "$here/gen_check.py" same ref fresh
+
 echo "-- a changed record with a done id is reported"
 cp c.jsonl cc.jsonl
 gen --prompts cc.jsonl --out cj 2>/dev/null
