@@ -98,6 +98,15 @@ $(BUILD)/.empty.o:
 	@mkdir -p $(BUILD)
 	echo 'typedef int eg_empty_unit;' | $(CC) -x c -c - -o $@
 
+# The git commit in the version string (gen/version.h): the header is rewritten only when
+# `git describe` changes, so an unchanged tree rebuilds nothing.
+EG_GIT_DESCRIBE := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+EG_HASH := \#
+EG_VERSION_H := $(shell mkdir -p $(BUILD) && echo '$(EG_HASH)define EG_GIT_DESCRIBE "$(EG_GIT_DESCRIBE)"' > $(BUILD)/gen_version.h.new && \
+	(cmp -s $(BUILD)/gen_version.h.new $(BUILD)/gen_version.h || cp $(BUILD)/gen_version.h.new $(BUILD)/gen_version.h); \
+	rm -f $(BUILD)/gen_version.h.new)
+$(BUILD)/gen/version.o: CFLAGS += -I$(BUILD)
+
 $(EAGLEGEN): $(BUILD)/gen/main.o $(ALL_LIBS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 

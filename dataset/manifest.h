@@ -101,5 +101,9 @@ void eg_ds_free_names(char **names, int n);
  * every shard's index is read to reject duplicate sample ids. out_dir may be one of
  * dirs (the usual case: workers wrote into one directory). */
 eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir, eg_error *err);
+/* The same, with the members of the JSON object note_json (NULL: none) added to the merged
+ * manifest's job object beside "merged_from" (gen records a partial merge there). */
+eg_status dataset_merge_note(const char *const *dirs, int n_dirs, const char *out_dir, const char *note_json,
+                             eg_error *err);
 
 #endif

@@ -111,7 +111,12 @@ typedef struct merge_item {
 static int name_taken(const eg_ds_idset *names, const char *name) { return eg_ds_idset_get(names, name, NULL); }
 
 eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir, eg_error *err) {
-    if (n_dirs < 1) return eg_fail(err, EG_ERR_INVALID, "merge: no input directories");
+    return dataset_merge_note(dirs, n_dirs, out_dir, NULL, err);
+}
+
+eg_status dataset_merge_note(const char *const *dirs, int n_dirs, const char *out_dir, const char *note_json,
+                             eg_error *err) {
+    if (n_dirs < 1) return eg_fail(err, EG_ERR_INVALID, "no input directories");
     int made_out = 0;
     if (!mkdir(out_dir, 0755)) made_out = 1;
     else if (errno != EEXIST) return eg_fail(err, EG_ERR_IO, "mkdir %s: %s", out_dir, strerror(errno));
@@ -177,13 +182,13 @@ eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir
                     if (eg_ds_idset_get(&ids, ix.e[i].id, &first)) {
                         const merge_item *o = first < me ? &items[first] : NULL;
                         if (!o)
-                            st = eg_fail(err, EG_ERR_FORMAT, "merge: sample id %s appears twice in shard %s", ix.e[i].id, src);
+                            st = eg_fail(err, EG_ERR_FORMAT, "sample id %s appears twice in shard %s", ix.e[i].id, src);
                         else if (o->input == d)
-                            st = eg_fail(err, EG_ERR_FORMAT, "merge: sample id %s appears twice in input %s (%s and %s)",
+                            st = eg_fail(err, EG_ERR_FORMAT, "sample id %s appears twice in input %s (%s and %s)",
                                          ix.e[i].id, dirs[d], o->src, src);
                         else
                             st = eg_fail(err, EG_ERR_FORMAT,
-                                         "merge: sample id %s is in two inputs: %s (%s) and %s (%s)", ix.e[i].id,
+                                         "sample id %s is in two inputs: %s (%s) and %s (%s)", ix.e[i].id,
                                          dirs[o->input], o->src, dirs[d], src);
                     } else {
                         st = eg_ds_idset_put(&ids, ix.e[i].id, me, err);
@@ -221,7 +226,7 @@ eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir
             char name[4096];
             if (it->in_out) {
                 if (name_taken(&files, file)) {
-                    st = eg_fail(err, EG_ERR_CONFIG, "merge: shard %s is listed twice", it->src);
+                    st = eg_fail(err, EG_ERR_CONFIG, "shard %s is listed twice", it->src);
                     break;
                 }
                 snprintf(name, sizeof name, "%s", file);
@@ -248,9 +253,9 @@ eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir
         if (!lstat(dst, &sb)) {
             eg_error e2 = {0};
             int same = same_content(items[i].src, dst, &e2);
-            if (same < 0) { st = eg_fail(err, e2.code, "merge: %s", e2.msg); break; }
+            if (same < 0) { st = eg_fail(err, e2.code, "%s", e2.msg); break; }
             if (!same) {
-                st = eg_fail(err, EG_ERR_CONFIG, "merge: %s already exists and is not %s (a different file of that name)",
+                st = eg_fail(err, EG_ERR_CONFIG, "%s already exists and is not %s (a different file of that name)",
                              dst, items[i].src);
                 break;
             }
@@ -270,6 +275,10 @@ eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir
     if (!st) st = eg_ds_fsync_dir(out_dir, err);
     if (!st) {
         json_t *job = json_pack("{s:o}", "merged_from", json_incref(from));
+        json_error_t je;
+        json_t *note = note_json ? json_loads(note_json, 0, &je) : NULL;
+        if (json_is_object(note)) json_object_update(job, note);
+        json_decref(note);
         free(merged.job_json);
         merged.job_json = json_dumps(job, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(job);

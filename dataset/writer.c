@@ -45,6 +45,7 @@ struct eg_shard_writer {
     int lock_fd;
     eg_ds_info info;        /* committed state (I/O thread after open) */
     int64_t shard_samples;
+    int64_t shard_bytes; /* 0 = no byte limit */
     int level, split;
     int64_t next_seq;
 
@@ -351,7 +352,8 @@ static void *io_main(void *arg) {
             eg_status st = EG_OK;
             if (!dead) {
                 if (sl->st) st = eg_fail(&e, sl->st, "%s", sl->msg);
-                else if ((st = shard_append(w, sl, &e)) == EG_OK && w->ix.n >= (uint64_t)w->shard_samples)
+                else if ((st = shard_append(w, sl, &e)) == EG_OK &&
+                         (w->ix.n >= (uint64_t)w->shard_samples || (w->shard_bytes > 0 && w->pos >= (uint64_t)w->shard_bytes)))
                     st = shard_commit(w, &e);
                 if (st) set_sticky(w, st, e.msg);
             }
@@ -458,6 +460,9 @@ static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_d
     w->job_json = strdup(want->job_json);
     if (!w->job_json) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
     if ((st = eg_ds_precision_add(&w->info.precision_json, want->precision_json, err))) return st;
+    /* the manifest written at open already carries this run's job (e.g. its state) */
+    free(w->info.job_json);
+    if (!(w->info.job_json = strdup(want->job_json))) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
     for (int i = 0; i < w->info.n_shards; i++) {
         char p[4096];
         snprintf(p, sizeof p, "%s/%s", w->dir, w->info.shards[i].file);
@@ -502,7 +507,8 @@ eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *o, eg_s
     w->dir = strdup(dir);
     w->level = o->zstd_level ? o->zstd_level : 3;
     w->split = !o->no_bf16_split;
-    w->shard_samples = o->shard_samples > 0 ? o->shard_samples : 1000;
+    w->shard_samples = o->shard_samples > 0 ? o->shard_samples : o->shard_samples < 0 ? INT64_MAX : 1000;
+    w->shard_bytes = o->shard_bytes > 0 ? o->shard_bytes : 0;
     if (!w->dir) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto fail; }
     if (o->worker_count > 1) {
         snprintf(w->prefix, sizeof w->prefix, "shard-w%dof%d-", o->worker_index, o->worker_count);

@@ -3,7 +3,7 @@
  * shard_writer_add hands a sample to a bounded queue and returns; a pool of threads
  * compresses records (zstd, BF16 byte planes) and one I/O thread appends them, in the
  * order added, to the current shard (a tar written under a temporary name). After
- * shard_samples samples the shard is finished (index, trailer), fsynced, renamed to its
+ * shard_samples samples (or shard_bytes bytes) the shard is finished (index, trailer), fsynced, renamed to its
  * final name, the directory fsynced, and only then entered in the manifest, which is
  * itself replaced atomically (write .tmp, fsync, rename, fsync dir). A kill -9 or a full
  * disk at any moment therefore leaves only complete shards and a valid manifest on disk;
@@ -41,12 +41,15 @@ typedef struct eg_shard_writer_opts {
     int64_t hidden_size;
     int64_t target_vocab_size;       /* 0 = unknown; else input ids are checked against it */
     eg_ds_final_source final_source; /* default post-norm */
-    const char *job_json;            /* free-form JSON object for the manifest; NULL = {} */
+    const char *job_json;            /* free-form JSON object for the manifest (replacing a resumed
+                                      * one from the manifest written at open); NULL = {} */
     const char *precision_json;      /* this run's precision object (JSON), added to the manifest's
                                         "precision" list (kept across resumes); NULL = none */
 
     /* Behaviour. Zero selects the default. */
-    int64_t shard_samples; /* samples per shard (1000) */
+    int64_t shard_samples; /* samples per shard (1000; < 0: no sample limit) */
+    int64_t shard_bytes;   /* > 0: a shard also ends once it holds this many bytes (at the
+                            * sample that takes it past); 0: no byte limit */
     int zstd_level;        /* 3 */
     int no_bf16_split;     /* 1 = store BF16 tensors as they are (for measurements) */
     int threads;           /* compression threads (eg_num_threads()) */

@@ -2,8 +2,10 @@
 #include "gen/args.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int gen_arg_int(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out) {
     char *e;
@@ -48,5 +50,101 @@ int gen_arg_int_list(const char *cmd, const char *flag, const char *v, long lo, 
         fprintf(stderr, "eaglegen %s: %s expects at least one integer\n", cmd, flag);
         return 0;
     }
+    return 1;
+}
+
+/* Edit distance between a[0..na) and b[0..nb) (two rows, no cap on the lengths). */
+static size_t edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    size_t *prev = malloc(sizeof *prev * (nb + 1)), *cur = malloc(sizeof *cur * (nb + 1));
+    if (!prev || !cur) { free(prev); free(cur); return (size_t)-1; }
+    for (size_t j = 0; j <= nb; j++) prev[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]), del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        size_t *t = prev;
+        prev = cur;
+        cur = t;
+    }
+    size_t d = prev[nb];
+    free(prev);
+    free(cur);
+    return d;
+}
+
+/* One line for a bad option: the closest known one, or the candidates of an ambiguous
+ * abbreviation, or where the value is missing. */
+static void bad_option(const char *cmd, const char *arg, int missing, int short_opt, const struct option *opts) {
+    if (missing) {
+        fprintf(stderr, "eaglegen %s: %s needs a value (see eaglegen %s --help)\n", cmd, arg, cmd);
+        return;
+    }
+    if (short_opt) {
+        fprintf(stderr, "eaglegen %s: unknown option '-%c' (see eaglegen %s --help)\n", cmd, short_opt, cmd);
+        return;
+    }
+    const char *name = arg;
+    while (*name == '-') name++;
+    size_t n = strcspn(name, "=");
+    int matches = 0;
+    for (const struct option *o = opts; o->name; o++) matches += !strncmp(o->name, name, n);
+    if (n && matches > 1) {
+        fprintf(stderr, "eaglegen %s: option '%.*s' is ambiguous:", cmd, (int)(n + (size_t)(name - arg)), arg);
+        for (const struct option *o = opts; o->name; o++)
+            if (!strncmp(o->name, name, n)) fprintf(stderr, " --%s", o->name);
+        fprintf(stderr, "\n");
+        return;
+    }
+    const char *best = NULL;
+    size_t bd = (size_t)-1;
+    for (const struct option *o = opts; o->name; o++) {
+        size_t d = edit_distance(name, n, o->name, strlen(o->name));
+        if (d < bd) { bd = d; best = o->name; }
+    }
+    if (best && bd <= n / 4 + 1)
+        fprintf(stderr, "eaglegen %s: unknown option '%.*s'; did you mean --%s? (see eaglegen %s --help)\n", cmd,
+                (int)(n + (size_t)(name - arg)), arg, best, cmd);
+    else
+        fprintf(stderr, "eaglegen %s: unknown option '%.*s' (see eaglegen %s --help)\n", cmd,
+                (int)(n + (size_t)(name - arg)), arg, cmd);
+}
+
+int gen_getopt(int argc, char **argv, const char *cmd, const char *shortopts, const struct option *opts) {
+    char so[64];
+    snprintf(so, sizeof so, ":%s", shortopts);
+    opterr = 0;
+    int prev = optind;
+    int ch = getopt_long(argc, argv, so, opts, NULL);
+    if (ch != '?' && ch != ':') return ch;
+    /* the offending word: getopt_long has stepped past it (unless inside a cluster) */
+    const char *arg = optind > prev && optind - 1 < argc ? argv[optind - 1] : argv[prev < argc ? prev : argc - 1];
+    bad_option(cmd, arg, ch == ':', arg[0] == '-' && arg[1] != '-' ? optopt : 0, opts);
+    return '?';
+}
+
+int gen_arg_size(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t *out) {
+    char *e;
+    errno = 0;
+    double x = strtod(v, &e);
+    double mul = 1;
+    if (e != v && *e) {
+        switch (*e == 'k' ? 'K' : *e) {
+        case 'K': mul = 1e3; break;
+        case 'M': mul = 1e6; break;
+        case 'G': mul = 1e9; break;
+        case 'T': mul = 1e12; break;
+        default: mul = 0;
+        }
+        e++;
+        if (*e == 'B') e++;
+    }
+    if (errno || e == v || *e || mul == 0 || !(x * mul >= (double)lo && x * mul <= 9e18)) {
+        fprintf(stderr, "eaglegen %s: %s expects a size of at least %lld bytes (e.g. 2G, 500M, 4096), got '%s'\n", cmd,
+                flag, (long long)lo, v);
+        return 0;
+    }
+    *out = (int64_t)(x * mul);
     return 1;
 }

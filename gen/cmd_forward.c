@@ -109,7 +109,7 @@ int cmd_forward(int argc, char **argv) {
         {0, 0, 0, 0}};
     optind = 1;
     int ch;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((ch = gen_getopt(argc, argv, "forward", "h", opts)) != -1) {
         switch (ch) {
         case 'm': model_dir = optarg; break;
         case 'p': prompts_path = optarg; break;
@@ -127,7 +127,7 @@ int cmd_forward(int argc, char **argv) {
         case 'c': if (!gen_arg_int("forward", "--chunk", optarg, 1, 1 << 20, &chunk)) return 2; break;
         case 'B': if (!gen_arg_int("forward", "--block-size", optarg, 1, 1 << 16, &block)) return 2; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2; /* gen_getopt said why */
         }
     }
     if (optind < argc) { fprintf(stderr, "eaglegen forward: unexpected argument '%s'\n", argv[optind]); return 2; }

@@ -24,7 +24,12 @@
 #include "gen/args.h"
 #include "gen/commands.h"
 #include "gen/job.h"
+#include "gen/donelog.h"
+#include "gen/dry_run.h"
 #include "gen/progress.h"
+#include "gen/resume.h"
+#include "gen/version.h"
+#include "gen/worker_env.h"
 #include "prompts/corpus.h"
 
 #define EG_MAX_STAGES 64
@@ -52,6 +57,9 @@ typedef struct gen_args {
     double gpu_mem_fraction;  /* cuda: share of each GPU's memory the process may hold */
     int gpus;                 /* cuda: stage k runs on GPU k % gpus (0 = one GPU per stage) */
     const char *transport;    /* --transport: local, nccl or auto (NULL) */
+    int restart;              /* --restart: delete this worker's job first */
+    int dry_run;              /* --dry-run: report, load no weights, write nothing */
+    int64_t shard_bytes;      /* --shard-size; 0 = no byte limit */
 } gen_args;
 
 static void usage(FILE *f) {
@@ -93,7 +101,9 @@ static void usage(FILE *f) {
             "throughput and layout:\n"
             "  --batch N               concurrent sequences (default 16)\n"
             "  --chunk N               rows per forward step / prefill chunk (default 512)\n"
-            "  --shard-samples N       samples per shard (default 1000)\n"
+            "  --shard-size SIZE       a shard ends at the sample that takes it past SIZE bytes (K/M/G;\n"
+            "                          default 2G, off when only --shard-samples is given)\n"
+            "  --shard-samples N       a shard ends after N samples (default: no sample limit)\n"
             "  --threads N             CPU threads (default: all cores, or $EG_THREADS)\n"
             "  --stages N|e0,e1,...    pipeline: split the layers into N stages balanced by bytes, or\n"
             "                          stages ending at the given layers; stage k runs on GPU k\n"
@@ -107,9 +117,21 @@ static void usage(FILE *f) {
             "                          built in, else local)\n"
             "  --gpu-mem-fraction F    cuda: share of each GPU's memory to use; the KV cache gets what\n"
             "                          weights and activations leave (default 0.9)\n"
-            "  --worker I/N            this is worker I (0-based) of N; default from Slurm\n"
-            "                          (SLURM_ARRAY_TASK_ID/COUNT or SLURM_PROCID/NTASKS), else 0/1\n"
-            "  --log-json FILE         append progress as JSON lines to FILE\n"
+            "  --worker I/N            this is worker I (0-based) of N; default from the launcher:\n"
+            "                          a Slurm array (SLURM_ARRAY_TASK_ID/MIN/MAX/STEP/COUNT), torchrun\n"
+            "                          (RANK/WORLD_SIZE), srun (SLURM_PROCID/NTASKS) or both (array x\n"
+            "                          ranks); inconsistent variables are refused; else 0/1\n"
+            "  --log-json FILE         append progress as JSON lines (UTC time, worker, phase, counts) to FILE\n"
+            "job:\n"
+            "  --dry-run               report what the run would do and exit, without loading weights\n"
+            "                          (config.json, tokenizer and corpus only): records accepted and\n"
+            "                          rejected by reason, prompt token statistics, output tokens at\n"
+            "                          most, disk and shard sizes for the model's H and aux layers;\n"
+            "                          --out is optional and nothing is written\n"
+            "  --restart               delete this worker's job in --out (its shards, manifest, job\n"
+            "                          file, ledgers) and start over; without it a rerun resumes, and\n"
+            "                          a parameter that changes samples is refused (see Resuming in\n"
+            "                          README.md)\n"
             "  -h, --help              this text\n"
             "\n"
             "Exit status: 0 done, 1 failure, 2 usage error, 130 interrupted (SIGINT/SIGTERM: what\n"
@@ -134,19 +156,6 @@ static int p_worker(const char *v, int *i, int *n) {
     return 1;
 }
 
-static int worker_from_env(int *i, int *n) {
-    const char *a = getenv("SLURM_ARRAY_TASK_ID"), *b = getenv("SLURM_ARRAY_TASK_COUNT");
-    const char *mn = getenv("SLURM_ARRAY_TASK_MIN");
-    if (a && b) {
-        int id = atoi(a) - (mn ? atoi(mn) : 0), cnt = atoi(b);
-        if (cnt >= 1 && id >= 0 && id < cnt) { *i = id; *n = cnt; return 1; }
-    }
-    a = getenv("SLURM_PROCID");
-    b = getenv("SLURM_NTASKS");
-    if (a && b && atoi(b) >= 1 && atoi(a) >= 0 && atoi(a) < atoi(b)) { *i = atoi(a); *n = atoi(b); return 1; }
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, gen_args *a) {
     memset(a, 0, sizeof *a);
     a->backend = "cpu";
@@ -157,7 +166,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     a->thinking = 1;
     a->batch = 16;
     a->chunk = 512;
-    a->shard_samples = 1000;
+    a->shard_samples = 0; /* shards by bytes (--shard-size) unless --shard-samples */
+    int shard_size_set = 0;
     a->limit = -1;
     a->n_workers = 0;
     a->gpu_mem_fraction = 0.9;
@@ -172,7 +182,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"limit", 1, 0, 'l'},          {"on-bad-record", 1, 0, 'r'},  {"log-json", 1, 0, 'J'},
         {"stages", 1, 0, 'G'},         {"micro-batches", 1, 0, 'U'},  {"gpu-mem-fraction", 1, 0, 'F'},
         {"gpus", 1, 0, 'Q'},
-        {"transport", 1, 0, 'X'},
+        {"transport", 1, 0, 'X'},      {"restart", 0, 0, 'R'},        {"dry-run", 0, 0, 'D'},
+        {"shard-size", 1, 0, 'Z'},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -180,7 +191,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     a->prompts = plist;
     optind = 1;
     int ch, lim;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((ch = gen_getopt(argc, argv, "generate", "h", opts)) != -1) {
         switch (ch) {
         case 'm': a->model = optarg; break;
         case 'p': plist[a->n_prompts++] = optarg; break;
@@ -257,13 +268,20 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             break;
         case 'F': if (!gen_arg_double("generate", "--gpu-mem-fraction", optarg, 0.05, 1, &a->gpu_mem_fraction)) return 2; break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
+        case 'R': a->restart = 1; break;
+        case 'D': a->dry_run = 1; break;
+        case 'Z': if (!gen_arg_size("generate", "--shard-size", optarg, 1, &a->shard_bytes)) return 2; shard_size_set = 1; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2; /* gen_getopt said why */
         }
     }
     while (optind < argc) plist[a->n_prompts++] = argv[optind++];
-    if (!a->model || !a->out || !a->n_prompts) {
-        fprintf(stderr, "eaglegen generate: --model, --prompts and --out are required (see --help)\n");
+    if (!shard_size_set) a->shard_bytes = a->shard_samples ? 0 : 2000000000; /* 2 GB by default */
+    if (!a->model || (!a->out && !a->dry_run) || !a->n_prompts) {
+        fprintf(stderr, "eaglegen generate: missing %s%s%s%s%s (required: --model DIR, --prompts PATH..., --out DIR)\n",
+                !a->model ? "--model" : "", !a->model && (!a->n_prompts || !a->out) ? ", " : "",
+                !a->n_prompts ? "--prompts" : "", !a->n_prompts && !a->out && !a->dry_run ? ", " : "",
+                !a->out && !a->dry_run ? "--out" : "");
         return 2;
     }
     if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
@@ -274,7 +292,16 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     if (a->capture && a->sampling_flag)
         fprintf(stderr, "eaglegen generate: note: %s has no effect in capture mode (nothing is generated)\n",
                 a->sampling_flag);
-    if (!a->n_workers && !worker_from_env(&a->worker, &a->n_workers)) { a->worker = 0; a->n_workers = 1; }
+    if (!a->n_workers) {
+        char how[256], msg[512];
+        int r = gen_worker_from_env(gen_env_getenv, NULL, &a->worker, &a->n_workers, how, sizeof how, msg, sizeof msg);
+        if (r < 0) {
+            fprintf(stderr, "eaglegen generate: cannot tell which worker this is: %s\n", msg);
+            return 2;
+        }
+        if (r == 0) { a->worker = 0; a->n_workers = 1; }
+        else fprintf(stderr, "eaglegen generate: worker %d/%d from %s\n", a->worker, a->n_workers, how);
+    }
     if (!a->tokenizer) a->tokenizer = a->model;
     return -1; /* continue */
 }
@@ -287,6 +314,7 @@ typedef struct gen_meta {
     uint64_t line, index;
     uint8_t *mask;  /* capture mode: [T] */
     uint64_t seed;
+    uint64_t hash;  /* gen_record_hash of the record's token ids */
     struct gen_meta *prev, *next;
 } gen_meta;
 
@@ -346,6 +374,10 @@ typedef struct gen_run {
     gen_meta live;          /* list head of in-flight requests */
     gen_progress prog;
     int64_t records_total;
+    gen_donelog *donelog;   /* ids made with their records' hashes */
+    int64_t changed;        /* done ids whose record has changed since */
+    int corpus_ended;       /* the reader reached the end of the inputs */
+    int64_t ledger_at_open; /* records in the ledger before this run */
     uint8_t *mask_buf;
     size_t mask_cap;
 } gen_run;
@@ -379,18 +411,34 @@ static void meta_free(gen_meta *m) {
     free(m);
 }
 
-static void progress(gen_run *g, int force) {
+static gen_progress_state progress_state(gen_run *g) {
     eg_engine_stats es = {0};
     if (g->engine) eg_engine_get_stats(g->engine, &es);
     eg_shard_writer_stats ws = {0};
     shard_writer_stats(g->w, &ws);
+    int64_t rej = gen_ledger_count(g->ledger, GEN_OUT_REJECTED) + gen_ledger_count(g->ledger, GEN_OUT_DROPPED) +
+                  gen_ledger_count(g->ledger, GEN_OUT_DUPLICATE);
     gen_progress_state s = {
-        .records_done = g->resumed + g->written + gen_ledger_count(g->ledger, GEN_OUT_REJECTED) +
-                        gen_ledger_count(g->ledger, GEN_OUT_DROPPED) + gen_ledger_count(g->ledger, GEN_OUT_DUPLICATE),
-        .records_total = g->records_total, .samples = g->written, .prefill_tokens = es.prefill_tokens,
+        .records_done = g->resumed + g->written + rej, .records_skipped = g->resumed + g->ledger_at_open,
+        .rejected = rej, .records_total = g->records_total, .samples = g->written, .prefill_tokens = es.prefill_tokens,
         .decode_tokens = es.decode_tokens, .engine_seconds = es.seconds, .shards = ws.committed_shards,
         .compression = ws.committed_bytes > 0 ? (double)ws.committed_raw_bytes / (double)ws.committed_bytes : 0};
+    return s;
+}
+
+static void progress(gen_run *g, int force) {
+    gen_progress_state s = progress_state(g);
     gen_progress_update(&g->prog, &s, force);
+}
+
+/* A done id met again: its record should be the one its sample was made from. */
+static void report_changed(gen_run *g, const corpus_record *r) {
+    uint64_t h;
+    if (!gen_donelog_get(g->donelog, r->id, &h) || h == gen_record_hash(r->ids.ids, r->ids.n)) return;
+    if (g->changed++ < 10)
+        fprintf(stderr, "eaglegen generate: %s:%llu: record \"%.200s\" differs from the one its sample was made from; "
+                        "the old sample is kept (--restart, or a new id, to make it again)\n",
+                r->file, (unsigned long long)r->line, r->id);
 }
 
 static int next_request(void *vc, eg_request *req, eg_error *err) {
@@ -404,7 +452,7 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
             if (g_interrupted) return 0; /* a read Ctrl-C cut short: finish what is in flight */
             return -1;
         }
-        if (!got) return 0;
+        if (!got) { g->corpus_ended = 1; return 0; }
         g->records_read++;
         corpus_record *r = &g->rec;
         progress(g, 0);
@@ -441,7 +489,11 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
             continue;
         }
         /* met for the first time in this run: committed means committed by an earlier run */
-        if (shard_writer_has_id(g->w, r->id)) { g->resumed++; continue; }
+        if (shard_writer_has_id(g->w, r->id)) {
+            g->resumed++;
+            report_changed(g, r);
+            continue;
+        }
         int n = (int)r->ids.n;
         if (a->capture) {
             int any = 0;
@@ -464,6 +516,7 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
         m->line = r->line;
         m->index = r->index;
         m->seed = id_seed(a->seed, r->id);
+        m->hash = gen_record_hash(r->ids.ids, r->ids.n);
         if (a->capture) {
             m->mask = malloc((size_t)n);
             if (!m->mask) { meta_free(m); return eg_fail(err, EG_ERR_NOMEM, "out of memory"), -1; }
@@ -532,7 +585,8 @@ static eg_status on_done(void *vc, const eg_result *res, eg_error *err) {
         .top_k = a->capture ? 0 : a->top_k, .seed = m->seed, .T = T, .n_aux = res->n_aux,
         .H = g->model->cfg.hidden, .input_ids = (int32_t *)res->tokens, .loss_mask = g->mask_buf,
         .hidden_dtype = EG_DS_F32, .aux_hidden = (void *)res->aux, .final_hidden = (void *)res->final};
-    st = shard_writer_add(g->w, &s, err);
+    st = gen_donelog_add(g->donelog, m->id, m->hash, err);
+    if (!st) st = shard_writer_add(g->w, &s, err);
     if (!st) g->written++;
     meta_free(m);
     progress(g, 0);
@@ -653,17 +707,27 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     char w[32];
     snprintf(w, sizeof w, "%d/%d", a->worker, a->n_workers);
     json_object_set_new(params, "worker", json_string(w));
+    json_object_set_new(params, "shard_bytes", json_integer(a->shard_bytes));
     /* the model by content (config hash, stored weight bytes), not by path, so a moved
      * checkpoint still resumes */
     json_t *fps = json_pack("{s:s, s:I, s:s, s:o}", "model_config_sha256", g->model->cfg.hash, "model_weight_bytes",
                             (json_int_t)g->model->weight_bytes, "tokenizer_sha256", tok_fingerprint(g->tok),
                             "inputs", inputs);
-    return json_pack("{s:i, s:o, s:o}", "version", 1, "params", params, "fingerprints", fps);
+    return json_pack("{s:i, s:o, s:o, s:[s]}", "version", 1, "params", params, "fingerprints", fps,
+                     "eaglegen_versions", gen_version());
 }
 
 int cmd_generate(int argc, char **argv) {
     gen_args a;
     int rc = parse_args(argc, argv, &a);
+    if (rc < 0 && a.dry_run) {
+        gen_dry_run_opts dro = {
+            .model = a.model, .tokenizer = a.tokenizer, .out = a.out, .prompts = a.prompts, .n_prompts = a.n_prompts,
+            .capture = a.capture, .thinking = a.thinking, .max_new = a.max_new, .max_seq_len = a.max_seq_len,
+            .aux = a.aux, .n_aux = a.n_aux, .limit = a.limit, .worker = a.worker, .n_workers = a.n_workers,
+            .shard_samples = a.shard_samples, .shard_bytes = a.shard_bytes, .backend = a.backend, .stages = a.stages};
+        rc = gen_dry_run(&dro, stdout);
+    }
     if (rc >= 0) { free((void *)a.prompts); return rc; }
     rc = 1;
     eg_error err = {0};
@@ -712,15 +776,20 @@ int cmd_generate(int argc, char **argv) {
     co.n_workers = (uint64_t)a.n_workers;
     if (corpus_open(a.prompts, (size_t)a.n_prompts, g.tok, &co, &g.corpus, &err)) goto done;
     if (!(ident = job_identity(&g, &err))) goto done;
-    char job_name[128], rej_name[128];
+    char job_name[128], rej_name[128], man_name[128], done_name[128];
     gen_job_filename(job_name, sizeof job_name, "job", "json", a.worker, a.n_workers);
     gen_job_filename(rej_name, sizeof rej_name, "rejects", "jsonl", a.worker, a.n_workers);
-    int existed = 0, job_changed = 0;
+    gen_job_filename(man_name, sizeof man_name, "manifest", "json", a.worker, a.n_workers);
+    gen_job_filename(done_name, sizeof done_name, "done", "jsonl", a.worker, a.n_workers);
     /* only checked here; job.json is written once every check passed and the writer
      * opened, so a refused start leaves nothing a later run could mistake for its job */
-    if (gen_job_check(a.out, job_name, ident, &existed, &job_changed, &err)) goto done;
-    job_text = json_dumps(ident, JSON_COMPACT | JSON_SORT_KEYS);
-    if (!job_text) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
+    gen_resume rs = {0};
+    if (!a.restart && gen_resume_check(a.out, job_name, ident, a.n_workers, &rs, &err)) goto done;
+    int existed = rs.existed;
+    if (existed && gen_resume_apply_names(ident, g.corpus, &err)) goto done;
+    if (existed && rs.changes[0])
+        fprintf(stderr, "eaglegen generate: resuming with changes that leave samples as they are:%s\n", rs.changes);
+    if (!(job_text = gen_job_state_text(ident, "running"))) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
 
     char model_name[256];
     {
@@ -793,12 +862,18 @@ int cmd_generate(int argc, char **argv) {
         .chat_template = "kimi-k2.5", .thinking = a.thinking, .n_aux = a.n_aux, .aux_layers = a.aux,
         .hidden_size = c->hidden, .target_vocab_size = c->vocab,
         .final_source = a.pre_norm ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM, .job_json = job_text,
-        .shard_samples = a.shard_samples, .threads = a.threads, .worker_index = a.worker,
+        .shard_samples = a.shard_samples ? a.shard_samples : -1, .shard_bytes = a.shard_bytes, .threads = a.threads, .worker_index = a.worker,
         .worker_count = a.n_workers, .resume = existed, .precision_json = prec_text};
     /* Every check has passed: the job file goes first, so a run killed between it and the
      * writer's first manifest resumes (the writer starts fresh on a job without one);
      * a writer that cannot open takes back what this run made. */
     int made_out = 0;
+    if (a.restart) {
+        int64_t removed = 0;
+        if (gen_job_restart(a.out, man_name, job_name, rej_name, done_name, &removed, &err)) goto done;
+        if (removed) fprintf(stderr, "eaglegen generate: --restart: removed %lld shard%s of the earlier run\n",
+                             (long long)removed, removed == 1 ? "" : "s");
+    }
     if (!existed) {
         if (mkdir(a.out, 0755)) {
             if (errno != EEXIST) { eg_fail(&err, EG_ERR_IO, "mkdir %s: %s", a.out, strerror(errno)); goto done; }
@@ -817,11 +892,17 @@ int cmd_generate(int argc, char **argv) {
         }
         goto done;
     }
-    if (job_changed) {
-        if (gen_job_write(a.out, job_name, ident, &err)) goto done;
-        if (shard_writer_set_job(g.w, job_text, &err)) goto done;
+    if (rs.rewrite && gen_job_write(a.out, job_name, ident, &err)) goto done;
+    if (rs.inputs == GEN_INPUTS_CHANGED) {
+        /* the ledger names records by index, which the new inputs renumber: rebuilt */
+        char aside[160];
+        int moved;
+        if (gen_set_aside(a.out, rej_name, aside, sizeof aside, &moved, &err)) goto done;
+        if (moved) fprintf(stderr, "eaglegen generate: the inputs changed: %s set aside as %s; bad records are "
+                                   "checked again\n", rej_name, aside);
     }
     if (gen_ledger_open(a.out, rej_name, &g.ledger, &err)) goto done;
+    if (gen_donelog_open(a.out, done_name, &g.donelog, &err)) goto done;
     /* after the writer made --out, so the log may live in the job directory */
     if (a.log_json && !(jlog = fopen(a.log_json, "a"))) {
         eg_fail(&err, EG_ERR_IO, "--log-json %s: %s", a.log_json, strerror(errno));
@@ -845,7 +926,11 @@ int cmd_generate(int argc, char **argv) {
                 (a.micro_batches > n_stages ? a.micro_batches : n_stages) < a.batch
                     ? (a.micro_batches > n_stages ? a.micro_batches : n_stages) : a.batch);
 
-    gen_progress_init(&g.prog, jlog);
+    g.ledger_at_open = gen_ledger_count(g.ledger, GEN_OUT_REJECTED) + gen_ledger_count(g.ledger, GEN_OUT_DROPPED) +
+                       gen_ledger_count(g.ledger, GEN_OUT_DUPLICATE);
+    eg_shard_writer_stats ws0;
+    shard_writer_stats(g.w, &ws0);
+    gen_progress_init(&g.prog, jlog, a.worker, a.n_workers);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -872,10 +957,17 @@ int cmd_generate(int argc, char **argv) {
         want[EG_DS_COUNT_GENERATED] = ws.committed_samples;
         for (int k = 0; k < EG_DS_NCOUNTS; k++)
             shard_writer_count(g.w, k, want[k] - shard_writer_get_count(g.w, k));
-        close_st = shard_writer_close(g.w, &cerr);
+        /* the manifest says whether this worker's share is all there (merge checks it) */
+        char *fin = gen_job_state_text(ident, run_st == EG_ERR_INTERRUPTED ? "interrupted" : run_st ? "error"
+                                              : g.corpus_ended ? "complete" : "limit");
+        close_st = fin ? shard_writer_set_job(g.w, fin, &cerr) : eg_fail(&cerr, EG_ERR_NOMEM, "out of memory");
+        free(fin);
+        if (!close_st) close_st = gen_donelog_sync(g.donelog, &cerr);
+        if (!close_st) close_st = shard_writer_close(g.w, &cerr);
     }
     progress(&g, 1);
-    gen_progress_finish(&g.prog);
+    gen_progress_state fin_s = progress_state(&g);
+    gen_progress_finish(&g.prog, &fin_s);
     eg_shard_writer_stats ws;
     shard_writer_stats(g.w, &ws);
     eg_engine_stats es;
@@ -888,6 +980,16 @@ int cmd_generate(int argc, char **argv) {
             (long long)want[EG_DS_COUNT_REJECTED], (long long)want[EG_DS_COUNT_DROPPED],
             (long long)want[EG_DS_COUNT_SKIPPED], a.out, rej_name,
             es.seconds > 0 ? es.prefill_tokens / es.seconds : 0.0, es.seconds > 0 ? es.decode_tokens / es.seconds : 0.0);
+    fprintf(stderr, "eaglegen generate: summary: %.1f s wall, %lld samples, %lld tokens (%lld prefill + %lld decode), "
+                    "%.3f GB written, %lld rejected/dropped/duplicate, %.2f samples/s\n",
+            eg_now() - g.prog.start, (long long)g.written, (long long)(es.prefill_tokens + es.decode_tokens),
+            (long long)es.prefill_tokens, (long long)es.decode_tokens,
+            (double)(ws.committed_bytes - ws0.committed_bytes) / 1e9,
+            (long long)(want[EG_DS_COUNT_REJECTED] + want[EG_DS_COUNT_DROPPED] + want[EG_DS_COUNT_SKIPPED]),
+            eg_now() - g.prog.start > 0 ? (double)g.written / (eg_now() - g.prog.start) : 0.0);
+    if (g.changed)
+        fprintf(stderr, "eaglegen generate: %lld record%s with a done id changed since the sample was made (old samples "
+                        "kept)\n", (long long)g.changed, g.changed == 1 ? "" : "s");
     eg_forward_graph_stats gs;
     eg_engine_graph_stats(g.engine, &gs);
     if (gs.recorded || gs.failed)
@@ -907,6 +1009,7 @@ done_quiet:
     for (int k = 0; k < EG_MAX_STAGES; k++) eg_backend_free(stage_be[k]);
     shard_writer_free(g.w);
     gen_ledger_close(g.ledger);
+    gen_donelog_close(g.donelog);
     corpus_record_free(&g.rec);
     seen_free(&g.seen);
     corpus_close(g.corpus);

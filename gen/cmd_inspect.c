@@ -11,6 +11,7 @@
 
 #include "common/eg_common.h"
 #include "dataset/reader.h"
+#include "gen/args.h"
 #include "gen/commands.h"
 #include "prompts/tokenizer.h"
 
@@ -382,7 +383,7 @@ int cmd_inspect(int argc, char **argv) {
     int n_samples = 0;
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = gen_getopt(argc, argv, "inspect", "h", opts)) != -1) {
         char *end;
         switch (c) {
         case 'v': do_verify = 1; break;
@@ -404,7 +405,7 @@ int cmd_inspect(int argc, char **argv) {
             break;
         case 't': tokdir = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2; /* gen_getopt said why */
         }
     }
     if (optind != argc - 1) {

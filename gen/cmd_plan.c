@@ -46,7 +46,7 @@ int cmd_plan(int argc, char **argv) {
         {"act-gb", 1, 0, 'a'},     {"mean-len", 1, 0, 'n'},     {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     optind = 1;
     int ch;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((ch = gen_getopt(argc, argv, "plan", "h", opts)) != -1) {
         switch (ch) {
         case 'm': model_dir = optarg; break;
         case 'p': preset = optarg; break;
@@ -62,7 +62,7 @@ int cmd_plan(int argc, char **argv) {
         case 'a': if (!gen_arg_double("plan", "--act-gb", optarg, 0, 1e18, &act_gb)) return 2; break;
         case 'n': if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2; /* gen_getopt said why */
         }
     }
     if (!!model_dir == !!preset || stages < 1) {

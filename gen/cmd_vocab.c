@@ -11,6 +11,7 @@
 #include "common/eg_common.h"
 #include "dataset/manifest.h"
 #include "dataset/reader.h"
+#include "gen/args.h"
 #include "gen/commands.h"
 
 static void usage(FILE *f) {
@@ -84,7 +85,7 @@ int cmd_vocab(int argc, char **argv) {
     const char *out = NULL;
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = gen_getopt(argc, argv, "vocab", "h", opts)) != -1) {
         char *end;
         switch (c) {
         case 'n':
@@ -97,7 +98,7 @@ int cmd_vocab(int argc, char **argv) {
             break;
         case 'o': out = optarg; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2; /* gen_getopt said why */
         }
     }
     if (optind != argc - 1 || N < 1 || !out) {

@@ -1,9 +1,10 @@
 /* job.h — the job directory of `eaglegen generate`: what makes a run resumable.
  *
  *  - job.json (job.w{I}of{N}.json for worker I of N): the parameters that determine
- *    the output and the fingerprints of model, tokenizer and inputs. A rerun with the
- *    same command finds it and resumes; any difference is refused with the list of
- *    differences.
+ *    the output and the fingerprints of model, tokenizer and inputs. A rerun finds it
+ *    and resumes; gen/resume.h decides which differences are accepted and which are
+ *    refused (gen_job_check below is the older all-or-nothing check, no longer used by
+ *    generate).
  *  - rejects.jsonl (rejects.w{I}of{N}.jsonl): an append-only ledger of records that
  *    produced no sample — bad records skipped under --on-bad-record=skip, truncated
  *    samples left out by --drop-truncated, duplicate ids — one JSON line each with the

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "gen/commands.h"
+#include "gen/version.h"
 
 typedef struct {
     const char *name;
@@ -25,7 +26,8 @@ static const command commands[] = {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: eaglegen COMMAND [options]   (eaglegen COMMAND --help for its options)\n\ncommands:\n");
+    fprintf(f, "usage: eaglegen COMMAND [options]   (eaglegen COMMAND --help for its options;\n"
+               "       eaglegen --version)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
 }
@@ -34,6 +36,10 @@ int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("eaglegen %s\n", gen_version());
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -466,6 +466,7 @@ struct corpus_reader {
     const tok_tokenizer *tok;
     corpus_opts o;
     char **files;
+    char **names;         /* [n_files] name for ids and rec->file; NULL = the path */
     size_t n_files, cur;  /* cur: index of the open (or next) file */
     struct archive *a;
     int at_eof;           /* current archive exhausted */
@@ -546,6 +547,17 @@ static eg_status add_dir(corpus_reader *r, size_t *cap, const char *dir, int dep
 size_t corpus_n_files(const corpus_reader *r) { return r->n_files; }
 const char *corpus_file(const corpus_reader *r, size_t i) { return i < r->n_files ? r->files[i] : NULL; }
 
+eg_status corpus_name_file(corpus_reader *r, size_t i, const char *name, eg_error *err) {
+    if (i >= r->n_files) return eg_fail(err, EG_ERR_INVALID, "corpus_name_file: no input %zu", i);
+    if (!r->names && !(r->names = calloc(r->n_files, sizeof *r->names)))
+        return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    char *c = strdup(name);
+    if (!c) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    free(r->names[i]);
+    r->names[i] = c;
+    return EG_OK;
+}
+
 static void close_archive(corpus_reader *r) {
     if (r->a) archive_read_free(r->a);
     r->a = NULL;
@@ -554,8 +566,12 @@ static void close_archive(corpus_reader *r) {
 void corpus_close(corpus_reader *r) {
     if (!r) return;
     close_archive(r);
-    for (size_t i = 0; i < r->n_files; i++) free(r->files[i]);
+    for (size_t i = 0; i < r->n_files; i++) {
+        free(r->files[i]);
+        if (r->names) free(r->names[i]);
+    }
     free(r->files);
+    free(r->names);
     free(r->buf);
     free(r->stdin_buf);
     free(r->line);
@@ -743,7 +759,7 @@ eg_status corpus_next(corpus_reader *r, corpus_record *rec, bool *got, eg_error 
         uint64_t index = r->index++;
         if (index < r->o.start_index) continue;
         if (r->o.n_workers > 1 && index % r->o.n_workers != r->o.worker) continue;
-        rec->file = r->files[r->cur];
+        rec->file = r->names && r->names[r->cur] ? r->names[r->cur] : r->files[r->cur];
         rec->line = r->lineno;
         rec->index = index;
         free(rec->raw);

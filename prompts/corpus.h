@@ -134,6 +134,10 @@ eg_status corpus_next(corpus_reader *r, corpus_record *rec, bool *got, eg_error 
 /* Files the reader will read, in order (after directory expansion). */
 size_t corpus_n_files(const corpus_reader *r);
 const char *corpus_file(const corpus_reader *r, size_t i);
+/* Name input i (before the first corpus_next) for its records' default ids and
+ * rec->file, while it is still read from its path: a resumed job whose input is now
+ * reached by another path keeps the ids of the first run. */
+eg_status corpus_name_file(corpus_reader *r, size_t i, const char *name, eg_error *err);
 
 /* Parse and tokenise one JSON line into rec (what corpus_next does per line). Uses
  * rec->file and rec->line for the default id; sets everything else. Returns EG_OK for

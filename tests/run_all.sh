@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 PYTHON=${PYTHON:-/usr/bin/python3}
 export BUILD PYTHON EAGLEGEN="$PWD/$BUILD/eaglegen" FIXTURES="${FIXTURES:-$PWD/../shared/fixtures}"
+[ -d "$FIXTURES" ] || echo "note: no reference fixtures at $FIXTURES: the golden and fixture tests will fail (README: make test)"
 passed=0 failed=0 failed_names=()
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 # count a suite's own "N passed, M failed" line; a suite that dies without one counts as 1 failure

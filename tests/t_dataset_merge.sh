@@ -95,10 +95,24 @@ mkdir G && echo keep >G/other.txt
 if $E merge rw0 rw1 X --out G 2>/dev/null; then fail "incompatible inputs merged"; fi
 [ "$(ntar G)" = 0 ] && [ -f G/other.txt ] || fail "failed merge into G: $(ls G)"
 
-echo "-- shared sample ids are refused, naming the id and both inputs"
+echo "-- the same job twice is refused naming both; shared sample ids too, naming the id and both inputs"
 gen --prompts a.jsonl --out A2
-if $E merge A A2 --out D 2>err; then fail "duplicate ids merged"; fi
-grep -q "a-\|sample id" err || true
-grep -q "sample id" err && grep -q " A " err && grep -q " A2 " err || fail "duplicate id message: $(cat err)"
+if $E merge A A2 --out D 2>err; then fail "the same job merged twice"; fi
+grep -q "appears twice: A/manifest.json and A2/manifest.json" err || fail "same job twice: $(cat err)"
+grep -q "merge: merge:" err && fail "doubled prefix: $(cat err)"
+[ ! -e D ] || [ "$(ntar D)" = 0 ] || fail "refused merge left shards in D"
+# two different corpora whose records carry the same explicit ids
+"$PYTHON" - <<'PY'
+import json
+for n in "pq":
+    with open(n + ".jsonl", "w") as f:
+        for i in range(3):
+            f.write(json.dumps({"id": f"rec-{i}", "prompt": f"{n} {i}: say something."}) + "\n")
+PY
+gen --prompts p.jsonl --out P
+gen --prompts q.jsonl --out Q
+if $E merge P Q --out D 2>err; then fail "duplicate ids merged"; fi
+grep -q "sample id rec-0 is in two inputs: P " err && grep -q " and Q " err || fail "duplicate id message: $(cat err)"
+grep -q "merge: merge:" err && fail "doubled prefix: $(cat err)"
 [ ! -e D ] || [ "$(ntar D)" = 0 ] || fail "refused merge left shards in D"
 echo "t_dataset_merge: ok"

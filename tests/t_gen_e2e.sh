@@ -60,7 +60,7 @@ if $E generate --model model --prompts corpus.jsonl --out job --max-new-tokens 2
     --batch 4 --chunk 16 --shard-samples 3 --aux-layers 0,2,3 --seed 6 2> log3; then
     echo "a changed --seed was accepted"; exit 1
 fi
-grep -q "params.seed: 5 -> 6" log3 || { cat log3; exit 1; }
+grep -q "seed: 5 -> 6" log3 || { cat log3; exit 1; }
 
 echo "-- batch size and chunking do not change any sample (per-sample seeds)"
 $E generate --model model --prompts corpus.jsonl --out job-b1 --max-new-tokens 24 --max-seq-len 512 \

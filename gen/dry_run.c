@@ -1,0 +1,248 @@
+/* generate --dry-run; see dry_run.h. */
+#include "gen/dry_run.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataset/idset.h"
+#include "dataset/manifest.h"
+#include "engine/config.h"
+#include "gen/job.h"
+#include "prompts/corpus.h"
+
+typedef struct reason_count {
+    char *key;     /* the reason with digit runs as N */
+    char *example; /* FILE:LINE: the first reason as given */
+    int64_t n;
+} reason_count;
+
+typedef struct reasons {
+    reason_count *r;
+    size_t n, cap;
+} reasons;
+
+static void fold_digits(const char *s, char *out, size_t cap) {
+    size_t j = 0;
+    for (; *s && j + 2 < cap; s++) {
+        if (isdigit((unsigned char)*s)) {
+            if (!j || out[j - 1] != 'N') out[j++] = 'N';
+        } else out[j++] = *s;
+    }
+    out[j] = 0;
+}
+
+static int add_reason(reasons *rs, const char *why, const char *file, uint64_t line) {
+    char key[600];
+    fold_digits(why, key, sizeof key);
+    for (size_t i = 0; i < rs->n; i++)
+        if (!strcmp(rs->r[i].key, key)) { rs->r[i].n++; return 0; }
+    if (rs->n == rs->cap) {
+        size_t nc = rs->cap ? 2 * rs->cap : 8;
+        reason_count *p = realloc(rs->r, nc * sizeof *p);
+        if (!p) return -1;
+        rs->r = p;
+        rs->cap = nc;
+    }
+    size_t en = strlen(why) + strlen(file) + 32;
+    char *ex = malloc(en);
+    if (!ex) return -1;
+    snprintf(ex, en, "%s:%llu: %s", file, (unsigned long long)line, why);
+    rs->r[rs->n] = (reason_count){strdup(key), ex, 1};
+    if (!rs->r[rs->n].key) { free(ex); return -1; }
+    rs->n++;
+    return 0;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* "1.23 GB" style, decimal units. */
+static void human(char *out, size_t n, double bytes) {
+    const char *u[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+    int k = 0;
+    while (bytes >= 1000 && k < 5) { bytes /= 1000; k++; }
+    snprintf(out, n, k ? "%.2f %s" : "%.0f %s", bytes, u[k]);
+}
+
+static void count_text(char *out, size_t n, double v) {
+    if (v >= 1e9) snprintf(out, n, "%.2fG", v / 1e9);
+    else if (v >= 1e6) snprintf(out, n, "%.2fM", v / 1e6);
+    else if (v >= 1e4) snprintf(out, n, "%.1fK", v / 1e3);
+    else snprintf(out, n, "%.0f", v);
+}
+
+int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
+    eg_error err = {0};
+    eg_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    tok_tokenizer *tok = NULL;
+    corpus_reader *cr = NULL;
+    corpus_record rec = {0};
+    eg_ds_idset seen = {0};
+    reasons rs = {0};
+    int32_t *lens = NULL;
+    size_t n_lens = 0, cap_lens = 0;
+    int rc = 1;
+    int aux[64], n_aux = o->n_aux;
+    if (eg_config_load(o->model, &cfg, &err)) goto done;
+    if (tok_load(o->tokenizer, &tok, &err)) { eg_wrap(&err, "tokenizer %s", o->tokenizer); goto done; }
+    if (n_aux) memcpy(aux, o->aux, sizeof(int) * (size_t)n_aux);
+    else n_aux = eg_config_default_aux_layers(&cfg, aux);
+    for (int i = 0; i < n_aux; i++)
+        if (aux[i] >= cfg.n_layers) {
+            eg_fail(&err, EG_ERR_INVALID, "--aux-layers: layer %d does not exist (the model has %d layers, 0..%d)", aux[i],
+                    cfg.n_layers, cfg.n_layers - 1);
+            goto done;
+        }
+    int n_stages = 1;
+    if (o->stages) {
+        /* "N" or increasing end layers, the last = the layer count (as generate checks) */
+        const char *p = o->stages;
+        int last = 0, n = 0, one = -1;
+        while (*p) {
+            char *e;
+            long v = strtol(p, &e, 10);
+            if (e == p || v < 1 || v <= last || (*e && *e != ',')) {
+                eg_fail(&err, EG_ERR_INVALID, "--stages: expected N or increasing end layers, got '%s'", o->stages);
+                goto done;
+            }
+            one = n++ ? -1 : (int)v;
+            last = (int)v;
+            p = *e ? e + 1 : e;
+        }
+        n_stages = one > 0 ? one : n;
+        if ((one > 0 && one > cfg.n_layers) || (one < 0 && last != cfg.n_layers)) {
+            eg_fail(&err, EG_ERR_INVALID, "--stages %s: the model has %d layers", o->stages, cfg.n_layers);
+            goto done;
+        }
+    }
+    corpus_opts co;
+    corpus_opts_default(&co);
+    co.mode = o->capture ? CORPUS_CAPTURE : CORPUS_REGENERATE;
+    co.thinking = o->thinking;
+    co.max_prompt_tokens = (size_t)(o->capture ? o->max_seq_len : o->max_seq_len - 1);
+    co.worker = (uint64_t)o->worker;
+    co.n_workers = (uint64_t)o->n_workers;
+    if (corpus_open(o->prompts, (size_t)o->n_prompts, tok, &co, &cr, &err)) goto done;
+
+    int64_t read = 0, accepted = 0, rejected = 0;
+    double prompt_sum = 0, out_sum = 0, stored_sum = 0;
+    for (;;) {
+        if (o->limit >= 0 && read >= o->limit) break;
+        bool got = false;
+        if (corpus_next(cr, &rec, &got, &err)) goto done;
+        if (!got) break;
+        read++;
+        const char *why = NULL;
+        char buf[700];
+        if (!rec.ok) why = rec.reason;
+        else if (eg_ds_idset_get(&seen, rec.id, NULL)) {
+            snprintf(buf, sizeof buf, "duplicate id");
+            why = buf;
+        }
+        if (rec.ok && !why && eg_ds_idset_put(&seen, rec.id, 0, &err)) goto done;
+        if (why) {
+            rejected++;
+            if (add_reason(&rs, why, rec.file, rec.line)) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
+            continue;
+        }
+        accepted++;
+        int n = (int)rec.ids.n;
+        if (n_lens == cap_lens) {
+            size_t nc = cap_lens ? 2 * cap_lens : 1024;
+            int32_t *p = realloc(lens, nc * sizeof *p);
+            if (!p) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
+            lens = p;
+            cap_lens = nc;
+        }
+        lens[n_lens++] = n;
+        int gen = o->capture ? 0 : (o->max_new < o->max_seq_len - n ? o->max_new : o->max_seq_len - n);
+        prompt_sum += n;
+        out_sum += gen;
+        stored_sum += n + gen;
+    }
+
+    char a[32], b[32], c[32];
+    fprintf(out, "eaglegen generate --dry-run: worker %d/%d, %s mode; %s: config.json only (no weights loaded): "
+                 "%d layers, hidden %lld, vocab %d\n",
+            o->worker, o->n_workers, o->capture ? "capture" : "regenerate", o->model, cfg.n_layers,
+            (long long)cfg.hidden, cfg.vocab);
+    fprintf(out, "layout:        %s backend, %d pipeline stage%s over %d layers%s\n", o->backend, n_stages,
+            n_stages > 1 ? "s" : "", cfg.n_layers,
+            n_stages > 1 ? (strcmp(o->backend, "cuda") ? " (stage k on thread k)" : " (stage k on GPU k)")
+                         : !strcmp(o->backend, "cuda") ? " (the whole model on one GPU)" : "");
+    fprintf(out, "records:       %lld read%s: %lld accepted, %lld rejected\n", (long long)read,
+            o->limit >= 0 && read >= o->limit ? " (stopped at --limit)" : "", (long long)accepted, (long long)rejected);
+    for (size_t i = 0; i < rs.n; i++)
+        fprintf(out, "  rejected %lld: %s (e.g. %.300s)\n", (long long)rs.r[i].n, rs.r[i].key, rs.r[i].example);
+    if (n_lens) {
+        qsort(lens, n_lens, sizeof *lens, cmp_i32);
+        count_text(a, sizeof a, prompt_sum);
+        fprintf(out, "%s tokens: %s in all; per record min %d, median %d, p90 %d, p99 %d, max %d, mean %.0f\n",
+                o->capture ? "conversation" : "prompt", a, lens[0], lens[n_lens / 2], lens[n_lens * 9 / 10],
+                lens[n_lens * 99 / 100], lens[n_lens - 1], prompt_sum / (double)n_lens);
+    }
+    if (o->capture) {
+        fprintf(out, "output tokens: none generated (capture mode teacher-forces the existing assistant turns)\n");
+    } else {
+        count_text(a, sizeof a, out_sum);
+        fprintf(out, "output tokens: at most %s, assuming every response runs to --max-new-tokens %d (capped by "
+                     "--max-seq-len %d); responses that stop earlier make fewer\n",
+                a, o->max_new, o->max_seq_len);
+    }
+    double per_token = (double)(n_aux + 1) * (double)cfg.hidden * 2 + 4 + 1;
+    double bytes = stored_sum * per_token;
+    count_text(a, sizeof a, stored_sum);
+    human(b, sizeof b, bytes);
+    human(c, sizeof c, per_token);
+    fprintf(out, "disk:          at most %s for %s stored tokens before compression: %s per token = (%d aux + 1 final) "
+                 "x H %lld x 2 bytes (BF16) + 5 (int32 id, uint8 mask); zstd usually saves 10-20%% on hidden states\n",
+            b, a, c, n_aux, (long long)cfg.hidden);
+    if (accepted) {
+        double mean = bytes / (double)accepted;
+        human(a, sizeof a, mean);
+        double per_shard = bytes;
+        if (o->shard_samples > 0 && mean * (double)o->shard_samples < per_shard) per_shard = mean * (double)o->shard_samples;
+        if (o->shard_bytes > 0 && (double)o->shard_bytes < per_shard) per_shard = (double)o->shard_bytes;
+        double n_shards = per_shard > 0 ? ceil(bytes / per_shard) : 1;
+        human(b, sizeof b, per_shard);
+        fprintf(out, "shards:        %.0f shard%s of ~%s (%s per sample on average; ", n_shards, n_shards > 1 ? "s" : "",
+                b, a);
+        if (o->shard_samples > 0) fprintf(out, "--shard-samples %lld", (long long)o->shard_samples);
+        if (o->shard_samples > 0 && o->shard_bytes > 0) fprintf(out, ", ");
+        if (o->shard_bytes > 0) {
+            human(c, sizeof c, (double)o->shard_bytes);
+            fprintf(out, "--shard-size %s", c);
+        }
+        fprintf(out, ")\n");
+    }
+    if (o->out) {
+        char man[128], mp[4200];
+        gen_job_filename(man, sizeof man, "manifest", "json", o->worker, o->n_workers);
+        snprintf(mp, sizeof mp, "%s/%s", o->out, man);
+        eg_ds_info m = {0};
+        eg_error e2 = {0};
+        if (!eg_ds_info_load(mp, &m, &e2)) {
+            eg_ds_totals t = eg_ds_info_totals(&m);
+            fprintf(out, "job:           %s already holds %lld samples; a run resumes it and makes only the rest\n", mp,
+                    (long long)t.samples);
+        } else fprintf(out, "job:           %s: no job yet; a run starts one\n", o->out);
+        eg_ds_info_clear(&m);
+    }
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "eaglegen generate --dry-run: %s\n", err.msg);
+    for (size_t i = 0; i < rs.n; i++) { free(rs.r[i].key); free(rs.r[i].example); }
+    free(rs.r);
+    free(lens);
+    eg_ds_idset_clear(&seen);
+    corpus_record_free(&rec);
+    corpus_close(cr);
+    tok_free(tok);
+    eg_config_free(&cfg);
+    return rc;
+}

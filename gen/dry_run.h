@@ -1,0 +1,39 @@
+/* dry_run.h — `eaglegen generate --dry-run`: what a run would do, before any weights
+ * are loaded (config.json, the tokenizer and the corpus only).
+ *
+ * Reads this worker's share of the corpus as the run would (template, tokenizer, length
+ * limit, duplicate ids, capture mode's assistant turns, --limit) and prints: records
+ * accepted and rejected by reason (digits folded, one example each), prompt token
+ * statistics, the output tokens under a stated assumption (every response runs to
+ * --max-new-tokens, capped by --max-seq-len: an upper bound), the bytes the samples would
+ * take for the model's H and aux layer count (BF16 hidden rows + int32 id + uint8 mask
+ * per token, before compression) and how that falls into shards; with an existing job in
+ * --out, how many samples it already holds. Writes nothing.
+ * Thread safety: one thread. */
+#ifndef EG_GEN_DRY_RUN_H
+#define EG_GEN_DRY_RUN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct gen_dry_run_opts {
+    const char *model, *tokenizer, *out; /* out may be NULL */
+    const char *const *prompts;
+    int n_prompts;
+    int capture, thinking;
+    int max_new, max_seq_len;
+    const int *aux;
+    int n_aux;           /* 0 = the config's default */
+    int64_t limit;       /* -1 = all */
+    int worker, n_workers;
+    int64_t shard_samples; /* 0 = no sample limit */
+    int64_t shard_bytes;   /* 0 = no byte limit */
+    const char *backend;   /* "cpu" or "cuda" */
+    const char *stages;    /* --stages text or NULL; checked against the layer count */
+} gen_dry_run_opts;
+
+/* Prints the report to out; returns the exit status (0, or 1 after an error message on
+ * stderr). */
+int gen_dry_run(const gen_dry_run_opts *o, FILE *out);
+
+#endif

@@ -1,0 +1,31 @@
+/* merge_check.h — what `eaglegen merge` checks before dataset_merge touches anything:
+ * that the inputs are one consistent body of data.
+ *
+ * Every input manifest contributes the jobs it holds (a worker's or plain manifest: its
+ * own job; a merged manifest: each job it was merged from). Then:
+ *  - every job's sample-changing parameters and model/tokenizer fingerprints must agree
+ *    (gen_job_sample_diff, the rule resume uses): a mix is refused, listing each
+ *    difference and the jobs it is between;
+ *  - jobs are grouped by worker count and inputs (by content): within a group each
+ *    worker I of N appears at most once; the same inputs split two ways is refused (the
+ *    splits overlap);
+ *  - a worker missing from its group, or a job whose manifest does not say "complete"
+ *    (it stopped at --limit, was interrupted, failed or still runs), makes the merge
+ *    partial: refused unless allow_partial, and then recorded as
+ *    {"partial": {"missing": [...], "unfinished": [...]}} in *note_json for the merged
+ *    manifest.
+ * Jobs with no recorded parameters (datasets not written by `eaglegen generate`) are
+ * listed and not compared. Details go to `report` (stderr), one line each.
+ * Ownership: *note_json is malloc'd (NULL when the merge is not partial).
+ * Thread safety: one thread. */
+#ifndef EG_GEN_MERGE_CHECK_H
+#define EG_GEN_MERGE_CHECK_H
+
+#include <stdio.h>
+
+#include "common/eg_common.h"
+
+eg_status gen_merge_check(const char *const *dirs, int n_dirs, int allow_partial, FILE *report, char **note_json,
+                          eg_error *err);
+
+#endif

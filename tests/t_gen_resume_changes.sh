@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Resume allows what leaves samples as they are (issue 20): --limit raised, another
+# --shard-samples, the corpus reached by another path, an input added at the end, a bad
+# line fixed after an error stop; each gives exactly the dataset of one uninterrupted run.
+# What changes samples (temperature, seed, ...) is refused with the differences, floats as
+# typed; --restart starts over; a changed record with a done id is reported; N > 1
+# workers refuse an input change that renumbers records.
+set -eu
+: "${EAGLEGEN:?}" "${PYTHON:=/usr/bin/python3}"
+E=$EAGLEGEN
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=${EG_KEEP:-$(mktemp -d)}; [ -n "${EG_KEEP:-}" ] || trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+$E mkmodel --preset tiny --out model --seed 11 >/dev/null 2>&1
+"$PYTHON" - <<'PY'
+import json
+def write(name, n, start=0, bad=None):
+    with open(name, "w") as f:
+        for i in range(start, start + n):
+            f.write('{"prompt": 5\n' if i == bad else json.dumps({"prompt": f"Record {i}: about {i * 7}."}) + "\n")
+write("c.jsonl", 10)
+write("e.jsonl", 4, start=100)
+write("bad.jsonl", 8, bad=5)
+write("fixed.jsonl", 8)
+PY
+mkdir sub && cp c.jsonl sub/
+args=(--model model --max-new-tokens 6 --max-seq-len 128 --batch 3 --chunk 8 --aux-layers 1,2,3 --threads 1)
+gen() { $E generate "${args[@]}" "$@"; }
+fail() { echo "FAIL: $*"; [ -f err ] && cat err; exit 1; }
+
+gen --prompts c.jsonl --out ref 2>/dev/null
+gen --prompts c.jsonl e.jsonl --out ref2 2>/dev/null
+
+echo "-- --limit 3, then the full run, another --shard-samples, another path"
+gen --prompts c.jsonl --out j --limit 3 --shard-samples 2 2>/dev/null
+"$PYTHON" "$here/gen_check.py" count j 3
+gen --prompts c.jsonl --out j --shard-samples 4 2>err || fail "the full run after --limit 3 was refused"
+grep -q "limit: 3 -> -1" err && grep -q "shard_samples: 2 -> 4" err || fail "accepted changes not listed"
+grep -q "7 samples written, 3 already done" err || fail "resume did not skip the done ids"
+"$PYTHON" "$here/gen_check.py" same ref j
+(cd sub && $E generate "${args[@]}" --model ../model --prompts ../sub/../c.jsonl --out ../j 2>../err) \
+    || fail "the same corpus by another relative path was refused"
+grep -q "reached by another path" err && grep -q "0 samples written, 10 already done" err || fail "path change"
+"$PYTHON" "$here/gen_check.py" same ref j
+
+echo "-- an input added at the end"
+gen --prompts c.jsonl e.jsonl --out j 2>err || fail "an added input was refused"
+grep -q "1 file added at the end" err && grep -q "4 samples written, 10 already done" err || fail "added input"
+"$PYTHON" "$here/gen_check.py" same ref2 j
+
+echo "-- a bad line fixed after an error stop"
+
+cp bad.jsonl in.jsonl
+if gen --prompts in.jsonl --out fj 2>err; then fail "the bad line did not stop the run"; fi
+grep -q "in.jsonl:6: bad record" err || fail "bad record message"
+cp fixed.jsonl in.jsonl
+gen --prompts in.jsonl --out fj 2>err || fail "the fixed corpus was refused"
+# ids are FILE:LINE: compare against a reference made from a file of the same name
+mkdir r && cp fixed.jsonl r/in.jsonl && (cd r && $E generate "${args[@]}" --model ../model --prompts in.jsonl \
+    --out ../fref3 2>/dev/null)
+"$PYTHON" "$here/gen_check.py" same fref3 fj
+# skipped bad records, then the line fixed: the ledger is rebuilt, the record is made
+cp bad.jsonl in2.jsonl
+gen --prompts in2.jsonl --out sj --on-bad-record skip 2>/dev/null
+grep -q '"outcome":"rejected"' sj/rejects.jsonl || fail "no reject logged"
+cp fixed.jsonl in2.jsonl
+gen --prompts in2.jsonl --out sj 2>err || fail "fixed after skip"
+grep -q "set aside as rejects.jsonl.1" err || fail "the ledger was not set aside"
+"$PYTHON" "$here/gen_check.py" count sj 8
+
+echo "-- what changes samples is refused, floats as typed"
+set +e; gen --prompts c.jsonl --out j --temperature 0.7 --seed 3 2>err; rc=$?; set -e
+[ $rc = 1 ] || fail "temperature change: exit $rc"
+grep -q "temperature: 1 -> 0.7$" err && grep -q "seed: 0 -> 3" err && grep -q -- "--restart" err || fail "diff"
+set +e; gen --prompts c.jsonl --out j --top-p 0.9 2>err; rc=$?; set -e
+[ $rc = 1 ] && grep -q "top_p: 0.95 -> 0.9$" err || fail "top-p diff not as typed"
+
+echo "-- --restart starts over"
+gen --prompts c.jsonl --out j --temperature 0.7 --restart 2>err || fail "--restart"
+grep -q "removed .* shards" err || fail "restart did not say what it removed"
+"$PYTHON" "$here/gen_check.py" count j 10
+"$PYTHON" - j <<'PY'
+import json, sys
+job = json.load(open(sys.argv[1] + "/job.json"))
+assert abs(job["params"]["temperature"] - 0.7) < 1e-12, job["params"]
+m = json.load(open(sys.argv[1] + "/manifest.json"))
+assert m["job"]["state"] == "complete", m["job"].get("state")
+assert m["job"]["eaglegen_versions"], m["job"]
+PY
+[ -z "$(ls j/*.tar.tmp 2>/dev/null)" ] && [ "$(ls j/*.tar | wc -l)" -ge 1 ] || fail "shards after restart"
+
+gen --prompts c.jsonl --out fresh --restart 2>err || fail "--restart on a new --out"
+"$PYTHON" "$here/gen_check.py" same ref fresh
+
+echo "-- a changed record with a done id is reported"
+cp c.jsonl cc.jsonl
+gen --prompts cc.jsonl --out cj 2>/dev/null
+sed -i 's/Record 4: about 28/Record 4: about 29/' cc.jsonl
+gen --prompts cc.jsonl --out cj 2>err || fail "edited corpus refused"
+grep -q 'cc.jsonl:5: record "cc.jsonl:5" differs' err && grep -q "1 record with a done id changed" err \
+    || fail "changed record not reported"
+
+echo "-- workers: an appended input is fine, a renumbering change is refused"
+cp c.jsonl w.jsonl
+for w in 0 1; do gen --prompts w.jsonl --out wj --worker $w/2 2>/dev/null; done
+for w in 0 1; do gen --prompts w.jsonl e.jsonl --out wj --worker $w/2 2>/dev/null || fail "worker $w: appended"; done
+$E merge wj --out wj 2>/dev/null
+"$PYTHON" "$here/gen_check.py" count wj 14
+sed -i '3d' w.jsonl
+if gen --prompts w.jsonl e.jsonl --out wj --worker 0/2 2>err; then fail "renumbered inputs accepted by a worker"; fi
+grep -q "renumbers the records" err || fail "renumbering message"
+echo "-- --log-json lines carry time, worker, phase and counts; the run ends with a summary"
+gen --prompts c.jsonl e.jsonl --out lj --log-json lj.log 2>err || fail "log run"
+grep -q "summary: .* s wall, 14 samples, .* tokens .* GB written, 0 rejected/dropped/duplicate" err || fail "summary"
+"$PYTHON" - lj.log <<'PY'
+import json, re, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert lines and lines[-1]["phase"] == "done", lines[-1:]
+for l in lines:
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", l["time"]), l
+    assert l["worker"] == "0/1" and "records_skipped" in l and "rejected" in l, l
+assert lines[-1]["samples"] == 14 and lines[-1]["records_done"] == 14, lines[-1]
+PY
+echo "t_gen_resume_changes: ok"
