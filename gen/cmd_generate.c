@@ -935,6 +935,12 @@ int cmd_generate(int argc, char **argv) {
             (long long)want[EG_DS_COUNT_REJECTED], (long long)want[EG_DS_COUNT_DROPPED],
             (long long)want[EG_DS_COUNT_SKIPPED], a.out, rej_name,
             es.seconds > 0 ? es.prefill_tokens / es.seconds : 0.0, es.seconds > 0 ? es.decode_tokens / es.seconds : 0.0);
+    if (es.steps > 0)
+        fprintf(stderr, "eaglegen generate: KV: %.1f sequences in flight on average (peak %d), %.0f%% of the cache "
+                        "holding tokens; %lld preemptions (%lld swapped to host, %.1f MB; %lld rows recomputed)\n",
+                es.sum_concurrency / (double)es.steps, es.peak_concurrency, 100.0 * es.sum_kv_live / (double)es.steps,
+                (long long)es.preemptions, (long long)es.swap_outs, (double)es.swap_bytes / 1e6,
+                (long long)es.recomputed_tokens);
     eg_forward_graph_stats gs;
     eg_engine_graph_stats(g.engine, &gs);
     if (gs.recorded || gs.failed)
