@@ -315,18 +315,6 @@ static int parse_args(int argc, char **argv, gen_args *a) {
 
 /* ---- the run ------------------------------------------------------------------ */
 
-/* MemAvailable from /proc/meminfo (free pages where it is missing), in bytes. */
-static int64_t mem_available_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    long long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
-    if (f) fclose(f);
-    if (kb >= 0) return (int64_t)kb * 1024;
-    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    return pages > 0 && size > 0 ? (int64_t)pages * size : 0;
-}
 
 typedef struct gen_meta {
     char *id;
@@ -789,7 +777,7 @@ int cmd_generate(int argc, char **argv) {
     }
     /* the KV pool, the slot count and the host budget */
     const int64_t block = 64; /* the engine's default block size */
-    int64_t mem_avail = mem_available_bytes();
+    int64_t mem_avail = gen_mem_available_bytes();
     int64_t seq_host = eg_plan_seq_host_bytes(c, a.n_aux, a.max_seq_len, 2);
     if (a.kv_tokens > 0) {
         int64_t cap = a.kv_tokens / block > 0 ? a.kv_tokens / block : 1;

@@ -88,4 +88,37 @@ $E generate "${args[@]}" "${kargs[@]}" 2>/dev/null
 "$PYTHON" "$here/gen_check.py" count job 12
 "$PYTHON" "$here/gen_check.py" same ref job
 $E inspect job --verify >/dev/null
+echo "-- plan: concurrency from the expected length, not from max_new"
+$E plan --preset kimi-k2.5 --stages 8 --mean-len 3000 --prompt-len 1024 --max-new 32768 > plan.txt
+"$PYTHON" - plan.txt <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+m = re.search(r"pipeline \(8 stages\): (\d+) token slots box-wide, (\d+) concurrent sequences at mean length 3000 "
+              r"\(--mean-len; on demand\); reserving prompt 1024 \+ max_new 32768 each: (\d+)", t)
+assert m, t
+tokens, od, rs = map(int, m.groups())
+assert abs(od - tokens * 0.99 / 3000) <= 1, (od, tokens)
+assert rs == tokens // (1024 + 32768), (rs, tokens)
+assert od > 5 * rs
+PY
+$E plan --preset kimi-k2.5 --stages 8 --workload lognormal:2000:1.0 --prompt-len 1024 --max-new 32768 > planw.txt
+grep -q "mean length 4287 (prompt 1024 + expected response 3263 of lognormal:2000:1.0 cut at 32768" planw.txt \
+    || { cat planw.txt; echo "FAIL: plan --workload"; exit 1; }
+
+echo "-- bench workload mode: one JSON row per policy, on demand holds more in flight"
+$E bench --model model --requests 6 --workload lognormal:40:0.5 --max-new 96 --kv-tokens 256 --prompt-len 16 \
+    --chunk 32 --threads 1 --json > wl.json
+"$PYTHON" - wl.json <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+assert [r["policy"] for r in rows] == ["on-demand", "reserve"], rows
+for r in rows:
+    for k in ("mean_concurrency", "peak_concurrency", "kv_utilisation", "preemptions", "swap_bytes",
+              "recomputed_tokens", "tokens_per_step"):
+        assert k in r, (k, r)
+od, rs = rows
+assert rs["preemptions"] == 0 and rs["peak_concurrency"] <= 2, rs
+assert od["mean_concurrency"] > rs["mean_concurrency"], (od, rs)
+assert od["decode_tokens"] == rs["decode_tokens"], (od, rs)  # the same drawn lengths
+PY
 echo "t_gen_kv: ok"

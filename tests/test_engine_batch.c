@@ -676,6 +676,30 @@ static void test_prefill_decode_cache_bytes(void) {
     eg_backend_free(be);
 }
 
+/* The scheduling estimates `plan` and `generate --batch auto` use. */
+static void test_plan_kv_estimates(void) {
+    double med = 0, sig = 0;
+    eg_error err = {0};
+    CHECK_OK(eg_plan_workload_parse("lognormal:2000:1.0", &med, &sig, &err), &err);
+    CHECK(med == 2000 && sig == 1.0);
+    CHECK(eg_plan_workload_parse("lognormal:2000", &med, &sig, &err) == EG_ERR_INVALID);
+    CHECK(eg_plan_workload_parse("normal:2000:1", &med, &sig, &err) == EG_ERR_INVALID);
+    CHECK(eg_plan_workload_parse("lognormal:0:1", &med, &sig, &err) == EG_ERR_INVALID);
+    CHECK(eg_plan_lognormal_mean_cut(500, 0, 1000) == 500 && eg_plan_lognormal_mean_cut(500, 0, 100) == 100);
+    double uncut = 2000 * exp(0.5); /* the lognormal mean */
+    CHECKF(fabs(eg_plan_lognormal_mean_cut(2000, 1.0, 1e12) - uncut) < 1e-3 * uncut, "%g vs %g",
+           eg_plan_lognormal_mean_cut(2000, 1.0, 1e12), uncut);
+    double cut = eg_plan_lognormal_mean_cut(2000, 1.0, 4096);
+    CHECK(cut < uncut && cut > 2000 * 0.9 && cut < 4096);
+    CHECK(eg_plan_concurrency_reserve(743450, 1024, 32768) == 22);
+    CHECK(fabs(eg_plan_concurrency_on_demand(743450, 3000, 0.01) - 743450 * 0.99 / 3000) < 1e-9);
+    /* auto slots: the pool at 256 tokens each, the row budget, half the RAM */
+    CHECK(eg_plan_auto_slots(1024, 4096, 512, (int64_t)1 << 40, 1000) == 4);
+    CHECK(eg_plan_auto_slots(1 << 20, 4096, 512, (int64_t)1 << 40, 1000) == 512);
+    CHECK(eg_plan_auto_slots(1 << 20, 4096, 512, 20000, 1000) == 10);
+    CHECK(eg_plan_auto_slots(10, 100, 512, 0, 1000) == 1);
+}
+
 /* Threads the library starts block SIGINT/SIGTERM, so gen/'s handler runs on the main
  * thread (a handler on a stage or writer thread raced the main thread's teardown). */
 static void *mask_probe(void *arg) {
@@ -716,6 +740,7 @@ static const eg_test tests[] = {
     {"kv_table_upload", test_kv_table_upload},
     {"kv_save_load", test_kv_save_load},
     {"prefill_decode_cache_bytes", test_prefill_decode_cache_bytes},
+    {"plan_kv_estimates", test_plan_kv_estimates},
     {"cleanup", test_cleanup},
 };
 EG_TEST_MAIN("engine_batch", tests)
