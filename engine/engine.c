@@ -721,19 +721,27 @@ static eg_status preempt_for_stalled(eg_engine *e, eg_error *err) {
     return EG_OK;
 }
 
-/* Admit requests into the free slots of micro-batch mb: preempted sequences first
- * (oldest first, only with nothing in flight, since a swap-in drives the stages'
- * backends), new requests only when none is waiting. Returns 0, or an error. */
-static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *ctx, int *exhausted, int drained,
-                          eg_error *err) {
+/* With nothing in flight: serve stalled slots (preempting), then bring preempted
+ * sequences back, oldest first, into any free slot while their blocks fit. */
+static eg_status housekeeping(eg_engine *e, eg_error *err) {
+    eg_status st;
+    if (e->starved && (st = preempt_for_stalled(e, err))) return st;
+    while (e->n_parked && !e->stop_requested) {
+        int i = 0;
+        while (i < e->o.n_slots && e->slots[i].active) i++;
+        if (i == e->o.n_slots) break;
+        if (!restore(e, oldest_parked(e), i, err, &st)) return st;
+    }
+    return EG_OK;
+}
+
+/* Admit new requests into the free slots of micro-batch mb, only while no preempted
+ * sequence waits (they come back first: housekeeping). Returns 0, or an error. */
+static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *ctx, int *exhausted, eg_error *err) {
     eg_status st;
     for (int i = mb->index; i < e->o.n_slots && !e->stop_requested; i += e->n_mb) {
         if (e->slots[i].active) continue;
-        if (e->n_parked) {
-            if (!drained) return EG_OK;
-            if (!restore(e, oldest_parked(e), i, err, &st)) return st;
-            continue;
-        }
+        if (e->n_parked) return EG_OK;
         if (!e->have_pending) {
             if (*exhausted) return EG_OK;
             eg_request r;
@@ -952,9 +960,9 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
                 }
             } else {
                 e->draining = 0;
-                if (e->starved && (st = preempt_for_stalled(e, err))) break;
+                if ((st = housekeeping(e, err))) break;
             }
-            if ((st = admit_mb(e, mb, next, ctx, &exhausted, !in_flight, err))) break;
+            if ((st = admit_mb(e, mb, next, ctx, &exhausted, err))) break;
             /* a stop request abandons in-flight sequences: their tokens depend only on
              * their own inputs, so a resumed run regenerates them identically */
             if (e->stop_requested) break;
