@@ -924,7 +924,7 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
 }
 
 /* Scheduler statistics of a step about to launch. */
-static void account_step(eg_engine *e) {
+static void account_step(eg_engine *e, int exhausted) {
     eg_kv_cache *kv = kv_of(e, 0);
     int64_t live = 0;
     for (int i = 0; i < e->o.n_slots; i++)
@@ -932,6 +932,10 @@ static void account_step(eg_engine *e) {
     e->stats.sum_concurrency += e->n_active;
     if (e->n_active > e->stats.peak_concurrency) e->stats.peak_concurrency = e->n_active;
     e->stats.sum_kv_live += (double)live / (double)kv->n_blocks;
+    if (!exhausted || e->have_pending || e->n_parked) {
+        e->stats.backlog_steps++;
+        e->stats.backlog_concurrency += e->n_active;
+    }
 }
 
 /* Launching pauses (threaded pipeline) until nothing is in flight when a slot stalled
@@ -973,7 +977,7 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
             in_flight++;
             if (in_flight > e->stats.max_in_flight) e->stats.max_in_flight = in_flight;
             e->stats.steps++;
-            account_step(e);
+            account_step(e, exhausted);
             if (e->threaded) {
                 q_push(&e->queues[0], mb);
             } else {

@@ -137,6 +137,9 @@ typedef struct eg_engine_stats {
     int64_t drains;          /* times launching paused for the pipeline to empty */
     double sum_concurrency;  /* over steps: live sequences in slots when the step launched */
     int peak_concurrency;
+    int64_t backlog_steps;   /* steps launched while requests (or preempted sequences) waited
+                                for room: the cache, not the workload, bounded concurrency */
+    double backlog_concurrency; /* sum of live sequences over those steps */
     double sum_kv_live;      /* over steps: blocks holding cached tokens / pool blocks */
     int64_t host_kv_peak;    /* most host bytes held by swapped-out caches */
 } eg_engine_stats;

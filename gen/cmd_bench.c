@@ -85,7 +85,9 @@ static void usage(FILE *f) {
             "  --json             one JSON object per row instead of the table\n"
             "  Columns: mean_concurrency and peak_concurrency (sequences in slots per step),\n"
             "  kv_utilisation (blocks holding cached tokens / pool, mean over steps), preemptions,\n"
-            "  swap_bytes, recomputed_tokens, tokens_per_step (rows per forward step).\n"
+            "  swap_bytes, recomputed_tokens, tokens_per_step (rows per forward step); JSON also has\n"
+            "  backlog_concurrency: the mean over steps launched while requests still waited for room\n"
+            "  (the cache, not the end of the workload, bounded concurrency then).\n"
             "\n"
             "On CUDA a step shape seen twice is recorded as a CUDA graph and replayed (one launch\n"
             "per step); the default --warmup 2 keeps the recording out of the timed steps. The\n"
@@ -318,8 +320,9 @@ static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
     int max_tokens = o->chunk > o->slots ? o->chunk : o->slots;
     eg_status st = EG_OK;
     if (!o->json)
-        printf("%-9s %7s %8s %7s %8s %9s %5s %7s %8s %9s %11s %9s %8s\n", "policy", "max_new", "mean_len", "steps",
-               "mean_conc", "peak_conc", "kv%", "preempt", "swap_MB", "recomputed", "tokens/step", "tok/s", "seconds");
+        printf("%-9s %7s %8s %7s %8s %9s %8s %5s %7s %8s %9s %11s %9s %8s\n", "policy", "max_new", "mean_len", "steps",
+               "mean_conc", "peak_conc", "backlog", "kv%", "preempt", "swap_MB", "recomputed", "tokens/step", "tok/s",
+               "seconds");
     for (int mi = 0; mi < o->n_max_new && !st; mi++)
         for (int pol = 0; pol < 2 && !st; pol++) {
             if (!(o->policies & (1 << pol))) continue;
@@ -351,14 +354,18 @@ static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
                            "\"prompt_len\": %d, \"workload\": \"lognormal:%g:%g\", \"mean_len\": %.1f, \"steps\": %lld, "
                            "\"mean_concurrency\": %.3f, \"peak_concurrency\": %d, \"kv_utilisation\": %.4f, "
                            "\"preemptions\": %lld, \"swap_bytes\": %lld, \"recomputed_tokens\": %lld, "
-                           "\"tokens_per_step\": %.3f, \"decode_tokens\": %lld, \"seconds\": %.2f}\n",
+                           "\"tokens_per_step\": %.3f, \"backlog_concurrency\": %.3f, \"backlog_steps\": %lld, "
+                           "\"decode_tokens\": %lld, \"seconds\": %.2f}\n",
                            name, M, o->requests, (long long)(o->kv_tokens / 64 * 64), o->plen, o->wl_median,
                            o->wl_sigma, mean, (long long)es.steps, es.sum_concurrency / steps, es.peak_concurrency,
                            es.sum_kv_live / steps, (long long)es.preemptions, (long long)es.swap_bytes,
-                           (long long)es.recomputed_tokens, rows / steps, (long long)es.decode_tokens, secs);
+                           (long long)es.recomputed_tokens, rows / steps,
+                           es.backlog_steps ? es.backlog_concurrency / (double)es.backlog_steps : 0.0,
+                           (long long)es.backlog_steps, (long long)es.decode_tokens, secs);
                 else
-                    printf("%-9s %7d %8.0f %7lld %8.2f %9d %4.0f%% %7lld %8.1f %10lld %11.2f %9.0f %8.1f\n", name, M, mean,
-                           (long long)es.steps, es.sum_concurrency / steps, es.peak_concurrency,
+                    printf("%-9s %7d %8.0f %7lld %8.2f %9d %8.2f %4.0f%% %7lld %8.1f %10lld %11.2f %9.0f %8.1f\n", name, M,
+                           mean, (long long)es.steps, es.sum_concurrency / steps, es.peak_concurrency,
+                           es.backlog_steps ? es.backlog_concurrency / (double)es.backlog_steps : 0.0,
                            100.0 * es.sum_kv_live / steps, (long long)es.preemptions, (double)es.swap_bytes / 1e6,
                            (long long)es.recomputed_tokens, rows / steps, rows / secs, secs);
                 fflush(stdout);
