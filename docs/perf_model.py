@@ -13,7 +13,11 @@ bandwidth). `eff` is the fraction of the copy bandwidth and tensor rate the kern
 achieve; it is an input here (issue 7's goal is >= 0.5 at large batch) until
 `eaglegen bench --backend cuda` measures it.
 
-usage: python3 docs/perf_model.py [--eff 0.6] [--mean-len 4096]
+usage: python3 docs/perf_model.py [--eff 0.6] [--mean-len 4096] [--held-len N]
+--held-len: the cache tokens each sequence holds (default: --mean-len). With generate's
+default on-demand KV policy a sequence holds what it has filled, so the mean length;
+with --kv-policy reserve it holds prompt + --max-new-tokens whatever it generates, so
+fewer sequences fit while each still reads only its own length of cache per step.
 Capacities come from `eaglegen plan --preset kimi-k2.5 --stages 8` (same arithmetic).
 """
 import math
@@ -54,7 +58,8 @@ def moe_layers_time(layers, tokens, kv_bytes, bw, tc, heads_share=1.0):
 
 
 def model(name, gpus, mem_gb, bw_tbs, tc_tflops, eff, mean_len, act_gb=3.0, frac=0.92, pcie_gbs=25.0,
-          ar_lat_us=30.0):
+          ar_lat_us=30.0, held_len=None):
+    held_len = held_len or mean_len
     total = EMB * 2 + DENSE + ATTN + (L - 1) * (ATTN + SHARED + ROUTER + E * EXPERT)
     usable = mem_gb * 1e9 * frac - act_gb * 1e9
     bw = bw_tbs * 1e12 * eff
@@ -63,7 +68,7 @@ def model(name, gpus, mem_gb, bw_tbs, tc_tflops, eff, mean_len, act_gb=3.0, frac
     per_stage_layers = math.ceil(L / gpus)
     stage_w = per_stage_layers * (ATTN + SHARED + ROUTER + E * EXPERT)
     pp_tokens = (usable - stage_w) / (per_stage_layers * KV_TOK_LAYER)
-    pp_seqs = pp_tokens / mean_len
+    pp_seqs = pp_tokens / held_len
     M = gpus                                          # micro-batches in flight
     b = pp_seqs / M
     stage_kv = b * mean_len * per_stage_layers * KV_TOK_LAYER
@@ -72,7 +77,7 @@ def model(name, gpus, mem_gb, bw_tbs, tc_tflops, eff, mean_len, act_gb=3.0, frac
     pp_tps = pp_seqs / (M * t_step)
     # tensor parallel: weights sharded 1/gpus, the whole latent cache on every GPU
     tp_tokens = (usable - total / gpus) / (L * KV_TOK_LAYER)
-    tp_seqs = tp_tokens / mean_len
+    tp_seqs = tp_tokens / held_len
     tp_kv = tp_seqs * mean_len * L * KV_TOK_LAYER
     tp_bytes = (L - 1) * moe_layer_bytes(tp_seqs) / gpus + tp_kv
     ar = 2 * L * (ar_lat_us * 1e-6 + 2 * (gpus - 1) / gpus * tp_seqs * H * 2 / (pcie_gbs * 1e9))
@@ -80,7 +85,7 @@ def model(name, gpus, mem_gb, bw_tbs, tc_tflops, eff, mean_len, act_gb=3.0, frac
     tp_step = moe_layers_time((L - 1) / gpus, tp_seqs, tp_kv, bw, tc, heads_share=1 / gpus) + ar
     tp_tps = tp_seqs / tp_step
     print(f"{name}: {gpus} GPUs x {mem_gb:.0f} GB, {bw_tbs} TB/s, {tc_tflops:.0f} TFLOP/s BF16, kernel efficiency "
-          f"{eff:.2f}, mean length {mean_len}")
+          f"{eff:.2f}, mean length {mean_len}, held per sequence {held_len}")
     print(f"  weights {total / 1e9:.1f} GB; KV per token all layers {L * KV_TOK_LAYER / 1e3:.1f} KB")
     print(f"  pipeline : {pp_tokens / 1e3:8.0f}K token slots, {pp_seqs:6.0f} sequences, micro-batch {b:5.1f}, "
           f"stage step {t_step * 1e3:6.1f} ms ({stage_bytes / 1e9:5.1f} GB), {pp_tps:6.0f} tok/s")
@@ -90,12 +95,13 @@ def model(name, gpus, mem_gb, bw_tbs, tc_tflops, eff, mean_len, act_gb=3.0, frac
 
 
 def main():
-    eff, mean_len = 0.6, 4096
+    eff, mean_len, held = 0.6, 4096, None
     a = sys.argv[1:]
     if "--eff" in a: eff = float(a[a.index("--eff") + 1])
     if "--mean-len" in a: mean_len = int(a[a.index("--mean-len") + 1])
-    model("8x RTX PRO 6000 Blackwell", 8, 96, 1.8, 500, eff, mean_len)
-    model("8x H200", 8, 141, 4.8, 990, eff, mean_len, act_gb=4.0)
+    if "--held-len" in a: held = int(a[a.index("--held-len") + 1])
+    model("8x RTX PRO 6000 Blackwell", 8, 96, 1.8, 500, eff, mean_len, held_len=held)
+    model("8x H200", 8, 141, 4.8, 990, eff, mean_len, act_gb=4.0, held_len=held)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,28 @@ typedef struct slot_state {
     int n_total, n_done, n_generated;
     eg_finish finish;
     uint64_t rng;
-    float *aux;         /* [cap][n_aux][H] */
-    float *final;       /* [cap][H] */
+    uint64_t age;       /* admission order, smaller = older: the preemption order */
+    int recompute_to;   /* positions [0, recompute_to) were captured before the cache was
+                           dropped: a recompute does not capture them again */
+    int want;           /* > 0: stalled, needs positions [0, want) mapped for its next rows */
+    float *aux;         /* [cap][n_aux][H] (F32 capture) */
+    float *final;       /* [cap][H] (F32 capture) */
+    uint16_t *aux16;    /* [cap][n_aux][H] (BF16 capture) */
+    uint16_t *final16;  /* [cap][H] (BF16 capture) */
     float *logits;      /* [cap][V] */
     int64_t buf_cap;    /* capacity (tokens) of aux/final/logits */
     int stop_cap;
 } slot_state;
+
+/* A preempted sequence waiting for cache room: its state as it left its slot, and its
+ * cache on the host (swapped) or nothing (recompute on return). */
+typedef struct parked_seq {
+    slot_state s;
+    int swapped;        /* 1: host[k] holds its first n_blocks blocks of stage k */
+    int n_blocks;
+    uint16_t **host;    /* [n_stages] eg_kv_save layout, page-locked where CUDA is present */
+    int64_t *host_cap;  /* [n_stages] bytes allocated in host[k] (kept for reuse) */
+} parked_seq;
 
 /* A micro-batch: a fixed group of slots (slot i belongs to micro-batch i % M) with its
  * own step buffers, so M of them can be in flight through the pipeline at once. */
@@ -75,6 +91,14 @@ struct eg_engine {
     int pending_tok_cap, pending_stop_cap;
     volatile sig_atomic_t stop_requested;
     eg_engine_stats stats;
+    /* KV scheduling (on-demand policy) */
+    parked_seq *parked;  /* [n_slots]; [0, n_parked) hold sequences */
+    int n_parked, n_active;
+    int starved;         /* slots stalled for a block since the last preemption pass */
+    int draining;        /* launching paused until nothing is in flight */
+    uint64_t next_age;
+    int64_t watermark;   /* blocks */
+    int64_t host_held;   /* bytes allocated for swapped caches (all parked entries) */
 };
 
 static void q_init(mb_queue *q) {
@@ -129,6 +153,11 @@ static void stop_threads(eg_engine *e) {
     e->threads = NULL;
 }
 
+static void slot_free(slot_state *s) {
+    free(s->tokens); free(s->stop); free(s->aux); free(s->final); free(s->aux16); free(s->final16); free(s->logits);
+    memset(s, 0, sizeof *s);
+}
+
 void eg_engine_free(eg_engine *e) {
     if (!e) return;
     stop_threads(e);
@@ -142,11 +171,17 @@ void eg_engine_free(eg_engine *e) {
     free(e->stages);
     free(e->stage_be);
     if (e->slots)
-        for (int i = 0; i < e->o.n_slots; i++) {
-            slot_state *s = &e->slots[i];
-            free(s->tokens); free(s->stop); free(s->aux); free(s->final); free(s->logits);
-        }
+        for (int i = 0; i < e->o.n_slots; i++) slot_free(&e->slots[i]);
     free(e->slots);
+    if (e->parked)
+        for (int i = 0; i < e->o.n_slots; i++) {
+            parked_seq *p = &e->parked[i];
+            slot_free(&p->s);
+            for (int k = 0; p->host && k < e->n_stages; k++) eg_cuda_host_free(p->host[k]);
+            free(p->host);
+            free(p->host_cap);
+        }
+    free(e->parked);
     if (e->mbs)
         for (int j = 0; j < e->n_mb; j++) mb_free(&e->mbs[j]);
     free(e->mbs);
@@ -285,10 +320,21 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     e->stage_be = eg_calloc((size_t)e->n_stages, sizeof *e->stage_be, err);
     e->slots = eg_calloc((size_t)o->n_slots, sizeof *e->slots, err);
     e->mbs = eg_calloc((size_t)e->n_mb, sizeof *e->mbs, err);
+    e->parked = eg_calloc((size_t)o->n_slots, sizeof *e->parked, err);
     if (o->want_logits) e->sample_scratch = eg_malloc(4 * 2 * (size_t)c->vocab, err);
-    if (!e->stages || !e->stage_count || !e->stage_be || !e->slots || !e->mbs || (o->want_logits && !e->sample_scratch)) {
+    if (!e->stages || !e->stage_count || !e->stage_be || !e->slots || !e->mbs || !e->parked ||
+        (o->want_logits && !e->sample_scratch)) {
         eg_engine_free(e);
         return EG_ERR_NOMEM;
+    }
+    if (o->kv_policy != EG_KV_ON_DEMAND && o->kv_policy != EG_KV_RESERVE) {
+        eg_engine_free(e);
+        return eg_fail(err, EG_ERR_INVALID, "engine: unknown KV policy %d", (int)o->kv_policy);
+    }
+    for (int i = 0; i < o->n_slots; i++) {
+        e->parked[i].host = eg_calloc((size_t)e->n_stages, sizeof *e->parked[i].host, err);
+        e->parked[i].host_cap = eg_calloc((size_t)e->n_stages, sizeof *e->parked[i].host_cap, err);
+        if (!e->parked[i].host || !e->parked[i].host_cap) { eg_engine_free(e); return EG_ERR_NOMEM; }
     }
     for (int j = 0; j < e->n_mb; j++) {
         e->mbs[j].index = j;
@@ -355,6 +401,11 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
             }
         }
     }
+    {
+        int64_t pool = eg_forward_kv(e->stages[0])->n_blocks;
+        e->watermark = o->kv_watermark > 0 ? o->kv_watermark : (pool + 99) / 100;
+        if (e->watermark < 1) e->watermark = 1;
+    }
     *out = e;
     return EG_OK;
 }
@@ -388,6 +439,7 @@ int64_t eg_engine_kv_capacity(const eg_engine *e) {
     eg_kv_cache *kv = eg_forward_kv(e->stages[0]);
     return kv->n_blocks * kv->block_size;
 }
+int64_t eg_engine_kv_watermark(const eg_engine *e) { return e->watermark; }
 
 static eg_status grow_i32(int32_t **p, int *cap, int need, eg_error *err) {
     if (need <= *cap) return EG_OK;
@@ -420,30 +472,80 @@ static eg_status keep_pending(eg_engine *e, const eg_request *r, eg_error *err) 
     return EG_OK;
 }
 
-/* Try to place the pending request in slot i. Returns 1 placed, 0 no room in cache. */
+/* ---- KV blocks on every stage ------------------------------------------------------
+ * Every stage's cache has the same geometry and sees the same reserve/release calls in
+ * the same order, so the stages' tables stay alike; checks still look at each stage. */
+
+static eg_kv_cache *kv_of(eg_engine *e, int k) { return eg_forward_kv(e->stages[k]); }
+static int64_t blocks_for(eg_engine *e, int64_t n_tokens) { return eg_kv_blocks_for(kv_of(e, 0), n_tokens); }
+
+/* 1 when every stage could grow slot i (or a free slot, i = -1) to n_tokens with
+ * `margin` blocks to spare. */
+static int room_for(eg_engine *e, int i, int64_t n_tokens, int64_t margin) {
+    for (int k = 0; k < e->n_stages; k++) {
+        eg_kv_cache *kv = kv_of(e, k);
+        int64_t more = eg_kv_blocks_for(kv, n_tokens) - (i >= 0 ? eg_kv_slot_blocks(kv, i) : 0);
+        if (more > 0 && more + margin > eg_kv_free_blocks(kv)) return 0;
+    }
+    return 1;
+}
+
+/* Map blocks so slot i holds n_tokens on every stage. 0 (nothing changed) when any
+ * stage lacks the blocks. */
+static int grow(eg_engine *e, int i, int64_t n_tokens) {
+    if (!room_for(e, i, n_tokens, 0)) return 0;
+    eg_error ignored;
+    for (int k = 0; k < e->n_stages; k++)
+        if (eg_kv_reserve(kv_of(e, k), i, n_tokens, &ignored)) return 0; /* not reached: room checked */
+    return 1;
+}
+
+static void release_blocks(eg_engine *e, int i) {
+    for (int k = 0; k < e->n_stages; k++) eg_kv_release(kv_of(e, k), i);
+}
+
+/* The driving thread may issue ops on stage k's backend: no step is in flight. */
+static eg_status drive_stage(eg_engine *e, int k, eg_error *err) {
+    return e->threaded ? eg_backend_bind(e->stage_be[k], err) : EG_OK;
+}
+
+static eg_status grow_u16(uint16_t **p, int64_t n, eg_error *err) {
+    uint16_t *q = realloc(*p, sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
+    if (!q) return eg_fail(err, EG_ERR_NOMEM, "out of memory (%lld bf16 values)", (long long)n);
+    *p = q;
+    return EG_OK;
+}
+
+/* Capture buffers for `need` tokens. */
+static eg_status slot_buffers(eg_engine *e, slot_state *s, int need, eg_error *err) {
+    eg_status st;
+    if (need <= s->buf_cap) return EG_OK;
+    int64_t H = e->m->cfg.hidden, A = (int64_t)need * (e->o.n_aux > 0 ? e->o.n_aux : 1) * H;
+    if (e->o.capture_bf16) {
+        if ((st = grow_u16(&s->aux16, A, err)) || (st = grow_u16(&s->final16, (int64_t)need * H, err))) return st;
+    } else if ((st = grow_f32(&s->aux, A, err)) || (st = grow_f32(&s->final, (int64_t)need * H, err))) {
+        return st;
+    }
+    if (e->o.want_logits && (st = grow_f32(&s->logits, (int64_t)need * e->m->cfg.vocab, err))) return st;
+    s->buf_cap = need;
+    return EG_OK;
+}
+
+/* Try to place the pending request in slot i. Returns 1 placed, 0 no room in cache.
+ * Reserve policy: the whole sequence's blocks; on demand: the prompt's, leaving the
+ * watermark free unless nothing else is live. */
 static int admit(eg_engine *e, int i, eg_error *err, eg_status *st) {
     const eg_request *r = &e->pending;
     slot_state *s = &e->slots[i];
     int need = r->n_tokens + r->max_new; /* <= max_seq_len: checked when taken */
+    int64_t mapped = e->o.kv_policy == EG_KV_RESERVE ? need : r->n_tokens;
+    int64_t margin = e->o.kv_policy == EG_KV_ON_DEMAND && e->n_active + e->n_parked > 0 ? e->watermark : 0;
     *st = EG_OK;
-    for (int k = 0; k < e->n_stages; k++) {
-        eg_kv_cache *kv = eg_forward_kv(e->stages[k]);
-        if (eg_kv_blocks_for(kv, need) > kv->n_free) {
-            for (int j = 0; j < k; j++) eg_kv_release(eg_forward_kv(e->stages[j]), i);
-            return 0;
-        }
-        if ((*st = eg_kv_reserve(kv, i, need, err))) return 0;
-    }
-    if ((*st = grow_i32(&s->tokens, &s->cap, need, err)) || (*st = grow_i32(&s->stop, &s->stop_cap, r->n_stop, err)))
+    if (!room_for(e, i, mapped, margin)) return 0;
+    if ((*st = grow_i32(&s->tokens, &s->cap, need, err)) || (*st = grow_i32(&s->stop, &s->stop_cap, r->n_stop, err)) ||
+        (*st = slot_buffers(e, s, need, err)))
         return 0;
-    if (need > s->buf_cap) {
-        int64_t H = e->m->cfg.hidden;
-        if ((*st = grow_f32(&s->aux, (int64_t)need * (e->o.n_aux > 0 ? e->o.n_aux : 1) * H, err)) ||
-            (*st = grow_f32(&s->final, (int64_t)need * H, err)) ||
-            (e->o.want_logits && (*st = grow_f32(&s->logits, (int64_t)need * e->m->cfg.vocab, err))))
-            return 0;
-        s->buf_cap = need;
-    }
+    if (!grow(e, i, mapped)) return 0; /* not reached: room checked */
     memcpy(s->tokens, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
     if (r->n_stop) memcpy(s->stop, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop);
     s->req = *r;
@@ -456,27 +558,190 @@ static int admit(eg_engine *e, int i, eg_error *err, eg_status *st) {
     s->n_generated = 0;
     s->finish = EG_FINISH_NONE;
     s->rng = r->rng;
+    s->age = e->next_age++;
+    s->recompute_to = 0;
+    s->want = 0;
+    e->n_active++;
     e->have_pending = 0;
     return 1;
 }
 
 static eg_status finish_slot(eg_engine *e, int i, eg_done_fn done, void *ctx, eg_error *err) {
     slot_state *s = &e->slots[i];
+    int bf = e->o.capture_bf16;
     eg_result r = {.id = s->req.id, .user = s->req.user, .tokens = s->tokens, .n_tokens = s->n_total,
                    .prompt_len = s->req.n_tokens, .n_generated = s->n_generated, .finish = s->finish,
-                   .n_aux = e->o.n_aux, .aux = s->aux, .final = s->final,
+                   .n_aux = e->o.n_aux, .aux = bf ? NULL : s->aux, .final = bf ? NULL : s->final,
+                   .aux_bf16 = bf ? s->aux16 : NULL, .final_bf16 = bf ? s->final16 : NULL,
                    .logits = e->o.want_logits ? s->logits : NULL};
     s->active = 0;
-    for (int k = 0; k < e->n_stages; k++) eg_kv_release(eg_forward_kv(e->stages[k]), i);
+    e->n_active--;
+    release_blocks(e, i);
     e->stats.sequences++;
     return done(ctx, &r, err);
 }
 
-/* Admit requests into the free slots of micro-batch mb. Returns 0, or an error. */
+/* ---- preemption -------------------------------------------------------------------- */
+
+/* Make p's host buffers hold n_blocks blocks of every stage within the host budget,
+ * first giving back buffers of entries that hold no swapped cache. 0: over budget. */
+static int host_room(eg_engine *e, parked_seq *p, int n_blocks, eg_error *err) {
+    int64_t extra = 0;
+    for (int k = 0; k < e->n_stages; k++) {
+        int64_t need = eg_kv_save_bytes(kv_of(e, k), n_blocks);
+        if (need > p->host_cap[k]) extra += need - p->host_cap[k];
+    }
+    if (e->host_held + extra > e->o.host_kv_bytes)
+        for (int j = 0; j < e->o.n_slots && e->host_held + extra > e->o.host_kv_bytes; j++) {
+            parked_seq *q = &e->parked[j];
+            if (q == p || (j < e->n_parked && q->swapped)) continue;
+            for (int k = 0; k < e->n_stages; k++) {
+                eg_cuda_host_free(q->host[k]);
+                q->host[k] = NULL;
+                e->host_held -= q->host_cap[k];
+                q->host_cap[k] = 0;
+            }
+        }
+    if (e->host_held + extra > e->o.host_kv_bytes) return 0;
+    for (int k = 0; k < e->n_stages; k++) {
+        int64_t need = eg_kv_save_bytes(kv_of(e, k), n_blocks);
+        if (need <= p->host_cap[k]) continue;
+        eg_cuda_host_free(p->host[k]);
+        e->host_held -= p->host_cap[k];
+        p->host_cap[k] = 0;
+        if (!(p->host[k] = eg_cuda_host_alloc((size_t)need, err))) return 0; /* no memory: recompute instead */
+        p->host_cap[k] = need;
+        e->host_held += need;
+    }
+    return 1;
+}
+
+/* Preempt the sequence in slot v (nothing in flight): its cache goes to the host when
+ * the budget allows, else it is dropped for a recompute; its slot is freed. */
+static eg_status park(eg_engine *e, int v, eg_error *err) {
+    slot_state *s = &e->slots[v];
+    EG_ASSERT(s->active && e->n_parked < e->o.n_slots);
+    parked_seq *p = &e->parked[e->n_parked];
+    int nb = (int)blocks_for(e, s->n_done);
+    eg_error ignored;
+    int swap = nb > 0 && host_room(e, p, nb, &ignored);
+    eg_status st = EG_OK;
+    for (int k = 0; swap && k < e->n_stages && !st; k++) {
+        eg_kv_cache *kv = kv_of(e, k);
+        if (!(st = drive_stage(e, k, err)) && !(st = eg_kv_save(kv, v, nb, p->host[k], err)))
+            st = e->stage_be[k]->ops->sync(e->stage_be[k], err);
+        if (!st) e->stats.swap_bytes += eg_kv_save_bytes(kv, nb);
+    }
+    if (st) return eg_wrap(err, "preempting request %llu", (unsigned long long)s->req.id);
+    release_blocks(e, v);
+    if (!swap) {
+        if (s->n_done > s->recompute_to) s->recompute_to = s->n_done;
+        s->n_done = 0;
+    }
+    s->want = 0;
+    slot_state left = p->s; /* an empty state (buffers freed when it was restored) */
+    p->s = *s;
+    *s = left;
+    s->active = 0;
+    p->swapped = swap;
+    p->n_blocks = swap ? nb : 0;
+    e->n_parked++;
+    e->n_active--;
+    e->stats.preemptions++;
+    e->stats.swap_outs += swap;
+    int64_t held = 0;
+    for (int j = 0; j < e->n_parked; j++)
+        for (int k = 0; e->parked[j].swapped && k < e->n_stages; k++) held += eg_kv_save_bytes(kv_of(e, k), e->parked[j].n_blocks);
+    if (held > e->stats.host_kv_peak) e->stats.host_kv_peak = held;
+    return EG_OK;
+}
+
+static int oldest_parked(const eg_engine *e) {
+    int best = -1;
+    for (int j = 0; j < e->n_parked; j++)
+        if (best < 0 || e->parked[j].s.age < e->parked[best].s.age) best = j;
+    return best;
+}
+
+/* Tokens parked sequence j needs mapped to resume. */
+static int parked_tokens(const parked_seq *p) { return p->swapped ? p->s.n_done : p->s.n_total; }
+
+/* Bring parked sequence j back into free slot i (nothing in flight) when its blocks and
+ * the watermark are free. Returns 1 restored, 0 no room. */
+static int restore(eg_engine *e, int j, int i, eg_error *err, eg_status *st) {
+    parked_seq *p = &e->parked[j];
+    *st = EG_OK;
+    if (!room_for(e, i, parked_tokens(p), e->n_active > 0 ? e->watermark : 0) || !grow(e, i, parked_tokens(p)))
+        return 0;
+    for (int k = 0; p->swapped && k < e->n_stages && !*st; k++)
+        if (!(*st = drive_stage(e, k, err))) *st = eg_kv_load(kv_of(e, k), i, p->n_blocks, p->host[k], err);
+    if (*st) {
+        eg_wrap(err, "restoring request %llu", (unsigned long long)p->s.req.id);
+        return 0;
+    }
+    e->stats.swap_ins += p->swapped;
+    slot_state *s = &e->slots[i];
+    slot_free(s); /* the free slot's spare buffers: the sequence brings its own */
+    *s = p->s;
+    memset(&p->s, 0, sizeof p->s);
+    p->swapped = 0;
+    p->n_blocks = 0;
+    e->n_active++;
+    /* keep [0, n_parked) dense; entries swap whole, host buffers included */
+    parked_seq last = e->parked[e->n_parked - 1];
+    e->parked[e->n_parked - 1] = *p;
+    *p = last;
+    e->n_parked--;
+    return 1;
+}
+
+/* With nothing in flight: give every stalled slot, oldest first, the block it waits
+ * for, preempting the youngest live sequence (possibly the stalled one itself) until it
+ * fits. The oldest sequence alone always fits, so this ends. */
+static eg_status preempt_for_stalled(eg_engine *e, eg_error *err) {
+    eg_status st;
+    for (;;) {
+        int i = -1;
+        for (int k = 0; k < e->o.n_slots; k++)
+            if (e->slots[k].active && e->slots[k].want > 0 && (i < 0 || e->slots[k].age < e->slots[i].age)) i = k;
+        if (i < 0) break;
+        slot_state *s = &e->slots[i];
+        while (s->active && s->want > 0) {
+            if (grow(e, i, s->want)) { s->want = 0; break; }
+            int v = -1;
+            for (int k = 0; k < e->o.n_slots; k++)
+                if (e->slots[k].active && (v < 0 || e->slots[k].age > e->slots[v].age)) v = k;
+            if (v == i && e->n_active == 1)
+                return eg_fail(err, EG_ERR_INVALID, "request %llu cannot grow to %d tokens in an otherwise empty KV cache",
+                               (unsigned long long)s->req.id, s->want);
+            if ((st = park(e, v, err))) return st;
+        }
+    }
+    e->starved = 0;
+    return EG_OK;
+}
+
+/* With nothing in flight: serve stalled slots (preempting), then bring preempted
+ * sequences back, oldest first, into any free slot while their blocks fit. */
+static eg_status housekeeping(eg_engine *e, eg_error *err) {
+    eg_status st;
+    if (e->starved && (st = preempt_for_stalled(e, err))) return st;
+    while (e->n_parked && !e->stop_requested) {
+        int i = 0;
+        while (i < e->o.n_slots && e->slots[i].active) i++;
+        if (i == e->o.n_slots) break;
+        if (!restore(e, oldest_parked(e), i, err, &st)) return st;
+    }
+    return EG_OK;
+}
+
+/* Admit new requests into the free slots of micro-batch mb, only while no preempted
+ * sequence waits (they come back first: housekeeping). Returns 0, or an error. */
 static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *ctx, int *exhausted, eg_error *err) {
     eg_status st;
     for (int i = mb->index; i < e->o.n_slots && !e->stop_requested; i += e->n_mb) {
         if (e->slots[i].active) continue;
+        if (e->n_parked) return EG_OK;
         if (!e->have_pending) {
             if (*exhausted) return EG_OK;
             eg_request r;
@@ -491,6 +756,10 @@ static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *
             if ((int64_t)r.n_tokens + r.max_new > e->o.max_seq_len)
                 return eg_fail(err, EG_ERR_INVALID, "request %llu: %d prompt + %d new tokens exceed max_seq_len %d",
                                (unsigned long long)r.id, r.n_tokens, r.max_new, e->o.max_seq_len);
+            if (blocks_for(e, (int64_t)r.n_tokens + r.max_new) > kv_of(e, 0)->n_blocks)
+                return eg_fail(err, EG_ERR_NOMEM,
+                               "request %llu (%d tokens) does not fit in the KV cache (%lld tokens) even alone",
+                               (unsigned long long)r.id, r.n_tokens + r.max_new, (long long)eg_engine_kv_capacity(e));
             if ((st = keep_pending(e, &r, err))) return st;
         }
         if (!admit(e, i, err, &st)) return st; /* cache full: wait for a slot to finish */
@@ -506,10 +775,27 @@ static void build_mb(eg_engine *e, micro_batch *mb) {
         for (int i = mb->index; i < S && T < Tmax; i += e->n_mb) {
             slot_state *s = &e->slots[i];
             if (!s->active || s->n_done >= s->n_total) continue;
+            if (s->want > 0) continue; /* stalled until the next preemption pass */
             int remaining = s->n_total - s->n_done;
-            int is_decode = s->n_generated > 0 || s->finishing;
+            /* a recompute of a generated sequence is a prefill */
+            int is_decode = remaining == 1 && (s->n_generated > 0 || s->finishing);
             if ((pass == 0) != is_decode) continue;
             int n = remaining < Tmax - T ? remaining : Tmax - T;
+            if (e->o.kv_policy == EG_KV_ON_DEMAND && !grow(e, i, (int64_t)s->n_done + n)) {
+                /* a prefill takes what is mapped (its blocks came at admission); the
+                 * rest stalls and asks for a preemption pass */
+                int have = eg_kv_slot_blocks(kv_of(e, 0), i) * kv_of(e, 0)->block_size - s->n_done;
+                for (int k = 1; k < e->n_stages; k++) {
+                    int hk = eg_kv_slot_blocks(kv_of(e, k), i) * kv_of(e, k)->block_size - s->n_done;
+                    if (hk < have) have = hk;
+                }
+                if (is_decode || have <= 0) {
+                    s->want = s->n_done + n;
+                    e->starved++;
+                    continue;
+                }
+                if (have < n) n = have;
+            }
             for (int k = 0; k < n; k++) {
                 mb->tok[T + k] = s->tokens[s->n_done + k];
                 mb->pos[T + k] = s->n_done + k;
@@ -542,6 +828,35 @@ static int any_nonfinite(const float *x, int64_t n) {
     return (int)bad;
 }
 
+/* One captured row into a sequence's buffer, F32 or rounded to BF16 exactly as a shard
+ * would round it (eg_f32_to_bf16). */
+static void put_row(const eg_engine *e, float *f32, uint16_t *bf16, int64_t off, const float *src) {
+    const int64_t H = e->m->cfg.hidden;
+    if (e->o.capture_bf16)
+        for (int64_t h = 0; h < H; h++) bf16[off + h] = eg_f32_to_bf16(src[h]);
+    else
+        memcpy(f32 + off, src, sizeof(float) * (size_t)H);
+}
+
+static int same_row(const eg_engine *e, const float *f32, const uint16_t *bf16, int64_t off, const float *src) {
+    const int64_t H = e->m->cfg.hidden;
+    if (!e->o.capture_bf16) return !memcmp(f32 + off, src, sizeof(float) * (size_t)H);
+    for (int64_t h = 0; h < H; h++)
+        if (bf16[off + h] != eg_f32_to_bf16(src[h])) return 0;
+    return 1;
+}
+
+/* opts.check_recompute: a recomputed row must equal the row captured the first time. */
+static eg_status check_row(const eg_engine *e, const micro_batch *mb, const slot_state *s, int r, int p, eg_error *err) {
+    const int64_t H = e->m->cfg.hidden, T = mb->T;
+    int ok = same_row(e, s->final, s->final16, (int64_t)p * H, mb->fin + (int64_t)r * H);
+    for (int a = 0; a < e->o.n_aux && ok; a++)
+        ok = same_row(e, s->aux, s->aux16, ((int64_t)p * e->o.n_aux + a) * H, mb->cap + ((int64_t)a * T + r) * H);
+    if (ok) return EG_OK;
+    return eg_fail(err, EG_ERR_INVALID, "request %llu: recomputed position %d differs from its first capture",
+                   (unsigned long long)s->req.id, p);
+}
+
 /* After mb's step: scatter captures, take sampled tokens, finish sequences. */
 static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, void *ctx, eg_error *err) {
     const int T = mb->T, n_aux = e->o.n_aux;
@@ -565,13 +880,18 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
         while (row + n < T && mb->slt[row + n] == i) n++;
         for (int k = 0; k < n; k++) {
             int p = mb->pos[row + k];
+            if (p < s->recompute_to) { /* captured before its cache was dropped */
+                e->stats.recomputed_tokens++;
+                if (e->o.check_recompute && (st = check_row(e, mb, s, row + k, p, err))) return st;
+                continue;
+            }
+            if (p < s->req.n_tokens) e->stats.prefill_tokens++;
             for (int a = 0; a < n_aux; a++)
-                memcpy(s->aux + ((int64_t)p * n_aux + a) * H, mb->cap + ((int64_t)a * T + row + k) * H, sizeof(float) * (size_t)H);
-            memcpy(s->final + (int64_t)p * H, mb->fin + (int64_t)(row + k) * H, sizeof(float) * (size_t)H);
+                put_row(e, s->aux, s->aux16, ((int64_t)p * n_aux + a) * H, mb->cap + ((int64_t)a * T + row + k) * H);
+            put_row(e, s->final, s->final16, (int64_t)p * H, mb->fin + (int64_t)(row + k) * H);
             if (e->o.want_logits)
                 memcpy(s->logits + (int64_t)p * V, mb->logits + (int64_t)(row + k) * V, sizeof(float) * (size_t)V);
         }
-        if (s->n_generated == 0 && !s->finishing) e->stats.prefill_tokens += n;
         s->n_done += n;
         if (s->n_done == s->n_total && !s->finishing && s->n_generated < s->req.max_new) {
             int32_t tok;
@@ -588,14 +908,43 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
             e->stats.decode_tokens++;
             int is_stop = 0;
             for (int k = 0; k < s->req.n_stop; k++) is_stop |= s->stop[k] == tok;
-            if (is_stop) { s->finish = EG_FINISH_STOP; s->finishing = 1; }
-            else if (s->n_generated >= s->req.max_new) { s->finish = EG_FINISH_LENGTH; s->finishing = 1; }
+            if (is_stop || (s->req.stop_at > 0 && s->n_generated >= s->req.stop_at)) {
+                s->finish = EG_FINISH_STOP;
+                s->finishing = 1;
+            } else if (s->n_generated >= s->req.max_new) {
+                s->finish = EG_FINISH_LENGTH;
+                s->finishing = 1;
+            }
         }
         if (s->n_done == s->n_total && (s->finishing || s->req.max_new == 0))
             if ((st = finish_slot(e, i, done, ctx, err))) return st;
         row += n;
     }
     return EG_OK;
+}
+
+/* Scheduler statistics of a step about to launch. */
+static void account_step(eg_engine *e, int exhausted) {
+    eg_kv_cache *kv = kv_of(e, 0);
+    int64_t live = 0;
+    for (int i = 0; i < e->o.n_slots; i++)
+        if (e->slots[i].active) live += eg_kv_blocks_for(kv, e->slots[i].n_done);
+    e->stats.sum_concurrency += e->n_active;
+    if (e->n_active > e->stats.peak_concurrency) e->stats.peak_concurrency = e->n_active;
+    e->stats.sum_kv_live += (double)live / (double)kv->n_blocks;
+    if (!exhausted || e->have_pending || e->n_parked) {
+        e->stats.backlog_steps++;
+        e->stats.backlog_concurrency += e->n_active;
+    }
+}
+
+/* Launching pauses (threaded pipeline) until nothing is in flight when a slot stalled
+ * for a block or a preempted sequence could come back: both drive every stage. */
+static int wants_drain(eg_engine *e) {
+    if (e->starved) return 1;
+    if (!e->n_parked) return 0;
+    const parked_seq *p = &e->parked[oldest_parked(e)];
+    return room_for(e, -1, parked_tokens(p), e->n_active > 0 ? e->watermark : 0);
 }
 
 eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
@@ -607,6 +956,16 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
         for (int j = 0; j < e->n_mb && !st; j++) {
             micro_batch *mb = &e->mbs[j];
             if (mb->busy) continue;
+            if (in_flight) {
+                if (wants_drain(e)) {
+                    if (!e->draining) e->stats.drains++;
+                    e->draining = 1;
+                    break;
+                }
+            } else {
+                e->draining = 0;
+                if ((st = housekeeping(e, err))) break;
+            }
             if ((st = admit_mb(e, mb, next, ctx, &exhausted, err))) break;
             /* a stop request abandons in-flight sequences: their tokens depend only on
              * their own inputs, so a resumed run regenerates them identically */
@@ -618,6 +977,7 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
             in_flight++;
             if (in_flight > e->stats.max_in_flight) e->stats.max_in_flight = in_flight;
             e->stats.steps++;
+            account_step(e, exhausted);
             if (e->threaded) {
                 q_push(&e->queues[0], mb);
             } else {
@@ -636,9 +996,9 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
         if (!in_flight) {
             if (st) return st;
             if (e->stop_requested) return eg_fail(err, EG_ERR_INTERRUPTED, "stopped on request");
-            int active = 0;
-            for (int i = 0; i < e->o.n_slots; i++) active += e->slots[i].active;
-            if (active) continue; /* a launch loop above will pick them up */
+            /* live sequences (or stalled ones, or preempted ones waiting) are picked up
+             * by the launch loop above */
+            if (e->n_active || e->n_parked) continue;
             if (e->have_pending)
                 return eg_fail(err, EG_ERR_NOMEM, "request %llu (%d tokens) does not fit in the KV cache (%lld tokens)",
                                (unsigned long long)e->pending.id, e->pending.n_tokens + e->pending.max_new,

@@ -4,17 +4,33 @@
  * The caller supplies requests through a pull callback and receives finished
  * sequences through a done callback. Each step packs decode tokens (one per generating
  * slot) and prefill chunks into at most max_tokens rows; a finished sequence frees its
- * slot and its cache blocks for the next request at once. A request is admitted only
- * when the cache can hold its whole sequence (prompt + max_new), so nothing is ever
- * preempted. Capture covers every position, the last generated token included (it is
- * run through the model once more, without sampling).
+ * slot and its cache blocks for the next request at once. Capture covers every
+ * position, the last generated token included (it is run through the model once more,
+ * without sampling).
+ *
+ * KV cache (opts.kv_policy). EG_KV_ON_DEMAND (the default): a request is admitted when
+ * the cache can hold its prompt plus a small watermark of free blocks; a sequence takes
+ * one more block each time it crosses a block boundary. When a step cannot get a block,
+ * the engine drains the pipeline and preempts: the victim is the youngest live sequence
+ * (latest admitted), so the oldest always progress and finish first (no livelock: the
+ * oldest sequence alone always fits, since a request larger than the whole cache is
+ * refused when taken). The victim leaves its slot and every stage's cache together:
+ * its blocks are copied to host memory (exact bytes; at most opts.host_kv_bytes held)
+ * or, past that budget, dropped and recomputed later by a prefill of its tokens, with
+ * the rows captured so far kept (recomputed positions are not captured again). Its
+ * tokens, RNG state and captured rows stay with it. Preempted sequences come back,
+ * oldest first, before any new request is admitted. A sequence is never truncated or
+ * dropped. EG_KV_RESERVE: a request is admitted only when the cache can hold its whole
+ * sequence (prompt + max_new), so nothing is ever preempted.
  *
  * Determinism: a sequence's tokens depend only on the model, its tokens, its sampling
- * parameters and RNG state — not on batch composition (the CPU backend reduces in a
- * fixed order per row).
+ * parameters and RNG state — not on batch composition, preemption or recomputation
+ * (the CPU backend reduces in a fixed order per row, and prefill and decode write the
+ * same cache bytes).
  * Pipeline split: opts.stage_ends cuts the layers into stages run one after another
  * with the hidden rows handed over between them by a transport (transport.h); the
- * output equals the unsplit engine.
+ * output equals the unsplit engine. Preemption and swap-in run while no micro-batch is
+ * in flight, on the driving thread (bound to each stage's backend in turn).
  * Ownership: the engine borrows model and backend(s); result buffers passed to the
  * done callback are valid only during the call.
  * Thread safety: one thread drives an engine. */
@@ -38,6 +54,8 @@ typedef struct eg_request {
     uint64_t rng;            /* initial RNG state, e.g. eg_rng_seed(job_seed, sample_index) */
     const int32_t *stop_ids; /* [n_stop]; copied */
     int n_stop;
+    int stop_at;             /* benchmarks only (never generate): finish as if a stop token came
+                                after this many generated tokens; 0 = off */
     void *user;
 } eg_request;
 
@@ -50,13 +68,23 @@ typedef struct eg_result {
     int n_generated;
     eg_finish finish;
     int n_aux;
-    const float *aux;        /* [n_tokens][n_aux][H] residual after each capture layer */
-    const float *final;      /* [n_tokens][H] final-norm output (or pre-norm, per opts) */
+    const float *aux;        /* [n_tokens][n_aux][H] residual after each capture layer; NULL
+                                with opts.capture_bf16 */
+    const float *final;      /* [n_tokens][H] final-norm output (or pre-norm, per opts); NULL
+                                with opts.capture_bf16 */
+    const uint16_t *aux_bf16;   /* [n_tokens][n_aux][H] the same rounded to BF16 (eg_f32_to_bf16)
+                                   with opts.capture_bf16, else NULL */
+    const uint16_t *final_bf16; /* [n_tokens][H] likewise */
     const float *logits;     /* [n_tokens][V] when opts.want_logits, else NULL */
 } eg_result;
 
+typedef enum eg_kv_policy {
+    EG_KV_ON_DEMAND = 0,     /* blocks as sequences grow; preempt when the cache is full */
+    EG_KV_RESERVE            /* prompt + max_new reserved at admission; never preempts */
+} eg_kv_policy;
+
 typedef struct eg_engine_opts {
-    int n_slots;             /* concurrent sequences */
+    int n_slots;             /* concurrent sequences at most */
     int max_seq_len;         /* prompt + generated, per sequence */
     int max_tokens;          /* rows per step (prefill chunk budget); >= 1 */
     int block_size;          /* cache block size (0 = 64) */
@@ -76,6 +104,15 @@ typedef struct eg_engine_opts {
     int micro_batches;
     const char *transport;   /* hand-over between stages: "local", "nccl" or NULL/"auto"
                                 (transport.h) */
+    eg_kv_policy kv_policy;
+    int64_t kv_watermark;    /* on-demand: blocks left free after an admission (0 = 1% of the
+                                pool, at least 1); not required when nothing else is live */
+    int64_t host_kv_bytes;   /* on-demand: host memory for swapped-out caches (pinned where
+                                CUDA is present); 0 = none: every victim is recomputed */
+    int capture_bf16;        /* keep captured rows as BF16 (eg_result.aux_bf16/final_bf16):
+                                half the host memory; the rounding a BF16 shard does anyway */
+    int check_recompute;     /* tests: compare recomputed rows with the rows captured before
+                                (bit for bit) and fail on a difference, instead of skipping them */
 } eg_engine_opts;
 
 /* Return 1 and fill req when a request is available, 0 when there are no more,
@@ -92,6 +129,19 @@ typedef struct eg_engine_stats {
     double seconds;          /* wall time with at least one step in flight */
     int max_in_flight;       /* most micro-batches in flight at once */
     int64_t stage_steps[8];  /* steps run by stages 0..7 (pipeline accounting) */
+    /* KV scheduling */
+    int64_t preemptions;     /* sequences preempted (swapped out or dropped for recompute) */
+    int64_t swap_outs, swap_ins;
+    int64_t swap_bytes;      /* cache bytes copied to host */
+    int64_t recomputed_tokens; /* rows run again to rebuild dropped caches */
+    int64_t drains;          /* times launching paused for the pipeline to empty */
+    double sum_concurrency;  /* over steps: live sequences in slots when the step launched */
+    int peak_concurrency;
+    int64_t backlog_steps;   /* steps launched while requests (or preempted sequences) waited
+                                for room: the cache, not the workload, bounded concurrency */
+    double backlog_concurrency; /* sum of live sequences over those steps */
+    double sum_kv_live;      /* over steps: blocks holding cached tokens / pool blocks */
+    int64_t host_kv_peak;    /* most host bytes held by swapped-out caches */
 } eg_engine_stats;
 
 typedef struct eg_engine eg_engine;
@@ -112,5 +162,7 @@ void eg_engine_graph_stats(const eg_engine *e, eg_forward_graph_stats *out);
 const char *eg_engine_transport(const eg_engine *e);
 /* The KV capacity in tokens (stage 0's cache). */
 int64_t eg_engine_kv_capacity(const eg_engine *e);
+/* The admission watermark in blocks (on-demand policy). */
+int64_t eg_engine_kv_watermark(const eg_engine *e);
 
 #endif

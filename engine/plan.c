@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 int64_t eg_plan_layer_bytes(const eg_model *m, int l) {
     const eg_layer_w *L = &m->layers[l];
@@ -180,4 +181,57 @@ void eg_plan_prefill_cost(const eg_model *m, int l0, int l1, int n_seq, int P, e
     double keys = (P + 1) / 2.0;
     step_cost(m, l0, l1, (double)n_seq * P, n_seq,
               2.0 * c->n_heads * keys * ((double)c->qk_nope + c->qk_rope + c->v_head), 0.0, o);
+}
+
+/* ---- KV scheduling estimates ---------------------------------------------------------- */
+
+int64_t eg_plan_seq_host_bytes(const eg_config *c, int n_capture, int64_t n_tokens, int elem_bytes) {
+    return n_tokens * ((int64_t)(n_capture + 1) * c->hidden * elem_bytes + 4);
+}
+
+int eg_plan_auto_slots(int64_t pool_tokens, int max_seq_len, int max_slots, int64_t ram_bytes, int64_t seq_host_bytes) {
+    int64_t short_seq = max_seq_len < 256 ? max_seq_len : 256;
+    int64_t n = max_slots;
+    if (short_seq > 0 && pool_tokens / short_seq < n) n = pool_tokens / short_seq;
+    if (seq_host_bytes > 0 && ram_bytes > 0 && ram_bytes / 2 / seq_host_bytes < n) n = ram_bytes / 2 / seq_host_bytes;
+    return n < 1 ? 1 : (int)n;
+}
+
+eg_status eg_plan_workload_parse(const char *spec, double *median, double *sigma, eg_error *err) {
+    char *end;
+    const char *p = spec && !strncmp(spec, "lognormal:", 10) ? spec + 10 : NULL;
+    double m = p ? strtod(p, &end) : 0, s = 0;
+    int ok = p && end != p && *end == ':' && m >= 1 && m <= 1e9;
+    if (ok) {
+        const char *q = end + 1;
+        s = strtod(q, &end);
+        ok = end != q && !*end && s >= 0 && s <= 10;
+    }
+    if (!ok)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "workload '%s': expected lognormal:MEDIAN:SIGMA (MEDIAN >= 1 tokens, 0 <= SIGMA <= 10)",
+                       spec ? spec : "");
+    *median = m;
+    *sigma = s;
+    return EG_OK;
+}
+
+double eg_plan_lognormal_mean_cut(double median, double sigma, double cut) {
+    if (sigma <= 0) return median < cut ? median : cut;
+    /* E[min(X, c)] = integral over the normal z of min(median e^(sigma z), c) */
+    double sum = 0, dz = 1e-3;
+    for (double z = -8; z < 8; z += dz) {
+        double x = median * exp(sigma * (z + dz / 2));
+        sum += (x < cut ? x : cut) * exp(-(z + dz / 2) * (z + dz / 2) / 2) * dz;
+    }
+    return sum / sqrt(2 * M_PI);
+}
+
+double eg_plan_concurrency_on_demand(int64_t pool_tokens, double mean_len, double watermark) {
+    return mean_len > 0 ? (double)pool_tokens * (1.0 - watermark) / mean_len : 0;
+}
+
+double eg_plan_concurrency_reserve(int64_t pool_tokens, int64_t prompt_len, int64_t max_new) {
+    int64_t per = prompt_len + max_new;
+    return per > 0 ? (double)(pool_tokens / per) : 0;
 }

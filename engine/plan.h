@@ -64,4 +64,26 @@ void eg_plan_decode_cost(const eg_model *m, int l0, int l1, int B, int ctx, eg_s
  * half, (P+1)/2 keys per query on average. */
 void eg_plan_prefill_cost(const eg_model *m, int l0, int l1, int n_seq, int P, eg_step_cost *out);
 
+/* ---- KV scheduling estimates ---------------------------------------------------------- */
+
+/* Host bytes a sequence of n_tokens holds while in flight in `generate`: its captured
+ * rows (n_capture aux layers + the final hidden, elem_bytes each: 2 for BF16) and its
+ * token ids. */
+int64_t eg_plan_seq_host_bytes(const eg_config *c, int n_capture, int64_t n_tokens, int elem_bytes);
+/* `--batch auto`: as many slots as the pool holds sequences of min(max_seq_len, 256)
+ * tokens, as half of ram_bytes holds sequences at max length (seq_host_bytes each), at
+ * most max_slots (the step's row budget, one decode row per slot); at least 1. */
+int eg_plan_auto_slots(int64_t pool_tokens, int max_seq_len, int max_slots, int64_t ram_bytes, int64_t seq_host_bytes);
+/* A response-length workload "lognormal:MEDIAN:SIGMA" (tokens; SIGMA the log-space
+ * standard deviation). */
+eg_status eg_plan_workload_parse(const char *spec, double *median, double *sigma, eg_error *err);
+/* E[min(X, cut)] for X lognormal(log median, sigma): the mean response length when
+ * responses stop at max_new = cut. */
+double eg_plan_lognormal_mean_cut(double median, double sigma, double cut);
+/* Concurrent sequences a pool of pool_tokens holds: on demand, sequences of mean_len
+ * tokens (prompt + expected response) with `watermark` of the pool kept free;
+ * reserved, sequences of prompt + max_new tokens each. */
+double eg_plan_concurrency_on_demand(int64_t pool_tokens, double mean_len, double watermark);
+double eg_plan_concurrency_reserve(int64_t pool_tokens, int64_t prompt_len, int64_t max_new);
+
 #endif

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int gen_arg_int(const char *cmd, const char *flag, const char *v, long lo, long hi, int *out) {
     char *e;
@@ -147,4 +148,17 @@ int gen_arg_size(const char *cmd, const char *flag, const char *v, int64_t lo, i
     }
     *out = (int64_t)(x * mul);
     return 1;
+}
+
+/* MemAvailable from /proc/meminfo (free pages where it is missing), in bytes. */
+int64_t gen_mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    long long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb >= 0) return (int64_t)kb * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (int64_t)pages * size : 0;
 }

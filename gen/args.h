@@ -20,5 +20,8 @@ int gen_arg_int_list(const char *cmd, const char *flag, const char *v, long lo, 
  * ("--model needs a value"). Same contract as getopt_long otherwise (optind, optarg). */
 struct option;
 int gen_getopt(int argc, char **argv, const char *cmd, const char *shortopts, const struct option *opts);
+/* Host memory available to this process now (MemAvailable from /proc/meminfo, else
+ * free pages), in bytes; 0 when unknown. */
+int64_t gen_mem_available_bytes(void);
 
 #endif

@@ -7,9 +7,15 @@
  * by the backend itself (weight_random; on a GPU straight into device memory), so
  * Kimi-K2.5's real layer shapes cost no disk and no upload. Decode at context N needs
  * no prefill: each sequence's cache blocks for positions < N are mapped and zeroed,
- * and attention reads them as it would a real prompt's. */
+ * and attention reads them as it would a real prompt's.
+ *
+ * Workload mode (--requests) measures the KV scheduler instead: N requests whose
+ * response lengths are drawn from a distribution run through the batch engine on a
+ * fixed pool, once per KV policy and --max-new value, and each row reports how many
+ * sequences were in flight, how full the cache was, preemptions and swap traffic. */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +24,7 @@
 #include <unistd.h>
 
 #include "engine/cuda_plan.h"
+#include "engine/engine.h"
 #include "engine/forward.h"
 #include "engine/mkmodel.h"
 #include "engine/plan.h"
@@ -61,6 +68,27 @@ static void usage(FILE *f) {
             "  --threads N        CPU threads (default: all cores, or $EG_THREADS)\n"
             "  -h, --help         this text\n"
             "\n"
+            "\n"
+            "workload mode (the KV scheduler; --requests selects it):\n"
+            "  --requests N       N requests of --prompt-len random prompt tokens each\n"
+            "  --workload lognormal:MEDIAN:SIGMA\n"
+            "                     response lengths drawn per request (seeded), cut at --max-new; the\n"
+            "                     request stops there (a bench-only stop; generate never does this)\n"
+            "                     (default lognormal:1500:1.0)\n"
+            "  --max-new LIST     max new tokens per request, one row per value (default 4096)\n"
+            "  --kv-tokens N      the KV pool in tokens, the same for every row (required); must hold\n"
+            "                     --prompt-len + the largest --max-new\n"
+            "  --kv-policy P      on-demand, reserve or both (default both: a row each)\n"
+            "  --batch N          slots at most (default 256)\n"
+            "  --host-kv-gb F     host memory for preempted caches (default: a quarter of free RAM)\n"
+            "  --seed N           draws of lengths and prompts (default 1)\n"
+            "  --json             one JSON object per row instead of the table\n"
+            "  Columns: mean_concurrency and peak_concurrency (sequences in slots per step),\n"
+            "  kv_utilisation (blocks holding cached tokens / pool, mean over steps), preemptions,\n"
+            "  swap_bytes, recomputed_tokens, tokens_per_step (rows per forward step); JSON also has\n"
+            "  backlog_concurrency: the mean over steps launched while requests still waited for room\n"
+            "  (the cache, not the end of the workload, bounded concurrency then).\n"
+            "\n"
             "On CUDA a step shape seen twice is recorded as a CUDA graph and replayed (one launch\n"
             "per step); the default --warmup 2 keeps the recording out of the timed steps. The\n"
             "last line says how many shapes were recorded. Switches for before/after columns:\n"
@@ -75,6 +103,16 @@ typedef struct bench_opts {
     int steps, warmup, prefill_tokens, plen, chunk;
     double copy_bps, gemm_fps; /* measured roofline; 0 = unknown */
     eg_sample_params sample;   /* decode rows' sampling (default greedy) */
+    /* workload mode */
+    int requests;              /* 0 = off */
+    double wl_median, wl_sigma;
+    int max_new[16], n_max_new;
+    int64_t kv_tokens;
+    int policies;              /* bit 0 on-demand, bit 1 reserve */
+    int slots;
+    int64_t host_kv_bytes;
+    uint64_t seed;
+    int json;
 } bench_opts;
 
 static int imax(const int *v, int n) {
@@ -229,6 +267,117 @@ out:
     return st;
 }
 
+/* ---- workload mode -------------------------------------------------------------------- */
+
+typedef struct wl_ctx {
+    const bench_opts *o;
+    int vocab, max_new, next;
+    const int *len;   /* [requests] drawn response lengths */
+    int32_t *prompt;  /* [plen] */
+} wl_ctx;
+
+static int wl_next(void *vc, eg_request *q, eg_error *err) {
+    (void)err;
+    wl_ctx *w = vc;
+    if (w->next >= w->o->requests) return 0;
+    int i = w->next++;
+    uint64_t r = eg_rng_seed(w->o->seed ^ 0x9e3779b97f4a7c15ull, (uint64_t)i);
+    for (int t = 0; t < w->o->plen; t++) w->prompt[t] = (int32_t)(eg_rng_uniform(&r) * w->vocab) % w->vocab;
+    memset(q, 0, sizeof *q);
+    q->id = (uint64_t)i;
+    q->tokens = w->prompt;
+    q->n_tokens = w->o->plen;
+    q->max_new = w->max_new;
+    q->stop_at = w->len[i] < w->max_new ? w->len[i] : w->max_new;
+    q->sp = w->o->sample;
+    q->rng = eg_rng_seed(w->o->seed, (uint64_t)i);
+    return 1;
+}
+
+static eg_status wl_done(void *vc, const eg_result *res, eg_error *err) {
+    (void)vc;
+    (void)err;
+    (void)res;
+    return EG_OK;
+}
+
+/* Response length of request i: lognormal(log median, sigma), at least 1. */
+static int wl_length(const bench_opts *o, int i) {
+    uint64_t r = eg_rng_seed(o->seed, 0x5eed0000ull + (uint64_t)i);
+    double u1 = eg_rng_uniform(&r), u2 = eg_rng_uniform(&r);
+    double z = sqrt(-2.0 * log(u1 > 0 ? u1 : 1e-300)) * cos(2.0 * M_PI * u2);
+    double x = o->wl_median * exp(o->wl_sigma * z);
+    return x < 1 ? 1 : x > 1e9 ? 1000000000 : (int)(x + 0.5);
+}
+
+static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
+    const eg_config *c = &m->cfg;
+    int *len = malloc(sizeof(int) * (size_t)o->requests);
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)o->plen);
+    if (!len || !prompt) { free(len); free(prompt); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+    for (int i = 0; i < o->requests; i++) len[i] = wl_length(o, i);
+    int aux[64], n_aux = eg_config_default_aux_layers(c, aux);
+    int max_tokens = o->chunk > o->slots ? o->chunk : o->slots;
+    eg_status st = EG_OK;
+    if (!o->json)
+        printf("%-9s %7s %8s %7s %8s %9s %8s %5s %7s %8s %9s %11s %9s %8s\n", "policy", "max_new", "mean_len", "steps",
+               "mean_conc", "peak_conc", "backlog", "kv%", "preempt", "swap_MB", "recomputed", "tokens/step", "tok/s",
+               "seconds");
+    for (int mi = 0; mi < o->n_max_new && !st; mi++)
+        for (int pol = 0; pol < 2 && !st; pol++) {
+            if (!(o->policies & (1 << pol))) continue;
+            int M = o->max_new[mi];
+            double mean = 0;
+            for (int i = 0; i < o->requests; i++) mean += len[i] < M ? len[i] : M;
+            mean /= o->requests;
+            eg_backend *be = NULL;
+            eg_engine *e = NULL;
+            eg_backend_opts bo = {.name = o->backend, .max_tokens = max_tokens, .max_seq_len = o->plen + M,
+                                  .nthreads = o->threads, .device = o->device};
+            eg_engine_opts eo = {.n_slots = o->slots, .max_seq_len = o->plen + M, .max_tokens = max_tokens,
+                                 .block_size = 64, .kv_blocks = o->kv_tokens / 64, .aux_layers = aux, .n_aux = n_aux,
+                                 .kv_policy = pol ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
+                                 .host_kv_bytes = o->host_kv_bytes, .capture_bf16 = 1};
+            wl_ctx w = {.o = o, .vocab = c->vocab, .max_new = M, .len = len, .prompt = prompt};
+            double t0 = eg_now();
+            if (!(st = eg_backend_create(c, &bo, &be, err)) && !(st = eg_engine_create(m, be, &eo, &e, err)))
+                st = eg_engine_run(e, wl_next, wl_done, &w, err);
+            double secs = eg_now() - t0;
+            if (!st) {
+                eg_engine_stats es;
+                eg_engine_get_stats(e, &es);
+                double steps = es.steps > 0 ? (double)es.steps : 1;
+                double rows = (double)(es.prefill_tokens + es.decode_tokens + es.recomputed_tokens);
+                const char *name = pol ? "reserve" : "on-demand";
+                if (o->json)
+                    printf("{\"policy\": \"%s\", \"max_new\": %d, \"requests\": %d, \"kv_tokens\": %lld, "
+                           "\"prompt_len\": %d, \"workload\": \"lognormal:%g:%g\", \"mean_len\": %.1f, \"steps\": %lld, "
+                           "\"mean_concurrency\": %.3f, \"peak_concurrency\": %d, \"kv_utilisation\": %.4f, "
+                           "\"preemptions\": %lld, \"swap_bytes\": %lld, \"recomputed_tokens\": %lld, "
+                           "\"tokens_per_step\": %.3f, \"backlog_concurrency\": %.3f, \"backlog_steps\": %lld, "
+                           "\"decode_tokens\": %lld, \"seconds\": %.2f}\n",
+                           name, M, o->requests, (long long)(o->kv_tokens / 64 * 64), o->plen, o->wl_median,
+                           o->wl_sigma, mean, (long long)es.steps, es.sum_concurrency / steps, es.peak_concurrency,
+                           es.sum_kv_live / steps, (long long)es.preemptions, (long long)es.swap_bytes,
+                           (long long)es.recomputed_tokens, rows / steps,
+                           es.backlog_steps ? es.backlog_concurrency / (double)es.backlog_steps : 0.0,
+                           (long long)es.backlog_steps, (long long)es.decode_tokens, secs);
+                else
+                    printf("%-9s %7d %8.0f %7lld %8.2f %9d %8.2f %4.0f%% %7lld %8.1f %10lld %11.2f %9.0f %8.1f\n", name, M,
+                           mean, (long long)es.steps, es.sum_concurrency / steps, es.peak_concurrency,
+                           es.backlog_steps ? es.backlog_concurrency / (double)es.backlog_steps : 0.0,
+                           100.0 * es.sum_kv_live / steps, (long long)es.preemptions, (double)es.swap_bytes / 1e6,
+                           (long long)es.recomputed_tokens, rows / steps, rows / secs, secs);
+                fflush(stdout);
+            }
+            eg_engine_free(e);
+            eg_backend_free(be);
+        }
+    free(len);
+    free(prompt);
+    return st;
+}
+
 /* The CPU's copy bandwidth, bytes read + written per second (memcpy of 256 MiB; called
  * through a volatile pointer so the compiler cannot drop copies nobody reads). */
 static void *(*volatile bench_memcpy)(void *, const void *, size_t) = memcpy;
@@ -264,14 +413,41 @@ int cmd_bench(int argc, char **argv) {
         {"prefill-tokens", required_argument, 0, 'T'}, {"device", required_argument, 0, 'd'},
         {"no-roofline", no_argument, 0, 'R'},      {"temperature", required_argument, 0, 'e'},
         {"top-p", required_argument, 0, 'p' + 256}, {"top-k", required_argument, 0, 'k'},
+        {"requests", required_argument, 0, 'r'},   {"workload", required_argument, 0, 'W'},
+        {"max-new", required_argument, 0, 'n'},    {"kv-tokens", required_argument, 0, 'K'},
+        {"kv-policy", required_argument, 0, 'y'},  {"host-kv-gb", required_argument, 0, 'H'},
+        {"seed", required_argument, 0, 'x'},       {"json", no_argument, 0, 'j'},
         {0, 0, 0, 0}};
+    const char *workload = "lognormal:1500:1.0", *max_new = "4096";
+    double host_gb = -1;
+    int kv_tokens = 0, batch_given = 0;
+    o.policies = 3;
+    o.seed = 1;
     optind = 1;
     int ch;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
         case 'm': model_dir = optarg; break;
         case 'b': o.backend = optarg; break;
-        case 'B': batches = optarg; break;
+        case 'B': batches = optarg; batch_given = 1; break;
+        case 'r': if (!gen_arg_int("bench", "--requests", optarg, 1, 1 << 24, &o.requests)) return 2; break;
+        case 'W': workload = optarg; break;
+        case 'n': max_new = optarg; break;
+        case 'K': if (!gen_arg_int("bench", "--kv-tokens", optarg, 64, 2000000000, &kv_tokens)) return 2; break;
+        case 'H': if (!gen_arg_double("bench", "--host-kv-gb", optarg, 0, 1e9, &host_gb)) return 2; break;
+        case 'j': o.json = 1; break;
+        case 'x': {
+            int v;
+            if (!gen_arg_int("bench", "--seed", optarg, 0, 2000000000, &v)) return 2;
+            o.seed = (uint64_t)v;
+            break;
+        }
+        case 'y':
+            if (!strcmp(optarg, "on-demand")) o.policies = 1;
+            else if (!strcmp(optarg, "reserve")) o.policies = 2;
+            else if (!strcmp(optarg, "both")) o.policies = 3;
+            else { fprintf(stderr, "eaglegen bench: --kv-policy expects on-demand, reserve or both\n"); return 2; }
+            break;
         case 'C': contexts = optarg; break;
         case 'p': if (!gen_arg_int("bench", "--prompt-len", optarg, 1, 1 << 24, &o.plen)) return 2; break;
         case 's': if (!gen_arg_int("bench", "--decode-steps", optarg, 1, 1 << 24, &o.steps)) return 2; break;
@@ -314,6 +490,29 @@ int cmd_bench(int argc, char **argv) {
     if (!gen_arg_int_list("bench", "--batch", batches, 1, o.batch, 64, &o.n_batch) ||
         !gen_arg_int_list("bench", "--context", contexts, 0, o.ctx, 64, &o.n_ctx))
         return 2;
+    if (o.requests) {
+        eg_error werr = {0};
+        if (eg_plan_workload_parse(workload, &o.wl_median, &o.wl_sigma, &werr)) {
+            fprintf(stderr, "eaglegen bench: --workload: %s\n", werr.msg);
+            return 2;
+        }
+        if (!gen_arg_int_list("bench", "--max-new", max_new, 1, o.max_new, 16, &o.n_max_new)) return 2;
+        if (!kv_tokens) {
+            fprintf(stderr, "eaglegen bench: workload mode needs --kv-tokens (the pool every row shares)\n");
+            return 2;
+        }
+        o.kv_tokens = kv_tokens;
+        for (int i = 0; i < o.n_max_new; i++)
+            if ((int64_t)o.plen + o.max_new[i] > o.kv_tokens / 64 * 64) {
+                fprintf(stderr, "eaglegen bench: --kv-tokens %d cannot hold one request of --prompt-len %d + --max-new %d\n",
+                        kv_tokens, o.plen, o.max_new[i]);
+                return 2;
+            }
+        o.slots = batch_given ? o.batch[0] : 256;
+        int64_t avail = gen_mem_available_bytes();
+        o.host_kv_bytes = host_gb >= 0 ? (int64_t)(host_gb * 1e9) : avail / 4;
+        roofline = 0;
+    }
     if (strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda")) {
         fprintf(stderr, "eaglegen bench: --backend expects cpu or cuda, not '%s'\n", o.backend);
         return 2;
@@ -362,7 +561,16 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     int rc = 0;
-    if (run_bench(&m, &o, &err)) {
+    if (o.requests) {
+        if (!o.json)
+            printf("workload: %d requests, prompt %d tokens, responses lognormal median %g sigma %g; KV pool %lld tokens, "
+                   "%d slots at most\n", o.requests, o.plen, o.wl_median, o.wl_sigma, (long long)(o.kv_tokens / 64 * 64),
+                   o.slots);
+        if (run_workload(&m, &o, &err)) {
+            fprintf(stderr, "eaglegen bench: %s\n", err.msg);
+            rc = 1;
+        }
+    } else if (run_bench(&m, &o, &err)) {
         fprintf(stderr, "eaglegen bench: %s\n", err.msg);
         rc = 1;
     }

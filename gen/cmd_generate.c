@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -46,7 +47,10 @@ typedef struct gen_args {
     int thinking;
     int aux[64], n_aux;       /* n_aux 0 = config default */
     int pre_norm;
-    int batch, chunk, shard_samples, threads;
+    int batch, chunk, shard_samples, threads; /* batch 0 = auto */
+    int kv_reserve;           /* --kv-policy reserve */
+    int64_t kv_tokens;        /* --kv-tokens: pool cap, 0 = none */
+    double host_kv_gb;        /* --host-kv-gb; < 0 = from free RAM */
     int worker, n_workers;
     int drop_truncated;
     const char *sampling_flag; /* the last sampling flag given (capture mode warns it is unused) */
@@ -99,7 +103,20 @@ static void usage(FILE *f) {
             "                          error (default): stop at the first bad record naming file,\n"
             "                          line and reason; skip: log it to rejects.jsonl and go on\n"
             "throughput and layout:\n"
-            "  --batch N               concurrent sequences (default 16)\n"
+            "  --batch N|auto          concurrent sequences at most (default 16); auto: as many as\n"
+            "                          the KV pool holds at 256 tokens each, at most --chunk and what\n"
+            "                          half the free RAM holds in captured rows at --max-seq-len\n"
+            "                          (the start banner prints the choice)\n"
+            "  --kv-policy on-demand|reserve\n"
+            "                          on-demand (default): a sequence takes cache blocks as it grows;\n"
+            "                          admission needs its prompt plus a 1%% watermark; a full cache\n"
+            "                          preempts the youngest sequence (to host memory, or recomputed\n"
+            "                          later), which resumes exactly. reserve: admit only when prompt +\n"
+            "                          --max-new-tokens fit; never preempts\n"
+            "  --kv-tokens N           cap the KV pool at N tokens (default: cpu --batch x --max-seq-len,\n"
+            "                          cuda what --gpu-mem-fraction leaves); must hold one --max-seq-len\n"
+            "  --host-kv-gb F          host memory for preempted sequences' caches; past it they are\n"
+            "                          recomputed from their tokens (default: a quarter of free RAM)\n"
             "  --chunk N               rows per forward step / prefill chunk (default 512)\n"
             "  --shard-size SIZE       a shard ends at the sample that takes it past SIZE bytes (K/M/G;\n"
             "                          default 2G, off when only --shard-samples is given)\n"
@@ -171,6 +188,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     a->limit = -1;
     a->n_workers = 0;
     a->gpu_mem_fraction = 0.9;
+    a->host_kv_gb = -1;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'},          {"prompts", 1, 0, 'p'},        {"out", 1, 0, 'o'},
         {"tokenizer", 1, 0, 'T'},      {"backend", 1, 0, 'b'},        {"mode", 1, 0, 'M'},
@@ -183,7 +201,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"stages", 1, 0, 'G'},         {"micro-batches", 1, 0, 'U'},  {"gpu-mem-fraction", 1, 0, 'F'},
         {"gpus", 1, 0, 'Q'},
         {"transport", 1, 0, 'X'},      {"restart", 0, 0, 'R'},        {"dry-run", 0, 0, 'D'},
-        {"shard-size", 1, 0, 'Z'},
+        {"shard-size", 1, 0, 'Z'},     {"kv-policy", 1, 0, 'K'},      {"kv-tokens", 1, 0, 'V'},
+        {"host-kv-gb", 1, 0, 'W'},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -246,7 +265,22 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             else if (!strcmp(optarg, "pre-norm")) a->pre_norm = 1;
             else return bad_arg("--final-hidden", optarg, "post-norm or pre-norm"), 2;
             break;
-        case 'B': if (!gen_arg_int("generate", "--batch", optarg, 1, 1 << 16, &a->batch)) return 2; break;
+        case 'B':
+            if (!strcmp(optarg, "auto")) a->batch = 0;
+            else if (!gen_arg_int("generate", "--batch", optarg, 1, 1 << 16, &a->batch)) return 2;
+            break;
+        case 'K':
+            if (!strcmp(optarg, "on-demand")) a->kv_reserve = 0;
+            else if (!strcmp(optarg, "reserve")) a->kv_reserve = 1;
+            else return bad_arg("--kv-policy", optarg, "on-demand or reserve"), 2;
+            break;
+        case 'V': {
+            int v;
+            if (!gen_arg_int("generate", "--kv-tokens", optarg, 1, 2000000000, &v)) return 2;
+            a->kv_tokens = v;
+            break;
+        }
+        case 'W': if (!gen_arg_double("generate", "--host-kv-gb", optarg, 0, 1e9, &a->host_kv_gb)) return 2; break;
         case 'c': if (!gen_arg_int("generate", "--chunk", optarg, 1, 1 << 20, &a->chunk)) return 2; break;
         case 'S': if (!gen_arg_int("generate", "--shard-samples", optarg, 1, 1 << 30, &a->shard_samples)) return 2; break;
         case 'j': if (!gen_arg_int("generate", "--threads", optarg, 1, 4096, &a->threads)) return 2; break;
@@ -307,6 +341,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
 }
 
 /* ---- the run ------------------------------------------------------------------ */
+
 
 typedef struct gen_meta {
     char *id;
@@ -584,7 +619,7 @@ static eg_status on_done(void *vc, const eg_result *res, eg_error *err) {
         .temperature = a->capture ? 0 : a->temperature, .top_p = a->capture ? 1 : a->top_p,
         .top_k = a->capture ? 0 : a->top_k, .seed = m->seed, .T = T, .n_aux = res->n_aux,
         .H = g->model->cfg.hidden, .input_ids = (int32_t *)res->tokens, .loss_mask = g->mask_buf,
-        .hidden_dtype = EG_DS_F32, .aux_hidden = (void *)res->aux, .final_hidden = (void *)res->final};
+        .hidden_dtype = EG_DS_BF16, .aux_hidden = (void *)res->aux_bf16, .final_hidden = (void *)res->final_bf16};
     st = gen_donelog_add(g->donelog, m->id, m->hash, err);
     if (!st) st = shard_writer_add(g->w, &s, err);
     if (!st) g->written++;
@@ -807,7 +842,7 @@ int cmd_generate(int argc, char **argv) {
         g.records_total = (g.records_total - a.worker + a.n_workers - 1) / a.n_workers;
     if (a.limit >= 0 && (g.records_total < 0 || a.limit < g.records_total)) g.records_total = a.limit;
 
-    int max_tokens = a.chunk > a.batch ? a.chunk : a.batch;
+    int max_tokens = a.batch > a.chunk ? a.batch : a.chunk; /* auto (0) stays within --chunk */
     eg_backend_opts bo = {.name = a.backend, .max_tokens = max_tokens, .max_seq_len = a.max_seq_len, .nthreads = a.threads};
     if (a.stages && parse_stages(&a, &model, stage_ends, &n_stages, &err)) goto done;
     int64_t kv_blocks = 0;
@@ -841,6 +876,27 @@ int cmd_generate(int argc, char **argv) {
             if (!kv_blocks || mp.kv_blocks < kv_blocks) kv_blocks = mp.kv_blocks;
         }
     }
+    /* the KV pool, the slot count and the host budget */
+    const int64_t block = 64; /* the engine's default block size */
+    int64_t mem_avail = gen_mem_available_bytes();
+    int64_t seq_host = eg_plan_seq_host_bytes(c, a.n_aux, a.max_seq_len, 2);
+    if (a.kv_tokens > 0) {
+        int64_t cap = a.kv_tokens / block > 0 ? a.kv_tokens / block : 1;
+        if (!kv_blocks || cap < kv_blocks) kv_blocks = cap;
+    }
+    int auto_batch = a.batch == 0;
+    if (auto_batch) {
+        if (!kv_blocks) kv_blocks = 16 * ((a.max_seq_len + block - 1) / block); /* cpu: what --batch 16 holds */
+        a.batch = eg_plan_auto_slots(kv_blocks * block, a.max_seq_len, a.chunk, mem_avail, seq_host);
+    }
+    if (kv_blocks && kv_blocks < (a.max_seq_len + block - 1) / block) {
+        eg_fail(&err, EG_ERR_INVALID,
+                "the KV pool (%lld tokens) cannot hold one sequence of --max-seq-len %d: raise --kv-tokens (or "
+                "--gpu-mem-fraction) or lower --max-seq-len",
+                (long long)(kv_blocks * block), a.max_seq_len);
+        goto done;
+    }
+    int64_t host_kv = a.host_kv_gb >= 0 ? (int64_t)(a.host_kv_gb * 1e9) : mem_avail / 4;
     if (n_stages > 1) {
         int per = (a.threads > 0 ? a.threads : eg_num_threads()) / n_stages;
         for (int k = 0; k < n_stages; k++) {
@@ -854,7 +910,8 @@ int cmd_generate(int argc, char **argv) {
                          .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.pre_norm,
                          .stage_ends = n_stages > 1 ? stage_ends : NULL, .n_stages = n_stages > 1 ? n_stages : 0,
                          .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches,
-                         .transport = a.transport};
+                         .transport = a.transport, .kv_policy = a.kv_reserve ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
+                         .host_kv_bytes = host_kv, .capture_bf16 = 1};
     if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
     if (!(prec_text = precision_text(&a, n_stages))) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
     eg_shard_writer_opts wo = {
@@ -913,6 +970,17 @@ int cmd_generate(int argc, char **argv) {
             (long long)eg_engine_kv_capacity(g.engine));
     for (int i = 0; i < a.n_aux; i++) fprintf(stderr, "%s%d", i ? "," : " ", a.aux[i]);
     fprintf(stderr, "\n");
+    {
+        int64_t cap = eg_engine_kv_capacity(g.engine);
+        fprintf(stderr, "  KV cache: %s, %lld tokens (%lld blocks of %lld)", a.kv_reserve ? "reserve" : "on-demand",
+                (long long)cap, (long long)(cap / block), (long long)block);
+        if (!a.kv_reserve)
+            fprintf(stderr, ", admission watermark %lld blocks, preempted caches to host up to %.2f GB, then recomputed",
+                    (long long)eg_engine_kv_watermark(g.engine), (double)host_kv / 1e9);
+        fprintf(stderr, "; %d slots%s\n", a.batch, auto_batch ? " (--batch auto)" : "");
+        fprintf(stderr, "  host memory per in-flight sequence: up to %.1f MB (captured rows in BF16 and tokens at "
+                        "--max-seq-len %d)\n", (double)seq_host / 1e6, a.max_seq_len);
+    }
     for (int k = 0, b0 = 0; n_stages > 1 && k < n_stages; b0 = stage_ends[k++]) {
         int64_t bytes = 0, tail = 0, head = eg_plan_head_bytes(&model, &tail);
         for (int l = b0; l < stage_ends[k]; l++) bytes += eg_plan_layer_bytes(&model, l);
@@ -980,6 +1048,12 @@ int cmd_generate(int argc, char **argv) {
             (long long)want[EG_DS_COUNT_REJECTED], (long long)want[EG_DS_COUNT_DROPPED],
             (long long)want[EG_DS_COUNT_SKIPPED], a.out, rej_name,
             es.seconds > 0 ? es.prefill_tokens / es.seconds : 0.0, es.seconds > 0 ? es.decode_tokens / es.seconds : 0.0);
+    if (es.steps > 0)
+        fprintf(stderr, "eaglegen generate: KV: %.1f sequences in flight on average (peak %d), %.0f%% of the cache "
+                        "holding tokens; %lld preemptions (%lld swapped to host, %.1f MB; %lld rows recomputed)\n",
+                es.sum_concurrency / (double)es.steps, es.peak_concurrency, 100.0 * es.sum_kv_live / (double)es.steps,
+                (long long)es.preemptions, (long long)es.swap_outs, (double)es.swap_bytes / 1e6,
+                (long long)es.recomputed_tokens);
     fprintf(stderr, "eaglegen generate: summary: %.1f s wall, %lld samples, %lld tokens (%lld prefill + %lld decode), "
                     "%.3f GB written, %lld rejected/dropped/duplicate, %.2f samples/s\n",
             eg_now() - g.prog.start, (long long)g.written, (long long)(es.prefill_tokens + es.decode_tokens),

@@ -20,7 +20,10 @@ static void usage(FILE *f) {
             "latent cache of each layer for --mean-len tokens per sequence), then prints each\n"
             "stage's weight bytes, free memory and KV capacity in tokens, the box-wide number of\n"
             "concurrent sequences, and the same for tensor parallelism over N GPUs (which keeps\n"
-            "a full copy of the latent cache on every GPU).\n"
+            "a full copy of the latent cache on every GPU). Concurrency is estimated from the\n"
+            "expected sequence length (generate's default on-demand KV policy: a sequence holds\n"
+            "the blocks it has filled, 1%% of the pool kept free), next to what reserving\n"
+            "--prompt-len + --max-new per sequence would hold (--kv-policy reserve).\n"
             "\n"
             "options:\n"
             "  --model DIR         a checkpoint (exact stored bytes)\n"
@@ -31,7 +34,12 @@ static void usage(FILE *f) {
             "  --gpu-mem-gb F      memory per GPU in GB (default 96: RTX PRO 6000 Blackwell)\n"
             "  --mem-fraction F    share of it usable (default 0.92)\n"
             "  --act-gb F          activations and workspace per GPU in GB (default 3)\n"
-            "  --mean-len N        mean sequence length for the concurrency estimate (default 4096)\n"
+            "  --mean-len N        expected sequence length, prompt + response (default 4096)\n"
+            "  --workload lognormal:MEDIAN:SIGMA\n"
+            "                      instead of --mean-len: responses of this distribution cut at\n"
+            "                      --max-new, after --prompt-len prompt tokens\n"
+            "  --prompt-len N      prompt tokens (default 1024)\n"
+            "  --max-new N         generate's --max-new-tokens (default 32768)\n"
             "  -h, --help          this text\n");
 }
 
@@ -43,7 +51,10 @@ int cmd_plan(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", 1, 0, 'm'},      {"preset", 1, 0, 'p'},       {"layers", 1, 0, 'l'}, {"experts", 1, 0, 'e'},
         {"stages", 1, 0, 's'},     {"gpu-mem-gb", 1, 0, 'g'},   {"mem-fraction", 1, 0, 'f'},
-        {"act-gb", 1, 0, 'a'},     {"mean-len", 1, 0, 'n'},     {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"act-gb", 1, 0, 'a'},     {"mean-len", 1, 0, 'n'},     {"help", 0, 0, 'h'},
+        {"workload", 1, 0, 'w'},   {"prompt-len", 1, 0, 'P'},   {"max-new", 1, 0, 'M'}, {0, 0, 0, 0}};
+    const char *workload = NULL;
+    int prompt_len = 1024, max_new = 32768;
     optind = 1;
     int ch;
     while ((ch = gen_getopt(argc, argv, "plan", "h", opts)) != -1) {
@@ -61,6 +72,9 @@ int cmd_plan(int argc, char **argv) {
         case 'f': if (!gen_arg_double("plan", "--mem-fraction", optarg, 0.01, 1, &frac)) return 2; break;
         case 'a': if (!gen_arg_double("plan", "--act-gb", optarg, 0, 1e18, &act_gb)) return 2; break;
         case 'n': if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2; break;
+        case 'w': workload = optarg; break;
+        case 'P': if (!gen_arg_int("plan", "--prompt-len", optarg, 1, 1 << 30, &prompt_len)) return 2; break;
+        case 'M': if (!gen_arg_int("plan", "--max-new", optarg, 1, 1 << 30, &max_new)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: return 2; /* gen_getopt said why */
         }
@@ -70,6 +84,20 @@ int cmd_plan(int argc, char **argv) {
         return 2;
     }
     eg_error err = {0};
+    const char *len_from = "--mean-len";
+    char len_buf[128];
+    if (workload) {
+        double med, sig;
+        if (eg_plan_workload_parse(workload, &med, &sig, &err)) {
+            fprintf(stderr, "eaglegen plan: --workload: %s\n", err.msg);
+            return 2;
+        }
+        double resp = eg_plan_lognormal_mean_cut(med, sig, max_new);
+        mean_len = prompt_len + resp;
+        snprintf(len_buf, sizeof len_buf, "prompt %d + expected response %.0f of %s cut at %d", prompt_len, resp,
+                 workload, max_new);
+        len_from = len_buf;
+    }
     eg_model m;
     memset(&m, 0, sizeof m);
     eg_config cfg;
@@ -124,12 +152,17 @@ int cmd_plan(int argc, char **argv) {
                (long long)sm[k].kv_bytes_per_token, (double)sm[k].free_bytes / 1e9, (long long)sm[k].kv_tokens);
         if (min_tokens < 0 || sm[k].kv_tokens < min_tokens) min_tokens = sm[k].kv_tokens;
     }
-    printf("\npipeline (%d stages): %lld token slots box-wide, %.0f concurrent sequences at mean length %.0f\n", n,
-           (long long)min_tokens, (double)min_tokens / mean_len, mean_len);
+    const double wm = 0.01; /* the engine's default admission watermark */
+    printf("\npipeline (%d stages): %lld token slots box-wide, %.0f concurrent sequences at mean length %.0f (%s; on "
+           "demand); reserving prompt %d + max_new %d each: %.0f\n",
+           n, (long long)min_tokens, eg_plan_concurrency_on_demand(min_tokens, mean_len, wm), mean_len, len_from,
+           prompt_len, max_new, eg_plan_concurrency_reserve(min_tokens, prompt_len, max_new));
     double tp_free = dev * frac - (double)total / n - act_gb * 1e9;
     double tp_tokens = tp_free > 0 ? tp_free / (double)(kv_layer * L) : 0;
-    printf("tensor parallel (%d GPUs, latent cache on every GPU): %.0f token slots, %.0f concurrent sequences\n", n,
-           tp_tokens, tp_tokens / mean_len);
+    printf("tensor parallel (%d GPUs, latent cache on every GPU): %.0f token slots, %.0f concurrent sequences (on "
+           "demand); reserving: %.0f\n",
+           n, tp_tokens, eg_plan_concurrency_on_demand((int64_t)tp_tokens, mean_len, wm),
+           eg_plan_concurrency_reserve((int64_t)tp_tokens, prompt_len, max_new));
     rc = 0;
     for (int k = 0; k < n && !rc; k++)
         if (sm[k].kv_tokens <= 0) { /* the table above shows by how much */

@@ -1,6 +1,8 @@
 /* Batch engine tests on the fixture model tiny-a: results do not depend on batch
- * composition, chunk size or a pipeline split (bit-identical); stop tokens, length
- * limits, KV pressure and oversized requests behave. */
+ * composition, chunk size, a pipeline split or KV preemption (bit-identical); stop
+ * tokens, length limits, KV pressure and oversized requests behave; the block manager
+ * uploads only changed table rows and moves a slot's blocks to the host and back
+ * exactly; prefill and decode write the same cache bytes. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -20,6 +22,7 @@ typedef struct {
     int32_t *tokens[NREQ];
     int n_tokens[NREQ];
     float *aux[NREQ], *final[NREQ];
+    uint16_t *aux16[NREQ], *final16[NREQ]; /* capture_bf16 runs */
     eg_finish finish[NREQ];
     int n_gen[NREQ];
 } results;
@@ -69,10 +72,18 @@ static eg_status on_done(void *vc, const eg_result *r, eg_error *err) {
     o->tokens[i] = malloc(4 * (size_t)r->n_tokens);
     memcpy(o->tokens[i], r->tokens, 4 * (size_t)r->n_tokens);
     size_t na = (size_t)r->n_tokens * (size_t)c->n_aux * (size_t)c->H, nf = (size_t)r->n_tokens * (size_t)c->H;
-    o->aux[i] = malloc(4 * na);
-    o->final[i] = malloc(4 * nf);
-    memcpy(o->aux[i], r->aux, 4 * na);
-    memcpy(o->final[i], r->final, 4 * nf);
+    CHECK(!r->aux != !r->aux_bf16 && !r->final != !r->final_bf16);
+    if (r->aux) {
+        o->aux[i] = malloc(4 * na);
+        o->final[i] = malloc(4 * nf);
+        memcpy(o->aux[i], r->aux, 4 * na);
+        memcpy(o->final[i], r->final, 4 * nf);
+    } else {
+        o->aux16[i] = malloc(2 * na);
+        o->final16[i] = malloc(2 * nf);
+        memcpy(o->aux16[i], r->aux_bf16, 2 * na);
+        memcpy(o->final16[i], r->final_bf16, 2 * nf);
+    }
     o->finish[i] = r->finish;
     o->n_gen[i] = r->n_generated;
     CHECK(r->prompt_len == prompt_len(i));
@@ -81,7 +92,9 @@ static eg_status on_done(void *vc, const eg_result *r, eg_error *err) {
 }
 
 static void free_results(results *r) {
-    for (int i = 0; i < NREQ; i++) { free(r->tokens[i]); free(r->aux[i]); free(r->final[i]); }
+    for (int i = 0; i < NREQ; i++) {
+        free(r->tokens[i]); free(r->aux[i]); free(r->final[i]); free(r->aux16[i]); free(r->final16[i]);
+    }
     memset(r, 0, sizeof *r);
 }
 
@@ -91,6 +104,10 @@ static int have_model;
 static eg_engine_stats last_stats;
 static const char *test_transport;      /* eg_engine_opts.transport for run_ex */
 static const char *last_transport_name; /* what the engine chose */
+/* KV scheduling options for run_ex (kv_policy, host_kv_bytes, kv_watermark,
+ * capture_bf16); check_recompute is on in every run: a recomputed row that differs
+ * from its first capture fails the run. */
+static eg_engine_opts kv_opts;
 
 /* threaded > 0: one backend per stage, stages on their own threads, `threaded`
  * micro-batches. */
@@ -106,7 +123,9 @@ static eg_status run_ex(int slots, int max_tokens, const int *stages, int n_stag
         eg_engine_opts eo = {.n_slots = slots, .max_seq_len = 128, .max_tokens = max_tokens, .block_size = 8,
                              .kv_blocks = kv_blocks, .aux_layers = aux, .n_aux = 3, .stage_ends = stages, .n_stages = n_stages,
                              .stage_backends = threaded ? sb : NULL, .micro_batches = threaded,
-                             .transport = test_transport};
+                             .transport = test_transport, .kv_policy = kv_opts.kv_policy,
+                             .host_kv_bytes = kv_opts.host_kv_bytes, .kv_watermark = kv_opts.kv_watermark,
+                             .capture_bf16 = kv_opts.capture_bf16, .check_recompute = 1};
         st = eg_engine_create(&model, be, &eo, &e, err);
     }
     if (!st) {
@@ -419,6 +438,270 @@ static void test_teacher_forced(void) {
     free_results(&b);
 }
 
+/* ---- KV on demand ------------------------------------------------------------------ */
+
+/* Host bytes of n cache blocks over all layers (block size 8, as run_ex uses). */
+static int64_t kv_block_bytes(int64_t n) {
+    return n * model.cfg.n_layers * 8 * (int64_t)(model.cfg.kv_lora_rank + model.cfg.qk_rope) * 2;
+}
+
+/* A pool far too small for 4 slots forces many preemptions; whether victims are
+ * swapped to the host, recomputed, or both, on one stage or several, threaded or not,
+ * at any chunk size, every sample equals the ample-pool run bit for bit (tokens under
+ * temperature sampling, so the RNG state survives too; captured rows; recomputed rows
+ * are compared with their first capture as they arrive). */
+static void test_kv_preempt_exact(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    results base = {0}, b = {0};
+    memset(&kv_opts, 0, sizeof kv_opts);
+    kv_opts.kv_policy = EG_KV_RESERVE;
+    CHECK_OK(run(4, 16, NULL, 0, -1, 40, 0.8f, -1, 0, &base, &err), &err);
+    CHECK(last_stats.preemptions == 0);
+    /* reserve on the pool the cases use: whole sequences fit one or two at a time */
+    CHECK_OK(run(4, 16, NULL, 0, -1, 40, 0.8f, -1, 12, &b, &err), &err);
+    for (int r = 0; r < NREQ; r++) CHECKF(same(&base, &b, r, model.cfg.hidden), "reserve, 12 blocks: request %d differs", r);
+    CHECK(last_stats.preemptions == 0);
+    int64_t reserve_peak = last_stats.peak_concurrency;
+    CHECKF(reserve_peak <= 2, "reserve on 12 blocks ran %lld sequences at once", (long long)reserve_peak);
+    free_results(&b);
+    int s2[2] = {2, 5}, s4[4] = {1, 2, 3, 5};
+    /* the longest request is 39 + 40 = 79 tokens: 10 blocks of 8 */
+    const struct {
+        int64_t host_blocks; /* host budget in blocks; -1 = unlimited */
+        int chunk, blocks;
+        const int *stages;
+        int n_stages, threaded;
+    } cases[] = {
+        {0, 16, 12, NULL, 0, 0},  {-1, 5, 12, NULL, 0, 0}, {12, 3, 12, NULL, 0, 0}, {12, 16, 13, s2, 2, 0},
+        {12, 7, 12, s2, 2, 2},    {0, 16, 11, s4, 4, 4},   {-1, 9, 12, s4, 4, 4},
+    };
+    int64_t swaps = 0, recomputed = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        memset(&kv_opts, 0, sizeof kv_opts);
+        kv_opts.host_kv_bytes = cases[c].host_blocks < 0 ? (int64_t)1 << 40 : kv_block_bytes(cases[c].host_blocks);
+        CHECK_OK(run_ex(4, cases[c].chunk, cases[c].stages, cases[c].n_stages, cases[c].threaded, -1, 40, 0.8f, -1,
+                        cases[c].blocks, &b, &err), &err);
+        for (int r = 0; r < NREQ; r++) CHECKF(same(&base, &b, r, model.cfg.hidden), "case %zu: request %d differs", c, r);
+        CHECKF(last_stats.preemptions >= 3, "case %zu: only %lld preemptions", c, (long long)last_stats.preemptions);
+        if (cases[c].host_blocks == 0) CHECK(last_stats.swap_outs == 0 && last_stats.recomputed_tokens > 0);
+        if (cases[c].host_blocks < 0) CHECK(last_stats.swap_outs == last_stats.preemptions && last_stats.recomputed_tokens == 0);
+        CHECK(last_stats.swap_ins == last_stats.swap_outs);
+        /* threaded stages preempt with nothing in flight: the launch loop paused for it */
+        if (cases[c].threaded) CHECKF(last_stats.drains > 0, "case %zu: no drain counted", c);
+        CHECK(last_stats.host_kv_peak <= kv_opts.host_kv_bytes);
+        CHECKF(last_stats.peak_concurrency > reserve_peak, "case %zu: peak %d vs reserve %lld", c,
+               last_stats.peak_concurrency, (long long)reserve_peak);
+        if (cases[c].host_blocks > 0) {
+            swaps += last_stats.swap_outs;
+            recomputed += last_stats.recomputed_tokens;
+        }
+        free_results(&b);
+    }
+    CHECKF(swaps > 0 && recomputed > 0, "mixed budgets: %lld swaps, %lld recomputed rows", (long long)swaps,
+           (long long)recomputed);
+    /* a pool that fits only the longest sequence alone still finishes everything */
+    memset(&kv_opts, 0, sizeof kv_opts);
+    kv_opts.host_kv_bytes = kv_block_bytes(4);
+    CHECK_OK(run(4, 16, NULL, 0, -1, 40, 0.8f, -1, 10, &b, &err), &err);
+    for (int r = 0; r < NREQ; r++) CHECKF(same(&base, &b, r, model.cfg.hidden), "one-sequence pool: request %d differs", r);
+    free_results(&b);
+    CHECK_OK(run_ex(4, 16, s2, 2, 2, -1, 40, 0.8f, -1, 10, &b, &err), &err);
+    for (int r = 0; r < NREQ; r++)
+        CHECKF(same(&base, &b, r, model.cfg.hidden), "one-sequence pool, 2 threaded stages: request %d differs", r);
+    free_results(&b);
+    /* one block short of the longest request: refused when taken, not a hang */
+    CHECK(run(4, 16, NULL, 0, -1, 40, 0.8f, -1, 9, &b, &err) == EG_ERR_NOMEM && strstr(err.msg, "even alone"));
+    free_results(&b);
+    /* the reserve policy refuses the same as on demand */
+    kv_opts.kv_policy = EG_KV_RESERVE;
+    CHECK(run(4, 16, NULL, 0, -1, 40, 0.8f, -1, 9, &b, &err) == EG_ERR_NOMEM);
+    free_results(&b);
+    memset(&kv_opts, 0, sizeof kv_opts);
+    free_results(&base);
+}
+
+/* Captured rows kept as BF16 are exactly the F32 rows rounded as a shard rounds them. */
+static void test_capture_bf16(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    results a = {0}, b = {0};
+    memset(&kv_opts, 0, sizeof kv_opts);
+    CHECK_OK(run(3, 16, NULL, 0, -1, 8, 0.8f, -1, 0, &a, &err), &err);
+    kv_opts.capture_bf16 = 1;
+    kv_opts.host_kv_bytes = kv_block_bytes(3);
+    CHECK_OK(run(3, 6, NULL, 0, -1, 8, 0.8f, -1, 7, &b, &err), &err); /* preempting too */
+    CHECK(last_stats.preemptions > 0);
+    size_t H = (size_t)model.cfg.hidden;
+    for (int r = 0; r < NREQ; r++) {
+        CHECK(a.n_tokens[r] == b.n_tokens[r] && !memcmp(a.tokens[r], b.tokens[r], 4 * (size_t)a.n_tokens[r]));
+        CHECK(!a.aux16[r] && b.aux16[r] && !b.aux[r]);
+        size_t nf = (size_t)a.n_tokens[r] * H, bad = 0;
+        for (size_t k = 0; k < 3 * nf; k++) bad += b.aux16[r][k] != eg_f32_to_bf16(a.aux[r][k]);
+        for (size_t k = 0; k < nf; k++) bad += b.final16[r][k] != eg_f32_to_bf16(a.final[r][k]);
+        CHECKF(bad == 0, "request %d: %zu BF16 values differ from the rounded F32 rows", r, bad);
+    }
+    memset(&kv_opts, 0, sizeof kv_opts);
+    free_results(&a);
+    free_results(&b);
+}
+
+/* The block table goes up row by row: only rows that changed, coalesced, and one
+ * span when many scattered rows changed; the device copy equals the host table. */
+static void test_kv_table_upload(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    eg_backend *be = NULL;
+    eg_kv_cache *kv = NULL;
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = 4, .max_seq_len = 40, .nthreads = 1};
+    CHECK_OK(eg_backend_create(&model.cfg, &bo, &be, &err), &err);
+    if (!be) return;
+    CHECK_OK(eg_kv_create(be, 2, 8, 4, 64, 20, 40, &kv, &err), &err); /* MB = 10: 40 bytes a row */
+    if (!kv) { eg_backend_free(be); return; }
+    size_t row = 40, all = row * 20;
+    CHECK_OK(eg_kv_sync_table(kv, &err), &err);
+    CHECK(kv->upload_bytes == (int64_t)all && kv->upload_calls == 1);
+    CHECK_OK(eg_kv_sync_table(kv, &err), &err); /* nothing changed: nothing sent */
+    CHECK(kv->upload_bytes == (int64_t)all && kv->upload_calls == 1);
+    CHECK_OK(eg_kv_reserve(kv, 3, 10, &err), &err);
+    CHECK_OK(eg_kv_sync_table(kv, &err), &err);
+    CHECK(kv->upload_bytes == (int64_t)(all + row) && kv->upload_calls == 2);
+    CHECK(!memcmp(kv->table_dev, kv->table, all));
+    CHECK_OK(eg_kv_reserve(kv, 1, 4, &err), &err);
+    CHECK_OK(eg_kv_reserve(kv, 2, 4, &err), &err);
+    CHECK_OK(eg_kv_reserve(kv, 7, 4, &err), &err);
+    CHECK_OK(eg_kv_sync_table(kv, &err), &err); /* runs [1,3) and [7,8) */
+    CHECK(kv->upload_bytes == (int64_t)(all + 4 * row) && kv->upload_calls == 4);
+    CHECK(!memcmp(kv->table_dev, kv->table, all));
+    int64_t b0 = kv->upload_bytes, c0 = kv->upload_calls;
+    for (int r = 0; r < 20; r += 2) CHECK_OK(eg_kv_reserve(kv, r, 8, &err), &err); /* 10 scattered rows */
+    CHECK_OK(eg_kv_sync_table(kv, &err), &err);
+    CHECK(kv->upload_bytes == b0 + (int64_t)(19 * row) && kv->upload_calls == c0 + 1);
+    eg_kv_release(kv, 3);
+    CHECK_OK(eg_kv_sync_table(kv, &err), &err);
+    CHECK(!memcmp(kv->table_dev, kv->table, all) && kv->table_dev[3 * 10] == -1);
+    CHECK(eg_kv_slot_blocks(kv, 3) == 0 && eg_kv_slot_blocks(kv, 0) == 2);
+    eg_kv_free(kv);
+    eg_backend_free(be);
+}
+
+/* eg_kv_save/eg_kv_load move a slot's blocks to the host and back into other physical
+ * blocks, exactly. */
+static void test_kv_save_load(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    eg_backend *be = NULL;
+    eg_kv_cache *kv = NULL;
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = 4, .max_seq_len = 40, .nthreads = 1};
+    CHECK_OK(eg_backend_create(&model.cfg, &bo, &be, &err), &err);
+    if (!be) return;
+    const int L = 3, W = 6, BS = 4;
+    CHECK_OK(eg_kv_create(be, L, W, BS, 16, 3, 40, &kv, &err), &err);
+    if (!kv) { eg_backend_free(be); return; }
+    CHECK_OK(eg_kv_reserve(kv, 0, 11, &err), &err); /* 3 blocks */
+    for (int l = 0; l < L; l++)
+        for (int p = 0; p < 12; p++)
+            for (int w = 0; w < W; w++) {
+                int blk = kv->table[p / BS];
+                kv->layers[l].data[((size_t)blk * BS + p % BS) * W + w] = (uint16_t)(l * 1000 + p * 10 + w);
+            }
+    uint16_t *host = malloc((size_t)eg_kv_save_bytes(kv, 3));
+    CHECK(eg_kv_save_bytes(kv, 3) == (int64_t)L * 3 * BS * W * 2);
+    CHECK_OK(eg_kv_save(kv, 0, 3, host, &err), &err);
+    CHECK(host[((size_t)(1 * 3 + 2) * BS + 1) * W + 4] == 1000 + 9 * 10 + 4); /* layer 1, position 9, element 4 */
+    CHECK(eg_kv_save(kv, 0, 4, host, &err) == EG_ERR_INVALID); /* more blocks than mapped */
+    eg_kv_release(kv, 0);
+    CHECK_OK(eg_kv_reserve(kv, 1, 5, &err), &err); /* takes the freed blocks first */
+    CHECK_OK(eg_kv_reserve(kv, 2, 12, &err), &err);
+    for (int l = 0; l < L; l++) /* slot 2's blocks start as garbage */
+        for (int j = 0; j < 3; j++)
+            memset(kv->layers[l].data + (size_t)kv->table[2 * kv->max_blocks + j] * BS * W, 0xa5, 2 * (size_t)BS * W);
+    CHECK_OK(eg_kv_load(kv, 2, 3, host, &err), &err);
+    int bad = 0;
+    for (int l = 0; l < L; l++)
+        for (int p = 0; p < 12; p++)
+            for (int w = 0; w < W; w++) {
+                int blk = kv->table[2 * kv->max_blocks + p / BS];
+                bad += kv->layers[l].data[((size_t)blk * BS + p % BS) * W + w] != (uint16_t)(l * 1000 + p * 10 + w);
+            }
+    CHECK(bad == 0);
+    free(host);
+    eg_kv_free(kv);
+    eg_backend_free(be);
+}
+
+/* A recompute replaces decode steps by a prefill: the cache bytes a prompt leaves
+ * must not depend on how it was chunked (attention reads every latent, the chunk's own
+ * included, back from the BF16 cache). Slot 0 takes 30 tokens in one step, slot 1 the
+ * same tokens one per step, slot 2 in chunks of 7: every layer's cache rows agree. */
+static void test_prefill_decode_cache_bytes(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    eg_backend *be = NULL;
+    eg_forward *f = NULL;
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = 32, .max_seq_len = 64, .nthreads = 2};
+    CHECK_OK(eg_backend_create(&model.cfg, &bo, &be, &err), &err);
+    eg_forward_opts fo = {.max_tokens = 32, .n_slots = 3, .max_seq_len = 64, .block_size = 8};
+    if (be) CHECK_OK(eg_forward_create(&model, be, &fo, &f, &err), &err);
+    if (!f) { eg_backend_free(be); return; }
+    eg_kv_cache *kv = eg_forward_kv(f);
+    enum { N = 30 };
+    int32_t tok[N], pos[N], slot[N];
+    for (int i = 0; i < N; i++) tok[i] = prompt_tok(3, i);
+    for (int s = 0; s < 3; s++) {
+        CHECK_OK(eg_kv_reserve(kv, s, N, &err), &err);
+        int step = s == 0 ? N : s == 1 ? 1 : 7;
+        for (int p0 = 0; p0 < N; p0 += step) {
+            int T = p0 + step <= N ? step : N - p0;
+            for (int t = 0; t < T; t++) { pos[t] = p0 + t; slot[t] = s; }
+            eg_step st = {.T = T, .tokens = tok + p0, .pos = pos, .slot = slot};
+            CHECK_OK(eg_forward_step(f, &st, &err), &err);
+        }
+    }
+    int bad = 0;
+    size_t W = (size_t)kv->width;
+    for (int l = 0; l < kv->n_layers; l++)
+        for (int p = 0; p < N; p++) {
+            const uint16_t *r0 = kv->layers[l].data + ((size_t)kv->table[0 * kv->max_blocks + p / 8] * 8 + p % 8) * W;
+            for (int s = 1; s < 3; s++) {
+                const uint16_t *rs = kv->layers[l].data + ((size_t)kv->table[s * kv->max_blocks + p / 8] * 8 + p % 8) * W;
+                bad += memcmp(r0, rs, 2 * W) != 0;
+            }
+        }
+    CHECKF(bad == 0, "%d cache rows differ between one prefill, decode steps and chunks of 7", bad);
+    eg_forward_free(f);
+    eg_backend_free(be);
+}
+
+/* The scheduling estimates `plan` and `generate --batch auto` use. */
+static void test_plan_kv_estimates(void) {
+    double med = 0, sig = 0;
+    eg_error err = {0};
+    CHECK_OK(eg_plan_workload_parse("lognormal:2000:1.0", &med, &sig, &err), &err);
+    CHECK(med == 2000 && sig == 1.0);
+    CHECK(eg_plan_workload_parse("lognormal:2000", &med, &sig, &err) == EG_ERR_INVALID);
+    CHECK(eg_plan_workload_parse("normal:2000:1", &med, &sig, &err) == EG_ERR_INVALID);
+    CHECK(eg_plan_workload_parse("lognormal:0:1", &med, &sig, &err) == EG_ERR_INVALID);
+    CHECK(eg_plan_lognormal_mean_cut(500, 0, 1000) == 500 && eg_plan_lognormal_mean_cut(500, 0, 100) == 100);
+    double uncut = 2000 * exp(0.5); /* the lognormal mean */
+    CHECKF(fabs(eg_plan_lognormal_mean_cut(2000, 1.0, 1e12) - uncut) < 1e-3 * uncut, "%g vs %g",
+           eg_plan_lognormal_mean_cut(2000, 1.0, 1e12), uncut);
+    double cut = eg_plan_lognormal_mean_cut(2000, 1.0, 4096);
+    CHECK(cut < uncut && cut > 2000 * 0.9 && cut < 4096);
+    CHECK(eg_plan_concurrency_reserve(743450, 1024, 32768) == 22);
+    CHECK(fabs(eg_plan_concurrency_on_demand(743450, 3000, 0.01) - 743450 * 0.99 / 3000) < 1e-9);
+    /* auto slots: the pool at 256 tokens each, the row budget, half the RAM */
+    CHECK(eg_plan_auto_slots(1024, 4096, 512, (int64_t)1 << 40, 1000) == 4);
+    CHECK(eg_plan_auto_slots(1 << 20, 4096, 512, (int64_t)1 << 40, 1000) == 512);
+    CHECK(eg_plan_auto_slots(1 << 20, 4096, 512, 20000, 1000) == 10);
+    CHECK(eg_plan_auto_slots(10, 100, 512, 0, 1000) == 1);
+}
+
 /* Threads the library starts block SIGINT/SIGTERM, so gen/'s handler runs on the main
  * thread (a handler on a stage or writer thread raced the main thread's teardown). */
 static void *mask_probe(void *arg) {
@@ -454,6 +737,12 @@ static const eg_test tests[] = {
     {"random_weights", test_random_weights},
     {"stop_and_kv_pressure", test_stop_and_kv_pressure},
     {"teacher_forced", test_teacher_forced},
+    {"kv_preempt_exact", test_kv_preempt_exact},
+    {"capture_bf16", test_capture_bf16},
+    {"kv_table_upload", test_kv_table_upload},
+    {"kv_save_load", test_kv_save_load},
+    {"prefill_decode_cache_bytes", test_prefill_decode_cache_bytes},
+    {"plan_kv_estimates", test_plan_kv_estimates},
     {"cleanup", test_cleanup},
 };
 EG_TEST_MAIN("engine_batch", tests)
