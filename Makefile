@@ -22,8 +22,13 @@ ifneq ($(NVCC),)
 ifeq ($(NO_CUDA),)
 HAVE_CUDA = 1
 CFLAGS   += -DEG_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-NVFLAGS   = -std=c++17 -O3 -g -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP \
-            -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 \
+# Machine code for sm_90 (H100/H200) and sm_120 (RTX 50xx / RTX PRO Blackwell), plus
+# compute_80 PTX that the driver JIT-compiles on any other GPU of compute capability
+# >= 8.0 (A100, A10, L40S, B200 ...): the kernels use nothing past sm_80 (mma.sync bf16,
+# cp.async, ldmatrix). docs/CUDA.md, "What runs where".
+NVGENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 \
+             -gencode arch=compute_80,code=compute_80
+NVFLAGS   = -std=c++17 -O3 -g -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP $(NVGENCODE) \
             --expt-relaxed-constexpr
 LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart -lstdc++
 # NCCL (the multi-GPU pipeline transport) where the toolkit or the system has it; NO_NCCL=1 disables
