@@ -31,16 +31,22 @@ NVGENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=
 NVFLAGS   = -std=c++17 -O3 -g -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP $(NVGENCODE) \
             --expt-relaxed-constexpr
 LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart -lstdc++
-# NCCL (the multi-GPU pipeline transport) where the toolkit or the system has it; NO_NCCL=1 disables
-NCCL_H   = $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
-NCCL_SO  = $(firstword $(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/targets/x86_64-linux/lib/libnccl.so \
-                                  /usr/lib/x86_64-linux-gnu/libnccl.so))
+# NCCL (the multi-GPU pipeline transport) where the toolkit or the system has it, or in
+# NCCL_HOME (include/nccl.h, lib/libnccl.so[.2]: e.g. a Python nvidia-nccl wheel's
+# site-packages/nvidia/nccl, which ships only libnccl.so.2); NO_NCCL=1 disables. The
+# library is linked by its path, with its directory as the run path.
+NCCL_HOME ?=
+NCCL_H   = $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) $(CUDA_HOME)/include/nccl.h \
+                                  /usr/include/nccl.h))
+NCCL_SO  = $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib/libnccl.so.2) \
+                                  $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/targets/x86_64-linux/lib/libnccl.so \
+                                  /usr/lib/x86_64-linux-gnu/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so.2))
 ifneq ($(NCCL_H),)
 ifneq ($(NCCL_SO),)
 ifeq ($(NO_NCCL),)
 HAVE_NCCL = 1
-CFLAGS   += -DEG_HAVE_NCCL=1
-LDLIBS   += -lnccl
+CFLAGS   += -DEG_HAVE_NCCL=1 $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
+LDLIBS   += $(NCCL_SO) -Wl,-rpath,$(patsubst %/,%,$(dir $(NCCL_SO)))
 endif
 endif
 endif
