@@ -715,8 +715,15 @@ static void moe_case_out(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0,
     snprintf(what, sizeof what, "moe %s E=%d top-%d H=%d F=%d T=%d experts [%d,%d)", fmt_name(fmt), E, K, H, F, T, e0,
              e1);
     cmp_f32(&p, &y, what, bound);
-    if (out) *out = fetch(&p, &y);
-    printf("      (make+upload %.1fs, cpu %.1fs)\n", t1 - t0, t2 - t1);
+    /* a fingerprint of the result's bits, to compare builds (e.g. a launch change that
+     * must not move a bit) and machines */
+    float *got = fetch(&p, &y);
+    uint64_t fp = 1469598103934665603ull;
+    const unsigned char *gb = (const unsigned char *)got;
+    for (size_t i = 0; gb && i < 4 * (size_t)T * (size_t)H; i++) fp = (fp ^ gb[i]) * 1099511628211ull;
+    if (out) *out = got;
+    else free(got);
+    printf("      (make+upload %.1fs, cpu %.1fs; result bits %016llx)\n", t1 - t0, t2 - t1, (unsigned long long)fp);
     free(ids);
     free(wts);
     free(xv);
