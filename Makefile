@@ -22,20 +22,31 @@ ifneq ($(NVCC),)
 ifeq ($(NO_CUDA),)
 HAVE_CUDA = 1
 CFLAGS   += -DEG_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-NVFLAGS   = -std=c++17 -O3 -g -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP \
-            -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 \
+# Machine code for sm_90 (H100/H200) and sm_120 (RTX 50xx / RTX PRO Blackwell), plus
+# compute_80 PTX that the driver JIT-compiles on any other GPU of compute capability
+# >= 8.0 (A100, A10, L40S, B200 ...): the kernels use nothing past sm_80 (mma.sync bf16,
+# cp.async, ldmatrix). docs/CUDA.md, "What runs where".
+NVGENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 \
+             -gencode arch=compute_80,code=compute_80
+NVFLAGS   = -std=c++17 -O3 -g -I. -Xcompiler -Wall,-Wextra,-Werror -MMD -MP $(NVGENCODE) \
             --expt-relaxed-constexpr
 LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart -lstdc++
-# NCCL (the multi-GPU pipeline transport) where the toolkit or the system has it; NO_NCCL=1 disables
-NCCL_H   = $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
-NCCL_SO  = $(firstword $(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/targets/x86_64-linux/lib/libnccl.so \
-                                  /usr/lib/x86_64-linux-gnu/libnccl.so))
+# NCCL (the multi-GPU pipeline transport) where the toolkit or the system has it, or in
+# NCCL_HOME (include/nccl.h, lib/libnccl.so[.2]: e.g. a Python nvidia-nccl wheel's
+# site-packages/nvidia/nccl, which ships only libnccl.so.2); NO_NCCL=1 disables. The
+# library is linked by its path, with its directory as the run path.
+NCCL_HOME ?=
+NCCL_H   = $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) $(CUDA_HOME)/include/nccl.h \
+                                  /usr/include/nccl.h))
+NCCL_SO  = $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib/libnccl.so.2) \
+                                  $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/targets/x86_64-linux/lib/libnccl.so \
+                                  /usr/lib/x86_64-linux-gnu/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so.2))
 ifneq ($(NCCL_H),)
 ifneq ($(NCCL_SO),)
 ifeq ($(NO_NCCL),)
 HAVE_NCCL = 1
-CFLAGS   += -DEG_HAVE_NCCL=1
-LDLIBS   += -lnccl
+CFLAGS   += -DEG_HAVE_NCCL=1 $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
+LDLIBS   += $(NCCL_SO) -Wl,-rpath,$(patsubst %/,%,$(dir $(NCCL_SO)))
 endif
 endif
 endif

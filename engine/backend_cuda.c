@@ -1227,17 +1227,22 @@ eg_status eg_cuda_measure(int device, double *copy_bytes_per_s, double *bf16_flo
     return st;
 }
 
+/* A CUDA backend is one with either ops table: a profiled run (EG_CUDA_PROFILE=1) must
+ * be recognised as CUDA everywhere (transport choice, device binding), or it would
+ * measure another pipeline than the one it profiles. */
+static int is_cuda(const eg_backend *b) { return b && (b->ops == &cuda_ops || b->ops == &cuda_ops_profiled); }
+
 eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream) {
     if (device) *device = -1;
     if (stream) *stream = NULL;
-    if (!b || b->ops != &cuda_ops) return EG_ERR_UNSUPPORTED;
+    if (!is_cuda(b)) return EG_ERR_UNSUPPORTED;
     if (device) *device = impl_of(b)->device;
     if (stream) *stream = (void *)impl_of(b)->stream;
     return EG_OK;
 }
 
 int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
-    return b && b->ops == &cuda_ops ? impl_of(b)->sample_sorted_rows : 0;
+    return is_cuda(b) ? impl_of(b)->sample_sorted_rows : 0;
 }
 
 /* The EG_CUDA_* switches (docs/CUDA.md): a value none of them knows is an error, not a

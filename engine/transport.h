@@ -9,15 +9,23 @@
  *          backend, stage k+1 copies in. Works for any pair of backends (CPU, the same
  *          GPU, different GPUs without NCCL); one staging buffer per micro-batch per link.
  *   nccl   ncclSend/ncclRecv on each stage's own CUDA stream, one rank per GPU
- *          (ncclCommInitAll over the stages' devices); the host never waits, so stage k
- *          moves on to its next micro-batch while the rows travel. Needs CUDA backends
- *          on distinct GPUs and a build with NCCL (EG_HAVE_NCCL).
+ *          (ncclCommInitAll over the stages' devices, every link connected by one
+ *          grouped send/recv at creation); the host never waits, so stage k moves on
+ *          to its next micro-batch while the rows travel. Needs CUDA backends on
+ *          distinct GPUs and a build with NCCL (EG_HAVE_NCCL).
  *
  * Ordering contract (what makes the nccl transport need no host synchronisation): a
  * send is enqueued after every op of stage k's step, so when the rows arrive every
  * earlier op of that step (its capture copies included) has finished; a recv is
  * enqueued before stage k+1's first op of the step. Sends and recvs on link k happen
  * in the same order (micro-batches pass every stage in FIFO order), so they pair up.
+ * send returns without waiting for the peer, whatever n is: the owner may hand the
+ * micro-batch to stage k+1 (which then posts the recv) after send returns. NCCL blocks
+ * the host only while it connects a pair, which eg_transport_create does for every
+ * link; the transfer itself is stream work that may wait on the GPU for the recv
+ * (ncclSend "is blocking for the GPU"), so a stage's host waits only where it
+ * synchronises its own stream, and every such wait ends once the later stages' threads
+ * post their recvs, which needs nothing from the waiting stage (no cycle).
  * Ownership: eg_transport_create borrows the backends (they outlive the transport);
  * eg_transport_free accepts NULL.
  * Thread safety: link k's send is called only by stage k's thread and its recv only by

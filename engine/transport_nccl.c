@@ -1,6 +1,6 @@
-/* The NCCL pipeline transport: one rank per stage GPU (ncclCommInitAll), rows moved by
- * ncclSend/ncclRecv on each stage's own stream, so no host thread waits for a
- * hand-over. See transport.h for the ordering contract. Built with EG_HAVE_NCCL (the
+/* The NCCL pipeline transport: one rank per stage GPU (ncclCommInitAll), every link
+ * connected at creation (nccl_connect), rows moved by ncclSend/ncclRecv on each stage's
+ * own stream, so no host thread waits for a hand-over. See transport.h for the ordering contract. Built with EG_HAVE_NCCL (the
  * Makefile sets it when nccl.h and libnccl are found next to nvcc); otherwise
  * eg_transport_nccl_create reports EG_ERR_UNSUPPORTED. */
 #include "engine/transport.h"
@@ -77,6 +77,54 @@ static void nccl_destroy(eg_transport *t) {
 
 static const eg_transport_ops nccl_ops = {"nccl", nccl_send, nccl_recv, nccl_destroy};
 
+/* Connect every link now, from this one thread, in one group: one float from each stage
+ * to the next. NCCL connects a pair lazily, in the first ncclSend/ncclRecv between them,
+ * on the calling thread, and that call returns only once the peer's first call has run
+ * its half of the setup (transport setup exchanges connection data through the
+ * bootstrap and waits for the answer). Left to the stage threads, stage k's first send
+ * would wait for stage k+1's first recv, which stage k+1 posts only after the
+ * micro-batch arrives, i.e. after that send returned: every pipeline would hang on its
+ * first hand-over. Connected here, a send only enqueues its kernel, whatever its size,
+ * and the host never waits for a peer (transport.h, ordering contract). */
+static eg_status nccl_connect(nccl_impl *N, eg_error *err) {
+    float **one = eg_calloc((size_t)N->n, sizeof *one, err);
+    if (!one) return EG_ERR_NOMEM;
+    eg_status st = EG_OK;
+    cudaError_t ce = cudaSuccess;
+    for (int k = 0; k < N->n && ce == cudaSuccess; k++) {
+        ce = cudaSetDevice(N->dev[k]);
+        if (ce == cudaSuccess) ce = cudaMalloc((void **)&one[k], 2 * sizeof(float));
+        if (ce == cudaSuccess) ce = cudaMemsetAsync(one[k], 0, 2 * sizeof(float), N->strm[k]);
+    }
+    if (ce != cudaSuccess) {
+        st = eg_fail(err, EG_ERR_DEVICE, "nccl transport: connecting the links: %s", cudaGetErrorString(ce));
+    } else {
+        ncclResult_t r = ncclGroupStart();
+        for (int k = 0; k + 1 < N->n && r == ncclSuccess; k++) {
+            cudaSetDevice(N->dev[k]);
+            r = ncclSend(one[k], 1, ncclFloat32, k + 1, N->comm[k], N->strm[k]);
+            cudaSetDevice(N->dev[k + 1]);
+            if (r == ncclSuccess) r = ncclRecv(one[k + 1] + 1, 1, ncclFloat32, k, N->comm[k + 1], N->strm[k + 1]);
+        }
+        ncclResult_t re = ncclGroupEnd();
+        if (r == ncclSuccess) r = re;
+        if (r != ncclSuccess) st = nccl_fail(err, "ncclSend/ncclRecv (connecting the links)", r);
+        for (int k = 0; k < N->n && !st; k++) {
+            cudaSetDevice(N->dev[k]);
+            if ((ce = cudaStreamSynchronize(N->strm[k])) != cudaSuccess)
+                st = eg_fail(err, EG_ERR_DEVICE, "nccl transport: connecting link to stage %d: %s", k,
+                             cudaGetErrorString(ce));
+        }
+    }
+    for (int k = 0; k < N->n; k++)
+        if (one[k]) {
+            cudaSetDevice(N->dev[k]);
+            cudaFree(one[k]);
+        }
+    free(one);
+    return st;
+}
+
 int eg_transport_have_nccl(void) { return 1; }
 
 eg_status eg_transport_nccl_create(const eg_transport_opts *o, eg_transport **out, eg_error *err) {
@@ -116,6 +164,13 @@ eg_status eg_transport_nccl_create(const eg_transport_opts *o, eg_transport **ou
         memset(N->comm, 0, sizeof *N->comm * (size_t)N->n);
         nccl_destroy(t);
         return nccl_fail(err, "ncclCommInitAll", r);
+    }
+    eg_status st = nccl_connect(N, err);
+    cudaSetDevice(prev);
+    if (st) {
+        t->failed = 1; /* a half-made connection must not be waited for */
+        nccl_destroy(t);
+        return st;
     }
     *out = t;
     return EG_OK;

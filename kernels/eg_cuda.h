@@ -93,7 +93,9 @@ typedef struct egk_moe_ws {
     int part_rows;       /* calls with T*K <= part_rows may split K (decode); 0 = never */
 } egk_moe_ws;
 
-/* Rows per grouped-GEMM tile: max_tiles must be >= max_rows/EGK_MOE_BM + n_local + 1. */
+/* Rows per grouped-GEMM tile. max_tiles must be >= the grid bound egk_moe uses,
+ * (max_rows + min(n_local, max_rows) * (EGK_MOE_BM - 1)) / EGK_MOE_BM, which
+ * max_rows / EGK_MOE_BM + n_local + 1 always covers. */
 #define EGK_MOE_BM 32
 /* At most this many K splits on the tensor-core path for small calls (few rows per
  * expert: one k-loop per block would leave most of the GPU idle); the partial sums are

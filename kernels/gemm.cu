@@ -648,8 +648,14 @@ extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, 
                        float *y, void *stream) {
     int TK = T * K, nl = e1 - e0;
     if (T <= 0 || nl <= 0) return 0;
-    /* The tile bound: each expert wastes at most one partial tile. */
-    int max_tiles = TK / BM + nl + 1;
+    /* The grid's tile bound. At most m = min(nl, TK) local experts have rows, and an
+     * expert with c rows has ceil(c / BM) tiles, so the list holds at most
+     * floor((TK + m (BM - 1)) / BM) tiles (the sum of the ceilings is at most the ceiling
+     * of the sum). Sized by the experts alone (TK / BM + nl + 1), a decode step of one
+     * token on Kimi (TK 8, 384 experts) launched 385 tiles' worth of blocks for at most 8
+     * with work, and a block past the list's end still takes a scheduling slot. */
+    int m_exp = nl < TK ? nl : TK;
+    int max_tiles = (int)(((int64_t)TK + (int64_t)m_exp * (BM - 1)) / BM);
     if (TK > ws->max_rows || max_tiles > ws->max_tiles) return (int)cudaErrorInvalidValue;
     cudaStream_t s = (cudaStream_t)stream;
     size_t shm = sizeof(int32_t) * 2 * (size_t)nl;

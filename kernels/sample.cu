@@ -12,7 +12,7 @@
 
 #include <limits.h>
 
-#define SAMPLE_THREADS 1024
+#define SAMPLE_THREADS 512
 
 static __global__ void argmax_kernel(const float *logits, int V, int32_t *out) {
     __shared__ float sv[32];

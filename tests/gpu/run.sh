@@ -18,16 +18,24 @@
 #             again with CUDA graphs off, with the register-prefetch MoE, with every
 #             lever off (before/after), a per-op device-time profile (EG_CUDA_PROFILE=1),
 #             the MLA kernels at 8K context, and sampled decode both ways
-# Every step is guarded: a missing piece (binary, fixture, command) is SKIP with the
-# reason, a failure is FAIL; the script always reaches the final table. Logs go to
-# $OUT/gpu-logs when $OUT is set (the device runner brings $OUT back), else
-# $BUILD/gpu-logs. Exit status 1 when any step failed.
+# Every step is guarded: a missing piece (binary, fixture, command, device, tool) is SKIP
+# with the reason, a failure is FAIL; the script always reaches the final table. Every
+# command runs under `timeout`, and a step starts only when the elapsed time plus its
+# timeout fits the budget (GPU_RUN_BUDGET, default 450 s), so the call never overruns;
+# each step's row is appended to the summary file as soon as it finishes, so a call cut
+# short still leaves the rows so far. Without a GPU (no device in nvidia-smi -L and no
+# /dev/nvidia0) nothing is built or run: every step is SKIP with the reason, in seconds
+# (GPU_RUN_BUILD=1 builds anyway). Python: $PYTHON, else the first of `python3` on PATH
+# and /usr/bin/python3 that imports numpy (printed). NCCL: where the toolkit, the
+# system or a Python nvidia-nccl wheel has it (passed to make as NCCL_HOME), else the
+# table says the NCCL transport was not built. Logs go to $OUT/gpu-logs when $OUT is
+# set (the device runner brings $OUT back), else $BUILD/gpu-logs; the table is
+# $LOGS/summary.txt. Exit status 1 when any step failed.
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 BUILD=${BUILD:-build-gpu}
-PYTHON=${PYTHON:-/usr/bin/python3}
-BUDGET=${GPU_RUN_BUDGET:-450} # seconds; late optional steps are skipped past it
+BUDGET=${GPU_RUN_BUDGET:-450} # seconds; a step whose timeout would pass it is skipped
 if [ -z "${FIXTURES:-}" ]; then
     for d in "$ROOT/../shared/fixtures" "$ROOT/shared/fixtures" /work/shared/fixtures; do
         if [ -d "$d/models" ]; then FIXTURES=$(cd "$d" && pwd); break; fi
@@ -38,6 +46,7 @@ LOGS=${OUT:+$OUT/gpu-logs}
 LOGS=${LOGS:-$ROOT/$BUILD/gpu-logs}
 mkdir -p "$LOGS"
 rm -f "$LOGS"/*.log "$LOGS"/summary.txt
+SUMMARY_FILE=$LOGS/summary.txt
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 E=$ROOT/$BUILD/eaglegen
@@ -45,18 +54,25 @@ T0=$(date +%s)
 NAMES=() STATUS=() NOTES=() SECS=()
 FAILED=0
 NO_GPU=0
+NO_GPU_WHY=""
 
 elapsed() { echo $(($(date +%s) - T0)); }
-record() { # name status note seconds
+row() { printf '%-28s %-5s %6s  %s\n' "$@"; }
+{ echo "tests/gpu/run.sh summary (started $(date -u '+%F %T') UTC; budget ${BUDGET}s; logs in $LOGS)"
+  row step result secs note; } > "$SUMMARY_FILE"
+record() { # name status note seconds: kept for the final table and appended to the summary now
     NAMES+=("$1"); STATUS+=("$2"); NOTES+=("$3"); SECS+=("$4")
     [ "$2" = FAIL ] && FAILED=1
+    row "$1" "$2" "$4" "$3" >> "$SUMMARY_FILE"
     echo "-- $1: $2 ${3:+($3)}"
 }
-# run NAME TIMEOUT LOG cmd... : runs with a timeout, keeps the log, records PASS/FAIL
+# run NAME TIMEOUT LOG cmd... : runs with a timeout, keeps the log, records PASS/FAIL;
+# SKIP (time budget) when the timeout would end past the budget
 run() {
     local name=$1 to=$2 log=$3
     shift 3
     local s rc
+    if late "$to"; then record "$name" SKIP "time budget: $(elapsed)s elapsed + ${to}s timeout > ${BUDGET}s" 0; return 125; fi
     s=$(date +%s)
     echo "== $name: $*" | tee "$LOGS/$log"
     timeout -k 10 "$to" "$@" >> "$LOGS/$log" 2>&1
@@ -68,20 +84,85 @@ run() {
     else record "$name" FAIL "$note${SUMMARY:+; $SUMMARY}" $(($(date +%s) - s)); fi
     return $rc
 }
-have_cmd() { [ -x "$E" ] && "$E" "$1" --help 2>&1 | grep -q -- "${2:---}"; }
-late() { [ "$(elapsed)" -gt "$BUDGET" ]; }
+have_cmd() { [ -x "$E" ] && timeout 20 "$E" "$1" --help 2>&1 | grep -q -- "${2:---}"; }
+late() { [ $(($(elapsed) + ${1:-0})) -gt "$BUDGET" ]; } # late TIMEOUT: would a step of TIMEOUT s overrun?
 
 echo "== machine"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "nvidia-smi unavailable"
-  /usr/local/cuda/bin/nvcc --version 2>&1 | tail -1; nproc; } | tee "$LOGS/machine.log"
+{ timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "nvidia-smi unavailable"
+  timeout 20 /usr/local/cuda/bin/nvcc --version 2>&1 | tail -1; nproc; } | tee "$LOGS/machine.log"
+
+# a device at all? (nvidia-smi -L lists one line per GPU; containers without it may
+# still expose /dev/nvidia0)
+ngpu=$(timeout 20 nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+if [ "${ngpu:-0}" -eq 0 ] && ! [ -e /dev/nvidia0 ]; then
+    NO_GPU=1
+    if command -v nvidia-smi > /dev/null 2>&1; then NO_GPU_WHY="no GPU: nvidia-smi -L lists none"
+    else NO_GPU_WHY="no GPU: no nvidia-smi and no /dev/nvidia0"; fi
+    echo "== $NO_GPU_WHY"
+fi
+
+# Python with numpy (the golden comparer and gen_check need it): the H200 image has it
+# in the python3 first on PATH (under /opt), not in /usr/bin/python3
+PYTHON_WHY=""
+pick_python() {
+    local p
+    for p in ${PYTHON:-} "$(command -v python3 2>/dev/null)" /usr/bin/python3; do
+        [ -n "$p" ] && [ -x "$p" ] || continue
+        if timeout 30 "$p" -c "import numpy" > /dev/null 2>&1; then echo "$p"; return 0; fi
+    done
+    return 1
+}
+if PY=$(pick_python); then
+    PYTHON=$PY
+    echo "== python: $PYTHON (numpy $(timeout 30 "$PYTHON" -c 'import numpy; print(numpy.__version__)' 2>/dev/null))" |
+        tee -a "$LOGS/machine.log"
+else
+    PYTHON=${PYTHON:-/usr/bin/python3}
+    PYTHON_WHY="no python3 with numpy (tried \$PYTHON, python3 on PATH, /usr/bin/python3)"
+    echo "== python: $PYTHON_WHY" | tee -a "$LOGS/machine.log"
+fi
+
+# NCCL: the Makefile looks next to nvcc and in the system; the H200 image has it only in
+# Python's nvidia-nccl wheel (site-packages/nvidia/nccl/{include,lib}), which make gets as
+# NCCL_HOME. Without it the NCCL transport is not built (pipelines use --transport local).
+NCCL_WHERE=""
+for f in /usr/local/cuda/include/nccl.h /usr/include/nccl.h; do [ -f "$f" ] && NCCL_WHERE=$(dirname "$(dirname "$f")"); done
+NCCL_MAKE=()
+if [ -z "$NCCL_WHERE" ]; then
+    for sp in $(timeout 30 "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null); do
+        d=$sp/nvidia/nccl
+        if [ -f "$d/include/nccl.h" ] && ls "$d"/lib/libnccl.so* > /dev/null 2>&1; then
+            NCCL_WHERE=$d
+            NCCL_MAKE=(NCCL_HOME="$d")
+            break
+        fi
+    done
+fi
+if [ -n "$NCCL_WHERE" ]; then echo "== nccl: $NCCL_WHERE" | tee -a "$LOGS/machine.log"
+else echo "== nccl: not found: the NCCL transport is not built" | tee -a "$LOGS/machine.log"; fi
+
+if [ $NO_GPU = 1 ] && [ "${GPU_RUN_BUILD:-0}" != 1 ]; then
+    record build SKIP "$NO_GPU_WHY (make test builds the CUDA code; GPU_RUN_BUILD=1 builds here)" 0
+    for step in nccl ops sanitizer golden e2e pipeline hf-reference bench; do record "$step" SKIP "$NO_GPU_WHY" 0; done
+    { echo; echo "($(elapsed)s total)"; } >> "$SUMMARY_FILE"
+    echo
+    cat "$SUMMARY_FILE"
+    exit 0
+fi
 
 # 1. build --------------------------------------------------------------------------
-SUMMARY="" run build 300 build.log make -j16 BUILD="$BUILD" "$BUILD/eaglegen" gpu-tests
+SUMMARY="" run build 300 build.log make -j16 BUILD="$BUILD" "${NCCL_MAKE[@]}" "$BUILD/eaglegen" gpu-tests
 grep -E "warning|error" "$LOGS/build.log" | head -20
+if grep -q "DEG_HAVE_NCCL=1" "$LOGS/build.log"; then record nccl PASS "NCCL transport built ($NCCL_WHERE)" 0
+elif grep -q "DEG_HAVE_CUDA=1" "$LOGS/build.log"; then
+    record nccl SKIP "NCCL not found (toolkit, /usr, Python nvidia-nccl wheel): NCCL transport not built" 0
+fi
 
 # 2. op tests -----------------------------------------------------------------------
 OPS=$ROOT/$BUILD/gpu/test_cuda_ops
-if [ -x "$OPS" ]; then
+if [ $NO_GPU = 1 ]; then
+    record ops SKIP "$NO_GPU_WHY" 0
+elif [ -x "$OPS" ]; then
     SUMMARY="" run ops 240 ops.log "$OPS"
     [ $? -eq 2 ] && grep -q "no CUDA device" "$LOGS/ops.log" && NO_GPU=1
     grep -E "rel |differ|identical|DIFFERENT|FAIL|passed" "$LOGS/ops.log" > "$LOGS/ops-summary.log"
@@ -106,7 +187,20 @@ if [ $NO_GPU = 1 ] || [ "${GPU_RUN_SANITIZE:-1}" = 0 ]; then
     :
 elif [ -z "$SANI" ]; then
     record sanitizer SKIP "compute-sanitizer not found" 0
+elif late 60; then
+    record sanitizer SKIP "time budget" 0
 else
+    # probe once on a cheap test: a sanitizer that refuses the device ("Device not
+    # supported" on some images) is SKIP with its words, not three FAILs
+    timeout -k 10 60 "$SANI" --tool memcheck --error-exitcode 3 "$OPS" errors_and_plan > "$LOGS/sanitize-probe.log" 2>&1
+    prc=$?
+    if [ $prc -ne 0 ] && ! grep -Eq "ERROR SUMMARY: [1-9]" "$LOGS/sanitize-probe.log"; then
+        why=$(grep -m1 -iE "not supported|error" "$LOGS/sanitize-probe.log" | sed 's/^[= ]*//' | cut -c1-120)
+        record sanitizer SKIP "compute-sanitizer cannot run here (rc $prc: ${why:-see sanitize-probe.log})" 0
+        SANI=""
+    fi
+fi
+if [ -n "$SANI" ] && [ $NO_GPU = 0 ] && [ "${GPU_RUN_SANITIZE:-1}" != 0 ]; then
     for spec in memcheck:mla_paths racecheck:mla_paths memcheck:moe_small; do
         tool=${spec%%:*} f=${spec#*:}
         SUMMARY="" run "sanitize-$tool-$f" 60 "sanitize-$tool-$f.log" "$SANI" --tool "$tool" --error-exitcode 3 \
@@ -117,9 +211,11 @@ fi
 
 # 3. fixtures vs golden (bf16kv) ------------------------------------------------------
 if [ $NO_GPU = 1 ]; then
-    record rest SKIP "no CUDA device or no CUDA build: steps 3-5 not run" 0
+    record rest SKIP "${NO_GPU_WHY:-no CUDA device or no CUDA build}: steps 2b-5 not run" 0
 elif [ -z "$FIXTURES" ]; then
     record golden SKIP "fixtures not found (set FIXTURES)" 0
+elif [ -n "$PYTHON_WHY" ]; then
+    record golden SKIP "$PYTHON_WHY" 0
 elif ! have_cmd forward --backend; then
     record golden SKIP "eaglegen forward has no --backend" 0
 else
@@ -131,25 +227,29 @@ else
             record "golden-$g" SKIP "missing $gold or $model" 0
             continue
         fi
-        if late; then record "golden-$g" SKIP "time budget" 0; continue; fi
-        "$PYTHON" tests/gpu/golden_gpu.py prompts "$gold" "$TMP/$g-full.json"
+        # prompt list 30 s + forward 45 s + comparer 30 s (tiny models: seconds each on a GPU)
+        if late 105; then record "golden-$g" SKIP "time budget: $(elapsed)s elapsed + 105s > ${BUDGET}s" 0; continue; fi
+        timeout -k 5 30 "$PYTHON" tests/gpu/golden_gpu.py prompts "$gold" "$TMP/$g-full.json"
         s=$(date +%s)
         {
-            "$E" forward --backend cuda --model "$FIXTURES/models/$model" --prompts "$TMP/$g-full.json" \
+            timeout -k 10 45 "$E" forward --backend cuda --model "$FIXTURES/models/$model" --prompts "$TMP/$g-full.json" \
                 --out "$TMP/$g.safetensors" --chunk 37 &&
-                "$PYTHON" tests/gpu/golden_gpu.py teacher "$TMP/$g.safetensors" "$gold" --tol 2e-2 --margin 0.1
+                timeout -k 10 30 "$PYTHON" tests/gpu/golden_gpu.py teacher "$TMP/$g.safetensors" "$gold" --tol 2e-2 \
+                    --margin 0.1
         } > "$LOGS/golden-$g.log" 2>&1
         rc=$?
         sed 's/^/   | /' "$LOGS/golden-$g.log" | tail -n 30
         sum=$(grep SUMMARY "$LOGS/golden-$g.log" | sed 's/.*SUMMARY //')
         if [ $rc -eq 0 ]; then record "golden-$g teacher" PASS "$sum" $(($(date +%s) - s))
         else record "golden-$g teacher" FAIL "rc $rc; $sum" $(($(date +%s) - s)); fi
-        if [ -f "$FIXTURES/models/prompts-$g.json" ]; then
+        if [ -f "$FIXTURES/models/prompts-$g.json" ] && late 75; then
+            record "golden-$g greedy" SKIP "time budget: $(elapsed)s elapsed + 75s > ${BUDGET}s" 0
+        elif [ -f "$FIXTURES/models/prompts-$g.json" ]; then
             s=$(date +%s)
             {
-                "$E" forward --backend cuda --model "$FIXTURES/models/$model" --prompts "$FIXTURES/models/prompts-$g.json" \
-                    --out "$TMP/$g-gen.safetensors" --generate 16 &&
-                    "$PYTHON" tests/gpu/golden_gpu.py greedy "$TMP/$g-gen.safetensors" "$gold" --margin 0.1
+                timeout -k 10 45 "$E" forward --backend cuda --model "$FIXTURES/models/$model" \
+                    --prompts "$FIXTURES/models/prompts-$g.json" --out "$TMP/$g-gen.safetensors" --generate 16 &&
+                    timeout -k 10 30 "$PYTHON" tests/gpu/golden_gpu.py greedy "$TMP/$g-gen.safetensors" "$gold" --margin 0.1
             } > "$LOGS/golden-$g-greedy.log" 2>&1
             rc=$?
             sed 's/^/   | /' "$LOGS/golden-$g-greedy.log" | tail -n 10
@@ -159,11 +259,11 @@ else
         fi
     done
     # the CPU backend on the same case, for scale (same comparer, same bounds)
-    if ! late && [ -f "$FIXTURES/models/golden-a-bf16kv.safetensors" ]; then
+    if ! late 180 && [ -f "$FIXTURES/models/golden-a-bf16kv.safetensors" ]; then
         s=$(date +%s)
-        { "$E" forward --backend cpu --model "$FIXTURES/models/tiny-a" --prompts "$TMP/a-full.json" \
+        { timeout -k 10 120 "$E" forward --backend cpu --model "$FIXTURES/models/tiny-a" --prompts "$TMP/a-full.json" \
               --out "$TMP/a-cpu.safetensors" --chunk 37 &&
-              "$PYTHON" tests/gpu/golden_gpu.py teacher "$TMP/a-cpu.safetensors" \
+              timeout -k 10 60 "$PYTHON" tests/gpu/golden_gpu.py teacher "$TMP/a-cpu.safetensors" \
                   "$FIXTURES/models/golden-a-bf16kv.safetensors" --tol 2e-2 --margin 0.1; } > "$LOGS/golden-a-cpu.log" 2>&1
         rc=$?
         sum=$(grep SUMMARY "$LOGS/golden-a-cpu.log" | sed 's/.*SUMMARY //')
@@ -239,7 +339,7 @@ if [ $NO_GPU = 1 ]; then
     :
 elif [ ! -f tests/ref/run.sh ]; then
     record hf-reference SKIP "tests/ref/run.sh missing" 0
-elif ! "$PYTHON" -c "import torch, transformers" > /dev/null 2>&1; then
+elif ! timeout 60 "$PYTHON" -c "import torch, transformers" > /dev/null 2>&1; then
     record hf-reference SKIP "no torch/transformers here (tests/ref/run.sh on the CPU covers the CPU backend)" 0
 elif late; then
     record hf-reference SKIP "time budget" 0
@@ -320,14 +420,10 @@ else
     done
 fi
 
-# table ---------------------------------------------------------------------------------------
+# table (its rows are in the summary already, one per finished step) ------------------------------
 {
     echo
-    echo "tests/gpu/run.sh summary ($(elapsed)s total; logs in $LOGS)"
-    printf '%-28s %-5s %6s  %s\n' step result secs note
-    for i in "${!NAMES[@]}"; do
-        printf '%-28s %-5s %6s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${NOTES[$i]}"
-    done
+    echo "($(elapsed)s total)"
     [ -f "$LOGS/ops-summary.log" ] && { echo; echo "op errors (CUDA vs CPU):"; cat "$LOGS/ops-summary.log"; }
     for f in "$LOGS"/bench-*.log; do
         [ -f "$f" ] || continue
@@ -335,5 +431,7 @@ fi
         echo "$(basename "$f"):"
         if grep -q "^cuda profile" "$f"; then sed -n '/^cuda profile/,$p' "$f"; else tail -n 20 "$f"; fi
     done
-} | tee "$LOGS/summary.txt"
+} >> "$SUMMARY_FILE"
+echo
+cat "$SUMMARY_FILE"
 exit $FAILED

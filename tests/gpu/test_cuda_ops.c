@@ -15,6 +15,7 @@
 
 #include "engine/backend.h"
 #include "engine/cuda_plan.h"
+#include "engine/transport.h"
 #include "tests/check.h"
 
 /* ---- random numbers ------------------------------------------------------------ */
@@ -714,8 +715,15 @@ static void moe_case_out(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0,
     snprintf(what, sizeof what, "moe %s E=%d top-%d H=%d F=%d T=%d experts [%d,%d)", fmt_name(fmt), E, K, H, F, T, e0,
              e1);
     cmp_f32(&p, &y, what, bound);
-    if (out) *out = fetch(&p, &y);
-    printf("      (make+upload %.1fs, cpu %.1fs)\n", t1 - t0, t2 - t1);
+    /* a fingerprint of the result's bits, to compare builds (e.g. a launch change that
+     * must not move a bit) and machines */
+    float *got = fetch(&p, &y);
+    uint64_t fp = 1469598103934665603ull;
+    const unsigned char *gb = (const unsigned char *)got;
+    for (size_t i = 0; gb && i < 4 * (size_t)T * (size_t)H; i++) fp = (fp ^ gb[i]) * 1099511628211ull;
+    if (out) *out = got;
+    else free(got);
+    printf("      (make+upload %.1fs, cpu %.1fs; result bits %016llx)\n", t1 - t0, t2 - t1, (unsigned long long)fp);
     free(ids);
     free(wts);
     free(xv);
@@ -1077,8 +1085,68 @@ static void test_errors_and_plan(void) {
     eg_backend_free(NULL);
 }
 
+/* EG_CUDA_PROFILE=1 gives the backend the profiled ops table; it must still count as a
+ * CUDA backend (device query, transport choice), or `--transport auto` silently takes
+ * the local transport and `--transport nccl` fails: a profiled run would measure another
+ * pipeline than the one it profiles. With two devices and NCCL, `auto` between two
+ * profiled GPUs must be nccl, and rows must cross it intact. */
+static void test_profiled_transport(void) {
+    eg_config c = small_cfg();
+    eg_error err = {0};
+    eg_backend_opts o = {.name = "cuda", .max_tokens = 16, .max_seq_len = 64, .device = 0};
+    eg_backend *plain = NULL, *prof[2] = {NULL, NULL};
+    CHECK_OK(eg_backend_cuda_create(&c, &o, &plain, &err), &err);
+    setenv("EG_CUDA_PROFILE", "1", 1);
+    CHECK_OK(eg_backend_cuda_create(&c, &o, &prof[0], &err), &err);
+    o.device = 1;
+    eg_error err1 = {0};
+    eg_status st1 = eg_backend_cuda_create(&c, &o, &prof[1], &err1);
+    unsetenv("EG_CUDA_PROFILE");
+    int d = -2;
+    void *strm = NULL;
+    if (plain && prof[0]) {
+        CHECK(prof[0]->ops != plain->ops); /* the profiled table is the one in use */
+        eg_status st = eg_backend_cuda_device(prof[0], &d, &strm);
+        printf("    profiled backend: device query %s, device %d\n", eg_status_name(st), d);
+        CHECK(st == EG_OK && d == 0 && strm != NULL);
+    }
+    if (st1 || !eg_transport_have_nccl()) {
+        printf("    transport choice not checked: %s\n", st1 ? "one device" : "built without NCCL");
+    } else if (prof[0]) {
+        eg_transport *t = NULL;
+        eg_transport_opts to = {.name = "auto", .stages = prof, .n_stages = 2, .n_micro_batches = 1, .max_floats = 64};
+        CHECK_OK(eg_transport_create(&to, &t, &err), &err);
+        printf("    auto transport between two profiled GPUs: %s\n", eg_transport_name(t));
+        CHECK(t && !strcmp(eg_transport_name(t), "nccl"));
+        float host[64], back[64];
+        for (int i = 0; i < 64; i++) host[i] = (float)i * 0.5f - 3.0f;
+        void *src = NULL, *dst = NULL;
+        if (t && !prof[0]->ops->alloc(prof[0], sizeof host, &src, &err) &&
+            !prof[1]->ops->alloc(prof[1], sizeof host, &dst, &err)) {
+            memset(back, 0, sizeof back);
+            CHECK_OK(eg_backend_bind(prof[0], &err), &err);
+            CHECK_OK(prof[0]->ops->to_device(prof[0], src, host, sizeof host, &err), &err);
+            CHECK_OK(t->ops->send(t, 0, 0, src, 64, &err), &err);
+            CHECK_OK(eg_backend_bind(prof[1], &err), &err);
+            CHECK_OK(t->ops->recv(t, 0, 0, dst, 64, &err), &err);
+            CHECK_OK(prof[1]->ops->to_host(prof[1], back, dst, sizeof back, &err), &err);
+            CHECK_OK(prof[1]->ops->sync(prof[1], &err), &err);
+            CHECK_OK(eg_backend_bind(prof[0], &err), &err);
+            CHECK_OK(prof[0]->ops->sync(prof[0], &err), &err);
+            CHECK(!memcmp(host, back, sizeof host));
+        }
+        eg_transport_free(t);
+        if (src) prof[0]->ops->release(prof[0], src);
+        if (dst) prof[1]->ops->release(prof[1], dst);
+    }
+    eg_backend_free(plain);
+    eg_backend_free(prof[0]);
+    eg_backend_free(prof[1]);
+}
+
 static const eg_test tests[] = {
     {"errors_and_plan", test_errors_and_plan},
+    {"profiled_transport", test_profiled_transport},
     {"embed_norm_add_gather", test_embed_norm_add_gather},
     {"linear_small", test_linear_small},
     {"linear_kimi", test_linear_kimi},

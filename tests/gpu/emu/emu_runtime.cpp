@@ -1,24 +1,37 @@
 // Host implementations of the emulated CUDA runtime and cuBLAS subset
-// (tests/gpu/emu/include). Streams are synchronous: every call completes on return,
-// except on a capturing stream, where launches, copies, memsets and GEMMs are recorded
-// for a graph to replay.
+// (tests/gpu/emu/include). Streams are asynchronous, as on a GPU: every stream has a
+// worker thread that runs its queued work (launches, copies, memsets, GEMMs, CUB sorts,
+// NCCL transfers, event records) in order, later than the call that queued it, so a
+// host read of a copy's destination before the stream or an event says it is done sees
+// poisoned bytes, and a host write to a pinned source before the copy ran changes what
+// is copied. EMU_STREAMS=sync runs everything at the call instead (the old model). On
+// a capturing stream, launches, copies, memsets and GEMMs are recorded for a graph to
+// replay.
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
 
 struct emu_stream {
-    int capturing, invalid;
+    int capturing = 0, invalid = 0;
     std::vector<std::function<void()>> rec;
+    std::deque<std::function<void()>> q; /* queued work, run in order by the worker */
+    int running = 0;                     /* the worker is inside an item */
+    bool stop = false;
+    std::thread worker;
 };
 struct emu_graph {
-    std::vector<std::function<void()>> ops;
+    std::shared_ptr<const std::vector<std::function<void()>>> ops;
 };
 struct emu_blas {
     cudaStream_t s;
@@ -40,6 +53,67 @@ static cudaError_t emu_refuse(cudaStream_t s) {
 static std::vector<cudaStream_t> emu_capturing_streams;
 static void emu_invalidate_thread_captures(void) {
     for (cudaStream_t s : emu_capturing_streams) s->invalid = 1;
+}
+
+/* ---- asynchronous streams --------------------------------------------------------- */
+static std::mutex emu_smu;              /* every stream's queue, every event's counters */
+static std::condition_variable emu_scv; /* work queued, an item done, an event reached */
+static std::vector<cudaStream_t> emu_live_streams;
+static int emu_async(void) {
+    static const int a = [] { const char *e = std::getenv("EMU_STREAMS"); return !(e && !std::strcmp(e, "sync")); }();
+    return a;
+}
+static void emu_worker(cudaStream_t s) {
+    std::unique_lock<std::mutex> l(emu_smu);
+    for (;;) {
+        emu_scv.wait(l, [&] { return s->stop || !s->q.empty(); });
+        if (s->q.empty()) return; /* stopped and drained */
+        std::function<void()> fn = std::move(s->q.front());
+        s->q.pop_front();
+        s->running = 1;
+        l.unlock();
+        fn();
+        l.lock();
+        s->running = 0;
+        emu_scv.notify_all();
+    }
+}
+/* Run fn on stream s: recorded while s captures, queued for s's worker otherwise (at
+ * once for the null stream, inside a graph replay, or with EMU_STREAMS=sync). */
+void emu_stream_exec(cudaStream_t s, std::function<void()> fn) {
+    if (emu_capture_record(s, fn)) return;
+    if (!s || !emu_async()) {
+        fn();
+        return;
+    }
+    std::lock_guard<std::mutex> g(emu_smu);
+    s->q.push_back(std::move(fn));
+    emu_scv.notify_all();
+}
+static void emu_drain(cudaStream_t s) {
+    std::unique_lock<std::mutex> l(emu_smu);
+    emu_scv.wait(l, [&] { return s->q.empty() && !s->running; });
+}
+/* cudaFree and cudaFreeHost wait for the whole device, as CUDA's do */
+static void emu_drain_all(void) {
+    std::vector<cudaStream_t> all;
+    {
+        std::lock_guard<std::mutex> g(emu_smu);
+        all = emu_live_streams;
+    }
+    for (cudaStream_t s : all) emu_drain(s);
+}
+/* Pinned host memory (cudaMallocHost): copies from it are read when the stream gets to
+ * them, copies into it land then; pageable memory is read at the call (H2D) or waited
+ * for (D2H), as CUDA does. */
+static std::mutex emu_pin_mu;
+static std::map<uintptr_t, size_t> emu_pinned;
+static bool emu_is_pinned(const void *p) {
+    std::lock_guard<std::mutex> g(emu_pin_mu);
+    auto it = emu_pinned.upper_bound((uintptr_t)p);
+    if (it == emu_pinned.begin()) return false;
+    --it;
+    return (uintptr_t)p < it->first + it->second;
 }
 
 extern "C" {
@@ -83,33 +157,78 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int dev) {
     }
     return cudaErrorInvalidValue;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = new emu_stream(); return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
+    *s = new emu_stream();
+    if (emu_async()) (*s)->worker = std::thread(emu_worker, *s);
+    std::lock_guard<std::mutex> g(emu_smu);
+    emu_live_streams.push_back(*s);
+    return cudaSuccess;
+}
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (s && s->capturing) return emu_refuse(s);
     if (emu_thread_captures) { emu_invalidate_thread_captures(); return cudaErrorStreamCaptureUnsupported; }
+    if (s) emu_drain(s);
+    else emu_drain_all();
     return cudaSuccess;
 }
-cudaError_t cudaStreamDestroy(cudaStream_t s) { delete s; return cudaSuccess; }
-/* Emulated streams run each launch at once, so an event's time is the host's clock when
- * it is recorded (a recording inside a capture keeps the previous time). */
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s) return cudaErrorInvalidValue;
+    {
+        std::lock_guard<std::mutex> g(emu_smu);
+        s->stop = true; /* the worker finishes the queue first */
+        emu_scv.notify_all();
+        for (size_t i = 0; i < emu_live_streams.size(); i++)
+            if (emu_live_streams[i] == s) emu_live_streams.erase(emu_live_streams.begin() + (long)i);
+    }
+    if (s->worker.joinable()) s->worker.join();
+    delete s;
+    return cudaSuccess;
+}
+/* An event's time is the host's clock when its stream reaches it (a recording inside a
+ * capture keeps the previous time); it is complete once the stream got there. */
 struct emu_event {
-    double t;
+    double t = 0;
+    long recorded = 0, reached = 0;
 };
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = new emu_event{0.0}; return cudaSuccess; }
-cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { *e = new emu_event(); return cudaSuccess; }
+static void emu_event_wait(cudaEvent_t e) {
+    std::unique_lock<std::mutex> l(emu_smu);
+    emu_scv.wait(l, [&] { return e->reached >= e->recorded; });
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!e) return cudaErrorInvalidValue;
+    emu_event_wait(e); /* a pending record still writes it */
+    delete e;
+    return cudaSuccess;
+}
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e) return cudaErrorInvalidValue;
-    if (!(s && s->capturing))
-        e->t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (s && s->capturing) return cudaSuccess;
+    long seq;
+    {
+        std::lock_guard<std::mutex> g(emu_smu);
+        seq = ++e->recorded;
+    }
+    emu_stream_exec(s, [e, seq] {
+        double t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+        std::lock_guard<std::mutex> g(emu_smu);
+        e->t = t;
+        if (seq > e->reached) e->reached = seq;
+        emu_scv.notify_all();
+    });
     return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     if (!ms || !a || !b) return cudaErrorInvalidValue;
+    emu_event_wait(a);
+    emu_event_wait(b);
     *ms = (float)(1000.0 * (b->t - a->t));
     return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (emu_thread_captures) { emu_invalidate_thread_captures(); return cudaErrorStreamCaptureUnsupported; }
+    if (!e) return cudaErrorInvalidValue;
+    emu_event_wait(e);
     return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
@@ -129,7 +248,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
     for (size_t i = 0; i < emu_capturing_streams.size(); i++)
         if (emu_capturing_streams[i] == s) emu_capturing_streams.erase(emu_capturing_streams.begin() + (long)i);
     if (s->invalid) { s->rec.clear(); return cudaErrorStreamCaptureInvalidated; }
-    *g = new emu_graph{std::move(s->rec)};
+    *g = new emu_graph{std::make_shared<const std::vector<std::function<void()>>>(std::move(s->rec))};
     s->rec.clear();
     return cudaSuccess;
 }
@@ -144,7 +263,10 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned lon
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
     if (s && s->capturing) return emu_refuse(s); /* no nested graphs here */
-    for (auto &op : e->ops) op();
+    std::shared_ptr<const std::vector<std::function<void()>>> ops = e->ops;
+    emu_stream_exec(s, [ops] {
+        for (auto &op : *ops) op();
+    });
     return cudaSuccess;
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
@@ -156,9 +278,28 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     if (*p) memset(*p, 0xA5, n); /* garbage, as device memory is */
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
-cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
-cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaFree(void *p) {
+    emu_drain_all();
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t n) {
+    cudaError_t e = cudaMalloc(p, n);
+    if (e == cudaSuccess) {
+        std::lock_guard<std::mutex> g(emu_pin_mu);
+        emu_pinned[(uintptr_t)*p] = n;
+    }
+    return e;
+}
+cudaError_t cudaFreeHost(void *p) {
+    emu_drain_all();
+    {
+        std::lock_guard<std::mutex> g(emu_pin_mu);
+        emu_pinned.erase((uintptr_t)p);
+    }
+    free(p);
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st) {
     if (st && st->capturing) {
         /* host memory in a graph must be pinned and stay valid for every replay; the
@@ -167,12 +308,32 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
         st->rec.push_back([d, s, n] { memmove(d, s, n); });
         return cudaSuccess;
     }
-    memmove(d, s, n);
+    if (!st || !emu_async() || !n) {
+        memmove(d, s, n);
+        return cudaSuccess;
+    }
+    if (k == cudaMemcpyHostToDevice && !emu_is_pinned(s)) {
+        /* pageable source: staged at the call, so the caller may reuse it at once */
+        auto copy = std::make_shared<std::vector<unsigned char>>((const unsigned char *)s, (const unsigned char *)s + n);
+        emu_stream_exec(st, [d, copy] { std::memcpy(d, copy->data(), copy->size()); });
+        return cudaSuccess;
+    }
+    if (k == cudaMemcpyDeviceToHost && !emu_is_pinned(d)) {
+        /* pageable destination: CUDA returns once the copy is done */
+        emu_stream_exec(st, [d, s, n] { memmove(d, s, n); });
+        emu_drain(st);
+        return cudaSuccess;
+    }
+    /* a pinned destination holds garbage until the stream gets to the copy: a host read
+     * that does not wait for it sees NaN bytes (a buffer that is both the source of a
+     * queued copy and the destination of a later one in the same stream would read the
+     * poison too; the backend has none) */
+    if (k == cudaMemcpyDeviceToHost) std::memset(d, 0xFF, n);
+    emu_stream_exec(st, [d, s, n] { memmove(d, s, n); });
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
-    if (emu_capture_record(st, [d, v, n] { memset(d, v, n); })) return cudaSuccess;
-    memset(d, v, n);
+    emu_stream_exec(st, [d, v, n] { memset(d, v, n); });
     return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) {
@@ -210,12 +371,17 @@ static float ld(const void *p, cudaDataType t, long long i) {
 
 /* Column-major BLAS semantics: X(i,j) = X[i + j*ld]; op(X) = X or X^T;
  * C = alpha op(A) op(B) + beta C, op(A) m x k, op(B) k x n, C m x n. */
-static cublasStatus_t gemm1(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                            const void *A, cudaDataType At, int lda, const void *B, cudaDataType Bt, int ldb,
-                            float beta, void *C, cudaDataType Ct, int ldc) {
+static cublasStatus_t gemm_check(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int lda, int ldb,
+                                 cudaDataType Ct, int ldc) {
     if (Ct != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (lda < (ta == CUBLAS_OP_N ? m : k) || ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < m)
         return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+static cublasStatus_t gemm1(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                            const void *A, cudaDataType At, int lda, const void *B, cudaDataType Bt, int ldb,
+                            float beta, void *C, cudaDataType Ct, int ldc) {
+    if (cublasStatus_t st = gemm_check(ta, tb, m, n, k, lda, ldb, Ct, ldc)) return st;
     float *c = (float *)C;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
@@ -236,9 +402,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             int ldb, const void *beta, void *C, cudaDataType Ct, int ldc, cublasComputeType_t,
                             cublasGemmAlgo_t) {
     float al = *(const float *)alpha, be = *(const float *)beta; /* host pointer mode: read at the call */
-    if (emu_capture_record(h->s, [=] { gemm1(ta, tb, m, n, k, al, A, At, lda, B, Bt, ldb, be, C, Ct, ldc); }))
-        return CUBLAS_STATUS_SUCCESS;
-    return gemm1(ta, tb, m, n, k, al, A, At, lda, B, Bt, ldb, be, C, Ct, ldc);
+    if (cublasStatus_t st = gemm_check(ta, tb, m, n, k, lda, ldb, Ct, ldc)) return st;
+    emu_stream_exec(h->s, [=] { gemm1(ta, tb, m, n, k, al, A, At, lda, B, Bt, ldb, be, C, Ct, ldc); });
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 static size_t esz(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
@@ -258,17 +424,18 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
         }
         return CUBLAS_STATUS_SUCCESS;
     };
-    if (emu_capture_record(h->s, [run] { run(); })) return CUBLAS_STATUS_SUCCESS;
-    return run();
+    if (cublasStatus_t st = gemm_check(ta, tb, m, n, k, lda, ldb, Ct, ldc)) return st;
+    emu_stream_exec(h->s, [run] { run(); });
+    return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
                            float *C, int ldc) {
     float al = *alpha, be = *beta;
-    if (emu_capture_record(h->s, [=] { gemm1(ta, tb, m, n, k, al, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, be, C,
-                                             CUDA_R_32F, ldc); }))
-        return CUBLAS_STATUS_SUCCESS;
-    return gemm1(ta, tb, m, n, k, *alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, *beta, C, CUDA_R_32F, ldc);
+    if (cublasStatus_t st = gemm_check(ta, tb, m, n, k, lda, ldb, CUDA_R_32F, ldc)) return st;
+    emu_stream_exec(h->s, [=] { gemm1(ta, tb, m, n, k, al, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, be, C, CUDA_R_32F,
+                                      ldc); });
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 }

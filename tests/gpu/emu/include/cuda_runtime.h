@@ -1,7 +1,8 @@
 /* Emulation stand-in for cuda_runtime.h when the kernels are compiled as host C++
  * (tests/gpu/emu): every CUDA thread of a block is an OS thread, __syncthreads a
  * std::barrier, warp shuffles go through a per-warp exchange buffer and barrier.
- * Blocks run one after another, one launch at a time process-wide. Slow, and only for checking index arithmetic and
+ * Blocks run one after another, one launch at a time process-wide, on the worker
+ * thread of the launch's stream (later than the launch call). Slow, and only for checking index arithmetic and
  * logic on small shapes; it says nothing about races that need real concurrency
  * across blocks or about memory-model subtleties. */
 #ifndef EMU_CUDA_RUNTIME_H
@@ -206,6 +207,9 @@ inline bool emu_launch_ok(const void *k, dim3 g, dim3 b, size_t shm) {
     if (shm > 48 * 1024 && (shm > (size_t)emu_func_smem(k) || shm > (size_t)emu_smem_limit(0))) return false;
     return true;
 }
+inline void emu_launch_run(dim3 g, dim3 b, size_t shm, const std::function<void()> &fn);
+/* A launch is checked at the call (a refused one reports through cudaGetLastError, as on
+ * a GPU) and runs when its stream gets to it (tests/gpu/emu/emu_runtime.cpp). */
 inline void emu_launch(const void *k, dim3 g, dim3 b, size_t shm, cudaStream_t s, const std::function<void()> &fn) {
     if (!emu_launch_ok(k, g, b, shm)) {
         std::fprintf(stderr, "emulator: launch refused (grid %u,%u,%u block %u,%u,%u, %zu bytes of dynamic shared memory)\n",
@@ -213,7 +217,9 @@ inline void emu_launch(const void *k, dim3 g, dim3 b, size_t shm, cudaStream_t s
         emu_set_last_error(cudaErrorInvalidValue);
         return;
     }
-    if (emu_capture_record(s, [k, g, b, shm, fn] { emu_launch(k, g, b, shm, (cudaStream_t)0, fn); })) return;
+    emu_stream_exec(s, [g, b, shm, fn] { emu_launch_run(g, b, shm, fn); });
+}
+inline void emu_launch_run(dim3 g, dim3 b, size_t shm, const std::function<void()> &fn) {
     std::lock_guard<std::mutex> serial(emu_launch_mu);
     gridDim = g;
     blockDim = b;

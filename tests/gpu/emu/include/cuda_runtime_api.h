@@ -62,6 +62,9 @@ const char *cudaGetErrorString(cudaError_t e);
 #include <functional>
 /* Record fn when s is capturing (true), else leave it to the caller to run (false). */
 bool emu_capture_record(cudaStream_t s, std::function<void()> fn);
+/* Run fn as work on stream s: recorded while s captures, else queued for s's worker
+ * (run later, in order; at once for the null stream or with EMU_STREAMS=sync). */
+void emu_stream_exec(cudaStream_t s, std::function<void()> fn);
 /* Per-kernel opt-in above 48 KB of dynamic shared memory (the launch checks it), the
  * device's limits (an H200's unless EMU_SMEM_PER_SM / EMU_SMEM_OPTIN say otherwise:
  * 102400 / 101376 for an sm_120), and the error the next cudaGetLastError returns. */

@@ -1,8 +1,10 @@
 /* Emulation stand-in for NCCL (tests/gpu/emu): ranks in one process, point-to-point
- * only (ncclSend/ncclRecv), implemented in emu_nccl.cpp. Emulated streams are
- * synchronous, so a send copies the rows into the peer's FIFO and returns, and a recv
- * waits for them: the pairing and ordering contract of real NCCL is checked (count,
- * order, the calling thread's current device), not its timing. C and C++. */
+ * only (ncclSend/ncclRecv, grouped or not), implemented in emu_nccl.cpp. It blocks
+ * where NCCL blocks: the first send/recv between a pair waits on the host for the
+ * peer's first call (lazy connection), a transfer is stream work, and a send larger
+ * than the pair's buffer waits on its stream for the matching recv. Checked: pairing
+ * (count, order), the calling thread's current device, and that nothing hangs (every
+ * wait times out with a message). C and C++. */
 #ifndef EMU_NCCL_H
 #define EMU_NCCL_H
 #include <stddef.h>
@@ -18,6 +20,8 @@ typedef struct emu_nccl_comm *ncclComm_t;
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int n, const int *devlist);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
 ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s);
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s);
 const char *ncclGetErrorString(ncclResult_t r);

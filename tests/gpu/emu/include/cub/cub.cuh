@@ -28,22 +28,25 @@ template <class T, int N> struct BlockScan {
 struct DeviceSegmentedRadixSort {
     template <class K, class V, class N, class O>
     static cudaError_t SortPairsDescending(void *temp, size_t &bytes, const K *kin, K *kout, const V *vin, V *vout,
-                                           N num_items, int nseg, O begin, O end, int, int, cudaStream_t) {
+                                           N num_items, int nseg, O begin, O end, int, int, cudaStream_t stream) {
         if (!temp) {
             bytes = 16;
             return cudaSuccess;
         }
         (void)num_items;
-        for (int sgm = 0; sgm < nseg; sgm++) {
-            int b = begin[sgm], e = end[sgm];
-            std::vector<int> idx(e - b);
-            std::iota(idx.begin(), idx.end(), b);
-            std::stable_sort(idx.begin(), idx.end(), [&](int x, int y) { return kin[x] > kin[y]; });
-            for (int i = 0; i < e - b; i++) {
-                kout[b + i] = kin[idx[i]];
-                vout[b + i] = vin[idx[i]];
+        /* device work: runs when the stream gets to it (segment offsets are device data) */
+        emu_stream_exec(stream, [=] {
+            for (int sgm = 0; sgm < nseg; sgm++) {
+                int b = begin[sgm], e = end[sgm];
+                std::vector<int> idx(e - b);
+                std::iota(idx.begin(), idx.end(), b);
+                std::stable_sort(idx.begin(), idx.end(), [&](int x, int y) { return kin[x] > kin[y]; });
+                for (int i = 0; i < e - b; i++) {
+                    kout[b + i] = kin[idx[i]];
+                    vout[b + i] = vin[idx[i]];
+                }
             }
-        }
+        });
         return cudaSuccess;
     }
 };
