@@ -465,7 +465,8 @@ out:
 struct corpus_reader {
     const tok_tokenizer *tok;
     corpus_opts o;
-    char **files;
+    char **files;         /* [n_files] paths as given, to open */
+    char **names;         /* [n_files] the same, escaped where not UTF-8 (rec->file) */
     size_t n_files, cur;  /* cur: index of the open (or next) file */
     struct archive *a;
     int at_eof;           /* current archive exhausted */
@@ -500,8 +501,17 @@ static eg_status add_file(corpus_reader *r, size_t *cap, const char *path, eg_er
         char **f = realloc(r->files, *cap * sizeof *f);
         if (!f) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
         r->files = f;
+        char **g = realloc(r->names, *cap * sizeof *g);
+        if (!g) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        r->names = g;
     }
     if (!(r->files[r->n_files] = strdup(path))) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    /* a file name that is not UTF-8 reaches ids, rejects files and sample metadata (all
+     * JSON) escaped */
+    if (!(r->names[r->n_files] = eg_utf8_escape(path))) {
+        free(r->files[r->n_files]);
+        return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    }
     r->n_files++;
     return EG_OK;
 }
@@ -554,8 +564,12 @@ static void close_archive(corpus_reader *r) {
 void corpus_close(corpus_reader *r) {
     if (!r) return;
     close_archive(r);
-    for (size_t i = 0; i < r->n_files; i++) free(r->files[i]);
+    for (size_t i = 0; i < r->n_files; i++) {
+        free(r->files[i]);
+        free(r->names[i]);
+    }
     free(r->files);
+    free(r->names);
     free(r->buf);
     free(r->stdin_buf);
     free(r->line);
@@ -719,6 +733,11 @@ static eg_status next_line(corpus_reader *r, int *got, int *too_long, eg_error *
         r->cur++;
     }
     r->lineno++;
+    /* a UTF-8 byte-order mark (Windows editors write one) is not part of line 1 */
+    if (r->lineno == 1 && r->llen >= 3 && !memcmp(r->line, "\xEF\xBB\xBF", 3)) {
+        memmove(r->line, r->line + 3, r->llen - 3);
+        r->llen -= 3;
+    }
     if (r->llen && r->line[r->llen - 1] == '\r') r->llen--;
     if (line_append(r, (const uint8_t *)"", 0, err)) return err->code;
     r->line[r->llen] = 0;
@@ -743,7 +762,7 @@ eg_status corpus_next(corpus_reader *r, corpus_record *rec, bool *got, eg_error 
         uint64_t index = r->index++;
         if (index < r->o.start_index) continue;
         if (r->o.n_workers > 1 && index % r->o.n_workers != r->o.worker) continue;
-        rec->file = r->files[r->cur];
+        rec->file = r->names[r->cur];
         rec->line = r->lineno;
         rec->index = index;
         free(rec->raw);
