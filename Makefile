@@ -83,8 +83,18 @@ TEST_BINS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 
 EAGLEGEN = $(BUILD)/eaglegen
 
-.PHONY: emu all test demo asan tsan bench clean deps test-unit test-scripts fmt
-all: $(EAGLEGEN) $(TEST_BINS)
+# Fuzz harnesses (tests/fuzz/fuzz_NAME.c, one per parser): `make test` links each with
+# the replay driver (cc, no libFuzzer) and runs it over tests/fuzz/corpus/NAME/;
+# `make fuzz` builds them with clang's libFuzzer and runs the campaign (FUZZ_S seconds
+# per target; docs/ARCHITECTURE.md).
+FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_REPLAY  = $(patsubst %,$(BUILD)/tests/fuzz/replay_%,$(FUZZ_TARGETS))
+FUZZ_S      ?= 60
+FUZZ_BUILD  ?= build-fuzz
+FUZZ_CC     ?= clang
+
+.PHONY: emu all test demo asan tsan bench clean deps test-unit test-scripts fmt fuzz fuzz-bins
+all: $(EAGLEGEN) $(TEST_BINS) $(FUZZ_REPLAY)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -128,8 +138,28 @@ $(BUILD)/tests/test_%: tests/test_%.c tests/check.h $$(deps_$$(word 1,$$(subst _
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(deps_$(word 1,$(subst _, ,$*))) $(LDLIBS)
 
+$(BUILD)/tests/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h tests/fuzz/tok_common.h $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ tests/fuzz/fuzz_$*.c tests/fuzz/replay.c $(ALL_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h tests/fuzz/tok_common.h $(ALL_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $< $(ALL_LIBS) $(LDLIBS) $(LDFLAGS)
+
+fuzz-bins: $(patsubst %,$(BUILD)/tests/fuzz/fuzz_%,$(FUZZ_TARGETS))
+
+# The fuzzing campaign: every harness under ASan + UBSan (no recovery) + LeakSanitizer,
+# seeded from tests/fuzz/corpus and from the fixtures and a generated dataset, FUZZ_S
+# seconds each; found inputs land in tests/fuzz/corpus/NAME/ (commit them: `make test`
+# replays them). FUZZ_TARGETS="record manifest" runs a subset.
+fuzz:
+	$(MAKE) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT=-O1 NO_CUDA=1 \
+	    SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	    $(FUZZ_BUILD)/eaglegen fuzz-bins
+	FUZZ_S=$(FUZZ_S) BUILD=$(FUZZ_BUILD) bash tests/fuzz/run.sh $(FUZZ_TARGETS)
+
 # Unit tests (C), then scripted end-to-end tests (tests/*.sh), then the Python loader.
-test: $(EAGLEGEN) $(TEST_BINS)
+test: $(EAGLEGEN) $(TEST_BINS) $(FUZZ_REPLAY)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run_all.sh
 
 asan:

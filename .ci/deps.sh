@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages eaglegen needs, only those missing.
 set -eu
-pkgs="build-essential libjansson-dev libzstd-dev libarchive-dev libpcre2-dev python3-numpy python3-zstandard zstd gzip xz-utils bzip2"
+pkgs="build-essential strace libjansson-dev libzstd-dev libarchive-dev libpcre2-dev python3-numpy python3-zstandard zstd gzip xz-utils bzip2"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -142,3 +142,44 @@ void eg_rm_flat_dir(const char *dir) {
     }
     rmdir(dir);
 }
+
+size_t eg_utf8_valid_prefix(const char *s_, size_t len) {
+    const unsigned char *s = (const unsigned char *)s_;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t n;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
+        else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; }
+        else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; }
+        else return i;
+        if (n > len - i) return i;
+        for (size_t k = 1; k < n; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+            return i;
+        i += n;
+    }
+    return len;
+}
+
+char *eg_utf8_escape(const char *raw) {
+    size_t n = strlen(raw);
+    char *o = malloc(4 * n + 1);
+    if (!o) return NULL;
+    size_t j = 0;
+    const unsigned char *s = (const unsigned char *)raw;
+    for (size_t i = 0; i < n;) {
+        size_t k = eg_utf8_valid_prefix(raw + i, n - i);
+        memcpy(o + j, s + i, k);
+        j += k;
+        i += k;
+        if (i < n) j += (size_t)snprintf(o + j, 5, "\\x%02X", s[i++]);
+    }
+    o[j] = 0;
+    return o;
+}

@@ -78,6 +78,16 @@ uint8_t eg_f32_to_fp8e4m3(float f);
 void *eg_malloc(size_t n, eg_error *err);
 void *eg_calloc(size_t n, size_t size, eg_error *err);
 
+/* UTF-8 for JSON files: jansson refuses strings that are not valid UTF-8, so a path, id
+ * or name taken from the outside world goes through eg_utf8_escape before it reaches one.
+ * eg_utf8_valid_prefix: length of the longest valid prefix of s[0..n) (n when all of it
+ * is valid; overlong forms, surrogates and code points past U+10FFFF are invalid, as in
+ * jansson). eg_utf8_escape: a malloc'd copy of s, unchanged when it is valid UTF-8,
+ * otherwise with each byte that is not part of a valid sequence written as the four
+ * characters "\xNN" (hex, upper case); NULL only when out of memory. */
+size_t eg_utf8_valid_prefix(const char *s, size_t n);
+char *eg_utf8_escape(const char *s);
+
 /* Monotonic seconds. */
 double eg_now(void);
 

@@ -132,23 +132,42 @@ static eg_status frame_append(ZSTD_CCtx *cc, const void *src, size_t n, uint8_t 
     return EG_OK;
 }
 
-static char *meta_json(const eg_ds_sample *s) {
+/* The metadata section's JSON. Refuses what eg_ds_record_decode would refuse: an id or
+ * source file that is not valid UTF-8 (JSON cannot hold it), a temperature or top_p that
+ * is not finite (JSON has no NaN or infinity). */
+static eg_status meta_json(const eg_ds_sample *s, char **out, eg_error *err) {
+    *out = NULL;
+    const char *id = s->id ? s->id : "", *src = s->source_file ? s->source_file : "";
+    const char *what = NULL;
+    if (eg_utf8_valid_prefix(id, strlen(id)) != strlen(id)) what = "its id is not valid UTF-8";
+    else if (eg_utf8_valid_prefix(src, strlen(src)) != strlen(src)) what = "its source_file is not valid UTF-8";
+    else if (!isfinite(s->temperature)) what = "its temperature is not a finite number";
+    else if (!isfinite(s->top_p)) what = "its top_p is not a finite number";
+    if (what) {
+        char *shown = eg_utf8_escape(id);
+        eg_fail(err, EG_ERR_INVALID, "sample \"%.200s\" cannot be stored: %s", shown ? shown : "?", what);
+        free(shown);
+        return EG_ERR_INVALID;
+    }
     json_t *o = json_object();
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, s->seed);
-    json_object_set_new(o, "id", json_string(s->id ? s->id : ""));
-    json_object_set_new(o, "source_file", json_string(s->source_file ? s->source_file : ""));
-    json_object_set_new(o, "source_line", json_integer(s->source_line));
-    json_object_set_new(o, "prompt_len", json_integer(s->prompt_len));
-    json_object_set_new(o, "gen_len", json_integer(s->gen_len));
-    json_object_set_new(o, "finish", json_string(eg_ds_finish_name(s->finish)));
-    json_object_set_new(o, "temperature", json_real(s->temperature));
-    json_object_set_new(o, "top_p", json_real(s->top_p));
-    json_object_set_new(o, "top_k", json_integer(s->top_k));
-    json_object_set_new(o, "seed", json_string(seed));
-    char *txt = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    int bad = !o;
+    bad = bad || json_object_set_new(o, "id", json_string(id));
+    bad = bad || json_object_set_new(o, "source_file", json_string(src));
+    bad = bad || json_object_set_new(o, "source_line", json_integer(s->source_line));
+    bad = bad || json_object_set_new(o, "prompt_len", json_integer(s->prompt_len));
+    bad = bad || json_object_set_new(o, "gen_len", json_integer(s->gen_len));
+    bad = bad || json_object_set_new(o, "finish", json_string(eg_ds_finish_name(s->finish)));
+    bad = bad || json_object_set_new(o, "temperature", json_real(s->temperature));
+    bad = bad || json_object_set_new(o, "top_p", json_real(s->top_p));
+    bad = bad || json_object_set_new(o, "top_k", json_integer(s->top_k));
+    bad = bad || json_object_set_new(o, "seed", json_string(seed));
+    char *txt = bad ? NULL : json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(o);
-    return txt;
+    if (!txt) return eg_fail(err, EG_ERR_NOMEM, "out of memory (sample metadata)");
+    *out = txt;
+    return EG_OK;
 }
 
 eg_status eg_ds_record_encode(eg_ds_codec *c, const eg_ds_sample *s, uint8_t **out,
@@ -158,8 +177,9 @@ eg_status eg_ds_record_encode(eg_ds_codec *c, const eg_ds_sample *s, uint8_t **o
     if (s->T < 0 || s->T > UINT32_MAX || s->H < 1 || s->H > UINT32_MAX || s->n_aux < 0)
         return eg_fail(err, EG_ERR_INVALID, "sample %s: bad shape T=%" PRId64 " H=%" PRId64
                        " n_aux=%d", s->id ? s->id : "?", s->T, s->H, s->n_aux);
-    char *meta = meta_json(s);
-    if (!meta) return eg_fail(err, EG_ERR_INVALID, "sample id or source is not valid UTF-8");
+    char *meta;
+    eg_status mst = meta_json(s, &meta, err);
+    if (mst) return mst;
     size_t meta_len = strlen(meta);
     size_t T = (size_t)s->T, H = (size_t)s->H, na = (size_t)s->n_aux;
     size_t n_aux_el = T * na * H, n_fin_el = T * H;

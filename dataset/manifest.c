@@ -28,7 +28,10 @@ void eg_ds_info_clear(eg_ds_info *m) {
     memset(m, 0, sizeof *m);
 }
 
-static char *dupnull(const char *s) { return strdup(s ? s : ""); }
+/* Strings reach manifest.json, whose JSON must be valid UTF-8: a name that is not (a
+ * model directory named in Latin-1, say) is kept escaped (eg_utf8_escape), here where it
+ * enters the description, so what is compared on resume is what the file holds. */
+static char *dupnull(const char *s) { return eg_utf8_escape(s ? s : ""); }
 
 eg_status eg_ds_info_copy_desc(eg_ds_info *d, const eg_ds_info *s, eg_error *err) {
     memset(d, 0, sizeof *d);
@@ -134,8 +137,26 @@ eg_status eg_ds_info_compatible(const eg_ds_info *a, const eg_ds_info *b, eg_err
 }
 
 /* ---------------------------------------------------------------- save */
+/* Inside to_json every set and append is checked: a value json_pack could not build
+ * (NULL: a string that is not UTF-8, out of memory) fails the save and names the key,
+ * instead of silently leaving the key out. */
+static int set_checked(json_t *o, const char *key, json_t *v, const char **bad) {
+    int r = json_object_set_new(o, key, v);
+    if (r && !*bad) *bad = key;
+    return r;
+}
+static int append_checked(json_t *a, json_t *v, const char **bad) {
+    int r = json_array_append_new(a, v);
+    if (r && !*bad) *bad = "array entry";
+    return r;
+}
+#define json_object_set_new(o, key, v) set_checked(o, key, v, &bad_key)
+#define json_array_append_new(a, v) append_checked(a, v, &bad_key)
+
 static json_t *to_json(const eg_ds_info *m, eg_error *err) {
+    const char *bad_key = NULL;
     json_t *o = json_object();
+    if (!o) { eg_fail(err, EG_ERR_NOMEM, "out of memory"); return NULL; }
     json_object_set_new(o, "format", json_string("eaglegen-dataset"));
     json_object_set_new(o, "format_version", json_integer(EG_DS_FORMAT_VERSION));
     if (m->worker_count > 0)
@@ -209,6 +230,12 @@ static json_t *to_json(const eg_ds_info *m, eg_error *err) {
         return NULL;
     }
     json_object_set_new(o, "job", job);
+    if (bad_key) {
+        json_decref(o);
+        eg_fail(err, EG_ERR_INVALID, "manifest key \"%s\" cannot be written (a string that is not UTF-8, or out of memory)",
+                bad_key);
+        return NULL;
+    }
     if (m->precision_json) {
         json_t *p = json_loads(m->precision_json, 0, &je);
         if (!json_is_array(p)) {
@@ -221,6 +248,8 @@ static json_t *to_json(const eg_ds_info *m, eg_error *err) {
     }
     return o;
 }
+#undef json_object_set_new
+#undef json_array_append_new
 
 eg_status eg_ds_fsync_dir(const char *dir, eg_error *err) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
@@ -298,6 +327,7 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
     json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!o) {
         if (access(path, F_OK)) return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno));
+        if (je.line < 0) return eg_fail(err, EG_ERR_IO, "%s: cannot read: %s", path, je.text); /* open/read failed */
         return eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s", path, je.line, je.text);
     }
     eg_status st = EG_OK;
@@ -489,5 +519,14 @@ eg_status eg_ds_find_manifests(const char *dir, int prefer_workers, char ***name
     if (find_manifests(dir, !prefer_workers ? 1 : 0, names, n, NULL) == EG_OK) return EG_OK;
     struct stat sb;
     if (stat(dir, &sb)) return eg_fail(err, EG_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return eg_fail(err, EG_ERR_IO, "%s: not a directory", dir);
+    /* a directory that cannot be listed or searched is not "not a dataset" */
+    DIR *d = opendir(dir);
+    if (!d) return eg_fail(err, EG_ERR_IO, "%s: cannot read the dataset directory: %s", dir, strerror(errno));
+    closedir(d);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, EG_DS_MANIFEST);
+    if (access(p, F_OK) && errno != ENOENT)
+        return eg_fail(err, EG_ERR_IO, "%s: cannot read the dataset directory: %s", dir, strerror(errno));
     return eg_fail(err, EG_ERR_IO, "%s: no manifest.json or manifest.w*of*.json (not a dataset)", dir);
 }

@@ -753,6 +753,18 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
 }
 
 int cmd_generate(int argc, char **argv) {
+    /* the flag-setting handler from the start (main.c blocks SIGINT/SIGTERM until here):
+     * a signal during the model load, seconds on a real checkpoint, ends in 130 too */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigset_t ss;
+    sigemptyset(&ss);
+    sigaddset(&ss, SIGINT);
+    sigaddset(&ss, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &ss, NULL);
     gen_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc < 0 && a.dry_run) {
@@ -763,7 +775,7 @@ int cmd_generate(int argc, char **argv) {
             .shard_samples = a.shard_samples, .shard_bytes = a.shard_bytes, .backend = a.backend, .stages = a.stages};
         rc = gen_dry_run(&dro, stdout);
     }
-    if (rc >= 0) { free((void *)a.prompts); return rc; }
+    if (rc >= 0) { free((void *)a.prompts); return g_interrupted ? 130 : rc; }
     rc = 1;
     eg_error err = {0};
     gen_run g;
@@ -999,11 +1011,6 @@ int cmd_generate(int argc, char **argv) {
     eg_shard_writer_stats ws0;
     shard_writer_stats(g.w, &ws0);
     gen_progress_init(&g.prog, jlog, a.worker, a.n_workers);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     g_engine = g.engine;
     eg_status run_st = eg_engine_run(g.engine, next_request, on_done, &g, &err);
     g_engine = NULL;
@@ -1075,7 +1082,12 @@ int cmd_generate(int argc, char **argv) {
     if (run_st) goto done;
     rc = 0;
 done:
-    if (rc == 1) fprintf(stderr, "eaglegen generate: %s\n", err.msg);
+    if (rc == 1 && g_interrupted) { /* the signal cut setup short (an interrupted read, say) */
+        fprintf(stderr, "eaglegen generate: interrupted (%s); rerun the same command to resume\n", err.msg);
+        rc = 130;
+    } else if (rc == 1) {
+        fprintf(stderr, "eaglegen generate: %s\n", err.msg);
+    }
 done_quiet:
     while (g.live.next) meta_free(g.live.next);
     eg_engine_free(g.engine);

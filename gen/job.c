@@ -9,7 +9,6 @@
 
 #include "common/eg_hash.h"
 #include "dataset/manifest.h"
-#include "prompts/tokenizer.h"
 
 void gen_job_filename(char *out, size_t n, const char *base, const char *ext, int worker, int n_workers) {
     if (n_workers > 1) snprintf(out, n, "%s.w%dof%d.%s", base, worker, n_workers, ext);
@@ -46,8 +45,13 @@ eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err) {
     char hex[65];
     eg_sha256_final(&c, d);
     eg_sha256_to_hex(d, hex);
-    *out = json_pack("{s:s, s:I, s:s}", "path", path, "size", (json_int_t)sb.st_size, "sha256_head_tail", hex);
-    return *out ? EG_OK : eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    /* a path that is not valid UTF-8 is stored escaped (the same escape every run, so a
+     * resume still matches) */
+    char *name = eg_utf8_escape(path);
+    if (!name) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    *out = json_pack("{s:s, s:I, s:s}", "path", name, "size", (json_int_t)sb.st_size, "sha256_head_tail", hex);
+    free(name);
+    return *out ? EG_OK : eg_fail(err, EG_ERR_INVALID, "%s: cannot record the input's fingerprint as JSON", path);
 }
 
 /* Append "key: old -> new" lines for every difference between a and b. */
@@ -112,7 +116,12 @@ eg_status gen_job_check(const char *dir, const char *name, json_t *want, int *ex
     *changed = 0;
     if (access(path, F_OK) != 0) return EG_OK;
     json_error_t je;
-    json_t *have = json_load_file(path, 0, &je);
+    FILE *f = fopen(path, "rb");
+    if (!f) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(errno));
+    json_t *have = json_loadf(f, 0, &je);
+    int read_failed = ferror(f), e = errno;
+    fclose(f);
+    if (!have && read_failed) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(e));
     if (!have) return eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s (the job file is damaged)", path, je.line, je.text);
     *existed = 1;
     json_t *norm = normalized(have, want);
@@ -244,36 +253,22 @@ int gen_ledger_has(const gen_ledger *l, uint64_t index) {
 
 int64_t gen_ledger_count(const gen_ledger *l, gen_outcome o) { return l->counts[o]; }
 
-/* raw as valid UTF-8: each byte that is not part of a valid sequence becomes the text
- * "\\xNN" (so binary or mis-encoded lines can still be logged). NULL: out of memory. */
-static char *utf8_escape(const char *raw, size_t *out_len) {
-    size_t n = strlen(raw);
-    char *o = malloc(4 * n + 1);
-    if (!o) return NULL;
-    size_t j = 0;
-    const unsigned char *s = (const unsigned char *)raw;
-    for (size_t i = 0; i < n;) {
-        size_t k = tok_utf8_check(raw + i, n - i); /* valid bytes from i */
-        memcpy(o + j, s + i, k);
-        j += k;
-        i += k;
-        if (i < n) j += (size_t)sprintf(o + j, "\\x%02X", s[i++]);
-    }
-    o[j] = 0;
-    *out_len = j;
-    return o;
-}
-
 eg_status gen_ledger_add(gen_ledger *l, uint64_t index, const char *file, uint64_t line, const char *id,
                          gen_outcome o, const char *reason, const char *raw, eg_error *err) {
-    json_t *j = json_pack("{s:I, s:s, s:s, s:I, s:s, s:s}", "index", (json_int_t)index, "outcome", outcome_names[o],
-                          "file", file ? file : "", "line", (json_int_t)line, "id", id ? id : "", "reason",
-                          reason ? reason : "");
+    char *sf = eg_utf8_escape(file ? file : ""), *si = eg_utf8_escape(id ? id : ""),
+         *sr = eg_utf8_escape(reason ? reason : "");
+    json_t *j = sf && si && sr ? json_pack("{s:I, s:s, s:s, s:I, s:s, s:s}", "index", (json_int_t)index, "outcome",
+                                           outcome_names[o], "file", sf, "line", (json_int_t)line, "id", si,
+                                           "reason", sr)
+                               : NULL;
+    free(sf);
+    free(si);
+    free(sr);
     if (!j) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
     if (raw) {
-        size_t rn = 0;
-        char *safe = utf8_escape(raw, &rn);
-        json_t *rv = safe ? json_stringn(safe, rn) : NULL;
+        /* binary or mis-encoded lines can still be logged */
+        char *safe = eg_utf8_escape(raw);
+        json_t *rv = safe ? json_string(safe) : NULL;
         free(safe);
         if (!rv || json_object_set_new(j, "raw", rv)) { json_decref(j); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
     }

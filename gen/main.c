@@ -1,5 +1,6 @@
 /* eaglegen — generates EAGLE-3 drafter training data from Kimi-K2.5 / DeepSeek-V3
  * models. This file only dispatches to the subcommands (gen/commands.h). */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,6 +34,15 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* generate turns SIGINT/SIGTERM into "commit and exit 130"; until its handler is
+     * installed (cmd_generate's first lines) they stay pending instead of killing the
+     * process with 143. Every other command gets the default action back at once. */
+    sigset_t ss;
+    sigemptyset(&ss);
+    sigaddset(&ss, SIGINT);
+    sigaddset(&ss, SIGTERM);
+    sigprocmask(SIG_BLOCK, &ss, NULL);
+    if (argc < 2 || strcmp(argv[1], "generate")) sigprocmask(SIG_UNBLOCK, &ss, NULL);
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);

@@ -185,7 +185,12 @@ eg_status gen_resume_check(const char *dir, const char *name, json_t *want, int 
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (access(path, F_OK) != 0) return EG_OK;
     json_error_t je;
-    json_t *have = json_load_file(path, 0, &je);
+    FILE *f = fopen(path, "rb");
+    if (!f) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(errno));
+    json_t *have = json_loadf(f, 0, &je);
+    int read_failed = ferror(f), e = errno;
+    fclose(f);
+    if (!have && read_failed) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(e));
     if (!have) return eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s (the job file is damaged)", path, je.line, je.text);
     r->existed = 1;
     char msg[800] = "";

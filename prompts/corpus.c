@@ -465,8 +465,9 @@ out:
 struct corpus_reader {
     const tok_tokenizer *tok;
     corpus_opts o;
-    char **files;
-    char **names;         /* [n_files] name for ids and rec->file; NULL = the path */
+    char **files;         /* [n_files] paths as given, to open */
+    char **names;         /* [n_files] name for ids and rec->file: the path escaped where not UTF-8,
+                           * or what corpus_name_file set */
     size_t n_files, cur;  /* cur: index of the open (or next) file */
     struct archive *a;
     int at_eof;           /* current archive exhausted */
@@ -501,8 +502,17 @@ static eg_status add_file(corpus_reader *r, size_t *cap, const char *path, eg_er
         char **f = realloc(r->files, *cap * sizeof *f);
         if (!f) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
         r->files = f;
+        char **g = realloc(r->names, *cap * sizeof *g);
+        if (!g) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        r->names = g;
     }
     if (!(r->files[r->n_files] = strdup(path))) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    /* a file name that is not UTF-8 reaches ids, rejects files and sample metadata (all
+     * JSON) escaped */
+    if (!(r->names[r->n_files] = eg_utf8_escape(path))) {
+        free(r->files[r->n_files]);
+        return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    }
     r->n_files++;
     return EG_OK;
 }
@@ -551,7 +561,7 @@ eg_status corpus_name_file(corpus_reader *r, size_t i, const char *name, eg_erro
     if (i >= r->n_files) return eg_fail(err, EG_ERR_INVALID, "corpus_name_file: no input %zu", i);
     if (!r->names && !(r->names = calloc(r->n_files, sizeof *r->names)))
         return eg_fail(err, EG_ERR_NOMEM, "out of memory");
-    char *c = strdup(name);
+    char *c = eg_utf8_escape(name);
     if (!c) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
     free(r->names[i]);
     r->names[i] = c;
@@ -568,7 +578,7 @@ void corpus_close(corpus_reader *r) {
     close_archive(r);
     for (size_t i = 0; i < r->n_files; i++) {
         free(r->files[i]);
-        if (r->names) free(r->names[i]);
+        free(r->names[i]);
     }
     free(r->files);
     free(r->names);
@@ -735,6 +745,11 @@ static eg_status next_line(corpus_reader *r, int *got, int *too_long, eg_error *
         r->cur++;
     }
     r->lineno++;
+    /* a UTF-8 byte-order mark (Windows editors write one) is not part of line 1 */
+    if (r->lineno == 1 && r->llen >= 3 && !memcmp(r->line, "\xEF\xBB\xBF", 3)) {
+        memmove(r->line, r->line + 3, r->llen - 3);
+        r->llen -= 3;
+    }
     if (r->llen && r->line[r->llen - 1] == '\r') r->llen--;
     if (line_append(r, (const uint8_t *)"", 0, err)) return err->code;
     r->line[r->llen] = 0;

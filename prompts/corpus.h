@@ -95,7 +95,8 @@ typedef struct corpus_scratch corpus_scratch; /* internal, reused between record
 
 typedef struct corpus_record {
     /* where: */
-    const char *file; /* input path as given ("-" for stdin); owned by the reader */
+    const char *file; /* input path as given ("-" for stdin), escaped as eg_utf8_escape
+                         does when it is not valid UTF-8; owned by the reader */
     uint64_t line;    /* 1-based line in that file */
     uint64_t index;   /* 0-based record index over all inputs */
     char *id;         /* the record's "id", or "FILE:LINE" */

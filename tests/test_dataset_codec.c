@@ -3,6 +3,7 @@
  *   test_dataset_codec --ratio [FILE...]   prints the ratio table for every golden-*-bf16kv
  *   file, or for the given files in the same layout (`eaglegen forward` output) */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -248,6 +249,46 @@ static void test_record_bad_seed(void) {
     eg_ds_sample_clear(&s);
 }
 
+/* Encode refuses what decode refuses (issue 22): an id or source file that is not UTF-8,
+ * a temperature or top_p that is NaN or infinite. Before, such a record was written with
+ * the key silently missing and its own decoder then rejected it. Everything encode does
+ * accept decodes back to the same sample. */
+static void test_record_encode_refuses(void) {
+    eg_ds_codec *c;
+    eg_error err = {0};
+    CHECK(eg_ds_codec_new(3, 1, &c, &err) == EG_OK);
+    for (int k = 0; k < 6; k++) {
+        eg_ds_sample s, r;
+        make(&s, 5, 1, 4, 30 + (uint64_t)k);
+        const char *want = "";
+        if (k == 0) { free(s.id); s.id = strdup("bad\xff-id"); want = "id is not valid UTF-8"; }
+        if (k == 1) { free(s.source_file); s.source_file = strdup("c\xe9.jsonl"); want = "source_file is not valid UTF-8"; }
+        if (k == 2) { s.temperature = NAN; want = "temperature is not a finite number"; }
+        if (k == 3) { s.top_p = INFINITY; want = "top_p is not a finite number"; }
+        if (k == 4) { free(s.id); s.id = strdup("\xed\xa0\x80"); want = "id is not valid UTF-8"; } /* surrogate */
+        uint8_t *rec = NULL;
+        size_t n = 0;
+        uint64_t raw = 0;
+        eg_status st = eg_ds_record_encode(c, &s, &rec, &n, &raw, &err);
+        if (k < 5) {
+            CHECKF(st == EG_ERR_INVALID, "case %d: encode returned %d", k, st);
+            CHECKF(strstr(err.msg, want) != NULL, "case %d: %s", k, err.msg);
+            if (st == EG_OK) { /* what the old encoder did: decode must then agree */
+                CHECKF(eg_ds_record_decode(rec, n, 0, &r, &err) == EG_OK, "case %d: decode: %s", k, err.msg);
+                eg_ds_sample_clear(&r);
+            }
+        } else {
+            CHECK(st == EG_OK);
+            CHECK(eg_ds_record_decode(rec, n, 0, &r, &err) == EG_OK);
+            CHECK(same(&s, &r));
+            eg_ds_sample_clear(&r);
+        }
+        free(rec);
+        eg_ds_sample_clear(&s);
+    }
+    eg_ds_codec_free(c);
+}
+
 /* Header shapes the frames do not back up are rejected before anything is allocated:
  * T = 2^31, H = 2^20 would ask for 4 PiB. */
 static void test_record_huge_shape(void) {
@@ -481,6 +522,7 @@ static const eg_test tests[] = {
     {"f32_input", test_f32_input},
     {"index_trailer", test_index_trailer},
     {"record_bad_seed", test_record_bad_seed},
+    {"record_encode_refuses", test_record_encode_refuses},
     {"record_huge_shape", test_record_huge_shape},
     {"index_bad_fields", test_index_bad_fields},
     {"index_raw_size_first", test_index_raw_size_first},
