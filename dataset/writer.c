@@ -24,6 +24,7 @@
 #include "common/eg_hash.h"
 #include "dataset/idset.h"
 #include "dataset/reader.h"
+#include "dataset/shardcheck.h"
 
 enum { SLOT_EMPTY, SLOT_PENDING, SLOT_BUSY, SLOT_DONE };
 
@@ -447,7 +448,7 @@ static eg_status clean_dir(eg_shard_writer *w, eg_error *err) {
     return removed ? eg_ds_fsync_dir(w->dir, err) : EG_OK;
 }
 
-static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_ds_info *want,
+static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_ds_info *want, int threads,
                                eg_error *err) {
     eg_status st = eg_ds_info_load(mpath, &w->info, err);
     if (st) return st;
@@ -460,6 +461,26 @@ static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_d
     w->job_json = strdup(want->job_json);
     if (!w->job_json) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
     if ((st = eg_ds_precision_add(&w->info.precision_json, want->precision_json, err))) return st;
+    /* every committed shard must still be what was committed: size, SHA-256, index */
+    if (w->info.n_shards > 0) {
+        eg_ds_shard_check *ck = eg_calloc((size_t)w->info.n_shards, sizeof *ck, err);
+        if (!ck) return EG_ERR_NOMEM;
+        int n_bad = 0;
+        st = eg_ds_check_shards(w->dir, &w->info, threads, ck, &n_bad, err);
+        for (int i = 0; !st && i < w->info.n_shards; i++)
+            if (ck[i].state != EG_DS_SHARD_OK) {
+                char more[64] = "";
+                if (n_bad > 1) snprintf(more, sizeof more, " (%d damaged shards in all)", n_bad);
+                st = eg_fail(err, EG_ERR_FORMAT,
+                             "resuming %s: committed shard %s is damaged (%s: %s)%s; `eaglegen repair %s` "
+                             "sets damaged shards aside, and a rerun then regenerates exactly their samples",
+                             w->dir, w->info.shards[i].file, eg_ds_shard_state_name(ck[i].state), ck[i].why,
+                             more, w->dir);
+                break;
+            }
+        free(ck);
+        if (st) return st;
+    }
     /* the manifest written at open already carries this run's job (e.g. its state) */
     free(w->info.job_json);
     if (!(w->info.job_json = strdup(want->job_json))) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
@@ -544,7 +565,7 @@ eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *o, eg_s
             st = eg_fail(err, EG_ERR_INVALID, "%s already exists (resume it, or choose a new directory)", p);
             goto fail;
         }
-        if ((st = load_existing(w, p, &want, err))) goto fail;
+        if ((st = load_existing(w, p, &want, o->threads, err))) goto fail;
     } else {
         w->info = want;
         memset(&want, 0, sizeof want);

@@ -14,5 +14,6 @@ int cmd_inspect(int argc, char **argv);   /* dataset: summary, --verify, --json 
 int cmd_vocab(int argc, char **argv);     /* dataset: draft vocabulary d2t/t2d */
 int cmd_generate(int argc, char **argv);  /* gen: the pipeline over a corpus */
 int cmd_merge(int argc, char **argv);     /* gen: merge worker datasets */
+int cmd_repair(int argc, char **argv);    /* gen: set damaged shards aside for regeneration */
 
 #endif

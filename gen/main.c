@@ -16,6 +16,7 @@ typedef struct {
 static const command commands[] = {
     {"generate", cmd_generate, "run the target model over a prompt corpus and write a dataset"},
     {"merge", cmd_merge, "merge the datasets of several workers into one"},
+    {"repair", cmd_repair, "set damaged shards aside so a rerun regenerates exactly their samples"},
     {"inspect", cmd_inspect, "summarise or verify a dataset (--verify, --json)"},
     {"vocab", cmd_vocab, "build an EAGLE-3 draft vocabulary (d2t/t2d) from a dataset"},
     {"tokenize", cmd_tokenize, "tokenize JSONL text or conversations with the Kimi chat template"},
