@@ -458,6 +458,7 @@ static gen_progress_state progress_state(gen_run *g) {
         .rejected = rej, .records_total = g->records_total, .samples = g->written, .prefill_tokens = es.prefill_tokens,
         .decode_tokens = es.decode_tokens, .engine_seconds = es.seconds, .shards = ws.committed_shards,
         .compression = ws.committed_bytes > 0 ? (double)ws.committed_raw_bytes / (double)ws.committed_bytes : 0};
+    if (g->corpus) corpus_input_bytes(g->corpus, &s.input_bytes_done, &s.input_bytes_total);
     return s;
 }
 

@@ -42,12 +42,29 @@ static void fmt_count(char *out, size_t n, double v) {
     else snprintf(out, n, "%.0f", v);
 }
 
-/* ETA from this run's own rate; "" when unknown. */
+/* Fraction of the work done: records when their count is known, else input bytes;
+ * -1 = unknown. */
+static double done_fraction(const gen_progress_state *s) {
+    if (s->records_total > 0) return (double)s->records_done / (double)s->records_total;
+    if (s->records_total < 0 && s->input_bytes_total > 0)
+        return (double)s->input_bytes_done / (double)s->input_bytes_total;
+    return -1;
+}
+
+/* ETA from this run's own rate; "?" when unknown. */
 static void eta_of(const gen_progress_state *s, double elapsed, char *eta, size_t n) {
     snprintf(eta, n, "?");
     double own = (double)(s->records_done - s->records_skipped);
-    if (s->records_total < 0 || elapsed <= 0 || own <= 0) return;
-    fmt_eta(eta, n, (double)(s->records_total - s->records_done) / (own / elapsed));
+    if (elapsed <= 0 || own <= 0) return;
+    if (s->records_total >= 0) {
+        fmt_eta(eta, n, (double)(s->records_total - s->records_done) / (own / elapsed));
+        return;
+    }
+    if (s->input_bytes_total <= 0 || s->records_done <= 0) return;
+    /* bytes of this run's own records: the consumed bytes times its share of the records */
+    double own_bytes = (double)s->input_bytes_done * own / (double)s->records_done;
+    if (own_bytes <= 0) return;
+    fmt_eta(eta, n, (double)(s->input_bytes_total - s->input_bytes_done) / (own_bytes / elapsed));
 }
 
 size_t gen_progress_format(char *out, size_t cap, const gen_progress_state *s, double elapsed, int cols, int bar) {
@@ -57,6 +74,7 @@ size_t gen_progress_format(char *out, size_t cap, const gen_progress_state *s, d
     char done[32], total[32] = "?", eta[48], tps[32], samples[32];
     fmt_count(done, sizeof done, (double)s->records_done);
     if (s->records_total >= 0) fmt_count(total, sizeof total, (double)s->records_total);
+    double frac = done_fraction(s);
     fmt_count(samples, sizeof samples, (double)s->samples);
     double tok = s->engine_seconds > 0 ? (double)(s->prefill_tokens + s->decode_tokens) / s->engine_seconds : 0;
     fmt_count(tps, sizeof tps, tok);
@@ -65,7 +83,9 @@ size_t gen_progress_format(char *out, size_t cap, const gen_progress_state *s, d
     /* pieces, most important first; each is kept only if it fits */
     char piece[6][128];
     int np = 0;
-    snprintf(piece[np++], 128, "%s/%s rec", done, total);
+    if (s->records_total < 0 && frac >= 0) /* count unknown: how far into the input */
+        snprintf(piece[np++], 128, "%s rec (%.0f%% of input)", done, frac > 1 ? 100.0 : frac * 100);
+    else snprintf(piece[np++], 128, "%s/%s rec", done, total);
     snprintf(piece[np++], 128, "ETA %s", eta);
     snprintf(piece[np++], 128, "%s samples %.2f/s", samples, sps);
     snprintf(piece[np++], 128, "%s tok/s", tps);
@@ -83,10 +103,10 @@ size_t gen_progress_format(char *out, size_t cap, const gen_progress_state *s, d
         if (keep[i]) tl += (size_t)snprintf(text + tl, sizeof text - tl, "%s%s", tl ? "  " : "", piece[i]);
     size_t o = 0;
     /* the bar takes what is left, at least 10 cells + brackets, percent and spaces */
-    if (bar && s->records_total > 0 && width >= used + 18) {
+    if (bar && frac >= 0 && width >= used + 18) {
         size_t cells = width - used - 8;
         if (cells > 40) cells = 40;
-        double f = (double)s->records_done / (double)s->records_total;
+        double f = frac;
         if (f > 1) f = 1;
         if (f < 0) f = 0;
         size_t full = (size_t)(f * (double)cells + 0.5);
@@ -116,10 +136,12 @@ static void json_line(gen_progress *p, const gen_progress_state *s, const char *
             "{\"time\":\"%s\",\"worker\":\"%d/%d\",\"phase\":\"%s\",\"elapsed_s\":%.3f,\"records_done\":%lld,"
             "\"records_skipped\":%lld,\"records_total\":%lld,\"samples\":%lld,\"rejected\":%lld,"
             "\"samples_per_s\":%.4f,\"prefill_tokens\":%lld,\"decode_tokens\":%lld,\"tokens_per_s\":%.2f,"
-            "\"decode_tokens_per_s\":%.2f,\"shards\":%lld,\"compression\":%.4f}\n",
+            "\"decode_tokens_per_s\":%.2f,\"shards\":%lld,\"compression\":%.4f,\"input_bytes_done\":%lld,"
+            "\"input_bytes_total\":%lld}\n",
             ts, p->worker, p->n_workers, phase, el, (long long)s->records_done, (long long)s->records_skipped,
             (long long)s->records_total, (long long)s->samples, (long long)s->rejected, sps,
-            (long long)s->prefill_tokens, (long long)s->decode_tokens, tps, dps, (long long)s->shards, s->compression);
+            (long long)s->prefill_tokens, (long long)s->decode_tokens, tps, dps, (long long)s->shards, s->compression,
+            (long long)s->input_bytes_done, (long long)(s->input_bytes_total > 0 ? s->input_bytes_total : -1));
     fflush(p->json);
 }
 

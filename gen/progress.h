@@ -3,7 +3,10 @@
  * line every 10 s; optionally JSON lines to a file (--log-json) with a UTC timestamp, the
  * worker, the phase and the counts.
  * Rate and ETA come from this run's own work: records an earlier run already did (or
- * that this one passes over as done) are counted as done but are not speed.
+ * that this one passes over as done) are counted as done but are not speed. When the
+ * record count is unknown (compressed inputs), the bar and ETA follow the input bytes
+ * consumed (compressed bytes, of the files' total size), of which this run's own share
+ * is taken as its share of the records handled.
  * Thread safety: one thread. */
 #ifndef EG_GEN_PROGRESS_H
 #define EG_GEN_PROGRESS_H
@@ -22,6 +25,8 @@ typedef struct gen_progress_state {
     double engine_seconds;
     int64_t shards;
     double compression;      /* raw / stored bytes, 0 = unknown */
+    int64_t input_bytes_done;  /* input consumed, as stored (compressed) */
+    int64_t input_bytes_total; /* sum of the input files' sizes; <= 0 = unknown */
 } gen_progress_state;
 
 typedef struct gen_progress {

@@ -478,6 +478,9 @@ struct corpus_reader {
     size_t llen, lcap;
     uint64_t lineno;      /* in the current file */
     uint64_t index;       /* next record index */
+    int64_t bytes_total;  /* sum of the input files' sizes (as stored: compressed); -1 with stdin */
+    int64_t bytes_before; /* bytes consumed of the files before cur (read completely) */
+    int64_t *sizes;       /* [n_files] each file's size, -1 for stdin */
 };
 
 static int has_corpus_suffix(const char *name) {
@@ -554,6 +557,14 @@ static eg_status add_dir(corpus_reader *r, size_t *cap, const char *dir, int dep
     return st;
 }
 
+void corpus_input_bytes(const corpus_reader *r, int64_t *done, int64_t *total) {
+    *total = r->bytes_total;
+    *done = r->bytes_before;
+    /* bytes the current file's bottom filter (the file itself) has read: compressed bytes */
+    if (r->a && r->cur < r->n_files) *done += (int64_t)archive_filter_bytes(r->a, -1);
+    if (*total >= 0 && *done > *total) *done = *total;
+}
+
 size_t corpus_n_files(const corpus_reader *r) { return r->n_files; }
 const char *corpus_file(const corpus_reader *r, size_t i) { return i < r->n_files ? r->files[i] : NULL; }
 
@@ -582,6 +593,7 @@ void corpus_close(corpus_reader *r) {
     }
     free(r->files);
     free(r->names);
+    free(r->sizes);
     free(r->buf);
     free(r->stdin_buf);
     free(r->line);
@@ -619,6 +631,14 @@ eg_status corpus_open(const char *const *paths, size_t n_paths, const tok_tokeni
         }
     }
     if (!st && !(r->buf = malloc(READ_BLOCK))) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    if (!st && !(r->sizes = calloc(r->n_files ? r->n_files : 1, sizeof *r->sizes)))
+        st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; !st && i < r->n_files; i++) {
+        struct stat sb;
+        r->sizes[i] = strcmp(r->files[i], "-") && !stat(r->files[i], &sb) && S_ISREG(sb.st_mode) ? (int64_t)sb.st_size : -1;
+        if (r->sizes[i] < 0) r->bytes_total = -1;
+        else if (r->bytes_total >= 0) r->bytes_total += r->sizes[i];
+    }
     if (st) {
         corpus_close(r);
         return st;
@@ -741,6 +761,7 @@ static eg_status next_line(corpus_reader *r, int *got, int *too_long, eg_error *
             continue;
         }
         if (have_any) break; /* last line without '\n' */
+        if (r->a) r->bytes_before += (int64_t)archive_filter_bytes(r->a, -1);
         close_archive(r);
         r->cur++;
     }

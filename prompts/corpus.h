@@ -132,6 +132,12 @@ void corpus_close(corpus_reader *r); /* NULL ok */
  * out of memory; bad records come back with rec->ok = 0. */
 eg_status corpus_next(corpus_reader *r, corpus_record *rec, bool *got, eg_error *err);
 
+/* Input read so far, in bytes of the files as stored (compressed bytes for .gz/.zst/.xz/
+ * .bz2: what libarchive has consumed), and the sum of the files' sizes; total = -1 when
+ * an input is stdin or not a regular file. For progress on inputs whose record count is
+ * not known in advance. */
+void corpus_input_bytes(const corpus_reader *r, int64_t *done, int64_t *total);
+
 /* Files the reader will read, in order (after directory expansion). */
 size_t corpus_n_files(const corpus_reader *r);
 const char *corpus_file(const corpus_reader *r, size_t i);

@@ -50,7 +50,31 @@ static void test_eta_from_own_work(void) {
     CHECKF(strstr(line, "ETA ?"), "%s", line);
 }
 
+static void test_compressed_by_bytes(void) {
+    /* record count unknown (compressed input): 400 of 1000 input bytes consumed, 200 records
+     * handled, 100 of them done by an earlier run: this run's own 200 bytes took 100 s, so
+     * the 600 bytes left take 300 s; the bar shows 40% */
+    gen_progress_state s = {.records_done = 200, .records_skipped = 100, .records_total = -1, .samples = 100,
+                            .input_bytes_done = 400, .input_bytes_total = 1000};
+    char line[256];
+    gen_progress_format(line, sizeof line, &s, 100, 200, 1);
+    CHECKF(strstr(line, "ETA 5m00s") && strstr(line, "200 rec (40% of input)") && strstr(line, "]  40%"), "%s", line);
+    /* the same run with nothing skipped: 400 bytes in 100 s, 600 left = 150 s */
+    s.records_skipped = 0;
+    gen_progress_format(line, sizeof line, &s, 100, 200, 0);
+    CHECKF(strstr(line, "ETA 2m30s") && !strchr(line, '['), "%s", line);
+    /* only skipped records so far: no rate yet */
+    s.records_skipped = 200;
+    gen_progress_format(line, sizeof line, &s, 100, 200, 0);
+    CHECKF(strstr(line, "ETA ?"), "%s", line);
+    /* stdin: neither count nor size known */
+    s.input_bytes_total = -1;
+    gen_progress_format(line, sizeof line, &s, 100, 200, 1);
+    CHECKF(strstr(line, "200/? rec") && !strchr(line, '['), "%s", line);
+}
+
 static const eg_test tests[] = {
+    {"compressed_by_bytes", test_compressed_by_bytes},
     {"fits", test_fits},
     {"narrow_keeps_records", test_narrow_keeps_records},
     {"eta_from_own_work", test_eta_from_own_work},
