@@ -191,6 +191,8 @@ eg_status dataset_open(const char *path, eg_ds_reader **out, eg_error *err) {
             for (uint64_t k = 0; k < r->ix[i].n; k++) {
                 s->tokens += r->ix[i].e[k].T;
                 s->loss_tokens += r->ix[i].e[k].n_loss;
+                /* uncompressed tensors: ids, mask, aux and final hidden states (BF16) */
+                s->raw_bytes += (int64_t)r->ix[i].e[k].T * (5 + 2 * (int64_t)r->ix[i].H * ((int64_t)r->ix[i].n_aux + 1));
                 if (r->ix[i].e[k].finish == EG_DS_FINISH_LENGTH) s->n_length++;
                 else s->n_stop++;
             }

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -749,8 +750,13 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     json_t *fps = json_pack("{s:s, s:I, s:s, s:o}", "model_config_sha256", g->model->cfg.hash, "model_weight_bytes",
                             (json_int_t)g->model->weight_bytes, "tokenizer_sha256", tok_fingerprint(g->tok),
                             "inputs", inputs);
-    return json_pack("{s:i, s:o, s:o, s:[s]}", "version", 1, "params", params, "fingerprints", fps,
-                     "eaglegen_versions", gen_version());
+    /* where model and tokenizer were (absolute; bookkeeping, not identity): `inspect
+     * --sample` finds the tokenizer here */
+    char mp[PATH_MAX], tp[PATH_MAX];
+    json_t *paths = json_pack("{s:s, s:s}", "model", realpath(a->model, mp) ? mp : a->model, "tokenizer",
+                              realpath(a->tokenizer, tp) ? tp : a->tokenizer);
+    return json_pack("{s:i, s:o, s:o, s:[s], s:o}", "version", 1, "params", params, "fingerprints", fps,
+                     "eaglegen_versions", gen_version(), "paths", paths);
 }
 
 int cmd_generate(int argc, char **argv) {

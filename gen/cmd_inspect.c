@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/eg_common.h"
 #include "dataset/reader.h"
@@ -90,7 +91,8 @@ static void acc_sample(stat_acc *acc, const eg_ds_sample *s) {
 }
 
 static void layer_name(const eg_ds_info *m, int l, char *buf, size_t n) {
-    if (l < m->n_aux) snprintf(buf, n, "aux[%d] L%d", l, m->aux_layers ? m->aux_layers[l] : -1);
+    if (l < m->n_aux && m->aux_layers) snprintf(buf, n, "aux[%d] L%d", l, m->aux_layers[l]);
+    else if (l < m->n_aux) snprintf(buf, n, "aux[%d]", l);
     else snprintf(buf, n, "final");
 }
 
@@ -369,6 +371,44 @@ static void print_precision(const char *list) {
     json_decref(p);
 }
 
+/* The manifest next to a lone shard file that lists it (by file name): 1 and *out loaded,
+ * name = its path. */
+static int sibling_manifest(const char *shard, eg_ds_info *out, char *name, size_t cap) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", shard);
+    char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : shard;
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    char **names = NULL;
+    int n = 0, found = 0;
+    eg_error e = {0};
+    if (eg_ds_find_manifests(dir, 0, &names, &n, &e)) return 0;
+    for (int i = 0; i < n && !found; i++) {
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        eg_ds_info info = {0};
+        if (eg_ds_info_load(p, &info, &e)) continue;
+        for (int k = 0; k < info.n_shards && !found; k++) found = !strcmp(info.shards[k].file, base);
+        if (found) {
+            *out = info;
+            snprintf(name, cap, "%s", p);
+        } else eg_ds_info_clear(&info);
+    }
+    eg_ds_free_names(names, n);
+    return found;
+}
+
+/* The tokenizer directory the manifest's job records (paths.tokenizer), if any. */
+static int recorded_tokenizer(const eg_ds_info *m, char *out, size_t cap) {
+    if (!m->job_json) return 0;
+    json_t *j = json_loads(m->job_json, 0, NULL);
+    const char *t = json_string_value(json_object_get(json_object_get(j, "paths"), "tokenizer"));
+    if (t) snprintf(out, cap, "%s", t);
+    json_decref(j);
+    return t != NULL;
+}
+
 int cmd_inspect(int argc, char **argv) {
     static const struct option opts[] = {
         {"verify", no_argument, 0, 'v'},       {"json", no_argument, 0, 'j'},
@@ -425,9 +465,38 @@ int cmd_inspect(int argc, char **argv) {
         }
         return 1;
     }
+    /* a shard given alone: its directory's manifest, when it lists the shard, describes it */
+    eg_ds_info side = {0};
+    const char *side_name = NULL;
+    char side_buf[8192];
+    if (!dataset_has_manifest(r) && sibling_manifest(path, &side, side_buf, sizeof side_buf)) side_name = side_buf;
+    const eg_ds_info *desc = side_name ? &side : dataset_info(r);
     tok_tokenizer *tok = NULL;
+    char tok_auto[4096] = "";
+    if (!tokdir && (n_samples || show) && recorded_tokenizer(desc, tok_auto, sizeof tok_auto)) {
+        /* the tokenizer the job used, as its manifest records it */
+        struct stat tsb;
+        if (stat(tok_auto, &tsb)) {
+            fprintf(stderr, "eaglegen inspect: the tokenizer recorded in the manifest, %s, is not there (%s); "
+                            "it was moved or deleted: pass --tokenizer DIR to decode the text\n", tok_auto, strerror(errno));
+            eg_ds_info_clear(&side);
+            dataset_close(r);
+            return 1;
+        }
+        tokdir = tok_auto;
+    }
     if (tokdir && tok_load(tokdir, &tok, &err)) {
-        fprintf(stderr, "eaglegen inspect: tokenizer: %s\n", err.msg);
+        fprintf(stderr, "eaglegen inspect: tokenizer%s %s: %s\n", tok_auto[0] ? " recorded in the manifest," : "", tokdir, err.msg);
+        eg_ds_info_clear(&side);
+        dataset_close(r);
+        return 1;
+    }
+    if (tok && tok_auto[0] && desc->tokenizer_sha256 && strcmp(tok_fingerprint(tok), desc->tokenizer_sha256)) {
+        fprintf(stderr, "eaglegen inspect: the tokenizer recorded in the manifest, %s, has changed since the dataset was "
+                        "made (sha256 %.16s..., the manifest says %.16s...); pass --tokenizer DIR\n", tokdir,
+                tok_fingerprint(tok), desc->tokenizer_sha256);
+        tok_free(tok);
+        eg_ds_info_clear(&side);
         dataset_close(r);
         return 1;
     }
@@ -523,7 +592,7 @@ int cmd_inspect(int argc, char **argv) {
         json_t *st = json_array();
         for (int l = 0; l < nl; l++) {
             char nm[64];
-            layer_name(m, l, nm, sizeof nm);
+            layer_name(desc, l, nm, sizeof nm);
             json_array_append_new(st, acc_json(&acc[l], nm));
         }
         json_object_set_new(root, "hidden_stats", st);
@@ -532,17 +601,20 @@ int cmd_inspect(int argc, char **argv) {
             json_object_set_new(root, "verify", json_pack("{s:b,s:I,s:O}", "ok", vs.problems == 0, "problems",
                                                           (json_int_t)vs.problems, "errors", vs.errors));
     } else if (want_summary) {
-        printf("dataset %s%s\n", path, dataset_has_manifest(r) ? "" : " (single shard, no manifest)");
+        if (side_name) printf("shard %s (described by %s)\n", path, side_name);
+        else printf("dataset %s%s\n", path, dataset_has_manifest(r) ? "" : " (single shard, no manifest beside it)");
         printf("  format version %d\n", m->format_version);
-        if (dataset_has_manifest(r)) {
-            printf("  model %s (config sha256 %s)\n", m->model_name, m->model_config_sha256);
-            printf("  tokenizer sha256 %s, vocab %" PRId64 "\n", m->tokenizer_sha256, m->target_vocab_size);
-            printf("  chat template %s, thinking %s\n", m->chat_template, m->thinking ? "on" : "off");
-            printf("  final hidden: %s\n", m->final_source == EG_DS_FINAL_PRE_NORM ? "pre-norm (residual after the last layer)"
-                                                                                 : "post-norm (final RMSNorm output, lm_head input)");
+        if (dataset_has_manifest(r) || side_name) {
+            printf("  model %s (config sha256 %s)\n", desc->model_name, desc->model_config_sha256);
+            printf("  tokenizer sha256 %s, vocab %" PRId64 "\n", desc->tokenizer_sha256, desc->target_vocab_size);
+            printf("  chat template %s, thinking %s\n", desc->chat_template, desc->thinking ? "on" : "off");
+            printf("  final hidden: %s\n", desc->final_source == EG_DS_FINAL_PRE_NORM ? "pre-norm (residual after the last layer)"
+                                                                                    : "post-norm (final RMSNorm output, lm_head input)");
         }
         printf("  aux layers (output of decoder layer k, 0-based):");
-        for (int i = 0; i < m->n_aux && m->aux_layers; i++) printf(" %d", m->aux_layers[i]);
+        if (desc->aux_layers)
+            for (int i = 0; i < desc->n_aux; i++) printf(" %d", desc->aux_layers[i]);
+        else printf(" %d of them (which layers only the manifest records)", m->n_aux);
         printf("\n  hidden size %" PRId64 "; dtypes input_ids int32, loss_mask uint8, hidden bfloat16\n", m->hidden_size);
         printf("  samples %" PRId64 ", tokens %" PRId64 ", loss-masked tokens %" PRId64 " (%" PRId64 " distinct ids)\n", n,
                t.tokens, t.loss_tokens, distinct);
@@ -553,8 +625,12 @@ int cmd_inspect(int argc, char **argv) {
             printf("\n  job %s\n", m->job_json);
             print_precision(m->precision_json);
         }
-        printf("  bytes on disk %" PRId64 ", uncompressed tensors %" PRId64 ", ratio x%.3f (zstd level %d, bf16 byte split %s)\n",
-               t.bytes, t.raw_bytes, ratio, m->zstd_level, m->bf16_split ? "on" : "off");
+        if (desc->zstd_level > 0)
+            printf("  bytes on disk %" PRId64 ", uncompressed tensors %" PRId64 ", ratio x%.3f (zstd level %d, bf16 byte split %s)\n",
+                   t.bytes, t.raw_bytes, ratio, desc->zstd_level, m->bf16_split ? "on" : "off");
+        else
+            printf("  bytes on disk %" PRId64 ", uncompressed tensors %" PRId64 ", ratio x%.3f (bf16 byte split %s)\n",
+                   t.bytes, t.raw_bytes, ratio, m->bf16_split ? "on" : "off");
         printf("  shards %d:\n", m->n_shards);
         for (int i = 0; i < m->n_shards; i++)
             printf("    %-32s %8" PRId64 " samples %10" PRId64 " tokens %12" PRId64 " bytes\n", m->shards[i].file,
@@ -562,7 +638,7 @@ int cmd_inspect(int argc, char **argv) {
         printf("  hidden-state statistics over %" PRId64 " sample(s):\n", stats_used);
         for (int l = 0; l < nl; l++) {
             char nm[64];
-            layer_name(m, l, nm, sizeof nm);
+            layer_name(desc, l, nm, sizeof nm);
             acc_print(&acc[l], nm);
         }
     }
@@ -614,6 +690,7 @@ int cmd_inspect(int argc, char **argv) {
     json_decref(vs.errors);
     free(acc);
     tok_free(tok);
+    eg_ds_info_clear(&side);
     dataset_close(r);
     return rc;
 }
