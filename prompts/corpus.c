@@ -195,6 +195,10 @@ static int parse_message(parse_ctx *c, json_t *m, size_t mi, chat_msg *out, chat
     json_t *content = json_object_get(m, ckey);
     if (!get_content(c, content, mi, ckey, &out->content)) return 0;
     if (!opt_string(c, m, "name", mi, &out->name)) return 0;
+    json_t *fc = json_object_get(m, "function_call");
+    if (fc && !json_is_null(fc)) /* the template renders only tool_calls: never drop a call silently */
+        return reject(c->rec, "message %zu: \"function_call\" (the deprecated OpenAI form) is not rendered by "
+                              "Kimi-K2.5's template; give it as \"tool_calls\"", mi);
     if (out->role == CHAT_ASSISTANT) {
         if (!opt_string(c, m, "reasoning_content", mi, &out->reasoning)) return 0;
         json_t *tc = json_object_get(m, "tool_calls");
@@ -368,6 +372,19 @@ eg_status corpus_parse(const tok_tokenizer *tok, const corpus_opts *o, const cha
     if (!body) {
         reject(rec, "record has none of \"messages\", \"conversations\", \"prompt\", \"text\", \"input_ids\"");
         goto out;
+    }
+    {
+        /* Kimi-K2.5 declares tools in a <|im_system|>tool_declare<|im_middle|> turn whose
+         * text is made by its tokenizer's Python code (tool_declaration_ts.py, TypeScript-
+         * like), not by the Jinja template; that is not reproduced here, and rendering the
+         * conversation without its declarations would be a silent loss */
+        json_t *tools = json_object_get(root, "tools");
+        if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0)) {
+            reject(rec, "\"tools\" declarations are not supported: Kimi-K2.5 renders them in a tool_declare turn "
+                        "as TypeScript-like text made by its tokenizer's Python code (tool_declaration_ts.py), which "
+                        "eaglegen does not reproduce; drop \"tools\" or give the rendered conversation as {\"text\"}");
+            goto out;
+        }
     }
 
     chat_opts co = {o->thinking, 0};

@@ -239,6 +239,40 @@ static void test_shard_resume(void) {
     CHECK(s.n == N_SAMPLE - 30 && s.first_index == 30 && !strcmp(s.ids[0], all.ids[30]));
 }
 
+/* Tool declarations are refused with the reason, never silently dropped; an empty list
+ * (which the template renders as nothing) is fine; tool calls and tool results render. */
+static void test_tools_refused(void) {
+    corpus_opts o;
+    corpus_opts_default(&o);
+    o.mode = CORPUS_RENDER;
+    eg_error err = {0};
+    corpus_record rec = {0};
+    rec.file = "t.jsonl";
+    rec.line = 1;
+    const char *decl = "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], \"tools\": [{\"type\": "
+                       "\"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {}}}]}";
+    CHECK_OK(corpus_parse(tok(), &o, decl, strlen(decl), &rec, &err), &err);
+    CHECKF(!rec.ok && strstr(rec.reason, "\"tools\" declarations are not supported") &&
+               strstr(rec.reason, "tool_declare"), "%s", rec.reason);
+    const char *empty = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"tools\": []}";
+    CHECK_OK(corpus_parse(tok(), &o, empty, strlen(empty), &rec, &err), &err);
+    CHECKF(rec.ok && rec.render.len && !strstr(rec.render.text, "tool_declare"), "%s", rec.reason);
+    const char *fc = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", "
+                     "\"content\": null, \"function_call\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}";
+    CHECK_OK(corpus_parse(tok(), &o, fc, strlen(fc), &rec, &err), &err);
+    CHECKF(!rec.ok && strstr(rec.reason, "function_call"), "%s", rec.reason);
+    const char *flow = "{\"messages\": [{\"role\": \"user\", \"content\": \"W?\"}, {\"role\": \"assistant\", "
+                       "\"content\": \"\", \"tool_calls\": [{\"id\": \"functions.w:0\", \"type\": \"function\", "
+                       "\"function\": {\"name\": \"w\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", "
+                       "\"tool_call_id\": \"functions.w:0\", \"content\": \"18C\"}]}";
+    CHECK_OK(corpus_parse(tok(), &o, flow, strlen(flow), &rec, &err), &err);
+    CHECKF(rec.ok && strstr(rec.render.text, "<|tool_call_begin|>functions.w:0<|tool_call_argument_begin|>{}") &&
+               strstr(rec.render.text, "<|im_system|>tool<|im_middle|>## Return of functions.w:0\n18C<|im_end|>"),
+           "%s", rec.render.text ? rec.render.text : rec.reason);
+    rec.file = NULL;
+    corpus_record_free(&rec);
+}
+
 static void test_bad_records(void) {
     corpus_opts o;
     corpus_opts_default(&o);
@@ -458,6 +492,7 @@ static const eg_test tests[] = {
     {"stdin", test_stdin},
     {"shard_resume", test_shard_resume},
     {"bad_records", test_bad_records},
+    {"tools_refused", test_tools_refused},
     {"line_endings", test_line_endings},
     {"fuzz", test_fuzz},
 };
