@@ -425,7 +425,7 @@ int cmd_bench(int argc, char **argv) {
     o.seed = 1;
     optind = 1;
     int ch;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((ch = gen_getopt(argc, argv, "bench", "h", opts)) != -1) {
         switch (ch) {
         case 'm': model_dir = optarg; break;
         case 'b': o.backend = optarg; break;
@@ -479,7 +479,7 @@ int cmd_bench(int argc, char **argv) {
             else { fprintf(stderr, "eaglegen bench: --experts expects int4 or bf16\n"); return 2; }
             break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2; /* gen_getopt said why, in one line */
         }
     }
     if (!model_dir == !preset) {

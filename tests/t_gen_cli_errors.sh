@@ -20,6 +20,9 @@ one_line "unknown option '--tempreature'; did you mean --temperature?" \
     $E generate --model m --prompts p --out o --tempreature 0.7
 one_line "unknown option '--shard-sampels'; did you mean --shard-samples?" $E generate --shard-sampels=3
 one_line "unknown option '--bogus' (see eaglegen generate --help)" $E generate --bogus
+one_line "unknown option '--modle'; did you mean --model? (see eaglegen bench --help)" $E bench --modle x
+one_line "unknown option '--dry-rn'; did you mean --dry-run?" $E repair d --dry-rn
+one_line "missing the dataset DIR" $E repair
 one_line "option '--t' is ambiguous: --tokenizer --temperature" $E generate --t 1
 one_line "--model needs a value" $E generate --prompts p --out o --model
 one_line "missing --out (required: --model DIR, --prompts PATH..., --out DIR)" $E generate --model m --prompts p
