@@ -753,8 +753,17 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     /* where model and tokenizer were (absolute; bookkeeping, not identity): `inspect
      * --sample` finds the tokenizer here */
     char mp[PATH_MAX], tp[PATH_MAX];
-    json_t *paths = json_pack("{s:s, s:s}", "model", realpath(a->model, mp) ? mp : a->model, "tokenizer",
-                              realpath(a->tokenizer, tp) ? tp : a->tokenizer);
+    char *me = eg_utf8_escape(realpath(a->model, mp) ? mp : a->model); /* JSON holds only UTF-8 */
+    char *te = eg_utf8_escape(realpath(a->tokenizer, tp) ? tp : a->tokenizer);
+    json_t *paths = me && te ? json_pack("{s:s, s:s}", "model", me, "tokenizer", te) : NULL;
+    free(me);
+    free(te);
+    if (!paths) {
+        json_decref(params);
+        json_decref(fps);
+        eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
     return json_pack("{s:i, s:o, s:o, s:[s], s:o}", "version", 1, "params", params, "fingerprints", fps,
                      "eaglegen_versions", gen_version(), "paths", paths);
 }
