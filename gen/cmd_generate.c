@@ -25,6 +25,7 @@
 #include "engine/plan.h"
 #include "gen/args.h"
 #include "gen/commands.h"
+#include "gen/cpu_speed.h"
 #include "gen/job.h"
 #include "gen/donelog.h"
 #include "gen/dry_run.h"
@@ -941,6 +942,14 @@ int cmd_generate(int argc, char **argv) {
                          .transport = a.transport, .kv_policy = a.kv_reserve ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
                          .host_kv_bytes = host_kv, .capture_bf16 = 1};
     if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
+    if (!strcmp(a.backend, "cpu")) { /* a model far too large for the reference path says so */
+        eg_step_cost sc;
+        eg_plan_decode_cost(&model, 0, c->n_layers, a.batch, a.max_seq_len / 2, &sc);
+        char wmsg[1024];
+        if (gen_cpu_speed_warning(&sc, a.batch, a.threads > 0 ? a.threads : eg_num_threads(), model.weight_bytes,
+                                  mem_avail, wmsg, sizeof wmsg))
+            fprintf(stderr, "eaglegen generate: %s\n", wmsg);
+    }
     if (!(prec_text = precision_text(&a, n_stages))) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
     eg_shard_writer_opts wo = {
         .model_name = model_name, .model_config_sha256 = c->hash, .tokenizer_sha256 = tok_fingerprint(g.tok),
