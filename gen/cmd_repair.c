@@ -8,7 +8,8 @@
  * remain), and logged with its sample ids (when its index is still readable) in
  * DIR/quarantine/repair.jsonl. A sample is done when a committed shard holds its id, so
  * rerunning the job's generate command then makes exactly the samples of the shards set
- * aside; seeds depend only on (--seed, id), so they come out as they were. */
+ * aside; seeds depend only on (--seed, id), so they come out as they were. A repaired
+ * job's state becomes "repaired" (not complete), so `merge` refuses it until that rerun. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include "common/eg_thread.h"
+#include "dataset/idset.h"
 #include "dataset/manifest.h"
 #include "dataset/reader.h"
 #include "dataset/shardcheck.h"
@@ -41,7 +43,8 @@ static void usage(FILE *f) {
             "out of their manifest (totals, generated count, loss-token histogram recounted from the\n"
             "shards that remain); DIR/" QUARANTINE "/repair.jsonl lists them with their sample ids.\n"
             "Rerun the job's `eaglegen generate` command afterwards: it makes exactly the samples\n"
-            "that were set aside, identical to the lost ones. Exit 0 when nothing was damaged or\n"
+            "that were set aside, identical to the lost ones (until then the job's state is\n"
+            "\"repaired\", which merge refuses). Exit 0 when nothing was damaged or\n"
             "everything damaged was set aside, 1 on an error.\n"
             "\n"
             "options:\n"
@@ -139,9 +142,11 @@ static eg_status log_line(const char *dir, json_t *line, eg_error *err) {
     return bad ? eg_fail(err, EG_ERR_IO, "%s: %s", p, strerror(errno)) : EG_OK;
 }
 
-/* Repair one manifest. *n_damaged = shards set aside (or that would be, dry run). */
-static eg_status repair_manifest(const char *dir, const char *name, int dry, int threads, int *n_damaged,
-                                 int64_t *n_samples, eg_error *err) {
+/* Repair one manifest. *n_damaged = shards set aside (or that would be, dry run), not
+ * counting those already in seen (a merged manifest.json lists the workers' shards too);
+ * seen gains the damaged ones. */
+static eg_status repair_manifest(const char *dir, const char *name, int dry, int threads, eg_ds_idset *seen,
+                                 int *n_damaged, int64_t *n_samples, eg_error *err) {
     char p[4096];
     snprintf(p, sizeof p, "%s/.lock.%s", dir, name);
     int lock = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -157,13 +162,23 @@ static eg_status repair_manifest(const char *dir, const char *name, int dry, int
     int n_bad = 0;
     if (!st && info.n_shards > 0 && !(ck = eg_calloc((size_t)info.n_shards, sizeof *ck, err))) st = EG_ERR_NOMEM;
     if (!st) st = eg_ds_check_shards(dir, &info, threads, ck, &n_bad, err);
-    *n_damaged = n_bad;
+    *n_damaged = 0;
     *n_samples = 0;
     for (int i = 0; !st && i < info.n_shards; i++) {
         if (ck[i].state == EG_DS_SHARD_OK) continue;
+        if (eg_ds_idset_get(seen, info.shards[i].file, NULL)) {
+            /* set aside (or found) through an earlier manifest: drop it here too, quietly */
+            ck[i].state = EG_DS_SHARD_MISSING;
+            snprintf(ck[i].why, sizeof ck[i].why, "listed by another manifest, already handled");
+            printf("%s: %s: the same shard (%s)\n", name, info.shards[i].file,
+                   dry ? "would be dropped from this manifest too" : "dropped from this manifest too");
+            continue;
+        }
+        (*n_damaged)++;
         *n_samples += info.shards[i].samples;
         printf("%s: %s: %s (%s)%s\n", name, info.shards[i].file, eg_ds_shard_state_name(ck[i].state), ck[i].why,
                dry ? "" : ck[i].state == EG_DS_SHARD_MISSING ? "; dropped from the manifest" : "; set aside");
+        if (!st) st = eg_ds_idset_put(seen, info.shards[i].file, 0, err);
     }
     if (st || !n_bad || dry) goto done;
     /* the histogram of what remains, before anything moves */
@@ -196,6 +211,13 @@ hist_done:
             kept++;
             continue;
         }
+        if (!strcmp(ck[i].why, "listed by another manifest, already handled")) {
+            info.counts[EG_DS_COUNT_GENERATED] -= s->samples;
+            if (info.counts[EG_DS_COUNT_GENERATED] < 0) info.counts[EG_DS_COUNT_GENERATED] = 0;
+            free(s->file);
+            memset(s, 0, sizeof *s);
+            continue;
+        }
         json_t *ids = json_null();
         char sp[4096];
         snprintf(sp, sizeof sp, "%s/%s", dir, s->file);
@@ -220,6 +242,22 @@ hist_done:
         if (info.counts[EG_DS_COUNT_GENERATED] < 0) info.counts[EG_DS_COUNT_GENERATED] = 0;
         free(s->file);
         memset(s, 0, sizeof *s);
+    }
+    if (!st && info.job_json) {
+        /* a job that said "complete" no longer is: merge refuses it until a rerun has made
+         * the samples set aside again (and set its state anew) */
+        json_t *job = json_loads(info.job_json, 0, NULL);
+        if (json_is_string(json_object_get(job, "state"))) {
+            char *t = NULL;
+            if (json_object_set_new(job, "state", json_string("repaired")) ||
+                !(t = json_dumps(job, JSON_COMPACT | JSON_PRESERVE_ORDER)))
+                st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+            else {
+                free(info.job_json);
+                info.job_json = t;
+            }
+        }
+        json_decref(job);
     }
     if (!st) {
         /* shards not moved (an error above) stay listed: compact what is left */
@@ -267,6 +305,7 @@ int cmd_repair(int argc, char **argv) {
     if (eg_ds_find_manifests(dir, 1, &b, &nb, &err)) nb = 0;
     int rc = 0, total = 0;
     int64_t samples = 0;
+    eg_ds_idset seen = {0};
     for (int pass = 0; pass < 2 && !rc; pass++) {
         char **names = pass ? b : a;
         int n = pass ? nb : na;
@@ -276,7 +315,7 @@ int cmd_repair(int argc, char **argv) {
             if (dup) continue;
             int nd = 0;
             int64_t ns = 0;
-            if (repair_manifest(dir, names[i], dry, threads, &nd, &ns, &err)) {
+            if (repair_manifest(dir, names[i], dry, threads, &seen, &nd, &ns, &err)) {
                 fprintf(stderr, "eaglegen repair: %s\n", err.msg);
                 rc = 1;
             }
@@ -286,6 +325,7 @@ int cmd_repair(int argc, char **argv) {
     }
     eg_ds_free_names(a, na);
     eg_ds_free_names(b, nb);
+    eg_ds_idset_clear(&seen);
     if (!rc) {
         if (!total) printf("repair: every shard of %s is intact; nothing to do\n", dir);
         else if (dry) printf("repair: %d damaged shard%s (%lld samples) would be set aside (--dry-run: nothing changed)\n",

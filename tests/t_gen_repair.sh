@@ -84,4 +84,33 @@ print("ok: totals, counts and histogram equal")
 PY
 grep -q "this run: 12 samples written, 12 already done" gen.txt || { echo "rerun did not make exactly 12 samples:"; cat gen.txt; exit 1; }
 $E inspect job --verify >/dev/null
+
+echo "-- two workers in one directory, merged: repair fixes both manifests; merge refuses until the rerun"
+for w in 0 1; do $E generate "${args[@]}" --out shared --worker $w/2 2>/dev/null; done
+$E merge shared --out shared 2>/dev/null
+flip shared/shard-w1of2-000001.tar
+refuse_w() {
+    set +e; $E generate "${args[@]}" --out shared --worker 1/2 2>err.txt; rc=$?; set -e
+    [ $rc -ne 0 ] && grep -q shard-w1of2-000001.tar err.txt || { echo "worker 1 resumed over a damaged shard"; cat err.txt; exit 1; }
+}
+refuse_w
+$E repair shared > rep2.txt
+cat rep2.txt
+grep -q "1 damaged shard set aside" rep2.txt || { echo "want exactly 1 shard counted"; exit 1; }
+grep -q "the same shard" rep2.txt
+[ "$(wc -l < shared/quarantine/repair.jsonl)" = 1 ]
+"$PYTHON" - <<'PY'
+import json
+for name in ("shared/manifest.json", "shared/manifest.w1of2.json"):
+    m = json.load(open(name))
+    assert "shard-w1of2-000001.tar" not in [s["file"] for s in m["shards"]], name
+assert json.load(open("shared/manifest.w1of2.json"))["job"]["state"] == "repaired"
+PY
+$E inspect shared --verify >/dev/null
+set +e; $E merge shared --out shared 2>err.txt; rc=$?; set -e
+[ $rc -ne 0 ] && grep -q "repaired" err.txt || { echo "merge accepted a repaired worker before its rerun"; cat err.txt; exit 1; }
+$E generate "${args[@]}" --out shared --worker 1/2 2>/dev/null
+$E merge shared --out shared 2>/dev/null
+"$PYTHON" "$here/gen_check.py" same ref shared
+$E inspect shared --verify >/dev/null
 echo "t_gen_repair: ok"
