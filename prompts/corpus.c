@@ -199,6 +199,10 @@ static int parse_message(parse_ctx *c, json_t *m, size_t mi, chat_msg *out, chat
     if (fc && !json_is_null(fc)) /* the template renders only tool_calls: never drop a call silently */
         return reject(c->rec, "message %zu: \"function_call\" (the deprecated OpenAI form) is not rendered by "
                               "Kimi-K2.5's template; give it as \"tool_calls\"", mi);
+    json_t *tcs = json_object_get(m, "tool_calls");
+    if (out->role != CHAT_ASSISTANT && tcs && !json_is_null(tcs) && !(json_is_array(tcs) && !json_array_size(tcs)))
+        return reject(c->rec, "message %zu (%s) has \"tool_calls\": Kimi-K2.5's template renders tool calls only "
+                              "on assistant messages", mi, chat_role_name(out->role));
     if (out->role == CHAT_ASSISTANT) {
         if (!opt_string(c, m, "reasoning_content", mi, &out->reasoning)) return 0;
         json_t *tc = json_object_get(m, "tool_calls");

@@ -261,6 +261,10 @@ static void test_tools_refused(void) {
                      "\"content\": null, \"function_call\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}";
     CHECK_OK(corpus_parse(tok(), &o, fc, strlen(fc), &rec, &err), &err);
     CHECKF(!rec.ok && strstr(rec.reason, "function_call"), "%s", rec.reason);
+    const char *user_tc = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\", \"tool_calls\": [{\"id\": \"a\", "
+                          "\"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}]}";
+    CHECK_OK(corpus_parse(tok(), &o, user_tc, strlen(user_tc), &rec, &err), &err);
+    CHECKF(!rec.ok && strstr(rec.reason, "only on assistant messages"), "%s", rec.reason);
     const char *flow = "{\"messages\": [{\"role\": \"user\", \"content\": \"W?\"}, {\"role\": \"assistant\", "
                        "\"content\": \"\", \"tool_calls\": [{\"id\": \"functions.w:0\", \"type\": \"function\", "
                        "\"function\": {\"name\": \"w\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", "
