@@ -459,7 +459,10 @@ int cmd_inspect(int argc, char **argv) {
     eg_error err = {0};
     eg_ds_reader *r;
     if (dataset_open(path, &r, &err)) {
-        fprintf(stderr, "eaglegen inspect: %s\n", err.msg);
+        struct stat dsb;
+        int is_dir = !stat(path, &dsb) && S_ISDIR(dsb.st_mode);
+        fprintf(stderr, "eaglegen inspect: %s%s%s%s\n", err.msg, is_dir ? " (`eaglegen repair " : "", is_dir ? path : "",
+                is_dir ? "` sets damaged shards aside)" : "");
         if (do_json) {
             json_t *o = json_pack("{s:s,s:b,s:[s]}", "path", path, "ok", 0, "errors", err.msg);
             json_dumpf(o, stdout, JSON_INDENT(1));
@@ -686,7 +689,10 @@ int cmd_inspect(int argc, char **argv) {
         json_dumpf(root, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
         printf("\n");
     } else if (do_verify) {
-        if (vs.problems) printf("verify: %" PRId64 " problem(s) found\n", vs.problems);
+        if (vs.problems)
+            printf("verify: %" PRId64 " problem(s) found%s%s%s\n", vs.problems,
+                   dataset_has_manifest(r) ? "; `eaglegen repair " : "", dataset_has_manifest(r) ? path : "",
+                   dataset_has_manifest(r) ? "` sets damaged shards aside so a rerun of the job regenerates them" : "");
         else printf("verify: ok (%" PRId64 " samples, %d shards)\n", n, dataset_num_shards(r));
     }
     json_decref(root);
