@@ -561,11 +561,14 @@ int cmd_inspect(int argc, char **argv) {
         json_object_set_new(root, "path", json_string(path));
         json_object_set_new(root, "format_version", json_integer(m->format_version));
         json_object_set_new(root, "has_manifest", json_boolean(dataset_has_manifest(r)));
+        if (side_name) json_object_set_new(root, "described_by", json_string(side_name));
+        if (dataset_has_manifest(r) || side_name) {
+            json_object_set_new(root, "model", json_pack("{s:s,s:s}", "name", desc->model_name, "config_sha256", desc->model_config_sha256));
+            json_object_set_new(root, "tokenizer", json_pack("{s:s,s:I}", "sha256", desc->tokenizer_sha256, "vocab_size", (json_int_t)desc->target_vocab_size));
+            json_object_set_new(root, "chat_template", json_pack("{s:s,s:b}", "name", desc->chat_template, "thinking", desc->thinking));
+            json_object_set_new(root, "final_hidden", json_string(desc->final_source == EG_DS_FINAL_PRE_NORM ? "pre_norm" : "post_norm"));
+        }
         if (dataset_has_manifest(r)) {
-            json_object_set_new(root, "model", json_pack("{s:s,s:s}", "name", m->model_name, "config_sha256", m->model_config_sha256));
-            json_object_set_new(root, "tokenizer", json_pack("{s:s,s:I}", "sha256", m->tokenizer_sha256, "vocab_size", (json_int_t)m->target_vocab_size));
-            json_object_set_new(root, "chat_template", json_pack("{s:s,s:b}", "name", m->chat_template, "thinking", m->thinking));
-            json_object_set_new(root, "final_hidden", json_string(m->final_source == EG_DS_FINAL_PRE_NORM ? "pre_norm" : "post_norm"));
             json_t *c = json_object();
             for (int i = 0; i < EG_DS_NCOUNTS; i++) json_object_set_new(c, eg_ds_count_names[i], json_integer(m->counts[i]));
             json_object_set_new(root, "counts", c);
@@ -575,8 +578,9 @@ int cmd_inspect(int argc, char **argv) {
             json_t *prec = m->precision_json ? json_loads(m->precision_json, 0, &je) : NULL;
             json_object_set_new(root, "precision", prec ? prec : json_null());
         }
-        json_t *al = json_array();
-        for (int i = 0; i < m->n_aux && m->aux_layers; i++) json_array_append_new(al, json_integer(m->aux_layers[i]));
+        /* a lone shard does not record which layers its aux states are: null, not [] */
+        json_t *al = desc->aux_layers || !desc->n_aux ? json_array() : json_null();
+        for (int i = 0; i < desc->n_aux && desc->aux_layers; i++) json_array_append_new(al, json_integer(desc->aux_layers[i]));
         json_object_set_new(root, "aux_layers", al);
         json_object_set_new(root, "n_aux", json_integer(m->n_aux));
         json_object_set_new(root, "hidden_size", json_integer(m->hidden_size));

@@ -16,6 +16,8 @@ $E inspect d/shard-000001.tar > one.txt
 $E inspect d --json > all.json
 cp d/shard-000001.tar lone.tar
 $E inspect lone.tar > lone.txt
+$E inspect d/shard-000001.tar --json > one.json
+$E inspect lone.tar --json > lone.json
 "$PYTHON" - <<'PY'
 import json, re
 m = json.load(open("d/manifest.json"))
@@ -31,6 +33,12 @@ one, lone = open("one.txt").read(), open("lone.txt").read()
 assert "aux layers (output of decoder layer k, 0-based): 1 3\n" in one and "zstd level 3" in one, one
 assert "aux[0] L1" in one and "aux[1] L3" in one, one
 assert "L-1" not in lone and "2 of them" in lone and "zstd level 0" not in lone, lone
+j1, jl = json.load(open("one.json")), json.load(open("lone.json"))
+for j in (j1, jl):
+    assert (j["samples"], j["tokens"], j["loss_tokens"], j["bytes"], j["raw_bytes"]) == \
+        (s["samples"], s["tokens"], s["loss_tokens"], s["bytes"], s["raw_bytes"]), j
+assert j1["aux_layers"] == [1, 3] and j1["described_by"] == "d/manifest.json" and j1["model"]["name"] == "model", j1
+assert jl["aux_layers"] is None and jl["n_aux"] == 2 and "model" not in jl, jl
 print("ok: single-shard numbers")
 PY
 echo "-- --sample finds the tokenizer the manifest records"
