@@ -80,6 +80,10 @@ struct eg_shard_writer {
     int64_t hist_len;
     eg_ds_shard_info cur;
     int write_errno;
+
+    /* stamps of the shards whose hash is known good (shardcheck.h): resume, then I/O thread */
+    eg_ds_stamps stamps;
+    int64_t resume_checked, resume_hashed;
 };
 
 /* ---------------------------------------------------------------- names */
@@ -259,6 +263,8 @@ static eg_status shard_commit(eg_shard_writer *w, eg_error *err) {
     snprintf(fin, sizeof fin, "%s/%s", w->dir, w->final_name);
     if (rename(w->tmp_path, fin)) return eg_fail(err, EG_ERR_IO, "rename %s: %s", fin, strerror(errno));
     if ((st = eg_ds_fsync_dir(w->dir, err))) return st;
+    eg_ds_stamp stamp; /* hashed as written: known good as it is now */
+    if (eg_ds_stamp_of(fin, &stamp) && (st = eg_ds_stamps_set(&w->stamps, w->final_name, &stamp, err))) return st;
     uint8_t dg[32];
     eg_sha256_final(&w->sha, dg);
     eg_sha256_to_hex(dg, w->cur.sha256);
@@ -285,6 +291,8 @@ static eg_status shard_commit(eg_shard_writer *w, eg_error *err) {
     free(w->info.job_json);
     w->info.job_json = job;
     if ((st = eg_ds_info_save(&w->info, w->dir, w->manifest_name, err))) return st;
+    /* after the manifest: a crash between the two only costs a hash at the next resume */
+    if ((st = eg_ds_stamps_save(w->dir, w->manifest_name, &w->stamps, &w->info, err))) return st;
     eg_ds_totals t = eg_ds_info_totals(&w->info);
     pthread_mutex_lock(&w->mu);
     w->c_samples = t.samples;
@@ -466,7 +474,14 @@ static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_d
         eg_ds_shard_check *ck = eg_calloc((size_t)w->info.n_shards, sizeof *ck, err);
         if (!ck) return EG_ERR_NOMEM;
         int n_bad = 0;
-        st = eg_ds_check_shards(w->dir, &w->info, threads, ck, &n_bad, err);
+        if (!(st = eg_ds_stamps_load(w->dir, w->manifest_name, &w->stamps, err)))
+            st = eg_ds_check_shards(w->dir, &w->info, threads, &w->stamps, ck, &n_bad, err);
+        for (int i = 0; !st && !n_bad && i < w->info.n_shards; i++) {
+            w->resume_checked++;
+            w->resume_hashed += ck[i].hashed;
+            st = eg_ds_stamps_set(&w->stamps, w->info.shards[i].file, &ck[i].stamp, err);
+        }
+        if (!st && !n_bad) st = eg_ds_stamps_save(w->dir, w->manifest_name, &w->stamps, &w->info, err);
         for (int i = 0; !st && i < w->info.n_shards; i++)
             if (ck[i].state != EG_DS_SHARD_OK) {
                 char more[64] = "";
@@ -729,6 +744,8 @@ void shard_writer_stats(eg_shard_writer *w, eg_shard_writer_stats *o) {
     o->committed_shards = w->c_shards;
     o->committed_bytes = w->c_bytes;
     o->committed_raw_bytes = w->c_raw;
+    o->resume_checked = w->resume_checked;
+    o->resume_hashed = w->resume_hashed;
     o->added = w->added;
     o->pending = (int64_t)(w->submitted - w->written);
     pthread_mutex_unlock(&w->mu);
@@ -786,6 +803,7 @@ void shard_writer_free(eg_shard_writer *w) {
     free(w->cur.file);
     eg_ds_info_clear(&w->info);
     eg_ds_idset_clear(&w->ids);
+    eg_ds_stamps_clear(&w->stamps);
     free(w->job_json);
     if (w->lock_fd >= 0) close(w->lock_fd);
     free(w->dir);

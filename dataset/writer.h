@@ -7,7 +7,9 @@
  * final name, the directory fsynced, and only then entered in the manifest, which is
  * itself replaced atomically (write .tmp, fsync, rename, fsync dir). A kill -9 or a full
  * disk at any moment therefore leaves only complete shards and a valid manifest on disk;
- * shard_writer_open with resume continues from the manifest, deletes *.tmp leftovers and
+ * shard_writer_open with resume first checks every committed shard (dataset/shardcheck.h:
+ * size, index, and SHA-256 unless its stamp shows it unchanged since it was hashed) and
+ * refuses a damaged one by name; it continues from the manifest, deletes *.tmp leftovers and
  * shards the manifest does not list (they were never committed), and reports the ids
  * already committed so the producer can skip them.
  *
@@ -86,6 +88,8 @@ typedef struct eg_shard_writer_stats {
     int64_t committed_bytes, committed_raw_bytes;
     int64_t added;   /* samples accepted by add since open */
     int64_t pending; /* added but not yet committed */
+    int64_t resume_checked, resume_hashed; /* committed shards checked at open (resume), and of
+                                              those hashed (the others' stamps were unchanged) */
 } eg_shard_writer_stats;
 void shard_writer_stats(eg_shard_writer *w, eg_shard_writer_stats *out);
 

@@ -987,6 +987,14 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     if (rs.rewrite && gen_job_write(a.out, job_name, ident, &err)) goto done;
+    {
+        eg_shard_writer_stats rws;
+        shard_writer_stats(g.w, &rws);
+        if (rws.resume_checked)
+            fprintf(stderr, "eaglegen generate: resuming: %lld committed shard%s intact (%lld hashed, the others "
+                            "unchanged since they were hashed)\n", (long long)rws.resume_checked,
+                    rws.resume_checked == 1 ? "" : "s", (long long)rws.resume_hashed);
+    }
     if (rs.inputs == GEN_INPUTS_CHANGED) {
         /* the ledger names records by index, which the new inputs renumber: rebuilt */
         char aside[160];

@@ -161,7 +161,7 @@ static eg_status repair_manifest(const char *dir, const char *name, int dry, int
     eg_status st = eg_ds_info_load(p, &info, err);
     int n_bad = 0;
     if (!st && info.n_shards > 0 && !(ck = eg_calloc((size_t)info.n_shards, sizeof *ck, err))) st = EG_ERR_NOMEM;
-    if (!st) st = eg_ds_check_shards(dir, &info, threads, ck, &n_bad, err);
+    if (!st) st = eg_ds_check_shards(dir, &info, threads, NULL, ck, &n_bad, err); /* always hash */
     *n_damaged = 0;
     *n_samples = 0;
     for (int i = 0; !st && i < info.n_shards; i++) {

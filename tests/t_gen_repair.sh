@@ -36,7 +36,24 @@ p = sys.argv[1]; n = os.path.getsize(p); off = n // 3
 with open(p, 'r+b') as f:
     f.seek(off); b = f.read(1); f.seek(off); f.write(bytes([b[0] ^ 0x10]))" "$1"; }
 
+echo "-- a resume hashes only shards changed since they were hashed (stamps); a copy hashes all"
+$E generate "${args[@]}" --out job 2>err.txt
+grep -q "resuming: 6 committed shards intact (0 hashed" err.txt || { cat err.txt; exit 1; }
+cp -r job copy
+$E generate "${args[@]}" --out copy 2>err.txt
+grep -q "resuming: 6 committed shards intact (6 hashed" err.txt || { cat err.txt; exit 1; }
+$E generate "${args[@]}" --out copy 2>err.txt
+grep -q "(0 hashed" err.txt || { cat err.txt; exit 1; }
+rm copy/.stamps.manifest.json
+$E generate "${args[@]}" --out copy 2>err.txt
+grep -q "(6 hashed" err.txt || { cat err.txt; exit 1; }
+
 echo "-- a flipped byte, a truncated shard, a deleted shard: resume refuses, naming each"
+cp -r copy touched
+$E generate "${args[@]}" --out touched 2>/dev/null   # its stamps now match its own files
+cp -p touched/shard-000002.tar orig.tar
+flip touched/shard-000002.tar; touch -r orig.tar touched/shard-000002.tar  # mtime put back: ctime still tells
+refuse touched shard-000002.tar
 cp -r job flip; flip flip/shard-000001.tar; refuse flip shard-000001.tar
 cp -r job trunc; truncate -s -700 trunc/shard-000003.tar; refuse trunc shard-000003.tar
 cp -r job del; rm del/shard-000004.tar; refuse del shard-000004.tar
