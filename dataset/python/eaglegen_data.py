@@ -1,6 +1,6 @@
 """Loader for eaglegen datasets (format version 1; see docs/FORMAT.md).
 
-Needs only numpy and zstandard; torch is optional.
+Needs only numpy and zstandard (pip install -r dataset/python/requirements.txt); torch is optional.
 
     from eaglegen_data import EagleGenDataset
     ds = EagleGenDataset("/data/kimi-eagle3")      # a dataset directory or one shard .tar
