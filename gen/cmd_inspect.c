@@ -407,6 +407,13 @@ static int recorded_tokenizer(const eg_ds_info *m, char *out, size_t cap) {
     if (!m->job_json) return 0;
     json_t *j = json_loads(m->job_json, 0, NULL);
     const char *t = json_string_value(json_object_get(json_object_get(j, "paths"), "tokenizer"));
+    /* a merged manifest: the jobs it was merged from (they share the tokenizer) */
+    json_t *from = json_object_get(j, "merged_from"), *e;
+    size_t k;
+    json_array_foreach(from, k, e) {
+        if (t) break;
+        t = json_string_value(json_object_get(json_object_get(json_object_get(e, "job"), "paths"), "tokenizer"));
+    }
     if (t) snprintf(out, cap, "%s", t);
     json_decref(j);
     return t != NULL;

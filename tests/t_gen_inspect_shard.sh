@@ -44,6 +44,12 @@ PY
 echo "-- --sample finds the tokenizer the manifest records"
 $E inspect d --sample s3 > s.txt
 grep -q "hello number 3" s.txt || { echo "--sample did not decode the text:"; cat s.txt; exit 1; }
+for w in 0 1; do
+    $E generate --model model --prompts c.jsonl --max-new-tokens 6 --max-seq-len 64 --aux-layers 1,3 --threads 1 \
+        --worker $w/2 --out w 2>/dev/null
+done
+$E merge w --out w 2>/dev/null
+$E inspect w --sample s3 | grep -q "hello number 3" || { echo "merged: --sample did not decode"; exit 1; }
 mv model model.moved
 set +e; $E inspect d --sample s3 > s2.txt 2> e.txt; rc=$?; set -e
 [ $rc -eq 1 ] || { echo "moved tokenizer: rc $rc"; exit 1; }
