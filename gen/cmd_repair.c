@@ -2,7 +2,7 @@
  *
  * For every manifest of DIR (manifest.json and each manifest.w{I}of{N}.json), each listed
  * shard is checked as a resume checks it (dataset/shardcheck.h: present, size, SHA-256,
- * index). A damaged shard is renamed into DIR/quarantine/ (never deleted), taken out of
+ * index), always hashing (no stamps). A damaged shard is renamed into DIR/quarantine/ (never deleted), taken out of
  * the manifest (its samples, tokens and bytes leave the totals, its samples leave the
  * "generated" count, and the loss-token histogram is recounted from the shards that
  * remain), and logged with its sample ids (when its index is still readable) in
@@ -39,7 +39,8 @@ static void usage(FILE *f) {
             "usage: eaglegen repair DIR [--dry-run] [--threads N]\n"
             "\n"
             "Checks every shard each manifest of DIR lists (present, size, SHA-256, index), as a\n"
-            "resume does. Damaged shards are moved into DIR/" QUARANTINE "/ (never deleted) and taken\n"
+            "resume does, but hashing every shard (a resume skips those unchanged since they were\n"
+            "hashed). Damaged shards are moved into DIR/" QUARANTINE "/ (never deleted) and taken\n"
             "out of their manifest (totals, generated count, loss-token histogram recounted from the\n"
             "shards that remain); DIR/" QUARANTINE "/repair.jsonl lists them with their sample ids.\n"
             "Rerun the job's `eaglegen generate` command afterwards: it makes exactly the samples\n"
