@@ -93,7 +93,7 @@ FUZZ_S      ?= 60
 FUZZ_BUILD  ?= build-fuzz
 FUZZ_CC     ?= clang
 
-.PHONY: emu all test demo asan tsan bench clean deps test-unit test-scripts fmt fuzz fuzz-bins
+.PHONY: emu all test demo asan tsan bench clean deps test-unit test-scripts fmt fuzz fuzz-bins fuzz-cov
 all: $(EAGLEGEN) $(TEST_BINS) $(FUZZ_REPLAY)
 
 $(BUILD)/%.o: %.c
@@ -157,6 +157,15 @@ fuzz:
 	    SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
 	    $(FUZZ_BUILD)/eaglegen fuzz-bins
 	FUZZ_S=$(FUZZ_S) BUILD=$(FUZZ_BUILD) bash tests/fuzz/run.sh $(FUZZ_TARGETS)
+
+# Line coverage per source file of the campaign's corpus (after `make fuzz`): the replay
+# drivers built with clang's source-based coverage, run over each working corpus.
+COV_BUILD ?= build-cov
+fuzz-cov:
+	$(MAKE) BUILD=$(COV_BUILD) CC=$(FUZZ_CC) OPT=-O0 NO_CUDA=1 \
+	    SAN="-fprofile-instr-generate -fcoverage-mapping" \
+	    $(patsubst %,$(COV_BUILD)/tests/fuzz/replay_%,$(FUZZ_TARGETS))
+	COV_BUILD=$(COV_BUILD) FUZZ_BUILD=$(FUZZ_BUILD) bash tests/fuzz/coverage.sh $(FUZZ_TARGETS)
 
 # Unit tests (C), then scripted end-to-end tests (tests/*.sh), then the Python loader.
 test: $(EAGLEGEN) $(TEST_BINS) $(FUZZ_REPLAY)

@@ -429,7 +429,16 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
             st = bad(err, path, "loss_token_histogram");
             goto done;
         }
-        if (json_integer_value(x) > maxid) maxid = json_integer_value(x);
+        /* as the writer writes it: ids ascending and distinct, counts positive (a zero count
+         * or a repeated id would load to a histogram that saves differently) */
+        if (json_integer_value(x) <= maxid || json_integer_value(y) == 0) {
+            st = eg_fail(err, EG_ERR_FORMAT,
+                         "%s: loss_token_histogram: entry %zu (id %" PRId64 ", count %" PRId64
+                         "): ids must be ascending and distinct, counts positive",
+                         path, i, (int64_t)json_integer_value(x), (int64_t)json_integer_value(y));
+            goto done;
+        }
+        maxid = json_integer_value(x);
     }
     /* the histogram is dense: an id must lie inside the tokenizer's vocabulary (or, when
      * that is unknown, below EG_DS_MAX_HIST_ID) */
