@@ -1,107 +1,357 @@
 #!/usr/bin/env python3
-"""Decode-throughput model of Kimi-K2.5 on an 8-GPU box: pipeline parallel (eaglegen's
-design) against tensor parallel (the serving-stack layout), both with a BF16 latent cache.
+"""Layouts of a DeepSeek-V3-architecture model (Kimi-K2.5 by default) on an 8-GPU box,
+with a roofline model of decode and capture-mode prefill: the same model as
+engine/layout.c (`eaglegen plan --gpus N` / `--box NAME`), formula for formula, so the
+two can be checked against each other (tests/t_plan_layouts.sh).
 
-A decode step reads the weights of every expert hit, the attention/dense/shared weights
-and the KV cache, and does the tensor work on them. Per part (always-read weights,
-experts, cache), time = max(bytes / (bandwidth * eff), FLOPs / (BF16 tensor rate * eff));
-step time is their sum, plus, for tensor parallelism, two all-reduces per layer over
-PCIe. FLOPs count eaglegen's precision: activations as BF16 hi + lo pairs (4 FLOPs per
-weight per token), and the absorbed attention's 64 x (576 + 512) multiply-adds per cached
-row, again hi + lo (~242 FLOPs per cache byte: compute-bound on both boxes at full
-bandwidth). `eff` is the fraction of the copy bandwidth and tensor rate the kernels
-achieve; it is an input here (issue 7's goal is >= 0.5 at large batch) until
-`eaglegen bench --backend cuda` measures it.
+Layouts: P pipeline stages x expert-parallel groups of E GPUs (P * E = GPUs). Inside a
+group attention is data-parallel (each GPU holds the cache of its own sequences: the
+cache is held once), the routed experts are split E ways, and the shared expert, dense
+MLP, embedding and lm_head are replicated in the group or split over it ("+split").
+ppG is the pipeline, epG one group over every GPU; tpG (tensor parallel: weights split,
+the latent cache copied onto every GPU) is what serving stacks run, modelled for
+comparison.
 
-usage: python3 docs/perf_model.py [--eff 0.6] [--mean-len 4096] [--held-len N]
---held-len: the cache tokens each sequence holds (default: --mean-len). With generate's
-default on-demand KV policy a sequence holds what it has filled, so the mean length;
-with --kv-policy reserve it holds prompt + --max-new-tokens whatever it generates, so
-fewer sequences fit while each still reads only its own length of cache per step.
-Capacities come from `eaglegen plan --preset kimi-k2.5 --stages 8` (same arithmetic).
+Per GPU and step: bytes read (always-read weights, the routed experts the step hits,
+the BF16 cache) and FLOPs (2 per multiply-add, x2 for eaglegen's BF16 hi + lo
+activations); each part takes max(bytes / (HBM * eff), FLOPs / (tensor rate * eff)).
+Collectives: per MoE layer a token's FP32 row goes to the other GPUs owning one of its K
+experts, (E - 1)(1 - (1 - 1/E)^K) rows on average (E - 1 with split dense parts), and
+its K weighted expert outputs come back as FP32 rows, K (E - 1)/E (one per remote
+expert, so the owner adds them in the unsplit order; + E - 1 partial rows of the split
+shared expert); each collective costs the link latency plus bytes over the per-GPU link
+bandwidth, not overlapped with compute. Tensor parallel: two BF16 all-reduces per layer.
+A pipeline keeps P micro-batches in flight, each with 1/P of the sequences, and each
+stage reads the experts every micro-batch hits: E (1 - (1 - K/E)^B) per MoE layer for B
+tokens (uniform routing). Capacity: each stage's free memory over its layers' cache
+bytes per token; a group holds E times the worst stage's tokens; concurrency is the
+token slots (1% kept free) over the mean length, generate's on-demand KV policy.
+
+Boxes: rtx-pro-6000x8 (8 x 96 GB, 1.8 TB/s, 500 TFLOP/s BF16, PCIe: 25 GB/s per GPU per
+direction + 30 us per collective), h200x8 (8 x 141 GB, 4.8 TB/s, 990 TFLOP/s, NVLink:
+450 GB/s + 10 us). eff (default 0.6) is the share of bandwidth and tensor rate the
+kernels reach, an input until `eaglegen bench --backend cuda` measures it.
+
+usage: python3 docs/perf_model.py [--box NAME] [--config config.json] [--eff F]
+       [--mean-len N] [--held-len N] [--gpu-mem-gb F] [--link-gbs F] [--link-us F]
+       [--prefill-chunk N] [--json]
+--held-len: cache tokens each sequence holds, for concurrency (default: --mean-len; with
+--kv-policy reserve a sequence holds prompt + max_new whatever it generates).
 """
+import json
 import math
 import sys
 
-H, L, E, K, F, NH, QL, C, DR, DN, DV, V, INTER = 7168, 61, 384, 8, 2048, 64, 1536, 512, 64, 128, 128, 163840, 18432
-EXPERT = 3 * H * F * (0.5 + 2 / 32)                 # one INT4 expert, with BF16 group-32 scales
-ATTN = 2 * (QL * H + NH * (DN + DR) * QL + (C + DR) * H + NH * (DN + DV) * C + H * NH * DV)
-SHARED = 2 * 3 * H * F
-ROUTER = 2 * E * H
-DENSE = 2 * 3 * H * INTER
-EMB = 2 * V * H
-KV_TOK_LAYER = 2 * (C + DR)                          # BF16 latent + rope key
-ATTN_FLOP_PER_KV_BYTE = NH * (C + DR + C) * 2 * 2 / KV_TOK_LAYER  # scores + values, hi + lo
+KIMI_K25 = dict(hidden_size=7168, num_hidden_layers=61, num_attention_heads=64, q_lora_rank=1536, kv_lora_rank=512,
+                qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=18432,
+                moe_intermediate_size=2048, n_routed_experts=384, n_shared_experts=1, num_experts_per_tok=8,
+                first_k_dense_replace=1, moe_layer_freq=1, vocab_size=163840, tie_word_embeddings=False,
+                experts="int4", group=32)
+
+BOXES = {
+    "rtx-pro-6000x8": dict(gpus=8, mem_gb=96, frac=0.92, act_gb=3, hbm_tbs=1.8, tflops=500, eff=0.6, link="pcie"),
+    "h200x8": dict(gpus=8, mem_gb=141, frac=0.92, act_gb=4, hbm_tbs=4.8, tflops=990, eff=0.6, link="nvlink"),
+}
+LINKS = {"pcie": (25.0, 30.0), "nvlink": (450.0, 10.0)}
 
 
-def hit(tokens):
-    """Expected distinct experts per layer hit by `tokens` tokens routed top-K of E."""
-    return E * (1 - (1 - 1 / E) ** (K * tokens))
+def load_config(path):
+    """The fields the model uses from a Hugging Face config.json (flat or Kimi's nested text_config)."""
+    root = json.load(open(path))
+    t = root.get("text_config", root)
+    q = t.get("quantization_config") or root.get("quantization_config")
+    c = {k: t[k] for k in KIMI_K25 if k in t}
+    c.setdefault("q_lora_rank", 0)
+    c["q_lora_rank"] = c["q_lora_rank"] or 0
+    c.setdefault("tie_word_embeddings", False)
+    c.setdefault("moe_layer_freq", 1)
+    c.setdefault("first_k_dense_replace", 0)
+    c.setdefault("n_shared_experts", 0)
+    c["experts"], c["group"] = "bf16", 32
+    if q and q.get("quant_method") == "compressed-tensors":
+        c["experts"] = "int4"
+        c["group"] = next(iter(q["config_groups"].values()))["weights"]["group_size"]
+    elif q and q.get("quant_method") == "fp8":
+        c["experts"] = "fp8"
+    return c
 
 
-def moe_layer_bytes(tokens):
-    return ATTN + SHARED + ROUTER + hit(tokens) * EXPERT
+def is_moe(c, l):
+    return c["n_routed_experts"] > 0 and l >= c["first_k_dense_replace"] and l % max(c["moe_layer_freq"], 1) == 0
 
 
-def part_time(nbytes, flops, bw, tc):
-    return max(nbytes / bw, flops / tc)
+def expert_matrix_bytes(c, rows, cols):
+    if c["experts"] == "int4":
+        return rows * cols / 2 + rows * math.floor(cols / c["group"]) * 2
+    if c["experts"] == "fp8":
+        return rows * cols + math.ceil(rows / 128) * math.ceil(cols / 128) * 4
+    return rows * cols * 2
 
 
-def moe_layers_time(layers, tokens, kv_bytes, bw, tc, heads_share=1.0):
-    """`layers` MoE layers for `tokens` tokens: always-read weights, experts, cache.
-    heads_share: the fraction of the attention heads computed here (tensor parallel: 1/gpus)."""
-    fixed = ATTN + SHARED + ROUTER
-    t = part_time(layers * fixed, layers * 4 * tokens * fixed / 2, bw, tc)
-    t += part_time(layers * hit(tokens) * EXPERT, layers * 4 * tokens * K * 3 * H * F, bw, tc)
-    t += part_time(kv_bytes, kv_bytes * ATTN_FLOP_PER_KV_BYTE * heads_share, bw, tc)
-    return t
+def parts_of(c, l):
+    H, NH, QL, C, F = (c["hidden_size"], c["num_attention_heads"], c["q_lora_rank"], c["kv_lora_rank"],
+                       c["moe_intermediate_size"])
+    DN, DR, DV = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    DQ, W = NH * (DN + DR), C + DR
+    p = dict(attn_b=2 * H * 2 + (2 * (QL * H + QL + DQ * QL) if QL > 0 else 2 * DQ * H)
+             + 2 * (W * H + C + NH * (DN + DV) * C + H * NH * DV),
+             router_b=0.0, router_p=0.0, expert_b=0.0, expert_p=0.0, moe=is_moe(c, l))
+    p["attn_p"] = p["attn_b"] / 2
+    E = c["n_routed_experts"]
+    if p["moe"]:
+        p["router_b"] = 2 * E * H + 4.0 * E
+        p["router_p"] = E * H
+        p["mlp_b"] = 2 * 3 * H * F * c["n_shared_experts"]
+        p["expert_b"] = 2 * expert_matrix_bytes(c, F, H) + expert_matrix_bytes(c, H, F)
+        p["expert_p"] = 3 * H * F
+    else:
+        p["mlp_b"] = 2 * 3 * H * c["intermediate_size"]
+    p["mlp_p"] = p["mlp_b"] / 2
+    return p
 
 
-def model(name, gpus, mem_gb, bw_tbs, tc_tflops, eff, mean_len, act_gb=3.0, frac=0.92, pcie_gbs=25.0,
-          ar_lat_us=30.0, held_len=None):
-    held_len = held_len or mean_len
-    total = EMB * 2 + DENSE + ATTN + (L - 1) * (ATTN + SHARED + ROUTER + E * EXPERT)
-    usable = mem_gb * 1e9 * frac - act_gb * 1e9
-    bw = bw_tbs * 1e12 * eff
-    tc = tc_tflops * 1e12 * eff
-    # pipeline: the heaviest stage holds ceil(L/gpus) MoE layers and bounds the capacity
-    per_stage_layers = math.ceil(L / gpus)
-    stage_w = per_stage_layers * (ATTN + SHARED + ROUTER + E * EXPERT)
-    pp_tokens = (usable - stage_w) / (per_stage_layers * KV_TOK_LAYER)
-    pp_seqs = pp_tokens / held_len
-    M = gpus                                          # micro-batches in flight
-    b = pp_seqs / M
-    stage_kv = b * mean_len * per_stage_layers * KV_TOK_LAYER
-    stage_bytes = per_stage_layers * moe_layer_bytes(b) + stage_kv
-    t_step = moe_layers_time(per_stage_layers, b, stage_kv, bw, tc)
-    pp_tps = pp_seqs / (M * t_step)
-    # tensor parallel: weights sharded 1/gpus, the whole latent cache on every GPU
-    tp_tokens = (usable - total / gpus) / (L * KV_TOK_LAYER)
-    tp_seqs = tp_tokens / held_len
-    tp_kv = tp_seqs * mean_len * L * KV_TOK_LAYER
-    tp_bytes = (L - 1) * moe_layer_bytes(tp_seqs) / gpus + tp_kv
-    ar = 2 * L * (ar_lat_us * 1e-6 + 2 * (gpus - 1) / gpus * tp_seqs * H * 2 / (pcie_gbs * 1e9))
-    # each GPU holds 1/gpus of every weight and computes 1/gpus of the heads over the whole cache
-    tp_step = moe_layers_time((L - 1) / gpus, tp_seqs, tp_kv, bw, tc, heads_share=1 / gpus) + ar
-    tp_tps = tp_seqs / tp_step
-    print(f"{name}: {gpus} GPUs x {mem_gb:.0f} GB, {bw_tbs} TB/s, {tc_tflops:.0f} TFLOP/s BF16, kernel efficiency "
-          f"{eff:.2f}, mean length {mean_len}, held per sequence {held_len}")
-    print(f"  weights {total / 1e9:.1f} GB; KV per token all layers {L * KV_TOK_LAYER / 1e3:.1f} KB")
-    print(f"  pipeline : {pp_tokens / 1e3:8.0f}K token slots, {pp_seqs:6.0f} sequences, micro-batch {b:5.1f}, "
-          f"stage step {t_step * 1e3:6.1f} ms ({stage_bytes / 1e9:5.1f} GB), {pp_tps:6.0f} tok/s")
-    print(f"  tensor-p.: {tp_tokens / 1e3:8.0f}K token slots, {tp_seqs:6.0f} sequences, "
-          f"step {tp_step * 1e3:6.1f} ms ({tp_bytes / 1e9:5.1f} GB/GPU + {ar * 1e3:.1f} ms all-reduce), {tp_tps:6.0f} tok/s")
-    print(f"  ratio pipeline / tensor-parallel: capacity {pp_tokens / tp_tokens:.1f}x, throughput {pp_tps / tp_tps:.2f}x")
+class Acc:
+    def __init__(self):
+        self.hbm = self.fl = 0.0
+
+    def part(self, nbytes, flops, bw, rate):
+        tb, tf = nbytes / bw, flops / rate
+        if tb >= tf:
+            self.hbm += tb
+            return tb
+        self.fl += tf
+        return tf
+
+
+def hit(E, K, tokens):
+    return 0.0 if tokens <= 0 else E * (1 - (1 - K / E) ** tokens)
+
+
+def split_layers(cost, first, last, n):
+    """Minimise the largest stage (eg_plan_split): ends[i] = end layer of stage i."""
+    L = len(cost)
+    pre = [0.0]
+    for x in cost:
+        pre.append(pre[-1] + x)
+    INF = 1e300
+    best = [[INF] * (L + 1) for _ in range(n + 1)]
+    cut = [[-1] * (L + 1) for _ in range(n + 1)]
+    for j in range(L + 1):
+        best[1][j] = pre[j] + first + (last if n == 1 else 0) if j else INF
+    for k in range(2, n + 1):
+        for j in range(L + 1):
+            for i in range(k - 1, j):
+                stage = pre[j] - pre[i] + (last if k == n and j == L else 0)
+                v = best[k - 1][i] if best[k - 1][i] > stage else stage
+                if v < best[k][j]:
+                    best[k][j], cut[k][j] = v, i
+    ends, j = [0] * n, L
+    for k in range(n, 0, -1):
+        ends[k - 1] = j
+        j = cut[k][j] if k > 1 else 0
+    return ends
+
+
+def stage_step(c, box, lp, l0, l1, last, E, split, b, prefill, length):
+    a = Acc()
+    bw, rate = box["hbm_tbs"] * 1e12 * box["eff"], box["tflops"] * 1e12 * box["eff"]
+    H, K, NE, NH = c["hidden_size"], c["num_experts_per_tok"], c["n_routed_experts"], c["num_attention_heads"]
+    C, DR = c["kv_lora_rank"], c["qk_rope_head_dim"]
+    kvb, r, lat, link = 2 * (C + DR), b / E, box["link_us"] * 1e-6, box["link_gbs"] * 1e9
+    share = 1 / E if split else 1
+    fixed_b = fixed_f = exp_b = exp_f = comm = 0.0
+    nl, hits = l1 - l0, hit(NE, K, b)
+    disp = E - 1 if split else (E - 1) * (1 - (1 - 1 / E) ** K)
+    ret = K * (E - 1) / E + (E - 1 if split else 0)
+    for l in range(l0, l1):
+        p = lp[l]
+        fixed_b += p["attn_b"] + p["router_b"] + p["mlp_b"] * share
+        fixed_f += 4 * r * (p["attn_p"] + p["router_p"] + p["mlp_p"])
+        if p["moe"]:
+            exp_b += hits * p["expert_b"] / E
+            exp_f += 4 * b * K * p["expert_p"] / E
+            if E > 1:
+                comm += 2 * lat + r * H * 4 * (disp + ret) / link
+        elif split and E > 1:
+            comm += 2 * lat + r * H * 4 * 2 * (E - 1) / link
+    if prefill:
+        keys = (length + 1) / 2
+        kv_b = r * nl * kvb
+        kv_f = 4 * r * nl * NH * (c["qk_nope_head_dim"] + DR + c["v_head_dim"]) * keys
+    else:
+        kv_b = r * length * nl * kvb
+        kv_f = r * length * nl * 4 * NH * (2 * C + DR)
+    if last:
+        V = c["vocab_size"]
+        fixed_b += (2 * V * H) * share + 2 * H
+        fixed_f += 4 * r * V * H
+        if split and E > 1:
+            comm += lat + r * (E - 1) * H * 4 / link
+    t = a.part(fixed_b, fixed_f, bw, rate) + a.part(exp_b, exp_f, bw, rate) + a.part(kv_b, kv_f, bw, rate)
+    if not last and box["gpus"] > E:
+        comm += lat + r * H * 4 / link
+    return dict(t=t + comm, hbm=a.hbm, fl=a.fl, comm=comm)
+
+
+def bound_of(hbm, fl, comm):
+    return "link" if comm >= hbm and comm >= fl else ("compute" if fl > hbm else "hbm")
+
+
+def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_len=None):
+    held = held_len or mean_len
+    L, G = c["num_hidden_layers"], box["gpus"]
+    usable = box["mem_gb"] * 1e9 * box["frac"] - box["act_gb"] * 1e9
+    C, DR, H, V = c["kv_lora_rank"], c["qk_rope_head_dim"], c["hidden_size"], c["vocab_size"]
+    kvb = 2.0 * (C + DR)
+    emb_b = 2 * V * H
+    tail_b = 2 * H + (0 if c["tie_word_embeddings"] else emb_b)
+    lp = [parts_of(c, l) for l in range(L)]
+    K, NE, NH = c["num_experts_per_tok"], c["n_routed_experts"], c["num_attention_heads"]
+    row = dict(stages=P, ep=E, dense_split=bool(split))
+    if kind == "tp":
+        row["layout"] = f"tp{G}"
+        total = emb_b + tail_b
+        fixed_b = fixed_p = exp_b = exp_p = 0.0
+        for p in lp:
+            total += p["attn_b"] + p["router_b"] + p["mlp_b"] + NE * p["expert_b"]
+            fixed_b += p["attn_b"] + p["router_b"] + p["mlp_b"]
+            fixed_p += p["attn_p"] + p["router_p"] + p["mlp_p"]
+            if p["moe"]:
+                exp_b += p["expert_b"]
+                exp_p += p["expert_p"]
+        fixed_b += emb_b + 2 * H
+        fixed_p += V * H
+        row["weights_gb"] = total / G / 1e9
+        free = usable - total / G
+        tok = math.floor(free / (L * kvb)) if free > 0 else 0
+        row["kv_tokens"] = int(tok)
+        S = tok * (1 - wm) / held
+        row["concurrency"], row["fits"], row["runnable"] = S, S >= 1, False
+        bw, rate = box["hbm_tbs"] * 1e12 * box["eff"], box["tflops"] * 1e12 * box["eff"]
+        lat, link = box["link_us"] * 1e-6, box["link_gbs"] * 1e9
+        for pf in (0, 1):
+            T = chunk if pf else S
+            a = Acc()
+            t = a.part(fixed_b / G, 4 * T * fixed_p / G, bw, rate)
+            t += a.part(hit(NE, K, T) * exp_b / G, 4 * T * K * exp_p / G, bw, rate)
+            if pf:
+                t += a.part(T * L * kvb, 4 * T * L * NH * (c["qk_nope_head_dim"] + DR + c["v_head_dim"])
+                            * (mean_len + 1) / 2 / G, bw, rate)
+            else:
+                t += a.part(T * mean_len * L * kvb, T * mean_len * L * 4 * NH * (2 * C + DR) / G, bw, rate)
+            comm = 2 * L * (lat + 2.0 * (G - 1) / G * T * H * 2 / link)
+            t += comm
+            if pf:
+                row["prefill_tok_s"] = T / t if row["fits"] else 0.0
+                row["prefill_bound"] = bound_of(a.hbm, a.fl, comm)
+            else:
+                row["decode_tok_s"] = S / t if row["fits"] else 0.0
+                row["decode_step_ms"], row["comm_ms"] = t * 1e3, comm * 1e3
+                row["decode_bound"] = bound_of(a.hbm, a.fl, comm)
+        row["comm_bytes_token_layer"] = 0.0
+        return row
+    row["layout"] = (f"pp{P}" if E == 1 else f"ep{E}" + ("+split" if split else "") if P == 1
+                     else f"pp{P}xep{E}" + ("+split" if split else ""))
+    share = 1 / E if split else 1.0
+    cost = [p["attn_b"] + p["router_b"] + p["mlp_b"] * share + NE * p["expert_b"] / E for p in lp]
+    ends = split_layers(cost, emb_b * share, tail_b * share, P)
+    min_tok, wmax, b0 = None, 0.0, 0
+    for s in range(P):
+        w = (emb_b * share if s == 0 else 0) + (tail_b * share if s == P - 1 else 0)
+        for l in range(b0, ends[s]):
+            w += cost[l]
+        free = usable - w
+        tok = math.floor(free / ((ends[s] - b0) * kvb)) if free > 0 else 0
+        wmax = max(wmax, w)
+        min_tok = tok if min_tok is None or tok < min_tok else min_tok
+        b0 = ends[s]
+    row["weights_gb"] = wmax / 1e9
+    row["kv_tokens"] = int(E * min_tok)
+    S = row["kv_tokens"] * (1 - wm) / held
+    row["concurrency"], row["fits"], row["runnable"] = S, S >= 1, not split
+    row["comm_bytes_token_layer"] = (H * 4 * ((E - 1 if split else (E - 1) * (1 - (1 - 1.0 / E) ** K))
+                                              + K * (E - 1.0) / E + (E - 1 if split else 0)) if E > 1 else 0.0)
+    for pf in (0, 1):
+        b = chunk * E if pf else S / P
+        worst, b0 = None, 0
+        for s in range(P):
+            t = stage_step(c, box, lp, b0, ends[s], s == P - 1, E, split, b, pf, mean_len)
+            if worst is None or t["t"] > worst["t"]:
+                worst = t
+            b0 = ends[s]
+        if pf:
+            row["prefill_tok_s"] = b / worst["t"] if row["fits"] else 0.0
+            row["prefill_bound"] = bound_of(worst["hbm"], worst["fl"], worst["comm"])
+        else:
+            row["decode_tok_s"] = S / (P * worst["t"]) if row["fits"] else 0.0
+            row["decode_step_ms"], row["comm_ms"] = worst["t"] * 1e3, worst["comm"] * 1e3
+            row["decode_bound"] = bound_of(worst["hbm"], worst["fl"], worst["comm"])
+    return row
+
+
+def enumerate_layouts(c, box, mean_len, chunk=8192, held_len=None):
+    rows, G = [], box["gpus"]
+    for P in range(G, 0, -1):
+        if G % P or P > c["num_hidden_layers"]:
+            continue
+        E = G // P
+        if c["n_routed_experts"] % E:
+            continue
+        for split in range(0, 2 if E > 1 else 1):
+            rows.append(layout_model(c, box, "pp_ep", P, E, split, mean_len, chunk, held_len=held_len))
+    if G > 1:
+        rows.append(layout_model(c, box, "tp", 1, 1, 0, mean_len, chunk, held_len=held_len))
+    return rows
+
+
+def recommend(rows, key):
+    ok = [r for r in rows if r["runnable"] and r["fits"]]
+    return max(ok, key=lambda r: r[key])["layout"] if ok else None
+
+
+def arg(a, name, conv, default):
+    return conv(a[a.index(name) + 1]) if name in a else default
 
 
 def main():
-    eff, mean_len, held = 0.6, 4096, None
     a = sys.argv[1:]
-    if "--eff" in a: eff = float(a[a.index("--eff") + 1])
-    if "--mean-len" in a: mean_len = int(a[a.index("--mean-len") + 1])
-    if "--held-len" in a: held = int(a[a.index("--held-len") + 1])
-    model("8x RTX PRO 6000 Blackwell", 8, 96, 1.8, 500, eff, mean_len, held_len=held)
-    model("8x H200", 8, 141, 4.8, 990, eff, mean_len, act_gb=4.0, held_len=held)
+    if "-h" in a or "--help" in a:
+        print(__doc__)
+        return
+    c = load_config(arg(a, "--config", str, None)) if "--config" in a else dict(KIMI_K25)
+    mean_len = arg(a, "--mean-len", float, 4096.0)
+    held = arg(a, "--held-len", float, None)
+    chunk = arg(a, "--prefill-chunk", int, 8192)
+    names = [arg(a, "--box", str, None)] if "--box" in a else list(BOXES)
+    out = []
+    for name in names:
+        if name not in BOXES:
+            sys.exit(f"perf_model.py: box '{name}': expected one of {', '.join(BOXES)}")
+        box = dict(BOXES[name], name=name)
+        box["link_gbs"], box["link_us"] = LINKS[box["link"]]
+        box["eff"] = arg(a, "--eff", float, box["eff"])
+        box["mem_gb"] = arg(a, "--gpu-mem-gb", float, box["mem_gb"])
+        box["link_gbs"] = arg(a, "--link-gbs", float, box["link_gbs"])
+        box["link_us"] = arg(a, "--link-us", float, box["link_us"])
+        rows = enumerate_layouts(c, box, mean_len, chunk, held)
+        out.append(dict(box=box, mean_len=mean_len, layouts=rows, recommended_decode=recommend(rows, "decode_tok_s"),
+                        recommended_prefill=recommend(rows, "prefill_tok_s")))
+    if "--json" in a:
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=1))
+        return
+    for o in out:
+        b = o["box"]
+        print(f"{b['name']}: {b['gpus']} x {b['mem_gb']:.0f} GB, {b['hbm_tbs']} TB/s, {b['tflops']:.0f} TFLOP/s, "
+              f"eff {b['eff']:.2f}, {b['link']} {b['link_gbs']:.0f} GB/s + {b['link_us']:.0f} us, "
+              f"mean length {mean_len:.0f}")
+        print(f"  {'layout':13s} {'weights GB':>10s} {'KV tokens':>10s} {'seqs':>6s} {'decode t/s':>10s} "
+              f"{'bound':8s} {'prefill t/s':>11s} {'bound':8s}")
+        for r in o["layouts"]:
+            note = "" if r["runnable"] else "  (modelled only)"
+            print(f"  {r['layout']:13s} {r['weights_gb']:10.1f} {r['kv_tokens']:10d} {r['concurrency']:6.0f} "
+                  f"{r['decode_tok_s']:10.0f} {r['decode_bound']:8s} {r['prefill_tok_s']:11.0f} "
+                  f"{r['prefill_bound']:8s}{note}")
+        print(f"  recommended: decode {o['recommended_decode']}, prefill {o['recommended_prefill']}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
+#include "engine/layout.h"
 #include "engine/mkmodel.h"
 #include "engine/plan.h"
 #include "gen/args.h"
@@ -15,7 +18,17 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: eaglegen plan (--model DIR | --preset NAME) --stages N [options]\n"
+            "       eaglegen plan (--model DIR | --preset NAME) (--gpus N | --box NAME) [options]\n"
             "\n"
+            "With --gpus or --box: every layout the model can run on the box (P pipeline stages\n"
+            "x expert-parallel groups of E GPUs with data-parallel attention, P x E = GPUs; the\n"
+            "dense parts replicated or split in the group; tensor parallelism for comparison),\n"
+            "each with its weights and KV token slots per GPU, concurrent sequences at\n"
+            "--mean-len, and modelled decode and capture-mode prefill tok/s with what bounds\n"
+            "them (engine/layout.h; docs/perf_model.py is the same model), then the layout\n"
+            "recommended for each mode (what `generate --layout auto` takes).\n"
+            "\n"
+            "With --stages:\n"
             "Splits the layers into N pipeline stages balanced by bytes (weights, plus the BF16\n"
             "latent cache of each layer for --mean-len tokens per sequence), then prints each\n"
             "stage's weight bytes, free memory and KV capacity in tokens, the box-wide number of\n"
@@ -40,7 +53,100 @@ static void usage(FILE *f) {
             "                      --max-new, after --prompt-len prompt tokens\n"
             "  --prompt-len N      prompt tokens (default 1024)\n"
             "  --max-new N         generate's --max-new-tokens (default 32768)\n"
+            "layouts (with --gpus N or --box NAME):\n"
+            "  --box NAME          rtx-pro-6000x8 (96 GB, 1.8 TB/s, 500 TFLOP/s, PCIe) or h200x8\n"
+            "                      (141 GB, 4.8 TB/s, 990 TFLOP/s, NVLink); options below override\n"
+            "  --gpus N            GPUs in the box (default 8 with --box)\n"
+            "  --hbm-tbs F         memory bandwidth per GPU, TB/s (default 1.8)\n"
+            "  --tflops F          dense BF16 tensor rate per GPU, TFLOP/s (default 500)\n"
+            "  --eff F             share of both the kernels reach (default 0.6)\n"
+            "  --link pcie|nvlink  collectives: 25 GB/s + 30 us, or 450 GB/s + 10 us (default pcie)\n"
+            "  --link-gbs F        per-GPU collective bandwidth, GB/s, each direction\n"
+            "  --link-us F         latency per collective, microseconds\n"
+            "  --prefill-chunk N   capture-mode prefill rows per GPU per step (default 8192)\n"
+            "  --json              the rows as JSON objects (layout, kv_tokens, concurrency,\n"
+            "                      decode_tok_s, prefill_tok_s, ...) and the recommendations\n"
             "  -h, --help          this text\n");
+}
+
+static json_t *row_json(const eg_layout_row *r) {
+    return json_pack("{s:s, s:i, s:i, s:b, s:b, s:b, s:f, s:I, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:f}", "layout", r->name,
+                     "stages", r->lay.stages, "ep", r->lay.ep, "dense_split", r->lay.dense_split, "runnable",
+                     r->runnable, "fits", r->fits, "weights_gb", r->weights_gb, "kv_tokens", (json_int_t)r->kv_tokens,
+                     "concurrency", r->concurrency, "decode_tok_s", r->decode_tok_s, "prefill_tok_s", r->prefill_tok_s,
+                     "decode_bound", r->decode_bound ? r->decode_bound : "", "prefill_bound",
+                     r->prefill_bound ? r->prefill_bound : "", "decode_step_ms", r->decode_step_ms, "comm_ms",
+                     r->comm_ms, "comm_bytes_token_layer", r->comm_bytes_token_layer);
+}
+
+static const char *why_not(const eg_layout_row *r) {
+    if (!r->fits) return "does not fit";
+    if (r->lay.kind == EG_LAYOUT_TP) return "modelled only: eaglegen does not run tensor parallelism";
+    if (r->lay.dense_split) return "modelled only: the engine replicates the dense parts in a group";
+    return "";
+}
+
+/* The layout table (or its JSON) and the recommendation per mode. */
+static int print_layouts(const char *what, const eg_config *c, const eg_box *box, const eg_layout_opts *lo,
+                         const char *len_from, int json, eg_error *err) {
+    int max_rows = 2 * box->gpus + 2;
+    eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
+    if (!rows) { eg_fail(err, EG_ERR_NOMEM, "out of memory"); return 1; }
+    int n = eg_layout_enumerate(c, box, lo, rows, max_rows, err);
+    if (n < 0) { free(rows); return 1; }
+    int rd = eg_layout_recommend(rows, n, 0), rp = eg_layout_recommend(rows, n, 1);
+    if (json) {
+        json_t *arr = json_array(), *o = NULL;
+        for (int i = 0; i < n && arr; i++)
+            if (json_array_append_new(arr, row_json(&rows[i]))) { json_decref(arr); arr = NULL; }
+        if (arr)
+            o = json_pack("{s:s, s:{s:s, s:i, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}, s:f, s:o, s:s?, s:s?}", "model",
+                          what, "box", "name", box->name, "gpus", box->gpus, "mem_gb", box->mem_gb, "hbm_tbs",
+                          box->hbm_tbs, "tflops", box->tflops, "eff", box->eff, "link", box->link, "link_gbs",
+                          box->link_gbs, "link_us", box->link_us, "frac", box->frac, "mean_len", lo->mean_len, "layouts",
+                          arr, "recommended_decode", rd >= 0 ? rows[rd].name : NULL, "recommended_prefill",
+                          rp >= 0 ? rows[rp].name : NULL);
+        char *txt = o ? json_dumps(o, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(o);
+        if (!txt) { free(rows); eg_fail(err, EG_ERR_NOMEM, "cannot build the JSON (out of memory)"); return 1; }
+        printf("%s\n", txt);
+        free(txt);
+        free(rows);
+        return 0;
+    }
+    printf("%s on %s: %d GPUs x %.0f GB (%.2f usable, %.1f GB activations), %.2f TB/s, %.0f TFLOP/s, kernel "
+           "efficiency %.2f, %s %.0f GB/s + %.0f us per collective; mean length %.0f (%s)\n\n",
+           what, box->name, box->gpus, box->mem_gb, box->frac, box->act_gb, box->hbm_tbs, box->tflops, box->eff,
+           box->link, box->link_gbs, box->link_us, lo->mean_len, len_from);
+    printf("%-13s %10s %12s %8s %10s %-8s %6s %11s %-8s  %s\n", "layout", "weights GB", "KV tokens", "seqs",
+           "decode t/s", "bound", "ms", "prefill t/s", "bound", "");
+    for (int i = 0; i < n; i++) {
+        const eg_layout_row *r = &rows[i];
+        if (!r->fits)
+            printf("%-13s %10.1f %12lld %8s %10s %-8s %6s %11s %-8s  %s\n", r->name, r->weights_gb,
+                   (long long)r->kv_tokens, "-", "-", "-", "-", "-", "-", why_not(r));
+        else
+            printf("%-13s %10.1f %12lld %8.0f %10.0f %-8s %6.1f %11.0f %-8s  %s\n", r->name, r->weights_gb,
+                   (long long)r->kv_tokens, r->concurrency, r->decode_tok_s, r->decode_bound, r->decode_step_ms,
+                   r->prefill_tok_s, r->prefill_bound, why_not(r));
+    }
+    const eg_layout_row *pp = NULL;
+    for (int i = 0; i < n; i++)
+        if (rows[i].lay.kind == EG_LAYOUT_PP_EP && rows[i].lay.ep == 1 && rows[i].fits) pp = &rows[i];
+    printf("\n");
+    if (rd >= 0) {
+        printf("recommended for decode: %s, %.0f tok/s (%s-bound", rows[rd].name, rows[rd].decode_tok_s,
+               rows[rd].decode_bound);
+        if (pp && pp->decode_tok_s > 0 && pp != &rows[rd])
+            printf("; %.2f x %s, the pipeline", rows[rd].decode_tok_s / pp->decode_tok_s, pp->name);
+        printf(")\n");
+    }
+    if (rp >= 0)
+        printf("recommended for capture-mode prefill: %s, %.0f tok/s (%s-bound)\n", rows[rp].name,
+               rows[rp].prefill_tok_s, rows[rp].prefill_bound);
+    if (rd < 0 && rp < 0) printf("no runnable layout fits this box (see the table: more or larger GPUs)\n");
+    free(rows);
+    return (rd < 0 && rp < 0) ? 1 : 0;
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -52,7 +158,13 @@ int cmd_plan(int argc, char **argv) {
         {"model", 1, 0, 'm'},      {"preset", 1, 0, 'p'},       {"layers", 1, 0, 'l'}, {"experts", 1, 0, 'e'},
         {"stages", 1, 0, 's'},     {"gpu-mem-gb", 1, 0, 'g'},   {"mem-fraction", 1, 0, 'f'},
         {"act-gb", 1, 0, 'a'},     {"mean-len", 1, 0, 'n'},     {"help", 0, 0, 'h'},
-        {"workload", 1, 0, 'w'},   {"prompt-len", 1, 0, 'P'},   {"max-new", 1, 0, 'M'}, {0, 0, 0, 0}};
+        {"workload", 1, 0, 'w'},   {"prompt-len", 1, 0, 'P'},   {"max-new", 1, 0, 'M'},
+        {"box", 1, 0, 'B'},        {"gpus", 1, 0, 'G'},         {"hbm-tbs", 1, 0, 'W'}, {"tflops", 1, 0, 'T'},
+        {"eff", 1, 0, 'E'},        {"link", 1, 0, 'k'},         {"link-gbs", 1, 0, 'K'}, {"link-us", 1, 0, 'U'},
+        {"prefill-chunk", 1, 0, 'c'}, {"json", 0, 0, 'j'},      {0, 0, 0, 0}};
+    const char *box_name = NULL, *link = NULL;
+    int gpus = 0, json = 0, chunk = 8192, set_mem = 0, set_frac = 0, set_act = 0;
+    double hbm = 0, tflops = 0, eff = 0, link_gbs = 0, link_us = -1;
     const char *workload = NULL;
     int prompt_len = 1024, max_new = 32768;
     optind = 1;
@@ -68,9 +180,19 @@ int cmd_plan(int argc, char **argv) {
             else { fprintf(stderr, "eaglegen plan: --experts expects int4 or bf16\n"); return 2; }
             break;
         case 's': if (!gen_arg_int("plan", "--stages", optarg, 1, 4096, &stages)) return 2; break;
-        case 'g': if (!gen_arg_double("plan", "--gpu-mem-gb", optarg, 0.001, 1e18, &gpu_gb)) return 2; break;
-        case 'f': if (!gen_arg_double("plan", "--mem-fraction", optarg, 0.01, 1, &frac)) return 2; break;
-        case 'a': if (!gen_arg_double("plan", "--act-gb", optarg, 0, 1e18, &act_gb)) return 2; break;
+        case 'g': if (!gen_arg_double("plan", "--gpu-mem-gb", optarg, 0.001, 1e18, &gpu_gb)) return 2; set_mem = 1; break;
+        case 'f': if (!gen_arg_double("plan", "--mem-fraction", optarg, 0.01, 1, &frac)) return 2; set_frac = 1; break;
+        case 'a': if (!gen_arg_double("plan", "--act-gb", optarg, 0, 1e18, &act_gb)) return 2; set_act = 1; break;
+        case 'B': box_name = optarg; break;
+        case 'G': if (!gen_arg_int("plan", "--gpus", optarg, 1, 4096, &gpus)) return 2; break;
+        case 'W': if (!gen_arg_double("plan", "--hbm-tbs", optarg, 1e-6, 1e6, &hbm)) return 2; break;
+        case 'T': if (!gen_arg_double("plan", "--tflops", optarg, 1e-6, 1e9, &tflops)) return 2; break;
+        case 'E': if (!gen_arg_double("plan", "--eff", optarg, 0.01, 1, &eff)) return 2; break;
+        case 'k': link = optarg; break;
+        case 'K': if (!gen_arg_double("plan", "--link-gbs", optarg, 1e-6, 1e9, &link_gbs)) return 2; break;
+        case 'U': if (!gen_arg_double("plan", "--link-us", optarg, 0, 1e9, &link_us)) return 2; break;
+        case 'c': if (!gen_arg_int("plan", "--prefill-chunk", optarg, 1, 1 << 24, &chunk)) return 2; break;
+        case 'j': json = 1; break;
         case 'n': if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2; break;
         case 'w': workload = optarg; break;
         case 'P': if (!gen_arg_int("plan", "--prompt-len", optarg, 1, 1 << 30, &prompt_len)) return 2; break;
@@ -79,11 +201,37 @@ int cmd_plan(int argc, char **argv) {
         default: return 2; /* gen_getopt said why */
         }
     }
-    if (!!model_dir == !!preset || stages < 1) {
-        fprintf(stderr, "eaglegen plan: give exactly one of --model or --preset, and --stages (see --help)\n");
+    int layouts = gpus > 0 || box_name;
+    if (!!model_dir == !!preset || (stages < 1 && !layouts)) {
+        fprintf(stderr, "eaglegen plan: give exactly one of --model or --preset, and --stages or --gpus/--box (see --help)\n");
+        return 2;
+    }
+    if (stages > 0 && layouts) {
+        fprintf(stderr, "eaglegen plan: --stages plans one pipeline; --gpus/--box lists every layout: give one of them\n");
         return 2;
     }
     eg_error err = {0};
+    eg_box box;
+    memset(&box, 0, sizeof box);
+    if (layouts) { /* a preset box, then every explicit option over it */
+        if (box_name) {
+            if (eg_box_preset(box_name, &box, &err)) { fprintf(stderr, "eaglegen plan: --box: %s\n", err.msg); return 2; }
+        } else {
+            snprintf(box.name, sizeof box.name, "%d GPUs", gpus);
+            box.mem_gb = 96; box.frac = 0.92; box.act_gb = 3; box.hbm_tbs = 1.8; box.tflops = 500; box.eff = 0.6;
+            eg_box_link("pcie", &box, &err);
+        }
+        if (gpus) box.gpus = gpus;
+        if (set_mem || !box_name) box.mem_gb = gpu_gb;
+        if (set_frac || !box_name) box.frac = frac;
+        if (set_act || !box_name) box.act_gb = act_gb;
+        if (hbm > 0) box.hbm_tbs = hbm;
+        if (tflops > 0) box.tflops = tflops;
+        if (eff > 0) box.eff = eff;
+        if (link && eg_box_link(link, &box, &err)) { fprintf(stderr, "eaglegen plan: --link: %s\n", err.msg); return 2; }
+        if (link_gbs > 0) box.link_gbs = link_gbs;
+        if (link_us >= 0) box.link_us = link_us;
+    }
     const char *len_from = "--mean-len";
     char len_buf[128];
     if (workload) {
@@ -119,6 +267,11 @@ int cmd_plan(int argc, char **argv) {
         free(json);
         if (st) goto out;
         c = &cfg;
+    }
+    if (layouts) {
+        eg_layout_opts lo = {.mean_len = mean_len, .prefill_chunk = chunk};
+        rc = print_layouts(model_dir ? model_dir : preset, c, &box, &lo, len_from, json, &err);
+        goto out;
     }
     int L = c->n_layers;
     lb = malloc(sizeof *lb * (size_t)L);

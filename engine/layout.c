@@ -1,0 +1,304 @@
+/* Layouts and their roofline model; see layout.h. docs/perf_model.py mirrors every
+ * formula here line for line (tests/t_plan_layouts.sh compares the two). */
+#include "engine/layout.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/plan.h"
+
+eg_status eg_box_link(const char *link, eg_box *b, eg_error *err) {
+    if (!strcmp(link, "pcie")) { b->link_gbs = 25; b->link_us = 30; }
+    else if (!strcmp(link, "nvlink")) { b->link_gbs = 450; b->link_us = 10; }
+    else return eg_fail(err, EG_ERR_INVALID, "link '%s': expected pcie or nvlink", link);
+    snprintf(b->link, sizeof b->link, "%s", link);
+    return EG_OK;
+}
+
+eg_status eg_box_preset(const char *name, eg_box *b, eg_error *err) {
+    memset(b, 0, sizeof *b);
+    b->gpus = 8;
+    b->frac = 0.92;
+    b->eff = 0.6;
+    if (!strcmp(name, "rtx-pro-6000x8")) {
+        b->mem_gb = 96; b->act_gb = 3; b->hbm_tbs = 1.8; b->tflops = 500;
+        eg_box_link("pcie", b, err);
+    } else if (!strcmp(name, "h200x8")) {
+        b->mem_gb = 141; b->act_gb = 4; b->hbm_tbs = 4.8; b->tflops = 990;
+        eg_box_link("nvlink", b, err);
+    } else {
+        return eg_fail(err, EG_ERR_INVALID, "box '%s': expected rtx-pro-6000x8 or h200x8", name);
+    }
+    snprintf(b->name, sizeof b->name, "%s", name);
+    return EG_OK;
+}
+
+/* One layer's parts, in bytes as stored and in multiply-adds per token. */
+typedef struct layer_parts {
+    double attn_b, router_b, mlp_b, expert_b; /* mlp: shared expert (MoE) or dense MLP */
+    double attn_p, router_p, mlp_p, expert_p;
+    int moe;
+} layer_parts;
+
+static double expert_matrix_bytes(const eg_config *c, double rows, double cols) {
+    switch (c->expert_format) {
+    case EG_EXPERTS_INT4: return rows * cols / 2 + rows * floor(cols / (c->quant_group > 0 ? c->quant_group : 32)) * 2;
+    case EG_EXPERTS_FP8_BLOCK: return rows * cols + ceil(rows / 128) * ceil(cols / 128) * 4;
+    default: return rows * cols * 2;
+    }
+}
+
+static layer_parts parts_of(const eg_config *c, int l) {
+    layer_parts p = {0};
+    double H = c->hidden, NH = c->n_heads, QL = c->q_lora_rank, C = c->kv_lora_rank, F = c->moe_inter;
+    double DQ = NH * (c->qk_nope + c->qk_rope), W = C + c->qk_rope;
+    p.attn_b = 2 * H * 2 + (QL > 0 ? 2 * (QL * H + QL + DQ * QL) : 2 * DQ * H) +
+               2 * (W * H + C + NH * (c->qk_nope + c->v_head) * C + H * NH * c->v_head);
+    p.attn_p = p.attn_b / 2;
+    p.moe = eg_config_layer_is_moe(c, l);
+    if (p.moe) {
+        p.router_b = 2 * c->n_experts * H + 4.0 * c->n_experts;
+        p.router_p = c->n_experts * H;
+        p.mlp_b = 2 * 3 * H * F * c->n_shared;
+        p.expert_b = 2 * expert_matrix_bytes(c, F, H) + expert_matrix_bytes(c, H, F);
+        p.expert_p = 3 * H * F;
+    } else {
+        p.mlp_b = 2 * 3 * H * c->inter;
+    }
+    p.mlp_p = p.mlp_b / 2;
+    return p;
+}
+
+/* max(bytes / bw, flops / rate), adding the winning side to *hbm or *fl. */
+static double part(double bytes, double flops, double bw, double rate, double *hbm, double *fl) {
+    double tb = bytes / bw, tf = flops / rate;
+    if (tb >= tf) { *hbm += tb; return tb; }
+    *fl += tf;
+    return tf;
+}
+
+static double hit(double E, double K, double tokens) { return tokens <= 0 ? 0 : E * (1 - pow(1 - K / E, tokens)); }
+
+/* One stage's time per micro-batch of b group tokens (r = b / E per GPU), decode
+ * (ctx = cached tokens per sequence) or prefill (keys = mean keys per query). */
+typedef struct stage_time { double t, hbm, fl, comm; } stage_time;
+
+static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_parts *lp, int l0, int l1, int first,
+                             int last, double E, int split, double b, int prefill, double len) {
+    stage_time s = {0};
+    double bw = box->hbm_tbs * 1e12 * box->eff, rate = box->tflops * 1e12 * box->eff;
+    double H = c->hidden, K = c->topk, NE = c->n_experts, NH = c->n_heads, C = c->kv_lora_rank, DR = c->qk_rope;
+    double kvb = 2 * (C + DR), r = b / E, lat = box->link_us * 1e-6, link = box->link_gbs * 1e9;
+    double mlp_share = split ? 1 / E : 1;
+    double fixed_b = 0, fixed_f = 0, exp_b = 0, exp_f = 0, kv_b = 0, kv_f = 0, comm = 0;
+    double nl = l1 - l0, hits = hit(NE, K, b);
+    /* rows a token sends to / receives from other GPUs per MoE layer (FP32) */
+    double disp = split ? E - 1 : (E - 1) * (1 - pow(1 - 1 / E, K)), ret = K * (E - 1) / E + (split ? E - 1 : 0);
+    for (int l = l0; l < l1; l++) {
+        const layer_parts *p = &lp[l];
+        fixed_b += p->attn_b + p->router_b + p->mlp_b * mlp_share;
+        fixed_f += 4 * r * (p->attn_p + p->router_p + p->mlp_p);
+        if (p->moe) {
+            exp_b += hits * p->expert_b / E;
+            exp_f += 4 * b * K * p->expert_p / E;
+            if (E > 1) comm += 2 * lat + r * H * 4 * (disp + ret) / link;
+        } else if (split && E > 1) {
+            comm += 2 * lat + r * H * 4 * 2 * (E - 1) / link;
+        }
+    }
+    if (prefill) {
+        double keys = (len + 1) / 2;
+        kv_b = r * nl * kvb;
+        kv_f = 4 * r * nl * NH * (c->qk_nope + c->qk_rope + c->v_head) * keys;
+    } else {
+        kv_b = r * len * nl * kvb;
+        kv_f = r * len * nl * 4 * NH * (2 * C + DR);
+    }
+    if (last) {
+        double V = c->vocab;
+        fixed_b += (2 * V * H) * mlp_share + 2 * H;
+        fixed_f += 4 * r * V * H;
+        if (split && E > 1) comm += lat + r * (E - 1) * H * 4 / link;
+    }
+    (void)first;
+    s.t = part(fixed_b, fixed_f, bw, rate, &s.hbm, &s.fl) + part(exp_b, exp_f, bw, rate, &s.hbm, &s.fl) +
+          part(kv_b, kv_f, bw, rate, &s.hbm, &s.fl);
+    if (!last && box->gpus > E) comm += lat + r * H * 4 / link; /* hand-over to the next stage */
+    s.comm = comm;
+    s.t += comm;
+    return s;
+}
+
+static const char *bound_of(double hbm, double fl, double comm) {
+    return comm >= hbm && comm >= fl ? "link" : fl > hbm ? "compute" : "hbm";
+}
+
+static void layout_name(const eg_layout *l, int gpus, char *out, size_t n) {
+    if (l->kind == EG_LAYOUT_TP) snprintf(out, n, "tp%d", gpus);
+    else if (l->ep == 1) snprintf(out, n, "pp%d", l->stages);
+    else if (l->stages == 1) snprintf(out, n, "ep%d%s", l->ep, l->dense_split ? "+split" : "");
+    else snprintf(out, n, "pp%dxep%d%s", l->stages, l->ep, l->dense_split ? "+split" : "");
+}
+
+eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout_opts *o, const eg_layout *lay,
+                          eg_layout_row *row, eg_error *err) {
+    memset(row, 0, sizeof *row);
+    row->lay = *lay;
+    layout_name(lay, box->gpus, row->name, sizeof row->name);
+    int L = c->n_layers, G = box->gpus;
+    double wm = o->watermark > 0 ? o->watermark : 0.01, len = o->mean_len;
+    double chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 8192;
+    double usable = box->mem_gb * 1e9 * box->frac - box->act_gb * 1e9;
+    double kvb = 2.0 * (c->kv_lora_rank + c->qk_rope), H = c->hidden, V = c->vocab;
+    double emb_b = 2 * V * H, tail_b = 2 * H + (c->tie_embeddings ? 0 : emb_b);
+    if (G < 1 || len < 1) return eg_fail(err, EG_ERR_INVALID, "layout model: %d GPUs, mean length %g", G, len);
+    layer_parts *lp = malloc(sizeof *lp * (size_t)L);
+    double *cost = malloc(sizeof *cost * (size_t)L);
+    int *ends = malloc(sizeof *ends * (size_t)(lay->stages > 0 ? lay->stages : 1));
+    if (!lp || !cost || !ends) { free(lp); free(cost); free(ends); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+    for (int l = 0; l < L; l++) lp[l] = parts_of(c, l);
+    eg_status st = EG_OK;
+    if (lay->kind == EG_LAYOUT_TP) {
+        double total = emb_b + tail_b, fixed_b = 0, fixed_p = 0, exp_b = 0, exp_p = 0, nmoe = 0;
+        for (int l = 0; l < L; l++) {
+            total += lp[l].attn_b + lp[l].router_b + lp[l].mlp_b + c->n_experts * lp[l].expert_b;
+            fixed_b += lp[l].attn_b + lp[l].router_b + lp[l].mlp_b;
+            fixed_p += lp[l].attn_p + lp[l].router_p + lp[l].mlp_p;
+            if (lp[l].moe) { exp_b += lp[l].expert_b; exp_p += lp[l].expert_p; nmoe++; }
+        }
+        fixed_b += emb_b + 2 * H; /* lm_head (or the tied embedding) and the final norm */
+        fixed_p += V * H;
+        row->weights_gb = total / G / 1e9;
+        double freeb = usable - total / G;
+        double tok = freeb > 0 ? floor(freeb / (L * kvb)) : 0;
+        row->kv_tokens = (int64_t)tok;
+        double S = tok * (1 - wm) / len;
+        row->concurrency = S;
+        row->fits = S >= 1;
+        double bw = box->hbm_tbs * 1e12 * box->eff, rate = box->tflops * 1e12 * box->eff;
+        double lat = box->link_us * 1e-6, link = box->link_gbs * 1e9, K = c->topk, NE = c->n_experts;
+        double NH = c->n_heads, C = c->kv_lora_rank, DR = c->qk_rope;
+        for (int pf = 0; pf < 2; pf++) {
+            double T = pf ? chunk : S, hb = 0, fl = 0;
+            double t = part(fixed_b / G, 4 * T * fixed_p / G, bw, rate, &hb, &fl);
+            t += part(hit(NE, K, T) * exp_b / G, 4 * T * K * exp_p / G, bw, rate, &hb, &fl);
+            if (pf) t += part(T * L * kvb, 4 * T * L * NH * (c->qk_nope + c->qk_rope + c->v_head) * (len + 1) / 2 / G,
+                              bw, rate, &hb, &fl);
+            else t += part(T * len * L * kvb, T * len * L * 4 * NH * (2 * C + DR) / G, bw, rate, &hb, &fl);
+            double comm = 2 * L * (lat + 2.0 * (G - 1) / G * T * H * 2 / link); /* two BF16 all-reduces per layer */
+            t += comm;
+            if (pf) { row->prefill_tok_s = row->fits ? T / t : 0; row->prefill_bound = bound_of(hb, fl, comm); }
+            else {
+                row->decode_tok_s = row->fits ? S / t : 0;
+                row->decode_step_ms = t * 1e3;
+                row->comm_ms = comm * 1e3;
+                row->decode_bound = bound_of(hb, fl, comm);
+            }
+        }
+        row->runnable = 0;
+        goto out;
+    }
+    int P = lay->stages, E = lay->ep, split = lay->dense_split;
+    if (P < 1 || E < 1 || P * E != G || P > L || c->n_experts % E) {
+        st = eg_fail(err, EG_ERR_INVALID,
+                     "layout %s: needs stages x ep = %d GPUs, stages <= %d layers, ep dividing %d experts", row->name, G,
+                     L, c->n_experts);
+        goto out;
+    }
+    double share = split ? 1.0 / E : 1.0;
+    for (int l = 0; l < L; l++)
+        cost[l] = lp[l].attn_b + lp[l].router_b + lp[l].mlp_b * share + c->n_experts * lp[l].expert_b / E;
+    if ((st = eg_plan_split(cost, L, emb_b * share, tail_b * share, P, ends, err))) goto out;
+    double min_tok = -1, wmax = 0;
+    for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
+        double w = (s == 0 ? emb_b * share : 0) + (s == P - 1 ? tail_b * share : 0);
+        for (int l = b0; l < ends[s]; l++) w += cost[l];
+        double freeb = usable - w, tok = freeb > 0 ? floor(freeb / ((ends[s] - b0) * kvb)) : 0;
+        if (w > wmax) wmax = w;
+        if (min_tok < 0 || tok < min_tok) min_tok = tok;
+    }
+    row->weights_gb = wmax / 1e9;
+    row->kv_tokens = (int64_t)(E * min_tok);
+    double S = (double)row->kv_tokens * (1 - wm) / len;
+    row->concurrency = S;
+    row->fits = S >= 1;
+    row->comm_bytes_token_layer =
+        E > 1 ? H * 4 * ((split ? E - 1 : (E - 1) * (1 - pow(1 - 1.0 / E, c->topk))) + c->topk * (E - 1.0) / E +
+                         (split ? E - 1 : 0))
+              : 0;
+    for (int pf = 0; pf < 2; pf++) {
+        double b = pf ? chunk * E : S / P; /* group tokens per micro-batch */
+        stage_time worst = {0};
+        for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
+            stage_time t = stage_step(c, box, lp, b0, ends[s], s == 0, s == P - 1, E, split, b, pf, len);
+            if (t.t > worst.t) worst = t;
+        }
+        if (pf) {
+            row->prefill_tok_s = row->fits ? b / worst.t : 0;
+            row->prefill_bound = bound_of(worst.hbm, worst.fl, worst.comm);
+        } else {
+            row->decode_tok_s = row->fits ? S / (P * worst.t) : 0;
+            row->decode_step_ms = worst.t * 1e3;
+            row->comm_ms = worst.comm * 1e3;
+            row->decode_bound = bound_of(worst.hbm, worst.fl, worst.comm);
+        }
+    }
+    row->runnable = !split;
+out:
+    free(lp); free(cost); free(ends);
+    return st;
+}
+
+int eg_layout_enumerate(const eg_config *c, const eg_box *box, const eg_layout_opts *o, eg_layout_row *rows,
+                        int max_rows, eg_error *err) {
+    int n = 0, G = box->gpus;
+    for (int P = G; P >= 1; P--) {
+        if (G % P || P > c->n_layers) continue;
+        int E = G / P;
+        if (c->n_experts % E) continue;
+        for (int split = 0; split <= (E > 1); split++) {
+            if (n >= max_rows) return eg_fail(err, EG_ERR_INVALID, "more than %d layouts", max_rows), -1;
+            eg_layout lay = {EG_LAYOUT_PP_EP, P, E, split};
+            if (eg_layout_model(c, box, o, &lay, &rows[n], err)) return -1;
+            n++;
+        }
+    }
+    if (G > 1) {
+        if (n >= max_rows) return eg_fail(err, EG_ERR_INVALID, "more than %d layouts", max_rows), -1;
+        eg_layout lay = {EG_LAYOUT_TP, 1, 1, 0};
+        if (eg_layout_model(c, box, o, &lay, &rows[n], err)) return -1;
+        n++;
+    }
+    return n;
+}
+
+int eg_layout_recommend(const eg_layout_row *rows, int n, int prefill) {
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        if (!rows[i].runnable || !rows[i].fits) continue;
+        double v = prefill ? rows[i].prefill_tok_s : rows[i].decode_tok_s;
+        if (best < 0 || v > (prefill ? rows[best].prefill_tok_s : rows[best].decode_tok_s)) best = i;
+    }
+    return best;
+}
+
+eg_status eg_layout_parse(const char *s, int gpus, eg_layout *out, eg_error *err) {
+    int P = 1, E = 1, n = 0, split = 0;
+    const char *rest = NULL;
+    memset(out, 0, sizeof *out);
+    if (sscanf(s, "pp%dxep%d%n", &P, &E, &n) == 2) rest = s + n;
+    else if (sscanf(s, "pp%d%n", &P, &n) == 1) { E = 1; rest = s + n; }
+    else if (sscanf(s, "ep%d%n", &E, &n) == 1) { P = 1; rest = s + n; }
+    if (rest && !strcmp(rest, "+split")) split = 1, rest = "";
+    if (!rest || *rest || P < 1 || E < 1 || (gpus > 0 && P * E != gpus) || (split && E == 1)) {
+        return eg_fail(err, EG_ERR_INVALID,
+                       "layout '%s': expected ppP, epE, ppPxepE (P x E = %d GPUs) or auto", s, gpus);
+    }
+    out->kind = EG_LAYOUT_PP_EP;
+    out->stages = P;
+    out->ep = E;
+    out->dense_split = split;
+    return EG_OK;
+}

@@ -1,0 +1,96 @@
+/* layout.h — which multi-GPU layouts a model can run on a box, and a roofline model of
+ * each (`eaglegen plan --gpus N`, `generate --layout auto`, docs/perf_model.py).
+ *
+ * A layout is P pipeline stages x an expert-parallel group of E GPUs (P * E = GPUs):
+ * inside a group attention is data-parallel (each GPU holds the cache of its own
+ * sequences: the cache is held once), the routed experts are split E ways, and the
+ * shared expert, dense MLP, embedding and lm_head are either replicated in the group
+ * or split over it (dense_split). P = GPUs, E = 1 is the pipeline; tensor parallelism
+ * over every GPU (weights split, the latent cache copied onto every GPU) is modelled
+ * for comparison only: eaglegen does not run it.
+ *
+ * Per GPU and step the model counts bytes read (weights of the experts the step hits,
+ * the always-read weights, the BF16 cache) and FLOPs (2 per multiply-add, times 2 for
+ * eaglegen's BF16 hi + lo activations), times each part as max(bytes / (HBM * eff),
+ * FLOPs / (tensor rate * eff)), and adds the collectives: per MoE layer each token's
+ * FP32 row goes to the other GPUs that own one of its K experts and its K weighted
+ * expert outputs come back (FP32, one row per remote expert, so the owner adds them
+ * in the unsplit order), each collective costing the link's latency plus bytes over
+ * its per-GPU bandwidth; communication is not overlapped with compute. Micro-batches:
+ * a pipeline of P stages keeps P micro-batches in flight, each with 1/P of the
+ * sequences, and every stage reads the experts each micro-batch hits. Experts hit by
+ * B tokens per MoE layer: E (1 - (1 - K/E)^B) (uniform routing). docs/perf_model.py
+ * is the same model in Python; tests/t_plan_layouts.sh checks they agree.
+ * Thread safety: pure functions. */
+#ifndef EG_LAYOUT_H
+#define EG_LAYOUT_H
+
+#include "engine/config.h"
+
+typedef struct eg_box {
+    char name[48];
+    int gpus;
+    double mem_gb;      /* memory per GPU, GB (1e9) */
+    double frac;        /* share of it usable (0.92) */
+    double act_gb;      /* activations + workspace per GPU, GB */
+    double hbm_tbs;     /* memory bandwidth per GPU, TB/s */
+    double tflops;      /* dense BF16 tensor rate per GPU, TFLOP/s */
+    double eff;         /* share of bandwidth and tensor rate the kernels reach (0.6 / 0.85) */
+    char link[16];      /* "pcie" or "nvlink" */
+    double link_gbs;    /* per-GPU bandwidth of a collective, each direction, GB/s */
+    double link_us;     /* latency per collective, microseconds */
+} eg_box;
+
+/* "rtx-pro-6000x8" (8 x 96 GB, 1.8 TB/s, 500 TFLOP/s, PCIe 25 GB/s + 30 us) or
+ * "h200x8" (8 x 141 GB, 4.8 TB/s, 990 TFLOP/s, NVLink 450 GB/s + 10 us); eff 0.6. */
+eg_status eg_box_preset(const char *name, eg_box *out, eg_error *err);
+/* Link figures of "pcie" (25 GB/s, 30 us) or "nvlink" (450 GB/s, 10 us). */
+eg_status eg_box_link(const char *link, eg_box *box, eg_error *err);
+
+typedef enum eg_layout_kind { EG_LAYOUT_PP_EP = 0, EG_LAYOUT_TP } eg_layout_kind;
+
+typedef struct eg_layout {
+    eg_layout_kind kind;
+    int stages;         /* P */
+    int ep;             /* E: expert-parallel group size (1 = none) */
+    int dense_split;    /* shared expert, dense MLP, embedding, lm_head split over the group */
+} eg_layout;
+
+typedef struct eg_layout_row {
+    eg_layout lay;
+    char name[48];        /* "pp8", "ep8", "ep8+split", "pp2xep4", "tp8" */
+    int runnable;         /* eaglegen runs it (tensor parallel and dense splits are modelled only) */
+    int fits;             /* weights fit with room for at least one sequence's cache */
+    double weights_gb;    /* per GPU, the heaviest */
+    int64_t kv_tokens;    /* token slots box-wide (distinct tokens; a copy counts once) */
+    double concurrency;   /* sequences at the mean length (on-demand KV, 1% watermark) */
+    double decode_tok_s;
+    double prefill_tok_s; /* capture mode: teacher-forced prefill, prefill_chunk rows per GPU per step */
+    double decode_step_ms, comm_ms; /* decode: slowest stage's step; its collectives */
+    double comm_bytes_token_layer;  /* bytes one token sends + receives per MoE layer (EP) */
+    const char *decode_bound, *prefill_bound; /* "hbm", "compute" or "link" */
+} eg_layout_row;
+
+typedef struct eg_layout_opts {
+    double mean_len;       /* tokens per sequence, prompt + response (cache held) */
+    int prefill_chunk;     /* prefill rows per GPU per step (0 = 8192) */
+    double watermark;      /* share of the pool kept free (0 = 0.01) */
+} eg_layout_opts;
+
+/* Every layout of box->gpus GPUs for the config, in a fixed order: for each P dividing
+ * the GPU count (largest P first), E = GPUs / P, replicated then split dense parts when
+ * E > 1; then tensor parallel. E must divide the expert count and P must not exceed
+ * the layer count (others are left out). rows has room for max_rows; returns the
+ * number written, or -1 with err set. */
+int eg_layout_enumerate(const eg_config *c, const eg_box *box, const eg_layout_opts *o, eg_layout_row *rows,
+                        int max_rows, eg_error *err);
+/* The model of one layout. */
+eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout_opts *o, const eg_layout *lay,
+                          eg_layout_row *row, eg_error *err);
+/* The recommended row for decode (prefill = 0) or capture-mode prefill (1): the
+ * fastest runnable row that fits; -1 if none. */
+int eg_layout_recommend(const eg_layout_row *rows, int n, int prefill);
+/* "pp8", "ep8", "pp2xep4", ... parsed into a layout ("auto" is the caller's). */
+eg_status eg_layout_parse(const char *s, int gpus, eg_layout *out, eg_error *err);
+
+#endif

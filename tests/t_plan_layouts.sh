@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# plan --gpus/--box (issue 17): every layout with its KV slots, concurrency and modelled
+# decode/prefill rates; the C model (engine/layout.c) and docs/perf_model.py agree row for
+# row (the same formulas in double precision, printed exactly by both JSON writers: a
+# relative difference above 1e-9 is a divergence, not rounding); expert parallelism
+# holds the cache once (its token slots grow with the group, tensor parallelism's do
+# not); layouts whose group does not divide the experts are left out; nonsense refused.
+set -eu
+: "${EAGLEGEN:?}" "${PYTHON:=/usr/bin/python3}"
+E=$EAGLEGEN
+root=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+fail() { echo "FAIL: $*"; cat out err 2>/dev/null | tail -n 20; exit 1; }
+$E mkmodel --preset kimi-k2.5 --no-weights --out kimi >/dev/null 2>&1 || fail "mkmodel --no-weights"
+for box in rtx-pro-6000x8 h200x8; do
+    for len in 4096 8192; do
+        for mem in "" "--gpu-mem-gb 103.08"; do
+            $E plan --preset kimi-k2.5 --box $box --mean-len $len $mem --json > c.json 2> err || fail "plan $box $len $mem"
+            "$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box $box --mean-len $len $mem --json \
+                > p.json || fail "perf_model.py $box $len"
+            "$PYTHON" - "$box $len $mem" <<'PY' || fail "C and Python disagree ($box $len $mem)"
+import json, sys
+c, p = json.load(open("c.json")), json.load(open("p.json"))
+assert [r["layout"] for r in c["layouts"]] == [r["layout"] for r in p["layouts"]], (c["layouts"], p["layouts"])
+for a, b in zip(c["layouts"], p["layouts"]):
+    for k in ("kv_tokens", "concurrency", "decode_tok_s", "prefill_tok_s", "weights_gb", "decode_step_ms",
+              "comm_ms", "comm_bytes_token_layer"):
+        x, y = float(a[k]), float(b[k])
+        assert abs(x - y) <= 1e-9 * max(abs(x), abs(y), 1e-30), (sys.argv[1], a["layout"], k, x, y)
+    for k in ("runnable", "fits", "decode_bound", "prefill_bound", "stages", "ep", "dense_split"):
+        assert a[k] == b[k], (sys.argv[1], a["layout"], k, a[k], b[k])
+assert c["recommended_decode"] == p["recommended_decode"] and c["recommended_prefill"] == p["recommended_prefill"]
+rows = {r["layout"]: r for r in c["layouts"]}
+assert set(rows) >= {"pp8", "pp4xep2", "pp2xep4", "ep8", "ep8+split", "tp8"}, sorted(rows)
+# the cache is held once: the pipeline's and every fitting EP layout's slots exceed tensor parallelism's copy
+for name, r in rows.items():
+    if name != "tp8" and r["fits"]:
+        assert r["kv_tokens"] > rows["tp8"]["kv_tokens"], (name, r["kv_tokens"], rows["tp8"]["kv_tokens"])
+    if r["ep"] > 1:
+        assert r["kv_tokens"] % r["ep"] == 0, (name, "a group holds ep x its worst stage's slots")
+    for k in ("layout", "kv_tokens", "concurrency", "decode_tok_s", "prefill_tok_s"):
+        assert k in r
+    assert r["fits"] == (r["concurrency"] >= 1) and (r["decode_tok_s"] > 0) == r["fits"]
+assert not rows["tp8"]["runnable"] and not rows["ep8+split"]["runnable"] and rows["ep8"]["runnable"]
+PY
+        done
+    done
+done
+# more memory per GPU: more slots in every layout
+$E plan --preset kimi-k2.5 --box h200x8 --json > a.json
+$E plan --preset kimi-k2.5 --box h200x8 --gpu-mem-gb 200 --json > b.json
+"$PYTHON" - <<'PY' || fail "slots must grow with memory"
+import json
+a, b = (json.load(open(f))["layouts"] for f in ("a.json", "b.json"))
+for x, y in zip(a, b):
+    assert y["kv_tokens"] > x["kv_tokens"], (x["layout"], x["kv_tokens"], y["kv_tokens"])
+PY
+# text table: a recommendation per mode and the reason rows are modelled only
+$E plan --preset kimi-k2.5 --box h200x8 > out 2> err || fail "plan h200x8 text"
+grep -q '^recommended for decode: ep8' out || fail "h200x8 decode recommendation"
+grep -q '^recommended for capture-mode prefill: ' out || fail "prefill recommendation"
+grep -q 'modelled only: eaglegen does not run tensor parallelism' out || fail "tp row note"
+# the tiny model has 16 experts and 5 layers: with 6 GPUs no EP group of 3 or 6 appears, 2
+# does, and no pipeline of 6 stages (more stages than layers)
+$E plan --preset tiny --gpus 6 --json > t.json 2> err || fail "plan tiny --gpus 6"
+"$PYTHON" - <<'PY' || fail "layouts not dividing the experts must be left out"
+import json
+names = [r["layout"] for r in json.load(open("t.json"))["layouts"]]
+assert "pp3xep2" in names and "tp6" in names and "pp6" not in names, names
+assert not any("ep3" in n or "ep6" in n for n in names), names
+PY
+# refusals, each naming what is wrong
+! $E plan --preset kimi-k2.5 --gpus 0 > out 2> err || fail "--gpus 0 accepted"
+grep -q -- '--gpus' err || fail "--gpus 0 message: $(cat err)"
+! $E plan --preset kimi-k2.5 --gpus 8 --stages 8 > out 2> err || fail "--gpus with --stages accepted"
+grep -q 'give one of them' err || fail "--gpus with --stages message: $(cat err)"
+! $E plan --preset kimi-k2.5 --box dgx > out 2> err || fail "unknown box accepted"
+grep -q "rtx-pro-6000x8 or h200x8" err || fail "box message: $(cat err)"
+! $E plan --preset kimi-k2.5 --gpus 8 --link carrier-pigeon > out 2> err || fail "unknown link accepted"
+grep -q "pcie or nvlink" err || fail "link message: $(cat err)"
+echo "t_plan_layouts: ok"
