@@ -58,6 +58,12 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     if (o->n_slots < ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
                        o->n_slots);
+    int bs = o->block_size > 0 ? o->block_size : 64;
+    if (o->kv_blocks > 0 && (o->kv_blocks / ep) * bs < o->max_seq_len)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "--ep %d: each rank's share of the KV pool (%lld of %lld blocks of %d tokens) cannot hold one "
+                       "sequence of --max-seq-len %d: raise --kv-tokens or lower --ep",
+                       ep, (long long)(o->kv_blocks / ep), (long long)o->kv_blocks, bs, o->max_seq_len);
     eg_ep_runtime *rt = eg_calloc(1, sizeof *rt, err);
     if (!rt) return EG_ERR_NOMEM;
     rt->ep = ep;
