@@ -15,6 +15,10 @@ typedef struct ep_rank_run {
     int started;
     eg_status st;
     eg_error err;
+    /* the last request's arrays, copied under the lock: the caller's next() may reuse its
+       buffers at its next call, which another rank can make before this engine copies */
+    int32_t *tok, *stop;
+    int tok_cap, stop_cap;
 } ep_rank_run;
 
 struct eg_ep_runtime {
@@ -37,6 +41,10 @@ void eg_ep_runtime_free(eg_ep_runtime *rt) {
     }
     free(rt->eng);
     free(rt->be);
+    for (int r = 0; rt->runs && r < rt->ep; r++) {
+        free(rt->runs[r].tok);
+        free(rt->runs[r].stop);
+    }
     free(rt->runs);
     eg_ep_group_free(rt->group);
     pthread_mutex_destroy(&rt->mu);
@@ -105,16 +113,36 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank) { return rt->eng[rank]; }
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt) { return rt->ep; }
 
+static int grow(int32_t **buf, int *cap, int n, eg_error *err) {
+    if (n <= *cap) return 0;
+    int32_t *nb = realloc(*buf, sizeof(int32_t) * (size_t)n);
+    if (!nb) return eg_fail(err, EG_ERR_NOMEM, "expert-parallel rank: out of memory for a request of %d tokens", n), -1;
+    *buf = nb;
+    *cap = n;
+    return 0;
+}
+
 static int locked_next(void *vc, eg_request *req, eg_error *err) {
-    eg_ep_runtime *rt = vc;
+    ep_rank_run *x = vc;
+    eg_ep_runtime *rt = x->rt;
     pthread_mutex_lock(&rt->mu);
     int r = rt->next(rt->ctx, req, err);
+    if (r > 0) {
+        if (grow(&x->tok, &x->tok_cap, req->n_tokens, err) || grow(&x->stop, &x->stop_cap, req->n_stop, err)) {
+            r = -1;
+        } else {
+            if (req->n_tokens) memcpy(x->tok, req->tokens, sizeof(int32_t) * (size_t)req->n_tokens);
+            if (req->n_stop) memcpy(x->stop, req->stop_ids, sizeof(int32_t) * (size_t)req->n_stop);
+            req->tokens = x->tok;
+            req->stop_ids = x->stop;
+        }
+    }
     pthread_mutex_unlock(&rt->mu);
     return r;
 }
 
 static eg_status locked_done(void *vc, const eg_result *res, eg_error *err) {
-    eg_ep_runtime *rt = vc;
+    eg_ep_runtime *rt = ((ep_rank_run *)vc)->rt;
     pthread_mutex_lock(&rt->mu);
     eg_status st = rt->done(rt->ctx, res, err);
     pthread_mutex_unlock(&rt->mu);
@@ -125,7 +153,7 @@ static void *rank_thread(void *v) {
     ep_rank_run *x = v;
     eg_ep_runtime *rt = x->rt;
     x->st = eg_backend_bind(rt->be[x->rank], &x->err);
-    if (!x->st) x->st = eg_engine_run(rt->eng[x->rank], locked_next, locked_done, rt, &x->err);
+    if (!x->st) x->st = eg_engine_run(rt->eng[x->rank], locked_next, locked_done, x, &x->err);
     if (x->st) {
         eg_ep_fail(rt->group); /* the others stop at their next exchange */
         for (int q = 0; q < rt->ep; q++) eg_engine_request_stop(rt->eng[q]);

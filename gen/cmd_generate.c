@@ -332,6 +332,11 @@ static int parse_args(int argc, char **argv, gen_args *a) {
                         "add --stages (see --help)\n");
         return 2;
     }
+    if (a->ep > 1 && strcmp(a->backend, "cpu")) {
+        fprintf(stderr, "eaglegen generate: --ep %d with --backend %s: the expert exchange between GPUs (NCCL) is not "
+                        "implemented yet; --ep runs CPU ranks only\n", a->ep, a->backend);
+        return 2;
+    }
     if (a->capture && a->sampling_flag)
         fprintf(stderr, "eaglegen generate: note: %s has no effect in capture mode (nothing is generated)\n",
                 a->sampling_flag);

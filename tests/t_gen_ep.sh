@@ -44,11 +44,25 @@ same ep4 --ep 4
 same ep2s2 --ep 2 --stages 2
 same ep4c3 --ep 4 --chunk 3 --batch 5
 
-echo "-- on-demand KV with preemptions on the ranks"
-same ep2kv --ep 2 --batch 8 --kv-tokens 768 --host-kv-gb 0.00006
-p=$(grep "preemptions" ep2kv.log | sed -E 's/.*; ([0-9]+) preemptions.*/\1/')
-[ "$p" -ge 2 ] || { grep preemptions ep2kv.log; echo "FAIL: only $p preemptions"; exit 1; }
-same ep2s2kv --ep 2 --batch 8 --stages 2 --kv-tokens 768 --host-kv-gb 0
+echo "-- on-demand KV with preemptions on the ranks (4 slots per rank, 5 blocks per rank)"
+"$PYTHON" -c "
+import json
+with open('short.jsonl', 'w') as f:
+    for i in range(12): f.write(json.dumps({'prompt': f'Record {i}: tell me something about {i * 7}.'}) + '\\n')
+"
+kargs=(--model model --prompts short.jsonl --max-new-tokens 160 --max-seq-len 256 --chunk 8
+       --aux-layers 1,3 --seed 9 --shard-samples 4)
+$E generate "${kargs[@]}" --batch 4 --kv-policy reserve --out kref 2>kref.log || { cat kref.log; exit 1; }
+for f in "--ep 2 --host-kv-gb 0.00006" "--ep 2 --stages 2 --host-kv-gb 0" "--ep 4 --host-kv-gb 1"; do
+    n=kv$(echo "$f" | tr -d ' -.')
+    ep=$(echo "$f" | sed -E 's/--ep ([0-9]+).*/\1/')
+    $E generate "${kargs[@]}" $f --batch $((4 * ep)) --kv-tokens $((320 * ep)) --out "$n" 2>"$n.log" \
+        || { cat "$n.log"; exit 1; }
+    "$PYTHON" "$here/gen_check.py" same kref "$n" >/dev/null || { echo "FAIL: $f (small pool) differs"; exit 1; }
+    p=$(grep "preemptions" "$n.log" | sed -E 's/.*; ([0-9]+) preemptions.*/\1/')
+    echo "  $f, pool $((320 * ep)) tokens: identical, $p preemptions"
+    [ "$p" -ge 3 ] || { grep preemptions "$n.log"; echo "FAIL: only $p preemptions"; exit 1; }
+done
 
 echo "-- capture mode (teacher-forced)"
 cargs=(--model model --prompts conv.jsonl --mode capture --max-seq-len 512 --batch 4 --chunk 8 --aux-layers 0,2,3)
@@ -70,4 +84,5 @@ bad "--ep" --ep 0
 bad "--ep 3 does not divide the model's 16 routed experts" --ep 3
 bad "--ep 8 needs at least one sequence slot per rank (--batch 4)" --ep 8
 bad "--ep 4: each rank's share of the KV pool" --ep 4 --kv-tokens 1024
+bad "--ep 2 with --backend cuda" --ep 2 --backend cuda
 echo "ok"
