@@ -312,6 +312,11 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     e->o.stage_ends = NULL;
     e->o.stage_backends = NULL;
     e->threaded = e->n_stages > 1 && o->stage_backends;
+    if (o->ep && e->threaded) {
+        eg_engine_free(e);
+        return eg_fail(err, EG_ERR_INVALID, "an expert-parallel rank runs its %d stages on one thread (no stage_backends)",
+                       e->n_stages);
+    }
     e->n_mb = e->threaded ? (o->micro_batches > e->n_stages ? o->micro_batches : e->n_stages) : 1;
     if (e->n_mb > o->n_slots) e->n_mb = o->n_slots;
     eg_status st = EG_OK;
@@ -358,7 +363,8 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
                                .fo = {.layer_begin = begin, .layer_end = end, .max_tokens = o->max_tokens,
                                       .n_slots = o->n_slots, .max_seq_len = o->max_seq_len, .block_size = o->block_size,
                                       .kv_blocks = o->kv_blocks, .capture = e->aux_layers, .n_capture = o->n_aux,
-                                      .final_pre_norm = o->final_pre_norm}};
+                                      .final_pre_norm = o->final_pre_norm, .ep = o->ep,
+                                      .ep_rank = o->ep_rank}};
         begin = end;
     }
     for (int i = 1; i < e->n_stages; i++) /* a thread each (inline if none can start) */

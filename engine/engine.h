@@ -113,6 +113,10 @@ typedef struct eg_engine_opts {
                                 half the host memory; the rounding a BF16 shard does anyway */
     int check_recompute;     /* tests: compare recomputed rows with the rows captured before
                                 (bit for bit) and fail on a difference, instead of skipping them */
+    struct eg_ep_group *ep;  /* expert-parallel group (collective.h) this engine is rank ep_rank
+                                of: its own slots and cache, the routed experts over the group.
+                                Requires stage_backends == NULL (stages on the calling thread) */
+    int ep_rank;
 } eg_engine_opts;
 
 /* Return 1 and fill req when a request is available, 0 when there are no more,

@@ -1,6 +1,7 @@
 /* The forward pass over a layer range; see forward.h. Backend-neutral: every
  * computation goes through eg_backend_ops. */
 #include "engine/forward.h"
+#include "engine/collective.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -369,7 +370,8 @@ static eg_status ffn(eg_forward *f, const eg_layer_w *L, int T, eg_error *err) {
     TRY(ops->memset0(be, f->dx, sizeof(float) * (size_t)T * (size_t)c->hidden, err));
     eg_moe_args a = {.T = T, .x = f->xn, .ids = f->ids, .weights = f->rw, .topk = c->topk,
                      .experts = L->experts, .e0 = 0, .e1 = c->n_experts, .y = f->dx};
-    TRY(ops->moe(be, &a, err));
+    if (f->o.ep) TRY(eg_ep_moe(f->o.ep, f->o.ep_rank, be, &a, err));
+    else TRY(ops->moe(be, &a, err));
     if (L->sh_gate.fmt != EG_W_NONE)
         TRY(ops->swiglu_mlp(be, f->xn, T, &L->sh_gate, &L->sh_up, &L->sh_down, f->dx, 1, err));
     return EG_OK;

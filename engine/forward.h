@@ -36,6 +36,9 @@ typedef struct eg_forward_opts {
                                    mkmodel.h's (linear N(0,1/fan_in)-like, norms near 1) */
     uint64_t random_seed;
     int no_graphs;              /* never record/replay steps, even where the backend can */
+    struct eg_ep_group *ep;     /* expert-parallel group (collective.h): the routed experts of
+                                   every MoE layer run over the group; NULL = all here */
+    int ep_rank;                /* this forward's rank in ep */
     eg_kv_dtype kv_dtype;       /* latent cache element type. 0 = EG_KV_BF16, the only one
                                    eaglegen makes data with (eg_engine_opts cannot set it,
                                    so `generate` never runs another); the others are

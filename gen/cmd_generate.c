@@ -22,6 +22,7 @@
 #include "dataset/writer.h"
 #include "engine/cuda_plan.h"
 #include "engine/engine.h"
+#include "engine/ep_runtime.h"
 #include "engine/plan.h"
 #include "gen/args.h"
 #include "gen/commands.h"
@@ -60,6 +61,7 @@ typedef struct gen_args {
     int skip_bad;
     const char *stages;       /* --stages: "N" (balanced) or "e0,e1,...,L" */
     int micro_batches;
+    int ep;                   /* --ep: expert-parallel ranks (0 = off) */
     double gpu_mem_fraction;  /* cuda: share of each GPU's memory the process may hold */
     int gpus;                 /* cuda: stage k runs on GPU k % gpus (0 = one GPU per stage) */
     const char *transport;    /* --transport: local, nccl or auto (NULL) */
@@ -128,6 +130,12 @@ static void usage(FILE *f) {
             "                          stages ending at the given layers; stage k runs on GPU k\n"
             "                          (cuda) or its own thread (cpu) (default: one stage)\n"
             "  --micro-batches M       micro-batches in flight with --stages (default: the stage count)\n"
+            "  --ep E                  expert parallelism: E ranks (cpu: threads), each with its own\n"
+            "                          share of the sequences and their KV cache and E-th of the routed\n"
+            "                          experts; rows are exchanged per MoE layer (FP32). Shared expert,\n"
+            "                          dense MLP, embedding and lm_head are replicated on every rank.\n"
+            "                          Combines with --stages (a rank runs its stages on its thread).\n"
+            "                          E must divide the routed expert count; cpu backend only so far\n"
             "  --gpus N                cuda: stage k runs on GPU k mod N (default: one GPU per stage;\n"
             "                          --gpus 1 runs every stage on one GPU, for testing)\n"
             "  --transport NAME        how stages hand rows on: nccl (GPU to GPU on the stages' streams),\n"
@@ -204,7 +212,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"gpus", 1, 0, 'Q'},
         {"transport", 1, 0, 'X'},      {"restart", 0, 0, 'R'},        {"dry-run", 0, 0, 'D'},
         {"shard-size", 1, 0, 'Z'},     {"kv-policy", 1, 0, 'K'},      {"kv-tokens", 1, 0, 'V'},
-        {"host-kv-gb", 1, 0, 'W'},
+        {"host-kv-gb", 1, 0, 'W'},     {"ep", 1, 0, 'E'},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -303,6 +311,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             a->transport = optarg;
             break;
         case 'F': if (!gen_arg_double("generate", "--gpu-mem-fraction", optarg, 0.05, 1, &a->gpu_mem_fraction)) return 2; break;
+        case 'E': if (!gen_arg_int("generate", "--ep", optarg, 1, 4096, &a->ep)) return 2; break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'R': a->restart = 1; break;
         case 'D': a->dry_run = 1; break;
@@ -323,6 +332,11 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
         fprintf(stderr, "eaglegen generate: --micro-batches, --gpus and --transport apply to pipeline stages; "
                         "add --stages (see --help)\n");
+        return 2;
+    }
+    if (a->ep > 1 && strcmp(a->backend, "cpu")) {
+        fprintf(stderr, "eaglegen generate: --ep %d with --backend %s: the expert exchange between GPUs (NCCL) is not "
+                        "implemented yet; --ep runs CPU ranks only\n", a->ep, a->backend);
         return 2;
     }
     if (a->capture && a->sampling_flag)
@@ -401,6 +415,7 @@ typedef struct gen_run {
     eg_shard_writer *w;
     gen_ledger *ledger;
     eg_engine *engine;
+    eg_ep_runtime *ep_rt; /* --ep: the ranks (engine = rank 0's) */
     corpus_record rec;
     int32_t *stop;
     int n_stop;
@@ -450,7 +465,8 @@ static void meta_free(gen_meta *m) {
 
 static gen_progress_state progress_state(gen_run *g) {
     eg_engine_stats es = {0};
-    if (g->engine) eg_engine_get_stats(g->engine, &es);
+    if (g->ep_rt) eg_ep_runtime_stats(g->ep_rt, &es);
+    else if (g->engine) eg_engine_get_stats(g->engine, &es);
     eg_shard_writer_stats ws = {0};
     shard_writer_stats(g->w, &ws);
     int64_t rej = gen_ledger_count(g->ledger, GEN_OUT_REJECTED) + gen_ledger_count(g->ledger, GEN_OUT_DROPPED) +
@@ -926,7 +942,9 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     int64_t host_kv = a.host_kv_gb >= 0 ? (int64_t)(a.host_kv_gb * 1e9) : mem_avail / 4;
-    if (n_stages > 1) {
+    if (a.ep > 1) {
+        /* the ranks' backends are built by the runtime below */
+    } else if (n_stages > 1) {
         int per = (a.threads > 0 ? a.threads : eg_num_threads()) / n_stages;
         for (int k = 0; k < n_stages; k++) {
             eg_backend_opts so = bo;
@@ -941,7 +959,11 @@ int cmd_generate(int argc, char **argv) {
                          .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches,
                          .transport = a.transport, .kv_policy = a.kv_reserve ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
                          .host_kv_bytes = host_kv, .capture_bf16 = 1};
-    if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
+    if (a.ep > 1) {
+        eo.stage_backends = NULL;
+        if (eg_ep_runtime_create(&model, &bo, &eo, a.ep, &g.ep_rt, &err)) goto done;
+        g.engine = eg_ep_runtime_engine(g.ep_rt, 0);
+    } else if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
     if (!strcmp(a.backend, "cpu")) { /* a model far too large for the reference path says so */
         eg_step_cost sc;
         eg_plan_decode_cost(&model, 0, c->n_layers, a.batch, a.max_seq_len / 2, &sc);
@@ -1045,7 +1067,13 @@ int cmd_generate(int argc, char **argv) {
     shard_writer_stats(g.w, &ws0);
     gen_progress_init(&g.prog, jlog, a.worker, a.n_workers);
     g_engine = g.engine;
-    eg_status run_st = eg_engine_run(g.engine, next_request, on_done, &g, &err);
+    if (g.ep_rt) {
+        int e0 = 0, per = c->n_experts / a.ep;
+        fprintf(stderr, "  expert parallel: %d ranks, %d routed experts each (rank 0: %d..%d), %d slots, "
+                        "dense parts replicated\n", a.ep, per, e0, per - 1, a.batch);
+    }
+    eg_status run_st = g.ep_rt ? eg_ep_runtime_run(g.ep_rt, next_request, on_done, &g, &err)
+                               : eg_engine_run(g.engine, next_request, on_done, &g, &err);
     g_engine = NULL;
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
@@ -1079,7 +1107,14 @@ int cmd_generate(int argc, char **argv) {
     eg_shard_writer_stats ws;
     shard_writer_stats(g.w, &ws);
     eg_engine_stats es;
-    eg_engine_get_stats(g.engine, &es);
+    if (g.ep_rt) eg_ep_runtime_stats(g.ep_rt, &es);
+    else eg_engine_get_stats(g.engine, &es);
+    if (g.ep_rt) {
+        int64_t pairs, xbytes;
+        eg_ep_runtime_traffic(g.ep_rt, &pairs, &xbytes);
+        fprintf(stderr, "  expert exchange: %lld (token, expert) pairs crossed ranks, %.3f MB moved\n",
+                (long long)pairs, (double)xbytes / 1e6);
+    }
     fprintf(stderr,
             "eaglegen generate: %s. this run: %lld samples written, %lld already done; dataset: %lld samples in %lld "
             "shards; rejected %lld, dropped %lld, duplicate ids %lld (see %s/%s). %.1f prefill + %.1f decode tok/s.\n",
@@ -1123,6 +1158,10 @@ done:
     }
 done_quiet:
     while (g.live.next) meta_free(g.live.next);
+    if (g.ep_rt) {
+        eg_ep_runtime_free(g.ep_rt);
+        g.engine = NULL;
+    }
     eg_engine_free(g.engine);
     eg_backend_free(be);
     for (int k = 0; k < EG_MAX_STAGES; k++) eg_backend_free(stage_be[k]);

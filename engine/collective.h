@@ -1,0 +1,48 @@
+/* collective.h — the expert-parallel group: routed experts of every MoE layer split
+ * over ep ranks, attention data-parallel (each rank runs its own sequences and cache).
+ *
+ * Per MoE layer every rank calls eg_ep_moe with its own tokens' normed rows, router ids
+ * and weights. Rank r owns experts [r*E/ep, (r+1)*E/ep). Each (token, k) pair is computed
+ * by the rank owning its expert, as w * expert(x) in FP32, and the contribution comes back
+ * to the token's owner, which adds the K contributions in k order into y (exactly the
+ * order of the unsplit CPU moe op, so the bits match the unsplit run). Bytes moved per
+ * token and MoE layer: H*4 out to each remote owning rank, H*4 back per remote (t,k).
+ * A rank whose engine finished calls eg_ep_leave: it keeps serving its experts for the
+ * others until every rank has left. Calls pair up in order (the i-th call of every rank
+ * is the same layer), which holds when every rank runs the same layers per step.
+ *
+ * Implementation: "local" — ranks are threads of one process, every backend is a CPU
+ * backend (rows are read from the peers' host memory; two barriers per call). NCCL is
+ * not implemented (EG_ERR_UNSUPPORTED).
+ * Ownership: the group owns its scratch; eg_ep_group_free accepts NULL.
+ * Thread safety: rank r's calls come only from rank r's thread; eg_ep_fail from any. */
+#ifndef EG_COLLECTIVE_H
+#define EG_COLLECTIVE_H
+
+#include "engine/backend.h"
+
+typedef struct eg_ep_group eg_ep_group;
+
+typedef struct eg_ep_opts {
+    int n_ranks;     /* ep >= 1, divides n_experts */
+    int n_experts;   /* E */
+    int topk;        /* K */
+    int hidden;      /* H */
+    int max_tokens;  /* T bound of any rank's call (and of each rank backend's ops) */
+} eg_ep_opts;
+
+eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *err);
+void eg_ep_group_free(eg_ep_group *g);
+/* The experts [*e0, *e1) rank owns. */
+void eg_ep_range(const eg_ep_group *g, int rank, int *e0, int *e1);
+/* Rank's thread: a->y += the routed experts' sum over the group (a->e0/e1 ignored).
+ * be is the rank's backend (CPU). */
+eg_status eg_ep_moe(eg_ep_group *g, int rank, eg_backend *be, const eg_moe_args *a, eg_error *err);
+/* Rank's thread, after its last eg_ep_moe: serve the other ranks until all have left. */
+eg_status eg_ep_leave(eg_ep_group *g, int rank, eg_backend *be, eg_error *err);
+/* A rank failed: every waiting and later call returns EG_ERR_INTERRUPTED-like failure. */
+void eg_ep_fail(eg_ep_group *g);
+/* Rows (T*K pairs) that crossed ranks so far, and bytes moved (both directions). */
+void eg_ep_traffic(const eg_ep_group *g, int64_t *remote_pairs, int64_t *bytes);
+
+#endif

@@ -1,0 +1,220 @@
+/* ep_runtime.c — an expert-parallel group of engines on threads (ep_runtime.h). */
+#include "engine/ep_runtime.h"
+
+#include "common/eg_thread.h"
+#include "engine/collective.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ep_rank_run {
+    struct eg_ep_runtime *rt;
+    int rank;
+    pthread_t th;
+    int started;
+    eg_status st;
+    eg_error err;
+    /* the last request's arrays, copied under the lock: the caller's next() may reuse its
+       buffers at its next call, which another rank can make before this engine copies */
+    int32_t *tok, *stop;
+    int tok_cap, stop_cap;
+} ep_rank_run;
+
+struct eg_ep_runtime {
+    int ep;
+    eg_ep_group *group;
+    eg_backend **be;  /* [ep] */
+    eg_engine **eng;  /* [ep] */
+    ep_rank_run *runs;/* [ep] */
+    pthread_mutex_t mu;
+    eg_next_fn next;
+    eg_done_fn done;
+    void *ctx;
+};
+
+void eg_ep_runtime_free(eg_ep_runtime *rt) {
+    if (!rt) return;
+    for (int r = 0; r < rt->ep; r++) {
+        if (rt->eng) eg_engine_free(rt->eng[r]);
+        if (rt->be) eg_backend_free(rt->be[r]);
+    }
+    free(rt->eng);
+    free(rt->be);
+    for (int r = 0; rt->runs && r < rt->ep; r++) {
+        free(rt->runs[r].tok);
+        free(rt->runs[r].stop);
+    }
+    free(rt->runs);
+    eg_ep_group_free(rt->group);
+    pthread_mutex_destroy(&rt->mu);
+    free(rt);
+}
+
+eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, const eg_engine_opts *o, int ep,
+                               eg_ep_runtime **out, eg_error *err) {
+    *out = NULL;
+    const eg_config *c = &m->cfg;
+    if (ep < 1) return eg_fail(err, EG_ERR_INVALID, "--ep %d: must be at least 1", ep);
+    if (c->n_experts < 1 || c->n_experts % ep)
+        return eg_fail(err, EG_ERR_INVALID, "--ep %d does not divide the model's %d routed experts", ep, c->n_experts);
+    if (o->stage_backends) return eg_fail(err, EG_ERR_INVALID, "expert-parallel ranks run their stages on one thread");
+    if (bo->name && strcmp(bo->name, "cpu"))
+        return eg_fail(err, EG_ERR_UNSUPPORTED,
+                       "--ep %d on the %s backend: the expert exchange is implemented for CPU ranks only (no NCCL "
+                       "collective yet)", ep, bo->name);
+    if (o->n_slots < ep)
+        return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
+                       o->n_slots);
+    int bs = o->block_size > 0 ? o->block_size : 64;
+    if (o->kv_blocks > 0 && (o->kv_blocks / ep) * bs < o->max_seq_len)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "--ep %d: each rank's share of the KV pool (%lld of %lld blocks of %d tokens) cannot hold one "
+                       "sequence of --max-seq-len %d: raise --kv-tokens or lower --ep",
+                       ep, (long long)(o->kv_blocks / ep), (long long)o->kv_blocks, bs, o->max_seq_len);
+    eg_ep_runtime *rt = eg_calloc(1, sizeof *rt, err);
+    if (!rt) return EG_ERR_NOMEM;
+    rt->ep = ep;
+    pthread_mutex_init(&rt->mu, NULL);
+    rt->be = eg_calloc((size_t)ep, sizeof *rt->be, err);
+    rt->eng = eg_calloc((size_t)ep, sizeof *rt->eng, err);
+    rt->runs = eg_calloc((size_t)ep, sizeof *rt->runs, err);
+    if (!rt->be || !rt->eng || !rt->runs) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
+    eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
+                     .max_tokens = o->max_tokens};
+    eg_status st = eg_ep_group_create(&go, &rt->group, err);
+    if (st) { eg_ep_runtime_free(rt); return st; }
+    int threads = bo->nthreads > 0 ? bo->nthreads : eg_num_threads();
+    for (int r = 0; r < ep; r++) {
+        eg_backend_opts so = *bo;
+        so.nthreads = threads / ep > 0 ? threads / ep : 1;
+        if ((st = eg_backend_create(c, &so, &rt->be[r], err))) {
+            eg_wrap(err, "expert-parallel rank %d", r);
+            eg_ep_runtime_free(rt);
+            return st;
+        }
+        eg_engine_opts ro = *o;
+        /* slots and blocks split over the ranks, the remainder to the first ones */
+        ro.n_slots = o->n_slots / ep + (r < o->n_slots % ep);
+        if (o->kv_blocks > 0) ro.kv_blocks = o->kv_blocks / ep + (r < o->kv_blocks % ep);
+        if (o->micro_batches > ro.n_slots) ro.micro_batches = ro.n_slots;
+        ro.ep = rt->group;
+        ro.ep_rank = r;
+        if ((st = eg_engine_create(m, rt->be[r], &ro, &rt->eng[r], err))) {
+            eg_wrap(err, "expert-parallel rank %d", r);
+            eg_ep_runtime_free(rt);
+            return st;
+        }
+    }
+    *out = rt;
+    return EG_OK;
+}
+
+eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank) { return rt->eng[rank]; }
+int eg_ep_runtime_ranks(const eg_ep_runtime *rt) { return rt->ep; }
+
+static int grow(int32_t **buf, int *cap, int n, eg_error *err) {
+    if (n <= *cap) return 0;
+    int32_t *nb = realloc(*buf, sizeof(int32_t) * (size_t)n);
+    if (!nb) return eg_fail(err, EG_ERR_NOMEM, "expert-parallel rank: out of memory for a request of %d tokens", n), -1;
+    *buf = nb;
+    *cap = n;
+    return 0;
+}
+
+static int locked_next(void *vc, eg_request *req, eg_error *err) {
+    ep_rank_run *x = vc;
+    eg_ep_runtime *rt = x->rt;
+    pthread_mutex_lock(&rt->mu);
+    int r = rt->next(rt->ctx, req, err);
+    if (r > 0) {
+        if (grow(&x->tok, &x->tok_cap, req->n_tokens, err) || grow(&x->stop, &x->stop_cap, req->n_stop, err)) {
+            r = -1;
+        } else {
+            if (req->n_tokens) memcpy(x->tok, req->tokens, sizeof(int32_t) * (size_t)req->n_tokens);
+            if (req->n_stop) memcpy(x->stop, req->stop_ids, sizeof(int32_t) * (size_t)req->n_stop);
+            req->tokens = x->tok;
+            req->stop_ids = x->stop;
+        }
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return r;
+}
+
+static eg_status locked_done(void *vc, const eg_result *res, eg_error *err) {
+    eg_ep_runtime *rt = ((ep_rank_run *)vc)->rt;
+    pthread_mutex_lock(&rt->mu);
+    eg_status st = rt->done(rt->ctx, res, err);
+    pthread_mutex_unlock(&rt->mu);
+    return st;
+}
+
+static void *rank_thread(void *v) {
+    ep_rank_run *x = v;
+    eg_ep_runtime *rt = x->rt;
+    x->st = eg_backend_bind(rt->be[x->rank], &x->err);
+    if (!x->st) x->st = eg_engine_run(rt->eng[x->rank], locked_next, locked_done, x, &x->err);
+    if (x->st) {
+        eg_ep_fail(rt->group); /* the others stop at their next exchange */
+        for (int q = 0; q < rt->ep; q++) eg_engine_request_stop(rt->eng[q]);
+    } else {
+        x->st = eg_ep_leave(rt->group, x->rank, rt->be[x->rank], &x->err);
+    }
+    return NULL;
+}
+
+eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
+    rt->next = next;
+    rt->done = done;
+    rt->ctx = ctx;
+    for (int r = 0; r < rt->ep; r++) {
+        rt->runs[r] = (ep_rank_run){.rt = rt, .rank = r};
+        if (r > 0 && !eg_thread_start(&rt->runs[r].th, rank_thread, &rt->runs[r])) rt->runs[r].started = 1;
+        else if (r > 0) {
+            eg_ep_fail(rt->group);
+            rt->runs[r].st = eg_fail(&rt->runs[r].err, EG_ERR_NOMEM, "expert-parallel rank %d: no thread", r);
+        }
+    }
+    rank_thread(&rt->runs[0]);
+    for (int r = 1; r < rt->ep; r++)
+        if (rt->runs[r].started) pthread_join(rt->runs[r].th, NULL);
+    /* the first real failure (not the "another rank failed" echo) */
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 0; r < rt->ep; r++)
+            if (rt->runs[r].st && (pass || rt->runs[r].st != EG_ERR_INTERRUPTED)) {
+                *err = rt->runs[r].err;
+                return rt->runs[r].st;
+            }
+    return EG_OK;
+}
+
+void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
+    memset(s, 0, sizeof *s);
+    for (int r = 0; r < rt->ep; r++) {
+        eg_engine_stats q;
+        eg_engine_get_stats(rt->eng[r], &q);
+        s->steps = q.steps > s->steps ? q.steps : s->steps;
+        s->prefill_tokens += q.prefill_tokens;
+        s->decode_tokens += q.decode_tokens;
+        s->sequences += q.sequences;
+        s->seconds = q.seconds > s->seconds ? q.seconds : s->seconds;
+        s->max_in_flight = q.max_in_flight > s->max_in_flight ? q.max_in_flight : s->max_in_flight;
+        for (int k = 0; k < 8; k++) s->stage_steps[k] += q.stage_steps[k];
+        s->preemptions += q.preemptions;
+        s->swap_outs += q.swap_outs;
+        s->swap_ins += q.swap_ins;
+        s->swap_bytes += q.swap_bytes;
+        s->recomputed_tokens += q.recomputed_tokens;
+        s->drains += q.drains;
+        s->sum_concurrency += q.sum_concurrency;
+        s->peak_concurrency += q.peak_concurrency;
+        s->backlog_steps += q.backlog_steps;
+        s->backlog_concurrency += q.backlog_concurrency;
+        s->sum_kv_live += q.sum_kv_live / rt->ep;
+        s->host_kv_peak += q.host_kv_peak;
+    }
+}
+
+void eg_ep_runtime_traffic(const eg_ep_runtime *rt, int64_t *pairs, int64_t *bytes) {
+    eg_ep_traffic(rt->group, pairs, bytes);
+}

@@ -1,0 +1,33 @@
+/* ep_runtime.h — assembly of an expert-parallel group of engines (collective.h): ep
+ * ranks, each a CPU backend, an engine over its own share of the slots and KV blocks
+ * (data-parallel attention, no cache copy) and pipeline stages run on the rank's thread;
+ * the routed experts of every MoE layer split E/ep per rank. Dense parts (shared expert,
+ * dense MLP, embedding, lm_head) are replicated on every rank in this version.
+ * Requests are pulled under one lock by whichever rank has room (a rank full of long
+ * sequences takes none, so work flows to the ranks with fewer tokens in flight); done()
+ * is called under the same lock. Ranks step in lockstep through the MoE exchange; a rank
+ * out of work keeps serving its experts until all are done.
+ * Ownership: the runtime owns the ranks' backends, engines and group; the model is
+ * borrowed. eg_ep_runtime_free accepts NULL.
+ * Thread safety: one thread calls create/run/free; ranks run on threads of their own. */
+#ifndef EG_EP_RUNTIME_H
+#define EG_EP_RUNTIME_H
+
+#include "engine/engine.h"
+
+typedef struct eg_ep_runtime eg_ep_runtime;
+
+/* o: the engine options of the whole group (n_slots and kv_blocks are split over the
+ * ranks; stage_backends must be NULL). bo: the backend of one rank (nthreads split). */
+eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, const eg_engine_opts *o, int ep,
+                               eg_ep_runtime **out, eg_error *err);
+void eg_ep_runtime_free(eg_ep_runtime *rt);
+eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank);
+int eg_ep_runtime_ranks(const eg_ep_runtime *rt);
+eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
+/* Stats summed over the ranks (seconds and peaks: the largest). */
+void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s);
+/* Bytes of rows exchanged between ranks so far, and the (token, k) pairs that crossed. */
+void eg_ep_runtime_traffic(const eg_ep_runtime *rt, int64_t *pairs, int64_t *bytes);
+
+#endif
