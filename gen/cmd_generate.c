@@ -23,6 +23,7 @@
 #include "engine/cuda_plan.h"
 #include "engine/engine.h"
 #include "engine/ep_runtime.h"
+#include "engine/layout.h"
 #include "engine/plan.h"
 #include "gen/args.h"
 #include "gen/commands.h"
@@ -62,6 +63,9 @@ typedef struct gen_args {
     const char *stages;       /* --stages: "N" (balanced) or "e0,e1,...,L" */
     int micro_batches;
     int ep;                   /* --ep: expert-parallel ranks (0 = off) */
+    const char *layout;       /* --layout: ppP, epE, ppPxepE or auto (sets stages and ep) */
+    const char *box;          /* --box: the box --layout auto plans for */
+    char layout_stages[16];   /* --stages text a layout chose */
     double gpu_mem_fraction;  /* cuda: share of each GPU's memory the process may hold */
     int gpus;                 /* cuda: stage k runs on GPU k % gpus (0 = one GPU per stage) */
     const char *transport;    /* --transport: local, nccl or auto (NULL) */
@@ -136,6 +140,10 @@ static void usage(FILE *f) {
             "                          dense MLP, embedding and lm_head are replicated on every rank.\n"
             "                          Combines with --stages (a rank runs its stages on its thread).\n"
             "                          E must divide the routed expert count; cpu backend only so far\n"
+            "  --layout L              ppP (--stages P), epE (--ep E), ppPxepE, or auto: the layout\n"
+            "                          `eaglegen plan --box` recommends for this model and --box (decode,\n"
+            "                          or prefill with --mode capture; mean length --max-seq-len / 2)\n"
+            "  --box NAME              with --layout auto: rtx-pro-6000x8 or h200x8\n"
             "  --gpus N                cuda: stage k runs on GPU k mod N (default: one GPU per stage;\n"
             "                          --gpus 1 runs every stage on one GPU, for testing)\n"
             "  --transport NAME        how stages hand rows on: nccl (GPU to GPU on the stages' streams),\n"
@@ -183,6 +191,58 @@ static int p_worker(const char *v, int *i, int *n) {
     return 1;
 }
 
+/* --layout: an explicit ppP / epE / ppPxepE, or auto: the layout engine/layout.h recommends
+ * for --box, for decode (regenerate) or prefill (capture), at a mean sequence length of
+ * half of --max-seq-len. Sets a->stages and a->ep; 0 or 2 (usage). */
+static int resolve_layout(gen_args *a) {
+    eg_error err = {0};
+    eg_layout lay;
+    if (a->stages || a->ep) {
+        fprintf(stderr, "eaglegen generate: --layout sets --stages and --ep: give one or the other\n");
+        return 2;
+    }
+    if (strcmp(a->layout, "auto")) {
+        if (eg_layout_parse(a->layout, 0, &lay, &err)) { fprintf(stderr, "eaglegen generate: --layout: %s\n", err.msg); return 2; }
+        if (lay.dense_split) {
+            fprintf(stderr, "eaglegen generate: --layout %s: the engine replicates the dense parts in a group (no +split yet)\n", a->layout);
+            return 2;
+        }
+    } else {
+        eg_box box;
+        eg_config cfg;
+        if (!a->box) {
+            fprintf(stderr, "eaglegen generate: --layout auto needs --box NAME (rtx-pro-6000x8 or h200x8: the figures it "
+                            "plans with; `eaglegen plan --box NAME` shows every layout)\n");
+            return 2;
+        }
+        if (eg_box_preset(a->box, &box, &err)) { fprintf(stderr, "eaglegen generate: --box: %s\n", err.msg); return 2; }
+        if (eg_config_load(a->model, &cfg, &err)) { fprintf(stderr, "eaglegen generate: --layout auto: %s\n", err.msg); return 2; }
+        eg_layout_opts lo = {.mean_len = a->max_seq_len / 2.0, .ep_runs = !strcmp(a->backend, "cpu")};
+        int max_rows = 2 * box.gpus + 2, n, best = -1;
+        eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
+        n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, &err) : -1;
+        if (n >= 0) best = eg_layout_recommend(rows, n, a->capture);
+        eg_config_free(&cfg);
+        if (best < 0) {
+            fprintf(stderr, "eaglegen generate: --layout auto: %s\n",
+                    n < 0 ? (rows ? err.msg : "out of memory") : "no runnable layout fits this box (eaglegen plan --box)");
+            free(rows);
+            return 2;
+        }
+        lay = rows[best].lay;
+        fprintf(stderr, "eaglegen generate: --layout auto: %s on %s (modelled %.0f tok/s %s at mean length %.0f)\n",
+                rows[best].name, box.name, a->capture ? rows[best].prefill_tok_s : rows[best].decode_tok_s,
+                a->capture ? "prefill" : "decode", lo.mean_len);
+        free(rows);
+    }
+    if (lay.stages > 1) {
+        snprintf(a->layout_stages, sizeof a->layout_stages, "%d", lay.stages);
+        a->stages = a->layout_stages;
+    }
+    if (lay.ep > 1) a->ep = lay.ep;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, gen_args *a) {
     memset(a, 0, sizeof *a);
     a->backend = "cpu";
@@ -212,7 +272,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"gpus", 1, 0, 'Q'},
         {"transport", 1, 0, 'X'},      {"restart", 0, 0, 'R'},        {"dry-run", 0, 0, 'D'},
         {"shard-size", 1, 0, 'Z'},     {"kv-policy", 1, 0, 'K'},      {"kv-tokens", 1, 0, 'V'},
-        {"host-kv-gb", 1, 0, 'W'},     {"ep", 1, 0, 'E'},
+        {"host-kv-gb", 1, 0, 'W'},     {"ep", 1, 0, 'E'},             {"layout", 1, 0, 0x100},
+        {"box", 1, 0, 0x101},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -312,6 +373,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             break;
         case 'F': if (!gen_arg_double("generate", "--gpu-mem-fraction", optarg, 0.05, 1, &a->gpu_mem_fraction)) return 2; break;
         case 'E': if (!gen_arg_int("generate", "--ep", optarg, 1, 4096, &a->ep)) return 2; break;
+        case 0x100: a->layout = optarg; break;
+        case 0x101: a->box = optarg; break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'R': a->restart = 1; break;
         case 'D': a->dry_run = 1; break;
@@ -329,6 +392,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
                 !a->out && !a->dry_run ? "--out" : "");
         return 2;
     }
+    if (a->layout && resolve_layout(a)) return 2;
     if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
         fprintf(stderr, "eaglegen generate: --micro-batches, --gpus and --transport apply to pipeline stages; "
                         "add --stages (see --help)\n");

@@ -83,6 +83,7 @@ static const char *why_not(const eg_layout_row *r) {
     if (!r->fits) return "does not fit";
     if (r->lay.kind == EG_LAYOUT_TP) return "modelled only: eaglegen does not run tensor parallelism";
     if (r->lay.dense_split) return "modelled only: the engine replicates the dense parts in a group";
+    if (!r->runnable && r->lay.ep > 1) return "modelled only: no NCCL expert exchange yet (--ep runs CPU ranks)";
     return "";
 }
 
@@ -141,6 +142,13 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
             printf("; %.2f x %s, the pipeline", rows[rd].decode_tok_s / pp->decode_tok_s, pp->name);
         printf(")\n");
     }
+    int best = -1; /* the fastest fitting row, runnable or not: where the engine should go next */
+    for (int i = 0; i < n; i++)
+        if (rows[i].fits && rows[i].lay.kind != EG_LAYOUT_TP && (best < 0 || rows[i].decode_tok_s > rows[best].decode_tok_s))
+            best = i;
+    if (best >= 0 && best != rd)
+        printf("fastest modelled for decode: %s, %.0f tok/s (%s)\n", rows[best].name, rows[best].decode_tok_s,
+               why_not(&rows[best]));
     if (rp >= 0)
         printf("recommended for capture-mode prefill: %s, %.0f tok/s (%s-bound)\n", rows[rp].name,
                rows[rp].prefill_tok_s, rows[rp].prefill_bound);

@@ -44,6 +44,13 @@ same ep4 --ep 4
 same ep2s2 --ep 2 --stages 2
 same ep4c3 --ep 4 --chunk 3 --batch 5
 
+echo "-- --layout: the same layouts by name, and auto from the planner"
+same lay22 --layout pp2xep2
+$E generate "${args[@]}" --layout auto --box h200x8 --batch 8 --out lauto 2>lauto.log || { cat lauto.log; exit 1; }
+grep -q -- "--layout auto: .* on h200x8 (modelled" lauto.log || { cat lauto.log; echo "FAIL: auto says nothing"; exit 1; }
+"$PYTHON" "$here/gen_check.py" same ref lauto >/dev/null || { echo "FAIL: --layout auto differs from unsplit"; exit 1; }
+echo "  auto: $(grep -o 'layout auto: [^ ]*' lauto.log): identical"
+
 echo "-- on-demand KV with preemptions on the ranks (4 slots per rank, 5 blocks per rank)"
 "$PYTHON" -c "
 import json
@@ -85,4 +92,8 @@ bad "--ep 3 does not divide the model's 16 routed experts" --ep 3
 bad "--ep 8 needs at least one sequence slot per rank (--batch 4)" --ep 8
 bad "--ep 4: each rank's share of the KV pool" --ep 4 --kv-tokens 1024
 bad "--ep 2 with --backend cuda" --ep 2 --backend cuda
+bad "--layout sets --stages and --ep" --layout ep2 --ep 2
+bad "expected ppP, epE, ppPxepE" --layout tp8
+bad "no +split yet" --layout ep2+split
+bad "--layout auto needs --box" --layout auto
 echo "ok"
