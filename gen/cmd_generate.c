@@ -140,6 +140,7 @@ static void usage(FILE *f) {
             "                          dense MLP, embedding and lm_head are replicated on every rank.\n"
             "                          Combines with --stages (a rank runs its stages on its thread).\n"
             "                          E must divide the routed expert count; cpu backend only so far\n"
+            "                          (default 1: no split)\n"
             "  --layout L              ppP (--stages P), epE (--ep E), ppPxepE, or auto: the layout\n"
             "                          `eaglegen plan --box` recommends for this model and --box (decode,\n"
             "                          or prefill with --mode capture; mean length --max-seq-len / 2)\n"
@@ -1133,8 +1134,11 @@ int cmd_generate(int argc, char **argv) {
     g_engine = g.engine;
     if (g.ep_rt) {
         int e0 = 0, per = c->n_experts / a.ep;
-        fprintf(stderr, "  expert parallel: %d ranks, %d routed experts each (rank 0: %d..%d), %d slots, "
-                        "dense parts replicated\n", a.ep, per, e0, per - 1, a.batch);
+        int64_t kv_all = 0;
+        for (int r = 0; r < a.ep; r++) kv_all += eg_engine_kv_capacity(eg_ep_runtime_engine(g.ep_rt, r));
+        fprintf(stderr, "  expert parallel: %d ranks, %d routed experts each (rank 0: %d..%d), %d slots and %lld KV "
+                        "tokens over the ranks (rank 0: %lld), dense parts replicated\n", a.ep, per, e0, per - 1,
+                a.batch, (long long)kv_all, (long long)eg_engine_kv_capacity(g.engine));
     }
     eg_status run_st = g.ep_rt ? eg_ep_runtime_run(g.ep_rt, next_request, on_done, &g, &err)
                                : eg_engine_run(g.engine, next_request, on_done, &g, &err);
