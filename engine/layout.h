@@ -16,7 +16,9 @@
  * FP32 row goes to the other GPUs that own one of its K experts and its K weighted
  * expert outputs come back (FP32, one row per remote expert, so the owner adds them
  * in the unsplit order), each collective costing the link's latency plus bytes over
- * its per-GPU bandwidth; communication is not overlapped with compute. Micro-batches:
+ * its per-GPU bandwidth; communication is not overlapped with compute. (The CPU ranks'
+ * local exchange, engine/collective.c, sends a row per remote (token, expert) pair
+ * rather than per remote GPU; an NCCL exchange should send one per GPU, as counted here.) Micro-batches:
  * a pipeline of P stages keeps P micro-batches in flight, each with 1/P of the
  * sequences, and every stage reads the experts each micro-batch hits. Experts hit by
  * B tokens per MoE layer: E (1 - (1 - K/E)^B) (uniform routing). docs/perf_model.py
