@@ -101,7 +101,8 @@ static void usage(FILE *f) {
             "  --seed N                job seed; sample seeds derive from it and the sample id (default 0)\n"
             "  --thinking on|off       Kimi thinking mode in the template (default on)\n"
             "  --aux-layers a,b,c      decoder layers (0-based, output of layer k) whose residual\n"
-            "                          stream is stored (default: 1, L/2-1, L-4 from the config)\n"
+            "                          stream is stored, ascending and distinct (default: 1, L/2-1,\n"
+            "                          L-4 from the config)\n"
             "  --final-hidden post-norm|pre-norm\n"
             "                          final hidden state: final-norm output (default) or the\n"
             "                          residual before it\n"
@@ -328,9 +329,18 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             break;
         case 'a':
             if (!gen_arg_int_list("generate", "--aux-layers", optarg, 0, a->aux, 64, &a->n_aux)) return 2;
-            for (int i = 0; i < a->n_aux; i++)
-                for (int j = 0; j < i; j++)
-                    if (a->aux[i] == a->aux[j]) return bad_arg("--aux-layers", optarg, "distinct layers"), 2;
+            /* Serving engines emit aux states in ascending layer order, and trainers map them
+             * by position: a list in another order would be stored, and trained, misread. */
+            for (int i = 1; i < a->n_aux; i++)
+                if (a->aux[i] <= a->aux[i - 1]) {
+                    fprintf(stderr,
+                            "eaglegen generate: --aux-layers %s: layers must be ascending and distinct (%s %d after "
+                            "%d): serving engines emit aux states in ascending order and trainers read them by "
+                            "position, so any other order would be misread; write them sorted\n",
+                            optarg, a->aux[i] == a->aux[i - 1] ? "repeated" : "out of order:", a->aux[i],
+                            a->aux[i - 1]);
+                    return 2;
+                }
             break;
         case 'f':
             if (!strcmp(optarg, "post-norm")) a->pre_norm = 0;

@@ -124,6 +124,9 @@ echo "-- 10. strict --seed and --aux-layers"
 expect 2 $E generate "${args[@]}" --prompts ok.jsonl --out s1 --seed ' -5'
 expect 2 $E generate "${args[@]}" --prompts ok.jsonl --out s1 --seed 18446744073709551615
 expect 2 $E generate "${args[@]}" --prompts ok.jsonl --out s1 --aux-layers 1,1
+# aux layers out of order would be stored in that order and read by position (issue 18)
+$E generate "${args[@]}" --prompts ok.jsonl --out s1 --aux-layers 3,1,2 2> aux.err && fail "--aux-layers 3,1,2 accepted"
+grep -q "ascending and distinct (out of order: 1 after 3)" aux.err || fail "--aux-layers 3,1,2: $(cat aux.err)"
 expect 0 $E generate "${args[@]}" --prompts ok.jsonl --out s1 --seed 9223372036854775807 --limit 1
 grep -q '"seed": 9223372036854775807' s1/job.json || fail "seed not stored losslessly"
 
