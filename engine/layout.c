@@ -42,27 +42,17 @@ typedef struct layer_parts {
     int moe;
 } layer_parts;
 
-static double expert_matrix_bytes(const eg_config *c, double rows, double cols) {
-    switch (c->expert_format) {
-    case EG_EXPERTS_INT4: return rows * cols / 2 + rows * floor(cols / (c->quant_group > 0 ? c->quant_group : 32)) * 2;
-    case EG_EXPERTS_FP8_BLOCK: return rows * cols + ceil(rows / 128) * ceil(cols / 128) * 4;
-    default: return rows * cols * 2;
-    }
-}
-
 static layer_parts parts_of(const eg_config *c, int l) {
     layer_parts p = {0};
-    double H = c->hidden, NH = c->n_heads, QL = c->q_lora_rank, C = c->kv_lora_rank, F = c->moe_inter;
-    double DQ = NH * (c->qk_nope + c->qk_rope), W = C + c->qk_rope;
-    p.attn_b = 2 * H * 2 + (QL > 0 ? 2 * (QL * H + QL + DQ * QL) : 2 * DQ * H) +
-               2 * (W * H + C + NH * (c->qk_nope + c->v_head) * C + H * NH * c->v_head);
+    double H = c->hidden, F = c->moe_inter;
+    p.attn_b = (double)eg_plan_attn_bytes_cfg(c);
     p.attn_p = p.attn_b / 2;
     p.moe = eg_config_layer_is_moe(c, l);
     if (p.moe) {
         p.router_b = 2 * c->n_experts * H + 4.0 * c->n_experts;
         p.router_p = c->n_experts * H;
         p.mlp_b = 2 * 3 * H * F * c->n_shared;
-        p.expert_b = 2 * expert_matrix_bytes(c, F, H) + expert_matrix_bytes(c, H, F);
+        p.expert_b = (double)eg_plan_expert_bytes_cfg(c);
         p.expert_p = 3 * H * F;
     } else {
         p.mlp_b = 2 * 3 * H * c->inter;

@@ -33,15 +33,26 @@ static int64_t expert_matrix_bytes(const eg_config *c, int64_t rows, int64_t col
     }
 }
 
-int64_t eg_plan_layer_bytes_cfg(const eg_config *c, int l) {
+int64_t eg_plan_attn_bytes_cfg(const eg_config *c) {
     int64_t H = c->hidden, NH = c->n_heads, QL = c->q_lora_rank, C = c->kv_lora_rank;
-    int64_t DQ = NH * (c->qk_nope + c->qk_rope), W = C + c->qk_rope, F = c->moe_inter;
+    int64_t DQ = NH * (c->qk_nope + c->qk_rope), W = C + c->qk_rope;
     int64_t b = 2 * H * 2; /* two norms */
     b += QL > 0 ? 2 * (QL * H + QL + DQ * QL) : 2 * DQ * H;
     b += 2 * (W * H + C + NH * (c->qk_nope + c->v_head) * C + H * NH * c->v_head);
+    return b;
+}
+
+int64_t eg_plan_expert_bytes_cfg(const eg_config *c) {
+    int64_t H = c->hidden, F = c->moe_inter;
+    return 2 * expert_matrix_bytes(c, F, H) + expert_matrix_bytes(c, H, F);
+}
+
+int64_t eg_plan_layer_bytes_cfg(const eg_config *c, int l) {
+    int64_t H = c->hidden, F = c->moe_inter;
+    int64_t b = eg_plan_attn_bytes_cfg(c);
     if (eg_config_layer_is_moe(c, l)) {
         b += 2 * (int64_t)c->n_experts * H + 4 * (int64_t)c->n_experts; /* router, bias */
-        b += (int64_t)c->n_experts * (2 * expert_matrix_bytes(c, F, H) + expert_matrix_bytes(c, H, F));
+        b += (int64_t)c->n_experts * eg_plan_expert_bytes_cfg(c);
         b += 2 * 3 * H * F * c->n_shared;
     } else {
         b += 2 * 3 * H * (int64_t)c->inter;
