@@ -275,6 +275,9 @@ eg_status dataset_read(const eg_ds_reader *r, int64_t i, int meta_only, eg_ds_sa
             st = eg_fail(err, EG_ERR_FORMAT, "record (id %s, %" PRId64 " tokens) disagrees with the index", out->id, out->T);
         else if ((uint64_t)out->n_aux != r->ix[sh].n_aux || (uint64_t)out->H != r->ix[sh].H)
             st = eg_fail(err, EG_ERR_FORMAT, "record shape n_aux %d H %" PRId64 " differs from the shard's", out->n_aux, out->H);
+        else if (!meta_only && r->has_manifest && !out->final_pre_hidden != (r->info.final_source != EG_DS_FINAL_BOTH))
+            st = eg_fail(err, EG_ERR_FORMAT, "record %s a pre-norm final state, the manifest says the dataset stores %s",
+                         out->final_pre_hidden ? "holds" : "lacks", eg_ds_final_source_name(r->info.final_source));
         if (st) eg_ds_sample_clear(out);
     }
     free(buf);

@@ -490,7 +490,7 @@ int cmd_inspect(int argc, char **argv) {
             json_object_set_new(root, "model", json_pack("{s:s,s:s}", "name", m->model_name, "config_sha256", m->model_config_sha256));
             json_object_set_new(root, "tokenizer", json_pack("{s:s,s:I}", "sha256", m->tokenizer_sha256, "vocab_size", (json_int_t)m->target_vocab_size));
             json_object_set_new(root, "chat_template", json_pack("{s:s,s:b}", "name", m->chat_template, "thinking", m->thinking));
-            json_object_set_new(root, "final_hidden", json_string(m->final_source == EG_DS_FINAL_PRE_NORM ? "pre_norm" : "post_norm"));
+            json_object_set_new(root, "final_hidden", json_string(eg_ds_final_source_name(m->final_source)));
             json_t *c = json_object();
             for (int i = 0; i < EG_DS_NCOUNTS; i++) json_object_set_new(c, eg_ds_count_names[i], json_integer(m->counts[i]));
             json_object_set_new(root, "counts", c);
@@ -538,8 +538,12 @@ int cmd_inspect(int argc, char **argv) {
             printf("  model %s (config sha256 %s)\n", m->model_name, m->model_config_sha256);
             printf("  tokenizer sha256 %s, vocab %" PRId64 "\n", m->tokenizer_sha256, m->target_vocab_size);
             printf("  chat template %s, thinking %s\n", m->chat_template, m->thinking ? "on" : "off");
-            printf("  final hidden: %s\n", m->final_source == EG_DS_FINAL_PRE_NORM ? "pre-norm (residual after the last layer)"
-                                                                                 : "post-norm (final RMSNorm output, lm_head input)");
+            printf("  final hidden: %s\n",
+                   m->final_source == EG_DS_FINAL_BOTH ? "both: post-norm (final RMSNorm output, lm_head input) and "
+                                                         "pre-norm (residual after the last layer)"
+                   : m->final_source == EG_DS_FINAL_PRE_NORM ? "pre-norm (residual after the last layer)"
+                                                             : "post-norm (final RMSNorm output, lm_head input)");
+            printf("  format version %d\n", m->format_version);
         }
         printf("  aux layers (output of decoder layer k, 0-based):");
         for (int i = 0; i < m->n_aux && m->aux_layers; i++) printf(" %d", m->aux_layers[i]);
