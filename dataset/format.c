@@ -66,6 +66,7 @@ void eg_ds_sample_clear(eg_ds_sample *s) {
     free(s->loss_mask);
     free(s->aux_hidden);
     free(s->final_hidden);
+    free(s->final_pre_hidden);
     memset(s, 0, sizeof *s);
 }
 
@@ -200,12 +201,24 @@ eg_status eg_ds_record_encode(eg_ds_codec *c, const eg_ds_sample *s, uint8_t **o
     raw[EG_DS_SEC_MASK] = T;
     st = frame_append(c->cctx, s->loss_mask, T, &buf, &cap, &len, &stored[2], err);
     if (st) goto fail;
+    int both = s->final_pre_hidden != NULL;
     for (int k = 0; k < 2; k++) {
-        size_t n = k == 0 ? n_aux_el : n_fin_el;
+        size_t n = k == 0 ? n_aux_el : n_fin_el * (both ? 2 : 1);
         const void *src = k == 0 ? s->aux_hidden : s->final_hidden;
         const uint16_t *bf;
         if ((st = grow((void **)&c->bf, &c->cap_bf, n * 2, err))) goto fail;
-        if (k == 0 && s->aux_layer_major && na > 1) {
+        if (k == 1 && both) {
+            /* [2][T][H]: post-norm, then pre-norm */
+            for (int q = 0; q < 2; q++) {
+                const void *fs = q ? s->final_pre_hidden : s->final_hidden;
+                uint16_t *d = c->bf + (size_t)q * n_fin_el;
+                if (s->hidden_dtype == EG_DS_F32)
+                    for (size_t i = 0; i < n_fin_el; i++) d[i] = eg_f32_to_bf16(((const float *)fs)[i]);
+                else
+                    memcpy(d, fs, n_fin_el * 2);
+            }
+            bf = c->bf;
+        } else if (k == 0 && s->aux_layer_major && na > 1) {
             /* [n_aux][T][H] -> [T][n_aux][H] */
             for (size_t l = 0; l < na; l++)
                 for (size_t t = 0; t < T; t++) {
@@ -238,7 +251,7 @@ eg_status eg_ds_record_encode(eg_ds_codec *c, const eg_ds_sample *s, uint8_t **o
     memset(h, 0, EG_DS_RECORD_HEADER_SIZE);
     memcpy(h, EG_DS_RECORD_MAGIC, 4);
     put32(h + 4, EG_DS_FORMAT_VERSION);
-    put32(h + 8, c->split ? EG_DS_FLAG_BF16_SPLIT : 0);
+    put32(h + 8, (c->split ? EG_DS_FLAG_BF16_SPLIT : 0) | (both ? EG_DS_FLAG_FINAL_BOTH : 0));
     put32(h + 12, (uint32_t)na);
     put32(h + 16, (uint32_t)T);
     put32(h + 20, (uint32_t)H);
@@ -349,13 +362,15 @@ eg_status eg_ds_record_decode(const uint8_t *buf, size_t len, int meta_only, eg_
     if (memcmp(buf, EG_DS_RECORD_MAGIC, 4))
         return eg_fail(err, EG_ERR_FORMAT, "record: bad magic");
     uint32_t ver = get32(buf + 4);
-    if (ver != EG_DS_FORMAT_VERSION)
-        return eg_fail(err, EG_ERR_FORMAT, "record: format version %u, this build reads %d", ver,
-                       EG_DS_FORMAT_VERSION);
+    if (ver < EG_DS_FORMAT_VERSION_MIN || ver > EG_DS_FORMAT_VERSION)
+        return eg_fail(err, EG_ERR_FORMAT, "record: format version %u, this build reads %d..%d", ver,
+                       EG_DS_FORMAT_VERSION_MIN, EG_DS_FORMAT_VERSION);
     if (get32(buf + 124) != eg_ds_crc32(buf, 124))
         return eg_fail(err, EG_ERR_CHECKSUM, "record header: CRC mismatch");
     uint32_t flags = get32(buf + 8);
-    if (flags & ~EG_DS_FLAG_BF16_SPLIT) return eg_fail(err, EG_ERR_FORMAT, "record: unknown flags 0x%x", flags);
+    uint32_t known = EG_DS_FLAG_BF16_SPLIT | (ver >= 2 ? EG_DS_FLAG_FINAL_BOTH : 0);
+    if (flags & ~known) return eg_fail(err, EG_ERR_FORMAT, "record: unknown flags 0x%x (version %u)", flags, ver);
+    const uint64_t n_final = flags & EG_DS_FLAG_FINAL_BOTH ? 2 : 1;
     if (get32(buf + 24) != EG_DS_NSEC) return eg_fail(err, EG_ERR_FORMAT, "record: %u sections", get32(buf + 24));
     uint64_t na = get32(buf + 12), T = get32(buf + 16), H = get32(buf + 20);
     uint64_t stored[EG_DS_NSEC], raw[EG_DS_NSEC], total = EG_DS_RECORD_HEADER_SIZE;
@@ -368,7 +383,7 @@ eg_status eg_ds_record_decode(const uint8_t *buf, size_t len, int meta_only, eg_
     if (H == 0 || H > EG_DS_MAX_HIDDEN || na > EG_DS_MAX_AUX)
         return eg_fail(err, EG_ERR_FORMAT, "record: bad shape n_aux=%" PRIu64 " H=%" PRIu64
                        " (n_aux <= %d, 1 <= H <= %d)", na, H, EG_DS_MAX_AUX, EG_DS_MAX_HIDDEN);
-    if (raw[1] != T * 4 || raw[2] != T || raw[3] != T * na * H * 2 || raw[4] != T * H * 2 ||
+    if (raw[1] != T * 4 || raw[2] != T || raw[3] != T * na * H * 2 || raw[4] != n_final * T * H * 2 ||
         raw[0] > (64u << 20))
         return eg_fail(err, EG_ERR_FORMAT, "record: section sizes do not match T=%" PRIu64
                        " n_aux=%" PRIu64 " H=%" PRIu64, T, na, H);
@@ -402,8 +417,9 @@ eg_status eg_ds_record_decode(const uint8_t *buf, size_t len, int meta_only, eg_
     s->input_ids = malloc(raw[1] ? raw[1] : 1);
     s->loss_mask = malloc(raw[2] ? raw[2] : 1);
     s->aux_hidden = malloc(raw[3] ? raw[3] : 1);
-    s->final_hidden = malloc(raw[4] ? raw[4] : 1);
-    if (!s->input_ids || !s->loss_mask || !s->aux_hidden || !s->final_hidden) {
+    s->final_hidden = malloc(raw[4] / n_final ? raw[4] / n_final : 1);
+    if (n_final == 2) s->final_pre_hidden = malloc(raw[4] / 2 ? raw[4] / 2 : 1);
+    if (!s->input_ids || !s->loss_mask || !s->aux_hidden || !s->final_hidden || (n_final == 2 && !s->final_pre_hidden)) {
         st = eg_fail(err, EG_ERR_NOMEM, "out of memory decoding %" PRIu64 " tokens", T);
         goto done;
     }
@@ -416,6 +432,32 @@ eg_status eg_ds_record_decode(const uint8_t *buf, size_t len, int meta_only, eg_
     for (int k = 0; k < 2; k++) {
         int sec = k ? EG_DS_SEC_FINAL : EG_DS_SEC_AUX;
         uint16_t *dst = k ? s->final_hidden : s->aux_hidden;
+        if (k && n_final == 2) { /* [2][T][H] into two buffers */
+            uint16_t *both = malloc(raw[sec] ? raw[sec] : 1);
+            if (flags & EG_DS_FLAG_BF16_SPLIT) {
+                free(planes);
+                planes = malloc(raw[sec] ? raw[sec] : 1);
+            }
+            if (!both || ((flags & EG_DS_FLAG_BF16_SPLIT) && !planes)) {
+                free(both);
+                st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            if (flags & EG_DS_FLAG_BF16_SPLIT) {
+                st = frame_decode(dc, p, stored[sec], planes, raw[sec], "final_hidden", err);
+                if (!st) eg_ds_bf16_join(planes, raw[sec] / 2, both);
+            } else {
+                st = frame_decode(dc, p, stored[sec], both, raw[sec], "final_hidden", err);
+            }
+            if (!st) {
+                memcpy(s->final_hidden, both, raw[sec] / 2);
+                memcpy(s->final_pre_hidden, both + raw[sec] / 4, raw[sec] / 2);
+            }
+            free(both);
+            if (st) goto done;
+            p += stored[sec];
+            continue;
+        }
         if (flags & EG_DS_FLAG_BF16_SPLIT) {
             free(planes);
             planes = malloc(raw[sec] ? raw[sec] : 1);
@@ -501,8 +543,9 @@ eg_status eg_ds_index_decode(const uint8_t *buf, size_t len, uint64_t raw_len, e
     if (!b || !dc) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = frame_decode(dc, buf, len, b, raw_len, "index", err))) goto done;
     if (memcmp(b, EG_DS_INDEX_MAGIC, 4)) { st = eg_fail(err, EG_ERR_FORMAT, "index: bad magic"); goto done; }
-    if (get32(b + 4) != EG_DS_FORMAT_VERSION) {
-        st = eg_fail(err, EG_ERR_FORMAT, "index: format version %u, this build reads %d", get32(b + 4), EG_DS_FORMAT_VERSION);
+    if (get32(b + 4) < EG_DS_FORMAT_VERSION_MIN || get32(b + 4) > EG_DS_FORMAT_VERSION) {
+        st = eg_fail(err, EG_ERR_FORMAT, "index: format version %u, this build reads %d..%d", get32(b + 4),
+                     EG_DS_FORMAT_VERSION_MIN, EG_DS_FORMAT_VERSION);
         goto done;
     }
     ix->n_aux = get32(b + 8);
@@ -570,9 +613,9 @@ eg_status eg_ds_trailer_decode(const uint8_t in[EG_DS_TRAILER_SIZE], eg_ds_trail
         return eg_fail(err, EG_ERR_FORMAT, "no shard trailer (not an eaglegen shard, or truncated)");
     if (get32(in + 60) != eg_ds_crc32(in, 60)) return eg_fail(err, EG_ERR_CHECKSUM, "trailer: CRC mismatch");
     t->version = get32(in + 8);
-    if (t->version != EG_DS_FORMAT_VERSION)
-        return eg_fail(err, EG_ERR_FORMAT, "shard format version %u, this build reads %d", t->version,
-                       EG_DS_FORMAT_VERSION);
+    if (t->version < EG_DS_FORMAT_VERSION_MIN || t->version > EG_DS_FORMAT_VERSION)
+        return eg_fail(err, EG_ERR_FORMAT, "shard format version %u, this build reads %d..%d", t->version,
+                       EG_DS_FORMAT_VERSION_MIN, EG_DS_FORMAT_VERSION);
     t->flags = get32(in + 12);
     t->index_offset = get64(in + 16);
     t->index_size = get64(in + 24);

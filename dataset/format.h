@@ -1,4 +1,4 @@
-/* format.h — the eaglegen dataset format, version 1 (docs/FORMAT.md is the byte-level
+/* format.h — the eaglegen dataset format, version 2; readers also read version 1 (docs/FORMAT.md is the byte-level
  * specification; this header holds its constants and the codec for one shard's pieces:
  * sample records, the index member and the trailer).
  *
@@ -20,7 +20,8 @@
 
 #include "common/eg_common.h"
 
-#define EG_DS_FORMAT_VERSION 1
+#define EG_DS_FORMAT_VERSION 2     /* written; readers accept EG_DS_FORMAT_VERSION_MIN.. this */
+#define EG_DS_FORMAT_VERSION_MIN 1
 #define EG_DS_RECORD_MAGIC "EGS1"      /* 4 bytes, start of every sample record */
 #define EG_DS_INDEX_MAGIC "EGIX"       /* 4 bytes, start of the decompressed index */
 #define EG_DS_TRAILER_MAGIC "EGTRAIL1" /* 8 bytes, start of the trailer */
@@ -39,6 +40,9 @@
 #define EG_DS_MAX_HIDDEN (1 << 20)   /* largest hidden size a record or index may declare */
 #define EG_DS_MAX_HIST_ID (1 << 24)  /* histogram id bound when the vocab size is unknown */
 #define EG_DS_FLAG_BF16_SPLIT 1u /* BF16 tensors stored as [high bytes][low bytes] */
+#define EG_DS_FLAG_FINAL_BOTH 2u /* version >= 2: in a record, the final_hidden section holds
+                                  * [2][T][H]: post-norm, then pre-norm; in the index and trailer,
+                                  * every record of the shard does */
 
 /* Sections of a sample record, in storage order. */
 enum { EG_DS_SEC_META, EG_DS_SEC_IDS, EG_DS_SEC_MASK, EG_DS_SEC_AUX, EG_DS_SEC_FINAL, EG_DS_NSEC };
@@ -68,7 +72,10 @@ typedef struct eg_ds_sample {
     eg_ds_dtype hidden_dtype; /* writing: dtype of the two hidden buffers */
     int aux_layer_major;   /* writing: aux_hidden is [n_aux][T][H] instead of [T][n_aux][H] */
     void *aux_hidden;      /* [T][n_aux][H] bf16 (read) | f32/bf16 (write) */
-    void *final_hidden;    /* [T][H] bf16 (read) | f32/bf16 (write) */
+    void *final_hidden;    /* [T][H] bf16 (read) | f32/bf16 (write): post-norm, or pre-norm in a
+                            * dataset whose final source is pre-norm only */
+    void *final_pre_hidden;/* [T][H] bf16 (read) | f32/bf16 (write): the pre-norm final state
+                            * when the record stores both (final source "both"), else NULL */
 } eg_ds_sample;
 
 void eg_ds_sample_clear(eg_ds_sample *s); /* frees owned buffers (read side); NULL ok */
@@ -79,7 +86,8 @@ typedef struct eg_ds_codec eg_ds_codec;
 eg_status eg_ds_codec_new(int level, int bf16_split, eg_ds_codec **out, eg_error *err);
 void eg_ds_codec_free(eg_ds_codec *c);
 
-/* Encode a sample into a complete record (header + five zstd frames). *raw_bytes gets
+/* Encode a sample into a complete record (header + five zstd frames); with
+ * final_pre_hidden set the record stores both final states (EG_DS_FLAG_FINAL_BOTH). *raw_bytes gets
  * the uncompressed size of the four tensors (for compression ratios). */
 eg_status eg_ds_record_encode(eg_ds_codec *c, const eg_ds_sample *s, uint8_t **out,
                               size_t *out_len, uint64_t *raw_bytes, eg_error *err);

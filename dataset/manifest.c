@@ -13,6 +13,10 @@
 
 const char *const eg_ds_count_names[EG_DS_NCOUNTS] = {"generated", "skipped", "dropped", "rejected"};
 
+const char *eg_ds_final_source_name(eg_ds_final_source f) {
+    return f == EG_DS_FINAL_BOTH ? "both" : f == EG_DS_FINAL_PRE_NORM ? "pre_norm" : "post_norm";
+}
+
 void eg_ds_info_clear(eg_ds_info *m) {
     if (!m) return;
     free(m->model_name);
@@ -49,6 +53,7 @@ eg_status eg_ds_info_copy_desc(eg_ds_info *d, const eg_ds_info *s, eg_error *err
     d->hidden_size = s->hidden_size;
     d->target_vocab_size = s->target_vocab_size;
     d->final_source = s->final_source;
+    d->n_layers = s->n_layers;
     d->zstd_level = s->zstd_level;
     d->bf16_split = s->bf16_split;
     d->worker_index = s->worker_index;
@@ -129,7 +134,8 @@ eg_status eg_ds_info_compatible(const eg_ds_info *a, const eg_ds_info *b, eg_err
     for (int i = 0; i < a->n_aux; i++)
         if (a->aux_layers[i] != b->aux_layers[i]) DIFF("aux layer ids");
     if (a->hidden_size != b->hidden_size) DIFF("hidden size");
-    if (a->final_source != b->final_source) DIFF("final hidden source (post-norm/pre-norm)");
+    if (a->final_source != b->final_source) DIFF("final hidden source (post-norm/pre-norm/both)");
+    if (a->n_layers && b->n_layers && a->n_layers != b->n_layers) DIFF("number of decoder layers");
     if (a->target_vocab_size && b->target_vocab_size && a->target_vocab_size != b->target_vocab_size)
         DIFF("target vocab size");
     return EG_OK;
@@ -167,29 +173,47 @@ static json_t *to_json(const eg_ds_info *m, eg_error *err) {
                                                   "vocab_size", (json_int_t)m->target_vocab_size));
     json_object_set_new(o, "chat_template", json_pack("{s:s,s:b}", "name", m->chat_template,
                                                       "thinking", m->thinking));
-    json_t *ids = json_array(), *hf = json_array();
+    json_t *ids = json_array(), *hf = json_array(), *sg = json_array(), *vl = json_array();
     for (int i = 0; i < m->n_aux; i++) {
         json_array_append_new(ids, json_integer(m->aux_layers[i]));
         json_array_append_new(hf, json_integer(m->aux_layers[i] + 1));
+        json_array_append_new(sg, json_integer(m->aux_layers[i]));
+        json_array_append_new(vl, json_integer(m->aux_layers[i] + 1));
     }
+    /* the trainers' own counting (docs/FORMAT.md §6): SpecForge/SGLang name layer k by
+     * its output, vLLM/speculators by the hidden_states index (k + 1; L = the final) */
+    json_t *tr = json_pack("{s:{s:o,s:s},s:{s:o,s:s}}",
+                           "specforge_sglang", "aux_ids", sg, "convention", "output of decoder layer k, 0-based (= ids)",
+                           "vllm_speculators", "aux_ids", vl, "convention",
+                           "hidden_states index: k + 1 (0 = embedding output, num_layers = last layer)");
+    if (tr && m->n_layers > 0)
+        json_object_set_new(json_object_get(tr, "vllm_speculators"), "final_id", json_integer(m->n_layers));
     json_object_set_new(o, "aux_layers",
-                        json_pack("{s:o,s:s,s:o}", "ids", ids, "convention",
+                        json_pack("{s:o,s:s,s:o,s:o}", "ids", ids, "convention",
                                   "output of decoder layer k, 0-based (the residual stream after layer k)",
-                                  "hf_hidden_states_index", hf));
-    json_object_set_new(
-        o, "final_hidden",
-        json_pack("{s:s,s:s}", "source", m->final_source == EG_DS_FINAL_PRE_NORM ? "pre_norm" : "post_norm",
-                  "description", m->final_source == EG_DS_FINAL_PRE_NORM
-                                     ? "residual stream after the last decoder layer, before the final RMSNorm"
-                                     : "output of the final RMSNorm (the input of lm_head)"));
+                                  "hf_hidden_states_index", hf, "trainer_ids", tr));
+    if (m->n_layers > 0) json_object_set_new(o, "num_layers", json_integer(m->n_layers));
+    const char *desc = m->final_source == EG_DS_FINAL_BOTH
+                           ? "final_hidden: output of the final RMSNorm (the input of lm_head); final_pre_hidden: "
+                             "residual stream after the last decoder layer, before the final RMSNorm"
+                       : m->final_source == EG_DS_FINAL_PRE_NORM
+                           ? "residual stream after the last decoder layer, before the final RMSNorm"
+                           : "output of the final RMSNorm (the input of lm_head)";
+    json_t *stored = m->final_source == EG_DS_FINAL_BOTH ? json_pack("[s,s]", "post_norm", "pre_norm")
+                                                         : json_pack("[s]", eg_ds_final_source_name(m->final_source));
+    json_object_set_new(o, "final_hidden",
+                        json_pack("{s:s,s:o,s:s}", "source", eg_ds_final_source_name(m->final_source), "stored",
+                                  stored, "description", desc));
     json_object_set_new(o, "hidden_size", json_integer(m->hidden_size));
     json_object_set_new(o, "n_aux", json_integer(m->n_aux));
-    json_object_set_new(o, "tensors",
-                        json_pack("{s:{s:s,s:s},s:{s:s,s:s},s:{s:s,s:s},s:{s:s,s:s}}",
-                                  "input_ids", "dtype", "int32", "shape", "[T]",
-                                  "loss_mask", "dtype", "uint8", "shape", "[T]",
-                                  "aux_hidden", "dtype", "bfloat16", "shape", "[T, n_aux, hidden_size]",
-                                  "final_hidden", "dtype", "bfloat16", "shape", "[T, hidden_size]"));
+    json_t *tens = json_pack("{s:{s:s,s:s},s:{s:s,s:s},s:{s:s,s:s},s:{s:s,s:s}}",
+                             "input_ids", "dtype", "int32", "shape", "[T]",
+                             "loss_mask", "dtype", "uint8", "shape", "[T]",
+                             "aux_hidden", "dtype", "bfloat16", "shape", "[T, n_aux, hidden_size]",
+                             "final_hidden", "dtype", "bfloat16", "shape", "[T, hidden_size]");
+    if (tens && m->final_source == EG_DS_FINAL_BOTH)
+        json_object_set_new(tens, "final_pre_hidden", json_pack("{s:s,s:s}", "dtype", "bfloat16", "shape", "[T, hidden_size]"));
+    json_object_set_new(o, "tensors", tens);
     json_object_set_new(o, "compression", json_pack("{s:s,s:i,s:b,s:b}", "codec", "zstd", "level",
                                                     m->zstd_level, "bf16_byte_split", m->bf16_split,
                                                     "frame_checksum", 1));
@@ -338,9 +362,9 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
         goto done;
     }
     if (!get_int(o, "format_version", &v)) { st = bad(err, path, "format_version"); goto done; }
-    if (v != EG_DS_FORMAT_VERSION) {
-        st = eg_fail(err, EG_ERR_FORMAT, "%s: format version %" PRId64 ", this build reads %d", path, v,
-                     EG_DS_FORMAT_VERSION);
+    if (v < EG_DS_FORMAT_VERSION_MIN || v > EG_DS_FORMAT_VERSION) {
+        st = eg_fail(err, EG_ERR_FORMAT, "%s: format version %" PRId64 ", this build reads %d..%d", path, v,
+                     EG_DS_FORMAT_VERSION_MIN, EG_DS_FORMAT_VERSION);
         goto done;
     }
     m->format_version = (int)v;
@@ -372,6 +396,7 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
     m->thinking = json_is_true(think);
     if (!strcmp(s5, "pre_norm")) m->final_source = EG_DS_FINAL_PRE_NORM;
     else if (!strcmp(s5, "post_norm")) m->final_source = EG_DS_FINAL_POST_NORM;
+    else if (!strcmp(s5, "both") && v >= 2) m->final_source = EG_DS_FINAL_BOTH;
     else { st = bad(err, path, "final_hidden.source"); goto done; }
     m->n_aux = (int)json_array_size(ids);
     m->aux_layers = calloc((size_t)m->n_aux + 1, sizeof(int));
@@ -385,6 +410,14 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
         m->aux_layers[i] = (int)json_integer_value(x);
     }
     if (!get_int(o, "hidden_size", &m->hidden_size) || m->hidden_size < 1) { st = bad(err, path, "hidden_size"); goto done; }
+    {
+        int64_t nl = 0;
+        if (json_object_get(o, "num_layers") && (!get_int(o, "num_layers", &nl) || nl < 1 || nl > (1 << 20))) {
+            st = bad(err, path, "num_layers");
+            goto done;
+        }
+        m->n_layers = (int)nl;
+    }
     if (!get_int(tok, "vocab_size", &m->target_vocab_size)) m->target_vocab_size = 0;
     int64_t lvl = 0;
     get_int(comp, "level", &lvl);

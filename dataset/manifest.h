@@ -18,8 +18,12 @@
 
 typedef enum eg_ds_final_source {
     EG_DS_FINAL_POST_NORM = 0, /* output of the final RMSNorm: what lm_head sees (default) */
-    EG_DS_FINAL_PRE_NORM = 1   /* residual stream after the last decoder layer */
+    EG_DS_FINAL_PRE_NORM = 1,  /* residual stream after the last decoder layer */
+    EG_DS_FINAL_BOTH = 2       /* both (format version >= 2): final_hidden = post-norm,
+                                * final_pre_hidden = pre-norm */
 } eg_ds_final_source;
+/* Manifest name of a final source: "post_norm", "pre_norm" or "both". */
+const char *eg_ds_final_source_name(eg_ds_final_source f);
 
 /* Per-record bookkeeping of the producer (gen): how many prompts it generated, skipped
  * (e.g. already committed), dropped (too long, errors) and rejected (filtered). */
@@ -48,6 +52,7 @@ typedef struct eg_ds_info {
     int *aux_layers; /* [n_aux] 0-based decoder layer whose output is stored */
     int64_t hidden_size;
     int64_t target_vocab_size; /* 0 = unknown */
+    int n_layers;              /* decoder layers of the target model (0 = unknown: v1 data) */
     eg_ds_final_source final_source;
     int zstd_level, bf16_split;
     int worker_index, worker_count; /* 0/1 for a single writer; count 0 = merged */

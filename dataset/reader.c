@@ -181,6 +181,7 @@ eg_status dataset_open(const char *path, eg_ds_reader **out, eg_error *err) {
             r->info.n_aux = (int)r->ix[i].n_aux;
             r->info.hidden_size = (int64_t)r->ix[i].H;
             r->info.bf16_split = !!(tr.flags & EG_DS_FLAG_BF16_SPLIT);
+            if (tr.flags & EG_DS_FLAG_FINAL_BOTH) r->info.final_source = EG_DS_FINAL_BOTH;
             r->info.format_version = (int)tr.version;
             r->info.n_shards = 1;
             r->info.shards = calloc(1, sizeof *r->info.shards);
@@ -192,7 +193,8 @@ eg_status dataset_open(const char *path, eg_ds_reader **out, eg_error *err) {
                 s->tokens += r->ix[i].e[k].T;
                 s->loss_tokens += r->ix[i].e[k].n_loss;
                 /* uncompressed tensors: ids, mask, aux and final hidden states (BF16) */
-                s->raw_bytes += (int64_t)r->ix[i].e[k].T * (5 + 2 * (int64_t)r->ix[i].H * ((int64_t)r->ix[i].n_aux + 1));
+                s->raw_bytes += (int64_t)r->ix[i].e[k].T *
+                                (5 + 2 * (int64_t)r->ix[i].H * ((int64_t)r->ix[i].n_aux + (tr.flags & EG_DS_FLAG_FINAL_BOTH ? 2 : 1)));
                 if (r->ix[i].e[k].finish == EG_DS_FINISH_LENGTH) s->n_length++;
                 else s->n_stop++;
             }
@@ -277,6 +279,9 @@ eg_status dataset_read(const eg_ds_reader *r, int64_t i, int meta_only, eg_ds_sa
             st = eg_fail(err, EG_ERR_FORMAT, "record (id %s, %" PRId64 " tokens) disagrees with the index", out->id, out->T);
         else if ((uint64_t)out->n_aux != r->ix[sh].n_aux || (uint64_t)out->H != r->ix[sh].H)
             st = eg_fail(err, EG_ERR_FORMAT, "record shape n_aux %d H %" PRId64 " differs from the shard's", out->n_aux, out->H);
+        else if (!meta_only && r->has_manifest && !out->final_pre_hidden != (r->info.final_source != EG_DS_FINAL_BOTH))
+            st = eg_fail(err, EG_ERR_FORMAT, "record %s a pre-norm final state, the manifest says the dataset stores %s",
+                         out->final_pre_hidden ? "holds" : "lacks", eg_ds_final_source_name(r->info.final_source));
         if (st) eg_ds_sample_clear(out);
     }
     free(buf);

@@ -149,7 +149,7 @@ static eg_status shard_begin(eg_shard_writer *w, eg_error *err) {
     w->ix.n = 0;
     w->ix.n_aux = (uint32_t)w->info.n_aux;
     w->ix.H = (uint64_t)w->info.hidden_size;
-    w->ix.flags = w->split ? EG_DS_FLAG_BF16_SPLIT : 0;
+    w->ix.flags = (w->split ? EG_DS_FLAG_BF16_SPLIT : 0) | (w->info.final_source == EG_DS_FINAL_BOTH ? EG_DS_FLAG_FINAL_BOTH : 0);
     if (w->hist) memset(w->hist, 0, sizeof(uint64_t) * (size_t)w->hist_len);
     w->ar = archive_write_new();
     if (!w->ar || archive_write_set_format_pax_restricted(w->ar) != ARCHIVE_OK ||
@@ -333,7 +333,8 @@ static void *compress_main(void *arg) {
         if (sl->st) snprintf(sl->msg, sizeof sl->msg, "%s", e.msg);
         free(sl->s.aux_hidden);
         free(sl->s.final_hidden);
-        sl->s.aux_hidden = sl->s.final_hidden = NULL;
+        free(sl->s.final_pre_hidden);
+        sl->s.aux_hidden = sl->s.final_hidden = sl->s.final_pre_hidden = NULL;
         pthread_mutex_lock(&w->mu);
         sl->state = SLOT_DONE;
         pthread_cond_broadcast(&w->cv_io);
@@ -415,6 +416,7 @@ static eg_status desc_from_opts(eg_ds_info *d, const eg_shard_writer_opts *o, eg
     tmp.hidden_size = o->hidden_size;
     tmp.target_vocab_size = o->target_vocab_size;
     tmp.final_source = o->final_source;
+    tmp.n_layers = o->n_layers;
     tmp.zstd_level = o->zstd_level ? o->zstd_level : 3;
     tmp.bf16_split = !o->no_bf16_split;
     tmp.job_json = (char *)(o->job_json ? o->job_json : "{}");
@@ -460,7 +462,12 @@ static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_d
                                eg_error *err) {
     eg_status st = eg_ds_info_load(mpath, &w->info, err);
     if (st) return st;
+    if (w->info.format_version != EG_DS_FORMAT_VERSION)
+        return eg_fail(err, EG_ERR_CONFIG, "resuming %s: it holds format version %d data; this build writes version %d "
+                       "(finish it with the eaglegen that started it, or start a new dataset)",
+                       mpath, w->info.format_version, EG_DS_FORMAT_VERSION);
     if ((st = eg_ds_info_compatible(&w->info, want, err))) return eg_wrap(err, "resuming %s", mpath);
+    if (!w->info.n_layers) w->info.n_layers = want->n_layers;
     if (!w->info.target_vocab_size) w->info.target_vocab_size = want->target_vocab_size;
     w->info.zstd_level = w->level;
     w->info.bf16_split = w->split;
@@ -530,6 +537,21 @@ eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *o, eg_s
     if (o->worker_count > 1 && (o->worker_index < 0 || o->worker_index >= o->worker_count))
         return eg_fail(err, EG_ERR_INVALID, "worker index %d of %d", o->worker_index, o->worker_count);
     if (o->zstd_level < 0 || o->zstd_level > 22) return eg_fail(err, EG_ERR_INVALID, "zstd level %d", o->zstd_level);
+    if (o->final_source != EG_DS_FINAL_POST_NORM && o->final_source != EG_DS_FINAL_PRE_NORM &&
+        o->final_source != EG_DS_FINAL_BOTH)
+        return eg_fail(err, EG_ERR_INVALID, "shard writer: final source %d", (int)o->final_source);
+    if (o->n_layers < 0) return eg_fail(err, EG_ERR_INVALID, "shard writer: %d decoder layers", o->n_layers);
+    for (int i = 0; i < o->n_aux; i++) {
+        /* serving engines emit aux states in ascending layer order; a drafter trained on
+         * another order reads them in the wrong slots */
+        if (i > 0 && o->aux_layers[i] <= o->aux_layers[i - 1])
+            return eg_fail(err, EG_ERR_INVALID, "aux layers must be ascending and distinct (layer %d after %d): "
+                           "serving engines hand the drafter its aux states in ascending layer order",
+                           o->aux_layers[i], o->aux_layers[i - 1]);
+        if (o->aux_layers[i] < -1 || (o->n_layers > 0 && o->aux_layers[i] >= o->n_layers))
+            return eg_fail(err, EG_ERR_INVALID, "aux layer %d outside -1..%d", o->aux_layers[i],
+                           o->n_layers > 0 ? o->n_layers - 1 : INT32_MAX);
+    }
     eg_shard_writer *w = eg_calloc(1, sizeof *w, err);
     if (!w) return EG_ERR_NOMEM;
     w->fd = -1;
@@ -646,6 +668,9 @@ eg_status shard_writer_add(eg_shard_writer *w, const eg_ds_sample *s, eg_error *
                        w->info.hidden_size);
     if (!s->input_ids || !s->loss_mask || (!s->aux_hidden && s->n_aux) || !s->final_hidden)
         return eg_fail(err, EG_ERR_INVALID, "sample %s: missing tensor", id);
+    if (!s->final_pre_hidden != (w->info.final_source != EG_DS_FINAL_BOTH))
+        return eg_fail(err, EG_ERR_INVALID, "sample %s: %s pre-norm final state, the dataset stores %s", id,
+                       s->final_pre_hidden ? "has a" : "lacks the", eg_ds_final_source_name(w->info.final_source));
     for (int64_t t = 0; t < s->T; t++) {
         if (s->loss_mask[t] > 1) return eg_fail(err, EG_ERR_INVALID, "sample %s: loss_mask[%" PRId64 "] = %u", id, t, s->loss_mask[t]);
         if (s->input_ids[t] < 0 || (w->info.target_vocab_size && s->input_ids[t] >= w->info.target_vocab_size))
@@ -673,8 +698,9 @@ eg_status shard_writer_add(eg_shard_writer *w, const eg_ds_sample *s, eg_error *
     sl->s.loss_mask = malloc(T);
     sl->s.aux_hidden = malloc(aux_b ? aux_b : 1);
     sl->s.final_hidden = malloc(fin_b);
+    sl->s.final_pre_hidden = s->final_pre_hidden ? malloc(fin_b) : NULL;
     if (!sl->s.id || !sl->s.source_file || !sl->s.input_ids || !sl->s.loss_mask || !sl->s.aux_hidden ||
-        !sl->s.final_hidden) {
+        !sl->s.final_hidden || (s->final_pre_hidden && !sl->s.final_pre_hidden)) {
         eg_ds_sample_clear(&sl->s);
         return eg_fail(err, EG_ERR_NOMEM, "sample %s: out of memory", id);
     }
@@ -682,6 +708,7 @@ eg_status shard_writer_add(eg_shard_writer *w, const eg_ds_sample *s, eg_error *
     memcpy(sl->s.loss_mask, s->loss_mask, T);
     if (aux_b) memcpy(sl->s.aux_hidden, s->aux_hidden, aux_b);
     memcpy(sl->s.final_hidden, s->final_hidden, fin_b);
+    if (s->final_pre_hidden) memcpy(sl->s.final_pre_hidden, s->final_pre_hidden, fin_b);
     sl->rec = NULL;
     sl->st = EG_OK;
     pthread_mutex_lock(&w->mu);

@@ -39,10 +39,13 @@ typedef struct eg_shard_writer_opts {
     const char *chat_template;       /* template name */
     int thinking;                    /* thinking mode on */
     int n_aux;
-    const int *aux_layers;  /* [n_aux] 0-based decoder layer whose output is stored */
+    const int *aux_layers;  /* [n_aux] 0-based decoder layer whose output is stored; ascending and
+                             * distinct (refused otherwise), -1 = the embedding output */
     int64_t hidden_size;
     int64_t target_vocab_size;       /* 0 = unknown; else input ids are checked against it */
-    eg_ds_final_source final_source; /* default post-norm */
+    eg_ds_final_source final_source; /* default post-norm; EG_DS_FINAL_BOTH: every sample carries
+                                      * final_pre_hidden too */
+    int n_layers;                    /* decoder layers of the model (recorded; 0 = unknown) */
     const char *job_json;            /* free-form JSON object for the manifest (replacing a resumed
                                       * one from the manifest written at open); NULL = {} */
     const char *precision_json;      /* this run's precision object (JSON), added to the manifest's

@@ -27,6 +27,8 @@ typedef struct slot_state {
     float *final;       /* [cap][H] (F32 capture) */
     uint16_t *aux16;    /* [cap][n_aux][H] (BF16 capture) */
     uint16_t *final16;  /* [cap][H] (BF16 capture) */
+    float *final_pre;   /* [cap][H] pre-norm final state (F32 capture, opts.final_both) */
+    uint16_t *final_pre16; /* [cap][H] likewise (BF16 capture) */
     float *logits;      /* [cap][V] */
     int64_t buf_cap;    /* capacity (tokens) of aux/final/logits */
     int stop_cap;
@@ -56,6 +58,7 @@ typedef struct micro_batch {
     uint64_t *rng;                             /* [T] */
     float *cap;                                /* [n_aux][T][H] */
     float *fin;                                /* [T][H] */
+    float *fin_pre;                            /* [T][H] pre-norm final state (opts.final_both) */
     float *logits;                             /* [T][V] when want_logits */
     struct micro_batch *qnext;
 } micro_batch;
@@ -143,6 +146,7 @@ static void mb_free(micro_batch *mb) {
     free(mb->tok); free(mb->pos); free(mb->slt); free(mb->rows); free(mb->sampled);
     free(mb->sp); free(mb->rng);
     eg_cuda_host_free(mb->cap); eg_cuda_host_free(mb->fin); eg_cuda_host_free(mb->logits);
+    eg_cuda_host_free(mb->fin_pre);
 }
 
 static void stop_threads(eg_engine *e) {
@@ -155,6 +159,7 @@ static void stop_threads(eg_engine *e) {
 
 static void slot_free(slot_state *s) {
     free(s->tokens); free(s->stop); free(s->aux); free(s->final); free(s->aux16); free(s->final16); free(s->logits);
+    free(s->final_pre); free(s->final_pre16);
     memset(s, 0, sizeof *s);
 }
 
@@ -206,6 +211,7 @@ static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
         s.async = 1;
     } else {
         s.final_hidden = mb->fin;
+        s.final_pre_hidden = mb->fin_pre;
         s.logit_rows = mb->rows;
         if (e->o.want_logits) {
             s.n_logits = mb->T;
@@ -282,6 +288,7 @@ static eg_status mb_alloc(eg_engine *e, micro_batch *mb, eg_error *err) {
     mb->sp = eg_malloc(sizeof *mb->sp * T, err); mb->rng = eg_malloc(8 * T, err);
     mb->cap = eg_cuda_host_alloc(4 * T * H * (size_t)(e->o.n_aux + 1), err);
     mb->fin = eg_cuda_host_alloc(4 * T * H, err);
+    if (e->o.final_both && !(mb->fin_pre = eg_cuda_host_alloc(4 * T * H, err))) return EG_ERR_NOMEM;
     if (e->o.want_logits) mb->logits = eg_cuda_host_alloc(4 * T * V, err);
     if (!mb->tok || !mb->pos || !mb->slt || !mb->rows || !mb->sampled || !mb->sp || !mb->rng || !mb->cap || !mb->fin ||
         (e->o.want_logits && !mb->logits))
@@ -295,6 +302,8 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     const eg_config *c = &m->cfg;
     if (o->n_slots < 1 || o->max_seq_len < 2 || o->max_tokens < 1)
         return eg_fail(err, EG_ERR_INVALID, "engine: need n_slots >= 1, max_seq_len >= 2, max_tokens >= 1");
+    if (o->final_both && o->final_pre_norm)
+        return eg_fail(err, EG_ERR_INVALID, "engine: final_both keeps the post-norm state as final; final_pre_norm must be 0");
     for (int i = 0; i < o->n_aux; i++)
         if (o->aux_layers[i] < -1 || o->aux_layers[i] >= c->n_layers)
             return eg_fail(err, EG_ERR_INVALID, "capture layer %d out of range for a %d-layer model (0..%d)",
@@ -529,7 +538,10 @@ static eg_status slot_buffers(eg_engine *e, slot_state *s, int need, eg_error *e
     int64_t H = e->m->cfg.hidden, A = (int64_t)need * (e->o.n_aux > 0 ? e->o.n_aux : 1) * H;
     if (e->o.capture_bf16) {
         if ((st = grow_u16(&s->aux16, A, err)) || (st = grow_u16(&s->final16, (int64_t)need * H, err))) return st;
+        if (e->o.final_both && (st = grow_u16(&s->final_pre16, (int64_t)need * H, err))) return st;
     } else if ((st = grow_f32(&s->aux, A, err)) || (st = grow_f32(&s->final, (int64_t)need * H, err))) {
+        return st;
+    } else if (e->o.final_both && (st = grow_f32(&s->final_pre, (int64_t)need * H, err))) {
         return st;
     }
     if (e->o.want_logits && (st = grow_f32(&s->logits, (int64_t)need * e->m->cfg.vocab, err))) return st;
@@ -579,6 +591,8 @@ static eg_status finish_slot(eg_engine *e, int i, eg_done_fn done, void *ctx, eg
                    .prompt_len = s->req.n_tokens, .n_generated = s->n_generated, .finish = s->finish,
                    .n_aux = e->o.n_aux, .aux = bf ? NULL : s->aux, .final = bf ? NULL : s->final,
                    .aux_bf16 = bf ? s->aux16 : NULL, .final_bf16 = bf ? s->final16 : NULL,
+                   .final_pre = e->o.final_both && !bf ? s->final_pre : NULL,
+                   .final_pre_bf16 = e->o.final_both && bf ? s->final_pre16 : NULL,
                    .logits = e->o.want_logits ? s->logits : NULL};
     s->active = 0;
     e->n_active--;
@@ -856,6 +870,7 @@ static int same_row(const eg_engine *e, const float *f32, const uint16_t *bf16, 
 static eg_status check_row(const eg_engine *e, const micro_batch *mb, const slot_state *s, int r, int p, eg_error *err) {
     const int64_t H = e->m->cfg.hidden, T = mb->T;
     int ok = same_row(e, s->final, s->final16, (int64_t)p * H, mb->fin + (int64_t)r * H);
+    if (ok && e->o.final_both) ok = same_row(e, s->final_pre, s->final_pre16, (int64_t)p * H, mb->fin_pre + (int64_t)r * H);
     for (int a = 0; a < e->o.n_aux && ok; a++)
         ok = same_row(e, s->aux, s->aux16, ((int64_t)p * e->o.n_aux + a) * H, mb->cap + ((int64_t)a * T + r) * H);
     if (ok) return EG_OK;
@@ -895,6 +910,8 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
             for (int a = 0; a < n_aux; a++)
                 put_row(e, s->aux, s->aux16, ((int64_t)p * n_aux + a) * H, mb->cap + ((int64_t)a * T + row + k) * H);
             put_row(e, s->final, s->final16, (int64_t)p * H, mb->fin + (int64_t)(row + k) * H);
+            if (e->o.final_both)
+                put_row(e, s->final_pre, s->final_pre16, (int64_t)p * H, mb->fin_pre + (int64_t)(row + k) * H);
             if (e->o.want_logits)
                 memcpy(s->logits + (int64_t)p * V, mb->logits + (int64_t)(row + k) * V, sizeof(float) * (size_t)V);
         }

@@ -75,6 +75,9 @@ typedef struct eg_result {
     const uint16_t *aux_bf16;   /* [n_tokens][n_aux][H] the same rounded to BF16 (eg_f32_to_bf16)
                                    with opts.capture_bf16, else NULL */
     const uint16_t *final_bf16; /* [n_tokens][H] likewise */
+    const float *final_pre;     /* [n_tokens][H] pre-norm final state (residual after the last
+                                   layer) with opts.final_both (F32 capture), else NULL */
+    const uint16_t *final_pre_bf16; /* [n_tokens][H] likewise with opts.capture_bf16 */
     const float *logits;     /* [n_tokens][V] when opts.want_logits, else NULL */
 } eg_result;
 
@@ -92,6 +95,8 @@ typedef struct eg_engine_opts {
     const int *aux_layers;   /* capture: output of decoder layer k (0-based); -1 = embedding */
     int n_aux;
     int final_pre_norm;      /* final hidden = residual before the final norm */
+    int final_both;          /* also capture the pre-norm final state (eg_result.final_pre*);
+                                final stays post-norm (final_pre_norm must be 0) */
     int want_logits;         /* keep logits for every position (small vocabularies only) */
     const int *stage_ends;   /* pipeline: end layer of each stage (ascending, last = L); NULL = one stage */
     int n_stages;

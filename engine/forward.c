@@ -537,6 +537,8 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
     if (last) {
         if (s->final_hidden)
             TRY(ops->to_host(be, s->final_hidden, f->o.final_pre_norm ? f->x : f->xn, sizeof(float) * (size_t)T * H, err));
+        if (s->final_pre_hidden)
+            TRY(ops->to_host(be, s->final_pre_hidden, f->x, sizeof(float) * (size_t)T * H, err));
         if (s->n_logits > 0) {
             if (s->logits)
                 TRY(ops->to_host(be, s->logits, f->logits, sizeof(float) * (size_t)s->n_logits * (size_t)c->vocab, err));

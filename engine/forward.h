@@ -69,6 +69,7 @@ typedef struct eg_step {
     /* Capture (host, NULL = skip): */
     float *capture;            /* [n_capture][T][H]; entries for layers outside [l0,l1) untouched */
     float *final_hidden;       /* [T][H] final-norm output (or pre-norm residual) */
+    float *final_pre_hidden;   /* [T][H] pre-norm residual (the final norm's input), NULL = skip */
 } eg_step;
 
 typedef struct eg_forward eg_forward;

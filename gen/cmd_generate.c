@@ -50,7 +50,7 @@ typedef struct gen_args {
     uint64_t seed;
     int thinking;
     int aux[64], n_aux;       /* n_aux 0 = config default */
-    int pre_norm;
+    int final_mode;           /* 0 post-norm, 1 pre-norm, 2 both (default) */
     int batch, chunk, shard_samples, threads; /* batch 0 = auto */
     int kv_reserve;           /* --kv-policy reserve */
     int64_t kv_tokens;        /* --kv-tokens: pool cap, 0 = none */
@@ -102,10 +102,11 @@ static void usage(FILE *f) {
             "  --thinking on|off       Kimi thinking mode in the template (default on)\n"
             "  --aux-layers a,b,c      decoder layers (0-based, output of layer k) whose residual\n"
             "                          stream is stored, ascending and distinct (default: 1, L/2-1,\n"
-            "                          L-4 from the config)\n"
-            "  --final-hidden post-norm|pre-norm\n"
-            "                          final hidden state: final-norm output (default) or the\n"
-            "                          residual before it\n"
+            "                          L-4 from the config, repeats dropped)\n"
+            "  --final-hidden both|post-norm|pre-norm\n"
+            "                          final hidden state(s) stored: both (default; SpecForge uses the\n"
+            "                          post-norm one, speculators the pre-norm one), the final-norm\n"
+            "                          output, or the residual before it\n"
             "  --drop-truncated        leave out samples that hit --max-new-tokens (counted)\n"
             "  --limit N               process at most N records (of this worker)\n"
             "  --on-bad-record error|skip\n"
@@ -253,6 +254,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     a->temperature = 1.0;
     a->top_p = 0.95;
     a->thinking = 1;
+    a->final_mode = 2;
     a->batch = 16;
     a->chunk = 512;
     a->shard_samples = 0; /* shards by bytes (--shard-size) unless --shard-samples */
@@ -343,9 +345,10 @@ static int parse_args(int argc, char **argv, gen_args *a) {
                 }
             break;
         case 'f':
-            if (!strcmp(optarg, "post-norm")) a->pre_norm = 0;
-            else if (!strcmp(optarg, "pre-norm")) a->pre_norm = 1;
-            else return bad_arg("--final-hidden", optarg, "post-norm or pre-norm"), 2;
+            if (!strcmp(optarg, "post-norm")) a->final_mode = 0;
+            else if (!strcmp(optarg, "pre-norm")) a->final_mode = 1;
+            else if (!strcmp(optarg, "both")) a->final_mode = 2;
+            else return bad_arg("--final-hidden", optarg, "both, post-norm or pre-norm"), 2;
             break;
         case 'B':
             if (!strcmp(optarg, "auto")) a->batch = 0;
@@ -713,7 +716,8 @@ static eg_status on_done(void *vc, const eg_result *res, eg_error *err) {
         .temperature = a->capture ? 0 : a->temperature, .top_p = a->capture ? 1 : a->top_p,
         .top_k = a->capture ? 0 : a->top_k, .seed = m->seed, .T = T, .n_aux = res->n_aux,
         .H = g->model->cfg.hidden, .input_ids = (int32_t *)res->tokens, .loss_mask = g->mask_buf,
-        .hidden_dtype = EG_DS_BF16, .aux_hidden = (void *)res->aux_bf16, .final_hidden = (void *)res->final_bf16};
+        .hidden_dtype = EG_DS_BF16, .aux_hidden = (void *)res->aux_bf16, .final_hidden = (void *)res->final_bf16,
+        .final_pre_hidden = (void *)res->final_pre_bf16};
     st = gen_donelog_add(g->donelog, m->id, m->hash, err);
     if (!st) st = shard_writer_add(g->w, &s, err);
     if (!st) g->written++;
@@ -830,7 +834,7 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
         a->backend, "mode", a->capture ? "capture" : "regenerate", "max_new_tokens", a->max_new, "max_seq_len",
         a->max_seq_len, "temperature", a->temperature, "top_p", a->top_p, "top_k", a->top_k, "seed",
         (json_int_t)a->seed, "thinking", a->thinking, "aux_layers", aux, "final_hidden",
-        a->pre_norm ? "pre-norm" : "post-norm", "drop_truncated", a->drop_truncated, "limit", (json_int_t)a->limit,
+        a->final_mode == 2 ? "both" : a->final_mode ? "pre-norm" : "post-norm", "drop_truncated", a->drop_truncated, "limit", (json_int_t)a->limit,
         "shard_samples", a->shard_samples, "on_bad_record", a->skip_bad ? "skip" : "error", "worker",
         "", "n_workers", a->n_workers);
     char w[32];
@@ -880,7 +884,8 @@ int cmd_generate(int argc, char **argv) {
             .model = a.model, .tokenizer = a.tokenizer, .out = a.out, .prompts = a.prompts, .n_prompts = a.n_prompts,
             .capture = a.capture, .thinking = a.thinking, .max_new = a.max_new, .max_seq_len = a.max_seq_len,
             .aux = a.aux, .n_aux = a.n_aux, .limit = a.limit, .worker = a.worker, .n_workers = a.n_workers,
-            .shard_samples = a.shard_samples, .shard_bytes = a.shard_bytes, .backend = a.backend, .stages = a.stages};
+            .shard_samples = a.shard_samples, .shard_bytes = a.shard_bytes, .backend = a.backend, .stages = a.stages,
+            .n_final = a.final_mode == 2 ? 2 : 1};
         rc = gen_dry_run(&dro, stdout);
     }
     if (rc >= 0) { free((void *)a.prompts); return g_interrupted ? 130 : rc; }
@@ -999,7 +1004,7 @@ int cmd_generate(int argc, char **argv) {
     /* the KV pool, the slot count and the host budget */
     const int64_t block = 64; /* the engine's default block size */
     int64_t mem_avail = gen_mem_available_bytes();
-    int64_t seq_host = eg_plan_seq_host_bytes(c, a.n_aux, a.max_seq_len, 2);
+    int64_t seq_host = eg_plan_seq_host_bytes(c, a.n_aux + (a.final_mode == 2), a.max_seq_len, 2); /* + pre-norm row */
     if (a.kv_tokens > 0) {
         int64_t cap = a.kv_tokens / block > 0 ? a.kv_tokens / block : 1;
         if (!kv_blocks || cap < kv_blocks) kv_blocks = cap;
@@ -1029,7 +1034,7 @@ int cmd_generate(int argc, char **argv) {
         }
     } else if (eg_backend_create(c, &bo, &be, &err)) goto done;
     eg_engine_opts eo = {.n_slots = a.batch, .max_seq_len = a.max_seq_len, .max_tokens = max_tokens, .kv_blocks = kv_blocks,
-                         .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.pre_norm,
+                         .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.final_mode == 1, .final_both = a.final_mode == 2,
                          .stage_ends = n_stages > 1 ? stage_ends : NULL, .n_stages = n_stages > 1 ? n_stages : 0,
                          .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches,
                          .transport = a.transport, .kv_policy = a.kv_reserve ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
@@ -1052,7 +1057,8 @@ int cmd_generate(int argc, char **argv) {
         .model_name = model_name, .model_config_sha256 = c->hash, .tokenizer_sha256 = tok_fingerprint(g.tok),
         .chat_template = "kimi-k2.5", .thinking = a.thinking, .n_aux = a.n_aux, .aux_layers = a.aux,
         .hidden_size = c->hidden, .target_vocab_size = c->vocab,
-        .final_source = a.pre_norm ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM, .job_json = job_text,
+        .final_source = a.final_mode == 2 ? EG_DS_FINAL_BOTH : a.final_mode ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM,
+        .n_layers = c->n_layers, .job_json = job_text,
         .shard_samples = a.shard_samples ? a.shard_samples : -1, .shard_bytes = a.shard_bytes, .threads = a.threads, .worker_index = a.worker,
         .worker_count = a.n_workers, .resume = existed, .precision_json = prec_text};
     /* Every check has passed: the job file goes first, so a run killed between it and the

@@ -573,7 +573,7 @@ int cmd_inspect(int argc, char **argv) {
             json_object_set_new(root, "model", json_pack("{s:s,s:s}", "name", desc->model_name, "config_sha256", desc->model_config_sha256));
             json_object_set_new(root, "tokenizer", json_pack("{s:s,s:I}", "sha256", desc->tokenizer_sha256, "vocab_size", (json_int_t)desc->target_vocab_size));
             json_object_set_new(root, "chat_template", json_pack("{s:s,s:b}", "name", desc->chat_template, "thinking", desc->thinking));
-            json_object_set_new(root, "final_hidden", json_string(desc->final_source == EG_DS_FINAL_PRE_NORM ? "pre_norm" : "post_norm"));
+            json_object_set_new(root, "final_hidden", json_string(eg_ds_final_source_name(desc->final_source)));
         }
         if (dataset_has_manifest(r)) {
             json_t *c = json_object();
@@ -625,8 +625,11 @@ int cmd_inspect(int argc, char **argv) {
             printf("  model %s (config sha256 %s)\n", desc->model_name, desc->model_config_sha256);
             printf("  tokenizer sha256 %s, vocab %" PRId64 "\n", desc->tokenizer_sha256, desc->target_vocab_size);
             printf("  chat template %s, thinking %s\n", desc->chat_template, desc->thinking ? "on" : "off");
-            printf("  final hidden: %s\n", desc->final_source == EG_DS_FINAL_PRE_NORM ? "pre-norm (residual after the last layer)"
-                                                                                    : "post-norm (final RMSNorm output, lm_head input)");
+            printf("  final hidden: %s\n",
+                   desc->final_source == EG_DS_FINAL_BOTH ? "both: post-norm (final RMSNorm output, lm_head input) and "
+                                                            "pre-norm (residual after the last layer)"
+                   : desc->final_source == EG_DS_FINAL_PRE_NORM ? "pre-norm (residual after the last layer)"
+                                                                : "post-norm (final RMSNorm output, lm_head input)");
         }
         printf("  aux layers (output of decoder layer k, 0-based):");
         if (desc->aux_layers)

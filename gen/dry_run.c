@@ -194,14 +194,15 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
                      "--max-seq-len %d); responses that stop earlier make fewer\n",
                 a, o->max_new, o->max_seq_len);
     }
-    double per_token = (double)(n_aux + 1) * (double)cfg.hidden * 2 + 4 + 1;
+    int n_final = o->n_final > 1 ? 2 : 1;
+    double per_token = (double)(n_aux + n_final) * (double)cfg.hidden * 2 + 4 + 1;
     double bytes = stored_sum * per_token;
     count_text(a, sizeof a, stored_sum);
     human(b, sizeof b, bytes);
     human(c, sizeof c, per_token);
-    fprintf(out, "disk:          at most %s for %s stored tokens before compression: %s per token = (%d aux + 1 final) "
+    fprintf(out, "disk:          at most %s for %s stored tokens before compression: %s per token = (%d aux + %d final) "
                  "x H %lld x 2 bytes (BF16) + 5 (int32 id, uint8 mask); zstd usually saves 10-20%% on hidden states\n",
-            b, a, c, n_aux, (long long)cfg.hidden);
+            b, a, c, n_aux, n_final, (long long)cfg.hidden);
     if (accepted) {
         double mean = bytes / (double)accepted;
         human(a, sizeof a, mean);

@@ -30,6 +30,7 @@ typedef struct gen_dry_run_opts {
     int64_t shard_bytes;   /* 0 = no byte limit */
     const char *backend;   /* "cpu" or "cuda" */
     const char *stages;    /* --stages text or NULL; checked against the layer count */
+    int n_final;           /* final states stored per token: 1, or 2 (--final-hidden both); 0 = 1 */
 } gen_dry_run_opts;
 
 /* Prints the report to out; returns the exit status (0, or 1 after an error message on

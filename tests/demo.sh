@@ -9,8 +9,8 @@ E=build/eaglegen
 out=demo-out
 rm -rf "$out"
 mkdir -p "$out"
-echo "== mkmodel: a tiny random Kimi-K2.5-layout model"
-$E mkmodel --preset tiny --out "$out/model" --seed 1
+echo "== mkmodel: a tiny random Kimi-K2.5-layout model, 8 layers (the default aux layers 1, 3, 4 are distinct)"
+$E mkmodel --preset tiny --layers 8 --out "$out/model" --seed 1
 echo "== generate over prompts/samples/sample.jsonl"
 # The sample's {"input_ids"} record holds ids of Kimi's real vocabulary, which the tiny
 # model's 512-id vocabulary does not have: it is rejected by design and logged, showing

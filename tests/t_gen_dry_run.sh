@@ -48,8 +48,8 @@ got = [int(x) for x in m.groups()]
 assert got == [sum(n), n[0], n[5], n[9], n[9], n[9]], (got, n)
 out_tokens = sum(min(16, 128 - k) for k in n)
 assert f"output tokens: at most {out_tokens}, assuming every response runs to --max-new-tokens 16" in rep, rep
-per = (3 + 1) * 64 * 2 + 5
-assert f"{per} B per token = (3 aux + 1 final) x H 64" in rep, rep
+per = (3 + 2) * 64 * 2 + 5
+assert f"{per} B per token = (3 aux + 2 final) x H 64" in rep, rep
 PY
 grep -q "shards:        1 shard of" out || fail "shards line"
 [ ! -e j ] || fail "wrote something"
@@ -73,7 +73,7 @@ EAGLEGEN=$E SLURM_ARRAY_TASK_ID=5 SLURM_ARRAY_TASK_MIN=0 SLURM_ARRAY_TASK_MAX=15
     SLURM_ARRAY_TASK_COUNT=16 SLURM_PROCID=0 SLURM_NTASKS=1 bash slurm.sh >out 2>err || fail "the Slurm script"
 grep -q "worker 5/16" out && grep -q "61 layers, hidden 7168" out || fail "worker or model"
 grep -q "cuda backend, 8 pipeline stages over 61 layers (stage k on GPU k)" out || fail "layout"
-grep -q "57.35 KB per token = (3 aux + 1 final) x H 7168" out || fail "Kimi width"
+grep -q "71.69 KB per token = (3 aux + 2 final) x H 7168" out || fail "Kimi width"
 [ ! -e slurm-out ] || fail "the dry run wrote a job"
 
 echo "-- shards by bytes"

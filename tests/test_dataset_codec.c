@@ -515,11 +515,62 @@ static void test_golden_split_gain(void) {
     CHECKF(gain > 1.0, "byte split gain x%.3f", gain);
 }
 
+/* Format v2: a record with both final states (post-norm, pre-norm) round-trips; a v1
+ * record (same layout, one final state) is still read; a v1 record claiming two final
+ * states, and an unknown version, are refused. */
+static void set_version(uint8_t *h, uint32_t v) {
+    for (int i = 0; i < 4; i++) h[4 + i] = (uint8_t)(v >> (8 * i));
+    uint32_t c = eg_ds_crc32(h, 124);
+    for (int i = 0; i < 4; i++) h[124 + i] = (uint8_t)(c >> (8 * i));
+}
+
+static void test_record_both_finals(void) {
+    eg_error err = {0};
+    for (int split = 0; split < 2; split++) {
+        eg_ds_sample s, r;
+        make(&s, 9, 3, 16, eg_test_seed() + 40 + (uint64_t)split);
+        uint16_t *pre = malloc(9 * 16 * 2);
+        for (int i = 0; i < 9 * 16; i++) pre[i] = (uint16_t)(0x3f00 + 7 * i);
+        s.final_pre_hidden = pre;
+        eg_ds_codec *c;
+        CHECK_OK(eg_ds_codec_new(3, split, &c, &err), &err);
+        uint8_t *buf;
+        size_t n;
+        uint64_t raw;
+        CHECK_OK(eg_ds_record_encode(c, &s, &buf, &n, &raw, &err), &err);
+        CHECK(raw == 9 * (4 + 1 + 2 * 16 * (3 + 2)));
+        CHECK(buf[4] == EG_DS_FORMAT_VERSION && (buf[8] & EG_DS_FLAG_FINAL_BOTH));
+        CHECK_OK(eg_ds_record_decode(buf, n, 0, &r, &err), &err);
+        CHECK(same(&s, &r));
+        CHECK(r.final_pre_hidden && !memcmp(r.final_pre_hidden, pre, 9 * 16 * 2));
+        eg_ds_sample_clear(&r);
+        set_version(buf, 1); /* version 1 knows no second final state */
+        CHECK(eg_ds_record_decode(buf, n, 0, &r, &err) == EG_ERR_FORMAT);
+        CHECKF(strstr(err.msg, "unknown flags") && strstr(err.msg, "version 1"), "%s", err.msg);
+        free(buf);
+        s.final_pre_hidden = NULL; /* one final state: also a valid version-1 record */
+        CHECK_OK(eg_ds_record_encode(c, &s, &buf, &n, &raw, &err), &err);
+        CHECK(!(buf[8] & EG_DS_FLAG_FINAL_BOTH));
+        set_version(buf, 1);
+        CHECK_OK(eg_ds_record_decode(buf, n, 0, &r, &err), &err);
+        CHECK(same(&s, &r) && r.final_pre_hidden == NULL);
+        eg_ds_sample_clear(&r);
+        set_version(buf, EG_DS_FORMAT_VERSION + 1);
+        CHECK(eg_ds_record_decode(buf, n, 0, &r, &err) == EG_ERR_FORMAT);
+        CHECKF(strstr(err.msg, "format version 3"), "%s", err.msg);
+        free(buf);
+        free(pre);
+        eg_ds_codec_free(c);
+        eg_ds_sample_clear(&s);
+    }
+}
+
 static const eg_test tests[] = {
     {"crc32", test_crc32},
     {"split_join", test_split_join},
     {"record_roundtrip", test_record_roundtrip},
     {"f32_input", test_f32_input},
+    {"record_both_finals", test_record_both_finals},
     {"index_trailer", test_index_trailer},
     {"record_bad_seed", test_record_bad_seed},
     {"record_encode_refuses", test_record_encode_refuses},

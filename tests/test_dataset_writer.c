@@ -548,12 +548,12 @@ static void test_corruption(void) {
         CHECKF(strstr(err.msg, "bad magic") && strstr(err.msg, "sample 5"), "%s", err.msg);
         memcpy(b, orig, n);
         uint8_t *h = (uint8_t *)b + off5;
-        h[4] = 2; /* version 2 */
+        h[4] = 3; /* version 3: newer than this build */
         uint32_t c = eg_ds_crc32(h, 124);
         for (int i = 0; i < 4; i++) h[124 + i] = (uint8_t)(c >> (8 * i));
         spit(shard, b, n);
         CHECK(dataset_read(r, 5, 0, &s, &err) == EG_ERR_FORMAT);
-        CHECKF(strstr(err.msg, "version 2") && strstr(err.msg, "sample 5"), "%s", err.msg);
+        CHECKF(strstr(err.msg, "version 3") && strstr(err.msg, "sample 5"), "%s", err.msg);
         dataset_close(r);
     }
     /* trailer version */
@@ -612,7 +612,7 @@ static void test_corruption(void) {
         spit(mp, man, mn / 2);
         CHECK(dataset_open(dir, &r, &err) == EG_ERR_FORMAT);
         CHECKF(strstr(err.msg, "manifest.json") != NULL, "%s", err.msg);
-        char *v = strstr(man, "\"format_version\": 1");
+        char *v = strstr(man, "\"format_version\": 2");
         CHECK(v != NULL);
         if (v) {
             v[strlen("\"format_version\": ")] = '7';

@@ -23,6 +23,8 @@ typedef struct {
     int n_tokens[NREQ];
     float *aux[NREQ], *final[NREQ];
     uint16_t *aux16[NREQ], *final16[NREQ]; /* capture_bf16 runs */
+    float *final_pre[NREQ];                /* final_both runs */
+    uint16_t *final_pre16[NREQ];
     eg_finish finish[NREQ];
     int n_gen[NREQ];
 } results;
@@ -84,6 +86,15 @@ static eg_status on_done(void *vc, const eg_result *r, eg_error *err) {
         memcpy(o->aux16[i], r->aux_bf16, 2 * na);
         memcpy(o->final16[i], r->final_bf16, 2 * nf);
     }
+    CHECK(!r->final_pre || !r->final_pre_bf16);
+    if (r->final_pre) {
+        o->final_pre[i] = malloc(4 * nf);
+        memcpy(o->final_pre[i], r->final_pre, 4 * nf);
+    }
+    if (r->final_pre_bf16) {
+        o->final_pre16[i] = malloc(2 * nf);
+        memcpy(o->final_pre16[i], r->final_pre_bf16, 2 * nf);
+    }
     o->finish[i] = r->finish;
     o->n_gen[i] = r->n_generated;
     CHECK(r->prompt_len == prompt_len(i));
@@ -94,6 +105,7 @@ static eg_status on_done(void *vc, const eg_result *r, eg_error *err) {
 static void free_results(results *r) {
     for (int i = 0; i < NREQ; i++) {
         free(r->tokens[i]); free(r->aux[i]); free(r->final[i]); free(r->aux16[i]); free(r->final16[i]);
+        free(r->final_pre[i]); free(r->final_pre16[i]);
     }
     memset(r, 0, sizeof *r);
 }
@@ -125,7 +137,8 @@ static eg_status run_ex(int slots, int max_tokens, const int *stages, int n_stag
                              .stage_backends = threaded ? sb : NULL, .micro_batches = threaded,
                              .transport = test_transport, .kv_policy = kv_opts.kv_policy,
                              .host_kv_bytes = kv_opts.host_kv_bytes, .kv_watermark = kv_opts.kv_watermark,
-                             .capture_bf16 = kv_opts.capture_bf16, .check_recompute = 1};
+                             .capture_bf16 = kv_opts.capture_bf16, .check_recompute = 1,
+                             .final_pre_norm = kv_opts.final_pre_norm, .final_both = kv_opts.final_both};
         st = eg_engine_create(&model, be, &eo, &e, err);
     }
     if (!st) {
@@ -548,6 +561,57 @@ static void test_capture_bf16(void) {
     free_results(&b);
 }
 
+/* final_both: the post-norm state equals a default run's, the pre-norm one a
+ * final_pre_norm run's, bit for bit; also split over stages, preempting (recomputed
+ * rows are checked against their first capture), and as BF16. */
+static void test_final_both(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    results post = {0}, pre = {0}, both = {0};
+    memset(&kv_opts, 0, sizeof kv_opts);
+    CHECK_OK(run(3, 16, NULL, 0, -1, 8, 0.8f, -1, 0, &post, &err), &err);
+    kv_opts.final_pre_norm = 1;
+    CHECK_OK(run(3, 16, NULL, 0, -1, 8, 0.8f, -1, 0, &pre, &err), &err);
+    kv_opts.final_both = 1;
+    CHECK(run(3, 16, NULL, 0, -1, 8, 0.8f, -1, 0, &both, &err) == EG_ERR_INVALID); /* both and pre-norm: refused */
+    free_results(&both);
+    kv_opts.final_pre_norm = 0;
+    size_t H = (size_t)model.cfg.hidden;
+    int s2[2] = {2, 5};
+    for (int mode = 0; mode < 3; mode++) {
+        if (mode == 1) kv_opts.host_kv_bytes = kv_block_bytes(3);
+        if (mode == 2) kv_opts.capture_bf16 = 1;
+        CHECK_OK(run(3, mode ? 6 : 16, mode == 0 ? s2 : NULL, mode == 0 ? 2 : 0, -1, 8, 0.8f, -1, mode ? 7 : 0, &both, &err),
+                 &err);
+        if (mode) CHECK(last_stats.preemptions > 0);
+        for (int r = 0; r < NREQ; r++) {
+            size_t nf = (size_t)post.n_tokens[r] * H, bad = 0, differ = 0;
+            CHECK(both.n_tokens[r] == post.n_tokens[r] && !memcmp(both.tokens[r], post.tokens[r], 4 * (size_t)post.n_tokens[r]));
+            if (mode < 2) {
+                CHECK(both.final_pre[r] && !both.final_pre16[r]);
+                if (!both.final_pre[r]) continue;
+                bad = memcmp(both.final[r], post.final[r], 4 * nf) != 0;
+                bad += memcmp(both.final_pre[r], pre.final[r], 4 * nf) != 0;
+            } else {
+                CHECK(both.final_pre16[r] && !both.final_pre[r]);
+                if (!both.final_pre16[r]) continue;
+                for (size_t k = 0; k < nf; k++) {
+                    bad += both.final16[r][k] != eg_f32_to_bf16(post.final[r][k]);
+                    bad += both.final_pre16[r][k] != eg_f32_to_bf16(pre.final[r][k]);
+                }
+            }
+            for (size_t k = 0; k < nf; k++) differ += post.final[r][k] != pre.final[r][k];
+            CHECKF(bad == 0, "mode %d request %d: %zu final values differ", mode, r, bad);
+            CHECK(differ > nf / 2); /* the two states are not the same thing */
+        }
+        free_results(&both);
+    }
+    memset(&kv_opts, 0, sizeof kv_opts);
+    free_results(&post);
+    free_results(&pre);
+}
+
 /* The block table goes up row by row: only rows that changed, coalesced, and one
  * span when many scattered rows changed; the device copy equals the host table. */
 static void test_kv_table_upload(void) {
@@ -739,6 +803,7 @@ static const eg_test tests[] = {
     {"teacher_forced", test_teacher_forced},
     {"kv_preempt_exact", test_kv_preempt_exact},
     {"capture_bf16", test_capture_bf16},
+    {"final_both", test_final_both},
     {"kv_table_upload", test_kv_table_upload},
     {"kv_save_load", test_kv_save_load},
     {"prefill_decode_cache_bytes", test_prefill_decode_cache_bytes},
