@@ -1,0 +1,44 @@
+/* vocab.h — the EAGLE-3 draft vocabulary (d2t, t2d) from a dataset's loss-masked token
+ * counts, and the NumPy .npy writer its files use.
+ *
+ * The draft vocabulary is the N most frequent loss-masked target ids; the tie rule (and
+ * how a vocabulary with fewer than N distinct ids is padded) is eg_vocab_tie. d2t maps a
+ * draft index to its target id as an offset (target = d + d2t[d]) with the ids sorted
+ * ascending, as SpecForge and speculators store it; t2d marks the target ids kept.
+ * Ownership: eg_draft_vocab owns its arrays (eg_draft_vocab_clear).
+ * Thread safety: no shared state. */
+#ifndef EG_DS_VOCAB_H
+#define EG_DS_VOCAB_H
+
+#include <stdint.h>
+
+#include "common/eg_common.h"
+#include "dataset/reader.h"
+
+typedef enum eg_vocab_tie {
+    EG_VOCAB_TIE_LOW_ID = 0 /* eaglegen's rule: equal counts go to the lower id; padded with
+                               the lowest unused ids */
+} eg_vocab_tie;
+
+typedef struct eg_draft_vocab {
+    int64_t N, V;
+    int64_t *d2t;       /* [N] target = d + d2t[d], ids ascending */
+    uint8_t *t2d;       /* [V] 1 for the target ids in the draft vocabulary */
+    int64_t distinct;   /* distinct loss-masked ids seen */
+    int64_t padding;    /* ids added because fewer than N occur */
+    uint64_t covered;   /* loss-masked tokens whose id is kept */
+    uint64_t total;     /* loss-masked tokens */
+} eg_draft_vocab;
+
+/* Build from r's histogram (the manifest's; a single shard is counted from its samples).
+ * V = 0 takes the manifest's tokenizer vocab size; a given V must agree with it. */
+eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_tie tie, eg_draft_vocab *out,
+                               eg_error *err);
+void eg_draft_vocab_clear(eg_draft_vocab *v); /* NULL ok */
+
+/* DIR/NAME as a NumPy v1.0 .npy of one dimension (descr e.g. "<i8", "|b1"), written
+ * atomically (eg_ds_write_atomic). */
+eg_status eg_npy_write(const char *dir, const char *name, const char *descr, int64_t n, const void *data, size_t elem,
+                       eg_error *err);
+
+#endif
