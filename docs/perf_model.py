@@ -34,7 +34,10 @@ kernels reach, an input until `eaglegen bench --backend cuda` measures it.
 
 usage: python3 docs/perf_model.py [--box NAME] [--config config.json] [--eff F]
        [--mean-len N] [--held-len N] [--gpu-mem-gb F] [--link-gbs F] [--link-us F]
-       [--prefill-chunk N] [--json]
+       [--prefill-chunk N] [--draft-tokens K --accept A] [--json]
+--draft-tokens K --accept A: speculative decoding, K drafts verified per target pass of K + 1 rows
+committing A tokens on average (eaglegen bench --draft-model measures A); the drafter (drafter_bytes)
+sits beside lm_head on the last stage, runs K times per step on its micro-batch, not overlapped.
 --held-len: cache tokens each sequence holds, for concurrency (default: --mean-len; with
 --kv-policy reserve a sequence holds prompt + max_new whatever it generates).
 """
@@ -152,7 +155,17 @@ def split_layers(cost, first, last, n):
     return ends
 
 
-def stage_step(c, box, lp, l0, l1, last, E, split, b, prefill, length):
+def drafter_bytes(c):
+    """The modelled EAGLE-3 drafter (eg_layout_drafter_bytes): one Llama layer of the target's hidden
+    size, heads of 128 (8 KV heads), q/k/v over 2H inputs, fc over 3 aux states, the target's dense MLP
+    width, a 32,000-id draft lm_head, BF16. Returns (weight bytes, cache bytes per token)."""
+    H, NKV, D, I, VD = c["hidden_size"], 8, 128, c["intermediate_size"], 32000
+    NQ = H / D
+    return (2 * (3 * H * H + 2 * H * NQ * D + 2 * 2 * H * NKV * D + NQ * D * H + 3 * H * I + VD * H + 4 * H),
+            2.0 * 2 * NKV * D)
+
+
+def stage_step(c, box, lp, l0, l1, last, E, split, b, prefill, length, q=1.0):
     a = Acc()
     bw, rate = box["hbm_tbs"] * 1e12 * box["eff"], box["tflops"] * 1e12 * box["eff"]
     H, K, NE, NH = c["hidden_size"], c["num_experts_per_tok"], c["n_routed_experts"], c["num_attention_heads"]
@@ -160,45 +173,47 @@ def stage_step(c, box, lp, l0, l1, last, E, split, b, prefill, length):
     kvb, r, lat, link = 2 * (C + DR), b / E, box["link_us"] * 1e-6, box["link_gbs"] * 1e9
     share = 1 / E if split else 1
     fixed_b = fixed_f = exp_b = exp_f = comm = 0.0
-    nl, hits = l1 - l0, hit(NE, K, b)
+    nl, hits = l1 - l0, hit(NE, K, b * q)
     disp = E - 1 if split else (E - 1) * (1 - (1 - 1 / E) ** K)
     ret = K * (E - 1) / E + (E - 1 if split else 0)
     for l in range(l0, l1):
         p = lp[l]
         fixed_b += p["attn_b"] + p["router_b"] + p["mlp_b"] * share
-        fixed_f += 4 * r * (p["attn_p"] + p["router_p"] + p["mlp_p"])
+        fixed_f += 4 * r * q * (p["attn_p"] + p["router_p"] + p["mlp_p"])
         if p["moe"]:
             exp_b += hits * p["expert_b"] / E
-            exp_f += 4 * b * K * p["expert_p"] / E
+            exp_f += 4 * b * q * K * p["expert_p"] / E
             if E > 1:
-                comm += 2 * lat + r * H * 4 * (disp + ret) / link
+                comm += 2 * lat + r * q * H * 4 * (disp + ret) / link
         elif split and E > 1:
-            comm += 2 * lat + r * H * 4 * 2 * (E - 1) / link
+            comm += 2 * lat + r * q * H * 4 * 2 * (E - 1) / link
     if prefill:
         keys = (length + 1) / 2
         kv_b = r * nl * kvb
         kv_f = 4 * r * nl * NH * (c["qk_nope_head_dim"] + DR + c["v_head_dim"]) * keys
     else:
         kv_b = r * length * nl * kvb
-        kv_f = r * length * nl * 4 * NH * (2 * C + DR)
+        kv_f = r * q * length * nl * 4 * NH * (2 * C + DR)
     if last:
         V = c["vocab_size"]
         fixed_b += (2 * V * H) * share + 2 * H
-        fixed_f += 4 * r * V * H
+        fixed_f += 4 * r * q * V * H
         if split and E > 1:
-            comm += lat + r * (E - 1) * H * 4 / link
+            comm += lat + r * q * (E - 1) * H * 4 / link
     t = a.part(fixed_b, fixed_f, bw, rate) + a.part(exp_b, exp_f, bw, rate) + a.part(kv_b, kv_f, bw, rate)
     if not last and box["gpus"] > E:
-        comm += lat + r * H * 4 / link
-    return dict(t=t + comm, hbm=a.hbm, fl=a.fl, comm=comm)
+        comm += lat + r * q * H * 4 / link
+    return dict(t=t + comm, hbm=a.hbm, fl=a.fl, comm=comm, acc=a)
 
 
 def bound_of(hbm, fl, comm):
     return "link" if comm >= hbm and comm >= fl else ("compute" if fl > hbm else "hbm")
 
 
-def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_len=None):
+def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_len=None, draft=0, accept=1.0):
     held = held_len or mean_len
+    acc, q = (accept if draft else 1.0), draft + 1.0
+    dw, dkv = drafter_bytes(c) if draft else (0.0, 0.0)
     L, G = c["num_hidden_layers"], box["gpus"]
     usable = box["mem_gb"] * 1e9 * box["frac"] - box["act_gb"] * 1e9
     C, DR, H, V = c["kv_lora_rank"], c["qk_rope_head_dim"], c["hidden_size"], c["vocab_size"]
@@ -207,7 +222,7 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
     tail_b = 2 * H + (0 if c["tie_word_embeddings"] else emb_b)
     lp = [parts_of(c, l) for l in range(L)]
     K, NE, NH = c["num_experts_per_tok"], c["n_routed_experts"], c["num_attention_heads"]
-    row = dict(stages=P, ep=E, dense_split=bool(split))
+    row = dict(stages=P, ep=E, dense_split=bool(split), draft_ms=0.0)
     if kind == "tp":
         row["layout"] = f"tp{G}"
         total = emb_b + tail_b
@@ -222,8 +237,8 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
         fixed_b += emb_b + 2 * H
         fixed_p += V * H
         row["weights_gb"] = total / G / 1e9
-        free = usable - total / G
-        tok = math.floor(free / (L * kvb)) if free > 0 else 0
+        free = usable - (total + dw) / G
+        tok = math.floor(free / (L * kvb + dkv / G)) if free > 0 else 0
         row["kv_tokens"] = int(tok)
         S = tok * (1 - wm) / held
         row["concurrency"], row["fits"], row["runnable"] = S, S >= 1, False
@@ -231,21 +246,26 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
         lat, link = box["link_us"] * 1e-6, box["link_gbs"] * 1e9
         for pf in (0, 1):
             T = chunk if pf else S
+            Q = 1.0 if pf else q
             a = Acc()
-            t = a.part(fixed_b / G, 4 * T * fixed_p / G, bw, rate)
-            t += a.part(hit(NE, K, T) * exp_b / G, 4 * T * K * exp_p / G, bw, rate)
+            t = a.part(fixed_b / G, 4 * T * Q * fixed_p / G, bw, rate)
+            t += a.part(hit(NE, K, T * Q) * exp_b / G, 4 * T * Q * K * exp_p / G, bw, rate)
             if pf:
                 t += a.part(T * L * kvb, 4 * T * L * NH * (c["qk_nope_head_dim"] + DR + c["v_head_dim"])
                             * (mean_len + 1) / 2 / G, bw, rate)
             else:
-                t += a.part(T * mean_len * L * kvb, T * mean_len * L * 4 * NH * (2 * C + DR) / G, bw, rate)
-            comm = 2 * L * (lat + 2.0 * (G - 1) / G * T * H * 2 / link)
+                t += a.part(T * mean_len * L * kvb, T * Q * mean_len * L * 4 * NH * (2 * C + DR) / G, bw, rate)
+            comm = 2 * L * (lat + 2.0 * (G - 1) / G * T * Q * H * 2 / link)
             t += comm
+            if not pf and draft:
+                dt = draft * a.part(dw / G + T * mean_len * dkv / G, 4 * T * dw / 2 / G, bw, rate)
+                row["draft_ms"] = dt * 1e3
+                t += dt
             if pf:
                 row["prefill_tok_s"] = T / t if row["fits"] else 0.0
                 row["prefill_bound"] = bound_of(a.hbm, a.fl, comm)
             else:
-                row["decode_tok_s"] = S / t if row["fits"] else 0.0
+                row["decode_tok_s"] = S * acc / t if row["fits"] else 0.0
                 row["decode_step_ms"], row["comm_ms"] = t * 1e3, comm * 1e3
                 row["decode_bound"] = bound_of(a.hbm, a.fl, comm)
         row["comm_bytes_token_layer"] = 0.0
@@ -260,8 +280,9 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
         w = (emb_b * share if s == 0 else 0) + (tail_b * share if s == P - 1 else 0)
         for l in range(b0, ends[s]):
             w += cost[l]
-        free = usable - w
-        tok = math.floor(free / ((ends[s] - b0) * kvb)) if free > 0 else 0
+        hold = s == P - 1  # the drafter beside lm_head: its weights and its sequences' cache
+        free = usable - w - (dw if hold else 0)
+        tok = math.floor(free / ((ends[s] - b0) * kvb + (dkv if hold else 0))) if free > 0 else 0
         wmax = max(wmax, w)
         min_tok = tok if min_tok is None or tok < min_tok else min_tok
         b0 = ends[s]
@@ -276,7 +297,13 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
         b = chunk * E if pf else S / P
         worst, b0 = None, 0
         for s in range(P):
-            t = stage_step(c, box, lp, b0, ends[s], s == P - 1, E, split, b, pf, mean_len)
+            t = stage_step(c, box, lp, b0, ends[s], s == P - 1, E, split, b, pf, mean_len, 1.0 if pf else q)
+            if not pf and draft and s == P - 1:
+                bw, rate = box["hbm_tbs"] * 1e12 * box["eff"], box["tflops"] * 1e12 * box["eff"]
+                r = b / E
+                dt = draft * t["acc"].part(dw + r * mean_len * dkv, 4 * r * dw / 2, bw, rate)
+                row["draft_ms"] = dt * 1e3
+                t = dict(t, t=t["t"] + dt, hbm=t["acc"].hbm, fl=t["acc"].fl)
             if worst is None or t["t"] > worst["t"]:
                 worst = t
             b0 = ends[s]
@@ -284,13 +311,13 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
             row["prefill_tok_s"] = b / worst["t"] if row["fits"] else 0.0
             row["prefill_bound"] = bound_of(worst["hbm"], worst["fl"], worst["comm"])
         else:
-            row["decode_tok_s"] = S / (P * worst["t"]) if row["fits"] else 0.0
+            row["decode_tok_s"] = S * acc / (P * worst["t"]) if row["fits"] else 0.0
             row["decode_step_ms"], row["comm_ms"] = worst["t"] * 1e3, worst["comm"] * 1e3
             row["decode_bound"] = bound_of(worst["hbm"], worst["fl"], worst["comm"])
     return row
 
 
-def enumerate_layouts(c, box, mean_len, chunk=8192, held_len=None):
+def enumerate_layouts(c, box, mean_len, chunk=8192, held_len=None, draft=0, accept=1.0):
     rows, G = [], box["gpus"]
     for P in range(G, 0, -1):
         if G % P or P > c["num_hidden_layers"]:
@@ -299,9 +326,11 @@ def enumerate_layouts(c, box, mean_len, chunk=8192, held_len=None):
         if c["n_routed_experts"] % E:
             continue
         for split in range(0, 2 if E > 1 else 1):
-            rows.append(layout_model(c, box, "pp_ep", P, E, split, mean_len, chunk, held_len=held_len))
+            rows.append(layout_model(c, box, "pp_ep", P, E, split, mean_len, chunk, held_len=held_len, draft=draft,
+                                     accept=accept))
     if G > 1:
-        rows.append(layout_model(c, box, "tp", 1, 1, 0, mean_len, chunk, held_len=held_len))
+        rows.append(layout_model(c, box, "tp", 1, 1, 0, mean_len, chunk, held_len=held_len, draft=draft,
+                                 accept=accept))
     return rows
 
 
@@ -323,6 +352,10 @@ def main():
     mean_len = arg(a, "--mean-len", float, 4096.0)
     held = arg(a, "--held-len", float, None)
     chunk = arg(a, "--prefill-chunk", int, 8192)
+    draft = arg(a, "--draft-tokens", int, 0)
+    accept = arg(a, "--accept", float, 1.0 if not draft else None)
+    if draft and (accept is None or not 1 <= accept <= draft + 1):
+        sys.exit("perf_model.py: --draft-tokens K needs --accept A with 1 <= A <= K + 1")
     names = [arg(a, "--box", str, None)] if "--box" in a else list(BOXES)
     out = []
     for name in names:
@@ -334,8 +367,8 @@ def main():
         box["mem_gb"] = arg(a, "--gpu-mem-gb", float, box["mem_gb"])
         box["link_gbs"] = arg(a, "--link-gbs", float, box["link_gbs"])
         box["link_us"] = arg(a, "--link-us", float, box["link_us"])
-        rows = enumerate_layouts(c, box, mean_len, chunk, held)
-        out.append(dict(box=box, mean_len=mean_len, layouts=rows, recommended_decode=recommend(rows, "decode_tok_s"),
+        rows = enumerate_layouts(c, box, mean_len, chunk, held, draft, accept)
+        out.append(dict(box=box, mean_len=mean_len, draft_tokens=draft, accept=accept if draft else 1.0, layouts=rows, recommended_decode=recommend(rows, "decode_tok_s"),
                         recommended_prefill=recommend(rows, "prefill_tok_s")))
     if "--json" in a:
         print(json.dumps(out[0] if len(out) == 1 else out, indent=1))

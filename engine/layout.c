@@ -69,6 +69,12 @@ static double part(double bytes, double flops, double bw, double rate, double *h
     return tf;
 }
 
+double eg_layout_drafter_bytes(const eg_config *c, double *kv_token) {
+    double H = c->hidden, NKV = 8, D = 128, NQ = H / D, I = c->inter, VD = 32000;
+    if (kv_token) *kv_token = 2.0 * 2 * NKV * D;
+    return 2 * (3 * H * H + 2 * H * NQ * D + 2 * 2 * H * NKV * D + NQ * D * H + 3 * H * I + VD * H + 4 * H);
+}
+
 static double hit(double E, double K, double tokens) { return tokens <= 0 ? 0 : E * (1 - pow(1 - K / E, tokens)); }
 
 /* One stage's time per micro-batch of b group tokens (r = b / E per GPU), decode
@@ -76,26 +82,28 @@ static double hit(double E, double K, double tokens) { return tokens <= 0 ? 0 : 
 typedef struct stage_time { double t, hbm, fl, comm; } stage_time;
 
 static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_parts *lp, int l0, int l1, int first,
-                             int last, double E, int split, double b, int prefill, double len) {
+                             int last, double E, int split, double b, int prefill, double len, double q) {
+    /* q: target rows per sequence (k + 1 when verifying k drafts, else 1): every row is
+     * computed and exchanged, the cache is read once per sequence */
     stage_time s = {0};
     double bw = box->hbm_tbs * 1e12 * box->eff, rate = box->tflops * 1e12 * box->eff;
     double H = c->hidden, K = c->topk, NE = c->n_experts, NH = c->n_heads, C = c->kv_lora_rank, DR = c->qk_rope;
     double kvb = 2 * (C + DR), r = b / E, lat = box->link_us * 1e-6, link = box->link_gbs * 1e9;
     double mlp_share = split ? 1 / E : 1;
     double fixed_b = 0, fixed_f = 0, exp_b = 0, exp_f = 0, kv_b = 0, kv_f = 0, comm = 0;
-    double nl = l1 - l0, hits = hit(NE, K, b);
+    double nl = l1 - l0, hits = hit(NE, K, b * q);
     /* rows a token sends to / receives from other GPUs per MoE layer (FP32) */
     double disp = split ? E - 1 : (E - 1) * (1 - pow(1 - 1 / E, K)), ret = K * (E - 1) / E + (split ? E - 1 : 0);
     for (int l = l0; l < l1; l++) {
         const layer_parts *p = &lp[l];
         fixed_b += p->attn_b + p->router_b + p->mlp_b * mlp_share;
-        fixed_f += 4 * r * (p->attn_p + p->router_p + p->mlp_p);
+        fixed_f += 4 * r * q * (p->attn_p + p->router_p + p->mlp_p);
         if (p->moe) {
             exp_b += hits * p->expert_b / E;
-            exp_f += 4 * b * K * p->expert_p / E;
-            if (E > 1) comm += 2 * lat + r * H * 4 * (disp + ret) / link;
+            exp_f += 4 * b * q * K * p->expert_p / E;
+            if (E > 1) comm += 2 * lat + r * q * H * 4 * (disp + ret) / link;
         } else if (split && E > 1) {
-            comm += 2 * lat + r * H * 4 * 2 * (E - 1) / link;
+            comm += 2 * lat + r * q * H * 4 * 2 * (E - 1) / link;
         }
     }
     if (prefill) {
@@ -104,18 +112,18 @@ static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_
         kv_f = 4 * r * nl * NH * (c->qk_nope + c->qk_rope + c->v_head) * keys;
     } else {
         kv_b = r * len * nl * kvb;
-        kv_f = r * len * nl * 4 * NH * (2 * C + DR);
+        kv_f = r * q * len * nl * 4 * NH * (2 * C + DR);
     }
     if (last) {
         double V = c->vocab;
         fixed_b += (2 * V * H) * mlp_share + 2 * H;
-        fixed_f += 4 * r * V * H;
-        if (split && E > 1) comm += lat + r * (E - 1) * H * 4 / link;
+        fixed_f += 4 * r * q * V * H;
+        if (split && E > 1) comm += lat + r * q * (E - 1) * H * 4 / link;
     }
     (void)first;
     s.t = part(fixed_b, fixed_f, bw, rate, &s.hbm, &s.fl) + part(exp_b, exp_f, bw, rate, &s.hbm, &s.fl) +
           part(kv_b, kv_f, bw, rate, &s.hbm, &s.fl);
-    if (!last && box->gpus > E) comm += lat + r * H * 4 / link; /* hand-over to the next stage */
+    if (!last && box->gpus > E) comm += lat + r * q * H * 4 / link; /* hand-over to the next stage */
     s.comm = comm;
     s.t += comm;
     return s;
@@ -144,6 +152,12 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
     double kvb = 2.0 * (c->kv_lora_rank + c->qk_rope), H = c->hidden, V = c->vocab;
     double emb_b = 2 * V * H, tail_b = 2 * H + (c->tie_embeddings ? 0 : emb_b);
     if (G < 1 || len < 1) return eg_fail(err, EG_ERR_INVALID, "layout model: %d GPUs, mean length %g", G, len);
+    int k = o->draft_tokens;
+    double acc = k > 0 ? o->accept : 1, q = k + 1.0, dkv = 0, dw = 0;
+    if (k < 0 || (k > 0 && (acc < 1 || acc > k + 1)))
+        return eg_fail(err, EG_ERR_INVALID, "layout model: %d draft tokens with %g tokens per verify pass (1..k+1)", k,
+                       acc);
+    if (k > 0) dw = eg_layout_drafter_bytes(c, &dkv);
     layer_parts *lp = malloc(sizeof *lp * (size_t)L);
     double *cost = malloc(sizeof *cost * (size_t)L);
     int *ends = malloc(sizeof *ends * (size_t)(lay->stages > 0 ? lay->stages : 1));
@@ -161,8 +175,8 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
         fixed_b += emb_b + 2 * H; /* lm_head (or the tied embedding) and the final norm */
         fixed_p += V * H;
         row->weights_gb = total / G / 1e9;
-        double freeb = usable - total / G;
-        double tok = freeb > 0 ? floor(freeb / (L * kvb)) : 0;
+        double freeb = usable - (total + dw) / G; /* a drafter is split like the target */
+        double tok = freeb > 0 ? floor(freeb / (L * kvb + dkv / G)) : 0;
         row->kv_tokens = (int64_t)tok;
         double S = tok * (1 - wm) / len;
         row->concurrency = S;
@@ -171,17 +185,22 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
         double lat = box->link_us * 1e-6, link = box->link_gbs * 1e9, K = c->topk, NE = c->n_experts;
         double NH = c->n_heads, C = c->kv_lora_rank, DR = c->qk_rope;
         for (int pf = 0; pf < 2; pf++) {
-            double T = pf ? chunk : S, hb = 0, fl = 0;
-            double t = part(fixed_b / G, 4 * T * fixed_p / G, bw, rate, &hb, &fl);
-            t += part(hit(NE, K, T) * exp_b / G, 4 * T * K * exp_p / G, bw, rate, &hb, &fl);
+            double T = pf ? chunk : S, hb = 0, fl = 0, Q = pf ? 1 : q;
+            double t = part(fixed_b / G, 4 * T * Q * fixed_p / G, bw, rate, &hb, &fl);
+            t += part(hit(NE, K, T * Q) * exp_b / G, 4 * T * Q * K * exp_p / G, bw, rate, &hb, &fl);
             if (pf) t += part(T * L * kvb, 4 * T * L * NH * (c->qk_nope + c->qk_rope + c->v_head) * (len + 1) / 2 / G,
                               bw, rate, &hb, &fl);
-            else t += part(T * len * L * kvb, T * len * L * 4 * NH * (2 * C + DR) / G, bw, rate, &hb, &fl);
-            double comm = 2 * L * (lat + 2.0 * (G - 1) / G * T * H * 2 / link); /* two BF16 all-reduces per layer */
+            else t += part(T * len * L * kvb, T * Q * len * L * 4 * NH * (2 * C + DR) / G, bw, rate, &hb, &fl);
+            double comm = 2 * L * (lat + 2.0 * (G - 1) / G * T * Q * H * 2 / link); /* two BF16 all-reduces per layer */
             t += comm;
+            if (!pf && k > 0) { /* the drafter on the whole batch (TP: split like the target) */
+                double dt = k * part(dw / G + T * len * dkv / G, 4 * T * dw / 2 / G, bw, rate, &hb, &fl);
+                row->draft_ms = dt * 1e3;
+                t += dt;
+            }
             if (pf) { row->prefill_tok_s = row->fits ? T / t : 0; row->prefill_bound = bound_of(hb, fl, comm); }
             else {
-                row->decode_tok_s = row->fits ? S / t : 0;
+                row->decode_tok_s = row->fits ? S * acc / t : 0;
                 row->decode_step_ms = t * 1e3;
                 row->comm_ms = comm * 1e3;
                 row->decode_bound = bound_of(hb, fl, comm);
@@ -205,7 +224,11 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
     for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
         double w = (s == 0 ? emb_b * share : 0) + (s == P - 1 ? tail_b * share : 0);
         for (int l = b0; l < ends[s]; l++) w += cost[l];
-        double freeb = usable - w, tok = freeb > 0 ? floor(freeb / ((ends[s] - b0) * kvb)) : 0;
+        /* a drafter lives on the last stage's GPUs, beside lm_head: its weights and the cache
+         * of each GPU's own sequences */
+        int hold = s == P - 1;
+        double freeb = usable - w - (hold ? dw : 0);
+        double tok = freeb > 0 ? floor(freeb / ((ends[s] - b0) * kvb + (hold ? dkv : 0))) : 0;
         if (w > wmax) wmax = w;
         if (min_tok < 0 || tok < min_tok) min_tok = tok;
     }
@@ -222,14 +245,20 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
         double b = pf ? chunk * E : S / P; /* group tokens per micro-batch */
         stage_time worst = {0};
         for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
-            stage_time t = stage_step(c, box, lp, b0, ends[s], s == 0, s == P - 1, E, split, b, pf, len);
+            stage_time t = stage_step(c, box, lp, b0, ends[s], s == 0, s == P - 1, E, split, b, pf, len, pf ? 1 : q);
+            if (!pf && k > 0 && s == P - 1) { /* the drafter runs where the logits are, on its micro-batch */
+                double bw = box->hbm_tbs * 1e12 * box->eff, rate = box->tflops * 1e12 * box->eff, r = b / E;
+                double dt = k * part(dw + r * len * dkv, 4 * r * dw / 2, bw, rate, &t.hbm, &t.fl);
+                row->draft_ms = dt * 1e3;
+                t.t += dt;
+            }
             if (t.t > worst.t) worst = t;
         }
         if (pf) {
             row->prefill_tok_s = row->fits ? b / worst.t : 0;
             row->prefill_bound = bound_of(worst.hbm, worst.fl, worst.comm);
         } else {
-            row->decode_tok_s = row->fits ? S / (P * worst.t) : 0;
+            row->decode_tok_s = row->fits ? S * acc / (P * worst.t) : 0;
             row->decode_step_ms = worst.t * 1e3;
             row->comm_ms = worst.comm * 1e3;
             row->decode_bound = bound_of(worst.hbm, worst.fl, worst.comm);

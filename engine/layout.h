@@ -72,6 +72,7 @@ typedef struct eg_layout_row {
     double decode_step_ms, comm_ms; /* decode: slowest stage's step; its collectives */
     double comm_bytes_token_layer;  /* bytes one token sends + receives per MoE layer (EP) */
     const char *decode_bound, *prefill_bound; /* "hbm", "compute" or "link" */
+    double draft_ms;      /* speculative decoding: the drafter's share of decode_step_ms */
 } eg_layout_row;
 
 typedef struct eg_layout_opts {
@@ -80,7 +81,21 @@ typedef struct eg_layout_opts {
     double watermark;      /* share of the pool kept free (0 = 0.01) */
     int ep_runs;           /* the engine has an expert exchange for this backend (CPU ranks: yes;
                               GPUs: not until the NCCL exchange exists), so E > 1 rows run */
+    /* Speculative decoding (generate --draft-model): k drafted tokens per sequence and
+     * step, verified in one target pass of k + 1 rows that commits `accept` tokens on
+     * average (accepted drafts + the correction/bonus token, 1 <= accept <= k + 1; bench
+     * measures it). 0 = plain decode. The drafter is modelled as an EAGLE-3 layer of the
+     * target's hidden size (eg_layout_drafter_bytes), replicated on every GPU, run k times
+     * per step on the GPU's own sequences, not overlapped. */
+    int draft_tokens;
+    double accept;
 } eg_layout_opts;
+
+/* The modelled EAGLE-3 drafter: one Llama decoder layer of width H = the target's hidden
+ * size with heads of 128 (H / 128 query heads, 8 KV heads), q/k/v over 2H inputs, fc over
+ * 3 aux states, the target's dense MLP width, a 32,000-id draft lm_head, BF16 (the
+ * embedding is the target's). Weights in bytes; *kv_token = its BF16 cache per token. */
+double eg_layout_drafter_bytes(const eg_config *c, double *kv_token);
 
 /* Every layout of box->gpus GPUs for the config, in a fixed order: for each P dividing
  * the GPU count (largest P first), E = GPUs / P, replicated then split dense parts when

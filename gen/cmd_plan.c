@@ -64,19 +64,23 @@ static void usage(FILE *f) {
             "  --link-gbs F        per-GPU collective bandwidth, GB/s, each direction\n"
             "  --link-us F         latency per collective, microseconds\n"
             "  --prefill-chunk N   capture-mode prefill rows per GPU per step (default 8192)\n"
+            "  --draft-tokens K    model speculative decoding: K drafted tokens per verify pass\n"
+            "                      (an EAGLE-3 drafter layer beside lm_head; needs --accept)\n"
+            "  --accept A          tokens committed per verify pass (accepted drafts + 1, 1..K+1;\n"
+            "                      `eaglegen bench --draft-model` measures it)\n"
             "  --json              the rows as JSON objects (layout, kv_tokens, concurrency,\n"
             "                      decode_tok_s, prefill_tok_s, ...) and the recommendations\n"
             "  -h, --help          this text\n");
 }
 
 static json_t *row_json(const eg_layout_row *r) {
-    return json_pack("{s:s, s:i, s:i, s:b, s:b, s:b, s:f, s:I, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:f}", "layout", r->name,
+    return json_pack("{s:s, s:i, s:i, s:b, s:b, s:b, s:f, s:I, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:f, s:f}", "layout", r->name,
                      "stages", r->lay.stages, "ep", r->lay.ep, "dense_split", r->lay.dense_split, "runnable",
                      r->runnable, "fits", r->fits, "weights_gb", r->weights_gb, "kv_tokens", (json_int_t)r->kv_tokens,
                      "concurrency", r->concurrency, "decode_tok_s", r->decode_tok_s, "prefill_tok_s", r->prefill_tok_s,
                      "decode_bound", r->decode_bound ? r->decode_bound : "", "prefill_bound",
                      r->prefill_bound ? r->prefill_bound : "", "decode_step_ms", r->decode_step_ms, "comm_ms",
-                     r->comm_ms, "comm_bytes_token_layer", r->comm_bytes_token_layer);
+                     r->comm_ms, "comm_bytes_token_layer", r->comm_bytes_token_layer, "draft_ms", r->draft_ms);
 }
 
 static const char *why_not(const eg_layout_row *r) {
@@ -101,10 +105,11 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
         for (int i = 0; i < n && arr; i++)
             if (json_array_append_new(arr, row_json(&rows[i]))) { json_decref(arr); arr = NULL; }
         if (arr)
-            o = json_pack("{s:s, s:{s:s, s:i, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}, s:f, s:o, s:s?, s:s?}", "model",
+            o = json_pack("{s:s, s:{s:s, s:i, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}, s:f, s:i, s:f, s:o, s:s?, s:s?}", "model",
                           what, "box", "name", box->name, "gpus", box->gpus, "mem_gb", box->mem_gb, "hbm_tbs",
                           box->hbm_tbs, "tflops", box->tflops, "eff", box->eff, "link", box->link, "link_gbs",
-                          box->link_gbs, "link_us", box->link_us, "frac", box->frac, "mean_len", lo->mean_len, "layouts",
+                          box->link_gbs, "link_us", box->link_us, "frac", box->frac, "mean_len", lo->mean_len,
+                          "draft_tokens", lo->draft_tokens, "accept", lo->draft_tokens ? lo->accept : 1.0, "layouts",
                           arr, "recommended_decode", rd >= 0 ? rows[rd].name : NULL, "recommended_prefill",
                           rp >= 0 ? rows[rp].name : NULL);
         char *txt = o ? json_dumps(o, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
@@ -119,6 +124,10 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
            "efficiency %.2f, %s %.0f GB/s + %.0f us per collective; mean length %.0f (%s)\n\n",
            what, box->name, box->gpus, box->mem_gb, box->frac, box->act_gb, box->hbm_tbs, box->tflops, box->eff,
            box->link, box->link_gbs, box->link_us, lo->mean_len, len_from);
+    if (lo->draft_tokens)
+        printf("speculative decoding: %d drafted tokens per verify pass, %.2f committed per pass; drafter %.2f GB "
+               "(modelled EAGLE-3 layer) on the last stage's GPUs\n\n",
+               lo->draft_tokens, lo->accept, eg_layout_drafter_bytes(c, NULL) / 1e9);
     printf("%-13s %10s %12s %8s %10s %-8s %6s %11s %-8s  %s\n", "layout", "weights GB", "KV tokens", "seqs",
            "decode t/s", "bound", "ms", "prefill t/s", "bound", "");
     for (int i = 0; i < n; i++) {
@@ -169,7 +178,10 @@ int cmd_plan(int argc, char **argv) {
         {"workload", 1, 0, 'w'},   {"prompt-len", 1, 0, 'P'},   {"max-new", 1, 0, 'M'},
         {"box", 1, 0, 'B'},        {"gpus", 1, 0, 'G'},         {"hbm-tbs", 1, 0, 'W'}, {"tflops", 1, 0, 'T'},
         {"eff", 1, 0, 'E'},        {"link", 1, 0, 'k'},         {"link-gbs", 1, 0, 'K'}, {"link-us", 1, 0, 'U'},
-        {"prefill-chunk", 1, 0, 'c'}, {"json", 0, 0, 'j'},      {0, 0, 0, 0}};
+        {"prefill-chunk", 1, 0, 'c'}, {"json", 0, 0, 'j'},      {"draft-tokens", 1, 0, 'D'},
+        {"accept", 1, 0, 'A'},     {0, 0, 0, 0}};
+    int draft_tokens = 0;
+    double accept = 0;
     const char *box_name = NULL, *link = NULL;
     int gpus = 0, json = 0, chunk = 8192, set_mem = 0, set_frac = 0, set_act = 0;
     double hbm = 0, tflops = 0, eff = 0, link_gbs = 0, link_us = -1;
@@ -201,6 +213,8 @@ int cmd_plan(int argc, char **argv) {
         case 'U': if (!gen_arg_double("plan", "--link-us", optarg, 0, 1e9, &link_us)) return 2; break;
         case 'c': if (!gen_arg_int("plan", "--prefill-chunk", optarg, 1, 1 << 24, &chunk)) return 2; break;
         case 'j': json = 1; break;
+        case 'D': if (!gen_arg_int("plan", "--draft-tokens", optarg, 1, 64, &draft_tokens)) return 2; break;
+        case 'A': if (!gen_arg_double("plan", "--accept", optarg, 1, 65, &accept)) return 2; break;
         case 'n': if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2; break;
         case 'w': workload = optarg; break;
         case 'P': if (!gen_arg_int("plan", "--prompt-len", optarg, 1, 1 << 30, &prompt_len)) return 2; break;
@@ -277,7 +291,14 @@ int cmd_plan(int argc, char **argv) {
         c = &cfg;
     }
     if (layouts) {
-        eg_layout_opts lo = {.mean_len = mean_len, .prefill_chunk = chunk};
+        if (!draft_tokens != !accept || (draft_tokens && accept > draft_tokens + 1)) {
+            fprintf(stderr, "eaglegen plan: --draft-tokens K and --accept A go together, 1 <= A <= K + 1 (A counts the "
+                            "accepted drafts plus the token every verify pass adds)\n");
+            rc = 2;
+            goto out;
+        }
+        eg_layout_opts lo = {.mean_len = mean_len, .prefill_chunk = chunk, .draft_tokens = draft_tokens,
+                             .accept = accept};
         rc = print_layouts(model_dir ? model_dir : preset, c, &box, &lo, len_from, json, &err);
         goto out;
     }

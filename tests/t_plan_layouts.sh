@@ -49,6 +49,45 @@ PY
         done
     done
 done
+# speculative decoding (issue 21): the same agreement with K drafts verified per pass; a
+# pass committing one token costs more than plain decode (k + 1 rows, the drafter), one
+# committing K + 1 is faster on the HBM-bound pipeline; nonsense refused
+for box in rtx-pro-6000x8 h200x8; do
+    for ka in "3 3" "3 1" "5 4.2"; do
+        set -- $ka
+        $E plan --preset kimi-k2.5 --box $box --draft-tokens $1 --accept $2 --json > c.json 2> err || fail "plan spec $box $ka"
+        "$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box $box --draft-tokens $1 --accept $2 --json \
+            > p.json || fail "perf_model.py spec $box $ka"
+        $E plan --preset kimi-k2.5 --box $box --json > plain.json 2> err || fail "plan $box"
+        "$PYTHON" - "$box" "$1" "$2" <<'PY' || fail "speculative model ($box $ka)"
+import json, sys
+c, p, plain = (json.load(open(f)) for f in ("c.json", "p.json", "plain.json"))
+k, acc = int(sys.argv[2]), float(sys.argv[3])
+assert c["draft_tokens"] == p["draft_tokens"] == k and c["accept"] == p["accept"] == acc
+for a, b in zip(c["layouts"], p["layouts"]):
+    for key in ("kv_tokens", "concurrency", "decode_tok_s", "prefill_tok_s", "decode_step_ms", "comm_ms", "draft_ms"):
+        x, y = float(a[key]), float(b[key])
+        assert abs(x - y) <= 1e-9 * max(abs(x), abs(y), 1e-30), (sys.argv[1:], a["layout"], key, x, y)
+    for key in ("decode_bound", "prefill_bound", "fits", "runnable"):
+        assert a[key] == b[key], (a["layout"], key)
+base = {r["layout"]: r for r in plain["layouts"]}
+for r in c["layouts"]:
+    q = base[r["layout"]]
+    assert r["prefill_tok_s"] == q["prefill_tok_s"], "speculation changes decode only"
+    assert r["kv_tokens"] <= q["kv_tokens"], "the drafter's weights and cache take memory"
+    if r["fits"]:
+        assert r["draft_ms"] > 0 and r["decode_step_ms"] > q["decode_step_ms"]
+        if acc == 1:
+            assert r["decode_tok_s"] < q["decode_tok_s"], (r["layout"], "nothing accepted must be slower")
+pp = {r["layout"]: r for r in c["layouts"]}["pp8"]
+if acc == k:
+    assert pp["decode_tok_s"] > base["pp8"]["decode_tok_s"], ("pp8 is HBM-bound: accepted drafts pay", pp, base["pp8"])
+PY
+    done
+done
+! $E plan --preset kimi-k2.5 --box h200x8 --draft-tokens 3 > out 2> err || fail "--draft-tokens without --accept accepted"
+grep -q -- '--accept' err || fail "--draft-tokens alone: $(cat err)"
+! $E plan --preset kimi-k2.5 --box h200x8 --draft-tokens 3 --accept 4.5 > out 2> err || fail "--accept above K + 1 accepted"
 # more memory per GPU: more slots in every layout
 $E plan --preset kimi-k2.5 --box h200x8 --json > a.json
 $E plan --preset kimi-k2.5 --box h200x8 --gpu-mem-gb 200 --json > b.json
