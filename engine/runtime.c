@@ -3,6 +3,7 @@
 
 #include "engine/cuda_plan.h"
 #include "engine/ep_runtime.h"
+#include "engine/layout.h"
 #include "engine/plan.h"
 
 #include <stdio.h>
@@ -289,3 +290,47 @@ void eg_runtime_traffic(const eg_runtime *rt, int64_t *pairs, int64_t *bytes) {
 
 const eg_runtime_info *eg_runtime_describe(const eg_runtime *rt) { return &rt->info; }
 const eg_model *eg_runtime_model(const eg_runtime *rt) { return rt->m; }
+
+eg_status eg_runtime_layout(const char *layout, const char *box_name, const char *model_dir, const char *backend,
+                            int prefill, int max_seq_len, int *stages, int *ep, char *why, size_t why_n, eg_error *err) {
+    eg_layout lay;
+    eg_status st;
+    if (why && why_n) why[0] = 0;
+    if (strcmp(layout, "auto")) {
+        if ((st = eg_layout_parse(layout, 0, &lay, err))) return eg_wrap(err, "--layout"), st;
+        if (lay.dense_split)
+            return eg_fail(err, EG_ERR_UNSUPPORTED,
+                           "--layout %s: the engine replicates the dense parts in a group (no +split yet)", layout);
+    } else {
+        eg_box box;
+        eg_config cfg;
+        if (!box_name)
+            return eg_fail(err, EG_ERR_INVALID,
+                           "--layout auto needs --box NAME (rtx-pro-6000x8 or h200x8: the figures it plans with; "
+                           "`eaglegen plan --box NAME` shows every layout)");
+        if ((st = eg_box_preset(box_name, &box, err))) return eg_wrap(err, "--box"), st;
+        if ((st = eg_config_load(model_dir, &cfg, err))) return eg_wrap(err, "--layout auto"), st;
+        eg_layout_opts lo = {.mean_len = max_seq_len / 2.0, .ep_runs = !strcmp(backend ? backend : "cpu", "cpu")};
+        int max_rows = 2 * box.gpus + 2, n, best = -1;
+        eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
+        n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err) : -1;
+        if (n >= 0) best = eg_layout_recommend(rows, n, prefill);
+        eg_config_free(&cfg);
+        if (best < 0) {
+            if (n >= 0) st = eg_fail(err, EG_ERR_INVALID, "--layout auto: no runnable layout fits this box (eaglegen plan --box)");
+            else if (!rows) st = eg_fail(err, EG_ERR_NOMEM, "--layout auto: out of memory");
+            else st = eg_wrap(err, "--layout auto");
+            free(rows);
+            return st ? st : EG_ERR_INVALID;
+        }
+        lay = rows[best].lay;
+        if (why && why_n)
+            snprintf(why, why_n, "--layout auto: %s on %s (modelled %.0f tok/s %s at mean length %.0f)", rows[best].name,
+                     box.name, prefill ? rows[best].prefill_tok_s : rows[best].decode_tok_s, prefill ? "prefill" : "decode",
+                     lo.mean_len);
+        free(rows);
+    }
+    *stages = lay.stages > 1 ? lay.stages : 1;
+    *ep = lay.ep > 1 ? lay.ep : 1;
+    return EG_OK;
+}

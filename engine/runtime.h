@@ -110,4 +110,13 @@ const eg_model *eg_runtime_model(const eg_runtime *rt);
  * end layers (ascending, the last = L). ends: [L] at least. */
 eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int *ends, int *n, eg_error *err);
 
+/* --layout: an explicit "ppP", "epE" or "ppPxepE", or "auto": the layout engine/layout.h
+ * recommends for the box preset `box` and the config in model_dir, for decode (or
+ * prefill with `prefill`) at a mean sequence length of max_seq_len / 2; expert
+ * parallelism counts as runnable on the cpu backend only. Sets *stages and *ep (1 =
+ * none). With auto, why (may be NULL) gets what was chosen: "--layout auto: NAME on BOX
+ * (modelled N tok/s decode at mean length M)". */
+eg_status eg_runtime_layout(const char *layout, const char *box, const char *model_dir, const char *backend,
+                            int prefill, int max_seq_len, int *stages, int *ep, char *why, size_t why_n, eg_error *err);
+
 #endif

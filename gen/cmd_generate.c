@@ -20,7 +20,6 @@
 #include "common/eg_hash.h"
 #include "dataset/idset.h"
 #include "dataset/writer.h"
-#include "engine/layout.h"
 #include "engine/plan.h"
 #include "engine/runtime.h"
 #include "gen/args.h"
@@ -195,50 +194,23 @@ static int p_worker(const char *v, int *i, int *n) {
  * half of --max-seq-len. Sets a->stages and a->ep; 0 or 2 (usage). */
 static int resolve_layout(gen_args *a) {
     eg_error err = {0};
-    eg_layout lay;
     if (a->stages || a->ep) {
         fprintf(stderr, "eaglegen generate: --layout sets --stages and --ep: give one or the other\n");
         return 2;
     }
-    if (strcmp(a->layout, "auto")) {
-        if (eg_layout_parse(a->layout, 0, &lay, &err)) { fprintf(stderr, "eaglegen generate: --layout: %s\n", err.msg); return 2; }
-        if (lay.dense_split) {
-            fprintf(stderr, "eaglegen generate: --layout %s: the engine replicates the dense parts in a group (no +split yet)\n", a->layout);
-            return 2;
-        }
-    } else {
-        eg_box box;
-        eg_config cfg;
-        if (!a->box) {
-            fprintf(stderr, "eaglegen generate: --layout auto needs --box NAME (rtx-pro-6000x8 or h200x8: the figures it "
-                            "plans with; `eaglegen plan --box NAME` shows every layout)\n");
-            return 2;
-        }
-        if (eg_box_preset(a->box, &box, &err)) { fprintf(stderr, "eaglegen generate: --box: %s\n", err.msg); return 2; }
-        if (eg_config_load(a->model, &cfg, &err)) { fprintf(stderr, "eaglegen generate: --layout auto: %s\n", err.msg); return 2; }
-        eg_layout_opts lo = {.mean_len = a->max_seq_len / 2.0, .ep_runs = !strcmp(a->backend, "cpu")};
-        int max_rows = 2 * box.gpus + 2, n, best = -1;
-        eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
-        n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, &err) : -1;
-        if (n >= 0) best = eg_layout_recommend(rows, n, a->capture);
-        eg_config_free(&cfg);
-        if (best < 0) {
-            fprintf(stderr, "eaglegen generate: --layout auto: %s\n",
-                    n < 0 ? (rows ? err.msg : "out of memory") : "no runnable layout fits this box (eaglegen plan --box)");
-            free(rows);
-            return 2;
-        }
-        lay = rows[best].lay;
-        fprintf(stderr, "eaglegen generate: --layout auto: %s on %s (modelled %.0f tok/s %s at mean length %.0f)\n",
-                rows[best].name, box.name, a->capture ? rows[best].prefill_tok_s : rows[best].decode_tok_s,
-                a->capture ? "prefill" : "decode", lo.mean_len);
-        free(rows);
+    char why[512];
+    int stages = 1, ep = 1;
+    if (eg_runtime_layout(a->layout, a->box, a->model, a->backend, a->capture, a->max_seq_len, &stages, &ep, why,
+                          sizeof why, &err)) {
+        fprintf(stderr, "eaglegen generate: %s\n", err.msg);
+        return 2;
     }
-    if (lay.stages > 1) {
-        snprintf(a->layout_stages, sizeof a->layout_stages, "%d", lay.stages);
+    if (why[0]) fprintf(stderr, "eaglegen generate: %s\n", why);
+    if (stages > 1) {
+        snprintf(a->layout_stages, sizeof a->layout_stages, "%d", stages);
         a->stages = a->layout_stages;
     }
-    if (lay.ep > 1) a->ep = lay.ep;
+    if (ep > 1) a->ep = ep;
     return 0;
 }
 
