@@ -28,6 +28,7 @@
 #include "engine/forward.h"
 #include "engine/mkmodel.h"
 #include "engine/plan.h"
+#include "engine/runtime.h"
 #include "gen/args.h"
 #include "gen/commands.h"
 
@@ -330,22 +331,20 @@ static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
             double mean = 0;
             for (int i = 0; i < o->requests; i++) mean += len[i] < M ? len[i] : M;
             mean /= o->requests;
-            eg_backend *be = NULL;
-            eg_engine *e = NULL;
-            eg_backend_opts bo = {.name = o->backend, .max_tokens = max_tokens, .max_seq_len = o->plen + M,
-                                  .nthreads = o->threads, .device = o->device};
-            eg_engine_opts eo = {.n_slots = o->slots, .max_seq_len = o->plen + M, .max_tokens = max_tokens,
-                                 .block_size = 64, .kv_blocks = o->kv_tokens / 64, .aux_layers = aux, .n_aux = n_aux,
-                                 .kv_policy = pol ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
-                                 .host_kv_bytes = o->host_kv_bytes, .capture_bf16 = 1};
+            /* one backend and engine on the fixed pool (no memory plan: every row gets the same one) */
+            eg_runtime *rt = NULL;
+            eg_runtime_opts ro = {.model = m, .backend = o->backend, .threads = o->threads, .device = o->device,
+                                  .n_slots = o->slots, .max_seq_len = o->plen + M, .max_tokens = max_tokens,
+                                  .block_size = 64, .kv_policy = pol ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
+                                  .kv_tokens = o->kv_tokens, .host_kv_bytes = o->host_kv_bytes, .aux_layers = aux,
+                                  .n_aux = n_aux, .capture_bf16 = 1};
             wl_ctx w = {.o = o, .vocab = c->vocab, .max_new = M, .len = len, .prompt = prompt};
             double t0 = eg_now();
-            if (!(st = eg_backend_create(c, &bo, &be, err)) && !(st = eg_engine_create(m, be, &eo, &e, err)))
-                st = eg_engine_run(e, wl_next, wl_done, &w, err);
+            if (!(st = eg_runtime_create(&ro, &rt, err))) st = eg_runtime_run(rt, wl_next, wl_done, &w, err);
             double secs = eg_now() - t0;
             if (!st) {
                 eg_engine_stats es;
-                eg_engine_get_stats(e, &es);
+                eg_runtime_stats(rt, &es);
                 double steps = es.steps > 0 ? (double)es.steps : 1;
                 double rows = (double)(es.prefill_tokens + es.decode_tokens + es.recomputed_tokens);
                 const char *name = pol ? "reserve" : "on-demand";
@@ -370,8 +369,7 @@ static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
                            (long long)es.recomputed_tokens, rows / steps, rows / secs, secs);
                 fflush(stdout);
             }
-            eg_engine_free(e);
-            eg_backend_free(be);
+            eg_runtime_free(rt);
         }
     free(len);
     free(prompt);

@@ -9,7 +9,7 @@
 
 #include <jansson.h>
 
-#include "engine/engine.h"
+#include "engine/runtime.h"
 #include "engine/safetensors.h"
 #include "gen/args.h"
 #include "gen/commands.h"
@@ -152,8 +152,7 @@ int cmd_forward(int argc, char **argv) {
     }
     eg_model model;
     memset(&model, 0, sizeof model);
-    eg_backend *be = NULL;
-    eg_engine *eng = NULL;
+    eg_runtime *rt = NULL;
     eg_st_writer *w = NULL;
     int rc = 1, *aux = NULL, stage_ends[256], n_stages = 0;
     fwd_ctx ctx = {0};
@@ -183,15 +182,15 @@ int cmd_forward(int argc, char **argv) {
     if (!aux) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto fail; }
     for (int l = 0; l <= c->n_layers; l++) aux[l] = l - 1;
     int n_slots = (int)json_array_size(prompts) < 8 ? (int)json_array_size(prompts) : 8;
-    eg_backend_opts bo = {.name = backend, .max_tokens = chunk, .max_seq_len = max_len + generate + 1, .nthreads = threads};
-    if (eg_backend_create(c, &bo, &be, &err)) goto fail;
-    eg_engine_opts eo = {.n_slots = n_slots, .max_seq_len = max_len + generate + 1, .max_tokens = chunk,
-                         .block_size = block, .aux_layers = aux, .n_aux = c->n_layers + 1, .want_logits = 1,
-                         .stage_ends = n_stages ? stage_ends : NULL, .n_stages = n_stages};
-    if (eg_engine_create(&model, be, &eo, &eng, &err)) goto fail;
+    /* one backend; --stages run one after another on it (engine/runtime.h) */
+    eg_runtime_opts ro = {.model = &model, .backend = backend, .threads = threads, .n_slots = n_slots,
+                          .max_seq_len = max_len + generate + 1, .max_tokens = chunk, .block_size = block,
+                          .stage_ends = n_stages ? stage_ends : NULL, .n_stages = n_stages, .aux_layers = aux,
+                          .n_aux = c->n_layers + 1, .want_logits = 1};
+    if (eg_runtime_create(&ro, &rt, &err)) goto fail;
     if (eg_st_writer_new(&w, &err)) goto fail;
     ctx = (fwd_ctx){.prompts = prompts, .generate = generate, .L1 = c->n_layers + 1, .H = c->hidden, .V = c->vocab, .w = w};
-    if (eg_engine_run(eng, next_prompt, on_done, &ctx, &err)) goto fail;
+    if (eg_runtime_run(rt, next_prompt, on_done, &ctx, &err)) goto fail;
     {
         char lens[65536];
         size_t off = 0;
@@ -204,11 +203,11 @@ int cmd_forward(int argc, char **argv) {
     }
     if (eg_st_writer_write(w, out_path, &err)) goto fail;
     eg_engine_stats st;
-    eg_engine_get_stats(eng, &st);
+    eg_runtime_stats(rt, &st);
     fprintf(stderr, "eaglegen forward: %zu prompts, %lld tokens in %.2f s -> %s\n", json_array_size(prompts),
             (long long)(st.prefill_tokens + st.decode_tokens), st.seconds, out_path);
     eg_forward_graph_stats gs;
-    eg_engine_graph_stats(eng, &gs);
+    eg_runtime_graph_stats(rt, &gs);
     if (gs.recorded || gs.failed)
         fprintf(stderr, "eaglegen forward: graphs: %lld step shapes recorded, %lld replays, %lld recordings fell back%s%s\n",
                 (long long)gs.recorded, (long long)gs.replays, (long long)gs.failed, gs.failed ? "; first: " : "",
@@ -217,8 +216,7 @@ int cmd_forward(int argc, char **argv) {
 fail:
     if (rc == 1) fprintf(stderr, "eaglegen forward: %s\n", err.msg);
     eg_st_writer_free(w);
-    eg_engine_free(eng);
-    eg_backend_free(be);
+    eg_runtime_free(rt);
     eg_model_free(&model);
     free(aux);
     free(ctx.buf);

@@ -20,11 +20,8 @@
 #include "common/eg_hash.h"
 #include "dataset/idset.h"
 #include "dataset/writer.h"
-#include "engine/cuda_plan.h"
-#include "engine/engine.h"
-#include "engine/ep_runtime.h"
-#include "engine/layout.h"
 #include "engine/plan.h"
+#include "engine/runtime.h"
 #include "gen/args.h"
 #include "gen/commands.h"
 #include "gen/cpu_speed.h"
@@ -36,8 +33,6 @@
 #include "gen/version.h"
 #include "gen/worker_env.h"
 #include "prompts/corpus.h"
-
-#define EG_MAX_STAGES 64
 
 typedef struct gen_args {
     const char *model, *out, *tokenizer, *backend, *log_json;
@@ -199,50 +194,23 @@ static int p_worker(const char *v, int *i, int *n) {
  * half of --max-seq-len. Sets a->stages and a->ep; 0 or 2 (usage). */
 static int resolve_layout(gen_args *a) {
     eg_error err = {0};
-    eg_layout lay;
     if (a->stages || a->ep) {
         fprintf(stderr, "eaglegen generate: --layout sets --stages and --ep: give one or the other\n");
         return 2;
     }
-    if (strcmp(a->layout, "auto")) {
-        if (eg_layout_parse(a->layout, 0, &lay, &err)) { fprintf(stderr, "eaglegen generate: --layout: %s\n", err.msg); return 2; }
-        if (lay.dense_split) {
-            fprintf(stderr, "eaglegen generate: --layout %s: the engine replicates the dense parts in a group (no +split yet)\n", a->layout);
-            return 2;
-        }
-    } else {
-        eg_box box;
-        eg_config cfg;
-        if (!a->box) {
-            fprintf(stderr, "eaglegen generate: --layout auto needs --box NAME (rtx-pro-6000x8 or h200x8: the figures it "
-                            "plans with; `eaglegen plan --box NAME` shows every layout)\n");
-            return 2;
-        }
-        if (eg_box_preset(a->box, &box, &err)) { fprintf(stderr, "eaglegen generate: --box: %s\n", err.msg); return 2; }
-        if (eg_config_load(a->model, &cfg, &err)) { fprintf(stderr, "eaglegen generate: --layout auto: %s\n", err.msg); return 2; }
-        eg_layout_opts lo = {.mean_len = a->max_seq_len / 2.0, .ep_runs = !strcmp(a->backend, "cpu")};
-        int max_rows = 2 * box.gpus + 2, n, best = -1;
-        eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
-        n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, &err) : -1;
-        if (n >= 0) best = eg_layout_recommend(rows, n, a->capture);
-        eg_config_free(&cfg);
-        if (best < 0) {
-            fprintf(stderr, "eaglegen generate: --layout auto: %s\n",
-                    n < 0 ? (rows ? err.msg : "out of memory") : "no runnable layout fits this box (eaglegen plan --box)");
-            free(rows);
-            return 2;
-        }
-        lay = rows[best].lay;
-        fprintf(stderr, "eaglegen generate: --layout auto: %s on %s (modelled %.0f tok/s %s at mean length %.0f)\n",
-                rows[best].name, box.name, a->capture ? rows[best].prefill_tok_s : rows[best].decode_tok_s,
-                a->capture ? "prefill" : "decode", lo.mean_len);
-        free(rows);
+    char why[512];
+    int stages = 1, ep = 1;
+    if (eg_runtime_layout(a->layout, a->box, a->model, a->backend, a->capture, a->max_seq_len, &stages, &ep, why,
+                          sizeof why, &err)) {
+        fprintf(stderr, "eaglegen generate: %s\n", err.msg);
+        return 2;
     }
-    if (lay.stages > 1) {
-        snprintf(a->layout_stages, sizeof a->layout_stages, "%d", lay.stages);
+    if (why[0]) fprintf(stderr, "eaglegen generate: %s\n", why);
+    if (stages > 1) {
+        snprintf(a->layout_stages, sizeof a->layout_stages, "%d", stages);
         a->stages = a->layout_stages;
     }
-    if (lay.ep > 1) a->ep = lay.ep;
+    if (ep > 1) a->ep = ep;
     return 0;
 }
 
@@ -492,8 +460,7 @@ typedef struct gen_run {
     corpus_reader *corpus;
     eg_shard_writer *w;
     gen_ledger *ledger;
-    eg_engine *engine;
-    eg_ep_runtime *ep_rt; /* --ep: the ranks (engine = rank 0's) */
+    eg_runtime *rt;         /* backends, stages, ranks and engine(s) (engine/runtime.h) */
     corpus_record rec;
     int32_t *stop;
     int n_stop;
@@ -513,12 +480,12 @@ typedef struct gen_run {
 } gen_run;
 
 static volatile sig_atomic_t g_interrupted;
-static eg_engine *volatile g_engine;
+static eg_runtime *volatile g_rt;
 
 static void on_signal(int sig) {
     (void)sig;
     g_interrupted = 1;
-    if (g_engine) eg_engine_request_stop(g_engine);
+    if (g_rt) eg_runtime_request_stop(g_rt);
 }
 
 static uint64_t id_seed(uint64_t seed, const char *id) {
@@ -542,9 +509,8 @@ static void meta_free(gen_meta *m) {
 }
 
 static gen_progress_state progress_state(gen_run *g) {
-    eg_engine_stats es = {0};
-    if (g->ep_rt) eg_ep_runtime_stats(g->ep_rt, &es);
-    else if (g->engine) eg_engine_get_stats(g->engine, &es);
+    eg_engine_stats es;
+    eg_runtime_stats(g->rt, &es);
     eg_shard_writer_stats ws = {0};
     shard_writer_stats(g->w, &ws);
     int64_t rej = gen_ledger_count(g->ledger, GEN_OUT_REJECTED) + gen_ledger_count(g->ledger, GEN_OUT_DROPPED) +
@@ -754,37 +720,6 @@ static int64_t count_records(corpus_reader *r) {
     return total;
 }
 
-/* --stages: "N" = N stages balanced by weight bytes, or explicit end layers. */
-static eg_status parse_stages(gen_args *a, const eg_model *m, int *ends, int *n, eg_error *err) {
-    const eg_config *c = &m->cfg;
-    int vals[EG_MAX_STAGES], nv = 0;
-    const char *s = a->stages;
-    while (*s) {
-        char *e;
-        long v = strtol(s, &e, 10);
-        if (e == s || v < 1 || nv >= EG_MAX_STAGES || (*e && *e != ','))
-            return eg_fail(err, EG_ERR_INVALID, "--stages: expected N or comma-separated end layers, got '%s'", a->stages);
-        vals[nv++] = (int)v;
-        s = *e ? e + 1 : e;
-    }
-    if (nv == 1) {
-        if (vals[0] > c->n_layers) return eg_fail(err, EG_ERR_INVALID, "--stages %d: the model has %d layers", vals[0], c->n_layers);
-        double cost[4096];
-        if (c->n_layers > 4096) return eg_fail(err, EG_ERR_INVALID, "--stages: too many layers");
-        int64_t tail, head = eg_plan_head_bytes(m, &tail);
-        for (int l = 0; l < c->n_layers; l++) cost[l] = (double)eg_plan_layer_bytes(m, l);
-        *n = vals[0];
-        return eg_plan_split(cost, c->n_layers, (double)head, (double)tail, *n, ends, err);
-    }
-    for (int i = 0; i < nv; i++)
-        if ((i && vals[i] <= vals[i - 1]) || (i == nv - 1 && vals[i] != c->n_layers))
-            return eg_fail(err, EG_ERR_INVALID, "--stages %s: end layers must increase and the last must be %d", a->stages,
-                           c->n_layers);
-    memcpy(ends, vals, sizeof(int) * (size_t)nv);
-    *n = nv;
-    return EG_OK;
-}
-
 /* The precision this run computes with, for the manifest's "precision" list
  * (docs/FORMAT.md): always the BF16 cache (eg_engine_opts has no other); FP32 arithmetic
  * on the CPU; on CUDA BF16 GEMM inputs as hi + lo pairs unless EG_CUDA_GEMM=bf16, and
@@ -864,6 +799,12 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
                      "eaglegen_versions", gen_version(), "paths", paths);
 }
 
+/* A line the runtime decided (each GPU's memory plan), printed as it is made. */
+static void print_note(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "  %s\n", line);
+}
+
 int cmd_generate(int argc, char **argv) {
     /* the flag-setting handler from the start (main.c blocks SIGINT/SIGTERM until here):
      * a signal during the model load, seconds on a real checkpoint, ends in 130 too */
@@ -897,8 +838,6 @@ int cmd_generate(int argc, char **argv) {
     g.records_total = -1;
     eg_model model;
     memset(&model, 0, sizeof model);
-    eg_backend *be = NULL, *stage_be[EG_MAX_STAGES] = {0};
-    int stage_ends[EG_MAX_STAGES], n_stages = 1;
     json_t *ident = NULL;
     FILE *jlog = NULL;
     char *job_text = NULL, *prec_text = NULL;
@@ -968,82 +907,24 @@ int cmd_generate(int argc, char **argv) {
     if (a.limit >= 0 && (g.records_total < 0 || a.limit < g.records_total)) g.records_total = a.limit;
 
     int max_tokens = a.batch > a.chunk ? a.batch : a.chunk; /* auto (0) stays within --chunk */
-    eg_backend_opts bo = {.name = a.backend, .max_tokens = max_tokens, .max_seq_len = a.max_seq_len, .nthreads = a.threads};
-    if (a.stages && parse_stages(&a, &model, stage_ends, &n_stages, &err)) goto done;
-    int64_t kv_blocks = 0;
-    if (!strcmp(a.backend, "cuda")) {
-        /* the memory planner, per GPU: weights and activations of every stage on it first
-         * (each stage backend has its own scratch), the KV pool from what is left; every
-         * stage gets the same number of cache blocks, the smallest any GPU allows */
-        int n_dev = a.gpus > 0 && a.gpus < n_stages ? a.gpus : n_stages;
-        for (int d = 0; d < n_dev; d++) {
-            int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), wbytes = 0, act = 0;
-            int layers = 0, on_dev = 0;
-            for (int k = 0, b0 = 0; k < n_stages; b0 = stage_ends[k++]) {
-                int end = n_stages > 1 ? stage_ends[k] : c->n_layers;
-                if (k % n_dev != d) continue;
-                for (int l = b0; l < end; l++) wbytes += eg_plan_layer_bytes(&model, l);
-                wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
-                int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(a.aux, a.n_aux, b0, end) : 0;
-                act += eg_forward_act_bytes(c, max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, &bo) : 0);
-                layers += end - b0;
-            }
-            eg_backend_opts so = bo;
-            so.device = d;
-            eg_cuda_mem_plan mp;
-            char line[512];
-            if (eg_cuda_plan(c, &so, a.gpu_mem_fraction, wbytes, act, layers, 64, &mp, &err)) {
-                eg_wrap(&err, "memory plan for GPU %d", d);
-                goto done;
-            }
-            eg_cuda_plan_format(&mp, so.device, line, sizeof line);
-            fprintf(stderr, "  %s%s\n", line, on_dev > 1 ? " (shared by its stages)" : "");
-            if (!kv_blocks || mp.kv_blocks < kv_blocks) kv_blocks = mp.kv_blocks;
-        }
-    }
-    /* the KV pool, the slot count and the host budget */
-    const int64_t block = 64; /* the engine's default block size */
     int64_t mem_avail = gen_mem_available_bytes();
-    int64_t seq_host = eg_plan_seq_host_bytes(c, a.n_aux + (a.final_mode == 2), a.max_seq_len, 2); /* + pre-norm row */
-    if (a.kv_tokens > 0) {
-        int64_t cap = a.kv_tokens / block > 0 ? a.kv_tokens / block : 1;
-        if (!kv_blocks || cap < kv_blocks) kv_blocks = cap;
-    }
-    int auto_batch = a.batch == 0;
-    if (auto_batch) {
-        if (!kv_blocks) kv_blocks = 16 * ((a.max_seq_len + block - 1) / block); /* cpu: what --batch 16 holds */
-        a.batch = eg_plan_auto_slots(kv_blocks * block, a.max_seq_len, a.chunk, mem_avail, seq_host);
-    }
-    if (kv_blocks && kv_blocks < (a.max_seq_len + block - 1) / block) {
-        eg_fail(&err, EG_ERR_INVALID,
-                "the KV pool (%lld tokens) cannot hold one sequence of --max-seq-len %d: raise --kv-tokens (or "
-                "--gpu-mem-fraction) or lower --max-seq-len",
-                (long long)(kv_blocks * block), a.max_seq_len);
-        goto done;
-    }
-    int64_t host_kv = a.host_kv_gb >= 0 ? (int64_t)(a.host_kv_gb * 1e9) : mem_avail / 4;
-    if (a.ep > 1) {
-        /* the ranks' backends are built by the runtime below */
-    } else if (n_stages > 1) {
-        int per = (a.threads > 0 ? a.threads : eg_num_threads()) / n_stages;
-        for (int k = 0; k < n_stages; k++) {
-            eg_backend_opts so = bo;
-            so.device = a.gpus > 0 ? k % a.gpus : k;
-            so.nthreads = per > 0 ? per : 1;
-            if (eg_backend_create(c, &so, &stage_be[k], &err)) { eg_wrap(&err, "stage %d", k); goto done; }
-        }
-    } else if (eg_backend_create(c, &bo, &be, &err)) goto done;
-    eg_engine_opts eo = {.n_slots = a.batch, .max_seq_len = a.max_seq_len, .max_tokens = max_tokens, .kv_blocks = kv_blocks,
-                         .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.final_mode == 1, .final_both = a.final_mode == 2,
-                         .stage_ends = n_stages > 1 ? stage_ends : NULL, .n_stages = n_stages > 1 ? n_stages : 0,
-                         .stage_backends = n_stages > 1 ? stage_be : NULL, .micro_batches = a.micro_batches,
-                         .transport = a.transport, .kv_policy = a.kv_reserve ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
-                         .host_kv_bytes = host_kv, .capture_bf16 = 1};
-    if (a.ep > 1) {
-        eo.stage_backends = NULL;
-        if (eg_ep_runtime_create(&model, &bo, &eo, a.ep, &g.ep_rt, &err)) goto done;
-        g.engine = eg_ep_runtime_engine(g.ep_rt, 0);
-    } else if (eg_engine_create(&model, be, &eo, &g.engine, &err)) goto done;
+    /* backends, stages or ranks, the memory plan (printed per GPU as it is made), the KV
+     * pool, the slot count and the host budget: engine/runtime.h */
+    eg_runtime_opts ro = {
+        .model = &model, .backend = a.backend, .threads = a.threads, .gpus = a.gpus,
+        .gpu_mem_fraction = a.gpu_mem_fraction, .stages = a.stages, .stage_threads = 1,
+        .micro_batches = a.micro_batches, .transport = a.transport, .ep = a.ep, .n_slots = a.batch,
+        .max_seq_len = a.max_seq_len, .max_tokens = max_tokens,
+        .kv_policy = a.kv_reserve ? EG_KV_RESERVE : EG_KV_ON_DEMAND, .kv_tokens = a.kv_tokens,
+        .host_kv_bytes = a.host_kv_gb >= 0 ? (int64_t)(a.host_kv_gb * 1e9) : -1, .ram_bytes = mem_avail,
+        .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.final_mode == 1, .final_both = a.final_mode == 2,
+        .capture_bf16 = 1, .note = print_note};
+    if (eg_runtime_create(&ro, &g.rt, &err)) goto done;
+    const eg_runtime_info *ri = eg_runtime_describe(g.rt);
+    const int n_stages = ri->n_stages, *stage_ends = ri->stage_ends;
+    const int64_t block = ri->block_size, host_kv = ri->host_kv_bytes, seq_host = ri->seq_host_bytes;
+    int auto_batch = ri->auto_slots;
+    a.batch = ri->n_slots;
     if (!strcmp(a.backend, "cpu")) { /* a model far too large for the reference path says so */
         eg_step_cost sc;
         eg_plan_decode_cost(&model, 0, c->n_layers, a.batch, a.max_seq_len / 2, &sc);
@@ -1115,50 +996,41 @@ int cmd_generate(int argc, char **argv) {
     }
     fprintf(stderr, "eaglegen generate: %s, %s backend, worker %d/%d, %d slots, KV cache %lld tokens, aux layers",
             existed ? "resuming" : "starting", a.backend, a.worker, a.n_workers, a.batch,
-            (long long)eg_engine_kv_capacity(g.engine));
+            (long long)ri->kv_capacity);
     for (int i = 0; i < a.n_aux; i++) fprintf(stderr, "%s%d", i ? "," : " ", a.aux[i]);
     fprintf(stderr, "\n");
     {
-        int64_t cap = eg_engine_kv_capacity(g.engine);
+        int64_t cap = ri->kv_capacity;
         fprintf(stderr, "  KV cache: %s, %lld tokens (%lld blocks of %lld)", a.kv_reserve ? "reserve" : "on-demand",
                 (long long)cap, (long long)(cap / block), (long long)block);
         if (!a.kv_reserve)
             fprintf(stderr, ", admission watermark %lld blocks, preempted caches to host up to %.2f GB, then recomputed",
-                    (long long)eg_engine_kv_watermark(g.engine), (double)host_kv / 1e9);
+                    (long long)ri->kv_watermark, (double)host_kv / 1e9);
         fprintf(stderr, "; %d slots%s\n", a.batch, auto_batch ? " (--batch auto)" : "");
         fprintf(stderr, "  host memory per in-flight sequence: up to %.1f MB (captured rows in BF16 and tokens at "
                         "--max-seq-len %d)\n", (double)seq_host / 1e6, a.max_seq_len);
     }
-    for (int k = 0, b0 = 0; n_stages > 1 && k < n_stages; b0 = stage_ends[k++]) {
-        int64_t bytes = 0, tail = 0, head = eg_plan_head_bytes(&model, &tail);
-        for (int l = b0; l < stage_ends[k]; l++) bytes += eg_plan_layer_bytes(&model, l);
-        bytes += (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
+    for (int k = 0, b0 = 0; n_stages > 1 && k < n_stages; b0 = stage_ends[k++])
         fprintf(stderr, "  stage %d: layers %d-%d, %.3f GB of weights, %s %d\n", k, b0, stage_ends[k] - 1,
-                (double)bytes / 1e9, strcmp(a.backend, "cuda") ? "thread" : "GPU",
-                strcmp(a.backend, "cuda") || a.gpus <= 0 ? k : k % a.gpus);
-    }
+                (double)ri->stage_weight_bytes[k] / 1e9, strcmp(a.backend, "cuda") ? "thread" : "GPU",
+                ri->stage_device[k]);
     if (n_stages > 1)
-        fprintf(stderr, "  transport between stages: %s, %d micro-batches\n", eg_engine_transport(g.engine),
-                (a.micro_batches > n_stages ? a.micro_batches : n_stages) < a.batch
-                    ? (a.micro_batches > n_stages ? a.micro_batches : n_stages) : a.batch);
+        fprintf(stderr, "  transport between stages: %s, %d micro-batches\n", ri->transport, ri->micro_batches);
 
     g.ledger_at_open = gen_ledger_count(g.ledger, GEN_OUT_REJECTED) + gen_ledger_count(g.ledger, GEN_OUT_DROPPED) +
                        gen_ledger_count(g.ledger, GEN_OUT_DUPLICATE);
     eg_shard_writer_stats ws0;
     shard_writer_stats(g.w, &ws0);
     gen_progress_init(&g.prog, jlog, a.worker, a.n_workers);
-    g_engine = g.engine;
-    if (g.ep_rt) {
-        int e0 = 0, per = c->n_experts / a.ep;
-        int64_t kv_all = 0;
-        for (int r = 0; r < a.ep; r++) kv_all += eg_engine_kv_capacity(eg_ep_runtime_engine(g.ep_rt, r));
+    g_rt = g.rt;
+    if (ri->ep > 1) {
+        int e0 = 0, per = ri->experts_per_rank;
         fprintf(stderr, "  expert parallel: %d ranks, %d routed experts each (rank 0: %d..%d), %d slots and %lld KV "
-                        "tokens over the ranks (rank 0: %lld), dense parts replicated\n", a.ep, per, e0, per - 1,
-                a.batch, (long long)kv_all, (long long)eg_engine_kv_capacity(g.engine));
+                        "tokens over the ranks (rank 0: %lld), dense parts replicated\n", ri->ep, per, e0, per - 1,
+                a.batch, (long long)ri->kv_capacity_all, (long long)ri->kv_capacity);
     }
-    eg_status run_st = g.ep_rt ? eg_ep_runtime_run(g.ep_rt, next_request, on_done, &g, &err)
-                               : eg_engine_run(g.engine, next_request, on_done, &g, &err);
-    g_engine = NULL;
+    eg_status run_st = eg_runtime_run(g.rt, next_request, on_done, &g, &err);
+    g_rt = NULL;
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     if (g_interrupted && (run_st == EG_OK || run_st == EG_ERR_INTERRUPTED)) run_st = EG_ERR_INTERRUPTED;
@@ -1191,11 +1063,10 @@ int cmd_generate(int argc, char **argv) {
     eg_shard_writer_stats ws;
     shard_writer_stats(g.w, &ws);
     eg_engine_stats es;
-    if (g.ep_rt) eg_ep_runtime_stats(g.ep_rt, &es);
-    else eg_engine_get_stats(g.engine, &es);
-    if (g.ep_rt) {
+    eg_runtime_stats(g.rt, &es);
+    if (ri->ep > 1) {
         int64_t pairs, xbytes;
-        eg_ep_runtime_traffic(g.ep_rt, &pairs, &xbytes);
+        eg_runtime_traffic(g.rt, &pairs, &xbytes);
         fprintf(stderr, "  expert exchange: %lld (token, expert) pairs crossed ranks, %.3f MB moved\n",
                 (long long)pairs, (double)xbytes / 1e6);
     }
@@ -1224,7 +1095,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "eaglegen generate: %lld record%s with a done id changed since the sample was made (old samples "
                         "kept)\n", (long long)g.changed, g.changed == 1 ? "" : "s");
     eg_forward_graph_stats gs;
-    eg_engine_graph_stats(g.engine, &gs);
+    eg_runtime_graph_stats(g.rt, &gs);
     if (gs.recorded || gs.failed)
         fprintf(stderr, "eaglegen generate: graphs: %lld step shapes recorded, %lld replays, %lld recordings fell back to "
                         "op-by-op%s%s\n", (long long)gs.recorded, (long long)gs.replays, (long long)gs.failed,
@@ -1242,13 +1113,7 @@ done:
     }
 done_quiet:
     while (g.live.next) meta_free(g.live.next);
-    if (g.ep_rt) {
-        eg_ep_runtime_free(g.ep_rt);
-        g.engine = NULL;
-    }
-    eg_engine_free(g.engine);
-    eg_backend_free(be);
-    for (int k = 0; k < EG_MAX_STAGES; k++) eg_backend_free(stage_be[k]);
+    eg_runtime_free(g.rt);
     shard_writer_free(g.w);
     gen_ledger_close(g.ledger);
     gen_donelog_close(g.donelog);

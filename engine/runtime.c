@@ -1,0 +1,336 @@
+/* runtime.c — backends, stages, ranks and the memory plan of an engine run (runtime.h). */
+#include "engine/runtime.h"
+
+#include "engine/cuda_plan.h"
+#include "engine/ep_runtime.h"
+#include "engine/layout.h"
+#include "engine/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct eg_runtime {
+    eg_model own_model;       /* when loaded from opts.model_dir */
+    int owns_model;
+    const eg_model *m;
+    eg_backend *be;           /* one backend (no threaded stages, no ep) */
+    eg_backend **stage_be;    /* [n_stages] with threaded stages */
+    eg_engine *engine;        /* the engine, or rank 0's */
+    eg_ep_runtime *ep_rt;     /* ep > 1 */
+    eg_engine *volatile stop_engine; /* what eg_runtime_request_stop stops */
+    int *aux;                 /* [n_aux] copy */
+    int *stage_ends;          /* [n_stages] */
+    int *stage_device;        /* [n_stages] */
+    int64_t *stage_bytes;     /* [n_stages] */
+    eg_runtime_info info;
+};
+
+eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int *ends, int *n, eg_error *err) {
+    const eg_config *c = &m->cfg;
+    int cap = 1;
+    for (const char *p = stages; *p; p++) cap += *p == ',';
+    int *vals = eg_calloc((size_t)cap, sizeof *vals, err), nv = 0;
+    if (!vals) return EG_ERR_NOMEM;
+    eg_status st = EG_OK;
+    const char *s = stages;
+    while (*s) {
+        char *e;
+        long v = strtol(s, &e, 10);
+        if (e == s || v < 1 || nv >= cap || (*e && *e != ',')) {
+            free(vals);
+            return eg_fail(err, EG_ERR_INVALID, "--stages: expected N or comma-separated end layers, got '%s'", stages);
+        }
+        vals[nv++] = (int)v;
+        s = *e ? e + 1 : e;
+    }
+    if (nv == 1) {
+        if (vals[0] > c->n_layers) {
+            st = eg_fail(err, EG_ERR_INVALID, "--stages %d: the model has %d layers", vals[0], c->n_layers);
+            free(vals);
+            return st;
+        }
+        double *cost = eg_calloc((size_t)c->n_layers, sizeof *cost, err);
+        if (!cost) { free(vals); return EG_ERR_NOMEM; }
+        int64_t tail, head = eg_plan_head_bytes(m, &tail);
+        for (int l = 0; l < c->n_layers; l++) cost[l] = (double)eg_plan_layer_bytes(m, l);
+        *n = vals[0];
+        st = eg_plan_split(cost, c->n_layers, (double)head, (double)tail, *n, ends, err);
+        free(cost);
+        free(vals);
+        return st;
+    }
+    for (int i = 0; i < nv; i++)
+        if ((i && vals[i] <= vals[i - 1]) || (i == nv - 1 && vals[i] != c->n_layers)) {
+            free(vals);
+            return eg_fail(err, EG_ERR_INVALID, "--stages %s: end layers must increase and the last must be %d", stages,
+                           c->n_layers);
+        }
+    memcpy(ends, vals, sizeof(int) * (size_t)nv);
+    *n = nv;
+    free(vals);
+    return EG_OK;
+}
+
+void eg_runtime_free(eg_runtime *rt) {
+    if (!rt) return;
+    if (rt->ep_rt) eg_ep_runtime_free(rt->ep_rt);
+    else eg_engine_free(rt->engine);
+    eg_backend_free(rt->be);
+    for (int k = 0; rt->stage_be && k < rt->info.n_stages; k++) eg_backend_free(rt->stage_be[k]);
+    free(rt->stage_be);
+    if (rt->owns_model) eg_model_free(&rt->own_model);
+    free(rt->aux);
+    free(rt->stage_ends);
+    free(rt->stage_device);
+    free(rt->stage_bytes);
+    free(rt);
+}
+
+/* The per-GPU memory plan (cuda, gpu_mem_fraction > 0): weights and activations of
+ * every stage on a GPU first (each stage backend has its own scratch), the KV pool from
+ * what is left; every stage gets the same number of cache blocks, the smallest any GPU
+ * allows. */
+static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_backend_opts *bo, int n_stages,
+                           int64_t *kv_blocks, eg_error *err) {
+    const eg_model *m = rt->m;
+    const eg_config *c = &m->cfg;
+    int n_dev = o->gpus > 0 && o->gpus < n_stages ? o->gpus : n_stages;
+    for (int d = 0; d < n_dev; d++) {
+        int64_t tail = 0, head = eg_plan_head_bytes(m, &tail), wbytes = 0, act = 0;
+        int layers = 0, on_dev = 0;
+        for (int k = 0, b0 = 0; k < n_stages; b0 = rt->stage_ends[k++]) {
+            int end = n_stages > 1 ? rt->stage_ends[k] : c->n_layers;
+            if (k % n_dev != d) continue;
+            for (int l = b0; l < end; l++) wbytes += eg_plan_layer_bytes(m, l);
+            wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
+            int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(rt->aux, o->n_aux, b0, end) : 0;
+            act += eg_forward_act_bytes(c, o->max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, bo) : 0);
+            layers += end - b0;
+        }
+        eg_backend_opts so = *bo;
+        so.device = o->device + d;
+        eg_cuda_mem_plan mp;
+        char line[512], note[600];
+        eg_status st = eg_cuda_plan(c, &so, o->gpu_mem_fraction, wbytes, act, layers, 64, &mp, err);
+        if (st) return eg_wrap(err, "memory plan for GPU %d", so.device), st;
+        eg_cuda_plan_format(&mp, so.device, line, sizeof line);
+        snprintf(note, sizeof note, "%s%s", line, on_dev > 1 ? " (shared by its stages)" : "");
+        if (o->note) o->note(o->note_ctx, note);
+        if (!*kv_blocks || mp.kv_blocks < *kv_blocks) *kv_blocks = mp.kv_blocks;
+    }
+    return EG_OK;
+}
+
+eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error *err) {
+    *out = NULL;
+    if (!o->model && !o->model_dir) return eg_fail(err, EG_ERR_INVALID, "runtime: no model (model or model_dir)");
+    if (o->max_seq_len < 1 || o->max_tokens < 1)
+        return eg_fail(err, EG_ERR_INVALID, "runtime: max_seq_len %d and max_tokens %d must be at least 1",
+                       o->max_seq_len, o->max_tokens);
+    if (o->stages && o->stage_ends)
+        return eg_fail(err, EG_ERR_INVALID, "runtime: give the stages as text or as end layers, not both");
+    eg_runtime *rt = eg_calloc(1, sizeof *rt, err);
+    if (!rt) return EG_ERR_NOMEM;
+    rt->info.n_stages = 1;
+    rt->info.ep = 1;
+    eg_status st = EG_OK;
+    if (o->model) rt->m = o->model;
+    else {
+        if ((st = eg_model_load(o->model_dir, &rt->own_model, err))) goto fail;
+        rt->owns_model = 1;
+        rt->m = &rt->own_model;
+    }
+    const eg_model *m = rt->m;
+    const eg_config *c = &m->cfg;
+    const char *backend = o->backend ? o->backend : "cpu";
+    int cuda = !strcmp(backend, "cuda");
+    if (o->n_aux > 0) {
+        if (!(rt->aux = eg_calloc((size_t)o->n_aux, sizeof *rt->aux, err))) { st = EG_ERR_NOMEM; goto fail; }
+        memcpy(rt->aux, o->aux_layers, sizeof(int) * (size_t)o->n_aux);
+    }
+    /* the stage split */
+    int n_stages = 1, explicit_ends = 0;
+    rt->stage_ends = eg_calloc((size_t)(c->n_layers > o->n_stages ? c->n_layers : o->n_stages) + 1, sizeof(int), err);
+    if (!rt->stage_ends) { st = EG_ERR_NOMEM; goto fail; }
+    rt->stage_ends[0] = c->n_layers;
+    if (o->stages) {
+        if ((st = eg_runtime_parse_stages(o->stages, m, rt->stage_ends, &n_stages, err))) goto fail;
+        if (n_stages < 1) { /* "--stages ''": one stage */
+            n_stages = 1;
+            rt->stage_ends[0] = c->n_layers;
+        }
+    } else if (o->stage_ends && o->n_stages > 0) {
+        memcpy(rt->stage_ends, o->stage_ends, sizeof(int) * (size_t)o->n_stages);
+        n_stages = o->n_stages;
+        explicit_ends = 1;
+    }
+    rt->info.n_stages = n_stages;
+    int max_tokens = o->max_tokens;
+    eg_backend_opts bo = {.name = backend, .max_tokens = max_tokens, .max_seq_len = o->max_seq_len,
+                          .nthreads = o->threads, .device = o->device};
+    /* the KV pool, the slot count and the host budget */
+    int64_t kv_blocks = 0;
+    const int64_t block = o->block_size > 0 ? o->block_size : 64;
+    if (cuda && o->gpu_mem_fraction > 0 && (st = plan_cuda(rt, o, &bo, n_stages, &kv_blocks, err))) goto fail;
+    int64_t seq_host =
+        eg_plan_seq_host_bytes(c, o->n_aux + (o->final_both != 0), o->max_seq_len, o->capture_bf16 ? 2 : 4);
+    if (o->kv_tokens > 0) {
+        int64_t cap = o->kv_tokens / block > 0 ? o->kv_tokens / block : 1;
+        if (!kv_blocks || cap < kv_blocks) kv_blocks = cap;
+    }
+    int n_slots = o->n_slots;
+    rt->info.auto_slots = n_slots == 0;
+    if (n_slots == 0) {
+        if (!kv_blocks) kv_blocks = 16 * ((o->max_seq_len + block - 1) / block); /* cpu: what 16 slots hold */
+        n_slots = eg_plan_auto_slots(kv_blocks * block, o->max_seq_len, max_tokens, o->ram_bytes, seq_host);
+    }
+    if (kv_blocks && kv_blocks < (o->max_seq_len + block - 1) / block) {
+        st = eg_fail(err, EG_ERR_INVALID,
+                     "the KV pool (%lld tokens) cannot hold one sequence of --max-seq-len %d: raise --kv-tokens (or "
+                     "--gpu-mem-fraction) or lower --max-seq-len",
+                     (long long)(kv_blocks * block), o->max_seq_len);
+        goto fail;
+    }
+    int64_t host_kv = o->host_kv_bytes >= 0 ? o->host_kv_bytes : o->ram_bytes / 4;
+    /* backends and engines */
+    int threaded = o->stage_threads && n_stages > 1;
+    if (!(rt->stage_device = eg_calloc((size_t)n_stages, sizeof(int), err)) ||
+        !(rt->stage_bytes = eg_calloc((size_t)n_stages, sizeof(int64_t), err))) {
+        st = EG_ERR_NOMEM;
+        goto fail;
+    }
+    for (int k = 0, b0 = 0; k < n_stages; b0 = rt->stage_ends[k++]) {
+        int64_t bytes = 0, tail = 0, head = eg_plan_head_bytes(m, &tail);
+        for (int l = b0; l < rt->stage_ends[k] && l < c->n_layers; l++) bytes += eg_plan_layer_bytes(m, l);
+        rt->stage_bytes[k] = bytes + (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
+        rt->stage_device[k] = cuda ? o->device + (o->gpus > 0 ? k % o->gpus : k) : k;
+    }
+    if (o->ep > 1) {
+        /* the ranks' backends are built by the expert-parallel runtime */
+    } else if (threaded) {
+        if (!(rt->stage_be = eg_calloc((size_t)n_stages, sizeof *rt->stage_be, err))) { st = EG_ERR_NOMEM; goto fail; }
+        int per = (o->threads > 0 ? o->threads : eg_num_threads()) / n_stages;
+        for (int k = 0; k < n_stages; k++) {
+            eg_backend_opts so = bo;
+            so.device = rt->stage_device[k];
+            so.nthreads = per > 0 ? per : 1;
+            if ((st = eg_backend_create(c, &so, &rt->stage_be[k], err))) { eg_wrap(err, "stage %d", k); goto fail; }
+        }
+    } else if ((st = eg_backend_create(c, &bo, &rt->be, err))) goto fail;
+    int pass_ends = explicit_ends || n_stages > 1;
+    eg_engine_opts eo = {.n_slots = n_slots, .max_seq_len = o->max_seq_len, .max_tokens = max_tokens,
+                         .block_size = (int)block, .kv_blocks = kv_blocks, .aux_layers = rt->aux, .n_aux = o->n_aux,
+                         .final_pre_norm = o->final_pre_norm, .final_both = o->final_both,
+                         .want_logits = o->want_logits, .stage_ends = pass_ends ? rt->stage_ends : NULL,
+                         .n_stages = pass_ends ? n_stages : 0, .stage_backends = threaded ? rt->stage_be : NULL,
+                         .micro_batches = o->micro_batches, .transport = o->transport, .kv_policy = o->kv_policy,
+                         .host_kv_bytes = host_kv, .capture_bf16 = o->capture_bf16,
+                         .check_recompute = o->check_recompute};
+    if (o->ep > 1) {
+        eo.stage_backends = NULL;
+        if ((st = eg_ep_runtime_create(m, &bo, &eo, o->ep, &rt->ep_rt, err))) goto fail;
+        rt->engine = eg_ep_runtime_engine(rt->ep_rt, 0);
+    } else if ((st = eg_engine_create(m, rt->be, &eo, &rt->engine, err))) goto fail;
+    rt->stop_engine = rt->engine;
+    /* what was chosen */
+    eg_runtime_info *in = &rt->info;
+    in->backend = backend;
+    in->n_slots = n_slots;
+    in->max_tokens = max_tokens;
+    in->block_size = (int)block;
+    in->kv_blocks = kv_blocks;
+    in->kv_capacity = eg_engine_kv_capacity(rt->engine);
+    in->kv_capacity_all = in->kv_capacity;
+    if (rt->ep_rt) {
+        in->kv_capacity_all = 0;
+        for (int r = 0; r < o->ep; r++) in->kv_capacity_all += eg_engine_kv_capacity(eg_ep_runtime_engine(rt->ep_rt, r));
+    }
+    in->kv_watermark = eg_engine_kv_watermark(rt->engine);
+    in->host_kv_bytes = host_kv;
+    in->seq_host_bytes = seq_host;
+    in->stage_ends = rt->stage_ends;
+    in->stage_device = rt->stage_device;
+    in->stage_weight_bytes = rt->stage_bytes;
+    in->transport = eg_engine_transport(rt->engine);
+    {
+        int mb = o->micro_batches > n_stages ? o->micro_batches : n_stages;
+        in->micro_batches = mb < n_slots ? mb : n_slots;
+    }
+    in->ep = o->ep > 1 ? o->ep : 1;
+    in->experts_per_rank = c->n_experts / in->ep;
+    *out = rt;
+    return EG_OK;
+fail:
+    eg_runtime_free(rt);
+    return st;
+}
+
+eg_status eg_runtime_run(eg_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
+    return rt->ep_rt ? eg_ep_runtime_run(rt->ep_rt, next, done, ctx, err) : eg_engine_run(rt->engine, next, done, ctx, err);
+}
+
+void eg_runtime_request_stop(eg_runtime *rt) {
+    if (rt && rt->stop_engine) eg_engine_request_stop(rt->stop_engine);
+}
+
+void eg_runtime_stats(const eg_runtime *rt, eg_engine_stats *s) {
+    memset(s, 0, sizeof *s);
+    if (!rt) return;
+    if (rt->ep_rt) eg_ep_runtime_stats(rt->ep_rt, s);
+    else if (rt->engine) eg_engine_get_stats(rt->engine, s);
+}
+
+void eg_runtime_graph_stats(const eg_runtime *rt, eg_forward_graph_stats *gs) { eg_engine_graph_stats(rt->engine, gs); }
+
+void eg_runtime_traffic(const eg_runtime *rt, int64_t *pairs, int64_t *bytes) {
+    *pairs = *bytes = 0;
+    if (rt && rt->ep_rt) eg_ep_runtime_traffic(rt->ep_rt, pairs, bytes);
+}
+
+const eg_runtime_info *eg_runtime_describe(const eg_runtime *rt) { return &rt->info; }
+const eg_model *eg_runtime_model(const eg_runtime *rt) { return rt->m; }
+
+eg_status eg_runtime_layout(const char *layout, const char *box_name, const char *model_dir, const char *backend,
+                            int prefill, int max_seq_len, int *stages, int *ep, char *why, size_t why_n, eg_error *err) {
+    eg_layout lay;
+    eg_status st;
+    if (why && why_n) why[0] = 0;
+    if (strcmp(layout, "auto")) {
+        if ((st = eg_layout_parse(layout, 0, &lay, err))) return eg_wrap(err, "--layout"), st;
+        if (lay.dense_split)
+            return eg_fail(err, EG_ERR_UNSUPPORTED,
+                           "--layout %s: the engine replicates the dense parts in a group (no +split yet)", layout);
+    } else {
+        eg_box box;
+        eg_config cfg;
+        if (!box_name)
+            return eg_fail(err, EG_ERR_INVALID,
+                           "--layout auto needs --box NAME (rtx-pro-6000x8 or h200x8: the figures it plans with; "
+                           "`eaglegen plan --box NAME` shows every layout)");
+        if ((st = eg_box_preset(box_name, &box, err))) return eg_wrap(err, "--box"), st;
+        if ((st = eg_config_load(model_dir, &cfg, err))) return eg_wrap(err, "--layout auto"), st;
+        eg_layout_opts lo = {.mean_len = max_seq_len / 2.0, .ep_runs = !strcmp(backend ? backend : "cpu", "cpu")};
+        int max_rows = 2 * box.gpus + 2, n, best = -1;
+        eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
+        n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err) : -1;
+        if (n >= 0) best = eg_layout_recommend(rows, n, prefill);
+        eg_config_free(&cfg);
+        if (best < 0) {
+            if (n >= 0) st = eg_fail(err, EG_ERR_INVALID, "--layout auto: no runnable layout fits this box (eaglegen plan --box)");
+            else if (!rows) st = eg_fail(err, EG_ERR_NOMEM, "--layout auto: out of memory");
+            else st = eg_wrap(err, "--layout auto");
+            free(rows);
+            return st ? st : EG_ERR_INVALID;
+        }
+        lay = rows[best].lay;
+        if (why && why_n)
+            snprintf(why, why_n, "--layout auto: %s on %s (modelled %.0f tok/s %s at mean length %.0f)", rows[best].name,
+                     box.name, prefill ? rows[best].prefill_tok_s : rows[best].decode_tok_s, prefill ? "prefill" : "decode",
+                     lo.mean_len);
+        free(rows);
+    }
+    *stages = lay.stages > 1 ? lay.stages : 1;
+    *ep = lay.ep > 1 ? lay.ep : 1;
+    return EG_OK;
+}

@@ -1,0 +1,122 @@
+/* runtime.h — the one assembly of an engine run, shared by every command that runs the
+ * model (generate, bench's workload mode, forward): from options to the model, the
+ * backend(s), the memory plan and the engine(s) — one engine, a pipeline of stages
+ * (one backend and thread per stage, or stages one after another on one backend), or
+ * expert-parallel ranks (ep_runtime.h), each possibly with stages.
+ *
+ * eg_runtime_create decides, in this order (what gen/ printed before, unchanged): the
+ * stage split (--stages N balanced by weight bytes, or explicit end layers), on CUDA
+ * with gpu_mem_fraction > 0 the per-GPU memory plan (engine/cuda_plan.h; each GPU's
+ * line goes to opts.note as it is planned, so a later refusal still shows it), the KV
+ * pool (the plan, capped by kv_tokens), the slot count (n_slots 0: --batch auto,
+ * eg_plan_auto_slots), the check that the pool holds one sequence of max_seq_len, the
+ * host budget for preempted caches, then backends and engines. eg_runtime_describe says
+ * what was chosen, for gen/ to print in its own words.
+ * Errors are values naming the option at fault; nothing here prints or exits.
+ * Ownership: the runtime owns its backends and engines, and the model when it loaded
+ * it (opts.model_dir); a borrowed opts.model must outlive it. The option arrays
+ * (aux_layers, stage_ends) are copied. eg_runtime_free accepts NULL.
+ * Thread safety: one thread creates, runs and frees a runtime; eg_runtime_request_stop
+ * is safe from a signal handler; eg_runtime_stats may be called from next()/done(). */
+#ifndef EG_RUNTIME_H
+#define EG_RUNTIME_H
+
+#include "engine/engine.h"
+
+typedef void (*eg_runtime_note_fn)(void *ctx, const char *line);
+
+typedef struct eg_runtime_opts {
+    /* the model: borrowed when set, else loaded from model_dir (and owned) */
+    const eg_model *model;
+    const char *model_dir;
+    /* backends */
+    const char *backend;        /* "cpu" (NULL = cpu) or "cuda" */
+    int threads;                /* CPU threads in all, split over stages or ranks; 0 = eg_num_threads() */
+    int device;                 /* cuda: first GPU (stage k on device + k, or + k % gpus) */
+    int gpus;                   /* cuda: stage k on GPU k mod gpus; 0 = one GPU per stage */
+    double gpu_mem_fraction;    /* cuda: plan the KV pool from this share of each GPU's memory;
+                                   0 = no plan (the pool is kv_tokens, or the engine's default) */
+    /* layout */
+    const char *stages;         /* "N" (balanced by bytes) or "e0,e1,...,L"; NULL = one stage */
+    const int *stage_ends;      /* instead of stages: [n_stages] end layers, passed as given */
+    int n_stages;
+    int stage_threads;          /* 1: a backend and a thread per stage (generate); 0: stages one
+                                   after another on one backend (forward) */
+    int micro_batches;          /* with stage_threads (0 = the stage count) */
+    const char *transport;      /* "local", "nccl", NULL/"auto" (transport.h) */
+    int ep;                     /* expert-parallel ranks; 0 or 1 = none */
+    /* batch */
+    int n_slots;                /* concurrent sequences; 0 = auto (eg_plan_auto_slots) */
+    int max_seq_len;
+    int max_tokens;             /* rows per step; also caps n_slots 0 (auto) */
+    int block_size;             /* cache block tokens; 0 = 64 */
+    /* KV cache */
+    eg_kv_policy kv_policy;
+    int64_t kv_tokens;          /* cap on the pool in tokens; 0 = none */
+    int64_t host_kv_bytes;      /* host memory for preempted caches; < 0 = a quarter of ram_bytes */
+    int64_t ram_bytes;          /* host memory available (for auto slots and host_kv_bytes < 0) */
+    /* capture (eg_engine_opts) */
+    const int *aux_layers;      /* [n_aux] */
+    int n_aux;
+    int final_pre_norm, final_both, want_logits, capture_bf16, check_recompute;
+    /* what was decided, one line at a time, as it is decided (e.g. each GPU's memory
+       plan); NULL = none */
+    eg_runtime_note_fn note;
+    void *note_ctx;
+} eg_runtime_opts;
+
+/* What eg_runtime_create chose. Arrays live as long as the runtime. */
+typedef struct eg_runtime_info {
+    const char *backend;
+    int n_slots;                /* the slot count (over every rank) */
+    int auto_slots;             /* n_slots was chosen (opts.n_slots == 0) */
+    int max_tokens, block_size;
+    int64_t kv_blocks;          /* the pool given to the engine(s) (over every rank); 0 = default */
+    int64_t kv_capacity;        /* tokens in stage 0's cache (rank 0's with ep) */
+    int64_t kv_capacity_all;    /* summed over the ranks */
+    int64_t kv_watermark;       /* admission watermark in blocks (rank 0's) */
+    int64_t host_kv_bytes;      /* the host budget for preempted caches */
+    int64_t seq_host_bytes;     /* host bytes of one in-flight sequence at max_seq_len (captured
+                                   rows in BF16 with capture_bf16, else F32, and its tokens) */
+    int n_stages;               /* 1 = no split */
+    const int *stage_ends;      /* [n_stages] */
+    const int *stage_device;    /* [n_stages] GPU (cuda) or stage thread (cpu) */
+    const int64_t *stage_weight_bytes; /* [n_stages] as stored, with embedding / head */
+    const char *transport;      /* between stages ("none" for one stage) */
+    int micro_batches;          /* in flight with threaded stages: max(opts, n_stages), at most n_slots */
+    int ep;                     /* ranks (1 = none) */
+    int experts_per_rank;
+} eg_runtime_info;
+
+typedef struct eg_runtime eg_runtime;
+
+eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error *err);
+void eg_runtime_free(eg_runtime *rt);
+/* Run until next() has no more requests and every sequence has finished (eg_engine_run;
+ * with ep, next() and done() are called under one lock by the ranks' threads). */
+eg_status eg_runtime_run(eg_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
+/* eg_engine_request_stop of the driving engine (rank 0's with ep: the others follow). */
+void eg_runtime_request_stop(eg_runtime *rt);
+/* Stats of the engine, or summed over the ranks (eg_ep_runtime_stats); zeros for NULL. */
+void eg_runtime_stats(const eg_runtime *rt, eg_engine_stats *s);
+/* Recorded-replay counts of the engine (rank 0's with ep). */
+void eg_runtime_graph_stats(const eg_runtime *rt, eg_forward_graph_stats *gs);
+/* ep: (token, expert) pairs and bytes that crossed ranks; zeros without ep. */
+void eg_runtime_traffic(const eg_runtime *rt, int64_t *pairs, int64_t *bytes);
+const eg_runtime_info *eg_runtime_describe(const eg_runtime *rt);
+const eg_model *eg_runtime_model(const eg_runtime *rt);
+
+/* --stages text: "N" = N stages balanced by weight bytes (eg_plan_split), or explicit
+ * end layers (ascending, the last = L). ends: [L] at least. */
+eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int *ends, int *n, eg_error *err);
+
+/* --layout: an explicit "ppP", "epE" or "ppPxepE", or "auto": the layout engine/layout.h
+ * recommends for the box preset `box` and the config in model_dir, for decode (or
+ * prefill with `prefill`) at a mean sequence length of max_seq_len / 2; expert
+ * parallelism counts as runnable on the cpu backend only. Sets *stages and *ep (1 =
+ * none). With auto, why (may be NULL) gets what was chosen: "--layout auto: NAME on BOX
+ * (modelled N tok/s decode at mean length M)". */
+eg_status eg_runtime_layout(const char *layout, const char *box, const char *model_dir, const char *backend,
+                            int prefill, int max_seq_len, int *stages, int *ep, char *why, size_t why_n, eg_error *err);
+
+#endif

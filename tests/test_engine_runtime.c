@@ -1,0 +1,328 @@
+/* Runtime tests (engine/runtime.h) on the fixture model tiny-a (5 layers, 16 routed
+ * experts): one stage, two stages (threaded and one after another, balanced and
+ * explicit), --ep 2 (alone and with two stages), --batch auto and a KV pool small
+ * enough to preempt all give bit-identical tokens and captured rows for the same
+ * requests; describe() reports what was chosen; bad combinations are refused with a
+ * message naming them, before anything is run. */
+#include <stdlib.h>
+
+#include "engine/runtime.h"
+#include "tests/check.h"
+
+#define MODEL "../shared/fixtures/models/tiny-a"
+#define NREQ 6
+#define NAUX 3
+
+static const int aux_layers[NAUX] = {-1, 1, 3};
+
+typedef struct {
+    int32_t *tokens[NREQ];
+    int n_tokens[NREQ];
+    float *aux[NREQ], *final[NREQ];
+    int done[NREQ];
+} results;
+
+typedef struct {
+    int next;
+    int32_t buf[64];
+    results *out;
+    int64_t H;
+} run_ctx;
+
+static int prompt_len(int r) { return 3 + r * 7; }
+
+static int next_req(void *vc, eg_request *q, eg_error *err) {
+    (void)err;
+    run_ctx *c = vc;
+    if (c->next >= NREQ) return 0;
+    int r = c->next++;
+    for (int i = 0; i < prompt_len(r); i++) c->buf[i] = (int32_t)((r * 131 + i * 37 + 11) % 500);
+    memset(q, 0, sizeof *q);
+    q->id = (uint64_t)r;
+    q->tokens = c->buf; /* reused at the next call: the runtime must copy */
+    q->n_tokens = prompt_len(r);
+    q->max_new = 10 + 3 * r;
+    q->sp.temperature = r % 2 ? 0.8f : 0.0f; /* sampled and greedy */
+    q->sp.top_p = 0.9f;
+    q->rng = eg_rng_seed(7, (uint64_t)r);
+    return 1;
+}
+
+static eg_status on_done(void *vc, const eg_result *r, eg_error *err) {
+    (void)err;
+    run_ctx *c = vc;
+    int i = (int)r->id;
+    results *o = c->out;
+    CHECK(i >= 0 && i < NREQ && !o->done[i]);
+    if (i < 0 || i >= NREQ || o->done[i]) return EG_OK;
+    size_t T = (size_t)r->n_tokens, H = (size_t)c->H;
+    o->done[i] = 1;
+    o->n_tokens[i] = r->n_tokens;
+    o->tokens[i] = malloc(4 * T);
+    o->aux[i] = malloc(4 * T * NAUX * H);
+    o->final[i] = malloc(4 * T * H);
+    CHECK(r->aux && r->final && r->n_aux == NAUX);
+    if (o->tokens[i] && o->aux[i] && o->final[i] && r->aux && r->final) {
+        memcpy(o->tokens[i], r->tokens, 4 * T);
+        memcpy(o->aux[i], r->aux, 4 * T * NAUX * H);
+        memcpy(o->final[i], r->final, 4 * T * H);
+    }
+    return EG_OK;
+}
+
+static void free_results(results *r) {
+    for (int i = 0; i < NREQ; i++) { free(r->tokens[i]); free(r->aux[i]); free(r->final[i]); }
+    memset(r, 0, sizeof *r);
+}
+
+static eg_model model;
+static int have_model;
+
+static void load_model(void) {
+    if (have_model) return;
+    eg_error err = {0};
+    CHECK_OK(eg_model_load(MODEL, &model, &err), &err);
+    have_model = err.code == EG_OK;
+}
+
+/* The options every run shares; a test changes the layout fields. */
+static eg_runtime_opts base_opts(void) {
+    return (eg_runtime_opts){.model = &model, .backend = "cpu", .threads = 2, .n_slots = 4, .max_seq_len = 128,
+                             .max_tokens = 16, .block_size = 8, .aux_layers = aux_layers, .n_aux = NAUX,
+                             .check_recompute = 1, .ram_bytes = (int64_t)1 << 30};
+}
+
+static eg_engine_stats last_stats;
+/* describe()'s arrays live with the runtime: copied out for the checks */
+static int last_ends[8];
+static int64_t last_stage_bytes[8];
+
+static eg_status run(const eg_runtime_opts *o, results *out, eg_runtime_info *info, eg_error *err) {
+    eg_runtime *rt = NULL;
+    eg_status st = eg_runtime_create(o, &rt, err);
+    if (!st) {
+        const eg_runtime_info *in = eg_runtime_describe(rt);
+        CHECK(in->n_stages >= 1 && in->n_stages <= 8);
+        for (int k = 0; k < in->n_stages && k < 8; k++) {
+            last_ends[k] = in->stage_ends[k];
+            last_stage_bytes[k] = in->stage_weight_bytes[k];
+        }
+        if (info) {
+            *info = *in;
+            info->stage_ends = last_ends;
+            info->stage_weight_bytes = last_stage_bytes;
+            info->stage_device = NULL;
+        }
+        run_ctx c = {.out = out, .H = eg_runtime_model(rt)->cfg.hidden};
+        st = eg_runtime_run(rt, next_req, on_done, &c, err);
+        eg_runtime_stats(rt, &last_stats);
+    }
+    eg_runtime_free(rt);
+    return st;
+}
+
+static int same(const results *a, const results *b, int64_t H) {
+    for (int i = 0; i < NREQ; i++) {
+        if (!a->done[i] || !b->done[i] || a->n_tokens[i] != b->n_tokens[i]) return 0;
+        size_t T = (size_t)a->n_tokens[i];
+        if (memcmp(a->tokens[i], b->tokens[i], 4 * T) || memcmp(a->aux[i], b->aux[i], 4 * T * NAUX * (size_t)H) ||
+            memcmp(a->final[i], b->final[i], 4 * T * (size_t)H))
+            return 0;
+    }
+    return 1;
+}
+
+static void test_layouts_identical(void) {
+    load_model();
+    if (!have_model) return;
+    int64_t H = model.cfg.hidden;
+    eg_error err = {0};
+    results ref = {0};
+    eg_runtime_info info;
+    eg_runtime_opts o = base_opts();
+    CHECK_OK(run(&o, &ref, &info, &err), &err);
+    CHECK(info.n_stages == 1 && info.ep == 1 && info.n_slots == 4 && !info.auto_slots);
+    CHECK(!strcmp(info.transport, "none"));
+    CHECK(info.kv_capacity == info.kv_capacity_all && info.kv_capacity >= 4 * 128);
+    CHECK(info.experts_per_rank == 16);
+    CHECK(info.stage_ends[0] == 5 && info.stage_weight_bytes[0] == model.weight_bytes);
+    int gen = 0;
+    for (int i = 0; i < NREQ; i++) gen += ref.done[i] ? ref.n_tokens[i] - prompt_len(i) : 0;
+    CHECKF(gen > 0, "nothing generated");
+    CHECK(last_stats.decode_tokens == gen && last_stats.sequences == NREQ);
+
+    static const int ends25[2] = {2, 5};
+    struct {
+        const char *name;
+        const char *stages;
+        const int *ends;
+        int n_ends, threaded, ep, n_stages_want;
+        int64_t kv_tokens, host_kv_bytes;
+        int max_seq_len;
+        int auto_slots;
+    } v[] = {
+        {"two balanced stages, threaded", "2", NULL, 0, 1, 0, 2, 0, 0, 128, 0},
+        {"stages 1,3,5 one after another", "1,3,5", NULL, 0, 0, 0, 3, 0, 0, 128, 0},
+        {"explicit ends {2,5}, threaded", NULL, ends25, 2, 1, 0, 2, 0, 0, 128, 0},
+        {"--ep 2", NULL, NULL, 0, 1, 2, 1, 0, 0, 128, 0},
+        {"--ep 2 with two stages", "2", NULL, 0, 1, 2, 2, 0, 0, 128, 0},
+        {"--batch auto", NULL, NULL, 0, 1, 0, 1, 0, 0, 128, 1},
+        {"a pool that preempts (host copies)", NULL, NULL, 0, 1, 0, 1, 80, -1, 64, 0},
+        {"--ep 2 with two stages, a pool that preempts (recomputed)", "2", NULL, 0, 1, 2, 2, 160, 0, 64, 0},
+    };
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+        results r = {0};
+        o = base_opts();
+        o.stages = v[k].stages;
+        o.stage_ends = v[k].ends;
+        o.n_stages = v[k].n_ends;
+        o.stage_threads = v[k].threaded;
+        o.ep = v[k].ep;
+        o.kv_tokens = v[k].kv_tokens;
+        o.host_kv_bytes = v[k].host_kv_bytes;
+        o.max_seq_len = v[k].max_seq_len;
+        if (v[k].auto_slots) o.n_slots = 0;
+        eg_status st = run(&o, &r, &info, &err);
+        CHECKF(st == EG_OK, "%s: %s", v[k].name, err.msg);
+        CHECKF(same(&ref, &r, H), "%s: results differ from the one-stage runtime", v[k].name);
+        CHECKF(info.n_stages == v[k].n_stages_want, "%s: %d stages", v[k].name, info.n_stages);
+        CHECKF(info.stage_ends[info.n_stages - 1] == 5, "%s: last stage ends at %d", v[k].name,
+               info.stage_ends[info.n_stages - 1]);
+        int64_t wsum = 0;
+        for (int s = 0; s < info.n_stages; s++) wsum += info.stage_weight_bytes[s];
+        CHECKF(wsum == model.weight_bytes, "%s: stage weights %lld of %lld", v[k].name, (long long)wsum,
+               (long long)model.weight_bytes);
+        if (v[k].ep) {
+            CHECK(info.ep == 2 && info.experts_per_rank == 8);
+            CHECK(info.kv_capacity_all > info.kv_capacity);
+        }
+        if (info.n_stages > 1 && v[k].threaded && !v[k].ep) CHECK(!strcmp(info.transport, "local"));
+        if (info.n_stages > 1) CHECK(info.micro_batches >= 1 && info.micro_batches <= info.n_slots);
+        if (v[k].auto_slots) CHECKF(info.auto_slots && info.n_slots >= 1 && info.n_slots <= 16, "auto: %d slots", info.n_slots);
+        if (v[k].kv_tokens) {
+            CHECK(info.kv_blocks == v[k].kv_tokens / 8);
+            CHECKF(last_stats.preemptions > 0, "%s: no preemption", v[k].name);
+            /* < 0: a quarter of ram_bytes */
+            CHECK(info.host_kv_bytes == (v[k].host_kv_bytes < 0 ? (int64_t)1 << 28 : v[k].host_kv_bytes));
+            if (v[k].host_kv_bytes) CHECK(last_stats.swap_outs > 0);
+            else CHECK(last_stats.recomputed_tokens > 0 && last_stats.swap_outs == 0);
+        }
+        free_results(&r);
+    }
+    free_results(&ref);
+}
+
+/* The model loaded by the runtime itself (model_dir) gives the same results. */
+static void test_model_dir(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    results a = {0}, b = {0};
+    eg_runtime_opts o = base_opts();
+    CHECK_OK(run(&o, &a, NULL, &err), &err);
+    o.model = NULL;
+    o.model_dir = MODEL;
+    o.ep = 2;
+    CHECK_OK(run(&o, &b, NULL, &err), &err);
+    CHECK(same(&a, &b, model.cfg.hidden));
+    free_results(&a);
+    free_results(&b);
+    o.model_dir = "../shared/fixtures/models/no-such-model";
+    eg_runtime *rt = NULL;
+    CHECK(eg_runtime_create(&o, &rt, &err) != EG_OK && rt == NULL);
+    CHECKF(strstr(err.msg, "no-such-model") != NULL, "%s", err.msg);
+}
+
+static void test_stop(void) {
+    load_model();
+    if (!have_model) return;
+    for (int ep = 1; ep <= 2; ep++) {
+        eg_error err = {0};
+        eg_runtime_opts o = base_opts();
+        o.ep = ep;
+        eg_runtime *rt = NULL;
+        CHECK_OK(eg_runtime_create(&o, &rt, &err), &err);
+        if (!rt) continue;
+        results r = {0};
+        run_ctx c = {.out = &r, .H = model.cfg.hidden};
+        eg_runtime_request_stop(rt);
+        CHECKF(eg_runtime_run(rt, next_req, on_done, &c, &err) == EG_ERR_INTERRUPTED, "ep %d: %s", ep, err.msg);
+        eg_runtime_free(rt);
+        free_results(&r);
+    }
+    eg_runtime_request_stop(NULL);
+}
+
+/* A refused combination returns an error naming it and no runtime. */
+static void refused(const char *what, const eg_runtime_opts *o, const char *want, const char *want2) {
+    eg_error err = {0};
+    eg_runtime *rt = (eg_runtime *)&err; /* must come back NULL */
+    eg_status st = eg_runtime_create(o, &rt, &err);
+    CHECKF(st != EG_OK, "%s: accepted", what);
+    CHECKF(rt == NULL, "%s: a runtime came back", what);
+    CHECKF(strstr(err.msg, want) != NULL, "%s: '%s' does not say '%s'", what, err.msg, want);
+    if (want2) CHECKF(strstr(err.msg, want2) != NULL, "%s: '%s' does not say '%s'", what, err.msg, want2);
+}
+
+static void test_refusals(void) {
+    load_model();
+    if (!have_model) return;
+    eg_runtime_opts o = base_opts();
+    o.ep = 3;
+    refused("ep 3", &o, "--ep 3 does not divide the model's 16 routed experts", NULL);
+    o = base_opts();
+    o.ep = 8;
+    refused("ep 8, 4 slots", &o, "--ep 8 needs at least one sequence slot per rank", "--batch 4");
+    o = base_opts();
+    o.ep = 2;
+    o.backend = "cuda";
+    refused("ep 2 on cuda", &o, "--ep 2 on the cuda backend", "CPU ranks only");
+    o = base_opts();
+    o.ep = 4;
+    o.kv_tokens = 256;
+    refused("ep 4, small pool", &o, "--ep 4: each rank's share of the KV pool", "--max-seq-len 128");
+    o = base_opts();
+    o.stages = "9";
+    refused("stages 9", &o, "--stages 9: the model has 5 layers", NULL);
+    o.stages = "1,2";
+    refused("stages 1,2", &o, "--stages 1,2: end layers must increase and the last must be 5", NULL);
+    o.stages = "3,2,5";
+    refused("stages 3,2,5", &o, "end layers must increase", NULL);
+    o.stages = "two";
+    refused("stages two", &o, "--stages: expected N or comma-separated end layers, got 'two'", NULL);
+    o.stages = "2";
+    static const int ends[2] = {2, 5};
+    o.stage_ends = ends;
+    o.n_stages = 2;
+    refused("stages twice", &o, "as text or as end layers, not both", NULL);
+    o = base_opts();
+    o.kv_tokens = 100;
+    refused("pool < one sequence", &o, "the KV pool (96 tokens) cannot hold one sequence of --max-seq-len 128", NULL);
+    o = base_opts();
+    o.model = NULL;
+    refused("no model", &o, "no model", NULL);
+    o = base_opts();
+    o.max_tokens = 0;
+    refused("no rows", &o, "max_tokens 0", NULL);
+    o = base_opts();
+    static const int bad_ends[2] = {2, 4};
+    o.stage_ends = bad_ends;
+    o.n_stages = 2;
+    o.stage_threads = 0;
+    refused("explicit ends not ending at L", &o, "stage", NULL);
+    eg_runtime_free(NULL);
+}
+
+static void test_cleanup(void) {
+    if (have_model) eg_model_free(&model);
+    have_model = 0;
+}
+
+static const eg_test tests[] = {
+    {"layouts_identical", test_layouts_identical},
+    {"model_dir", test_model_dir},
+    {"stop", test_stop},
+    {"refusals", test_refusals},
+    {"cleanup", test_cleanup},
+};
+EG_TEST_MAIN("engine_runtime", tests)
