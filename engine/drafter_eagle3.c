@@ -440,14 +440,16 @@ static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3
     }
     const int L = d->L_target;
     if (conv == EG_AUX_CONV_AUTO) {
-        int def[3] = {1, L / 2 - 1, L - 4}, hf[3] = {2, L / 2, L - 3};
-        int is_def = n == 3, is_hf = n == 3;
-        for (int i = 0; i < 3 && (size_t)i < n; i++) {
+        /* the default set [1, L/2-1, L-4] (deduplicated for tiny models, as generate's
+         * default), and the same layers counted as hidden-states indices */
+        int def[3], nd = eg_config_default_aux_layers(&d->target->cfg, def);
+        int is_def = (size_t)nd == n, is_hf = (size_t)nd == n;
+        for (int i = 0; i < nd && (size_t)i < n; i++) {
             is_def &= d->aux_buf[i] == def[i];
-            is_hf &= d->aux_buf[i] == hf[i];
+            is_hf &= d->aux_buf[i] == def[i] + 1;
         }
-        if (is_def) conv = EG_AUX_CONV_OUTPUT_OF_LAYER, why = "SpecForge/SGLang's default set [1, L/2-1, L-4]";
-        else if (is_hf) conv = EG_AUX_CONV_HF_INDEX, why = "vLLM's default set [2, L/2, L-3]";
+        if (is_def) conv = EG_AUX_CONV_OUTPUT_OF_LAYER, why = "the output-of-layer default set [1, L/2-1, L-4]";
+        else if (is_hf) conv = EG_AUX_CONV_HF_INDEX, why = "the hidden-states-index default set [2, L/2, L-3]";
         else
             return eg_fail(err, EG_ERR_CONFIG,
                            "%s: eagle_aux_hidden_state_layer_ids [%s] is ambiguous for a %d-layer target: SpecForge/SGLang "

@@ -40,9 +40,11 @@
  * k + 1 (0 would be the embedding output). */
 typedef enum eg_aux_convention {
     EG_AUX_CONV_AUTO = 0,        /* config key "eaglegen_aux_convention" when present; else
-                                    the ids must be one trainer's default set for the
-                                    target's L: [1, L/2-1, L-4] -> output-of-layer,
-                                    [2, L/2, L-3] -> hidden-states index; else refused */
+                                    the ids must be the default set for the target's L
+                                    counted one way or the other: [1, L/2-1, L-4]
+                                    (deduplicated, as eg_config_default_aux_layers) ->
+                                    output-of-layer, the same + 1 ([2, L/2, L-3]) ->
+                                    hidden-states index; anything else is refused */
     EG_AUX_CONV_OUTPUT_OF_LAYER, /* id k = output of decoder layer k */
     EG_AUX_CONV_HF_INDEX         /* id i = hidden_states[i] = output of decoder layer i-1 */
 } eg_aux_convention;
