@@ -79,9 +79,19 @@ static inline float dw_get(const dw *w, int64_t i) {
 static float dot_row(const dw *w, int64_t r, const float *x) {
     const int64_t n = w->cols;
     float acc = 0;
-    if (w->dt == EG_ST_BF16) {
+    if (w->dt == EG_ST_BF16) { /* 8 partial sums (a fixed order: results do not depend on threads) */
         const uint16_t *p = (const uint16_t *)w->data + r * n;
-        for (int64_t c = 0; c < n; c++) acc += eg_bf16_to_f32(p[c]) * x[c];
+        float part[8] = {0};
+        int64_t c = 0;
+        for (; c + 8 <= n; c += 8)
+            for (int j = 0; j < 8; j++) {
+                uint32_t u = (uint32_t)p[c + j] << 16;
+                float wv;
+                memcpy(&wv, &u, 4);
+                part[j] += wv * x[c + j];
+            }
+        for (; c < n; c++) acc += eg_bf16_to_f32(p[c]) * x[c];
+        acc += ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     } else if (w->dt == EG_ST_F32) {
         const float *p = (const float *)w->data + r * n;
         for (int64_t c = 0; c < n; c++) acc += p[c] * x[c];
