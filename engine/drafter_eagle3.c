@@ -47,6 +47,7 @@ typedef struct e3 {
     dw fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head, embed;
     int own_embed;             /* 0: the target's embedding */
     const eg_model *target;
+    const eg_config *tcfg;     /* the target's config (config parsing reads only this) */
     int64_t *d2t;              /* [Vd] */
     float *inv_freq;           /* [HD/2] */
     /* files */
@@ -452,7 +453,7 @@ static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3
     if (conv == EG_AUX_CONV_AUTO) {
         /* the default set [1, L/2-1, L-4] (deduplicated for tiny models, as generate's
          * default), and the same layers counted as hidden-states indices */
-        int def[3], nd = eg_config_default_aux_layers(&d->target->cfg, def);
+        int def[3], nd = eg_config_default_aux_layers(d->tcfg, def);
         int is_def = (size_t)nd == n, is_hf = (size_t)nd == n;
         for (int i = 0; i < nd && (size_t)i < n; i++) {
             is_def &= d->aux_buf[i] == def[i];
@@ -486,11 +487,10 @@ static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3
     return EG_OK;
 }
 
-static eg_status read_config(e3 *d, const char *dir, const eg_eagle3_opts *o, eg_error *err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+static eg_status parse_config(e3 *d, const char *text, size_t len, const char *path, const eg_eagle3_opts *o,
+                              eg_error *err) {
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    json_t *root = json_loadb(text, len, 0, &je);
     if (!root) return eg_fail(err, EG_ERR_CONFIG, "%s: %s (line %d)", path, je.text, je.line);
     eg_status st = EG_OK;
     if (!json_is_object(root)) {
@@ -508,7 +508,7 @@ static eg_status read_config(e3 *d, const char *dir, const eg_eagle3_opts *o, eg
                      "%s: \"architectures\" must name LlamaForCausalLMEagle3 (SpecForge's EAGLE-3 Llama drafter)", path);
         goto done;
     }
-    const eg_config *tc = &d->target->cfg;
+    const eg_config *tc = d->tcfg;
     int nl;
     double eps, theta;
     if ((st = cfg_int(root, path, "hidden_size", 1, 0, 1, &d->H, err)) ||
@@ -582,6 +582,58 @@ static eg_status read_config(e3 *d, const char *dir, const eg_eagle3_opts *o, eg
 done:
     json_decref(root);
     return st;
+}
+
+static eg_status read_config(e3 *d, const char *dir, const eg_eagle3_opts *o, eg_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return eg_fail(err, EG_ERR_CONFIG, "%s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    eg_status st = EG_OK;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 65536;
+            char *nb = cap > ((size_t)1 << 26) ? NULL : realloc(buf, cap);
+            if (!nb) {
+                st = eg_fail(err, EG_ERR_CONFIG, "%s: larger than 64 MiB or out of memory", path);
+                break;
+            }
+            buf = nb;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) break;
+    }
+    if (!st && ferror(f)) st = eg_fail(err, EG_ERR_IO, "%s: read error", path);
+    fclose(f);
+    if (!st) st = parse_config(d, buf, n, path, o, err);
+    free(buf);
+    return st;
+}
+
+eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const char *what, const eg_config *target,
+                                         const eg_eagle3_opts *opts, eg_eagle3_config *out, eg_error *err) {
+    memset(out, 0, sizeof *out);
+    e3 d;
+    memset(&d, 0, sizeof d);
+    d.tcfg = target;
+    d.L_target = target->n_layers;
+    eg_status st = parse_config(&d, json, len, what, opts, err);
+    if (st) {
+        free(d.aux_buf);
+        return st;
+    }
+    *out = (eg_eagle3_config){d.H, d.Ht, d.NH, d.NKV, d.HD, d.I, d.V, d.Vd, d.n_aux, d.aux_buf, d.aux_source,
+                              d.eps, d.theta, d.norm_before_residual};
+    return EG_OK;
+}
+
+void eg_eagle3_config_free(eg_eagle3_config *c) {
+    if (!c) return;
+    free(c->aux_layers);
+    c->aux_layers = NULL;
 }
 
 /* ------------------------------------------------------------------ tensors */
@@ -789,6 +841,7 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     e3 *d = eg_calloc(1, sizeof *d, err);
     if (!d) return EG_ERR_NOMEM;
     d->target = target;
+    d->tcfg = &target->cfg;
     d->L_target = target->cfg.n_layers;
     d->S = n_slots;
     d->T = max_seq_len;

@@ -61,6 +61,22 @@ eg_status eg_drafter_eagle3_load(const char *dir, const eg_model *target, int n_
 eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, int n_slots, int max_seq_len,
                                       const eg_eagle3_opts *opts, eg_drafter **out, eg_error *err);
 
+/* config.json alone (no tensors), as the loader reads it, against the target's config:
+ * for checks before loading and the fuzz harness. `what` names the text in messages.
+ * out->aux_layers is malloc'd: eg_eagle3_config_free (NULL ok). */
+typedef struct eg_eagle3_config {
+    int hidden, target_hidden, heads, kv_heads, head_dim, inter, vocab, draft_vocab;
+    int n_aux;
+    int *aux_layers;        /* [n_aux] eaglegen convention, ascending, < target layers */
+    const char *aux_source; /* how the convention was decided (static string) */
+    float eps;
+    double rope_theta;
+    int norm_before_residual;
+} eg_eagle3_config;
+eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const char *what, const eg_config *target,
+                                         const eg_eagle3_opts *opts, eg_eagle3_config *out, eg_error *err);
+void eg_eagle3_config_free(eg_eagle3_config *c);
+
 /* For tests and diagnostics (d must be an eagle3 drafter). */
 int eg_drafter_eagle3_draft_vocab(const eg_drafter *d);                 /* Vd */
 const int64_t *eg_drafter_eagle3_d2t(const eg_drafter *d);              /* [Vd] */
