@@ -4,8 +4,8 @@
  * steps, relative error per row < 1e-4 (the C side is FP32 with BF16 weights and BF16
  * K/V, the reference float64 over the same BF16 weights and BF16-rounded K/V);
  * truncate/extend consistency (bit-identical to a straight extend); the processed
- * distribution q against spec.h's processing over the target vocabulary; aux-layer
- * conventions; bad checkpoints and calls, each error naming the file / tensor / key. */
+ * distribution q against spec.h's processing over the target vocabulary; sampled drafts
+ * against q (chi-square); aux-layer conventions; bad checkpoints and calls, each error naming the file / tensor / key. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -306,6 +306,45 @@ static void test_q_permuted(void) {
     q_case("q_perm", d2t);
 }
 
+/* Sampled drafts follow q: 4000 draws (one rng per draw) at temperature 1, top-k 8,
+ * against the expected counts N q. Chi-square with 7 degrees of freedom; the bound 41.9 is
+ * the 1 - 1e-6 quantile (Wilson-Hilferty), so a correct sampler fails one run in a million. */
+static void test_draws_follow_q(void) {
+    const char *dir = tmpdir("draws");
+    make_drafter(dir, 0, NULL);
+    eg_error e = {0};
+    eg_drafter *d = NULL;
+    CHECK_OK(load(dir, 1, 8, &d, &e), &e);
+    if (!d) return;
+    static float aux[2][3][64];
+    for (int i = 0; i < 2 * 3 * 64; i++) (&aux[0][0][0])[i] = (float)(2.0 * urand() - 1.0);
+    int32_t next[2] = {17, 300}, seq[8], dr[1];
+    CHECK_OK(eg_drafter_extend(d, 0, 0, 2, &aux[0][0][0], next, &e), &e);
+    const eg_sample_params sp = {1.0f, 1.0f, 8};
+    static double q[512];
+    static int count[512];
+    uint64_t rng = eg_rng_seed(eg_test_seed(), 1);
+    CHECK_OK(eg_drafter_propose(d, 0, seq, 3, 1, &sp, &rng, dr, q, &e), &e);
+    const int N = 4000;
+    for (int i = 0; i < N; i++) {
+        uint64_t r = eg_rng_seed(eg_test_seed(), 100 + (uint64_t)i);
+        CHECK_OK(eg_drafter_propose(d, 0, seq, 3, 1, &sp, &r, dr, NULL, &e), &e);
+        count[dr[0]]++;
+    }
+    double chi = 0;
+    int support = 0, outside = 0;
+    for (int t = 0; t < 512; t++) {
+        if (q[t] > 0) {
+            support++;
+            chi += (count[t] - N * q[t]) * (count[t] - N * q[t]) / (N * q[t]);
+        } else outside += count[t];
+    }
+    CHECK(support == 8 && outside == 0);
+    CHECKF(chi < 41.9, "chi-square %.2f over 8 outcomes (bound 41.9)", chi);
+    printf("    chi-square %.2f (7 dof, bound 41.9 at a 1e-6 false-alarm rate)\n", chi);
+    eg_drafter_free(d);
+}
+
 /* ---------------------------------------------------------------- conventions */
 
 static eg_status load_with_ids(const char *dir, const int *ids, int n, const char *conv, eg_aux_convention ask,
@@ -503,6 +542,7 @@ int main(int argc, char **argv) {
         {"truncate_extend", test_truncate_extend},
         {"q_monotone", test_q_monotone},
         {"q_permuted", test_q_permuted},
+        {"draws_follow_q", test_draws_follow_q},
         {"aux_conventions", test_aux_conventions},
         {"bad_checkpoints", test_bad_checkpoints},
         {"bad_calls", test_bad_calls},
