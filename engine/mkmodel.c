@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "common/eg_thread.h"
+#include "engine/config.h"
 #include "engine/safetensors.h"
 
 /* ---------------------------------------------------------------- presets */
@@ -763,5 +764,129 @@ out:
     free(path);
     eg_pool_free(pool);
     plan_free(&pl);
+    return st;
+}
+
+/* ---------------------------------------------------------------- EAGLE-3 drafter */
+
+typedef struct dr_fill {
+    uint64_t key;
+    float scale; /* std of the normal draw */
+    float base;  /* added (1 for norm weights) */
+} dr_fill;
+
+static eg_status dr_fill_fn(void *ctx, uint64_t offset, void *buf, size_t n, eg_error *err) {
+    (void)err;
+    const dr_fill *f = ctx;
+    uint16_t *o = buf;
+    int64_t e0 = (int64_t)(offset / 2), ne = (int64_t)(n / 2);
+    for (int64_t i = 0; i < ne; i++) o[i] = eg_f32_to_bf16(f->base + f->scale * normal_at(f->key, e0 + i));
+    return EG_OK;
+}
+
+eg_status eg_mkmodel_drafter(const eg_mkdrafter_opts *o, eg_error *err) {
+    if (!o->target_dir || !o->out_dir) return eg_fail(err, EG_ERR_INVALID, "mkmodel drafter: target and output directories are required");
+    eg_config tc;
+    eg_status st = eg_config_load(o->target_dir, &tc, err);
+    if (st) return eg_wrap(err, "mkmodel --drafter-for %s", o->target_dir);
+    const int H = tc.hidden, V = tc.vocab, L = tc.n_layers, NH = tc.n_heads;
+    const int Vd = o->draft_vocab ? o->draft_vocab : (V < 32000 ? V : 32000);
+    const int NKV = NH >= 8 ? NH / 8 : (NH / 2 > 0 ? NH / 2 : 1), HD = H / NH, I = tc.inter;
+    int def[3], n_aux = o->n_aux ? o->n_aux : eg_config_default_aux_layers(&tc, def);
+    const int *aux = o->n_aux ? o->aux_layers : def;
+    int64_t *d2t = NULL;
+    uint8_t *t2d = NULL;
+    eg_st_writer *w = NULL;
+    json_t *root = NULL;
+    dr_fill *fills = NULL;
+    if (Vd < 1 || Vd > V) {
+        st = eg_fail(err, EG_ERR_INVALID, "mkmodel drafter: draft vocabulary %d outside [1, %d] (the target's vocabulary)", Vd, V);
+        goto done;
+    }
+    if (H % NH || HD % 2) {
+        st = eg_fail(err, EG_ERR_INVALID, "mkmodel drafter: hidden %d over %d heads gives no even head_dim", H, NH);
+        goto done;
+    }
+    for (int i = 0; i < n_aux; i++)
+        if (aux[i] < 0 || aux[i] >= L || (i && aux[i] <= aux[i - 1])) {
+            st = eg_fail(err, EG_ERR_INVALID, "mkmodel drafter: aux layers must be ascending, distinct, in [0, %d)", L);
+            goto done;
+        }
+    d2t = eg_malloc(sizeof *d2t * (size_t)Vd, err);
+    t2d = eg_calloc((size_t)V, 1, err);
+    fills = eg_calloc(16, sizeof *fills, err);
+    if (!d2t || !t2d || !fills) {
+        st = EG_ERR_NOMEM;
+        goto done;
+    }
+    for (int i = 0; i < Vd; i++) {
+        int64_t t = o->d2t ? i + o->d2t[i] : i;
+        if (t < 0 || t >= V || t2d[t]) {
+            st = eg_fail(err, EG_ERR_INVALID, "mkmodel drafter: d2t[%d] = %lld maps to target id %lld (%s)", i,
+                         (long long)(t - i), (long long)t, t < 0 || t >= V ? "outside the vocabulary" : "repeated");
+            goto done;
+        }
+        t2d[t] = 1;
+        d2t[i] = t - i;
+    }
+    if ((st = mkdir_p(o->out_dir, err)) || (st = eg_st_writer_new(&w, err))) goto done;
+    struct { const char *name; int64_t rows, cols; float scale, base; } ts[] = {
+        {"fc.weight", H, (int64_t)n_aux * H, 0, 0},
+        {"midlayer.input_layernorm.weight", H, 0, 0.05f, 1},
+        {"midlayer.hidden_norm.weight", H, 0, 0.05f, 1},
+        {"midlayer.self_attn.q_proj.weight", (int64_t)NH * HD, 2 * H, 0, 0},
+        {"midlayer.self_attn.k_proj.weight", (int64_t)NKV * HD, 2 * H, 0, 0},
+        {"midlayer.self_attn.v_proj.weight", (int64_t)NKV * HD, 2 * H, 0, 0},
+        {"midlayer.self_attn.o_proj.weight", H, (int64_t)NH * HD, 0, 0},
+        {"midlayer.post_attention_layernorm.weight", H, 0, 0.05f, 1},
+        {"midlayer.mlp.gate_proj.weight", I, H, 0, 0},
+        {"midlayer.mlp.up_proj.weight", I, H, 0, 0},
+        {"midlayer.mlp.down_proj.weight", H, I, 0, 0},
+        {"norm.weight", H, 0, 0.05f, 1},
+        {"lm_head.weight", Vd, H, 4.0f / sqrtf((float)H), 0},
+        {"embed_tokens.weight", V, H, 1.0f, 0},
+    };
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        if (o->no_embed && !strcmp(ts[i].name, "embed_tokens.weight")) continue;
+        fills[i].key = name_key(o->seed, ts[i].name);
+        fills[i].scale = ts[i].scale > 0 ? ts[i].scale : 1.0f / sqrtf((float)ts[i].cols);
+        fills[i].base = ts[i].base;
+        int64_t shape[2] = {ts[i].rows, ts[i].cols};
+        if ((st = eg_st_writer_add_fill(w, ts[i].name, EG_ST_BF16, ts[i].cols ? 2 : 1, shape, dr_fill_fn, &fills[i], err)))
+            goto done;
+    }
+    int64_t sd = Vd, sv = V;
+    if ((st = eg_st_writer_add(w, "d2t", EG_ST_I64, 1, &sd, d2t, err)) ||
+        (st = eg_st_writer_add(w, "t2d", EG_ST_BOOL, 1, &sv, t2d, err)) ||
+        (st = eg_st_writer_meta(w, "format", "pt", err)))
+        goto done;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", o->out_dir);
+    if ((st = eg_st_writer_write(w, path, err))) goto done;
+    json_t *ids = json_array();
+    for (int i = 0; i < n_aux; i++) json_array_append_new(ids, json_integer(aux[i]));
+    root = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:n, s:s, s:i, s:b, s:s,"
+                     " s:b, s:b, s:{s:o, s:b, s:s}, s:{s:s, s:s, s:I}}",
+                     "architectures", "LlamaForCausalLMEagle3", "model_type", "llama", "hidden_size", H,
+                     "num_attention_heads", NH, "num_key_value_heads", NKV, "head_dim", HD, "intermediate_size", I,
+                     "num_hidden_layers", 1, "vocab_size", V, "draft_vocab_size", Vd, "target_hidden_size", H,
+                     "rms_norm_eps", (double)tc.rms_eps, "rope_theta", tc.rope_theta, "rope_scaling", "hidden_act",
+                     "silu", "max_position_embeddings", tc.max_pos, "tie_word_embeddings", 0, "torch_dtype", "bfloat16",
+                     "attention_bias", 0, "norm_before_residual", 0, "eagle_config",
+                     "eagle_aux_hidden_state_layer_ids", ids, "use_aux_hidden_state", 1, "eaglegen_aux_convention",
+                     "output_of_layer", "eaglegen", "drafter_for", tc.model_type, "target_config_sha256", tc.hash,
+                     "seed", (json_int_t)o->seed);
+    if (!root) {
+        st = eg_fail(err, EG_ERR_NOMEM, "mkmodel drafter: building config.json");
+        goto done;
+    }
+    st = write_json(o->out_dir, "config.json", root, err);
+done:
+    json_decref(root);
+    eg_st_writer_free(w);
+    free(fills);
+    free(d2t);
+    free(t2d);
+    eg_config_free(&tc);
     return st;
 }

@@ -61,4 +61,27 @@ eg_status eg_mkmodel_plan(const eg_mkmodel_opts *o, eg_mkmodel_plan_info *info, 
 /* Write the model. */
 eg_status eg_mkmodel_run(const eg_mkmodel_opts *o, eg_mkmodel_plan_info *info, eg_error *err);
 
+/* ---- EAGLE-3 drafter (mkmodel --drafter-for) ----
+ * eg_mkmodel_drafter writes into out_dir a random drafter for the model in target_dir, in
+ * SpecForge's LlamaForCausalLMEagle3 layout (engine/drafter_eagle3.h): config.json and one
+ * model.safetensors, BF16 weights, d2t I64, t2d BOOL. Dimensions follow the target:
+ * hidden = the target's H, heads = its NH (head_dim H/NH), kv heads NH/8 (NH/2 below 8
+ * heads, at least 1), intermediate = its dense intermediate_size, vocab = its V,
+ * rms_norm_eps / rope_theta / max_position_embeddings its values, no rope scaling. Weight
+ * scales as for models (N(0, 1/fan_in) linears, norms 1 + N(0, 0.05^2), embedding N(0, 1),
+ * lm_head N(0, 16/H)), counter-based from (seed, tensor name, index). */
+typedef struct eg_mkdrafter_opts {
+    const char *target_dir;   /* the target model (its config.json is read) */
+    const char *out_dir;      /* created if missing */
+    uint64_t seed;
+    int draft_vocab;          /* Vd; 0 = min(V, 32000) */
+    const int64_t *d2t;       /* [draft_vocab] target = d + d2t[d] (e.g. `eaglegen vocab`);
+                                 NULL = the lowest ids 0..Vd-1 */
+    int n_aux;                /* 0 = the target's default aux layers [1, L/2-1, L-4] */
+    const int *aux_layers;    /* [n_aux] output-of-layer ids, ascending, distinct */
+    int no_embed;             /* omit embed_tokens.weight (the loader then uses the target's) */
+} eg_mkdrafter_opts;
+
+eg_status eg_mkmodel_drafter(const eg_mkdrafter_opts *o, eg_error *err);
+
 #endif

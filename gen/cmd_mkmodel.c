@@ -13,6 +13,7 @@ static void mk_usage(FILE *f) {
     fprintf(f,
             "usage: eaglegen mkmodel --preset NAME --out DIR [options]\n"
             "       eaglegen mkmodel --preset NAME --dry-run [options]\n"
+            "       eaglegen mkmodel --drafter-for MODEL_DIR --out DIR [drafter options]\n"
             "\n"
             "Write a random-weights model in Kimi-K2.5's checkpoint layout: nested\n"
             "config.json, model.safetensors.index.json + shards (tensors prefixed\n"
@@ -46,7 +47,22 @@ static void mk_usage(FILE *f) {
             "  --dry-run           print the tensor plan (name dtype [shape] bytes shard)\n"
             "                      and totals; write nothing\n"
             "  --print-config      print the config.json the preset would write\n"
-            "  --help              this text\n");
+            "  --help              this text\n"
+            "\n"
+            "EAGLE-3 drafter (--drafter-for): a random drafter for MODEL_DIR in SpecForge's\n"
+            "LlamaForCausalLMEagle3 layout (config.json + model.safetensors, BF16; docs/ENGINE.md\n"
+            "\"Drafter (EAGLE-3)\"), hidden size and vocabulary matching the model's:\n"
+            "  --drafter-for DIR   the target model directory\n"
+            "  --out DIR           output directory (created if missing; required)\n"
+            "  --seed S            RNG seed (default 0)\n"
+            "  --draft-vocab N     draft vocabulary size (default min(V, 32000)): the lowest N\n"
+            "                      ids unless --vocab is given\n"
+            "  --vocab DIR         take d2t from DIR/d2t.npy (what `eaglegen vocab` writes); its\n"
+            "                      length is the draft vocabulary\n"
+            "  --aux-layers LIST   comma-separated aux layers (output-of-layer ids, ascending;\n"
+            "                      default the model's default [1, L/2-1, L-4])\n"
+            "  --no-embed          leave out embed_tokens.weight (the drafter then uses the\n"
+            "                      target's embedding, as trainers that freeze it may ship)\n");
 }
 
 static int parse_i64(const char *s, int64_t *out) {
@@ -58,7 +74,135 @@ static int parse_i64(const char *s, int64_t *out) {
     return 0;
 }
 
+/* d2t.npy as `eaglegen vocab` writes it: NPY 1.0/2.0, '<i8', C order, shape (N,).
+ * *out malloc'd. */
+static int read_d2t_npy(const char *dir, int64_t **out, int *n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/d2t.npy", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "eaglegen mkmodel: %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    unsigned char pre[12];
+    size_t hl = 0, off = 0;
+    int ok = fread(pre, 1, 10, f) == 10 && !memcmp(pre, "\x93NUMPY", 6);
+    if (ok && pre[6] == 1) hl = (size_t)pre[8] | (size_t)pre[9] << 8, off = 10;
+    else if (ok && pre[6] >= 2 && fread(pre + 10, 1, 2, f) == 2)
+        hl = (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24, off = 12;
+    else ok = 0;
+    char *h = ok && hl < 65536 ? calloc(1, hl + 1) : NULL;
+    long long N = -1;
+    if (h && fread(h, 1, hl, f) == hl) {
+        const char *sp = strstr(h, "'shape':");
+        ok = strstr(h, "'descr': '<i8'") && strstr(h, "'fortran_order': False") && sp &&
+             sscanf(sp, "'shape': (%lld,)", &N) == 1 && N > 0 && N < (1 << 30);
+    } else ok = 0;
+    free(h);
+    int64_t *d = ok ? malloc(sizeof *d * (size_t)N) : NULL;
+    if (d && fread(d, sizeof *d, (size_t)N, f) == (size_t)N && fgetc(f) == EOF) {
+        *out = d, *n = (int)N;
+        fclose(f);
+        return 0;
+    }
+    free(d);
+    fclose(f);
+    fprintf(stderr, "eaglegen mkmodel: %s: not an int64 [N] .npy file (as `eaglegen vocab` writes; %zu-byte preamble)\n",
+            path, off);
+    return 1;
+}
+
+static int mk_drafter(int argc, char **argv) {
+    eg_mkdrafter_opts o = {0};
+    const char *vocab = NULL;
+    int aux[256], n_aux = 0, rc = 2;
+    int64_t *d2t = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t x;
+        if (!strcmp(a, "--no-embed")) {
+            o.no_embed = 1;
+            continue;
+        }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            mk_usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--drafter-for") && strcmp(a, "--out") && strcmp(a, "--seed") && strcmp(a, "--draft-vocab") &&
+            strcmp(a, "--vocab") && strcmp(a, "--aux-layers")) {
+            fprintf(stderr, "eaglegen mkmodel: '%s' is not a --drafter-for option (see --help)\n", a);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "eaglegen mkmodel: %s needs a value (see --help)\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--drafter-for")) o.target_dir = v;
+        else if (!strcmp(a, "--out")) o.out_dir = v;
+        else if (!strcmp(a, "--vocab")) vocab = v;
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            o.seed = strtoull(v, &end, 0);
+            if (errno || *end || end == v || !(*v >= '0' && *v <= '9')) {
+                fprintf(stderr, "eaglegen mkmodel: bad --seed '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--draft-vocab")) {
+            if (parse_i64(v, &x) || x < 1 || x > (1 << 30)) {
+                fprintf(stderr, "eaglegen mkmodel: bad --draft-vocab '%s'\n", v);
+                return 2;
+            }
+            o.draft_vocab = (int)x;
+        } else { /* --aux-layers */
+            n_aux = 0;
+            const char *p = v;
+            for (;;) {
+                char *end;
+                errno = 0;
+                long l = strtol(p, &end, 10);
+                if (errno || end == p || l < 0 || l > 1000000 || (*end && *end != ',') ||
+                    n_aux == (int)(sizeof aux / sizeof aux[0]) || (n_aux && l <= aux[n_aux - 1])) {
+                    fprintf(stderr, "eaglegen mkmodel: bad --aux-layers '%s' (ascending distinct layer ids, e.g. 1,29,57)\n", v);
+                    return 2;
+                }
+                aux[n_aux++] = (int)l;
+                if (!*end) break;
+                p = end + 1;
+            }
+        }
+    }
+    if (!o.out_dir) {
+        fprintf(stderr, "eaglegen mkmodel: --drafter-for needs --out DIR (see --help)\n");
+        return 2;
+    }
+    if (vocab && o.draft_vocab) {
+        fprintf(stderr, "eaglegen mkmodel: --vocab sets the draft vocabulary; drop --draft-vocab\n");
+        return 2;
+    }
+    if (vocab) {
+        if (read_d2t_npy(vocab, &d2t, &o.draft_vocab)) return 1;
+        o.d2t = d2t;
+    }
+    o.n_aux = n_aux;
+    o.aux_layers = aux;
+    eg_error err = {0};
+    double t0 = eg_now();
+    if (eg_mkmodel_drafter(&o, &err)) {
+        fprintf(stderr, "eaglegen mkmodel: %s\n", err.msg);
+        rc = err.code == EG_ERR_INVALID ? 2 : 1;
+    } else {
+        fprintf(stderr, "mkmodel: %s: EAGLE-3 drafter for %s, %.1f s\n", o.out_dir, o.target_dir, eg_now() - t0);
+        rc = 0;
+    }
+    free(d2t);
+    return rc;
+}
+
 int cmd_mkmodel(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--drafter-for")) return mk_drafter(argc, argv);
     eg_mkmodel_opts o = {0};
     int dry = 0, print_cfg = 0;
     for (int i = 1; i < argc; i++) {

@@ -22,7 +22,7 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "tokenize JSONL text or conversations with the Kimi chat template"},
     {"forward", cmd_forward, "teacher-forced hidden states and logits for token prompts"},
     {"fidelity", cmd_fidelity, "measure a precision choice against the reference; audit a dataset"},
-    {"mkmodel", cmd_mkmodel, "write a random-weights model in the Hugging Face layout"},
+    {"mkmodel", cmd_mkmodel, "write a random-weights model (or EAGLE-3 drafter) in the Hugging Face layout"},
     {"bench", cmd_bench, "measure prefill and decode tokens/s"},
     {"plan", cmd_plan, "pipeline stage split and per-GPU memory plan (KV capacity)"},
 };

@@ -1,0 +1,889 @@
+/* The EAGLE-3 drafter on the CPU; see drafter_eagle3.h.
+ *
+ * One decoder layer (SpecForge's `midlayer`) at position p of a slot, inputs the token
+ * embedding e [H] and a hidden input h [H] (fc(concat aux) for committed positions, the
+ * previous step's pre-norm output for chained drafts):
+ *   r   = h                       (norm_before_residual: r = hidden_norm(h))
+ *   c   = concat(input_layernorm(e), hidden_norm(h))                 [2H]
+ *   q,k,v = Wq c, Wk c, Wv c;  RoPE (rotate-half, rope_theta) on q and k at p
+ *   K[p], V[p] = bf16(k), bf16(v)  (the cache; attention reads every key from it)
+ *   a   = softmax(q . K[0..p] / sqrt(HD)) V[0..p] per head (GQA: head h reads kv head
+ *         h / (NH/NKV))
+ *   x   = r + Wo a;  out = x + Wdown(silu(Wgate y) * Wup y), y = post_attention_layernorm(x)
+ * logits = lm_head(norm(out)) over the draft vocabulary; target id = d + d2t[d].
+ * Everything is FP32; weights are widened element by element. */
+#include "engine/drafter_eagle3.h"
+
+#include <errno.h>
+#include <float.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "common/eg_thread.h"
+#include "engine/safetensors.h"
+#include "engine/spec.h"
+
+typedef struct dw {            /* a plain weight [rows][cols] in the checkpoint */
+    eg_st_dtype dt;            /* BF16, F16 or F32 */
+    int64_t rows, cols;
+    const void *data;          /* aligned to its element size */
+} dw;
+
+typedef struct e3 {
+    eg_drafter base;
+    /* dimensions */
+    int H, Ht, NH, NKV, HD, I, V, Vd, n_aux, L_target, S, T;
+    float eps;
+    int norm_before_residual;
+    int monotone;              /* d2t strictly increasing target ids: draft-index order is
+                                  target-id order, so q can be processed over Vd */
+    int *aux_buf;              /* [n_aux] target layers, eaglegen convention, ascending */
+    const char *aux_source;    /* how the convention was decided (static string) */
+    double theta;              /* rope_theta */
+    /* weights */
+    dw fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head, embed;
+    int own_embed;             /* 0: the target's embedding */
+    const eg_model *target;
+    const eg_config *tcfg;     /* the target's config (config parsing reads only this) */
+    int64_t *d2t;              /* [Vd] */
+    float *inv_freq;           /* [HD/2] */
+    /* files */
+    int n_files;
+    eg_st_file **files;
+    /* state */
+    uint16_t *kc, *vc;         /* [S][T][NKV][HD] bf16 */
+    float *last;               /* [S][H] pre-norm output of each slot's last position */
+    int *len;                  /* [S] */
+    int *last_pos;             /* [S] position `last` belongs to (-1: none) */
+    /* scratch */
+    float *emb, *hid, *res, *cat, *q, *k, *v, *att, *x, *y, *g, *u, *out, *scores, *logits, *logits_t;
+    double *pd;                /* [Vd] processed distribution over the draft vocabulary */
+    double *pt;                /* [V] the same over the target vocabulary (non-monotone d2t) */
+    eg_spec_scratch *sc;       /* over Vd (monotone) or V */
+    int have_logits;
+    eg_pool *pool;
+} e3;
+
+/* ------------------------------------------------------------------ products */
+
+static inline float dw_get(const dw *w, int64_t i) {
+    switch (w->dt) {
+    case EG_ST_BF16: return eg_bf16_to_f32(((const uint16_t *)w->data)[i]);
+    case EG_ST_F16: return eg_f16_to_f32(((const uint16_t *)w->data)[i]);
+    default: return ((const float *)w->data)[i];
+    }
+}
+
+static float dot_row(const dw *w, int64_t r, const float *x) {
+    const int64_t n = w->cols;
+    float acc = 0;
+    if (w->dt == EG_ST_BF16) { /* 8 partial sums (a fixed order: results do not depend on threads) */
+        const uint16_t *p = (const uint16_t *)w->data + r * n;
+        float part[8] = {0};
+        int64_t c = 0;
+        for (; c + 8 <= n; c += 8)
+            for (int j = 0; j < 8; j++) {
+                uint32_t u = (uint32_t)p[c + j] << 16;
+                float wv;
+                memcpy(&wv, &u, 4);
+                part[j] += wv * x[c + j];
+            }
+        for (; c < n; c++) acc += eg_bf16_to_f32(p[c]) * x[c];
+        acc += ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    } else if (w->dt == EG_ST_F32) {
+        const float *p = (const float *)w->data + r * n;
+        for (int64_t c = 0; c < n; c++) acc += p[c] * x[c];
+    } else {
+        const uint16_t *p = (const uint16_t *)w->data + r * n;
+        for (int64_t c = 0; c < n; c++) acc += eg_f16_to_f32(p[c]) * x[c];
+    }
+    return acc;
+}
+
+typedef struct mv_ctx { const dw *w; const float *x; float *y; } mv_ctx;
+static void mv_body(void *ctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    mv_ctx *c = ctx;
+    for (int64_t r = b; r < e; r++) c->y[r] = dot_row(c->w, r, c->x);
+}
+/* y[rows] = W x[cols] */
+static void matvec(e3 *d, const dw *w, const float *x, float *y) {
+    mv_ctx c = {w, x, y};
+    int64_t grain = w->rows * w->cols < 65536 ? w->rows : 16;
+    eg_pool_for(d->pool, w->rows, grain, mv_body, &c);
+}
+
+static void rmsnorm(const float *x, const dw *w, int n, float eps, float *out) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + (double)eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * dw_get(w, i);
+}
+
+static void embed_row(e3 *d, int32_t id, float *out) {
+    if (d->own_embed) {
+        for (int c = 0; c < d->H; c++) out[c] = dw_get(&d->embed, (int64_t)id * d->H + c);
+    } else {
+        eg_weight_row(&d->target->embed, id, out);
+    }
+}
+
+/* Rotate-half RoPE on one head vector at position p. */
+static void rope(const e3 *d, float *v, int p) {
+    const int half = d->HD / 2;
+    for (int i = 0; i < half; i++) {
+        double a = (double)p * d->inv_freq[i];
+        float cs = (float)cos(a), sn = (float)sin(a);
+        float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs - x1 * sn;
+        v[i + half] = x1 * cs + x0 * sn;
+    }
+}
+
+/* The decoder layer at position p of slot s: reads d->emb and d->hid, writes the cache
+ * row p and d->out (pre-norm output). */
+static void layer(e3 *d, int s, int p) {
+    const int H = d->H, HD = d->HD, NKV = d->NKV, NH = d->NH;
+    rmsnorm(d->emb, &d->in_norm, H, d->eps, d->cat);
+    rmsnorm(d->hid, &d->hid_norm, H, d->eps, d->cat + H);
+    if (d->norm_before_residual) memcpy(d->res, d->cat + H, sizeof(float) * (size_t)H);
+    else memcpy(d->res, d->hid, sizeof(float) * (size_t)H);
+    matvec(d, &d->wq, d->cat, d->q);
+    matvec(d, &d->wk, d->cat, d->k);
+    matvec(d, &d->wv, d->cat, d->v);
+    for (int h = 0; h < NH; h++) rope(d, d->q + (int64_t)h * HD, p);
+    for (int h = 0; h < NKV; h++) rope(d, d->k + (int64_t)h * HD, p);
+    const int64_t row = (int64_t)NKV * HD;
+    uint16_t *kc = d->kc + ((int64_t)s * d->T + p) * row, *vc = d->vc + ((int64_t)s * d->T + p) * row;
+    for (int64_t i = 0; i < row; i++) {
+        kc[i] = eg_f32_to_bf16(d->k[i]);
+        vc[i] = eg_f32_to_bf16(d->v[i]);
+    }
+    const uint16_t *K = d->kc + (int64_t)s * d->T * row, *V = d->vc + (int64_t)s * d->T * row;
+    const float scale = 1.0f / sqrtf((float)HD);
+    const int grp = NH / NKV;
+    for (int h = 0; h < NH; h++) {
+        const float *qh = d->q + (int64_t)h * HD;
+        const int kvh = h / grp;
+        float mx = -FLT_MAX;
+        for (int j = 0; j <= p; j++) {
+            const uint16_t *kj = K + (int64_t)j * row + (int64_t)kvh * HD;
+            float acc = 0;
+            for (int c = 0; c < HD; c++) acc += qh[c] * eg_bf16_to_f32(kj[c]);
+            d->scores[j] = acc * scale;
+            if (d->scores[j] > mx) mx = d->scores[j];
+        }
+        float sum = 0;
+        for (int j = 0; j <= p; j++) {
+            d->scores[j] = expf(d->scores[j] - mx);
+            sum += d->scores[j];
+        }
+        float *ah = d->att + (int64_t)h * HD;
+        for (int c = 0; c < HD; c++) ah[c] = 0;
+        for (int j = 0; j <= p; j++) {
+            const uint16_t *vj = V + (int64_t)j * row + (int64_t)kvh * HD;
+            const float w = d->scores[j] / sum;
+            for (int c = 0; c < HD; c++) ah[c] += w * eg_bf16_to_f32(vj[c]);
+        }
+    }
+    matvec(d, &d->wo, d->att, d->x);
+    for (int i = 0; i < H; i++) d->x[i] += d->res[i];
+    rmsnorm(d->x, &d->post_norm, H, d->eps, d->y);
+    matvec(d, &d->wg, d->y, d->g);
+    matvec(d, &d->wu, d->y, d->u);
+    for (int i = 0; i < d->I; i++) d->g[i] = d->g[i] / (1.0f + expf(-d->g[i])) * d->u[i];
+    matvec(d, &d->wd, d->g, d->out);
+    for (int i = 0; i < H; i++) d->out[i] += d->x[i];
+}
+
+/* logits [Vd] from a pre-norm output. */
+static void head(e3 *d, const float *prenorm) {
+    rmsnorm(prenorm, &d->norm, d->H, d->eps, d->y);
+    matvec(d, &d->lm_head, d->y, d->logits);
+    d->have_logits = 1;
+}
+
+/* ------------------------------------------------------------------ vtable */
+
+static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const float *aux, const int32_t *next,
+                           eg_error *err) {
+    e3 *d = dr->impl;
+    if (slot < 0 || slot >= d->S) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d outside [0, %d)", slot, d->S);
+    if (pos0 != d->len[slot])
+        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: extend of slot %d at position %d, but its length is %d",
+                       slot, pos0, d->len[slot]);
+    if (n < 0 || (int64_t)pos0 + n > d->T)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "eagle3 drafter: extend of slot %d by %d positions from %d passes max_seq_len %d", slot, n, pos0,
+                       d->T);
+    if (n == 0) return EG_OK;
+    if (!aux || !next) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: extend needs aux rows and next tokens");
+    for (int t = 0; t < n; t++)
+        if (next[t] < 0 || next[t] >= d->V)
+            return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d position %d: next token %d outside [0, %d)",
+                           slot, pos0 + t, next[t], d->V);
+    const int64_t arow = (int64_t)d->n_aux * d->Ht;
+    for (int t = 0; t < n; t++) {
+        embed_row(d, next[t], d->emb);
+        matvec(d, &d->fc, aux + t * arow, d->hid);
+        layer(d, slot, pos0 + t);
+    }
+    memcpy(d->last + (int64_t)slot * d->H, d->out, sizeof(float) * (size_t)d->H);
+    d->last_pos[slot] = pos0 + n - 1;
+    d->len[slot] = pos0 + n;
+    return EG_OK;
+}
+
+/* Draw one draft from d->logits with the sampling parameters; fills q_row [V] when
+ * non-NULL. Returns the target id. */
+static int32_t pick(e3 *d, const eg_sample_params *sp, uint64_t *rng, double *q_row) {
+    const int greedy = !(sp->temperature > 0.0f);
+    int32_t tid;
+    if (greedy) {
+        int best = 0;
+        for (int i = 1; i < d->Vd; i++)
+            if (d->logits[i] > d->logits[best]) best = i;
+        tid = (int32_t)(best + d->d2t[best]);
+        if (q_row) {
+            memset(q_row, 0, sizeof(double) * (size_t)d->V);
+            q_row[tid] = 1.0;
+        }
+        return tid;
+    }
+    if (d->monotone) {
+        eg_spec_probs(d->sc, d->logits, d->Vd, sp, d->pd);
+        int32_t di = eg_spec_draw(d->pd, d->Vd, rng);
+        tid = (int32_t)(di + d->d2t[di]);
+        if (q_row) {
+            memset(q_row, 0, sizeof(double) * (size_t)d->V);
+            for (int i = 0; i < d->Vd; i++) q_row[i + d->d2t[i]] = d->pd[i];
+        }
+        return tid;
+    }
+    for (int i = 0; i < d->V; i++) d->logits_t[i] = -INFINITY;
+    for (int i = 0; i < d->Vd; i++) d->logits_t[i + d->d2t[i]] = d->logits[i];
+    eg_spec_probs(d->sc, d->logits_t, d->V, sp, d->pt);
+    tid = eg_spec_draw(d->pt, d->V, rng);
+    if (q_row) memcpy(q_row, d->pt, sizeof(double) * (size_t)d->V);
+    return tid;
+}
+
+static eg_status e3_propose(eg_drafter *dr, int slot, const int32_t *seq, int n_seq, int k, const eg_sample_params *sp,
+                            uint64_t *rng, int32_t *draft, double *q, eg_error *err) {
+    e3 *d = dr->impl;
+    (void)seq;
+    if (slot < 0 || slot >= d->S) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d outside [0, %d)", slot, d->S);
+    if (k < 1) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: propose of %d tokens", k);
+    const int L0 = d->len[slot];
+    if (n_seq - 1 != L0)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "eagle3 drafter: propose for slot %d with %d committed tokens, but the slot holds %d positions "
+                       "(expected n_seq - 1)", slot, n_seq, L0);
+    if (L0 < 1 || d->last_pos[slot] != L0 - 1)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "eagle3 drafter: slot %d has no hidden state for its last position %d: extend it first", slot,
+                       L0 - 1);
+    if ((int64_t)L0 + k - 1 > d->T)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "eagle3 drafter: %d drafts after %d positions of slot %d pass max_seq_len %d", k, L0, slot, d->T);
+    const float *h = d->last + (int64_t)slot * d->H;
+    head(d, h);
+    draft[0] = pick(d, sp, rng, q);
+    for (int i = 1; i < k; i++) {
+        /* chained: the previous step's pre-norm output as the hidden input (no fc), the
+         * previous draft's embedding, at the next position */
+        memcpy(d->hid, i == 1 ? h : d->out, sizeof(float) * (size_t)d->H);
+        embed_row(d, draft[i - 1], d->emb);
+        layer(d, slot, L0 + i - 1);
+        head(d, d->out);
+        draft[i] = pick(d, sp, rng, q ? q + (int64_t)i * d->V : NULL);
+    }
+    d->len[slot] = L0 + k - 1; /* speculative positions; the caller truncates */
+    return EG_OK;
+}
+
+static void e3_truncate(eg_drafter *dr, int slot, int len) {
+    e3 *d = dr->impl;
+    EG_ASSERT(slot >= 0 && slot < d->S);
+    EG_ASSERT(len >= 0 && len <= d->len[slot]);
+    d->len[slot] = len;
+    if (d->last_pos[slot] >= len) d->last_pos[slot] = -1;
+}
+
+static void e3_destroy(eg_drafter *dr) {
+    e3 *d = dr->impl;
+    for (int i = 0; i < d->n_files; i++) eg_st_close(d->files[i]);
+    free(d->files);
+    free(d->aux_buf);
+    free(d->d2t);
+    free(d->inv_freq);
+    free(d->kc);
+    free(d->vc);
+    free(d->last);
+    free(d->len);
+    free(d->last_pos);
+    float *bufs[] = {d->emb, d->hid, d->res, d->cat, d->q, d->k, d->v, d->att, d->x, d->y, d->g, d->u, d->out,
+                     d->scores, d->logits, d->logits_t};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(d->pd);
+    free(d->pt);
+    eg_spec_scratch_free(d->sc);
+    eg_pool_free(d->pool);
+    free(d);
+}
+
+static const eg_drafter_vtbl e3_vt = {e3_extend, e3_propose, e3_truncate, e3_destroy};
+
+/* ------------------------------------------------------------------ accessors */
+
+int eg_drafter_eagle3_draft_vocab(const eg_drafter *d) { return ((const e3 *)d->impl)->Vd; }
+const int64_t *eg_drafter_eagle3_d2t(const eg_drafter *d) { return ((const e3 *)d->impl)->d2t; }
+const float *eg_drafter_eagle3_last_logits(const eg_drafter *d) {
+    const e3 *x = d->impl;
+    return x->have_logits ? x->logits : NULL;
+}
+const char *eg_drafter_eagle3_aux_source(const eg_drafter *d) { return ((const e3 *)d->impl)->aux_source; }
+int eg_drafter_eagle3_slot_len(const eg_drafter *d, int slot) {
+    const e3 *x = d->impl;
+    EG_ASSERT(slot >= 0 && slot < x->S);
+    return x->len[slot];
+}
+
+/* ------------------------------------------------------------------ config */
+
+static eg_status cfg_int(json_t *root, const char *path, const char *key, int required, int def, int lo, int *out,
+                         eg_error *err) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        if (required) return eg_fail(err, EG_ERR_CONFIG, "%s: missing \"%s\"", path, key);
+        *out = def;
+        return EG_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > (1 << 30))
+        return eg_fail(err, EG_ERR_CONFIG, "%s: \"%s\" must be an integer >= %d", path, key, lo);
+    *out = (int)json_integer_value(v);
+    return EG_OK;
+}
+
+static eg_status cfg_num(json_t *root, const char *path, const char *key, double def, double *out, eg_error *err) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return EG_OK;
+    }
+    if (!json_is_number(v)) return eg_fail(err, EG_ERR_CONFIG, "%s: \"%s\" must be a number", path, key);
+    *out = json_number_value(v);
+    return EG_OK;
+}
+
+static eg_status cfg_false(json_t *root, const char *path, const char *key, eg_error *err) {
+    json_t *v = json_object_get(root, key);
+    if (v && !json_is_null(v) && !json_is_false(v))
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: \"%s\" is set; the eagle3 drafter supports only %s false", path,
+                       key, key);
+    return EG_OK;
+}
+
+/* aux ids -> eaglegen convention into d->aux_buf. */
+static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3_opts *o, eg_error *err) {
+    json_t *ec = json_object_get(root, "eagle_config");
+    if (ec && !json_is_object(ec)) return eg_fail(err, EG_ERR_CONFIG, "%s: \"eagle_config\" must be an object", path);
+    json_t *a_in = ec ? json_object_get(ec, "eagle_aux_hidden_state_layer_ids") : NULL;
+    json_t *a_top = json_object_get(root, "eagle_aux_hidden_state_layer_ids");
+    if (a_in && json_is_null(a_in)) a_in = NULL;
+    if (a_top && json_is_null(a_top)) a_top = NULL;
+    if (a_in && a_top && !json_equal(a_in, a_top))
+        return eg_fail(err, EG_ERR_CONFIG,
+                       "%s: eagle_config.eagle_aux_hidden_state_layer_ids and the top-level "
+                       "eagle_aux_hidden_state_layer_ids differ",
+                       path);
+    json_t *a = a_in ? a_in : a_top;
+    if (!a)
+        return eg_fail(err, EG_ERR_CONFIG,
+                       "%s: no eagle_config.eagle_aux_hidden_state_layer_ids: the drafter's aux layers are unknown "
+                       "(add them, e.g. the ids of the data it was trained on)",
+                       path);
+    if (ec) {
+        json_t *u = json_object_get(ec, "use_aux_hidden_state");
+        if (u && json_is_false(u))
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: eagle_config.use_aux_hidden_state false is not supported", path);
+    }
+    size_t n = json_is_array(a) ? json_array_size(a) : 0;
+    if (n == 0) return eg_fail(err, EG_ERR_CONFIG, "%s: eagle_aux_hidden_state_layer_ids must be a non-empty array", path);
+    d->n_aux = (int)n;
+    d->aux_buf = eg_malloc(sizeof(int) * n, err);
+    if (!d->aux_buf) return EG_ERR_NOMEM;
+    char list[256];
+    size_t ll = 0;
+    list[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (1 << 20))
+            return eg_fail(err, EG_ERR_CONFIG, "%s: eagle_aux_hidden_state_layer_ids[%zu] is not a layer id", path, i);
+        d->aux_buf[i] = (int)json_integer_value(v);
+        if (i > 0 && d->aux_buf[i] <= d->aux_buf[i - 1])
+            return eg_fail(err, EG_ERR_CONFIG,
+                           "%s: eagle_aux_hidden_state_layer_ids must be ascending and distinct (serving engines hand "
+                           "the drafter its aux states in ascending layer order)",
+                           path);
+        if (ll < sizeof list - 16) ll += (size_t)snprintf(list + ll, sizeof list - ll, "%s%d", i ? ", " : "", d->aux_buf[i]);
+    }
+    eg_aux_convention conv = o->aux_convention;
+    const char *why = "the caller's choice";
+    json_t *cv = ec ? json_object_get(ec, "eaglegen_aux_convention") : NULL;
+    if (cv && !json_is_null(cv)) {
+        const char *s = json_is_string(cv) ? json_string_value(cv) : "";
+        eg_aux_convention c2 = !strcmp(s, "output_of_layer")    ? EG_AUX_CONV_OUTPUT_OF_LAYER
+                               : !strcmp(s, "hf_hidden_states") ? EG_AUX_CONV_HF_INDEX
+                                                                : EG_AUX_CONV_AUTO;
+        if (c2 == EG_AUX_CONV_AUTO)
+            return eg_fail(err, EG_ERR_CONFIG,
+                           "%s: eagle_config.eaglegen_aux_convention must be \"output_of_layer\" or \"hf_hidden_states\"",
+                           path);
+        if (conv != EG_AUX_CONV_AUTO && conv != c2)
+            return eg_fail(err, EG_ERR_CONFIG, "%s: eagle_config.eaglegen_aux_convention \"%s\" contradicts the convention asked for",
+                           path, s);
+        conv = c2;
+        why = "eagle_config.eaglegen_aux_convention";
+    }
+    const int L = d->L_target;
+    if (conv == EG_AUX_CONV_AUTO) {
+        /* the default set [1, L/2-1, L-4] (deduplicated for tiny models, as generate's
+         * default), and the same layers counted as hidden-states indices */
+        int def[3], nd = eg_config_default_aux_layers(d->tcfg, def);
+        int is_def = (size_t)nd == n, is_hf = (size_t)nd == n;
+        for (int i = 0; i < nd && (size_t)i < n; i++) {
+            is_def &= d->aux_buf[i] == def[i];
+            is_hf &= d->aux_buf[i] == def[i] + 1;
+        }
+        if (is_def) conv = EG_AUX_CONV_OUTPUT_OF_LAYER, why = "the output-of-layer default set [1, L/2-1, L-4]";
+        else if (is_hf) conv = EG_AUX_CONV_HF_INDEX, why = "the hidden-states-index default set [2, L/2, L-3]";
+        else
+            return eg_fail(err, EG_ERR_CONFIG,
+                           "%s: eagle_aux_hidden_state_layer_ids [%s] is ambiguous for a %d-layer target: SpecForge/SGLang "
+                           "count the output of decoder layer k as k, vLLM/speculators as k+1; say which (eagle_config."
+                           "eaglegen_aux_convention \"output_of_layer\" or \"hf_hidden_states\")",
+                           path, list, L);
+    }
+    d->aux_source = why;
+    for (int i = 0; i < d->n_aux; i++) {
+        int v = d->aux_buf[i];
+        if (conv == EG_AUX_CONV_HF_INDEX) {
+            if (v == 0)
+                return eg_fail(err, EG_ERR_UNSUPPORTED,
+                               "%s: aux id 0 in the hidden-states convention is the embedding output, which eaglegen does "
+                               "not capture",
+                               path);
+            v -= 1;
+        }
+        if (v >= L)
+            return eg_fail(err, EG_ERR_CONFIG, "%s: aux layer %d (ids [%s], %s convention) is past the target's %d layers",
+                           path, v, list, conv == EG_AUX_CONV_HF_INDEX ? "hidden-states" : "output-of-layer", L);
+        d->aux_buf[i] = v;
+    }
+    return EG_OK;
+}
+
+static eg_status parse_config(e3 *d, const char *text, size_t len, const char *path, const eg_eagle3_opts *o,
+                              eg_error *err) {
+    json_error_t je;
+    json_t *root = json_loadb(text, len, 0, &je);
+    if (!root) return eg_fail(err, EG_ERR_CONFIG, "%s: %s (line %d)", path, je.text, je.line);
+    eg_status st = EG_OK;
+    if (!json_is_object(root)) {
+        st = eg_fail(err, EG_ERR_CONFIG, "%s: not a JSON object", path);
+        goto done;
+    }
+    json_t *ar = json_object_get(root, "architectures");
+    int arch_ok = 0;
+    for (size_t i = 0; json_is_array(ar) && i < json_array_size(ar); i++) {
+        const char *s = json_string_value(json_array_get(ar, i));
+        if (s && (!strcmp(s, "LlamaForCausalLMEagle3") || !strcmp(s, "Eagle3LlamaForCausalLM"))) arch_ok = 1;
+    }
+    if (!arch_ok) {
+        st = eg_fail(err, EG_ERR_UNSUPPORTED,
+                     "%s: \"architectures\" must name LlamaForCausalLMEagle3 (SpecForge's EAGLE-3 Llama drafter)", path);
+        goto done;
+    }
+    const eg_config *tc = d->tcfg;
+    int nl;
+    double eps, theta;
+    if ((st = cfg_int(root, path, "hidden_size", 1, 0, 1, &d->H, err)) ||
+        (st = cfg_int(root, path, "num_attention_heads", 1, 0, 1, &d->NH, err)) ||
+        (st = cfg_int(root, path, "num_key_value_heads", 0, d->NH, 1, &d->NKV, err)) ||
+        (st = cfg_int(root, path, "head_dim", 0, d->H / d->NH, 2, &d->HD, err)) ||
+        (st = cfg_int(root, path, "intermediate_size", 1, 0, 1, &d->I, err)) ||
+        (st = cfg_int(root, path, "vocab_size", 1, 0, 1, &d->V, err)) ||
+        (st = cfg_int(root, path, "draft_vocab_size", 0, d->V, 1, &d->Vd, err)) ||
+        (st = cfg_int(root, path, "target_hidden_size", 0, d->H, 1, &d->Ht, err)) ||
+        (st = cfg_int(root, path, "num_hidden_layers", 0, 1, 1, &nl, err)) ||
+        (st = cfg_num(root, path, "rms_norm_eps", 1e-6, &eps, err)) ||
+        (st = cfg_num(root, path, "rope_theta", 10000.0, &theta, err)) ||
+        (st = cfg_false(root, path, "attention_bias", err)) || (st = cfg_false(root, path, "mlp_bias", err)))
+        goto done;
+    if (d->HD % 2) {
+        st = eg_fail(err, EG_ERR_CONFIG, "%s: head_dim %d is odd (RoPE rotates halves)", path, d->HD);
+        goto done;
+    }
+    if (d->NH % d->NKV) {
+        st = eg_fail(err, EG_ERR_CONFIG, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path,
+                     d->NH, d->NKV);
+        goto done;
+    }
+    if (nl != 1) {
+        st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: num_hidden_layers %d: the EAGLE-3 drafter has one decoder layer", path, nl);
+        goto done;
+    }
+    if (d->V != tc->vocab) {
+        st = eg_fail(err, EG_ERR_CONFIG, "%s: vocab_size %d but the target's vocabulary is %d", path, d->V, tc->vocab);
+        goto done;
+    }
+    if (d->Vd > d->V) {
+        st = eg_fail(err, EG_ERR_CONFIG, "%s: draft_vocab_size %d exceeds vocab_size %d", path, d->Vd, d->V);
+        goto done;
+    }
+    if (d->Ht != tc->hidden) {
+        st = eg_fail(err, EG_ERR_CONFIG, "%s: target_hidden_size %d but the target's hidden size is %d", path, d->Ht,
+                     tc->hidden);
+        goto done;
+    }
+    if (!(eps > 0 && eps < 1) || !(theta > 1)) {
+        st = eg_fail(err, EG_ERR_CONFIG, "%s: rms_norm_eps %g / rope_theta %g out of range", path, eps, theta);
+        goto done;
+    }
+    d->eps = (float)eps;
+    d->theta = theta;
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu"))) {
+        st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\"", path);
+        goto done;
+    }
+    json_t *rs = json_object_get(root, "rope_scaling");
+    if (rs && !json_is_null(rs)) {
+        const char *t = json_string_value(json_object_get(rs, "rope_type"));
+        if (!t) t = json_string_value(json_object_get(rs, "type"));
+        if (!t || strcmp(t, "default")) {
+            st = eg_fail(err, EG_ERR_UNSUPPORTED,
+                         "%s: rope_scaling type \"%s\" is not supported by the eagle3 drafter (plain RoPE only)", path,
+                         t ? t : "?");
+            goto done;
+        }
+    }
+    json_t *nbr = json_object_get(root, "norm_before_residual");
+    if (nbr && !json_is_null(nbr) && !json_is_boolean(nbr)) {
+        st = eg_fail(err, EG_ERR_CONFIG, "%s: norm_before_residual must be a boolean", path);
+        goto done;
+    }
+    d->norm_before_residual = nbr && json_is_true(nbr);
+    st = read_aux(d, root, path, o, err);
+done:
+    json_decref(root);
+    return st;
+}
+
+static eg_status read_config(e3 *d, const char *dir, const eg_eagle3_opts *o, eg_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return eg_fail(err, EG_ERR_CONFIG, "%s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    eg_status st = EG_OK;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 65536;
+            char *nb = cap > ((size_t)1 << 26) ? NULL : realloc(buf, cap);
+            if (!nb) {
+                st = eg_fail(err, EG_ERR_CONFIG, "%s: larger than 64 MiB or out of memory", path);
+                break;
+            }
+            buf = nb;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) break;
+    }
+    if (!st && ferror(f)) st = eg_fail(err, EG_ERR_IO, "%s: read error", path);
+    fclose(f);
+    if (!st) st = parse_config(d, buf, n, path, o, err);
+    free(buf);
+    return st;
+}
+
+eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const char *what, const eg_config *target,
+                                         const eg_eagle3_opts *opts, eg_eagle3_config *out, eg_error *err) {
+    memset(out, 0, sizeof *out);
+    e3 d;
+    memset(&d, 0, sizeof d);
+    d.tcfg = target;
+    d.L_target = target->n_layers;
+    eg_status st = parse_config(&d, json, len, what, opts, err);
+    if (st) {
+        free(d.aux_buf);
+        return st;
+    }
+    *out = (eg_eagle3_config){d.H, d.Ht, d.NH, d.NKV, d.HD, d.I, d.V, d.Vd, d.n_aux, d.aux_buf, d.aux_source,
+                              d.eps, d.theta, d.norm_before_residual};
+    return EG_OK;
+}
+
+void eg_eagle3_config_free(eg_eagle3_config *c) {
+    if (!c) return;
+    free(c->aux_layers);
+    c->aux_layers = NULL;
+}
+
+/* ------------------------------------------------------------------ tensors */
+
+static eg_status open_files(e3 *d, const char *dir, eg_error *err) {
+    char path[4096];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (stat(path, &sb) == 0) {
+        d->files = eg_calloc(1, sizeof *d->files, err);
+        if (!d->files) return EG_ERR_NOMEM;
+        d->n_files = 1;
+        return eg_st_open(path, &d->files[0], err);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    json_error_t je;
+    json_t *ix = json_load_file(path, 0, &je);
+    if (!ix)
+        return eg_fail(err, EG_ERR_IO, "%s: neither model.safetensors nor a readable model.safetensors.index.json (%s)",
+                       dir, je.text);
+    json_t *wm = json_object_get(ix, "weight_map");
+    eg_status st = EG_OK;
+    if (!json_is_object(wm)) {
+        st = eg_fail(err, EG_ERR_FORMAT, "%s: no weight_map object", path);
+        goto done;
+    }
+    size_t cap = json_object_size(wm);
+    const char **names = eg_calloc(cap ? cap : 1, sizeof *names, err);
+    if (!names) {
+        st = EG_ERR_NOMEM;
+        goto done;
+    }
+    int nn = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val) {
+        const char *f = json_string_value(val);
+        if (!f || strchr(f, '/')) {
+            st = eg_fail(err, EG_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a file name", path, key);
+            break;
+        }
+        int seen = 0;
+        for (int i = 0; i < nn; i++) seen |= !strcmp(names[i], f);
+        if (!seen) names[nn++] = f;
+    }
+    if (!st) {
+        d->files = eg_calloc((size_t)(nn ? nn : 1), sizeof *d->files, err);
+        if (!d->files) st = EG_ERR_NOMEM;
+    }
+    for (int i = 0; !st && i < nn; i++) {
+        char fp[4096];
+        snprintf(fp, sizeof fp, "%s/%s", dir, names[i]);
+        st = eg_st_open(fp, &d->files[i], err);
+        if (!st) d->n_files = i + 1;
+    }
+    free(names);
+done:
+    json_decref(ix);
+    return st;
+}
+
+static const eg_st_tensor *find(const e3 *d, const char *name, int *fi) {
+    for (int i = 0; i < d->n_files; i++) {
+        const eg_st_tensor *t = eg_st_find(d->files[i], name);
+        if (t) {
+            if (fi) *fi = i;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* A plain weight of shape [rows][cols] (cols 0: 1-D [rows]). optional: absent -> data NULL. */
+static eg_status get_w(e3 *d, const char *name, int64_t rows, int64_t cols, int optional, dw *w, eg_error *err) {
+    int fi = 0;
+    const eg_st_tensor *t = find(d, name, &fi);
+    memset(w, 0, sizeof *w);
+    if (!t) {
+        if (optional) return EG_OK;
+        return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s is missing", eg_st_path(d->files[0]), name);
+    }
+    const char *fp = eg_st_path(d->files[fi]);
+    if (t->dtype != EG_ST_BF16 && t->dtype != EG_ST_F16 && t->dtype != EG_ST_F32)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: tensor %s is %s; the eagle3 drafter reads BF16, F16 or F32", fp, name,
+                       eg_st_dtype_name(t->dtype));
+    int want_nd = cols ? 2 : 1;
+    if (t->ndim != want_nd || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
+        char got[128];
+        size_t gl = 0;
+        got[0] = 0;
+        for (int i = 0; i < t->ndim && gl < sizeof got - 24; i++)
+            gl += (size_t)snprintf(got + gl, sizeof got - gl, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        if (cols)
+            return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s has shape [%s], the config gives [%lld, %lld]", fp, name, got,
+                           (long long)rows, (long long)cols);
+        return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s has shape [%s], the config gives [%lld]", fp, name, got,
+                       (long long)rows);
+    }
+    if (!eg_st_aligned(t))
+        return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s is not aligned to its element size", fp, name);
+    w->dt = t->dtype;
+    w->rows = rows;
+    w->cols = cols ? cols : rows;
+    if (!cols) w->rows = 1;
+    w->data = t->data;
+    return EG_OK;
+}
+
+static eg_status read_vocab_map(e3 *d, eg_error *err) {
+    int fi = 0;
+    const eg_st_tensor *t = find(d, "d2t", &fi);
+    d->d2t = eg_malloc(sizeof(int64_t) * (size_t)d->Vd, err);
+    if (!d->d2t) return EG_ERR_NOMEM;
+    if (!t) {
+        if (d->Vd != d->V)
+            return eg_fail(err, EG_ERR_FORMAT, "%s: tensor d2t is missing (required when draft_vocab_size %d < vocab_size %d)",
+                           eg_st_path(d->files[0]), d->Vd, d->V);
+        memset(d->d2t, 0, sizeof(int64_t) * (size_t)d->Vd);
+    } else {
+        const char *fp = eg_st_path(d->files[fi]);
+        if (t->dtype != EG_ST_I64 || t->ndim != 1 || t->shape[0] != d->Vd)
+            return eg_fail(err, EG_ERR_FORMAT, "%s: tensor d2t must be I64 [%d] (draft_vocab_size), is %s with %d dims", fp,
+                           d->Vd, eg_st_dtype_name(t->dtype), t->ndim);
+        memcpy(d->d2t, t->data, sizeof(int64_t) * (size_t)d->Vd);
+    }
+    uint8_t *seen = eg_calloc((size_t)d->V, 1, err);
+    if (!seen) return EG_ERR_NOMEM;
+    eg_status st = EG_OK;
+    d->monotone = 1;
+    int64_t prev = -1;
+    for (int i = 0; i < d->Vd && !st; i++) {
+        int64_t tid = i + d->d2t[i];
+        if (tid < 0 || tid >= d->V || seen[tid])
+            st = eg_fail(err, EG_ERR_FORMAT, "%s: d2t[%d] = %lld maps draft id %d to target id %lld (%s)",
+                         eg_st_path(d->files[0]), i, (long long)d->d2t[i], i, (long long)tid,
+                         tid < 0 || tid >= d->V ? "outside the vocabulary" : "already taken");
+        else seen[tid] = 1;
+        if (tid <= prev) d->monotone = 0;
+        prev = tid;
+    }
+    const eg_st_tensor *tt = st ? NULL : find(d, "t2d", &fi);
+    if (tt) {
+        const char *fp = eg_st_path(d->files[fi]);
+        if (tt->dtype != EG_ST_BOOL || tt->ndim != 1 || tt->shape[0] != d->V)
+            st = eg_fail(err, EG_ERR_FORMAT, "%s: tensor t2d must be BOOL [%d] (vocab_size)", fp, d->V);
+        for (int i = 0; !st && i < d->V; i++)
+            if ((((const uint8_t *)tt->data)[i] != 0) != (seen[i] != 0))
+                st = eg_fail(err, EG_ERR_FORMAT, "%s: tensor t2d[%d] = %d disagrees with d2t (target id %d is %sin the draft "
+                             "vocabulary)", fp, i, ((const uint8_t *)tt->data)[i] != 0, i, seen[i] ? "" : "not ");
+    }
+    free(seen);
+    return st;
+}
+
+static eg_status read_weights(e3 *d, eg_error *err) {
+    const int64_t H = d->H, q = (int64_t)d->NH * d->HD, kv = (int64_t)d->NKV * d->HD;
+    eg_status st;
+    if ((st = get_w(d, "fc.weight", H, (int64_t)d->n_aux * d->Ht, 0, &d->fc, err)) ||
+        (st = get_w(d, "midlayer.input_layernorm.weight", H, 0, 0, &d->in_norm, err)) ||
+        (st = get_w(d, "midlayer.hidden_norm.weight", H, 0, 0, &d->hid_norm, err)) ||
+        (st = get_w(d, "midlayer.self_attn.q_proj.weight", q, 2 * H, 0, &d->wq, err)) ||
+        (st = get_w(d, "midlayer.self_attn.k_proj.weight", kv, 2 * H, 0, &d->wk, err)) ||
+        (st = get_w(d, "midlayer.self_attn.v_proj.weight", kv, 2 * H, 0, &d->wv, err)) ||
+        (st = get_w(d, "midlayer.self_attn.o_proj.weight", H, q, 0, &d->wo, err)) ||
+        (st = get_w(d, "midlayer.post_attention_layernorm.weight", H, 0, 0, &d->post_norm, err)) ||
+        (st = get_w(d, "midlayer.mlp.gate_proj.weight", d->I, H, 0, &d->wg, err)) ||
+        (st = get_w(d, "midlayer.mlp.up_proj.weight", d->I, H, 0, &d->wu, err)) ||
+        (st = get_w(d, "midlayer.mlp.down_proj.weight", H, d->I, 0, &d->wd, err)) ||
+        (st = get_w(d, "norm.weight", H, 0, 0, &d->norm, err)) ||
+        (st = get_w(d, "lm_head.weight", d->Vd, H, 0, &d->lm_head, err)) ||
+        (st = get_w(d, "embed_tokens.weight", d->V, H, 1, &d->embed, err)))
+        return st;
+    static const char *const biases[] = {"midlayer.self_attn.q_proj.bias", "midlayer.self_attn.k_proj.bias",
+                                         "midlayer.self_attn.v_proj.bias", "midlayer.self_attn.o_proj.bias", "fc.bias"};
+    for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++)
+        if (find(d, biases[i], NULL))
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: tensor %s: biases are not supported", eg_st_path(d->files[0]),
+                           biases[i]);
+    d->own_embed = d->embed.data != NULL;
+    if (!d->own_embed) {
+        if (d->target->embed.fmt == EG_W_NONE || d->target->embed.cols != d->H)
+            return eg_fail(err, EG_ERR_FORMAT,
+                           "%s: no embed_tokens.weight, and the target's embedding [%lld][%lld] cannot stand in for a "
+                           "hidden size of %d",
+                           eg_st_path(d->files[0]), (long long)d->target->embed.rows, (long long)d->target->embed.cols,
+                           d->H);
+    }
+    return read_vocab_map(d, err);
+}
+
+/* ------------------------------------------------------------------ load */
+
+eg_status eg_drafter_eagle3_load(const char *dir, const eg_model *target, int n_slots, int max_seq_len,
+                                 eg_drafter **out, eg_error *err) {
+    eg_eagle3_opts o = {0};
+    return eg_drafter_eagle3_load_opts(dir, target, n_slots, max_seq_len, &o, out, err);
+}
+
+eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, int n_slots, int max_seq_len,
+                                      const eg_eagle3_opts *opts, eg_drafter **out, eg_error *err) {
+    *out = NULL;
+    if (n_slots < 1 || max_seq_len < 1)
+        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter %s: %d slots of %d positions", dir, n_slots, max_seq_len);
+    if (opts->threads < 0) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: %d threads", opts->threads);
+    e3 *d = eg_calloc(1, sizeof *d, err);
+    if (!d) return EG_ERR_NOMEM;
+    d->target = target;
+    d->tcfg = &target->cfg;
+    d->L_target = target->cfg.n_layers;
+    d->S = n_slots;
+    d->T = max_seq_len;
+    d->base.vt = &e3_vt;
+    d->base.impl = d;
+    eg_status st;
+    if ((st = read_config(d, dir, opts, err)) || (st = open_files(d, dir, err)) || (st = read_weights(d, err))) goto fail;
+    const int64_t row = (int64_t)d->NKV * d->HD, cache = (int64_t)d->S * d->T * row;
+    d->kc = eg_malloc(sizeof(uint16_t) * (size_t)cache, err);
+    d->vc = eg_malloc(sizeof(uint16_t) * (size_t)cache, err);
+    d->last = eg_calloc((size_t)d->S * (size_t)d->H, sizeof(float), err);
+    d->len = eg_calloc((size_t)d->S, sizeof(int), err);
+    d->last_pos = eg_malloc(sizeof(int) * (size_t)d->S, err);
+    d->inv_freq = eg_malloc(sizeof(float) * (size_t)(d->HD / 2), err);
+    const int64_t H = d->H;
+    struct { float **p; int64_t n; } sz[] = {
+        {&d->emb, H}, {&d->hid, H}, {&d->res, H}, {&d->cat, 2 * H}, {&d->q, (int64_t)d->NH * d->HD}, {&d->k, row},
+        {&d->v, row}, {&d->att, (int64_t)d->NH * d->HD}, {&d->x, H}, {&d->y, H}, {&d->g, d->I}, {&d->u, d->I},
+        {&d->out, H}, {&d->scores, d->T}, {&d->logits, d->Vd}, {&d->logits_t, d->monotone ? 1 : d->V}};
+    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) *sz[i].p = eg_malloc(sizeof(float) * (size_t)sz[i].n, err);
+    d->pd = eg_malloc(sizeof(double) * (size_t)d->Vd, err);
+    d->pt = eg_malloc(sizeof(double) * (size_t)(d->monotone ? 1 : d->V), err);
+    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
+        if (!*sz[i].p) st = EG_ERR_NOMEM;
+    if (!d->kc || !d->vc || !d->last || !d->len || !d->last_pos || !d->inv_freq || !d->pd || !d->pt) st = EG_ERR_NOMEM;
+    if (st) goto fail;
+    if ((st = eg_spec_scratch_create(d->monotone ? d->Vd : d->V, &d->sc, err))) goto fail;
+    if ((st = eg_pool_create(opts->threads ? opts->threads : eg_num_threads(), &d->pool, err))) goto fail;
+    for (int s = 0; s < d->S; s++) d->last_pos[s] = -1;
+    for (int i = 0; i < d->HD / 2; i++) d->inv_freq[i] = (float)(1.0 / pow(d->theta, (2.0 * i) / d->HD));
+    eg_drafter_info *in = &d->base.info;
+    in->kind = "eagle3";
+    in->n_aux = d->n_aux;
+    in->aux_layers = d->aux_buf;
+    in->hidden = d->Ht;
+    in->target_vocab = d->V;
+    in->n_slots = d->S;
+    in->max_seq_len = d->T;
+    in->state_bytes = (int64_t)d->S * (4 * (int64_t)d->T * row + 4 * H);
+    *out = &d->base;
+    return EG_OK;
+fail:
+    e3_destroy(&d->base);
+    return st;
+}

@@ -1,0 +1,91 @@
+/* drafter_eagle3.h — an EAGLE-3 drafter (SpecForge's LlamaForCausalLMEagle3 checkpoint)
+ * behind the proposer interface of drafter.h, computed on the CPU.
+ *
+ * Checkpoint (DIR): config.json + model.safetensors (or model.safetensors.index.json and
+ * its shards), tensor names without a `model.` prefix:
+ *   fc.weight                                   [H][n_aux*Ht]  (Ht: target hidden)
+ *   midlayer.input_layernorm.weight             [H]   (normalises the token embedding)
+ *   midlayer.hidden_norm.weight                 [H]   (normalises the hidden input)
+ *   midlayer.self_attn.q_proj.weight            [NH*HD][2H]   input concat(emb, hidden)
+ *   midlayer.self_attn.{k,v}_proj.weight        [NKV*HD][2H]
+ *   midlayer.self_attn.o_proj.weight            [H][NH*HD]
+ *   midlayer.post_attention_layernorm.weight    [H]
+ *   midlayer.mlp.{gate,up}_proj.weight          [I][H];  midlayer.mlp.down_proj.weight [H][I]
+ *   norm.weight [H];  lm_head.weight [Vd][H];  d2t int64 [Vd] (target = d + d2t[d]);
+ *   t2d bool [V];  embed_tokens.weight [V][H] (optional: absent = the target's embedding)
+ * BF16, F16 or F32 weights (widened to FP32 per element; FP32 accumulation). The aux
+ * layers come from `eagle_config.eagle_aux_hidden_state_layer_ids` (or the same key at the
+ * top level) and are converted to eaglegen's convention (output of decoder layer k,
+ * 0-based); see eg_aux_convention. Anything unsupported (rope_scaling, attention bias,
+ * more than one decoder layer, another architecture) is refused naming the key.
+ *
+ * State per slot: a BF16 KV cache [max_seq_len][NKV][HD] for K (after RoPE) and V, and
+ * the pre-norm output [H] of the slot's last committed position (what the first draft's
+ * logits and the chain's first hidden input come from). state_bytes =
+ * S * (4 * max_seq_len * NKV * HD + 4 * H) (K and V at 2 bytes each, the FP32 row).
+ *
+ * Ownership: eg_drafter_eagle3_load returns a drafter the caller frees with
+ * eg_drafter_free (NULL ok); it borrows `target` (its config and, when the checkpoint has
+ * no embed_tokens, its embedding), which must outlive the drafter.
+ * Thread safety: one thread drives the drafter (drafter.h); matrix-vector products run
+ * on the drafter's own worker pool. */
+#ifndef EG_DRAFTER_EAGLE3_H
+#define EG_DRAFTER_EAGLE3_H
+
+#include "engine/drafter.h"
+
+/* How eagle_aux_hidden_state_layer_ids counts layers. The key is spelled the same by every
+ * trainer but counted two ways: SpecForge / SGLang write the output of decoder layer k as
+ * k (eaglegen's convention); vLLM / speculators write Hugging Face hidden-states indices,
+ * k + 1 (0 would be the embedding output). */
+typedef enum eg_aux_convention {
+    EG_AUX_CONV_AUTO = 0,        /* config key "eaglegen_aux_convention" when present; else
+                                    the ids must be the default set for the target's L
+                                    counted one way or the other: [1, L/2-1, L-4]
+                                    (deduplicated, as eg_config_default_aux_layers) ->
+                                    output-of-layer, the same + 1 ([2, L/2, L-3]) ->
+                                    hidden-states index; anything else is refused */
+    EG_AUX_CONV_OUTPUT_OF_LAYER, /* id k = output of decoder layer k */
+    EG_AUX_CONV_HF_INDEX         /* id i = hidden_states[i] = output of decoder layer i-1 */
+} eg_aux_convention;
+
+typedef struct eg_eagle3_opts {
+    eg_aux_convention aux_convention;
+    int threads; /* worker threads for the products; 0 = eg_num_threads() */
+} eg_eagle3_opts;
+
+/* Load DIR as a drafter for `target` with state for n_slots slots of max_seq_len
+ * positions (defaults: automatic aux convention, all threads). */
+eg_status eg_drafter_eagle3_load(const char *dir, const eg_model *target, int n_slots, int max_seq_len,
+                                 eg_drafter **out, eg_error *err);
+eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, int n_slots, int max_seq_len,
+                                      const eg_eagle3_opts *opts, eg_drafter **out, eg_error *err);
+
+/* config.json alone (no tensors), as the loader reads it, against the target's config:
+ * for checks before loading and the fuzz harness. `what` names the text in messages.
+ * out->aux_layers is malloc'd: eg_eagle3_config_free (NULL ok). */
+typedef struct eg_eagle3_config {
+    int hidden, target_hidden, heads, kv_heads, head_dim, inter, vocab, draft_vocab;
+    int n_aux;
+    int *aux_layers;        /* [n_aux] eaglegen convention, ascending, < target layers */
+    const char *aux_source; /* how the convention was decided (static string) */
+    float eps;
+    double rope_theta;
+    int norm_before_residual;
+} eg_eagle3_config;
+eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const char *what, const eg_config *target,
+                                         const eg_eagle3_opts *opts, eg_eagle3_config *out, eg_error *err);
+void eg_eagle3_config_free(eg_eagle3_config *c);
+
+/* For tests and diagnostics (d must be an eagle3 drafter). */
+int eg_drafter_eagle3_draft_vocab(const eg_drafter *d);                 /* Vd */
+const int64_t *eg_drafter_eagle3_d2t(const eg_drafter *d);              /* [Vd] */
+/* The draft-vocabulary logits [Vd] the most recent proposal was drawn from (the last
+ * step of the last propose call); NULL before any. */
+const float *eg_drafter_eagle3_last_logits(const eg_drafter *d);
+/* How the aux-layer convention was decided (e.g. "eagle_config.eaglegen_aux_convention"). */
+const char *eg_drafter_eagle3_aux_source(const eg_drafter *d);
+/* Current length (committed positions) of a slot. */
+int eg_drafter_eagle3_slot_len(const eg_drafter *d, int slot);
+
+#endif

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Reference EAGLE-3 drafter forward (numpy, float64) for tests/test_engine_drafter.c.
+
+Written from the architecture description (SpecForge's LlamaForCausalLMEagle3 / vLLM's
+Eagle3 Llama drafter), not from eaglegen's C code:
+
+  hidden input h: fc(concat of the aux rows) at committed positions; at chained draft
+  steps, the previous step's pre-norm layer output.
+  residual = h (hidden_norm(h) when norm_before_residual)
+  x = concat(rmsnorm(embed(token), input_layernorm), rmsnorm(h, hidden_norm))
+  q, k, v = x Wq^T, x Wk^T, x Wv^T; rotate-half RoPE at the position (rope_theta);
+  K and V are kept as BF16 (round to nearest even), the cache the drafter attends over;
+  causal softmax(q k^T / sqrt(head_dim)) v per head, kv head = head // (NH / NKV)
+  x = residual + o_proj(attn);  out = x + down(silu(gate(y)) * up(y)), y = rmsnorm(x)
+  logits = lm_head(rmsnorm(out, norm)) over the draft vocabulary; target = d + d2t[d].
+
+usage: eagle3_ref.py DRAFTER_DIR TARGET_DIR INPUTS.safetensors OUT.safetensors
+INPUTS: aux F32 [n, n_aux, Ht], next I32 [n] (token at position t+1 for each position t).
+OUT: pos_logits F32 [n, Vd] (after each committed position), chain_logits F32 [2, Vd]
+(draft steps 2 and 3), chain_draft I32 [3] (greedy target ids of the 3 drafts).
+Only /usr/bin/python3 + numpy.
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+DT = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "BOOL": np.bool_,
+      "U8": np.uint8}
+
+
+def st_read(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in hdr.items():
+        if name == "__metadata__":
+            continue
+        a, b = e["data_offsets"]
+        buf = raw[base + a:base + b]
+        if e["dtype"] == "BF16":
+            u = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16
+            arr = u.view(np.float32)
+        else:
+            arr = np.frombuffer(buf, dtype=np.dtype(DT[e["dtype"]]).newbyteorder("<"))
+        out[name] = arr.reshape(e["shape"]).copy()
+    return out
+
+
+def st_write(path, tensors):
+    hdr, blobs, off = {}, [], 0
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr)
+        dt = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}[arr.dtype]
+        b = arr.tobytes()
+        hdr[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(hdr).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def bf16(x):
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x) + eps) * w
+
+
+def target_embedding(target_dir):
+    ix = os.path.join(target_dir, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(ix))["weight_map"].values())) if os.path.exists(ix) else ["model.safetensors"]
+    for fn in files:
+        t = st_read(os.path.join(target_dir, fn))
+        for k in ("language_model.model.embed_tokens.weight", "model.embed_tokens.weight"):
+            if k in t:
+                return t[k].astype(np.float64)
+    raise SystemExit("no embedding in " + target_dir)
+
+
+class Drafter:
+    def __init__(self, ddir, tdir):
+        cfg = json.load(open(os.path.join(ddir, "config.json")))
+        w = st_read(os.path.join(ddir, "model.safetensors"))
+        self.w = {k: (v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in w.items()}
+        self.H = cfg["hidden_size"]
+        self.NH = cfg["num_attention_heads"]
+        self.NKV = cfg.get("num_key_value_heads", self.NH)
+        self.HD = cfg.get("head_dim", self.H // self.NH)
+        self.eps = cfg.get("rms_norm_eps", 1e-6)
+        self.theta = cfg.get("rope_theta", 10000.0)
+        self.nbr = bool(cfg.get("norm_before_residual", False))
+        self.emb = self.w["embed_tokens.weight"] if "embed_tokens.weight" in self.w else target_embedding(tdir)
+        self.d2t = self.w["d2t"].astype(np.int64)
+        self.K, self.V = [], []  # per position: [NKV, HD] bf16 values
+
+    def rope(self, x, pos):
+        half = self.HD // 2
+        inv = 1.0 / self.theta ** (np.arange(half) * 2.0 / self.HD)
+        a = pos * inv
+        c, s = np.cos(a), np.sin(a)
+        x0, x1 = x[..., :half].copy(), x[..., half:].copy()
+        return np.concatenate([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
+
+    def layer(self, token, h, pos):
+        w, H = self.w, self.H
+        res = rmsnorm(h, w["midlayer.hidden_norm.weight"], self.eps) if self.nbr else h
+        x = np.concatenate([rmsnorm(self.emb[token], w["midlayer.input_layernorm.weight"], self.eps),
+                            rmsnorm(h, w["midlayer.hidden_norm.weight"], self.eps)])
+        q = (w["midlayer.self_attn.q_proj.weight"] @ x).reshape(self.NH, self.HD)
+        k = (w["midlayer.self_attn.k_proj.weight"] @ x).reshape(self.NKV, self.HD)
+        v = (w["midlayer.self_attn.v_proj.weight"] @ x).reshape(self.NKV, self.HD)
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        assert len(self.K) == pos
+        self.K.append(bf16(k))
+        self.V.append(bf16(v))
+        Ks, Vs = np.stack(self.K), np.stack(self.V)  # [pos+1, NKV, HD]
+        grp = self.NH // self.NKV
+        att = np.zeros((self.NH, self.HD))
+        for hh in range(self.NH):
+            sc = Ks[:, hh // grp, :] @ q[hh] / np.sqrt(self.HD)
+            p = np.exp(sc - sc.max())
+            p /= p.sum()
+            att[hh] = p @ Vs[:, hh // grp, :]
+        x1 = res + w["midlayer.self_attn.o_proj.weight"] @ att.reshape(-1)
+        y = rmsnorm(x1, w["midlayer.post_attention_layernorm.weight"], self.eps)
+        g = w["midlayer.mlp.gate_proj.weight"] @ y
+        u = w["midlayer.mlp.up_proj.weight"] @ y
+        return x1 + w["midlayer.mlp.down_proj.weight"] @ (g / (1 + np.exp(-g)) * u)
+
+    def logits(self, pre):
+        return self.w["lm_head.weight"] @ rmsnorm(pre, self.w["norm.weight"], self.eps)
+
+
+def main():
+    ddir, tdir, inp, outp = sys.argv[1:5]
+    t = st_read(inp)
+    aux, nxt = t["aux"].astype(np.float64), t["next"].astype(np.int64)
+    d = Drafter(ddir, tdir)
+    n = aux.shape[0]
+    pos_logits, pre = [], None
+    for p in range(n):
+        h = d.w["fc.weight"] @ aux[p].reshape(-1)
+        pre = d.layer(nxt[p], h, p)
+        pos_logits.append(d.logits(pre))
+    drafts, chain = [], []
+    lg = pos_logits[-1]
+    for step in range(3):
+        di = int(np.argmax(lg))
+        drafts.append(di + int(d.d2t[di]))
+        if step == 2:
+            break
+        pre = d.layer(drafts[-1], pre, n + step)
+        lg = d.logits(pre)
+        chain.append(lg)
+    st_write(outp, {"pos_logits": np.array(pos_logits, dtype=np.float32),
+                    "chain_logits": np.array(chain, dtype=np.float32),
+                    "chain_draft": np.array(drafts, dtype=np.int32)})
+
+
+if __name__ == "__main__":
+    main()

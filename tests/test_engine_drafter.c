@@ -1,0 +1,554 @@
+/* Tests for the EAGLE-3 drafter (engine/drafter_eagle3.h) and `mkmodel --drafter-for`
+ * (eg_mkmodel_drafter): logits against an independent numpy reference
+ * (tests/ref/eagle3_ref.py, float64) at every committed position and two chained draft
+ * steps, relative error per row < 1e-4 (the C side is FP32 with BF16 weights and BF16
+ * K/V, the reference float64 over the same BF16 weights and BF16-rounded K/V);
+ * truncate/extend consistency (bit-identical to a straight extend); the processed
+ * distribution q against spec.h's processing over the target vocabulary; sampled drafts
+ * against q (chi-square); aux-layer conventions; bad checkpoints and calls, each error naming the file / tensor / key. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/drafter_eagle3.h"
+#include "engine/mkmodel.h"
+#include "engine/safetensors.h"
+#include "engine/spec.h"
+#include "engine/weights.h"
+#include "tests/check.h"
+
+#define TARGET "../shared/fixtures/models/tiny-a"
+
+static char g_tmp[256];
+static eg_model g_target;
+static int g_have_target;
+
+static const eg_model *target(void) {
+    if (!g_have_target) {
+        eg_error e = {0};
+        if (eg_model_load(TARGET, &g_target, &e)) {
+            fprintf(stderr, "    cannot load %s: %s\n", TARGET, e.msg);
+            exit(1);
+        }
+        g_have_target = 1;
+    }
+    return &g_target;
+}
+
+static const char *tmpdir(const char *sub) {
+    static char buf[8][512];
+    static int k;
+    if (!g_tmp[0]) {
+        snprintf(g_tmp, sizeof g_tmp, "/tmp/eg_drafter_XXXXXX");
+        if (!mkdtemp(g_tmp)) exit(1);
+    }
+    char *b = buf[k++ % 8];
+    snprintf(b, 512, "%s/%s", g_tmp, sub);
+    mkdir(b, 0755);
+    return b;
+}
+
+static uint64_t g_rng = 12345;
+static double urand(void) { return eg_rng_uniform(&g_rng); }
+
+/* A drafter for tiny-a: aux [0,2,4], draft vocab 200 at target ids 2d+50 (monotone). */
+static void make_drafter(const char *dir, int no_embed, const int64_t *d2t) {
+    static const int aux[3] = {0, 2, 4};
+    int64_t def[200];
+    for (int i = 0; i < 200; i++) def[i] = i + 50; /* target = 2i + 50 */
+    eg_mkdrafter_opts o = {.target_dir = TARGET, .out_dir = dir, .seed = 7, .draft_vocab = 200,
+                           .d2t = d2t ? d2t : def, .n_aux = 3, .aux_layers = aux, .no_embed = no_embed};
+    eg_error e = {0};
+    CHECK_OK(eg_mkmodel_drafter(&o, &e), &e);
+}
+
+static json_t *load_cfg(const char *dir) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    json_t *j = json_load_file(p, 0, NULL);
+    EG_ASSERT(j);
+    return j;
+}
+static void save_cfg(const char *dir, json_t *j) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    EG_ASSERT(json_dump_file(j, p, JSON_INDENT(1)) == 0);
+    json_decref(j);
+}
+
+static eg_status load(const char *dir, int S, int T, eg_drafter **d, eg_error *e) {
+    eg_eagle3_opts o = {.threads = 2};
+    return eg_drafter_eagle3_load_opts(dir, target(), S, T, &o, d, e);
+}
+
+static double rel_err(const float *a, const float *b, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static const eg_sample_params greedy = {0.0f, 1.0f, 0};
+
+/* ---------------------------------------------------------------- reference */
+
+static void ref_case(int no_embed, int nbr) {
+    const char *dir = tmpdir(no_embed ? "ref_noembed" : "ref_embed");
+    make_drafter(dir, no_embed, NULL);
+    if (nbr) {
+        json_t *j = load_cfg(dir);
+        json_object_set_new(j, "norm_before_residual", json_true());
+        save_cfg(dir, j);
+    }
+    enum { N = 6, NA = 3, H = 64 };
+    static float aux[N][NA][H];
+    int32_t next[N];
+    for (int t = 0; t < N; t++) {
+        for (int a = 0; a < NA; a++)
+            for (int c = 0; c < H; c++) aux[t][a][c] = (float)(4.0 * urand() - 2.0);
+        next[t] = (int32_t)(urand() * 512);
+    }
+    char in[600], out[600], cmd[2400];
+    snprintf(in, sizeof in, "%s/in.safetensors", dir);
+    snprintf(out, sizeof out, "%s/out.safetensors", dir);
+    eg_error e = {0};
+    eg_st_writer *w;
+    CHECK_OK(eg_st_writer_new(&w, &e), &e);
+    int64_t sa[3] = {N, NA, H}, sn = N;
+    CHECK_OK(eg_st_writer_add(w, "aux", EG_ST_F32, 3, sa, aux, &e), &e);
+    CHECK_OK(eg_st_writer_add(w, "next", EG_ST_I32, 1, &sn, next, &e), &e);
+    CHECK_OK(eg_st_writer_write(w, in, &e), &e);
+    eg_st_writer_free(w);
+    const char *py = getenv("PYTHON") ? getenv("PYTHON") : "/usr/bin/python3";
+    snprintf(cmd, sizeof cmd, "%s tests/ref/eagle3_ref.py %s %s %s %s", py, dir, TARGET, in, out);
+    CHECK(system(cmd) == 0);
+    eg_st_file *rf = NULL;
+    CHECK_OK(eg_st_open(out, &rf, &e), &e);
+    if (!rf) return;
+    const eg_st_tensor *pl = eg_st_find(rf, "pos_logits"), *cl = eg_st_find(rf, "chain_logits"),
+                       *cd = eg_st_find(rf, "chain_draft");
+    CHECK(pl && cl && cd && pl->shape[0] == N && pl->shape[1] == 200 && cl->shape[0] == 2);
+    if (!pl || !cl || !cd) return;
+    const float *P = pl->data, *C = cl->data;
+    const int32_t *D = cd->data;
+
+    eg_drafter *d = NULL;
+    CHECK_OK(load(dir, 2, 32, &d, &e), &e);
+    if (!d) return;
+    CHECK(!strcmp(d->info.kind, "eagle3") && d->info.n_aux == 3 && d->info.hidden == 64 && d->info.target_vocab == 512);
+    CHECK(d->info.aux_layers[0] == 0 && d->info.aux_layers[1] == 2 && d->info.aux_layers[2] == 4);
+    /* state_bytes = S * (4 * T * NKV * HD + 4 * H): NKV 2, HD 16 */
+    CHECK(d->info.state_bytes == 2 * (4 * 32 * 2 * 16 + 4 * 64));
+    double worst = 0;
+    int32_t seq[64], dr[3];
+    uint64_t rng = 1;
+    for (int t = 0; t < N; t++) { /* slot 1: one position at a time */
+        CHECK_OK(eg_drafter_extend(d, 1, t, 1, &aux[t][0][0], &next[t], &e), &e);
+        CHECK_OK(eg_drafter_propose(d, 1, seq, t + 2, 1, &greedy, &rng, dr, NULL, &e), &e);
+        double r = rel_err(eg_drafter_eagle3_last_logits(d), P + t * 200, 200);
+        CHECKF(r < 1e-4, "position %d: rel err %.3g", t, r);
+        if (r > worst) worst = r;
+    }
+    CHECK(eg_drafter_eagle3_slot_len(d, 1) == N);
+    CHECK_OK(eg_drafter_propose(d, 1, seq, N + 1, 3, &greedy, &rng, dr, NULL, &e), &e);
+    CHECKF(dr[0] == D[0] && dr[1] == D[1] && dr[2] == D[2], "drafts %d %d %d, reference %d %d %d", dr[0], dr[1], dr[2],
+           D[0], D[1], D[2]);
+    double r3 = rel_err(eg_drafter_eagle3_last_logits(d), C + 200, 200);
+    float keep3[200];
+    memcpy(keep3, eg_drafter_eagle3_last_logits(d), sizeof keep3);
+    CHECK(eg_drafter_eagle3_slot_len(d, 1) == N + 2);
+    eg_drafter_truncate(d, 1, N);
+    CHECK_OK(eg_drafter_propose(d, 1, seq, N + 1, 2, &greedy, &rng, dr, NULL, &e), &e);
+    double r2 = rel_err(eg_drafter_eagle3_last_logits(d), C, 200);
+    CHECKF(r2 < 1e-4 && r3 < 1e-4, "chain steps: rel err %.3g %.3g", r2, r3);
+    if (r2 > worst) worst = r2;
+    if (r3 > worst) worst = r3;
+    /* slot 0: all positions in one call gives the same bits */
+    CHECK_OK(eg_drafter_extend(d, 0, 0, N, &aux[0][0][0], next, &e), &e);
+    int32_t dr0[3];
+    CHECK_OK(eg_drafter_propose(d, 0, seq, N + 1, 3, &greedy, &rng, dr0, NULL, &e), &e);
+    CHECK(dr0[0] == D[0] && dr0[1] == D[1] && dr0[2] == D[2]);
+    CHECK(!memcmp(keep3, eg_drafter_eagle3_last_logits(d), sizeof keep3));
+    CHECK(rng == 1); /* greedy draws nothing */
+    printf("    %s embedding%s: max rel err %.2e over %d positions + 2 chained steps (bound 1e-4)\n",
+           no_embed ? "target" : "own", nbr ? ", norm_before_residual" : "", worst, N);
+    eg_drafter_free(d);
+    eg_st_close(rf);
+}
+
+static void test_reference_own_embed(void) { ref_case(0, 0); }
+static void test_reference_target_embed_nbr(void) { ref_case(1, 1); }
+
+/* ---------------------------------------------------------------- consistency */
+
+static void test_truncate_extend(void) {
+    const char *dir = tmpdir("trunc");
+    make_drafter(dir, 0, NULL);
+    eg_error e = {0};
+    eg_drafter *d = NULL;
+    CHECK_OK(load(dir, 3, 16, &d, &e), &e);
+    if (!d) return;
+    enum { N = 8 };
+    static float aux[N][3][64];
+    int32_t next[N], seq[32], a[4], b[4], c[4];
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < 3 * 64; i++) aux[t][i / 64][i % 64] = (float)(2.0 * urand() - 1.0);
+        next[t] = (int32_t)(urand() * 512);
+    }
+    uint64_t rng = 0;
+    float ref[200];
+    CHECK_OK(eg_drafter_extend(d, 0, 0, N, &aux[0][0][0], next, &e), &e);
+    CHECK_OK(eg_drafter_propose(d, 0, seq, N + 1, 2, &greedy, &rng, a, NULL, &e), &e);
+    memcpy(ref, eg_drafter_eagle3_last_logits(d), sizeof ref);
+    /* slot 1: extend 5, speculate 3 (2 speculative positions), truncate, extend the rest */
+    CHECK_OK(eg_drafter_extend(d, 1, 0, 5, &aux[0][0][0], next, &e), &e);
+    CHECK_OK(eg_drafter_propose(d, 1, seq, 6, 3, &greedy, &rng, c, NULL, &e), &e);
+    CHECK(eg_drafter_eagle3_slot_len(d, 1) == 7);
+    eg_drafter_truncate(d, 1, 5);
+    CHECK_OK(eg_drafter_extend(d, 1, 5, N - 5, &aux[5][0][0], next + 5, &e), &e);
+    CHECK_OK(eg_drafter_propose(d, 1, seq, N + 1, 2, &greedy, &rng, b, NULL, &e), &e);
+    CHECK(a[0] == b[0] && a[1] == b[1]);
+    CHECK(!memcmp(ref, eg_drafter_eagle3_last_logits(d), sizeof ref));
+    /* slot 2: extend all, truncate to 3, re-extend */
+    CHECK_OK(eg_drafter_extend(d, 2, 0, N, &aux[0][0][0], next, &e), &e);
+    eg_drafter_truncate(d, 2, 3);
+    /* the last position's state is gone: propose refuses until extended */
+    CHECK(eg_drafter_propose(d, 2, seq, 4, 1, &greedy, &rng, c, NULL, &e) == EG_ERR_INVALID);
+    CHECK(strstr(e.msg, "extend it first") != NULL);
+    CHECK_OK(eg_drafter_extend(d, 2, 3, N - 3, &aux[3][0][0], next + 3, &e), &e);
+    CHECK_OK(eg_drafter_propose(d, 2, seq, N + 1, 2, &greedy, &rng, c, NULL, &e), &e);
+    CHECK(a[0] == c[0] && a[1] == c[1]);
+    CHECK(!memcmp(ref, eg_drafter_eagle3_last_logits(d), sizeof ref));
+    /* a slot reused from 0 equals a fresh one */
+    eg_drafter_truncate(d, 1, 0);
+    CHECK_OK(eg_drafter_extend(d, 1, 0, N, &aux[0][0][0], next, &e), &e);
+    CHECK_OK(eg_drafter_propose(d, 1, seq, N + 1, 2, &greedy, &rng, b, NULL, &e), &e);
+    CHECK(!memcmp(ref, eg_drafter_eagle3_last_logits(d), sizeof ref));
+    eg_drafter_free(d);
+}
+
+/* ---------------------------------------------------------------- q */
+
+static void q_case(const char *sub, const int64_t *d2t) {
+    const char *dir = tmpdir(sub);
+    make_drafter(dir, 0, d2t);
+    eg_error e = {0};
+    eg_drafter *d = NULL;
+    CHECK_OK(load(dir, 1, 16, &d, &e), &e);
+    if (!d) return;
+    static float aux[4][3][64];
+    int32_t next[4], seq[16], dr[2];
+    for (int i = 0; i < 4 * 3 * 64; i++) (&aux[0][0][0])[i] = (float)(2.0 * urand() - 1.0);
+    for (int t = 0; t < 4; t++) next[t] = (int32_t)(urand() * 512);
+    CHECK_OK(eg_drafter_extend(d, 0, 0, 4, &aux[0][0][0], next, &e), &e);
+    const int V = 512, Vd = 200;
+    const int64_t *map = eg_drafter_eagle3_d2t(d);
+    uint8_t in_draft[512] = {0};
+    for (int i = 0; i < Vd; i++) in_draft[i + map[i]] = 1;
+    static double q[2 * 512], ref[512];
+    float full[512];
+    eg_spec_scratch *sc = NULL;
+    CHECK_OK(eg_spec_scratch_create(V, &sc, &e), &e);
+    const eg_sample_params sps[] = {{0.8f, 0.9f, 50}, {1.0f, 1.0f, 0}, {0.5f, 0.3f, 0}, {1.3f, 1.0f, 300}};
+    for (size_t s = 0; s < sizeof sps / sizeof sps[0]; s++) {
+        uint64_t rng = 99 + s, rng2 = 99 + s;
+        CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 1, &sps[s], &rng, dr, q, &e), &e);
+        CHECK(rng != rng2); /* one draw */
+        const float *lg = eg_drafter_eagle3_last_logits(d);
+        for (int t = 0; t < V; t++) full[t] = -INFINITY;
+        for (int i = 0; i < Vd; i++) full[i + map[i]] = lg[i];
+        eg_spec_probs(sc, full, V, &sps[s], ref);
+        double sum = 0, md = 0, outside = 0;
+        for (int t = 0; t < V; t++) {
+            sum += q[t];
+            if (fabs(q[t] - ref[t]) > md) md = fabs(q[t] - ref[t]);
+            if (!in_draft[t]) outside += q[t];
+        }
+        CHECKF(md < 1e-12, "%s params %zu: q differs from spec processing by %.3g", sub, s, md);
+        CHECK(fabs(sum - 1) < 1e-9 && outside == 0 && q[dr[0]] > 0);
+        /* the same rng gives the same draft */
+        int32_t again[1];
+        CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 1, &sps[s], &rng2, again, NULL, &e), &e);
+        CHECK(again[0] == dr[0] && rng == rng2);
+        /* chained: q of both steps valid */
+        eg_drafter_truncate(d, 0, 4);
+        CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 2, &sps[s], &rng, dr, q, &e), &e);
+        for (int k = 0; k < 2; k++) {
+            double sk = 0;
+            for (int t = 0; t < V; t++) sk += q[k * V + t];
+            CHECK(fabs(sk - 1) < 1e-9 && q[k * V + dr[k]] > 0 && in_draft[dr[k]]);
+        }
+        eg_drafter_truncate(d, 0, 4);
+    }
+    /* greedy: one-hot at the argmax (lowest draft index among ties) */
+    uint64_t rng = 5;
+    CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 1, &greedy, &rng, dr, q, &e), &e);
+    const float *lg = eg_drafter_eagle3_last_logits(d);
+    int best = 0;
+    for (int i = 1; i < Vd; i++)
+        if (lg[i] > lg[best]) best = i;
+    CHECK(dr[0] == best + map[best] && q[dr[0]] == 1.0 && rng == 5);
+    double s1 = 0;
+    for (int t = 0; t < V; t++) s1 += q[t];
+    CHECK(s1 == 1.0);
+    eg_spec_scratch_free(sc);
+    eg_drafter_free(d);
+}
+
+static void test_q_monotone(void) { q_case("q_mono", NULL); }
+static void test_q_permuted(void) {
+    int64_t d2t[200]; /* target ids 511, 509, ... (descending: not monotone) */
+    for (int i = 0; i < 200; i++) d2t[i] = (511 - 2 * i) - i;
+    q_case("q_perm", d2t);
+}
+
+/* Sampled drafts follow q: 4000 draws (one rng per draw) at temperature 1, top-k 8,
+ * against the expected counts N q. Chi-square with 7 degrees of freedom; the bound 41.9 is
+ * the 1 - 1e-6 quantile (Wilson-Hilferty), so a correct sampler fails one run in a million. */
+static void test_draws_follow_q(void) {
+    const char *dir = tmpdir("draws");
+    make_drafter(dir, 0, NULL);
+    eg_error e = {0};
+    eg_drafter *d = NULL;
+    CHECK_OK(load(dir, 1, 8, &d, &e), &e);
+    if (!d) return;
+    static float aux[2][3][64];
+    for (int i = 0; i < 2 * 3 * 64; i++) (&aux[0][0][0])[i] = (float)(2.0 * urand() - 1.0);
+    int32_t next[2] = {17, 300}, seq[8], dr[1];
+    CHECK_OK(eg_drafter_extend(d, 0, 0, 2, &aux[0][0][0], next, &e), &e);
+    const eg_sample_params sp = {1.0f, 1.0f, 8};
+    static double q[512];
+    static int count[512];
+    uint64_t rng = eg_rng_seed(eg_test_seed(), 1);
+    CHECK_OK(eg_drafter_propose(d, 0, seq, 3, 1, &sp, &rng, dr, q, &e), &e);
+    const int N = 4000;
+    for (int i = 0; i < N; i++) {
+        uint64_t r = eg_rng_seed(eg_test_seed(), 100 + (uint64_t)i);
+        CHECK_OK(eg_drafter_propose(d, 0, seq, 3, 1, &sp, &r, dr, NULL, &e), &e);
+        count[dr[0]]++;
+    }
+    double chi = 0;
+    int support = 0, outside = 0;
+    for (int t = 0; t < 512; t++) {
+        if (q[t] > 0) {
+            support++;
+            chi += (count[t] - N * q[t]) * (count[t] - N * q[t]) / (N * q[t]);
+        } else outside += count[t];
+    }
+    CHECK(support == 8 && outside == 0);
+    CHECKF(chi < 41.9, "chi-square %.2f over 8 outcomes (bound 41.9)", chi);
+    printf("    chi-square %.2f (7 dof, bound 41.9 at a 1e-6 false-alarm rate)\n", chi);
+    eg_drafter_free(d);
+}
+
+/* ---------------------------------------------------------------- conventions */
+
+static eg_status load_with_ids(const char *dir, const int *ids, int n, const char *conv, eg_aux_convention ask,
+                               eg_drafter **d, eg_error *e) {
+    json_t *j = load_cfg(dir), *ec = json_object_get(j, "eagle_config"), *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    json_object_set_new(ec, "eagle_aux_hidden_state_layer_ids", a);
+    if (conv) json_object_set_new(ec, "eaglegen_aux_convention", json_string(conv));
+    else json_object_del(ec, "eaglegen_aux_convention");
+    save_cfg(dir, j);
+    eg_eagle3_opts o = {.aux_convention = ask, .threads = 1};
+    *d = NULL;
+    return eg_drafter_eagle3_load_opts(dir, target(), 1, 8, &o, d, e);
+}
+
+static void test_aux_conventions(void) {
+    const char *dir = tmpdir("conv");
+    static const int aux1[1] = {1};
+    eg_mkdrafter_opts o = {.target_dir = TARGET, .out_dir = dir, .draft_vocab = 64, .n_aux = 1, .aux_layers = aux1};
+    eg_error e = {0};
+    CHECK_OK(eg_mkmodel_drafter(&o, &e), &e);
+    eg_drafter *d;
+    /* tiny-a has 5 layers: the default set is [1] (output-of-layer), [2] as an HF index */
+    int one[1] = {1}, two[1] = {2}, zero[1] = {0}, six[1] = {6}, five[1] = {5};
+    CHECK_OK(load_with_ids(dir, one, 1, NULL, EG_AUX_CONV_AUTO, &d, &e), &e);
+    CHECK(d && d->info.aux_layers[0] == 1);
+    eg_drafter_free(d);
+    CHECK_OK(load_with_ids(dir, two, 1, NULL, EG_AUX_CONV_AUTO, &d, &e), &e);
+    CHECK(d && d->info.aux_layers[0] == 1);
+    eg_drafter_free(d);
+    CHECK(load_with_ids(dir, zero, 1, NULL, EG_AUX_CONV_AUTO, &d, &e) == EG_ERR_CONFIG && !d);
+    CHECK(strstr(e.msg, "ambiguous") && strstr(e.msg, "config.json"));
+    CHECK_OK(load_with_ids(dir, zero, 1, NULL, EG_AUX_CONV_OUTPUT_OF_LAYER, &d, &e), &e);
+    CHECK(d && d->info.aux_layers[0] == 0);
+    eg_drafter_free(d);
+    CHECK_OK(load_with_ids(dir, five, 1, "hf_hidden_states", EG_AUX_CONV_AUTO, &d, &e), &e);
+    CHECK(d && d->info.aux_layers[0] == 4);
+    eg_drafter_free(d);
+    CHECK(load_with_ids(dir, zero, 1, "hf_hidden_states", EG_AUX_CONV_AUTO, &d, &e) == EG_ERR_UNSUPPORTED);
+    CHECK(strstr(e.msg, "embedding output") != NULL);
+    CHECK(load_with_ids(dir, six, 1, "hf_hidden_states", EG_AUX_CONV_AUTO, &d, &e) == EG_ERR_CONFIG);
+    CHECK(strstr(e.msg, "past the target") != NULL);
+    CHECK(load_with_ids(dir, five, 1, "output_of_layer", EG_AUX_CONV_AUTO, &d, &e) == EG_ERR_CONFIG);
+    CHECK(load_with_ids(dir, one, 1, "output_of_layer", EG_AUX_CONV_HF_INDEX, &d, &e) == EG_ERR_CONFIG);
+    CHECK(strstr(e.msg, "contradicts") != NULL);
+    CHECK(load_with_ids(dir, one, 1, "sideways", EG_AUX_CONV_AUTO, &d, &e) == EG_ERR_CONFIG);
+    CHECK(strstr(e.msg, "eaglegen_aux_convention") != NULL);
+    int unsorted[2] = {3, 1};
+    CHECK(load_with_ids(dir, unsorted, 2, "output_of_layer", EG_AUX_CONV_AUTO, &d, &e) == EG_ERR_CONFIG);
+    CHECK(strstr(e.msg, "ascending") != NULL);
+    CHECK(load_with_ids(dir, NULL, 0, "output_of_layer", EG_AUX_CONV_AUTO, &d, &e) == EG_ERR_CONFIG);
+}
+
+/* ---------------------------------------------------------------- bad inputs */
+
+/* Copy src's model.safetensors to dst without `skip`, with `shrink` given one column
+ * fewer, and with d2t/t2d replaced when given. */
+static void rewrite(const char *src, const char *dst, const char *skip, const char *shrink, const int64_t *d2t,
+                    const uint8_t *t2d) {
+    char p[600], cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/config.json", src, dst);
+    EG_ASSERT(system(cmd) == 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", src);
+    eg_error e = {0};
+    eg_st_file *f;
+    eg_st_writer *w;
+    EG_ASSERT(eg_st_open(p, &f, &e) == EG_OK && eg_st_writer_new(&w, &e) == EG_OK);
+    for (int i = 0; i < eg_st_count(f); i++) {
+        const eg_st_tensor *t = eg_st_at(f, i);
+        if (skip && !strcmp(t->name, skip)) continue;
+        int64_t shape[EG_ST_MAX_DIMS];
+        memcpy(shape, t->shape, sizeof shape);
+        if (shrink && !strcmp(t->name, shrink)) shape[t->ndim - 1]--;
+        const void *data = t->data;
+        if (d2t && !strcmp(t->name, "d2t")) data = d2t;
+        if (t2d && !strcmp(t->name, "t2d")) data = t2d;
+        EG_ASSERT(eg_st_writer_add(w, t->name, t->dtype, t->ndim, shape, data, &e) == EG_OK);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dst);
+    EG_ASSERT(eg_st_writer_write(w, p, &e) == EG_OK);
+    eg_st_writer_free(w);
+    eg_st_close(f);
+}
+
+static void expect_fail(const char *dir, eg_status code, const char *w1, const char *w2) {
+    eg_error e = {0};
+    eg_drafter *d = (eg_drafter *)1;
+    eg_status st = load(dir, 1, 8, &d, &e);
+    CHECKF(st == code && d == NULL, "%s: status %s (want %s): %s", dir, eg_status_name(st), eg_status_name(code), e.msg);
+    CHECKF(strstr(e.msg, w1) && (!w2 || strstr(e.msg, w2)), "message lacks '%s'/'%s': %s", w1, w2 ? w2 : "", e.msg);
+}
+
+static void test_bad_checkpoints(void) {
+    const char *good = tmpdir("good"), *bad = tmpdir("bad");
+    make_drafter(good, 0, NULL);
+    rewrite(good, bad, "midlayer.self_attn.k_proj.weight", NULL, NULL, NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "midlayer.self_attn.k_proj.weight", "model.safetensors");
+    rewrite(good, bad, NULL, "midlayer.mlp.down_proj.weight", NULL, NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "midlayer.mlp.down_proj.weight", "shape [64, 95]");
+    rewrite(good, bad, NULL, "fc.weight", NULL, NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "fc.weight", "[64, 192]");
+    rewrite(good, bad, "d2t", NULL, NULL, NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "d2t", "draft_vocab_size");
+    int64_t d2t[200];
+    for (int i = 0; i < 200; i++) d2t[i] = 0;
+    d2t[7] = 600; /* target id 607 >= 512 */
+    rewrite(good, bad, NULL, NULL, d2t, NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "d2t[7]", "outside the vocabulary");
+    d2t[7] = 1; /* target 8 twice: d2t[8] = 0 is the repeat */
+    rewrite(good, bad, NULL, NULL, d2t, NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "d2t[8]", "already taken");
+    uint8_t t2d[512] = {0};
+    for (int i = 0; i < 200; i++) t2d[2 * i + 50] = 1;
+    t2d[51] = 1;
+    rewrite(good, bad, NULL, NULL, NULL, t2d);
+    expect_fail(bad, EG_ERR_FORMAT, "t2d[51]", "disagrees");
+    /* embedding absent is fine (the target's is used) */
+    rewrite(good, bad, "embed_tokens.weight", NULL, NULL, NULL);
+    eg_error e = {0};
+    eg_drafter *d = NULL;
+    CHECK_OK(load(bad, 1, 8, &d, &e), &e);
+    eg_drafter_free(d);
+    /* config */
+    struct { const char *key; json_t *val; eg_status code; const char *want; } cases[] = {
+        {"num_hidden_layers", json_integer(2), EG_ERR_UNSUPPORTED, "num_hidden_layers"},
+        {"rope_scaling", json_pack("{s:s, s:f}", "rope_type", "yarn", "factor", 4.0), EG_ERR_UNSUPPORTED, "rope_scaling"},
+        {"vocab_size", json_integer(1000), EG_ERR_CONFIG, "vocab_size 1000"},
+        {"target_hidden_size", json_integer(32), EG_ERR_CONFIG, "target_hidden_size"},
+        {"architectures", json_pack("[s]", "LlamaForCausalLM"), EG_ERR_UNSUPPORTED, "architectures"},
+        {"hidden_size", json_string("64"), EG_ERR_CONFIG, "hidden_size"},
+        {"attention_bias", json_true(), EG_ERR_UNSUPPORTED, "attention_bias"},
+        {"num_key_value_heads", json_integer(3), EG_ERR_CONFIG, "num_key_value_heads"},
+        {"draft_vocab_size", json_integer(199), EG_ERR_FORMAT, "lm_head.weight"},
+        {"hidden_act", json_string("gelu"), EG_ERR_UNSUPPORTED, "hidden_act"},
+        {"eagle_config", json_object(), EG_ERR_CONFIG, "eagle_aux_hidden_state_layer_ids"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rewrite(good, bad, NULL, NULL, NULL, NULL);
+        json_t *j = load_cfg(bad);
+        json_object_set_new(j, cases[i].key, cases[i].val);
+        save_cfg(bad, j);
+        expect_fail(bad, cases[i].code, cases[i].want, i == 8 ? "model.safetensors" : "config.json");
+    }
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", bad);
+    FILE *f = fopen(p, "w");
+    fputs("{\"hidden_size\": 64,", f);
+    fclose(f);
+    expect_fail(bad, EG_ERR_CONFIG, "config.json", NULL);
+    unlink(p);
+    expect_fail(bad, EG_ERR_CONFIG, "config.json", NULL);
+}
+
+static void test_bad_calls(void) {
+    const char *dir = tmpdir("calls");
+    make_drafter(dir, 0, NULL);
+    eg_error e = {0};
+    eg_drafter *d = NULL;
+    CHECK_OK(load(dir, 2, 6, &d, &e), &e);
+    if (!d) return;
+    static float aux[8][3][64];
+    int32_t next[8] = {1, 2, 3, 4, 5, 6, 7, 8}, seq[16], dr[8];
+    uint64_t rng = 0;
+    CHECK(eg_drafter_propose(d, 0, seq, 1, 1, &greedy, &rng, dr, NULL, &e) == EG_ERR_INVALID);
+    CHECK(strstr(e.msg, "extend it first") != NULL);
+    CHECK(eg_drafter_extend(d, 0, 1, 1, &aux[0][0][0], next, &e) == EG_ERR_INVALID && strstr(e.msg, "length is 0"));
+    CHECK(eg_drafter_extend(d, 2, 0, 1, &aux[0][0][0], next, &e) == EG_ERR_INVALID && strstr(e.msg, "slot 2"));
+    CHECK(eg_drafter_extend(d, 0, 0, 7, &aux[0][0][0], next, &e) == EG_ERR_INVALID && strstr(e.msg, "max_seq_len 6"));
+    int32_t badtok = 512;
+    CHECK(eg_drafter_extend(d, 0, 0, 1, &aux[0][0][0], &badtok, &e) == EG_ERR_INVALID && strstr(e.msg, "512"));
+    CHECK(eg_drafter_eagle3_slot_len(d, 0) == 0);
+    CHECK_OK(eg_drafter_extend(d, 0, 0, 4, &aux[0][0][0], next, &e), &e);
+    CHECK(eg_drafter_propose(d, 0, seq, 4, 1, &greedy, &rng, dr, NULL, &e) == EG_ERR_INVALID); /* n_seq - 1 != 4 */
+    CHECK(eg_drafter_propose(d, 0, seq, 5, 4, &greedy, &rng, dr, NULL, &e) == EG_ERR_INVALID); /* 4 + 3 > 6 */
+    CHECK(strstr(e.msg, "max_seq_len") != NULL);
+    CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 3, &greedy, &rng, dr, NULL, &e), &e);
+    CHECK(eg_drafter_eagle3_slot_len(d, 0) == 6);
+    CHECK(eg_drafter_propose(d, 0, seq, 0, 0, &greedy, &rng, dr, NULL, &e) == EG_ERR_INVALID);
+    eg_drafter_free(d);
+    eg_drafter_free(NULL);
+    CHECK(load(dir, 0, 8, &d, &e) == EG_ERR_INVALID);
+}
+
+static void cleanup(void) {
+    if (!g_tmp[0]) return;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
+    if (system(cmd) != 0) fprintf(stderr, "    could not remove %s\n", g_tmp);
+}
+
+int main(int argc, char **argv) {
+    static const eg_test tests[] = {
+        {"reference_own_embed", test_reference_own_embed},
+        {"reference_target_embed_nbr", test_reference_target_embed_nbr},
+        {"truncate_extend", test_truncate_extend},
+        {"q_monotone", test_q_monotone},
+        {"q_permuted", test_q_permuted},
+        {"draws_follow_q", test_draws_follow_q},
+        {"aux_conventions", test_aux_conventions},
+        {"bad_checkpoints", test_bad_checkpoints},
+        {"bad_calls", test_bad_calls},
+    };
+    int rc = eg_test_main("test_engine_drafter", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+    cleanup();
+    if (g_have_target) eg_model_free(&g_target);
+    return rc;
+}
