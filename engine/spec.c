@@ -1,0 +1,109 @@
+/* The speculative-sampling acceptance rule; see spec.h. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "engine/spec.h"
+
+eg_status eg_spec_scratch_create(int V, eg_spec_scratch **out, eg_error *err) {
+    *out = NULL;
+    eg_spec_scratch *s = eg_calloc(1, sizeof *s, err);
+    if (!s) return EG_ERR_NOMEM;
+    s->V = V;
+    s->p = eg_malloc(sizeof(double) * (size_t)V, err);
+    s->q = eg_malloc(sizeof(double) * (size_t)V, err);
+    s->sort = eg_malloc(sizeof(float) * 2 * (size_t)V, err);
+    if (!s->p || !s->q || !s->sort) { eg_spec_scratch_free(s); return EG_ERR_NOMEM; }
+    *out = s;
+    return EG_OK;
+}
+
+void eg_spec_scratch_free(eg_spec_scratch *s) {
+    if (!s) return;
+    free(s->p); free(s->q); free(s->sort);
+    free(s);
+}
+
+typedef struct { float v; int32_t id; } cand; /* the sampler's candidate order */
+static int cand_cmp(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int32_t argmax(const float *l, int V) {
+    int32_t best = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+void eg_spec_probs(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, double *probs) {
+    for (int i = 0; i < V; i++) probs[i] = 0;
+    if (!(sp->temperature > 0.0f)) { probs[argmax(logits, V)] = 1; return; }
+    cand *c = (cand *)sc->sort;
+    for (int i = 0; i < V; i++) { c[i].v = logits[i]; c[i].id = i; }
+    qsort(c, (size_t)V, sizeof *c, cand_cmp);
+    int n = V;
+    if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
+    double mx = c[0].v, total = 0;
+    for (int i = 0; i < n; i++) total += exp(((double)c[i].v - mx) / sp->temperature);
+    if (sp->top_p > 0.0f && sp->top_p < 1.0f) { /* the same prefix eg_sample_row keeps */
+        double cum = 0, lim = sp->top_p * total;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            cum += exp(((double)c[i].v - mx) / sp->temperature);
+            if (cum >= lim) { keep = i + 1; break; }
+        }
+        n = keep;
+        total = cum;
+    }
+    for (int i = 0; i < n; i++) probs[c[i].id] = exp(((double)c[i].v - mx) / sp->temperature) / total;
+}
+
+int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng) {
+    double total = 0;
+    int32_t last = 0;
+    for (int i = 0; i < V; i++)
+        if (probs[i] > 0) { total += probs[i]; last = i; }
+    double u = eg_rng_uniform(rng) * total, acc = 0;
+    for (int i = 0; i < V; i++) {
+        if (!(probs[i] > 0)) continue;
+        acc += probs[i];
+        if (u < acc) return i;
+    }
+    return last;
+}
+
+void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, const int32_t *draft,
+                    const double *qd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted, int32_t *next) {
+    const int greedy = !(sp->temperature > 0.0f);
+    for (int i = 0; i < k; i++) {
+        const float *row = logits + (int64_t)i * V;
+        int32_t x = draft[i];
+        if (rule == EG_SPEC_BROKEN_ACCEPT) continue;
+        if (greedy) {
+            int32_t a = argmax(row, V);
+            if (a == x) continue;
+            *n_accepted = i;
+            *next = a;
+            return;
+        }
+        eg_spec_probs(sc, row, V, sp, sc->p);
+        double px = sc->p[x], qx = qd ? qd[(int64_t)i * V + x] : 1.0;
+        if (eg_rng_uniform(rng) * qx < px) continue; /* accept with prob min(1, p/q) */
+        /* rejected: draw from norm(max(0, p - q)) */
+        double mass = 0;
+        for (int v = 0; v < V; v++) {
+            double qv = qd ? qd[(int64_t)i * V + v] : (v == x ? 1.0 : 0.0);
+            double r = sc->p[v] - qv;
+            sc->q[v] = r > 0 ? r : 0;
+            mass += sc->q[v];
+        }
+        *n_accepted = i;
+        *next = eg_spec_draw(mass > 0 ? sc->q : sc->p, V, rng);
+        return;
+    }
+    /* every draft accepted: the bonus token from p at the last row, as the sampler draws */
+    *n_accepted = k;
+    *next = eg_sample_row(logits + (int64_t)k * V, V, sp, rng, sc->sort, NULL);
+}

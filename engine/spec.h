@@ -1,0 +1,50 @@
+/* spec.h — the speculative-sampling acceptance rule (Leviathan et al. 2023, Chen et al.
+ * 2023) over the target's sampling distribution, exactly as eg_sample_row samples.
+ *
+ * p = the target's distribution at a row after temperature, top-k and top-p (the same
+ * candidate order and cut as eg_sample_row); q = the proposer's distribution of a
+ * drafted token, processed with the same parameters. A draft x ~ q is accepted with
+ * probability min(1, p(x)/q(x)); on the first rejection the token is drawn from
+ * norm(max(0, p - q)); when every draft is accepted one more token is drawn from p at
+ * the last row. The emitted tokens are then distributed exactly as sampling from p one
+ * token at a time. Greedy (temperature 0): accept iff x is the target's argmax (lowest
+ * id among ties), else emit that argmax: the very tokens of plain greedy decoding.
+ * Ownership: eg_spec_scratch is owned by the caller (eg_spec_scratch_free, NULL ok).
+ * Thread safety: a scratch is used by one thread at a time. */
+#ifndef EG_SPEC_H
+#define EG_SPEC_H
+
+#include "engine/backend.h"
+
+typedef enum eg_spec_rule {
+    EG_SPEC_EXACT = 0,    /* the rule above */
+    EG_SPEC_BROKEN_ACCEPT /* tests only: accept every draft (a deliberately wrong rule that
+                             the distribution test must catch) */
+} eg_spec_rule;
+
+typedef struct eg_spec_scratch {
+    int V;        /* target vocabulary */
+    double *p;    /* [V] */
+    double *q;    /* [V] */
+    float *sort;  /* [2V] eg_sample_row-style candidate scratch */
+} eg_spec_scratch;
+
+eg_status eg_spec_scratch_create(int V, eg_spec_scratch **out, eg_error *err);
+void eg_spec_scratch_free(eg_spec_scratch *s);
+
+/* probs[0..V) = the distribution eg_sample_row samples from for these logits and
+ * parameters (one-hot at the argmax when greedy). Uses sc->sort. */
+void eg_spec_probs(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, double *probs);
+
+/* Draw an id from a dense distribution (sum > 0) with one uniform from rng. */
+int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng);
+
+/* One verify step of a sequence. logits: [k+1][V] target rows (row i follows the i-th
+ * proposed position: row 0 predicts draft[0]); draft: [k] proposed target ids; qd: [k]
+ * proposer distributions over the target vocabulary ([k][V], NULL = deterministic
+ * proposals, q one-hot at the draft). Writes the accepted drafts' count to *n_accepted
+ * and the token that follows them (correction or bonus) to *next. rng advanced. */
+void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, const int32_t *draft,
+                    const double *qd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted, int32_t *next);
+
+#endif
