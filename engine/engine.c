@@ -947,6 +947,11 @@ static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
             int kd = is_decode ? drafts_for(e, s) : 0;
             if (kd && kd + 1 > Tmax - T) continue; /* the chunk waits for a step with room */
             int n = kd ? kd + 1 : remaining < Tmax - T ? remaining : Tmax - T;
+            /* a recompute of a generated sequence stops one row short with a drafter: its
+             * last token goes through a verify step, as it would have without preemption
+             * (the same drafts and RNG draws, so the same tokens) */
+            if (e->dr && !is_decode && s->n_generated > 0 && !s->finishing && s->n_done + n == s->n_total) n--;
+            if (n < 1) continue;
             if (e->o.kv_policy == EG_KV_ON_DEMAND && !grow(e, i, (int64_t)s->n_done + n)) {
                 /* a prefill takes what is mapped (its blocks came at admission); the
                  * rest stalls and asks for a preemption pass */
