@@ -1,0 +1,109 @@
+/* The drafter behind `generate --draft-model`; see draft_model.h. */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/eg_hash.h"
+#include "gen/draft_model.h"
+#include "gen/job.h"
+
+#if defined(__has_include)
+#if __has_include("engine/drafter_eagle3.h")
+#include "engine/drafter_eagle3.h"
+#define EG_HAVE_DRAFTER_EAGLE3 1
+#endif
+#endif
+
+int gen_draft_available(void) {
+#ifdef EG_HAVE_DRAFTER_EAGLE3
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+eg_status gen_draft_identity(const char *dir, int k, json_t **out, eg_error *err) {
+    *out = NULL;
+    char path[4096], sha[65];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    eg_status st = eg_sha256_file(path, sha, err);
+    if (st) return eg_wrap(err, "--draft-model %s", dir);
+    DIR *d = opendir(dir);
+    if (!d) return eg_fail(err, EG_ERR_IO, "--draft-model %s: cannot list the directory", dir);
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len < 12 || strcmp(de->d_name + len - 12, ".safetensors")) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            char **nn = realloc(names, sizeof *names * cap);
+            if (!nn) break;
+            names = nn;
+        }
+        if (!(names[n] = strdup(de->d_name))) break;
+        n++;
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, name_cmp);
+    json_t *weights = json_array();
+    for (size_t i = 0; i < n && !st; i++) {
+        json_t *fp = NULL;
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (!(st = gen_file_fingerprint(path, &fp, err))) {
+            json_object_set_new(fp, "path", json_string(names[i])); /* the name, not where the directory is */
+            json_array_append_new(weights, fp);
+        }
+    }
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (!st && !json_array_size(weights)) st = eg_fail(err, EG_ERR_CONFIG, "--draft-model %s: no .safetensors file", dir);
+    if (st) {
+        json_decref(weights);
+        return st;
+    }
+    *out = json_pack("{s:s, s:o, s:i}", "config_sha256", sha, "weights", weights, "draft_tokens", k);
+    return *out ? EG_OK : eg_fail(err, EG_ERR_NOMEM, "out of memory");
+}
+
+eg_status gen_draft_load(const char *dir, const eg_model *target, int n_slots, int max_seq_len, eg_drafter **out,
+                         eg_error *err) {
+    *out = NULL;
+#ifdef EG_HAVE_DRAFTER_EAGLE3
+    eg_status st = eg_drafter_eagle3_load(dir, target, n_slots, max_seq_len, out, err);
+    return st ? eg_wrap(err, "--draft-model %s", dir) : EG_OK;
+#else
+    (void)target; (void)n_slots; (void)max_seq_len;
+    return eg_fail(err, EG_ERR_CONFIG,
+                   "--draft-model %s: this build has no EAGLE-3 drafter (engine/drafter_eagle3.c is not in it)", dir);
+#endif
+}
+
+void gen_draft_report(FILE *human, FILE *json, const eg_engine_stats *es, int worker, int n_workers) {
+    double vs = es->verify_steps > 0 ? (double)es->verify_steps : 1;
+    double acc = es->accepted / vs, tok = es->spec_tokens / vs;
+    double busy = es->seconds > 0 ? es->seconds : 1;
+    fprintf(human,
+            "eaglegen generate: speculative: %lld verify steps, %lld drafted, %lld accepted (%.1f%%): %.2f accepted "
+            "drafts and %.2f tokens per verify step; time in the drafter %.1f%%, in verify steps %.1f%% of %.1f s\n",
+            (long long)es->verify_steps, (long long)es->drafted, (long long)es->accepted,
+            es->drafted ? 100.0 * es->accepted / es->drafted : 0.0, acc, tok, 100 * es->draft_seconds / busy,
+            100 * es->verify_seconds / busy, es->seconds);
+    if (!json) return;
+    char ts[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    fprintf(json,
+            "{\"time\":\"%s\",\"worker\":\"%d/%d\",\"phase\":\"speculative\",\"verify_steps\":%lld,\"drafted\":%lld,"
+            "\"accepted\":%lld,\"mean_accepted_per_verify\":%.4f,\"tokens_per_verify\":%.4f,\"draft_seconds\":%.3f,"
+            "\"verify_seconds\":%.3f,\"engine_seconds\":%.3f,\"draft_share\":%.4f,\"verify_share\":%.4f}\n",
+            ts, worker, n_workers, (long long)es->verify_steps, (long long)es->drafted, (long long)es->accepted, acc, tok,
+            es->draft_seconds, es->verify_seconds, es->seconds, es->draft_seconds / busy, es->verify_seconds / busy);
+    fflush(json);
+}
