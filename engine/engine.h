@@ -23,6 +23,10 @@
  * dropped. EG_KV_RESERVE: a request is admitted only when the cache can hold its whole
  * sequence (prompt + max_new), so nothing is ever preempted.
  *
+ * Speculative decoding (opts.drafter, drafter.h): a generating sequence's decode rows
+ * are its last token and up to draft_tokens drafts, verified in one chunk by spec.h's
+ * rule; the cache and the drafter roll back past the first rejection (docs/ENGINE.md).
+ *
  * Determinism: a sequence's tokens depend only on the model, its tokens, its sampling
  * parameters and RNG state — not on batch composition, preemption or recomputation
  * (the CPU backend reduces in a fixed order per row, and prefill and decode write the

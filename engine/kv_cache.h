@@ -9,7 +9,8 @@
  * `eaglegen fidelity` only (backend.h's eg_kv_dtype; docs/FIDELITY.md).
  *
  * Blocks are mapped on demand: eg_kv_reserve grows a slot to hold n tokens (the engine
- * calls it as a sequence grows), eg_kv_release returns all of a slot's blocks, eg_kv_truncate those past a length. A
+ * calls it as a sequence grows), eg_kv_release returns all of a slot's blocks,
+ * eg_kv_truncate those past a length (speculative decoding's rollback). A
  * preempted sequence's blocks can be copied to host memory and back, exactly
  * (eg_kv_save / eg_kv_load, the backend's copy ops).
  *
