@@ -70,6 +70,10 @@ typedef struct run_cfg {
     eg_drafter *drafter;
     int k;
     eg_spec_rule rule;
+    const int *stage_ends;   /* stages on the calling thread */
+    int n_stages;
+    int capture_bf16;        /* rows kept rounded (results keep them widened back to F32) */
+    int want_logits;
 } run_cfg;
 
 typedef struct run_ctx {
@@ -123,8 +127,24 @@ static eg_status on_done(void *vc, const eg_result *r, eg_error *err) {
         size_t H = (size_t)model.cfg.hidden, na = (size_t)r->n_tokens * N_AUX * H, nf = (size_t)r->n_tokens * H;
         o->aux[i] = malloc(4 * na);
         o->final[i] = malloc(4 * nf);
-        memcpy(o->aux[i], r->aux, 4 * na);
-        memcpy(o->final[i], r->final, 4 * nf);
+        if (x->c->capture_bf16) {
+            for (size_t j = 0; j < na; j++) o->aux[i][j] = eg_bf16_to_f32(r->aux_bf16[j]);
+            for (size_t j = 0; j < nf; j++) o->final[i][j] = eg_bf16_to_f32(r->final_bf16[j]);
+        } else {
+            memcpy(o->aux[i], r->aux, 4 * na);
+            memcpy(o->final[i], r->final, 4 * nf);
+        }
+    }
+    if (x->c->want_logits) { /* every position's logits: the generated tokens are their argmax (greedy) */
+        CHECK(r->logits != NULL);
+        if (r->logits && !(x->c->temp > 0))
+            for (int t = r->prompt_len; t < r->n_tokens; t++) {
+                const float *l = r->logits + (size_t)(t - 1) * (size_t)model.cfg.vocab;
+                int32_t best = 0;
+                for (int v = 1; v < model.cfg.vocab; v++)
+                    if (l[v] > l[best]) best = v;
+                CHECK(best == r->tokens[t]);
+            }
     }
     o->n++;
     CHECK(r->n_tokens == r->prompt_len + r->n_generated && r->n_generated <= x->c->max_new);
@@ -143,7 +163,9 @@ static eg_status run(const run_cfg *c, results *out, eg_error *err) {
         eg_engine_opts eo = {.n_slots = c->slots, .max_seq_len = MAX_SEQ, .max_tokens = c->max_tokens, .block_size = 8,
                              .kv_blocks = c->kv_blocks, .aux_layers = aux_layers, .n_aux = N_AUX,
                              .kv_policy = c->policy, .host_kv_bytes = c->host_kv, .check_recompute = 1,
-                             .drafter = c->drafter, .draft_tokens = c->k, .spec_rule = c->rule};
+                             .drafter = c->drafter, .draft_tokens = c->k, .spec_rule = c->rule,
+                             .stage_ends = c->stage_ends, .n_stages = c->n_stages, .capture_bf16 = c->capture_bf16,
+                             .want_logits = c->want_logits};
         st = eg_engine_create(&model, be, &eo, &e, err);
     }
     if (!st) {
@@ -197,6 +219,7 @@ typedef struct test_prop {
     int *len;                   /* [S] positions held per slot */
     int32_t *nt;                /* [S][MAX_SEQ] next tokens fed per position */
     float *rows;                /* [S][MAX_SEQ][2][H] aux rows fed */
+    int bf16_rows;              /* the engine keeps BF16 rows: compare with the reference rounded */
     int64_t violations;         /* protocol breaches seen */
     int64_t row_mismatch;       /* fed rows that differ from the reference run's captured rows */
     int64_t proposals;
@@ -253,10 +276,12 @@ static eg_status tp_propose(eg_drafter *d, int slot, const int32_t *seq, int n_s
         /* the rows fed are the target's own (the reference run captured the same) */
         size_t H = (size_t)p->H;
         for (int t = 0; t + 1 < n_seq; t++)
-            for (int a = 0; a < 2; a++)
-                if (memcmp(p->rows + (((size_t)slot * MAX_SEQ + (size_t)t) * 2 + (size_t)a) * H,
-                           p->ref->aux[r] + ((size_t)t * N_AUX + (size_t)(a + 1)) * H, 4 * H))
-                    p->row_mismatch++;
+            for (int a = 0; a < 2; a++) {
+                const float *got = p->rows + (((size_t)slot * MAX_SEQ + (size_t)t) * 2 + (size_t)a) * H;
+                const float *want = p->ref->aux[r] + ((size_t)t * N_AUX + (size_t)(a + 1)) * H;
+                for (size_t h = 0; h < H; h++)
+                    if (got[h] != (p->bf16_rows ? eg_bf16_round(want[h]) : want[h])) { p->row_mismatch++; break; }
+            }
         for (int i = 0; i < k; i++) {
             int at = n_seq + i;
             int32_t right = at < p->ref->n_tokens[r] ? p->ref->tokens[r][at] : 0;
@@ -564,6 +589,71 @@ static void test_greedy_stop_and_preempt(void) {
     free_results(&base);
 }
 
+/* Stages on one thread, BF16 capture (the drafter gets the rounded rows) and kept
+ * logits work with a drafter: the same tokens (and rows) as without. */
+static void test_greedy_other_configs(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    results ref = {0}, base = {0}, b = {0};
+    run_cfg c = base_cfg();
+    CHECK_OK(run(&c, &ref, &err), &err);
+    const int s2[2] = {2, 5};
+    for (int cfg = 0; cfg < 3; cfg++) {
+        run_cfg s = c;
+        if (cfg == 0) { s.stage_ends = s2; s.n_stages = 2; }
+        if (cfg == 1) s.capture_bf16 = 1;
+        if (cfg == 2) s.want_logits = 1;
+        CHECK_OK(run(&s, &base, &err), &err);
+        test_prop *p = prop_new(P_HALF, s.slots);
+        p->ref = &ref;
+        p->bf16_rows = s.capture_bf16;
+        s.drafter = &p->d;
+        s.k = 3;
+        CHECK_OK(run(&s, &b, &err), &err);
+        for (int r = 0; r < 5; r++) CHECKF(same_result(&base, &b, r), "config %d: request %d differs", cfg, r);
+        CHECKF(p->violations == 0 && p->row_mismatch == 0, "config %d: %lld breaches, %lld rows differ", cfg,
+               (long long)p->violations, (long long)p->row_mismatch);
+        CHECK(last_stats.accepted > 0);
+        free_results(&b);
+        free_results(&base);
+        eg_drafter_free(&p->d);
+    }
+    free_results(&ref);
+}
+
+/* eg_kv_truncate gives back the blocks past a length, last first, and nothing else. */
+static void test_kv_truncate(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    eg_backend *be = NULL;
+    eg_kv_cache *kv = NULL;
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = 8, .max_seq_len = 64, .nthreads = 1};
+    CHECK_OK(eg_backend_create(&model.cfg, &bo, &be, &err), &err);
+    if (be) CHECK_OK(eg_kv_create(be, 1, 8, 8, 10, 2, 64, &kv, &err), &err);
+    if (!kv) { eg_backend_free(be); return; }
+    CHECK_OK(eg_kv_reserve(kv, 0, 40, &err), &err); /* 5 blocks */
+    CHECK_OK(eg_kv_reserve(kv, 1, 9, &err), &err);  /* 2 */
+    int32_t first3[3];
+    memcpy(first3, kv->table, sizeof first3);
+    CHECK(eg_kv_free_blocks(kv) == 3);
+    eg_kv_truncate(kv, 0, 17); /* keeps 3 */
+    CHECK(eg_kv_slot_blocks(kv, 0) == 3 && eg_kv_free_blocks(kv) == 5 && eg_kv_slot_blocks(kv, 1) == 2);
+    CHECK(!memcmp(first3, kv->table, sizeof first3) && kv->table[3] == -1 && kv->table[4] == -1);
+    eg_kv_truncate(kv, 0, 24); /* exactly 3 blocks: nothing */
+    CHECK(eg_kv_slot_blocks(kv, 0) == 3 && eg_kv_free_blocks(kv) == 5);
+    eg_kv_truncate(kv, 0, 60); /* longer than mapped: nothing */
+    CHECK(eg_kv_slot_blocks(kv, 0) == 3);
+    CHECK_OK(eg_kv_reserve(kv, 0, 64, &err), &err); /* the freed blocks come back */
+    CHECK(eg_kv_slot_blocks(kv, 0) == 8 && eg_kv_free_blocks(kv) == 0);
+    eg_kv_truncate(kv, 1, 0);
+    CHECK(eg_kv_slot_blocks(kv, 1) == 0 && eg_kv_free_blocks(kv) == 2);
+    eg_kv_truncate(NULL, 0, 0);
+    eg_kv_free(kv);
+    eg_backend_free(be);
+}
+
 /* Refused combinations and bad drafters, with clear messages. */
 static void test_refusals(void) {
     load_model();
@@ -787,6 +877,8 @@ static const eg_test tests[] = {
     {"verify_sampled", test_verify_sampled},
     {"greedy_identical", test_greedy_identical},
     {"greedy_stop_and_preempt", test_greedy_stop_and_preempt},
+    {"greedy_other_configs", test_greedy_other_configs},
+    {"kv_truncate", test_kv_truncate},
     {"refusals", test_refusals},
     {"sampled_deterministic", test_sampled_deterministic},
     {"sampled_distribution", test_sampled_distribution},
