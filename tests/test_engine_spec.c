@@ -485,6 +485,7 @@ static void test_greedy_identical(void) {
     run_cfg c = base_cfg();
     CHECK_OK(run(&c, &base, &err), &err);
     CHECK(base.n == 5);
+    int64_t base_steps = last_stats.steps;
     const int ks[3] = {1, 2, 4};
     for (int mode = P_RIGHT; mode <= P_HALF; mode++)
         for (int ki = 0; ki < 3; ki++) {
@@ -505,6 +506,10 @@ static void test_greedy_identical(void) {
             /* every generated token but the first comes from a verify step or a plain
              * decode row (k capped near max_new) */
             CHECK(last_stats.decode_tokens == 5 * 24);
+            printf("    %s k=%d: %lld steps (without drafter %lld), %lld verify steps, %.2f accepted drafts and %.2f "
+                   "tokens per verify step\n", p->d.info.kind, s.k, (long long)last_stats.steps, (long long)base_steps,
+                   (long long)last_stats.verify_steps, (double)last_stats.accepted / (double)last_stats.verify_steps,
+                   (double)last_stats.spec_tokens / (double)last_stats.verify_steps);
             if (mode == P_RIGHT && s.k == 4)
                 CHECKF(last_stats.steps * 2 < 5 * 24 + 5 * 4, "always right, k=4: %lld steps", (long long)last_stats.steps);
             free_results(&b);
