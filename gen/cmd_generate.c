@@ -875,12 +875,13 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     json_object_set_new(params, "shard_bytes", json_integer(a->shard_bytes));
     if (a->draft_model) { /* present only with a drafter: jobs without one resume as before */
         json_t *dm = NULL;
-        if (gen_draft_identity(a->draft_model, a->draft_tokens, &dm, err)) {
+        if (gen_draft_identity(a->draft_model, &dm, err)) {
             json_decref(params); /* holds aux */
             json_decref(inputs);
             return NULL;
         }
         json_object_set_new(params, "draft_model", dm);
+        json_object_set_new(params, "draft_tokens", json_integer(a->draft_tokens));
     }
     /* the model by content (config hash, stored weight bytes), not by path, so a moved
      * checkpoint still resumes */

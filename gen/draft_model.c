@@ -25,7 +25,7 @@ int gen_draft_available(void) {
 
 static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-eg_status gen_draft_identity(const char *dir, int k, json_t **out, eg_error *err) {
+eg_status gen_draft_identity(const char *dir, json_t **out, eg_error *err) {
     *out = NULL;
     char path[4096], sha[65];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -66,7 +66,7 @@ eg_status gen_draft_identity(const char *dir, int k, json_t **out, eg_error *err
         json_decref(weights);
         return st;
     }
-    *out = json_pack("{s:s, s:o, s:i}", "config_sha256", sha, "weights", weights, "draft_tokens", k);
+    *out = json_pack("{s:s, s:o}", "config_sha256", sha, "weights", weights);
     return *out ? EG_OK : eg_fail(err, EG_ERR_NOMEM, "out of memory");
 }
 
@@ -86,13 +86,13 @@ eg_status gen_draft_load(const char *dir, const eg_model *target, int n_slots, i
 void gen_draft_report(FILE *human, FILE *json, const eg_engine_stats *es, int worker, int n_workers) {
     double vs = es->verify_steps > 0 ? (double)es->verify_steps : 1;
     double acc = es->accepted / vs, tok = es->spec_tokens / vs;
-    double busy = es->seconds > 0 ? es->seconds : 1;
+    double spec = es->draft_seconds + es->verify_seconds > 0 ? es->draft_seconds + es->verify_seconds : 1;
     fprintf(human,
             "eaglegen generate: speculative: %lld verify steps, %lld drafted, %lld accepted (%.1f%%): %.2f accepted "
-            "drafts and %.2f tokens per verify step; time in the drafter %.1f%%, in verify steps %.1f%% of %.1f s\n",
+            "drafts and %.2f tokens per verify step; drafting %.1f s (%.1f%%), verify steps %.1f s (%.1f%%)\n",
             (long long)es->verify_steps, (long long)es->drafted, (long long)es->accepted,
-            es->drafted ? 100.0 * es->accepted / es->drafted : 0.0, acc, tok, 100 * es->draft_seconds / busy,
-            100 * es->verify_seconds / busy, es->seconds);
+            es->drafted ? 100.0 * es->accepted / es->drafted : 0.0, acc, tok, es->draft_seconds,
+            100 * es->draft_seconds / spec, es->verify_seconds, 100 * es->verify_seconds / spec);
     if (!json) return;
     char ts[32];
     time_t now = time(NULL);
@@ -104,6 +104,6 @@ void gen_draft_report(FILE *human, FILE *json, const eg_engine_stats *es, int wo
             "\"accepted\":%lld,\"mean_accepted_per_verify\":%.4f,\"tokens_per_verify\":%.4f,\"draft_seconds\":%.3f,"
             "\"verify_seconds\":%.3f,\"engine_seconds\":%.3f,\"draft_share\":%.4f,\"verify_share\":%.4f}\n",
             ts, worker, n_workers, (long long)es->verify_steps, (long long)es->drafted, (long long)es->accepted, acc, tok,
-            es->draft_seconds, es->verify_seconds, es->seconds, es->draft_seconds / busy, es->verify_seconds / busy);
+            es->draft_seconds, es->verify_seconds, es->seconds, es->draft_seconds / spec, es->verify_seconds / spec);
     fflush(json);
 }

@@ -19,13 +19,14 @@
 /* 1 when this build can load an EAGLE-3 drafter. */
 int gen_draft_available(void);
 /* {"config_sha256": SHA-256 of DIR/config.json, "weights": [fingerprint of each
- * .safetensors file in DIR, by name], "draft_tokens": k}: what makes the drafted samples
- * (a drafter that changes makes other sampled tokens, so a resume with it is refused). */
-eg_status gen_draft_identity(const char *dir, int k, json_t **out, eg_error *err);
+ * .safetensors file in DIR, by name]}: what makes the drafted samples (a drafter that
+ * changes makes other sampled tokens, so a resume with it is refused; job.json holds K
+ * beside it, as params.draft_tokens). */
+eg_status gen_draft_identity(const char *dir, json_t **out, eg_error *err);
 eg_status gen_draft_load(const char *dir, const eg_model *target, int n_slots, int max_seq_len, eg_drafter **out,
                          eg_error *err);
-/* The end report: mean accepted drafts and tokens per verify step, draft and verify time
- * shares; one "speculative" JSON line to json (NULL = none). */
+/* The end report: mean accepted drafts and tokens per verify step, time drafting and in
+ * verify steps (shares of their sum); one "speculative" JSON line to json (NULL = none). */
 void gen_draft_report(FILE *human, FILE *json, const eg_engine_stats *es, int worker, int n_workers);
 
 #endif
