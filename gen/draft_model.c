@@ -36,20 +36,22 @@ eg_status gen_draft_identity(const char *dir, json_t **out, eg_error *err) {
     char **names = NULL;
     size_t n = 0, cap = 0;
     struct dirent *de;
-    while ((de = readdir(d))) {
+    int oom = 0;
+    while (!oom && (de = readdir(d))) {
         size_t len = strlen(de->d_name);
         if (len < 12 || strcmp(de->d_name + len - 12, ".safetensors")) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 8;
             char **nn = realloc(names, sizeof *names * cap);
-            if (!nn) break;
+            if (!nn) { oom = 1; break; }
             names = nn;
         }
-        if (!(names[n] = strdup(de->d_name))) break;
-        n++;
+        if (!(names[n] = strdup(de->d_name))) oom = 1;
+        else n++;
     }
     closedir(d);
-    qsort(names, n, sizeof *names, name_cmp);
+    if (oom) st = eg_fail(err, EG_ERR_NOMEM, "out of memory listing %s", dir);
+    if (n) qsort(names, n, sizeof *names, name_cmp);
     json_t *weights = json_array();
     for (size_t i = 0; i < n && !st; i++) {
         json_t *fp = NULL;
