@@ -32,6 +32,11 @@ typedef struct slot_state {
     float *logits;      /* [cap][V] */
     int64_t buf_cap;    /* capacity (tokens) of aux/final/logits */
     int stop_cap;
+    /* speculative decoding (opts.drafter) */
+    int dlen;           /* positions of this sequence the drafter holds (drafter.h) */
+    int n_draft;        /* drafts verified by the step in flight (0: a plain row) */
+    int32_t *draft;     /* [k] */
+    double *q;          /* [k][V] proposer distributions (sampled requests; NULL until one) */
 } slot_state;
 
 /* A preempted sequence waiting for cache room: its state as it left its slot, and its
@@ -59,7 +64,9 @@ typedef struct micro_batch {
     float *cap;                                /* [n_aux][T][H] */
     float *fin;                                /* [T][H] */
     float *fin_pre;                            /* [T][H] pre-norm final state (opts.final_both) */
-    float *logits;                             /* [T][V] when want_logits */
+    float *logits;                             /* [T][V] when want_logits; [rows][V] with a
+                                                  drafter: the rows logit_rows lists */
+    int n_spec;                                /* sequences verifying drafts in this step */
     struct micro_batch *qnext;
 } micro_batch;
 
@@ -102,6 +109,15 @@ struct eg_engine {
     uint64_t next_age;
     int64_t watermark;   /* blocks */
     int64_t host_held;   /* bytes allocated for swapped caches (all parked entries) */
+    /* speculative decoding */
+    eg_drafter *dr;      /* opts.drafter (borrowed) */
+    int dk;              /* opts.draft_tokens */
+    int n_daux;          /* the drafter's aux layers */
+    int *daux;           /* [n_daux] index of each in aux_layers */
+    float *dstage;       /* [max_tokens][n_daux][H] aux rows handed to the drafter */
+    int32_t *dnext;      /* [max_tokens] their next tokens */
+    eg_spec_scratch *spec;
+    int rr;              /* rotation of the decode pass (no sequence waits for rows forever) */
 };
 
 static void q_init(mb_queue *q) {
@@ -160,6 +176,7 @@ static void stop_threads(eg_engine *e) {
 static void slot_free(slot_state *s) {
     free(s->tokens); free(s->stop); free(s->aux); free(s->final); free(s->aux16); free(s->final16); free(s->logits);
     free(s->final_pre); free(s->final_pre16);
+    free(s->draft); free(s->q);
     memset(s, 0, sizeof *s);
 }
 
@@ -194,6 +211,8 @@ void eg_engine_free(eg_engine *e) {
     free(e->stage_count);
     free(e->sample_scratch);
     free(e->pending_tok); free(e->pending_stop);
+    free(e->daux); free(e->dstage); free(e->dnext);
+    eg_spec_scratch_free(e->spec);
     free(e);
 }
 
@@ -213,8 +232,8 @@ static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
         s.final_hidden = mb->fin;
         s.final_pre_hidden = mb->fin_pre;
         s.logit_rows = mb->rows;
-        if (e->o.want_logits) {
-            s.n_logits = mb->T;
+        if (e->o.want_logits || e->dr) {
+            s.n_logits = e->o.want_logits ? mb->T : mb->n_rows;
             s.logits = mb->logits;
         } else {
             s.n_logits = mb->n_rows;
@@ -289,11 +308,61 @@ static eg_status mb_alloc(eg_engine *e, micro_batch *mb, eg_error *err) {
     mb->cap = eg_cuda_host_alloc(4 * T * H * (size_t)(e->o.n_aux + 1), err);
     mb->fin = eg_cuda_host_alloc(4 * T * H, err);
     if (e->o.final_both && !(mb->fin_pre = eg_cuda_host_alloc(4 * T * H, err))) return EG_ERR_NOMEM;
-    if (e->o.want_logits) mb->logits = eg_cuda_host_alloc(4 * T * V, err);
+    size_t LR = T; /* logit rows: every row, or with a drafter at most k + 1 per sequence */
+    if (!e->o.want_logits && e->o.drafter && (size_t)e->o.n_slots * (size_t)(e->o.draft_tokens + 1) < LR)
+        LR = (size_t)e->o.n_slots * (size_t)(e->o.draft_tokens + 1);
+    int want_l = e->o.want_logits || e->o.drafter;
+    if (want_l) mb->logits = eg_cuda_host_alloc(4 * LR * V, err);
     if (!mb->tok || !mb->pos || !mb->slt || !mb->rows || !mb->sampled || !mb->sp || !mb->rng || !mb->cap || !mb->fin ||
-        (e->o.want_logits && !mb->logits))
+        (want_l && !mb->logits))
         return EG_ERR_NOMEM;
     return EG_OK;
+}
+
+/* Speculative decoding: check the drafter against the engine, map its aux layers onto
+ * the captured ones, allocate the hand-over buffers. */
+static eg_status spec_setup(eg_engine *e, eg_error *err) {
+    const eg_engine_opts *o = &e->o;
+    const eg_drafter_info *di = &o->drafter->info;
+    const eg_config *c = &e->m->cfg;
+    const char *kind = di->kind ? di->kind : "drafter";
+    if (o->draft_tokens < 1)
+        return eg_fail(err, EG_ERR_INVALID, "speculative decoding: %d draft tokens (need at least 1)", o->draft_tokens);
+    if (e->threaded)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "speculative decoding with threaded pipeline stages is not supported (run the %d stages on "
+                       "one thread)", e->n_stages);
+    if (o->ep) return eg_fail(err, EG_ERR_INVALID, "speculative decoding with expert parallelism is not supported");
+    if (o->max_tokens < o->draft_tokens + 1)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "speculative decoding: %d rows per step cannot hold a verify chunk of %d drafts + 1", o->max_tokens,
+                       o->draft_tokens);
+    if (o->spec_rule != EG_SPEC_EXACT && o->spec_rule != EG_SPEC_BROKEN_ACCEPT)
+        return eg_fail(err, EG_ERR_INVALID, "speculative decoding: unknown acceptance rule %d", (int)o->spec_rule);
+    if (di->target_vocab != c->vocab || di->hidden != c->hidden)
+        return eg_fail(err, EG_ERR_INVALID, "%s: made for a target with vocabulary %d and hidden size %d, the model has %d and %d",
+                       kind, di->target_vocab, di->hidden, c->vocab, c->hidden);
+    if (di->n_slots < o->n_slots || di->max_seq_len < o->max_seq_len)
+        return eg_fail(err, EG_ERR_INVALID, "%s: holds %d slots of %d positions, the engine needs %d of %d", kind,
+                       di->n_slots, di->max_seq_len, o->n_slots, o->max_seq_len);
+    e->dr = o->drafter;
+    e->dk = o->draft_tokens;
+    e->n_daux = di->n_aux;
+    e->daux = eg_malloc(sizeof(int) * (size_t)(di->n_aux + 1), err);
+    if (!e->daux) return EG_ERR_NOMEM;
+    for (int a = 0; a < di->n_aux; a++) {
+        int j = 0;
+        while (j < o->n_aux && e->aux_layers[j] != di->aux_layers[a]) j++;
+        if (j == o->n_aux)
+            return eg_fail(err, EG_ERR_INVALID, "%s reads target layer %d, which is not among the %d captured layers", kind,
+                           di->aux_layers[a], o->n_aux);
+        e->daux[a] = j;
+    }
+    size_t rows = (size_t)o->max_tokens;
+    e->dstage = eg_malloc(sizeof(float) * rows * (size_t)(di->n_aux > 0 ? di->n_aux : 1) * (size_t)c->hidden, err);
+    e->dnext = eg_malloc(sizeof(int32_t) * rows, err);
+    if (!e->dstage || !e->dnext) return EG_ERR_NOMEM;
+    return eg_spec_scratch_create(c->vocab, &e->spec, err);
 }
 
 eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_opts *o, eg_engine **out,
@@ -321,23 +390,27 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     e->o.stage_ends = NULL;
     e->o.stage_backends = NULL;
     e->threaded = e->n_stages > 1 && o->stage_backends;
+    eg_status st = EG_OK;
     if (o->ep && e->threaded) {
         eg_engine_free(e);
         return eg_fail(err, EG_ERR_INVALID, "an expert-parallel rank runs its %d stages on one thread (no stage_backends)",
                        e->n_stages);
     }
+    if (o->drafter && (st = spec_setup(e, err))) {
+        eg_engine_free(e);
+        return st;
+    }
     e->n_mb = e->threaded ? (o->micro_batches > e->n_stages ? o->micro_batches : e->n_stages) : 1;
     if (e->n_mb > o->n_slots) e->n_mb = o->n_slots;
-    eg_status st = EG_OK;
     e->stages = eg_calloc((size_t)e->n_stages, sizeof *e->stages, err);
     e->stage_count = eg_calloc((size_t)e->n_stages, sizeof *e->stage_count, err);
     e->stage_be = eg_calloc((size_t)e->n_stages, sizeof *e->stage_be, err);
     e->slots = eg_calloc((size_t)o->n_slots, sizeof *e->slots, err);
     e->mbs = eg_calloc((size_t)e->n_mb, sizeof *e->mbs, err);
     e->parked = eg_calloc((size_t)o->n_slots, sizeof *e->parked, err);
-    if (o->want_logits) e->sample_scratch = eg_malloc(4 * 2 * (size_t)c->vocab, err);
+    if (o->want_logits || o->drafter) e->sample_scratch = eg_malloc(4 * 2 * (size_t)c->vocab, err);
     if (!e->stages || !e->stage_count || !e->stage_be || !e->slots || !e->mbs || !e->parked ||
-        (o->want_logits && !e->sample_scratch)) {
+        ((o->want_logits || o->drafter) && !e->sample_scratch)) {
         eg_engine_free(e);
         return EG_ERR_NOMEM;
     }
@@ -563,6 +636,15 @@ static int admit(eg_engine *e, int i, eg_error *err, eg_status *st) {
     if ((*st = grow_i32(&s->tokens, &s->cap, need, err)) || (*st = grow_i32(&s->stop, &s->stop_cap, r->n_stop, err)) ||
         (*st = slot_buffers(e, s, need, err)))
         return 0;
+    if (e->dr) { /* the draft buffers stay with the slot (and travel with a preempted sequence) */
+        if (!s->draft) s->draft = eg_malloc(sizeof(int32_t) * (size_t)e->dk, err);
+        if (s->draft && r->sp.temperature > 0.0f && !s->q)
+            s->q = eg_malloc(sizeof(double) * (size_t)e->dk * (size_t)e->m->cfg.vocab, err);
+        if (!s->draft || (r->sp.temperature > 0.0f && !s->q)) {
+            *st = EG_ERR_NOMEM;
+            return 0;
+        }
+    }
     if (!grow(e, i, mapped)) return 0; /* not reached: room checked */
     memcpy(s->tokens, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
     if (r->n_stop) memcpy(s->stop, r->stop_ids, sizeof(int32_t) * (size_t)r->n_stop);
@@ -579,6 +661,9 @@ static int admit(eg_engine *e, int i, eg_error *err, eg_status *st) {
     s->age = e->next_age++;
     s->recompute_to = 0;
     s->want = 0;
+    s->dlen = 0;
+    s->n_draft = 0;
+    if (e->dr) eg_drafter_truncate(e->dr, i, 0);
     e->n_active++;
     e->have_pending = 0;
     return 1;
@@ -703,6 +788,11 @@ static int restore(eg_engine *e, int j, int i, eg_error *err, eg_status *st) {
     slot_state *s = &e->slots[i];
     slot_free(s); /* the free slot's spare buffers: the sequence brings its own */
     *s = p->s;
+    if (e->dr) { /* the drafter's state for it was left in its old slot: rebuilt from its kept rows */
+        eg_drafter_truncate(e->dr, i, 0);
+        s->dlen = 0;
+        s->n_draft = 0;
+    }
     memset(&p->s, 0, sizeof p->s);
     p->swapped = 0;
     p->n_blocks = 0;
@@ -787,12 +877,66 @@ static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *
     return EG_OK;
 }
 
-/* Pack the step of micro-batch mb: decode rows first, then prefill chunks. */
-static void build_mb(eg_engine *e, micro_batch *mb) {
+/* Hand the drafter the positions of slot i it lacks: [dlen, end) with end the rows
+ * kept (computed now or captured before a dropped cache) that have a next token. Rows
+ * come from the slot's capture buffers, so the drafter sees the same features whether
+ * or not the sequence was preempted (BF16 capture: the rounded rows, widened). */
+static eg_status drafter_catch_up(eg_engine *e, int i, eg_error *err) {
+    slot_state *s = &e->slots[i];
+    const int64_t H = e->m->cfg.hidden;
+    const int na = e->o.n_aux, nd = e->n_daux;
+    int have = s->n_done > s->recompute_to ? s->n_done : s->recompute_to;
+    int end = have < s->n_total - 1 ? have : s->n_total - 1;
+    while (s->dlen < end) {
+        int n = end - s->dlen < e->o.max_tokens ? end - s->dlen : e->o.max_tokens;
+        for (int t = 0; t < n; t++) {
+            int p = s->dlen + t;
+            for (int a = 0; a < nd; a++) {
+                int64_t src = ((int64_t)p * na + e->daux[a]) * H;
+                float *dst = e->dstage + ((int64_t)t * nd + a) * H;
+                if (e->o.capture_bf16)
+                    for (int64_t h = 0; h < H; h++) dst[h] = eg_bf16_to_f32(s->aux16[src + h]);
+                else
+                    memcpy(dst, s->aux + src, sizeof(float) * (size_t)H);
+            }
+            e->dnext[t] = s->tokens[p + 1];
+        }
+        double t0 = eg_now();
+        eg_status st = eg_drafter_extend(e->dr, i, s->dlen, n, nd ? e->dstage : NULL, e->dnext, err);
+        e->stats.draft_seconds += eg_now() - t0;
+        if (st)
+            return eg_wrap(err, "drafter: extending request %llu at positions %d..%d", (unsigned long long)s->req.id,
+                           s->dlen, s->dlen + n - 1);
+        s->dlen += n;
+    }
+    return EG_OK;
+}
+
+/* Drafts slot i verifies in its next decode step: k, less what max_new leaves (the
+ * verify step commits up to drafts + 1 tokens). 0: a plain decode row. */
+static int drafts_for(const eg_engine *e, const slot_state *s) {
+    if (!e->dr || s->finishing) return 0;
+    int k = s->req.max_new - s->n_generated - 1;
+    return k < e->dk ? (k > 0 ? k : 0) : e->dk;
+}
+
+/* Pack the step of micro-batch mb: decode rows first, then prefill chunks. With a
+ * drafter a generating sequence's decode rows are its last token and its drafts (one
+ * chunk, never split), and the decode pass starts at a rotating slot. */
+static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
     const int S = e->o.n_slots, Tmax = e->o.max_tokens;
+    const int64_t V = e->m->cfg.vocab;
     int T = 0, n_rows = 0;
+    int r0 = 0;
+    mb->n_spec = 0;
+    if (e->dr) {
+        r0 = e->rr;
+        e->rr = (e->rr + 1) % S;
+        for (int i = mb->index; i < S; i += e->n_mb) e->slots[i].n_draft = 0;
+    }
     for (int pass = 0; pass < 2 && T < Tmax; pass++)
-        for (int i = mb->index; i < S && T < Tmax; i += e->n_mb) {
+        for (int j = mb->index; j < S && T < Tmax; j += e->n_mb) {
+            int i = pass == 0 && e->dr ? (j + r0) % S : j; /* n_mb is 1 with a drafter */
             slot_state *s = &e->slots[i];
             if (!s->active || s->n_done >= s->n_total) continue;
             if (s->want > 0) continue; /* stalled until the next preemption pass */
@@ -800,7 +944,14 @@ static void build_mb(eg_engine *e, micro_batch *mb) {
             /* a recompute of a generated sequence is a prefill */
             int is_decode = remaining == 1 && (s->n_generated > 0 || s->finishing);
             if ((pass == 0) != is_decode) continue;
-            int n = remaining < Tmax - T ? remaining : Tmax - T;
+            int kd = is_decode ? drafts_for(e, s) : 0;
+            if (kd && kd + 1 > Tmax - T) continue; /* the chunk waits for a step with room */
+            int n = kd ? kd + 1 : remaining < Tmax - T ? remaining : Tmax - T;
+            /* a recompute of a generated sequence stops one row short with a drafter: its
+             * last token goes through a verify step, as it would have without preemption
+             * (the same drafts and RNG draws, so the same tokens) */
+            if (e->dr && !is_decode && s->n_generated > 0 && !s->finishing && s->n_done + n == s->n_total) n--;
+            if (n < 1) continue;
             if (e->o.kv_policy == EG_KV_ON_DEMAND && !grow(e, i, (int64_t)s->n_done + n)) {
                 /* a prefill takes what is mapped (its blocks came at admission); the
                  * rest stalls and asks for a preemption pass */
@@ -815,6 +966,30 @@ static void build_mb(eg_engine *e, micro_batch *mb) {
                     continue;
                 }
                 if (have < n) n = have;
+            }
+            if (kd) {
+                eg_status st;
+                if ((st = drafter_catch_up(e, i, err))) return st;
+                EG_ASSERT(s->dlen == s->n_total - 1);
+                double t0 = eg_now();
+                st = eg_drafter_propose(e->dr, i, s->tokens, s->n_total, kd, &s->req.sp, &s->rng, s->draft,
+                                        s->req.sp.temperature > 0.0f ? s->q : NULL, err);
+                e->stats.draft_seconds += eg_now() - t0;
+                if (st) return eg_wrap(err, "drafter: proposing for request %llu", (unsigned long long)s->req.id);
+                for (int k = 0; k < kd; k++)
+                    if (s->draft[k] < 0 || s->draft[k] >= V)
+                        return eg_fail(err, EG_ERR_INVALID, "drafter: proposed token %d for request %llu (vocabulary %lld)",
+                                       s->draft[k], (unsigned long long)s->req.id, (long long)V);
+                for (int k = 0; k < n; k++) {
+                    mb->tok[T + k] = k ? s->draft[k - 1] : s->tokens[s->n_done];
+                    mb->pos[T + k] = s->n_done + k;
+                    mb->slt[T + k] = i;
+                    if (!e->o.want_logits) mb->rows[n_rows++] = T + k;
+                }
+                s->n_draft = kd;
+                mb->n_spec++;
+                T += n;
+                continue;
             }
             for (int k = 0; k < n; k++) {
                 mb->tok[T + k] = s->tokens[s->n_done + k];
@@ -836,6 +1011,7 @@ static void build_mb(eg_engine *e, micro_batch *mb) {
     mb->n_rows = n_rows;
     mb->status = EG_OK;
     mb->sent_to = -1;
+    return EG_OK;
 }
 
 /* 1 when any of x[0..n) is NaN or infinite: exponent bits all set. An integer OR
@@ -878,6 +1054,75 @@ static eg_status check_row(const eg_engine *e, const micro_batch *mb, const slot
                    (unsigned long long)s->req.id, p);
 }
 
+static int is_stop_token(const slot_state *s, int32_t tok) {
+    int is_stop = 0;
+    for (int k = 0; k < s->req.n_stop; k++) is_stop |= s->stop[k] == tok;
+    return is_stop || (s->req.stop_at > 0 && s->n_generated >= s->req.stop_at);
+}
+
+/* Slot i verified its drafts in mb's step (rows row .. row+k, logit rows lr .. lr+k):
+ * accept by spec.h's rule, commit the accepted drafts and the correction/bonus token
+ * (cut after a stop token), keep the rows of committed positions only, give back the
+ * cache blocks past the sequence, bring the drafter back to the committed length. */
+static eg_status complete_spec(eg_engine *e, micro_batch *mb, int i, int row, int lr, eg_done_fn done, void *ctx,
+                               eg_error *err) {
+    slot_state *s = &e->slots[i];
+    const int T = mb->T, n_aux = e->o.n_aux, kd = s->n_draft;
+    const int64_t H = e->m->cfg.hidden, V = e->m->cfg.vocab;
+    double t0 = eg_now();
+    int n_acc = 0;
+    int32_t next = 0;
+    eg_spec_verify(e->spec, mb->logits + (int64_t)lr * V, (int)V, &s->req.sp, s->draft,
+                   s->req.sp.temperature > 0.0f ? s->q : NULL, kd, e->o.spec_rule, &s->rng, &n_acc, &next);
+    int m = 0; /* tokens committed */
+    for (int j = 0; j <= n_acc && !s->finishing; j++) {
+        int32_t tok = j < n_acc ? s->draft[j] : next;
+        s->tokens[s->n_total++] = tok;
+        s->n_generated++;
+        m++;
+        if (is_stop_token(s, tok)) {
+            s->finish = EG_FINISH_STOP;
+            s->finishing = 1;
+        } else if (s->n_generated >= s->req.max_new) {
+            s->finish = EG_FINISH_LENGTH;
+            s->finishing = 1;
+        }
+    }
+    /* rows 0..n_acc were computed over committed tokens; a stop among the accepted
+     * drafts ends the sequence at its own row (m + 1 rows), else the last committed
+     * token's row comes next step (n_acc + 1 = m rows) */
+    int keep = m + 1 < n_acc + 1 ? m + 1 : n_acc + 1;
+    for (int k = 0; k < keep; k++) {
+        int p = mb->pos[row + k];
+        EG_ASSERT(p >= s->recompute_to && p == s->n_done + k);
+        for (int a = 0; a < n_aux; a++)
+            put_row(e, s->aux, s->aux16, ((int64_t)p * n_aux + a) * H, mb->cap + ((int64_t)a * T + row + k) * H);
+        put_row(e, s->final, s->final16, (int64_t)p * H, mb->fin + (int64_t)(row + k) * H);
+        if (e->o.final_both)
+            put_row(e, s->final_pre, s->final_pre16, (int64_t)p * H, mb->fin_pre + (int64_t)(row + k) * H);
+        if (e->o.want_logits)
+            memcpy(s->logits + (int64_t)p * V, mb->logits + (int64_t)(lr + k) * V, sizeof(float) * (size_t)V);
+    }
+    s->n_done += keep;
+    s->n_draft = 0;
+    e->stats.verify_steps++;
+    e->stats.drafted += kd;
+    e->stats.accepted += n_acc;
+    e->stats.spec_tokens += m;
+    e->stats.decode_tokens += m;
+    if (e->o.kv_policy == EG_KV_ON_DEMAND) /* the rejected drafts' blocks */
+        for (int k = 0; k < e->n_stages; k++) eg_kv_truncate(kv_of(e, k), i, s->n_total);
+    e->stats.verify_seconds += eg_now() - t0;
+    if (s->n_done == s->n_total) {
+        EG_ASSERT(s->finishing);
+        return finish_slot(e, i, done, ctx, err);
+    }
+    double t1 = eg_now();
+    eg_drafter_truncate(e->dr, i, s->dlen); /* its speculative positions */
+    e->stats.draft_seconds += eg_now() - t1;
+    return drafter_catch_up(e, i, err);
+}
+
 /* After mb's step: scatter captures, take sampled tokens, finish sequences. */
 static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, void *ctx, eg_error *err) {
     const int T = mb->T, n_aux = e->o.n_aux;
@@ -893,12 +1138,19 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
                                "(broken weights or config?); nothing of it was written",
                                (unsigned long long)e->slots[mb->slt[t]].req.id, mb->pos[t]);
         }
-    int row = 0, srow = 0;
+    int row = 0, srow = 0; /* srow: the next sampled row, or with a drafter the next logit row */
     while (row < T) {
         int i = mb->slt[row];
         slot_state *s = &e->slots[i];
         int n = 0;
         while (row + n < T && mb->slt[row + n] == i) n++;
+        if (s->n_draft > 0) {
+            EG_ASSERT(n == s->n_draft + 1);
+            if ((st = complete_spec(e, mb, i, row, e->o.want_logits ? row : srow, done, ctx, err))) return st;
+            if (!e->o.want_logits) srow += n;
+            row += n;
+            continue;
+        }
         for (int k = 0; k < n; k++) {
             int p = mb->pos[row + k];
             if (p < s->recompute_to) { /* captured before its cache was dropped */
@@ -918,9 +1170,9 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
         s->n_done += n;
         if (s->n_done == s->n_total && !s->finishing && s->n_generated < s->req.max_new) {
             int32_t tok;
-            if (e->o.want_logits) {
-                tok = eg_sample_row(mb->logits + (int64_t)(row + n - 1) * V, (int)V, &s->req.sp, &s->rng,
-                                    e->sample_scratch, NULL);
+            if (e->o.want_logits || e->dr) { /* the host sampler, as the CPU backend samples */
+                int lr = e->o.want_logits ? row + n - 1 : srow++;
+                tok = eg_sample_row(mb->logits + (int64_t)lr * V, (int)V, &s->req.sp, &s->rng, e->sample_scratch, NULL);
             } else {
                 tok = mb->sampled[srow];
                 s->rng = mb->rng[srow];
@@ -929,9 +1181,7 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
             s->tokens[s->n_total++] = tok;
             s->n_generated++;
             e->stats.decode_tokens++;
-            int is_stop = 0;
-            for (int k = 0; k < s->req.n_stop; k++) is_stop |= s->stop[k] == tok;
-            if (is_stop || (s->req.stop_at > 0 && s->n_generated >= s->req.stop_at)) {
+            if (is_stop_token(s, tok)) {
                 s->finish = EG_FINISH_STOP;
                 s->finishing = 1;
             } else if (s->n_generated >= s->req.max_new) {
@@ -939,8 +1189,11 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
                 s->finishing = 1;
             }
         }
-        if (s->n_done == s->n_total && (s->finishing || s->req.max_new == 0))
+        if (s->n_done == s->n_total && (s->finishing || s->req.max_new == 0)) {
             if ((st = finish_slot(e, i, done, ctx, err))) return st;
+        } else if (e->dr && (st = drafter_catch_up(e, i, err))) { /* prefill chunks feed it too */
+            return st;
+        }
         row += n;
     }
     return EG_OK;
@@ -993,7 +1246,7 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
             /* a stop request abandons in-flight sequences: their tokens depend only on
              * their own inputs, so a resumed run regenerates them identically */
             if (e->stop_requested) break;
-            build_mb(e, mb);
+            if ((st = build_mb(e, mb, err))) break;
             if (!mb->T) continue;
             if (!in_flight) busy_since = eg_now();
             mb->busy = 1;
@@ -1004,10 +1257,12 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
             if (e->threaded) {
                 q_push(&e->queues[0], mb);
             } else {
+                double t_step = eg_now();
                 for (int k = 0; k < e->n_stages && !mb->status; k++) {
                     mb->status = run_stage(e, k, mb);
                     e->stage_count[k]++;
                 }
+                if (mb->n_spec) e->stats.verify_seconds += eg_now() - t_step;
                 mb->busy = 0;
                 in_flight--;
                 e->stats.seconds += eg_now() - busy_since;

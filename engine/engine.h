@@ -23,6 +23,10 @@
  * dropped. EG_KV_RESERVE: a request is admitted only when the cache can hold its whole
  * sequence (prompt + max_new), so nothing is ever preempted.
  *
+ * Speculative decoding (opts.drafter, drafter.h): a generating sequence's decode rows
+ * are its last token and up to draft_tokens drafts, verified in one chunk by spec.h's
+ * rule; the cache and the drafter roll back past the first rejection (docs/ENGINE.md).
+ *
  * Determinism: a sequence's tokens depend only on the model, its tokens, its sampling
  * parameters and RNG state — not on batch composition, preemption or recomputation
  * (the CPU backend reduces in a fixed order per row, and prefill and decode write the
@@ -37,7 +41,9 @@
 #ifndef EG_ENGINE_H
 #define EG_ENGINE_H
 
+#include "engine/drafter.h"
 #include "engine/forward.h"
+#include "engine/spec.h"
 
 typedef enum eg_finish {
     EG_FINISH_NONE = 0, /* teacher-forced (capture mode): nothing generated */
@@ -122,6 +128,14 @@ typedef struct eg_engine_opts {
                                 of: its own slots and cache, the routed experts over the group.
                                 Requires stage_backends == NULL (stages on the calling thread) */
     int ep_rank;
+    /* Speculative decoding (docs/ENGINE.md "Speculative decoding"): with a drafter
+     * (borrowed; NULL = off) each generating sequence proposes up to draft_tokens (k >= 1)
+     * tokens per step, verified by the target in one k + 1-row chunk and accepted by
+     * spec.h's rule. Refused with stage_backends (threaded stages) or ep. The drafter's
+     * aux layers must be among aux_layers; max_tokens >= k + 1. */
+    eg_drafter *drafter;
+    int draft_tokens;
+    eg_spec_rule spec_rule;  /* EG_SPEC_EXACT; tests set EG_SPEC_BROKEN_ACCEPT */
 } eg_engine_opts;
 
 /* Return 1 and fill req when a request is available, 0 when there are no more,
@@ -151,6 +165,14 @@ typedef struct eg_engine_stats {
     double backlog_concurrency; /* sum of live sequences over those steps */
     double sum_kv_live;      /* over steps: blocks holding cached tokens / pool blocks */
     int64_t host_kv_peak;    /* most host bytes held by swapped-out caches */
+    /* speculative decoding (opts.drafter) */
+    int64_t verify_steps;    /* per-sequence verify steps (a sequence's k + 1-row chunk) */
+    int64_t drafted;         /* draft tokens proposed */
+    int64_t accepted;        /* of them accepted (accepted / verify_steps: mean accepted per step) */
+    int64_t spec_tokens;     /* tokens committed by verify steps (accepted + correction/bonus,
+                                less any cut after a stop token) */
+    double draft_seconds;    /* in the drafter (extend, propose, truncate) */
+    double verify_seconds;   /* target steps that verified drafts, and the acceptance rule */
 } eg_engine_stats;
 
 typedef struct eg_engine eg_engine;

@@ -107,6 +107,20 @@ void eg_kv_release(eg_kv_cache *kv, int slot) {
     pthread_mutex_unlock(&kv->lock);
 }
 
+void eg_kv_truncate(eg_kv_cache *kv, int slot, int64_t n_tokens) {
+    if (!kv || slot < 0 || slot >= kv->n_slots) return;
+    pthread_mutex_lock(&kv->lock);
+    int64_t keep = eg_kv_blocks_for(kv, n_tokens > 0 ? n_tokens : 0);
+    int32_t *row = kv->table + (int64_t)slot * kv->max_blocks;
+    if (kv->n_mapped[slot] > keep) mark_dirty(kv, slot);
+    while (kv->n_mapped[slot] > keep) { /* the last mapped first: the free list gets them back in order */
+        int i = --kv->n_mapped[slot];
+        kv->free_list[kv->n_free++] = row[i];
+        row[i] = -1;
+    }
+    pthread_mutex_unlock(&kv->lock);
+}
+
 int64_t eg_kv_free_blocks(eg_kv_cache *kv) {
     pthread_mutex_lock(&kv->lock);
     int64_t n = kv->n_free;

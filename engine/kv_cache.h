@@ -9,7 +9,8 @@
  * `eaglegen fidelity` only (backend.h's eg_kv_dtype; docs/FIDELITY.md).
  *
  * Blocks are mapped on demand: eg_kv_reserve grows a slot to hold n tokens (the engine
- * calls it as a sequence grows), eg_kv_release returns all of a slot's blocks. A
+ * calls it as a sequence grows), eg_kv_release returns all of a slot's blocks,
+ * eg_kv_truncate those past a length (speculative decoding's rollback). A
  * preempted sequence's blocks can be copied to host memory and back, exactly
  * (eg_kv_save / eg_kv_load, the backend's copy ops).
  *
@@ -22,7 +23,7 @@
  *
  * Ownership: eg_kv_create returns a cache the caller frees with eg_kv_free (NULL ok);
  * it borrows the backend, which must outlive it.
- * Thread safety: reserve, release, free_blocks, slot_blocks and sync_table take the
+ * Thread safety: reserve, release, truncate, free_blocks, slot_blocks and sync_table take the
  * cache's lock, so a scheduler thread may map blocks for one slot while a stage thread
  * runs a step over other slots; save and load drive the backend and run on a thread
  * allowed to drive it while no step is in flight; everything else is one thread at a
@@ -72,6 +73,10 @@ int64_t eg_kv_blocks_for(const eg_kv_cache *kv, int64_t n_tokens);
 eg_status eg_kv_reserve(eg_kv_cache *kv, int slot, int64_t n_tokens, eg_error *err);
 /* Return all of a slot's blocks to the free list. */
 void eg_kv_release(eg_kv_cache *kv, int slot);
+/* Return the slot's blocks past those holding positions [0, n_tokens) (speculative
+ * decoding rolls a sequence back past its first rejected draft); n_tokens >= the
+ * mapped length changes nothing. The rows kept are untouched. */
+void eg_kv_truncate(eg_kv_cache *kv, int slot, int64_t n_tokens);
 /* Free blocks now. */
 int64_t eg_kv_free_blocks(eg_kv_cache *kv);
 /* Blocks mapped to a slot now. */

@@ -1,6 +1,8 @@
 /* runtime.c — backends, stages, ranks and the memory plan of an engine run (runtime.h). */
 #include "engine/runtime.h"
 
+#include "engine/drafter_eagle3.h"
+
 #include "engine/cuda_plan.h"
 #include "engine/ep_runtime.h"
 #include "engine/layout.h"
@@ -18,6 +20,7 @@ struct eg_runtime {
     eg_backend **stage_be;    /* [n_stages] with threaded stages */
     eg_engine *engine;        /* the engine, or rank 0's */
     eg_ep_runtime *ep_rt;     /* ep > 1 */
+    eg_drafter *drafter;      /* opts.draft_model */
     eg_engine *volatile stop_engine; /* what eg_runtime_request_stop stops */
     int *aux;                 /* [n_aux] copy */
     int *stage_ends;          /* [n_stages] */
@@ -76,6 +79,7 @@ void eg_runtime_free(eg_runtime *rt) {
     if (!rt) return;
     if (rt->ep_rt) eg_ep_runtime_free(rt->ep_rt);
     else eg_engine_free(rt->engine);
+    eg_drafter_free(rt->drafter); /* after the engine that borrowed it */
     eg_backend_free(rt->be);
     for (int k = 0; rt->stage_be && k < rt->info.n_stages; k++) eg_backend_free(rt->stage_be[k]);
     free(rt->stage_be);
@@ -227,6 +231,19 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                          .micro_batches = o->micro_batches, .transport = o->transport, .kv_policy = o->kv_policy,
                          .host_kv_bytes = host_kv, .capture_bf16 = o->capture_bf16,
                          .check_recompute = o->check_recompute};
+    if (o->draft_model) {
+        if (o->ep > 1 || threaded) {
+            st = eg_fail(err, EG_ERR_INVALID, "--draft-model: speculative decoding runs on one engine without %s",
+                         o->ep > 1 ? "expert-parallel ranks (--ep)" : "threaded pipeline stages (--stages)");
+            goto fail;
+        }
+        if ((st = eg_drafter_eagle3_load(o->draft_model, m, n_slots, o->max_seq_len, &rt->drafter, err))) {
+            eg_wrap(err, "--draft-model %s", o->draft_model);
+            goto fail;
+        }
+        eo.drafter = rt->drafter;
+        eo.draft_tokens = o->draft_tokens;
+    }
     if (o->ep > 1) {
         eo.stage_backends = NULL;
         if ((st = eg_ep_runtime_create(m, &bo, &eo, o->ep, &rt->ep_rt, err))) goto fail;
@@ -259,6 +276,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     }
     in->ep = o->ep > 1 ? o->ep : 1;
     in->experts_per_rank = c->n_experts / in->ep;
+    in->draft_state_bytes = rt->drafter ? rt->drafter->info.state_bytes : 0;
     *out = rt;
     return EG_OK;
 fail:

@@ -59,6 +59,10 @@ typedef struct eg_runtime_opts {
     const int *aux_layers;      /* [n_aux] */
     int n_aux;
     int final_pre_norm, final_both, want_logits, capture_bf16, check_recompute;
+    /* speculative decoding (engine.h, drafter.h): an EAGLE-3 drafter checkpoint, loaded for
+       the slot count chosen here and owned by the runtime; NULL = none */
+    const char *draft_model;
+    int draft_tokens;           /* K drafted tokens per verify step (>= 1 with draft_model) */
     /* what was decided, one line at a time, as it is decided (e.g. each GPU's memory
        plan); NULL = none */
     eg_runtime_note_fn note;
@@ -86,6 +90,7 @@ typedef struct eg_runtime_info {
     int micro_batches;          /* in flight with threaded stages: max(opts, n_stages), at most n_slots */
     int ep;                     /* ranks (1 = none) */
     int experts_per_rank;
+    int64_t draft_state_bytes;  /* the drafter's caches (host memory; 0 = no drafter) */
 } eg_runtime_info;
 
 typedef struct eg_runtime eg_runtime;

@@ -27,6 +27,7 @@
 #include "gen/cpu_speed.h"
 #include "gen/job.h"
 #include "gen/donelog.h"
+#include "gen/draft_model.h"
 #include "gen/dry_run.h"
 #include "gen/progress.h"
 #include "gen/resume.h"
@@ -67,6 +68,8 @@ typedef struct gen_args {
     int restart;              /* --restart: delete this worker's job first */
     int dry_run;              /* --dry-run: report, load no weights, write nothing */
     int64_t shard_bytes;      /* --shard-size; 0 = no byte limit */
+    const char *draft_model;  /* --draft-model: an EAGLE-3 drafter (speculative decoding) */
+    int draft_tokens;         /* --draft-tokens K (0 = not given: 3) */
 } gen_args;
 
 static void usage(FILE *f) {
@@ -155,6 +158,13 @@ static void usage(FILE *f) {
             "                          (RANK/WORLD_SIZE), srun (SLURM_PROCID/NTASKS) or both (array x\n"
             "                          ranks); inconsistent variables are refused; else 0/1\n"
             "  --log-json FILE         append progress as JSON lines (UTC time, worker, phase, counts) to FILE\n"
+            "speculative decoding (regenerate mode; docs/ENGINE.md):\n"
+            "  --draft-model DIR       an EAGLE-3 drafter (SpecForge layout) proposes tokens that the model\n"
+            "                          verifies K + 1 at a time; accepted by rejection sampling, so every\n"
+            "                          token is distributed exactly as without it (greedy: the same\n"
+            "                          tokens) and the captured rows are the model's own. Its aux layers\n"
+            "                          must be among --aux-layers. Not with --ep or --stages\n"
+            "  --draft-tokens K        tokens drafted per verify step (default 3; --chunk >= K + 1)\n"
             "job:\n"
             "  --dry-run               report what the run would do and exit, without loading weights\n"
             "                          (config.json, tokenizer and corpus only): records accepted and\n"
@@ -245,7 +255,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"transport", 1, 0, 'X'},      {"restart", 0, 0, 'R'},        {"dry-run", 0, 0, 'D'},
         {"shard-size", 1, 0, 'Z'},     {"kv-policy", 1, 0, 'K'},      {"kv-tokens", 1, 0, 'V'},
         {"host-kv-gb", 1, 0, 'W'},     {"ep", 1, 0, 'E'},             {"layout", 1, 0, 0x100},
-        {"box", 1, 0, 0x101},
+        {"box", 1, 0, 0x101},          {"draft-model", 1, 0, 0x102},  {"draft-tokens", 1, 0, 0x103},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -357,6 +367,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 'E': if (!gen_arg_int("generate", "--ep", optarg, 1, 4096, &a->ep)) return 2; break;
         case 0x100: a->layout = optarg; break;
         case 0x101: a->box = optarg; break;
+        case 0x102: a->draft_model = optarg; break;
+        case 0x103: if (!gen_arg_int("generate", "--draft-tokens", optarg, 1, 64, &a->draft_tokens)) return 2; break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'R': a->restart = 1; break;
         case 'D': a->dry_run = 1; break;
@@ -384,6 +396,26 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         fprintf(stderr, "eaglegen generate: --ep %d with --backend %s: the expert exchange between GPUs (NCCL) is not "
                         "implemented yet; --ep runs CPU ranks only\n", a->ep, a->backend);
         return 2;
+    }
+    if (a->draft_tokens && !a->draft_model) {
+        fprintf(stderr, "eaglegen generate: --draft-tokens needs --draft-model DIR\n");
+        return 2;
+    }
+    if (a->draft_model) {
+        const char *why = a->capture ? "--mode capture generates nothing"
+                          : a->ep > 1 ? "--ep is not supported with speculative decoding"
+                          : a->stages ? "pipeline stages (--stages) are not supported with speculative decoding"
+                                      : NULL;
+        if (why) {
+            fprintf(stderr, "eaglegen generate: --draft-model: %s\n", why);
+            return 2;
+        }
+        if (!a->draft_tokens) a->draft_tokens = 3;
+        if ((a->batch > a->chunk ? a->batch : a->chunk) < a->draft_tokens + 1) { /* the engine's rows per step */
+            fprintf(stderr, "eaglegen generate: --chunk %d cannot hold a verify step of --draft-tokens %d + 1 rows\n",
+                    a->chunk, a->draft_tokens);
+            return 2;
+        }
     }
     if (a->capture && a->sampling_flag)
         fprintf(stderr, "eaglegen generate: note: %s has no effect in capture mode (nothing is generated)\n",
@@ -776,6 +808,16 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     snprintf(w, sizeof w, "%d/%d", a->worker, a->n_workers);
     json_object_set_new(params, "worker", json_string(w));
     json_object_set_new(params, "shard_bytes", json_integer(a->shard_bytes));
+    if (a->draft_model) { /* present only with a drafter: jobs without one resume as before */
+        json_t *dm = NULL;
+        if (gen_draft_identity(a->draft_model, &dm, err)) {
+            json_decref(params); /* holds aux */
+            json_decref(inputs);
+            return NULL;
+        }
+        json_object_set_new(params, "draft_model", dm);
+        json_object_set_new(params, "draft_tokens", json_integer(a->draft_tokens));
+    }
     /* the model by content (config hash, stored weight bytes), not by path, so a moved
      * checkpoint still resumes */
     json_t *fps = json_pack("{s:s, s:I, s:s, s:o}", "model_config_sha256", g->model->cfg.hash, "model_weight_bytes",
@@ -789,6 +831,11 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     json_t *paths = me && te ? json_pack("{s:s, s:s}", "model", me, "tokenizer", te) : NULL;
     free(me);
     free(te);
+    if (paths && a->draft_model) {
+        char *de = eg_utf8_escape(realpath(a->draft_model, mp) ? mp : a->draft_model);
+        if (de) json_object_set_new(paths, "draft_model", json_string(de));
+        free(de);
+    }
     if (!paths) {
         json_decref(params);
         json_decref(fps);
@@ -918,7 +965,7 @@ int cmd_generate(int argc, char **argv) {
         .kv_policy = a.kv_reserve ? EG_KV_RESERVE : EG_KV_ON_DEMAND, .kv_tokens = a.kv_tokens,
         .host_kv_bytes = a.host_kv_gb >= 0 ? (int64_t)(a.host_kv_gb * 1e9) : -1, .ram_bytes = mem_avail,
         .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.final_mode == 1, .final_both = a.final_mode == 2,
-        .capture_bf16 = 1, .note = print_note};
+        .capture_bf16 = 1, .draft_model = a.draft_model, .draft_tokens = a.draft_tokens, .note = print_note};
     if (eg_runtime_create(&ro, &g.rt, &err)) goto done;
     const eg_runtime_info *ri = eg_runtime_describe(g.rt);
     const int n_stages = ri->n_stages, *stage_ends = ri->stage_ends;
@@ -1091,6 +1138,7 @@ int cmd_generate(int argc, char **argv) {
             (double)(ws.committed_bytes - ws0.committed_bytes) / 1e9,
             (long long)(want[EG_DS_COUNT_REJECTED] + want[EG_DS_COUNT_DROPPED] + want[EG_DS_COUNT_SKIPPED]),
             eg_now() - g.prog.start > 0 ? (double)g.written / (eg_now() - g.prog.start) : 0.0);
+    if (a.draft_model) gen_draft_report(stderr, jlog, &es, a.worker, a.n_workers);
     if (g.changed)
         fprintf(stderr, "eaglegen generate: %lld record%s with a done id changed since the sample was made (old samples "
                         "kept)\n", (long long)g.changed, g.changed == 1 ? "" : "s");
