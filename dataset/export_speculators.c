@@ -40,7 +40,8 @@
 #include "dataset/safetensors_write.h"
 
 /* `datasets` save_to_disk: shards of at most config.MAX_SHARD_SIZE ("500MB"); its
- * ArrowWriter's default writer_batch_size (1000 rows per RecordBatch). */
+ * ArrowWriter's default writer_batch_size (1000 rows per RecordBatch). Environment
+ * EG_EXPORT_SHARD_BYTES / EG_EXPORT_BATCH_ROWS override them (docs/FORMAT.md). */
 #define SPEC_SHARD_BYTES (500LL * 1000 * 1000)
 #define SPEC_BATCH_ROWS 1000
 #define SPEC_BATCH_VALUES (1LL << 22) /* also close a batch at 4 Mi tokens (int32 offsets, bounded memory) */
@@ -163,6 +164,7 @@ static eg_status check_source(const eg_ds_reader *r, eg_error *err) {
 
 typedef struct {
     const char *dir;
+    int64_t shard_bytes, batch_rows;
     int n;            /* shards committed */
     int cap;
     char **tmp_names; /* [n] committed under data-NNNNN.arrow.tmp.done, renamed at the end */
@@ -180,7 +182,7 @@ static eg_status shard_open(shards *s, eg_error *err) {
     if (st) return st;
     static const eg_arrow_column cols[] = {
         {"input_ids", EG_ARROW_LIST_INT64}, {"loss_mask", EG_ARROW_LIST_INT64}, {"seq_len", EG_ARROW_INT64}};
-    eg_arrow_opts ao = {SPEC_BATCH_ROWS, SPEC_BATCH_VALUES, "huggingface", s->meta};
+    eg_arrow_opts ao = {s->batch_rows, SPEC_BATCH_VALUES, "huggingface", s->meta};
     if ((st = eg_arrow_open(s->cur.f, cols, 3, &ao, &s->w, err))) out_abort(&s->cur);
     s->est = 0;
     return st;
@@ -281,6 +283,20 @@ static eg_status save_json(const char *dir, const char *name, json_t *o, int64_t
     return st;
 }
 
+/* A positive integer from the environment, or def when unset. */
+static eg_status env_count(const char *name, int64_t def, int64_t *out, eg_error *err) {
+    const char *v = getenv(name);
+    *out = def;
+    if (!v) return EG_OK;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < 1)
+        return eg_fail(err, EG_ERR_INVALID, "%s='%s': a positive count (default %" PRId64 ")", name, v, def);
+    *out = x;
+    return EG_OK;
+}
+
 static int append(char *buf, size_t cap, size_t *k, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static int append(char *buf, size_t cap, size_t *k, const char *fmt, ...) {
     va_list ap;
@@ -297,7 +313,10 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
     if (!o->out_dir || !*o->out_dir) return eg_fail(err, EG_ERR_INVALID, "speculators export: no output directory");
     if (o->max_len < 0 || o->draft_vocab < 0)
         return eg_fail(err, EG_ERR_INVALID, "speculators export: negative --max-len or --draft-vocab");
-    eg_status st = check_source(r, err);
+    int64_t shard_bytes, batch_rows;
+    eg_status st = env_count("EG_EXPORT_SHARD_BYTES", SPEC_SHARD_BYTES, &shard_bytes, err);
+    if (!st) st = env_count("EG_EXPORT_BATCH_ROWS", SPEC_BATCH_ROWS, &batch_rows, err);
+    if (!st) st = check_source(r, err);
     if (st) return st;
     const eg_ds_info *m = dataset_info(r);
     const int64_t V = m->target_vocab_size, H = m->hidden_size;
@@ -313,6 +332,8 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
 
     shards sh = {0};
     sh.dir = o->out_dir;
+    sh.shard_bytes = shard_bytes;
+    sh.batch_rows = batch_rows;
     size_t ml = strlen(features_json()) + 32;
     sh.meta = malloc(ml);
     if (!sh.meta) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
@@ -370,7 +391,7 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
         loss_tokens += lt;
         if (T > longest) longest = T;
         sh.est += 16 * T + 8;
-        if (sh.est >= SPEC_SHARD_BYTES) {
+        if (sh.est >= sh.shard_bytes) {
             if ((st = shard_close(&sh, err)) || (st = shard_open(&sh, err))) goto done;
         }
         double t = now_s();
