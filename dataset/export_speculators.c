@@ -110,8 +110,12 @@ static eg_status out_commit(out_file *o, const char *final_path, eg_error *err) 
 }
 
 /* out_dir: created if missing; refused unless empty. */
-static eg_status prepare_dir(const char *dir, eg_error *err) {
-    if (mkdir(dir, 0755) == 0) return EG_OK;
+static eg_status prepare_dir(const char *dir, int *created, eg_error *err) {
+    *created = 0;
+    if (mkdir(dir, 0755) == 0) {
+        *created = 1;
+        return EG_OK;
+    }
     if (errno != EEXIST) return eg_fail(err, EG_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
     DIR *d = opendir(dir);
     if (!d) return eg_fail(err, EG_ERR_IO, "%s: %s", dir, strerror(errno));
@@ -324,7 +328,8 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
     int64_t N = o->draft_vocab ? o->draft_vocab : (V < 32000 ? V : 32000);
     if (N > V)
         return eg_fail(err, EG_ERR_INVALID, "draft vocabulary %" PRId64 " is larger than the target vocabulary %" PRId64, N, V);
-    if ((st = prepare_dir(o->out_dir, err))) return st;
+    int created;
+    if ((st = prepare_dir(o->out_dir, &created, err))) return st;
     char hs_dir[4096];
     if ((size_t)snprintf(hs_dir, sizeof hs_dir, "%s/hidden_states", o->out_dir) >= sizeof hs_dir)
         return eg_fail(err, EG_ERR_INVALID, "path too long: %s", o->out_dir);
@@ -400,7 +405,12 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
             o->progress(o->progress_ctx, i + 1, total, rep->bytes_written + sh.bytes + eg_arrow_bytes(sh.w));
         }
     }
-    if (!rows) {
+    if (!rows) { /* nothing was written but the empty folders and the open shard: remove them */
+        eg_arrow_free(sh.w);
+        sh.w = NULL;
+        out_abort(&sh.cur);
+        rmdir(hs_dir);
+        if (created) rmdir(o->out_dir);
         st = eg_fail(err, EG_ERR_INVALID,
                      "no sample has a supervised (loss-masked) token%s: speculators would train on nothing",
                      o->max_len ? " within --max-len" : "");

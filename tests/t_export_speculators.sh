@@ -76,6 +76,8 @@ refuse "is not empty" both --to speculators --out sp
 refuse "a positive count" both --to speculators --out r4 --draft-vocab 0
 EG_EXPORT_SHARD_BYTES=x refuse "EG_EXPORT_SHARD_BYTES='x'" both --to speculators --out r5
 refuse "larger than the target vocabulary" both --to speculators --out r6 --draft-vocab 513
+refuse "no sample has a supervised (loss-masked) token within --max-len" both --to speculators --out r7 --max-len 5
+[ ! -e r7 ] || { ls -R r7; fail "a refused export left r7 behind"; }
 
 echo "-- kill -9 mid-export"
 "$PYTHON" - <<'PY'

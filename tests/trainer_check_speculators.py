@@ -15,7 +15,10 @@ folder with speculators' own code and compares with eaglegen's reader:
    trainer kwargs, backward, clip, AdamW step): finite loss, parameters move. speculators'
    own Trainer cannot run on CPU (it moves the model to device index local_rank, i.e. CUDA).
 
-usage: trainer_check_speculators.py DATASET EXPORT VERIFIER_DIR"""
+   Also: pyarrow's full validation of every record batch, and the same export split into
+   several shards of small batches (SPLIT_EXPORT) loads to the same rows.
+
+usage: trainer_check_speculators.py DATASET EXPORT VERIFIER_DIR SPLIT_EXPORT"""
 import json
 import shlex
 import sys
@@ -49,7 +52,7 @@ def bits(t):
 
 
 def main():
-    ds_dir, ex, verifier = sys.argv[1:4]
+    ds_dir, ex, verifier, split = sys.argv[1:5]
     import speculators
     print(f"speculators {speculators.__version__ if hasattr(speculators, '__version__') else '?'}, torch {torch.__version__}")
     src = eg.EagleGenDataset(ds_dir, as_torch=False)
@@ -82,6 +85,19 @@ def main():
             fail(f"row {j}: input_ids differ")
         if not np.array_equal(it["loss_mask"].numpy(), r["loss_mask"].astype(np.int64)):
             fail(f"row {j}: loss_mask differs")
+    import glob
+    import pyarrow as pa
+    nb = 0
+    for f in sorted(glob.glob(os.path.join(ex, "*.arrow")) + glob.glob(os.path.join(split, "*.arrow"))):
+        with pa.memory_map(f) as mm:
+            for b in pa.ipc.open_stream(mm):
+                b.validate(full=True)
+                nb += 1
+    hs2 = load_from_disk(split)
+    if len(hs2.cache_files) < 2 or hs2.with_format(None)[:] != hf.with_format(None)[:]:
+        fail(f"the split export ({len(hs2.cache_files)} shards) does not load to the same rows")
+    print(f"   pyarrow {pa.__version__}: {nb} record batches pass validate(full=True); the export split into "
+          f"{len(hs2.cache_files)} shards loads to the same rows")
     print(f"1. load_from_disk + ArrowDataset: {len(ad)} rows equal to eaglegen's reader (aux planes, pre-norm last plane, ids, mask)")
 
     # 2. the printed command, parsed by speculators, builds the drafter

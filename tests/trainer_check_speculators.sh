@@ -32,6 +32,8 @@ PY
 "$EAGLEGEN" generate --model model --prompts c.jsonl --out ds --max-new-tokens 24 --max-seq-len 256 --batch 4 --seed 5 \
     --temperature 0.7 >/dev/null 2>gen.log || { cat gen.log; exit 1; }
 "$EAGLEGEN" export ds --to speculators --out sp --draft-vocab 64 2>/dev/null
+EG_EXPORT_SHARD_BYTES=4000 EG_EXPORT_BATCH_ROWS=2 "$EAGLEGEN" export ds --to speculators --out sp_split --draft-vocab 64 \
+    >/dev/null 2>&1
 "$PYTHON" - <<'PY'
 import json, os
 c = json.load(open("model/config.json"))
@@ -55,4 +57,4 @@ for f in set(keep.values()):
     os.symlink(os.path.abspath(os.path.join("model", f)), os.path.join("verifier", f))
 json.dump({"metadata": {}, "weight_map": keep}, open("verifier/model.safetensors.index.json", "w"), indent=1)
 PY
-"$VENV/bin/python" "$root/tests/trainer_check_speculators.py" ds sp verifier
+"$VENV/bin/python" "$root/tests/trainer_check_speculators.py" ds sp verifier sp_split
