@@ -388,8 +388,9 @@ eg_status eg_arrow_put_list_u8(eg_arrow_writer *w, int col, const uint8_t *v, in
 
 eg_status eg_arrow_end_row(eg_arrow_writer *w, eg_error *err) {
     int64_t most = 0;
-    for (int c = 0; c < w->n_cols; c++) {
+    for (int c = 0; c < w->n_cols; c++)
         if (!w->b[c].put) return eg_fail(err, EG_ERR_INVALID, "arrow: column '%s' not set in row %" PRId64, w->cols[c].name, w->rows);
+    for (int c = 0; c < w->n_cols; c++) {
         w->b[c].put = 0;
         if (w->cols[c].kind == EG_ARROW_LIST_INT64 && w->b[c].n > most) most = w->b[c].n;
     }

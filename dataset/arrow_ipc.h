@@ -8,7 +8,8 @@
  * Rows are appended column by column (eg_arrow_put_*), closed with eg_arrow_end_row, and
  * buffered until a batch is full (rows or list values per batch, from the options), so
  * memory is bounded by one batch. The writer writes to a caller-owned FILE*; the caller
- * decides the file name (temporary name + rename).
+ * decides the file name (temporary name + rename). After an error the stream is incomplete:
+ * only eg_arrow_free is meaningful.
  * Ownership: the writer owns its batch buffers; eg_arrow_free accepts NULL.
  * Thread safety: one writer per thread. */
 #ifndef EG_DS_ARROW_IPC_H

@@ -53,8 +53,8 @@ def bits(t):
 
 def main():
     ds_dir, ex, verifier, split = sys.argv[1:5]
-    import speculators
-    print(f"speculators {speculators.__version__ if hasattr(speculators, '__version__') else '?'}, torch {torch.__version__}")
+    from importlib.metadata import version
+    print(f"speculators {version('speculators')}, datasets {version('datasets')}, torch {torch.__version__} (CPU)")
     src = eg.EagleGenDataset(ds_dir, as_torch=False)
     man = json.load(open(os.path.join(ds_dir, "manifest.json")))
     prov = json.load(open(os.path.join(ex, "eaglegen_export.json")))
@@ -188,7 +188,7 @@ def main():
     moved = sum(not torch.equal(before[n], p.detach()) for n, p in model.named_parameters() if n in before)
     if not torch.isfinite(loss) or moved == 0:
         fail(f"training step: loss {loss}, {moved} parameters moved")
-    print(f"4. one CPU training step of speculators' Eagle3 drafter: loss {float(loss):.4f}, {moved}/{len(before)} "
+    print(f"4. one CPU training step of speculators' Eagle3 drafter: loss {float(loss.detach()):.4f}, {moved}/{len(before)} "
           f"parameter tensors updated (speculators' Trainer itself needs CUDA: model.to(local_rank))")
     print("trainer-check speculators: ok")
 
