@@ -350,7 +350,6 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
         st = eg_fail(err, EG_ERR_NOMEM, "out of memory (histogram of %" PRId64 " ids)", V);
         goto done;
     }
-    if ((st = shard_open(&sh, err))) goto done;
 
     const int64_t total = dataset_num_samples(r);
     int64_t rows = 0, tokens = 0, loss_tokens = 0, unsupervised = 0, cut = 0, longest = 0;
@@ -383,6 +382,7 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
         }
         cut += T < s.T;
         st = write_hs(hs_dir, rows, &s, T, pre, &ids64, &ids_cap, &rep->bytes_written, err);
+        if (!st && !sh.w) st = shard_open(&sh, err); /* the next shard opens with its first row */
         if (!st) st = eg_arrow_put_list_i32(sh.w, 0, s.input_ids, T, err);
         if (!st) st = eg_arrow_put_list_u8(sh.w, 1, s.loss_mask, T, err);
         if (!st) st = eg_arrow_put_i64(sh.w, 2, T, err);
@@ -396,19 +396,14 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
         loss_tokens += lt;
         if (T > longest) longest = T;
         sh.est += 16 * T + 8;
-        if (sh.est >= sh.shard_bytes) {
-            if ((st = shard_close(&sh, err)) || (st = shard_open(&sh, err))) goto done;
-        }
+        if (sh.est >= sh.shard_bytes && (st = shard_close(&sh, err))) goto done;
         double t = now_s();
         if (o->progress && t - last >= 0.25) {
             last = t;
-            o->progress(o->progress_ctx, i + 1, total, rep->bytes_written + sh.bytes + eg_arrow_bytes(sh.w));
+            o->progress(o->progress_ctx, i + 1, total, rep->bytes_written + sh.bytes + (sh.w ? eg_arrow_bytes(sh.w) : 0));
         }
     }
-    if (!rows) { /* nothing was written but the empty folders and the open shard: remove them */
-        eg_arrow_free(sh.w);
-        sh.w = NULL;
-        out_abort(&sh.cur);
+    if (!rows) { /* nothing was written but the empty folders: remove them */
         rmdir(hs_dir);
         if (created) rmdir(o->out_dir);
         st = eg_fail(err, EG_ERR_INVALID,
@@ -416,7 +411,7 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
                      o->max_len ? " within --max-len" : "");
         goto done;
     }
-    if ((st = shard_close(&sh, err))) goto done;
+    if (sh.w && (st = shard_close(&sh, err))) goto done;
     rep->bytes_written += sh.bytes;
 
     /* every row is in: the shards get their final names, then the folder's json */

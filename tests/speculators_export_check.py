@@ -263,6 +263,8 @@ def main():
     cols = {"input_ids": [], "loss_mask": [], "seq_len": []}
     for sh in shards:
         schema, meta, rows = read_arrow_stream(os.path.join(ex, sh))
+        if not rows["seq_len"]:
+            fail(f"{sh} holds no row")
         if schema != [("input_ids", "list<int64>"), ("loss_mask", "list<int64>"), ("seq_len", "int64")]:
             fail(f"schema {schema}")
         if json.loads(meta.get("huggingface", "null")) != {"info": {"features": feats}}:

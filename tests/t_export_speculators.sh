@@ -47,6 +47,11 @@ grep -q "without a supervised token left out" out || { cat out; fail "no unsuper
 [ "$(ls sp2 | grep -c '^data-')" -ge 3 ] || { ls sp2; fail "expected several Arrow shards"; }
 $CHECK both sp2 --max-len 45 --draft-vocab 24
 
+echo "-- a shard per row (the last row closes a shard: no empty shard after it)"
+EG_EXPORT_SHARD_BYTES=1 $E export both --to speculators --out sp3 --max-len 45 --draft-vocab 24 >/dev/null 2>&1 || fail "export sp3"
+$CHECK both sp3 --max-len 45 --draft-vocab 24
+[ "$(ls sp3 | grep -c '^data-')" -eq "$(ls sp3/hidden_states | wc -l)" ] || { ls sp3; fail "shards != rows"; }
+
 echo "-- pre-norm-only data: the same planes"
 $E export pre --to speculators --out spq >/dev/null 2>&1 || fail "export of pre-norm data"
 $CHECK pre spq
