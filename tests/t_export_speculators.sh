@@ -52,6 +52,11 @@ EG_EXPORT_SHARD_BYTES=1 $E export both --to speculators --out sp3 --max-len 45 -
 $CHECK both sp3 --max-len 45 --draft-vocab 24
 [ "$(ls sp3 | grep -c '^data-')" -eq "$(ls sp3/hidden_states | wc -l)" ] || { ls sp3; fail "shards != rows"; }
 
+echo "-- whole rows: the mapping equals eaglegen vocab's (manifest histogram)"
+$E export both --to speculators --out sp4 --draft-vocab 24 >/dev/null 2>&1 || fail "export sp4"
+$E vocab both --draft-vocab 24 --out voc >/dev/null 2>&1 || fail "eaglegen vocab"
+cmp sp4/d2t-24.npy voc/d2t.npy && cmp sp4/t2d-24.npy voc/t2d.npy || fail "export's d2t/t2d differ from eaglegen vocab's"
+
 echo "-- pre-norm-only data: the same planes"
 $E export pre --to speculators --out spq >/dev/null 2>&1 || fail "export of pre-norm data"
 $CHECK pre spq
@@ -99,7 +104,7 @@ for i in 1 2 3 4 5 6; do
     rm -rf k
     EG_EXPORT_BATCH_ROWS=8 $E export kds --to speculators --out k >/dev/null 2>&1 &
     pid=$!
-    sleep "0.$(printf %03d $((RANDOM % 400 + 10)))"
+    sleep "0.$(printf %03d $((RANDOM % 150 + 5)))"
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     verdict=$("$PYTHON" - <<'PY'
