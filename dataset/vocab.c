@@ -94,18 +94,24 @@ eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_t
                        "the dataset does not record the target vocabulary size; give it (--target-vocab)");
     if (N < 1 || N > V)
         return eg_fail(err, EG_ERR_INVALID, "draft vocabulary %" PRId64 " must be 1..%" PRId64 " (the target vocabulary)", N, V);
+    if (dataset_has_manifest(r)) return eg_draft_vocab_from_hist(m->hist, m->hist_len, N, V, tie, out, err);
     uint64_t *hist = NULL;
     int64_t hist_len = 0;
-    int own = !dataset_has_manifest(r);
+    eg_status st = count_samples(r, &hist, &hist_len, err);
+    if (!st) st = eg_draft_vocab_from_hist(hist, hist_len, N, V, tie, out, err);
+    free(hist);
+    return st;
+}
+
+eg_status eg_draft_vocab_from_hist(const uint64_t *hist, int64_t hist_len, int64_t N, int64_t V, eg_vocab_tie tie,
+                                   eg_draft_vocab *out, eg_error *err) {
+    memset(out, 0, sizeof *out);
+    if (tie != EG_VOCAB_TIE_LOW_ID) return eg_fail(err, EG_ERR_INVALID, "draft vocab: unknown tie rule %d", (int)tie);
+    if (N < 1 || N > V)
+        return eg_fail(err, EG_ERR_INVALID, "draft vocabulary %" PRId64 " must be 1..%" PRId64 " (the target vocabulary)", N, V);
     eg_status st = EG_OK;
     idc *occ = NULL;
     int64_t *sel = NULL;
-    if (own) {
-        if ((st = count_samples(r, &hist, &hist_len, err))) goto done;
-    } else {
-        hist = m->hist;
-        hist_len = m->hist_len;
-    }
     int64_t distinct = 0;
     uint64_t total = 0;
     for (int64_t id = 0; id < hist_len; id++)
@@ -151,7 +157,6 @@ eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_t
     out->covered = covered;
     out->total = total;
 done:
-    if (own) free(hist);
     free(occ);
     free(sel);
     if (st) eg_draft_vocab_clear(out);

@@ -34,6 +34,10 @@ typedef struct eg_draft_vocab {
  * V = 0 takes the manifest's tokenizer vocab size; a given V must agree with it. */
 eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_tie tie, eg_draft_vocab *out,
                                eg_error *err);
+/* The same from a histogram (hist[id] = loss-masked occurrences of id, [hist_len]), e.g.
+ * counted over exactly the tokens an exporter writes; V is required. */
+eg_status eg_draft_vocab_from_hist(const uint64_t *hist, int64_t hist_len, int64_t N, int64_t V, eg_vocab_tie tie,
+                                   eg_draft_vocab *out, eg_error *err);
 void eg_draft_vocab_clear(eg_draft_vocab *v); /* NULL ok */
 
 /* DIR/NAME as a NumPy v1.0 .npy of one dimension (descr e.g. "<i8", "|b1"), written
