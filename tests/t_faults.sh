@@ -48,17 +48,21 @@ fault() { # SPEC (strace inject expression) EXPECT (kill|error)
     printf '  %-40s exit %3d, resumed identical\n' "$spec" "$rc"
 }
 
-# when=N counts per thread: this run makes about 2 renames, 6 fsyncs, 36 openats and 7
-# writes on the main thread and 9 / 18 / 19 / 57 on the writer's I/O thread (shard
-# appends, shard and manifest renames, their fsyncs); the points below fall on both.
+# when=N counts per thread: this run makes about 2 renames, 6 fsyncs, 36 openats and 22-24
+# writes on the main thread (stderr lines, ledgers, job.json) and 9 / 18 / 19 / 61 on the
+# writer's I/O thread (shard appends, shard and manifest renames, their fsyncs); the points
+# below fall on both. An injected write error lands only past the main thread's writes
+# (when >= 40) or before its first error could be reported (when=3): a failure injected
+# into the very line that reports the error would hide it, which no real disk does to
+# stderr.
 echo "-- kill -9 at chosen system calls"
 for n in 1 2 5 9; do fault "rename:signal=SIGKILL:when=$n" kill; done
 for n in 2 6 11 17; do fault "fsync:signal=SIGKILL:when=$n" kill; done
 for n in 12 20 36; do fault "openat:signal=SIGKILL:when=$n" kill; done
 for n in 5 30 57; do fault "write:signal=SIGKILL:when=$n" kill; done
 echo "-- disk full and I/O errors"
-for n in 3 20 50; do fault "write:error=ENOSPC:when=$n" error; done
+for n in 3 40 50; do fault "write:error=ENOSPC:when=$n" error; done
 for n in 3 12; do fault "fsync:error=EIO:when=$n" error; done
 fault "rename:error=EIO:when=4" error
-fault "write:error=EIO:when=30" error
+fault "write:error=EIO:when=45" error
 echo "ok: $runs injected runs, each verified and resumed bit-identical"
