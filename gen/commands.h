@@ -12,6 +12,7 @@ int cmd_plan(int argc, char **argv);      /* engine: pipeline split and memory p
 int cmd_tokenize(int argc, char **argv);  /* prompts: JSONL in, ids out */
 int cmd_inspect(int argc, char **argv);   /* dataset: summary, --verify, --json */
 int cmd_vocab(int argc, char **argv);     /* dataset: draft vocabulary d2t/t2d */
+int cmd_export(int argc, char **argv);    /* dataset: a trainer's own layout */
 int cmd_generate(int argc, char **argv);  /* gen: the pipeline over a corpus */
 int cmd_merge(int argc, char **argv);     /* gen: merge worker datasets */
 int cmd_repair(int argc, char **argv);    /* gen: set damaged shards aside for regeneration */

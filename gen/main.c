@@ -19,6 +19,7 @@ static const command commands[] = {
     {"repair", cmd_repair, "set damaged shards aside so a rerun regenerates exactly their samples"},
     {"inspect", cmd_inspect, "summarise or verify a dataset (--verify, --json)"},
     {"vocab", cmd_vocab, "build an EAGLE-3 draft vocabulary (d2t/t2d) from a dataset"},
+    {"export", cmd_export, "write a dataset in SpecForge's or speculators' own layout"},
     {"tokenize", cmd_tokenize, "tokenize JSONL text or conversations with the Kimi chat template"},
     {"forward", cmd_forward, "teacher-forced hidden states and logits for token prompts"},
     {"fidelity", cmd_fidelity, "measure a precision choice against the reference; audit a dataset"},
