@@ -16,9 +16,20 @@
 #include "dataset/reader.h"
 
 typedef enum eg_vocab_tie {
-    EG_VOCAB_TIE_LOW_ID = 0 /* eaglegen's rule: equal counts go to the lower id; padded with
-                               the lowest unused ids */
+    EG_VOCAB_TIE_LOW_ID = 0,   /* eaglegen's rule: equal counts go to the lower id; padded with
+                                  the lowest unused ids */
+    EG_VOCAB_TIE_SPECFORGE = 1 /* SpecForge 0.2's generate_vocab_mapping_file: a Counter filled
+                                  sample by sample (each sample's ids ascending), most_common(N):
+                                  equal counts in first-occurrence order; fewer than N distinct
+                                  ids padded with ids of range(N) in the iteration order of
+                                  CPython's set(range(N)) - seen (docs/FORMAT.md "Exporting").
+                                  Counts by reading every sample (the order is not in the
+                                  manifest) */
 } eg_vocab_tie;
+
+/* The eg_vocab_tie named s ("eaglegen", "specforge"), or -1. */
+int eg_vocab_tie_parse(const char *s);
+const char *eg_vocab_tie_name(eg_vocab_tie t);
 
 typedef struct eg_draft_vocab {
     int64_t N, V;
