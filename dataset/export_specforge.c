@@ -149,7 +149,7 @@ static eg_status write_draft_config(const eg_export_opts *o, const eg_ds_info *m
         (json_int_t)m->n_layers, "note",
         "draft shape (heads, intermediate, max_position_embeddings) chosen by eaglegen export; edit to taste");
     if (!j) return eg_fail(err, EG_ERR_NOMEM, "draft config: out of memory");
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(j);
     if (!s) return eg_fail(err, EG_ERR_NOMEM, "draft config: out of memory");
     size_t l = strlen(s);
