@@ -1,6 +1,6 @@
 """SpecForge 0.2.0 reads an `eaglegen export --to specforge` directory with its own code.
 
-usage: specforge_check.py DATASET OUT [MAX_LEN]   (run with the trainer venv's python)
+usage: trainer_check_specforge.py DATASET OUT [MAX_LEN]   (run with the trainer venv's python)
 
 1. build_offline_eagle3_dataset(OUT/hidden_states) (SpecForge's OfflineEagle3Dataset):
    every item against eaglegen's reader (dataset/python/eaglegen_data.py), through
@@ -20,7 +20,7 @@ import tempfile
 import torch
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "..", "dataset", "python"))
+sys.path.insert(0, os.path.join(here, "..", "dataset", "python"))
 import eaglegen_data as eg  # noqa: E402
 try:  # the v0.2.0 tag's layout, then the later one (what PyPI's specforge 0.2.0 wheel may carry)
     from specforge.core.eagle3 import OnlineEagle3Model  # noqa: E402
