@@ -68,7 +68,7 @@ const char *eg_vocab_tie_name(eg_vocab_tie t) {
  * (Objects/setobject.c: hash(k) = k for these ints, slot k & mask, 9 linear probes, then
  * i = 5i + 1 + (perturb >>= 5); grow to the smallest power of 2 > used*4 (used*2 past
  * 50000) once fill*5 >= mask*3, reinserting in slot order). */
-static eg_status pyset_missing(int64_t N, const uint8_t *present, int64_t distinct, int64_t need, int64_t *outv,
+eg_status eg_vocab_pyset_missing(int64_t N, const uint8_t *present, int64_t distinct, int64_t need, int64_t *outv,
                                eg_error *err) {
     int64_t got = 0;
     if ((N >> 2) > distinct) {
@@ -256,7 +256,7 @@ eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_t
     }
     out->padding = N - n_sel;
     if (tie == EG_VOCAB_TIE_SPECFORGE && n_sel < N) { /* every seen id is kept (n_sel = distinct) */
-        if ((st = pyset_missing(N, out->t2d, distinct, N - n_sel, sel + n_sel, err))) goto done;
+        if ((st = eg_vocab_pyset_missing(N, out->t2d, distinct, N - n_sel, sel + n_sel, err))) goto done;
         for (int64_t i = n_sel; i < N; i++) out->t2d[sel[i]] = 1;
         n_sel = N;
     }

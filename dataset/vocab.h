@@ -47,6 +47,13 @@ eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_t
                                eg_error *err);
 void eg_draft_vocab_clear(eg_draft_vocab *v); /* NULL ok */
 
+/* SpecForge's padding: the first `need` ids of CPython's `set(range(N)) - seen` in that
+ * set's iteration order, into out[need]; present[k] (k < N) marks the seen ids below N and
+ * distinct counts every seen id (those >= N too: it picks CPython's algorithm). Exposed
+ * for tests (tests/t_export_specforge.sh compares it with the running CPython). */
+eg_status eg_vocab_pyset_missing(int64_t N, const uint8_t *present, int64_t distinct, int64_t need, int64_t *out,
+                                 eg_error *err);
+
 /* DIR/NAME as a NumPy v1.0 .npy of one dimension (descr e.g. "<i8", "|b1"), written
  * atomically (eg_ds_write_atomic). */
 eg_status eg_npy_write(const char *dir, const char *name, const char *descr, int64_t n, const void *data, size_t elem,
