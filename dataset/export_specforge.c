@@ -40,11 +40,12 @@ static eg_status mkdir_one(const char *p, eg_error *err) {
 /* The marker's parameters; a rerun resumes only an export with the same ones. */
 static char *marker_json(eg_ds_reader *r, const eg_export_opts *o, int64_t N, const char *state) {
     const eg_ds_info *m = dataset_info(r);
-    json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:s, s:I, s:s?}", "exporter", "eaglegen export",
+    json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:s, s:I}", "exporter", "eaglegen export",
                           "to", "specforge", "samples", (json_int_t)dataset_num_samples(r), "hidden_size",
                           (json_int_t)m->hidden_size, "draft_vocab", (json_int_t)N, "max_len", (json_int_t)o->max_len,
-                          "tie_order", eg_vocab_tie_name(o->tie), "n_aux", (json_int_t)m->n_aux, "state", state);
+                          "tie_order", eg_vocab_tie_name(o->tie), "n_aux", (json_int_t)m->n_aux);
     if (!j) return NULL;
+    if (state) json_object_set_new(j, "state", json_string(state));
     json_t *ids = json_array();
     for (int i = 0; i < dataset_num_shards(r); i++) {
         const eg_ds_index *ix = dataset_shard_index(r, i);
@@ -81,13 +82,14 @@ static eg_status prepare_out(eg_ds_reader *r, const eg_export_opts *o, int64_t N
                        "into it; give an empty or new directory",
                        o->out_dir, n, MARKER);
     const char *state = json_string_value(json_object_get(mk, "state"));
+    int complete = state && !strcmp(state, "complete"); /* before the key (and its string) goes */
     json_object_del(mk, "state");
     char *have = json_dumps(mk, JSON_SORT_KEYS | JSON_COMPACT);
     json_decref(mk);
     char *want = marker_json(r, o, N, NULL);
     int same = have && want && !strcmp(have, want);
     eg_status st = EG_OK;
-    if (state && !strcmp(state, "complete"))
+    if (complete)
         st = eg_fail(err, EG_ERR_INVALID, "--out %s already holds a complete export (%s): remove it to export again",
                      o->out_dir, p);
     else if (!same)

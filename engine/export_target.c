@@ -16,17 +16,14 @@
 #include "engine/config.h"
 #include "engine/safetensors.h"
 
-/* The file of the index's weight map holding `name` under either prefix; name found. */
-static const char *lookup(json_t *wm, const char *name, const char **found) {
+/* The file of the index's weight map holding `name` under either prefix; the name found
+ * goes to found[256]. */
+static const char *lookup(json_t *wm, const char *name, char found[256]) {
     static const char *pre[] = {"", "language_model."};
-    static char buf[2][256];
     for (int i = 0; i < 2; i++) {
-        snprintf(buf[i], sizeof buf[i], "%s%s", pre[i], name);
-        const char *f = json_string_value(json_object_get(wm, buf[i]));
-        if (f) {
-            *found = buf[i];
-            return f;
-        }
+        snprintf(found, 256, "%s%s", pre[i], name);
+        const char *f = json_string_value(json_object_get(wm, found));
+        if (f) return f;
     }
     return NULL;
 }
@@ -97,16 +94,13 @@ eg_status eg_export_target(const char *model_dir, const char *out_dir, eg_target
         st = eg_fail(err, EG_ERR_FORMAT, "%s: %s", p, ix ? "no weight_map object" : je.text);
         goto done;
     }
-    const char *en, *ln = NULL;
-    const char *ef = lookup(wm, "model.embed_tokens.weight", &en), *lf = lookup(wm, "lm_head.weight", &ln);
     char ename[256], lname[256];
+    const char *ef = lookup(wm, "model.embed_tokens.weight", ename), *lf = lookup(wm, "lm_head.weight", lname);
     if (!ef) {
         st = eg_fail(err, EG_ERR_FORMAT, "%s: no model.embed_tokens.weight (nor language_model.-prefixed)", p);
         goto done;
     }
-    snprintf(ename, sizeof ename, "%s", en);
-    if (lf) snprintf(lname, sizeof lname, "%s", ln);
-    else if (!cfg.tie_embeddings) {
+    if (!lf && !cfg.tie_embeddings) {
         st = eg_fail(err, EG_ERR_FORMAT, "%s: no lm_head.weight and the config does not tie embeddings", p);
         goto done;
     }
