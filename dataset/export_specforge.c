@@ -271,7 +271,7 @@ eg_status eg_export_specforge(eg_ds_reader *r, const eg_export_opts *o, eg_expor
 
     /* vocabulary mapping and draft config */
     eg_draft_vocab dv;
-    if ((st = eg_draft_vocab_build(r, N, V, o->tie, &dv, err))) return eg_wrap(err, "draft vocabulary");
+    if ((st = eg_draft_vocab_build_cut(r, N, V, o->tie, o->max_len, &dv, err))) return eg_wrap(err, "draft vocabulary");
     uint8_t *t2d = dv.t2d; /* bool: one byte 0/1 */
     eg_pt_tensor vm[2] = {{"d2t", EG_PT_I64, 1, {N}, dv.d2t}, {"t2d", EG_PT_BOOL, 1, {V}, t2d}};
     uint64_t b = 0;

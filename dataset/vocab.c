@@ -142,14 +142,15 @@ void eg_draft_vocab_clear(eg_draft_vocab *v) {
  * SpecForge's tie rule needs the order). With rank, (*rank)[id] is the id's first
  * occurrence: ids new in a sample are ranked in ascending id order, as SpecForge's
  * Counter.update(zip(*unique(ids))) inserts them. */
-static eg_status count_samples(eg_ds_reader *r, uint64_t **hist, int64_t **rank, int64_t *hist_len, eg_error *err) {
+static eg_status count_samples(eg_ds_reader *r, int64_t max_len, uint64_t **hist, int64_t **rank, int64_t *hist_len,
+                               eg_error *err) {
     int64_t next = 0, *fresh = NULL, fresh_cap = 0;
     eg_status st = EG_OK;
     for (int64_t i = 0; i < dataset_num_samples(r) && !st; i++) {
         eg_ds_sample s;
         if ((st = dataset_read(r, i, 0, &s, err))) break;
-        int64_t nf = 0;
-        for (int64_t t = 0; t < s.T && !st; t++) {
+        int64_t nf = 0, T = max_len && s.T > max_len ? max_len : s.T;
+        for (int64_t t = 0; t < T && !st; t++) {
             if (!s.loss_mask[t]) continue;
             int64_t id = s.input_ids[t];
             if (id < 0) {
@@ -198,6 +199,11 @@ static eg_status count_samples(eg_ds_reader *r, uint64_t **hist, int64_t **rank,
 
 eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_tie tie, eg_draft_vocab *out,
                                eg_error *err) {
+    return eg_draft_vocab_build_cut(r, N, V, tie, 0, out, err);
+}
+
+eg_status eg_draft_vocab_build_cut(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_tie tie, int64_t max_len,
+                                   eg_draft_vocab *out, eg_error *err) {
     memset(out, 0, sizeof *out);
     const eg_ds_info *m = dataset_info(r);
     if (tie != EG_VOCAB_TIE_LOW_ID && tie != EG_VOCAB_TIE_SPECFORGE)
@@ -213,12 +219,12 @@ eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_t
         return eg_fail(err, EG_ERR_INVALID, "draft vocabulary %" PRId64 " must be 1..%" PRId64 " (the target vocabulary)", N, V);
     uint64_t *hist = NULL;
     int64_t hist_len = 0, *rank = NULL;
-    int own = !dataset_has_manifest(r) || tie == EG_VOCAB_TIE_SPECFORGE;
+    int own = !dataset_has_manifest(r) || tie == EG_VOCAB_TIE_SPECFORGE || max_len > 0;
     eg_status st = EG_OK;
     idc *occ = NULL;
     int64_t *sel = NULL;
     if (own) {
-        if ((st = count_samples(r, &hist, tie == EG_VOCAB_TIE_SPECFORGE ? &rank : NULL, &hist_len, err))) goto done;
+        if ((st = count_samples(r, max_len, &hist, tie == EG_VOCAB_TIE_SPECFORGE ? &rank : NULL, &hist_len, err))) goto done;
     } else {
         hist = m->hist;
         hist_len = m->hist_len;

@@ -45,6 +45,10 @@ typedef struct eg_draft_vocab {
  * V = 0 takes the manifest's tokenizer vocab size; a given V must agree with it. */
 eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_tie tie, eg_draft_vocab *out,
                                eg_error *err);
+/* Same over the samples cut to their first max_len tokens (0 = whole samples), counted
+ * from the samples themselves, as a trainer counts the data it is given. */
+eg_status eg_draft_vocab_build_cut(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_tie tie, int64_t max_len,
+                                   eg_draft_vocab *out, eg_error *err);
 void eg_draft_vocab_clear(eg_draft_vocab *v); /* NULL ok */
 
 /* SpecForge's padding: the first `need` ids of CPython's `set(range(N)) - seen` in that

@@ -147,7 +147,7 @@ def main():
         assert np.array_equal(d["aux_hidden_state"][1][0], r["aux_hidden"][:n].reshape(n, A * H)), p
         if r["final_pre_hidden"] is not None:  # the post-norm state, not the pre-norm one
             assert not np.array_equal(d["hidden_state"][1][0], r["final_pre_hidden"][:n]), p
-        samples.append((r["input_ids"].astype(np.int64), r["loss_mask"]))
+        samples.append((r["input_ids"][:n].astype(np.int64), r["loss_mask"][:n]))  # what the trainer is given
     files = [f for _, _, fs in os.walk(os.path.join(out, "hidden_states")) for f in fs]
     assert len(files) == len(ds) and all(f.endswith(".ckpt") for f in files), files
 

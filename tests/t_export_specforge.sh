@@ -97,6 +97,10 @@ $CHK big tb --tie specforge --draft-vocab 150 >/dev/null || fail "big N=150"
 echo "-- --max-len"
 $E export ds --to specforge --out ml --max-len 16 >/dev/null 2>&1 || fail "--max-len"
 $CHK ds ml --tie specforge --max-len 16 >/dev/null || fail "--max-len 16 content"
+# the mapping counts what the trainer is given: the cut samples (here it differs from whole samples)
+$E export ds --to specforge --out ml20 --max-len 16 --draft-vocab 20 >/dev/null 2>&1 || fail "--max-len --draft-vocab"
+$CHK ds ml20 --tie specforge --max-len 16 --draft-vocab 20 >/dev/null || fail "--max-len 16 vocab"
+! cmp -s ml20/vocab_mapping.pt t20/vocab_mapping.pt || fail "--max-len did not change the counted tokens"
 
 echo "-- kill -9 mid-export, then resume"
 t0=$(date +%s%N)
