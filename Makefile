@@ -204,9 +204,11 @@ clean:
 
 # Optional trainer checks (`make trainer-check`; PyPI downloads, several GB; never in `make test`):
 # the exports loaded by the trainers' own code, one CPU training step each.
-.PHONY: trainer-check trainer-check-specforge
-trainer-check: trainer-check-specforge
+.PHONY: trainer-check trainer-check-specforge trainer-check-speculators
+trainer-check: trainer-check-specforge trainer-check-speculators
 trainer-check-specforge: $(BUILD)/eaglegen
 	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_specforge.sh
+trainer-check-speculators: $(BUILD)/eaglegen
+	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_speculators.sh
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -27,6 +27,8 @@ typedef struct eg_export_opts {
     int64_t draft_vocab;      /* N draft ids (0 = 32000, or V when smaller) */
     eg_vocab_tie tie;         /* how equal counts are ordered (vocab.h) */
     int64_t max_len;          /* 0 = whole samples; else samples cut to their first max_len tokens */
+    const char *verifier;     /* speculators: --verifier-name-or-path for the printed command (NULL: a
+                                 placeholder, VERIFIER_DIR, explained in the summary) */
     eg_export_progress_fn progress; /* NULL = none; called at most a few times per second */
     void *progress_ctx;
 } eg_export_opts;

@@ -202,33 +202,15 @@ eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_t
     return eg_draft_vocab_build_cut(r, N, V, tie, 0, out, err);
 }
 
-eg_status eg_draft_vocab_build_cut(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_tie tie, int64_t max_len,
-                                   eg_draft_vocab *out, eg_error *err) {
+/* The selection itself, from a histogram and (specforge rule) each id's first occurrence. */
+static eg_status select_ids(const uint64_t *hist, const int64_t *rank, int64_t hist_len, int64_t N, int64_t V,
+                            eg_vocab_tie tie, eg_draft_vocab *out, eg_error *err) {
     memset(out, 0, sizeof *out);
-    const eg_ds_info *m = dataset_info(r);
-    if (tie != EG_VOCAB_TIE_LOW_ID && tie != EG_VOCAB_TIE_SPECFORGE)
-        return eg_fail(err, EG_ERR_INVALID, "draft vocab: unknown tie rule %d", (int)tie);
-    if (!V) V = m->target_vocab_size;
-    else if (m->target_vocab_size && m->target_vocab_size != V)
-        return eg_fail(err, EG_ERR_INVALID, "target vocabulary %" PRId64 " differs from the manifest's vocab_size %" PRId64,
-                       V, m->target_vocab_size);
-    if (!V)
-        return eg_fail(err, EG_ERR_INVALID,
-                       "the dataset does not record the target vocabulary size; give it (--target-vocab)");
     if (N < 1 || N > V)
         return eg_fail(err, EG_ERR_INVALID, "draft vocabulary %" PRId64 " must be 1..%" PRId64 " (the target vocabulary)", N, V);
-    uint64_t *hist = NULL;
-    int64_t hist_len = 0, *rank = NULL;
-    int own = !dataset_has_manifest(r) || tie == EG_VOCAB_TIE_SPECFORGE || max_len > 0;
     eg_status st = EG_OK;
     idc *occ = NULL;
     int64_t *sel = NULL;
-    if (own) {
-        if ((st = count_samples(r, max_len, &hist, tie == EG_VOCAB_TIE_SPECFORGE ? &rank : NULL, &hist_len, err))) goto done;
-    } else {
-        hist = m->hist;
-        hist_len = m->hist_len;
-    }
     int64_t distinct = 0;
     uint64_t total = 0;
     for (int64_t id = 0; id < hist_len; id++)
@@ -279,10 +261,44 @@ eg_status eg_draft_vocab_build_cut(eg_ds_reader *r, int64_t N, int64_t V, eg_voc
     out->covered = covered;
     out->total = total;
 done:
-    if (own) free(hist);
-    free(rank);
     free(occ);
     free(sel);
     if (st) eg_draft_vocab_clear(out);
+    return st;
+}
+
+eg_status eg_draft_vocab_from_hist(const uint64_t *hist, int64_t hist_len, int64_t N, int64_t V, eg_vocab_tie tie,
+                                   eg_draft_vocab *out, eg_error *err) {
+    memset(out, 0, sizeof *out);
+    if (tie != EG_VOCAB_TIE_LOW_ID)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "draft vocab: the %s tie rule needs the samples' order, not a histogram (eg_draft_vocab_build)",
+                       eg_vocab_tie_name(tie));
+    return select_ids(hist, NULL, hist_len, N, V, tie, out, err);
+}
+
+eg_status eg_draft_vocab_build_cut(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_tie tie, int64_t max_len,
+                                   eg_draft_vocab *out, eg_error *err) {
+    memset(out, 0, sizeof *out);
+    const eg_ds_info *m = dataset_info(r);
+    if (tie != EG_VOCAB_TIE_LOW_ID && tie != EG_VOCAB_TIE_SPECFORGE)
+        return eg_fail(err, EG_ERR_INVALID, "draft vocab: unknown tie rule %d", (int)tie);
+    if (!V) V = m->target_vocab_size;
+    else if (m->target_vocab_size && m->target_vocab_size != V)
+        return eg_fail(err, EG_ERR_INVALID, "target vocabulary %" PRId64 " differs from the manifest's vocab_size %" PRId64,
+                       V, m->target_vocab_size);
+    if (!V)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "the dataset does not record the target vocabulary size; give it (--target-vocab)");
+    if (N < 1 || N > V)
+        return eg_fail(err, EG_ERR_INVALID, "draft vocabulary %" PRId64 " must be 1..%" PRId64 " (the target vocabulary)", N, V);
+    if (dataset_has_manifest(r) && tie == EG_VOCAB_TIE_LOW_ID && max_len <= 0)
+        return select_ids(m->hist, NULL, m->hist_len, N, V, tie, out, err);
+    uint64_t *hist = NULL;
+    int64_t hist_len = 0, *rank = NULL;
+    eg_status st = count_samples(r, max_len, &hist, tie == EG_VOCAB_TIE_SPECFORGE ? &rank : NULL, &hist_len, err);
+    if (!st) st = select_ids(hist, rank, hist_len, N, V, tie, out, err);
+    free(hist);
+    free(rank);
     return st;
 }

@@ -49,6 +49,11 @@ eg_status eg_draft_vocab_build(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_t
  * from the samples themselves, as a trainer counts the data it is given. */
 eg_status eg_draft_vocab_build_cut(eg_ds_reader *r, int64_t N, int64_t V, eg_vocab_tie tie, int64_t max_len,
                                    eg_draft_vocab *out, eg_error *err);
+/* The same from a histogram (hist[id] = loss-masked occurrences of id, [hist_len]), e.g.
+ * counted over exactly the tokens an exporter writes; V is required. Tie rule eaglegen
+ * only (specforge's needs the sample order: eg_draft_vocab_build). */
+eg_status eg_draft_vocab_from_hist(const uint64_t *hist, int64_t hist_len, int64_t N, int64_t V, eg_vocab_tie tie,
+                                   eg_draft_vocab *out, eg_error *err);
 void eg_draft_vocab_clear(eg_draft_vocab *v); /* NULL ok */
 
 /* SpecForge's padding: the first `need` ids of CPython's `set(range(N)) - seen` in that

@@ -42,6 +42,8 @@ static void usage(FILE *f) {
             "                     a second time). Default: specforge for --to specforge, else\n"
             "                     eaglegen. docs/FORMAT.md \"Exporting to trainers\"\n"
             "  --max-len N        cut samples to their first N tokens (default: whole samples)\n"
+            "  --verifier P       speculators: the verifier (target) model path or name for the printed\n"
+            "                     command's --verifier-name-or-path (default: a placeholder)\n"
             "  --log-json         progress as JSON lines on stderr and the result as one JSON\n"
             "                     object on stdout\n"
             "  -h, --help         this help\n"
@@ -85,6 +87,7 @@ int cmd_export(int argc, char **argv) {
                                          {"model", required_argument, 0, 'M'},
                                          {"tie-order", required_argument, 0, 'r'},
                                          {"log-json", no_argument, 0, 'j'},
+                                         {"verifier", required_argument, 0, 'V'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *to = NULL, *model = NULL;
@@ -116,6 +119,7 @@ int cmd_export(int argc, char **argv) {
             }
             break;
         case 'j': log_json = 1; break;
+        case 'V': o.verifier = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return 2; /* gen_getopt said why */
         }
@@ -133,6 +137,10 @@ int cmd_export(int argc, char **argv) {
     }
     if (model && fn != eg_export_specforge) {
         fprintf(stderr, "eaglegen export: --model is for --to specforge (its target head); %s does not take it\n", to);
+        return 2;
+    }
+    if (o.verifier && fn != eg_export_speculators) {
+        fprintf(stderr, "eaglegen export: --verifier is for --to speculators (its printed command)\n");
         return 2;
     }
     o.tie = tie >= 0 ? (eg_vocab_tie)tie : fn == eg_export_specforge ? EG_VOCAB_TIE_SPECFORGE : EG_VOCAB_TIE_LOW_ID;
