@@ -48,7 +48,7 @@ static int cmp_i64(const void *a, const void *b) {
 }
 
 int eg_vocab_tie_parse(const char *s) {
-    if (!strcmp(s, "eaglegen")) return EG_VOCAB_TIE_LOW_ID;
+    if (!strcmp(s, "eaglegen") || !strcmp(s, "speculators")) return EG_VOCAB_TIE_LOW_ID; /* its rule is ours */
     if (!strcmp(s, "specforge")) return EG_VOCAB_TIE_SPECFORGE;
     return -1;
 }

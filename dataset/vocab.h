@@ -27,7 +27,8 @@ typedef enum eg_vocab_tie {
                                   manifest) */
 } eg_vocab_tie;
 
-/* The eg_vocab_tie named s ("eaglegen", "specforge"), or -1. */
+/* The eg_vocab_tie named s ("eaglegen", "specforge"; "speculators" is eaglegen's rule:
+ * speculators 0.9 breaks ties to the lower id and pads with the lowest unused ids), or -1. */
 int eg_vocab_tie_parse(const char *s);
 const char *eg_vocab_tie_name(eg_vocab_tie t);
 

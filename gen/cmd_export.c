@@ -35,8 +35,8 @@ static void usage(FILE *f) {
             "  --draft-vocab N    draft vocabulary size (default 32000, or the target vocabulary\n"
             "                     when smaller)\n"
             "  --tie-order R      how the N most frequent loss-masked ids are chosen among equal\n"
-            "                     counts (and how fewer than N are padded): eaglegen (lower id first,\n"
-            "                     lowest unused ids; from the manifest's histogram) or specforge\n"
+            "                     counts (and how fewer than N are padded): eaglegen = speculators\n"
+            "                     (lower id first, lowest unused ids) or specforge\n"
             "                     (SpecForge 0.2's generate_vocab_mapping_file: first occurrence in\n"
             "                     sample order, padding in CPython's set order; reads every sample\n"
             "                     a second time). Default: specforge for --to specforge, else\n"
@@ -114,7 +114,7 @@ int cmd_export(int argc, char **argv) {
         case 'M': model = optarg; break;
         case 'r':
             if ((tie = eg_vocab_tie_parse(optarg)) < 0) {
-                fprintf(stderr, "eaglegen export: bad --tie-order '%s' (eaglegen or specforge)\n", optarg);
+                fprintf(stderr, "eaglegen export: bad --tie-order '%s' (eaglegen, specforge or speculators)\n", optarg);
                 return 2;
             }
             break;
