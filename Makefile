@@ -202,4 +202,13 @@ clean:
 # The optional reference check against transformers' DeepseekV3 (`make ref-check`).
 -include tests/ref/ref.mk
 
+# Optional trainer checks (`make trainer-check`; PyPI downloads, several GB; never in `make test`):
+# the exports loaded by the trainers' own code, one CPU training step each.
+.PHONY: trainer-check trainer-check-specforge trainer-check-speculators
+trainer-check: trainer-check-specforge trainer-check-speculators
+trainer-check-specforge: $(BUILD)/eaglegen
+	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_specforge.sh
+trainer-check-speculators: $(BUILD)/eaglegen
+	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_speculators.sh
+
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
