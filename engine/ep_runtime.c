@@ -35,10 +35,10 @@ struct eg_ep_runtime {
 
 void eg_ep_runtime_free(eg_ep_runtime *rt) {
     if (!rt) return;
-    for (int r = 0; r < rt->ep; r++) {
-        if (rt->eng) eg_engine_free(rt->eng[r]);
-        if (rt->be) eg_backend_free(rt->be[r]);
-    }
+    for (int r = 0; rt->eng && r < rt->ep; r++) eg_engine_free(rt->eng[r]);
+    eg_ep_group_free(rt->group); /* before the backends: the nccl group uses their streams */
+    rt->group = NULL;
+    for (int r = 0; rt->be && r < rt->ep; r++) eg_backend_free(rt->be[r]);
     free(rt->eng);
     free(rt->be);
     for (int r = 0; rt->runs && r < rt->ep; r++) {
@@ -59,10 +59,10 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     if (c->n_experts < 1 || c->n_experts % ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d does not divide the model's %d routed experts", ep, c->n_experts);
     if (o->stage_backends) return eg_fail(err, EG_ERR_INVALID, "expert-parallel ranks run their stages on one thread");
-    if (bo->name && strcmp(bo->name, "cpu"))
-        return eg_fail(err, EG_ERR_UNSUPPORTED,
-                       "--ep %d on the %s backend: the expert exchange is implemented for CPU ranks only (no NCCL "
-                       "collective yet)", ep, bo->name);
+    int cuda = bo->name && !strcmp(bo->name, "cuda");
+    if (bo->name && strcmp(bo->name, "cpu") && !cuda)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "--ep %d on the %s backend: the expert exchange runs CPU ranks (local) "
+                       "or CUDA ranks (nccl)", ep, bo->name);
     if (o->n_slots < ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
                        o->n_slots);
@@ -80,19 +80,22 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     rt->eng = eg_calloc((size_t)ep, sizeof *rt->eng, err);
     rt->runs = eg_calloc((size_t)ep, sizeof *rt->runs, err);
     if (!rt->be || !rt->eng || !rt->runs) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
-    eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
-                     .max_tokens = o->max_tokens};
-    eg_status st = eg_ep_group_create(&go, &rt->group, err);
-    if (st) { eg_ep_runtime_free(rt); return st; }
     int threads = bo->nthreads > 0 ? bo->nthreads : eg_num_threads();
+    eg_status st = EG_OK;
     for (int r = 0; r < ep; r++) {
         eg_backend_opts so = *bo;
         so.nthreads = threads / ep > 0 ? threads / ep : 1;
+        if (cuda) so.device = bo->device + r; /* one GPU per rank */
         if ((st = eg_backend_create(c, &so, &rt->be[r], err))) {
             eg_wrap(err, "expert-parallel rank %d", r);
             eg_ep_runtime_free(rt);
             return st;
         }
+    }
+    eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
+                     .max_tokens = o->max_tokens, .n_layers = c->n_layers, .backends = rt->be};
+    if ((st = eg_ep_group_create(&go, &rt->group, err))) { eg_ep_runtime_free(rt); return st; }
+    for (int r = 0; r < ep; r++) {
         eg_engine_opts ro = *o;
         /* slots and blocks split over the ranks, the remainder to the first ones */
         ro.n_slots = o->n_slots / ep + (r < o->n_slots % ep);
@@ -100,7 +103,8 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
         if (o->micro_batches > ro.n_slots) ro.micro_batches = ro.n_slots;
         ro.ep = rt->group;
         ro.ep_rank = r;
-        if ((st = eg_engine_create(m, rt->be[r], &ro, &rt->eng[r], err))) {
+        if ((st = eg_backend_bind(rt->be[r], err)) || /* CUDA: this thread on the rank's GPU */
+            (st = eg_engine_create(m, rt->be[r], &ro, &rt->eng[r], err))) {
             eg_wrap(err, "expert-parallel rank %d", r);
             eg_ep_runtime_free(rt);
             return st;
@@ -112,6 +116,7 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank) { return rt->eng[rank]; }
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt) { return rt->ep; }
+const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt) { return eg_ep_kind(rt->group); }
 
 static int grow(int32_t **buf, int *cap, int n, eg_error *err) {
     if (n <= *cap) return 0;

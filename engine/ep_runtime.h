@@ -1,7 +1,9 @@
 /* ep_runtime.h — assembly of an expert-parallel group of engines (collective.h): ep
  * ranks, each a CPU backend, an engine over its own share of the slots and KV blocks
  * (data-parallel attention, no cache copy) and pipeline stages run on the rank's thread;
- * the routed experts of every MoE layer split E/ep per rank. Dense parts (shared expert,
+ * the routed experts of every MoE layer split E/ep per rank; CPU ranks exchange rows
+ * through host memory, CUDA ranks (rank r on GPU bo->device + r) over NCCL
+ * (collective.h). Dense parts (shared expert,
  * dense MLP, embedding, lm_head) are replicated on every rank in this version.
  * Requests are pulled under one lock by whichever rank has room (a rank full of long
  * sequences takes none, so work flows to the ranks with fewer tokens in flight); done()
@@ -24,6 +26,8 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 void eg_ep_runtime_free(eg_ep_runtime *rt);
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank);
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt);
+/* The group's exchange: "local" or "nccl". */
+const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt);
 eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
 /* Stats summed over the ranks (seconds and peaks: the largest). */
 void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s);
