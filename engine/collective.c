@@ -14,7 +14,7 @@ typedef struct ep_post {
     const float *x;             /* [T][H] the rank's normed rows */
     const int32_t *ids;         /* [T][K] */
     const float *w;             /* [T][K] */
-    const eg_expert_w *experts; /* [E] the rank's view of this layer's experts */
+    int layer;                  /* the MoE layer of the call */
     int left;
 } ep_post;
 
@@ -178,14 +178,19 @@ static eg_status serve(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) 
     size_t H = (size_t)g->o.hidden;
     int e0, e1;
     eg_ep_range(g, rank, &e0, &e1);
-    const eg_expert_w *any = NULL;
-    for (int q = 0; q < R && !any; q++)
-        if (!g->post[q].left) any = g->post[q].experts;
-    if (!any) return EG_OK;
+    int layer = -1;
+    for (int q = 0; q < R && layer < 0; q++)
+        if (!g->post[q].left) layer = g->post[q].layer;
+    if (layer < 0) return EG_OK;
+    /* this rank's own experts (a rank holds only its range: forward.c) */
+    const eg_expert_w *ex = g->layers[(size_t)rank * (size_t)g->o.n_layers + (size_t)layer];
     for (int q = 0; q < R; q++) {
         const ep_post *p = &g->post[q];
         if (p->left || !p->T) continue;
-        const eg_expert_w *ex = p->experts ? p->experts : any;
+        if (p->layer != layer)
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d and %d)", rank,
+                           layer, p->layer);
+        if (!ex) return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no experts registered for layer %d", rank, layer);
         int n = 0;
         for (int i = 0; i < p->T * K; i++) {
             int e = p->ids[i];
@@ -224,7 +229,7 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const e
         if (st) eg_ep_fail(g);
         return st;
     }
-    g->post[rank] = (ep_post){.T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .experts = a->experts};
+    g->post[rank] = (ep_post){.T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .layer = layer};
     if (barrier(g)) return failed_status(err);
     eg_status st = serve(g, rank, be, err);
     if (st) { eg_ep_fail(g); return st; }

@@ -116,6 +116,11 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank) { return rt->eng[rank]; }
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt) { return rt->ep; }
+int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens) {
+    eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
+                     .max_tokens = max_tokens};
+    return eg_ep_device_bytes(&go);
+}
 const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt) { return eg_ep_kind(rt->group); }
 
 static int grow(int32_t **buf, int *cap, int n, eg_error *err) {

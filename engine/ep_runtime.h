@@ -26,6 +26,9 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 void eg_ep_runtime_free(eg_ep_runtime *rt);
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank);
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt);
+/* Device bytes one CUDA rank gives the exchange's buffers (for the memory plan; 0 in a
+ * build without NCCL). */
+int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens);
 /* The group's exchange: "local" or "nccl". */
 const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt);
 eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);

@@ -114,10 +114,13 @@ static eg_status upload_layer(eg_forward *f, const eg_layer_w *h, eg_layer_w *d,
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if ((st = up(f, hs[i], ds[i], err))) return st;
     if (h->is_moe && h->experts) {
-        int E = f->m->cfg.n_experts;
+        int E = f->m->cfg.n_experts, e0 = 0, e1 = E;
+        /* an expert-parallel rank holds only its own routed experts (the others stay
+           EG_W_NONE: computed by their owners) */
+        if (f->o.ep) eg_ep_range(f->o.ep, f->o.ep_rank, &e0, &e1);
         d->experts = eg_calloc((size_t)E, sizeof *d->experts, err);
         if (!d->experts) return EG_ERR_NOMEM;
-        for (int e = 0; e < E; e++)
+        for (int e = e0; e < e1; e++)
             if ((st = up(f, &h->experts[e].gate, &d->experts[e].gate, err)) ||
                 (st = up(f, &h->experts[e].up, &d->experts[e].up, err)) ||
                 (st = up(f, &h->experts[e].down, &d->experts[e].down, err)))

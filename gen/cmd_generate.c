@@ -136,12 +136,13 @@ static void usage(FILE *f) {
             "                          stages ending at the given layers; stage k runs on GPU k\n"
             "                          (cuda) or its own thread (cpu) (default: one stage)\n"
             "  --micro-batches M       micro-batches in flight with --stages (default: the stage count)\n"
-            "  --ep E                  expert parallelism: E ranks (cpu: threads), each with its own\n"
+            "  --ep E                  expert parallelism: E ranks (cpu: threads; cuda: rank r on GPU r,\n"
+            "                          rows over NCCL), each with its own\n"
             "                          share of the sequences and their KV cache and E-th of the routed\n"
             "                          experts; rows are exchanged per MoE layer (FP32). Shared expert,\n"
             "                          dense MLP, embedding and lm_head are replicated on every rank.\n"
             "                          Combines with --stages (a rank runs its stages on its thread).\n"
-            "                          E must divide the routed expert count; cpu backend only so far\n"
+            "                          E must divide the routed expert count\n"
             "                          (default 1: no split)\n"
             "  --layout L              ppP (--stages P), epE (--ep E), ppPxepE, or auto: the layout\n"
             "                          `eaglegen plan --box` recommends for this model and --box (decode,\n"
@@ -220,7 +221,7 @@ static int resolve_layout(gen_args *a) {
         }
         if (eg_box_preset(a->box, &box, &err)) { fprintf(stderr, "eaglegen generate: --box: %s\n", err.msg); return 2; }
         if (eg_config_load(a->model, &cfg, &err)) { fprintf(stderr, "eaglegen generate: --layout auto: %s\n", err.msg); return 2; }
-        eg_layout_opts lo = {.mean_len = a->max_seq_len / 2.0, .ep_runs = !strcmp(a->backend, "cpu")};
+        eg_layout_opts lo = {.mean_len = a->max_seq_len / 2.0, .ep_runs = 1};
         int max_rows = 2 * box.gpus + 2, n, best = -1;
         eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
         n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, &err) : -1;
@@ -410,11 +411,6 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
         fprintf(stderr, "eaglegen generate: --micro-batches, --gpus and --transport apply to pipeline stages; "
                         "add --stages (see --help)\n");
-        return 2;
-    }
-    if (a->ep > 1 && strcmp(a->backend, "cpu")) {
-        fprintf(stderr, "eaglegen generate: --ep %d with --backend %s: the expert exchange between GPUs (NCCL) is not "
-                        "implemented yet; --ep runs CPU ranks only\n", a->ep, a->backend);
         return 2;
     }
     if (a->capture && a->sampling_flag)
@@ -975,7 +971,8 @@ int cmd_generate(int argc, char **argv) {
         /* the memory planner, per GPU: weights and activations of every stage on it first
          * (each stage backend has its own scratch), the KV pool from what is left; every
          * stage gets the same number of cache blocks, the smallest any GPU allows */
-        int n_dev = a.gpus > 0 && a.gpus < n_stages ? a.gpus : n_stages;
+        /* --ep: every rank's GPU holds all stages and the same share (planned once, as GPU 0) */
+        int n_dev = a.ep > 1 ? 1 : a.gpus > 0 && a.gpus < n_stages ? a.gpus : n_stages;
         for (int d = 0; d < n_dev; d++) {
             int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), wbytes = 0, act = 0;
             int layers = 0, on_dev = 0;
@@ -987,6 +984,9 @@ int cmd_generate(int argc, char **argv) {
                 int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(a.aux, a.n_aux, b0, end) : 0;
                 act += eg_forward_act_bytes(c, max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, &bo) : 0);
                 layers += end - b0;
+            }
+            if (a.ep > 1) { /* the nccl exchange's buffers */
+                act += eg_ep_runtime_device_bytes(c, a.ep, max_tokens);
             }
             eg_backend_opts so = bo;
             so.device = d;
@@ -1000,6 +1000,7 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "  %s%s\n", line, on_dev > 1 ? " (shared by its stages)" : "");
             if (!kv_blocks || mp.kv_blocks < kv_blocks) kv_blocks = mp.kv_blocks;
         }
+        if (a.ep > 1) kv_blocks *= a.ep; /* the runtime splits the pool over the ranks' GPUs */
     }
     /* the KV pool, the slot count and the host budget */
     const int64_t block = 64; /* the engine's default block size */
@@ -1153,8 +1154,9 @@ int cmd_generate(int argc, char **argv) {
         int64_t kv_all = 0;
         for (int r = 0; r < a.ep; r++) kv_all += eg_engine_kv_capacity(eg_ep_runtime_engine(g.ep_rt, r));
         fprintf(stderr, "  expert parallel: %d ranks, %d routed experts each (rank 0: %d..%d), %d slots and %lld KV "
-                        "tokens over the ranks (rank 0: %lld), dense parts replicated\n", a.ep, per, e0, per - 1,
-                a.batch, (long long)kv_all, (long long)eg_engine_kv_capacity(g.engine));
+                        "tokens over the ranks (rank 0: %lld), dense parts replicated, exchange %s\n", a.ep, per, e0,
+                per - 1, a.batch, (long long)kv_all, (long long)eg_engine_kv_capacity(g.engine),
+                eg_ep_runtime_exchange(g.ep_rt));
     }
     eg_status run_st = g.ep_rt ? eg_ep_runtime_run(g.ep_rt, next_request, on_done, &g, &err)
                                : eg_engine_run(g.engine, next_request, on_done, &g, &err);
