@@ -221,7 +221,7 @@ static int resolve_layout(gen_args *a) {
         }
         if (eg_box_preset(a->box, &box, &err)) { fprintf(stderr, "eaglegen generate: --box: %s\n", err.msg); return 2; }
         if (eg_config_load(a->model, &cfg, &err)) { fprintf(stderr, "eaglegen generate: --layout auto: %s\n", err.msg); return 2; }
-        eg_layout_opts lo = {.mean_len = a->max_seq_len / 2.0, .ep_runs = 1};
+        eg_layout_opts lo = {.mean_len = a->max_seq_len / 2.0};
         int max_rows = 2 * box.gpus + 2, n, best = -1;
         eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
         n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, &err) : -1;
