@@ -1,8 +1,8 @@
 /* collective.c — the expert-parallel group (collective.h): the local implementation, and
- * the dispatch to the nccl one (collective_nccl.c). */
+ * the dispatch to the CUDA ones (collective_cuda.c). */
 #include "engine/collective.h"
 
-#include "engine/collective_nccl.h"
+#include "engine/collective_cuda.h"
 #include "engine/cuda_plan.h"
 
 #include <pthread.h>
@@ -37,7 +37,7 @@ struct eg_ep_group {
     uint64_t gen;
     int failed;
     const eg_expert_w **layers; /* [n_ranks][n_layers] each rank's registered experts */
-    eg_ep_nccl *nccl;           /* the nccl implementation, or NULL: local */
+    eg_ep_cuda *cuda;           /* CUDA ranks (nccl or cuda-local), or NULL: local CPU ranks */
 };
 
 void eg_ep_group_free(eg_ep_group *g) {
@@ -49,7 +49,7 @@ void eg_ep_group_free(eg_ep_group *g) {
     free(g->rk);
     free(g->post);
     free(g->layers);
-    eg_ep_nccl_free(g->nccl);
+    eg_ep_cuda_free(g->cuda);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g);
@@ -79,7 +79,7 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
     g->layers = eg_calloc((size_t)o->n_ranks * (size_t)o->n_layers, sizeof *g->layers, err);
     if (!g->layers) { eg_ep_group_free(g); return EG_ERR_NOMEM; }
     if (n_cuda) {
-        eg_status st = eg_ep_nccl_create(o, &g->nccl, err);
+        eg_status st = eg_ep_cuda_create(o, &g->cuda, err);
         if (st) { eg_ep_group_free(g); return st; }
         *out = g;
         return EG_OK;
@@ -108,9 +108,9 @@ void eg_ep_range(const eg_ep_group *g, int rank, int *e0, int *e1) {
     *e1 = *e0 + per;
 }
 
-const char *eg_ep_kind(const eg_ep_group *g) { return g->nccl ? "nccl" : "local"; }
+const char *eg_ep_kind(const eg_ep_group *g) { return g->cuda ? eg_ep_cuda_kind(g->cuda) : "local"; }
 
-int64_t eg_ep_device_bytes(const eg_ep_opts *o) { return eg_ep_nccl_bytes(o); }
+int64_t eg_ep_device_bytes(const eg_ep_opts *o) { return eg_ep_cuda_bytes(o); }
 
 void eg_ep_register(eg_ep_group *g, int rank, int layer, const eg_expert_w *experts) {
     if (rank >= 0 && rank < g->o.n_ranks && layer >= 0 && layer < g->o.n_layers)
@@ -118,7 +118,7 @@ void eg_ep_register(eg_ep_group *g, int rank, int layer, const eg_expert_w *expe
 }
 
 void eg_ep_fail(eg_ep_group *g) {
-    if (g->nccl) eg_ep_nccl_fail(g->nccl);
+    if (g->cuda) eg_ep_cuda_fail(g->cuda);
     pthread_mutex_lock(&g->mu);
     g->failed = 1;
     pthread_cond_broadcast(&g->cv);
@@ -128,8 +128,8 @@ void eg_ep_fail(eg_ep_group *g) {
 void eg_ep_traffic(const eg_ep_group *g, int64_t *remote_pairs, int64_t *bytes) {
     *remote_pairs = 0;
     *bytes = 0;
-    if (g->nccl) {
-        eg_ep_nccl_traffic(g->nccl, remote_pairs, bytes);
+    if (g->cuda) {
+        eg_ep_cuda_traffic(g->cuda, remote_pairs, bytes);
         return;
     }
     for (int r = 0; r < g->o.n_ranks; r++) {
@@ -224,8 +224,8 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const e
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel moe: T=%d topk=%d layer %d (group: max %d, topk %d, %d layers)",
                        a->T, a->topk, layer, g->o.max_tokens, K, g->o.n_layers);
     }
-    if (g->nccl) {
-        eg_status st = eg_ep_nccl_moe(g->nccl, rank, layer, g->layers + (size_t)rank * (size_t)g->o.n_layers, be, a, err);
+    if (g->cuda) {
+        eg_status st = eg_ep_cuda_moe(g->cuda, rank, layer, g->layers + (size_t)rank * (size_t)g->o.n_layers, be, a, err);
         if (st) eg_ep_fail(g);
         return st;
     }
@@ -246,8 +246,8 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const e
 }
 
 eg_status eg_ep_leave(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) {
-    if (g->nccl) {
-        eg_status st = eg_ep_nccl_leave(g->nccl, rank, g->layers + (size_t)rank * (size_t)g->o.n_layers, be, err);
+    if (g->cuda) {
+        eg_status st = eg_ep_cuda_leave(g->cuda, rank, g->layers + (size_t)rank * (size_t)g->o.n_layers, be, err);
         if (st) eg_ep_fail(g);
         return st;
     }

@@ -3,6 +3,7 @@
 
 #include "common/eg_thread.h"
 #include "engine/collective.h"
+#include "engine/collective_cuda.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -81,11 +82,13 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     rt->runs = eg_calloc((size_t)ep, sizeof *rt->runs, err);
     if (!rt->be || !rt->eng || !rt->runs) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
     int threads = bo->nthreads > 0 ? bo->nthreads : eg_num_threads();
+    int n_gpus = cuda ? eg_ep_cuda_devices() : 0;
     eg_status st = EG_OK;
     for (int r = 0; r < ep; r++) {
         eg_backend_opts so = *bo;
         so.nthreads = threads / ep > 0 ? threads / ep : 1;
-        if (cuda) so.device = bo->device + r; /* one GPU per rank */
+        /* one GPU per rank where there are enough (nccl), else they share (cuda-local) */
+        if (cuda) so.device = n_gpus > 0 ? (bo->device + r) % n_gpus : bo->device + r;
         if ((st = eg_backend_create(c, &so, &rt->be[r], err))) {
             eg_wrap(err, "expert-parallel rank %d", r);
             eg_ep_runtime_free(rt);

@@ -2,8 +2,8 @@
  * ranks, each a CPU backend, an engine over its own share of the slots and KV blocks
  * (data-parallel attention, no cache copy) and pipeline stages run on the rank's thread;
  * the routed experts of every MoE layer split E/ep per rank; CPU ranks exchange rows
- * through host memory, CUDA ranks (rank r on GPU bo->device + r) over NCCL
- * (collective.h). Dense parts (shared expert,
+ * through host memory, CUDA ranks (rank r on GPU (bo->device + r) mod the GPU count) over
+ * NCCL when each has its own GPU, else by device copies (collective_cuda.h). Dense parts (shared expert,
  * dense MLP, embedding, lm_head) are replicated on every rank in this version.
  * Requests are pulled under one lock by whichever rank has room (a rank full of long
  * sequences takes none, so work flows to the ranks with fewer tokens in flight); done()

@@ -30,17 +30,17 @@ g++ -std=c++20 -O1 -g -Wall -Wextra $INC -c tests/gpu/emu/emu_nccl.cpp -o "$B/em
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1 -DEG_HAVE_NCCL=1 $INC \
     -c engine/transport_nccl.c -o "$B/emu/transport_nccl.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1 -DEG_HAVE_NCCL=1 $INC \
-    -c engine/collective_nccl.c -o "$B/emu/collective_nccl.o"
+    -c engine/collective_cuda.c -o "$B/emu/collective_cuda.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1 $INC -c engine/backend_cuda.c \
     -o "$B/emu/backend_cuda.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread $INC -c tests/gpu/test_cuda_ops.c -o "$B/emu/test.o"
-g++ -o "$B/emu/test_cuda_ops_emu" "$B/emu/test.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_nccl.o" \
+g++ -o "$B/emu/test_cuda_ops_emu" "$B/emu/test.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_cuda.o" \
     "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o \
     "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_engine.a" "$B/libeg_common.a" \
     -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
 link_eaglegen() {
     make -s BUILD="$B" NO_CUDA=1 "$B/libeg_gen.a" "$B/libeg_dataset.a" "$B/libeg_prompts.a" "$B/gen/main.o"
-    g++ -o "$B/emu/eaglegen_emu" "$B/gen/main.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_nccl.o" \
+    g++ -o "$B/emu/eaglegen_emu" "$B/gen/main.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_cuda.o" \
         "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o \
         "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_gen.a" "$B/libeg_engine.a" "$B/libeg_dataset.a" \
         "$B/libeg_prompts.a" "$B/libeg_common.a" -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread

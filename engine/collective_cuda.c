@@ -1,10 +1,13 @@
-/* collective_nccl.c — the nccl expert-parallel group (collective_nccl.h, collective.h).
- * Built with EG_HAVE_NCCL; otherwise create reports EG_ERR_UNSUPPORTED.
+/* collective_cuda.c — the expert-parallel group of CUDA ranks (collective_cuda.h,
+ * collective.h): nccl, or cuda-local where ranks share a GPU or NCCL is not built.
+ * Built with EG_HAVE_CUDA (NCCL parts with EG_HAVE_NCCL); otherwise create reports
+ * EG_ERR_UNSUPPORTED.
  *
  * One call on rank r (T tokens, K pairs each, R ranks, M = min(K, R)):
  *   1. egk_ep_pack groups the pairs by owner: counts {rows, pairs, layer, left} per peer,
  *      the tokens to send (each once per owning rank) and the pairs' row/id/weight.
- *   2. counts to every peer and from every peer: one grouped ncclSend/ncclRecv; then the
+ *   2. counts to every peer and from every peer: one grouped ncclSend/ncclRecv (or the
+ *      cuda-local copies: the same segments, pulled by the reader); then the
  *      sent and received counts to page-locked host memory and the call's one host wait.
  *   3. the rows gathered into segments by destination (gather_rows), every segment with
  *      its pair metadata to its rank, the peers' segments received (one group).
@@ -16,36 +19,40 @@
  * Sends and receives between two ranks happen in the same order on both sides and are
  * sized from the exchanged counts, so they pair up. Rank r's own segment is copied on
  * its device instead of sent. Enqueueing NCCL work is done under a mutex that
- * eg_ep_nccl_fail takes to abort the communicators, so no call uses an aborted one. */
-#include "engine/collective_nccl.h"
+ * eg_ep_cuda_fail takes to abort the communicators, so no call uses an aborted one. */
+#include "engine/collective_cuda.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef EG_HAVE_NCCL
+#ifndef EG_HAVE_CUDA
 
-eg_status eg_ep_nccl_create(const eg_ep_opts *o, eg_ep_nccl **out, eg_error *err) {
+eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err) {
     (void)o;
     *out = NULL;
-    return eg_fail(err, EG_ERR_UNSUPPORTED,
-                   "--ep on CUDA backends: built without NCCL (nccl.h/libnccl not found at build time)");
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "--ep on CUDA backends: built without CUDA");
 }
-void eg_ep_nccl_free(eg_ep_nccl *n) { (void)n; }
-eg_status eg_ep_nccl_moe(eg_ep_nccl *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
+const char *eg_ep_cuda_kind(const eg_ep_cuda *n) {
+    (void)n;
+    return "none";
+}
+int eg_ep_cuda_devices(void) { return 0; }
+void eg_ep_cuda_free(eg_ep_cuda *n) { (void)n; }
+eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
                          const eg_moe_args *a, eg_error *err) {
     (void)n; (void)rank; (void)layer; (void)layers; (void)be; (void)a;
-    return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without NCCL");
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without CUDA");
 }
-eg_status eg_ep_nccl_leave(eg_ep_nccl *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err) {
+eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err) {
     (void)n; (void)rank; (void)layers; (void)be;
-    return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without NCCL");
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without CUDA");
 }
-void eg_ep_nccl_fail(eg_ep_nccl *n) { (void)n; }
-void eg_ep_nccl_traffic(const eg_ep_nccl *n, int64_t *remote_pairs, int64_t *bytes) {
+void eg_ep_cuda_fail(eg_ep_cuda *n) { (void)n; }
+void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes) {
     (void)n;
     *remote_pairs = *bytes = 0;
 }
-int64_t eg_ep_nccl_bytes(const eg_ep_opts *o) {
+int64_t eg_ep_cuda_bytes(const eg_ep_opts *o) {
     (void)o;
     return 0;
 }
@@ -53,8 +60,12 @@ int64_t eg_ep_nccl_bytes(const eg_ep_opts *o) {
 #else
 
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 #include <pthread.h>
+#ifdef EG_HAVE_NCCL
+#include <nccl.h>
+#else
+typedef void *ncclComm_t; /* never created: cuda-local only */
+#endif
 
 #include "engine/cuda_plan.h"
 #include "kernels/eg_cuda.h"
@@ -75,23 +86,40 @@ typedef struct ep_nrank {
     int64_t remote_pairs, bytes;
 } ep_nrank;
 
-struct eg_ep_nccl {
+struct eg_ep_cuda {
     eg_ep_opts o; /* backends NULL */
     int R, K, H, T, M, per;
     int *dev;           /* [R] */
     cudaStream_t *strm; /* [R] the backends' streams (borrowed) */
     ncclComm_t *comm;   /* [R] */
     ep_nrank *rk;       /* [R] */
+    int use_nccl;       /* else cuda-local */
     pthread_mutex_t mu;
+    pthread_cond_t cv;  /* cuda-local barriers */
+    int arrived;
+    uint64_t gen;
     int failed;
 };
+
+const char *eg_ep_cuda_kind(const eg_ep_cuda *n) { return n->use_nccl ? "nccl" : "cuda-local"; }
+
+int eg_ep_cuda_devices(void) {
+    int c = 0;
+    if (cudaGetDeviceCount(&c) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return c;
+}
 
 static eg_status cu_err(eg_error *err, int rank, const char *call, cudaError_t e) {
     return eg_fail(err, EG_ERR_DEVICE, "expert-parallel rank %d: %s: %s", rank, call, cudaGetErrorString(e));
 }
+#ifdef EG_HAVE_NCCL
 static eg_status nc_err(eg_error *err, int rank, const char *call, ncclResult_t r) {
     return eg_fail(err, EG_ERR_DEVICE, "expert-parallel rank %d: %s: %s", rank, call, ncclGetErrorString(r));
 }
+#endif
 static eg_status k_err(eg_error *err, int rank, const char *call, int rc) {
     return eg_fail(err, EG_ERR_DEVICE, "expert-parallel rank %d: %s: %s", rank, call, egk_error_string(rc));
 }
@@ -112,13 +140,13 @@ static ep_sizes sizes_of(int R, int K, int H, int T) {
     return z;
 }
 
-int64_t eg_ep_nccl_bytes(const eg_ep_opts *o) {
+int64_t eg_ep_cuda_bytes(const eg_ep_opts *o) {
     ep_sizes z = sizes_of(o->n_ranks, o->topk, o->hidden, o->max_tokens);
     return 4 * (int64_t)(z.counts + z.sendtok + z.sendrows + z.sendmeta + z.tk2pair + z.recvrows + z.recvmeta + z.xs +
                          z.res + z.back);
 }
 
-void eg_ep_nccl_traffic(const eg_ep_nccl *n, int64_t *remote_pairs, int64_t *bytes) {
+void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes) {
     *remote_pairs = *bytes = 0;
     for (int r = 0; r < n->R; r++) {
         *remote_pairs += n->rk[r].remote_pairs;
@@ -126,10 +154,12 @@ void eg_ep_nccl_traffic(const eg_ep_nccl *n, int64_t *remote_pairs, int64_t *byt
     }
 }
 
-void eg_ep_nccl_fail(eg_ep_nccl *n) {
+void eg_ep_cuda_fail(eg_ep_cuda *n) {
     pthread_mutex_lock(&n->mu);
+    pthread_cond_broadcast(&n->cv);
     if (!n->failed) {
         n->failed = 1;
+#ifdef EG_HAVE_NCCL
         int prev = 0;
         cudaGetDevice(&prev);
         for (int r = 0; n->comm && r < n->R; r++)
@@ -139,18 +169,21 @@ void eg_ep_nccl_fail(eg_ep_nccl *n) {
                 n->comm[r] = NULL;
             }
         cudaSetDevice(prev);
+#endif
     }
     pthread_mutex_unlock(&n->mu);
 }
 
-void eg_ep_nccl_free(eg_ep_nccl *n) {
+void eg_ep_cuda_free(eg_ep_cuda *n) {
     if (!n) return;
+#ifdef EG_HAVE_NCCL
     for (int r = 0; n->comm && r < n->R; r++)
         if (n->comm[r]) {
             cudaSetDevice(n->dev[r]);
             cudaStreamSynchronize(n->strm[r]);
             ncclCommDestroy(n->comm[r]);
         }
+#endif
     for (int r = 0; n->rk && r < n->R; r++) {
         ep_nrank *k = &n->rk[r];
         cudaSetDevice(n->dev[r]);
@@ -169,13 +202,15 @@ void eg_ep_nccl_free(eg_ep_nccl *n) {
     free(n->strm);
     free(n->dev);
     pthread_mutex_destroy(&n->mu);
+    pthread_cond_destroy(&n->cv);
     free(n);
 }
 
+#ifdef EG_HAVE_NCCL
 /* Every ordered pair connected now, from this thread, in one group (transport_nccl.c's
  * nccl_connect explains why: NCCL connects a pair in its first send/recv, on the calling
  * thread, waiting for the peer's half). */
-static eg_status connect_all(eg_ep_nccl *n, eg_error *err) {
+static eg_status connect_all(eg_ep_cuda *n, eg_error *err) {
     ncclResult_t r = ncclGroupStart();
     for (int a = 0; a < n->R && r == ncclSuccess; a++) {
         cudaSetDevice(n->dev[a]);
@@ -195,14 +230,16 @@ static eg_status connect_all(eg_ep_nccl *n, eg_error *err) {
     }
     return EG_OK;
 }
+#endif
 
-eg_status eg_ep_nccl_create(const eg_ep_opts *o, eg_ep_nccl **out, eg_error *err) {
+eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err) {
     *out = NULL;
     int R = o->n_ranks;
-    if (R < 2) return eg_fail(err, EG_ERR_INVALID, "expert-parallel nccl group: needs at least 2 ranks (got %d)", R);
-    eg_ep_nccl *n = eg_calloc(1, sizeof *n, err);
+    if (R < 2) return eg_fail(err, EG_ERR_INVALID, "expert-parallel CUDA group: needs at least 2 ranks (got %d)", R);
+    eg_ep_cuda *n = eg_calloc(1, sizeof *n, err);
     if (!n) return EG_ERR_NOMEM;
     pthread_mutex_init(&n->mu, NULL);
+    pthread_cond_init(&n->cv, NULL);
     n->o = *o;
     n->o.backends = NULL;
     n->R = R;
@@ -215,22 +252,20 @@ eg_status eg_ep_nccl_create(const eg_ep_opts *o, eg_ep_nccl **out, eg_error *err
     n->strm = eg_calloc((size_t)R, sizeof *n->strm, err);
     n->comm = eg_calloc((size_t)R, sizeof *n->comm, err);
     n->rk = eg_calloc((size_t)R, sizeof *n->rk, err);
-    if (!n->dev || !n->strm || !n->comm || !n->rk) { eg_ep_nccl_free(n); return EG_ERR_NOMEM; }
+    if (!n->dev || !n->strm || !n->comm || !n->rk) { eg_ep_cuda_free(n); return EG_ERR_NOMEM; }
     for (int r = 0; r < R; r++) {
         void *s = NULL;
         if (eg_backend_cuda_device(o->backends[r], &n->dev[r], &s)) {
-            eg_ep_nccl_free(n);
-            return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel nccl group: rank %d is not a CUDA backend", r);
+            eg_ep_cuda_free(n);
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel CUDA group: rank %d is not a CUDA backend", r);
         }
         n->strm[r] = (cudaStream_t)s;
-        for (int q = 0; q < r; q++)
-            if (n->dev[q] == n->dev[r]) {
-                int d = n->dev[r];
-                eg_ep_nccl_free(n);
-                return eg_fail(err, EG_ERR_UNSUPPORTED, "--ep: ranks %d and %d share GPU %d; NCCL needs one GPU per rank",
-                               q, r, d);
-            }
     }
+#ifdef EG_HAVE_NCCL
+    n->use_nccl = 1; /* NCCL needs one GPU per rank */
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < r; q++) n->use_nccl &= n->dev[q] != n->dev[r];
+#endif
     int prev = 0;
     cudaGetDevice(&prev);
     ep_sizes z = sizes_of(R, n->K, n->H, n->T);
@@ -263,16 +298,23 @@ eg_status eg_ep_nccl_create(const eg_ep_opts *o, eg_ep_nccl **out, eg_error *err
         k->ro_p = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
         if (!k->counts_h || !k->so_r || !k->so_p || !k->ro_r || !k->ro_p) st = EG_ERR_NOMEM;
     }
-    if (!st) {
+#ifdef EG_HAVE_NCCL
+    if (!st && n->use_nccl) {
         ncclResult_t r = ncclCommInitAll(n->comm, R, n->dev);
         if (r != ncclSuccess) {
             memset(n->comm, 0, sizeof *n->comm * (size_t)R);
             st = nc_err(err, 0, "ncclCommInitAll", r);
         }
+        if (!st && (st = connect_all(n, err))) eg_ep_cuda_fail(n); /* a half-made connection is not waited for */
     }
-    if (!st && (st = connect_all(n, err))) eg_ep_nccl_fail(n); /* a half-made connection is not waited for */
+#endif
+    for (int r = 0; r < R && !st; r++) { /* the zeroed counts, before any peer reads them */
+        cudaSetDevice(n->dev[r]);
+        cudaError_t ce = cudaStreamSynchronize(n->strm[r]);
+        if (ce != cudaSuccess) st = cu_err(err, r, "cudaStreamSynchronize", ce);
+    }
     cudaSetDevice(prev);
-    if (st) { eg_ep_nccl_free(n); return st; }
+    if (st) { eg_ep_cuda_free(n); return st; }
     *out = n;
     return EG_OK;
 }
@@ -288,9 +330,64 @@ eg_status eg_ep_nccl_create(const eg_ep_opts *o, eg_ep_nccl **out, eg_error *err
         if (rc_) return k_err(err, rank, call, rc_);                        \
     } while (0)
 
+/* Every rank arrives; 1 = the group failed. */
+static int barrier(eg_ep_cuda *n) {
+    pthread_mutex_lock(&n->mu);
+    uint64_t gen = n->gen;
+    if (++n->arrived == n->R) {
+        n->arrived = 0;
+        n->gen++;
+        pthread_cond_broadcast(&n->cv);
+    } else {
+        while (gen == n->gen && !n->failed) pthread_cond_wait(&n->cv, &n->mu);
+    }
+    int f = n->failed;
+    pthread_mutex_unlock(&n->mu);
+    return f;
+}
+
+/* cuda-local: what the peers' sends would carry, pulled by this rank from their buffers.
+ * Before: every rank's stream has finished writing what it sends (sync, barrier); after:
+ * this rank's copies have finished before any peer overwrites its buffers (sync, barrier). */
+static eg_status post_local(eg_ep_cuda *n, int rank, int which, eg_error *err) {
+    ep_nrank *k = &n->rk[rank];
+    int R = n->R;
+    size_t H = (size_t)n->H;
+    cudaStream_t s = n->strm[rank];
+    CU("cudaStreamSynchronize (exchange)", cudaStreamSynchronize(s));
+    if (barrier(n)) return interrupted(err);
+    for (int q = 0; q < R; q++) {
+        if (q == rank) continue;
+        const ep_nrank *p = &n->rk[q];
+        if (which == 0) {
+            CU("cudaMemcpyAsync (counts)", cudaMemcpyAsync(k->counts_d + 4 * (R + q), p->counts_d + 4 * rank,
+                                                           4 * sizeof(int32_t), cudaMemcpyDefault, s));
+        } else if (which == 1) {
+            int64_t nr = p->so_r[rank + 1] - p->so_r[rank], np = p->so_p[rank + 1] - p->so_p[rank];
+            if (nr)
+                CU("cudaMemcpyAsync (rows)", cudaMemcpyAsync(k->recvrows + (size_t)k->ro_r[q] * H,
+                                                             p->sendrows + (size_t)p->so_r[rank] * H,
+                                                             sizeof(float) * (size_t)nr * H, cudaMemcpyDefault, s));
+            if (np)
+                CU("cudaMemcpyAsync (pairs)", cudaMemcpyAsync(k->recvmeta + 3 * k->ro_p[q], p->sendmeta + 3 * p->so_p[rank],
+                                                              sizeof(int32_t) * 3 * (size_t)np, cudaMemcpyDefault, s));
+        } else {
+            int64_t np = p->ro_p[rank + 1] - p->ro_p[rank];
+            if (np)
+                CU("cudaMemcpyAsync (contributions)", cudaMemcpyAsync(k->back + (size_t)k->so_p[q] * H,
+                                                                      p->res + (size_t)p->ro_p[rank] * H,
+                                                                      sizeof(float) * (size_t)np * H, cudaMemcpyDefault, s));
+        }
+    }
+    CU("cudaStreamSynchronize (exchange)", cudaStreamSynchronize(s));
+    if (barrier(n)) return interrupted(err);
+    return EG_OK;
+}
+
+#ifdef EG_HAVE_NCCL
 /* One grouped set of sends and receives, enqueued under the mutex (refused once the
  * group failed). which: 0 counts, 1 rows + pairs, 2 contributions back. */
-static eg_status post(eg_ep_nccl *n, int rank, int which, eg_error *err) {
+static eg_status post_nccl(eg_ep_cuda *n, int rank, int which, eg_error *err) {
     ep_nrank *k = &n->rk[rank];
     int R = n->R;
     size_t H = (size_t)n->H;
@@ -327,10 +424,18 @@ static eg_status post(eg_ep_nccl *n, int rank, int which, eg_error *err) {
                                        "ncclSend/ncclRecv (contributions back)"};
     return r == ncclSuccess ? EG_OK : nc_err(err, rank, what[which], r);
 }
+#endif
+
+static eg_status post(eg_ep_cuda *n, int rank, int which, eg_error *err) {
+#ifdef EG_HAVE_NCCL
+    if (n->use_nccl) return post_nccl(n, rank, which, err);
+#endif
+    return post_local(n, rank, which, err);
+}
 
 /* One exchange. a == NULL: this rank has left (no tokens; serves the others). *all_left:
  * every rank has left (nothing else was done). */
-static eg_status exchange(eg_ep_nccl *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
+static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
                           const eg_moe_args *a, int *all_left, eg_error *err) {
     ep_nrank *k = &n->rk[rank];
     int R = n->R, K = n->K, T = a ? a->T : 0;
@@ -417,7 +522,7 @@ static eg_status exchange(eg_ep_nccl *n, int rank, int layer, const eg_expert_w 
     return EG_OK;
 }
 
-eg_status eg_ep_nccl_moe(eg_ep_nccl *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
+eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
                          const eg_moe_args *a, eg_error *err) {
     int all_left = 0;
     eg_status st = exchange(n, rank, layer, layers, be, a, &all_left, err);
@@ -426,7 +531,7 @@ eg_status eg_ep_nccl_moe(eg_ep_nccl *n, int rank, int layer, const eg_expert_w *
     return st;
 }
 
-eg_status eg_ep_nccl_leave(eg_ep_nccl *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err) {
+eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err) {
     for (;;) {
         int all_left = 0;
         eg_status st = exchange(n, rank, -1, layers, be, NULL, &all_left, err);
