@@ -20,6 +20,13 @@ typedef struct ep_rank_run {
        buffers at its next call, which another rank can make before this engine copies */
     int32_t *tok, *stop;
     int tok_cap, stop_cap;
+    /* admission balance (under the runtime's lock): the rank's requests admitted and not
+       done, with the tokens each may hold (prompt + max_new) */
+    int slots, open, exhausted;
+    int64_t load;
+    uint64_t *ids;    /* [2 * slots + 2] ids of the open requests */
+    int64_t *sizes;   /* [2 * slots + 2] their tokens */
+    int cap;
 } ep_rank_run;
 
 struct eg_ep_runtime {
@@ -45,6 +52,8 @@ void eg_ep_runtime_free(eg_ep_runtime *rt) {
     for (int r = 0; rt->runs && r < rt->ep; r++) {
         free(rt->runs[r].tok);
         free(rt->runs[r].stop);
+        free(rt->runs[r].ids);
+        free(rt->runs[r].sizes);
     }
     free(rt->runs);
     eg_ep_group_free(rt->group);
@@ -102,6 +111,12 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
         eg_engine_opts ro = *o;
         /* slots and blocks split over the ranks, the remainder to the first ones */
         ro.n_slots = o->n_slots / ep + (r < o->n_slots % ep);
+        ep_rank_run *x = &rt->runs[r];
+        x->slots = ro.n_slots;
+        x->cap = 2 * ro.n_slots + 2; /* active + parked <= slots, one pending; slack */
+        x->ids = eg_calloc((size_t)x->cap, sizeof *x->ids, err);
+        x->sizes = eg_calloc((size_t)x->cap, sizeof *x->sizes, err);
+        if (!x->ids || !x->sizes) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
         if (o->kv_blocks > 0) ro.kv_blocks = o->kv_blocks / ep + (r < o->kv_blocks % ep);
         if (o->micro_batches > ro.n_slots) ro.micro_batches = ro.n_slots;
         ro.ep = rt->group;
@@ -135,12 +150,33 @@ static int grow(int32_t **buf, int *cap, int n, eg_error *err) {
     return 0;
 }
 
+/* Least-loaded admission: a rank takes the next request only when no other rank that
+ * could take it (not finished, a slot free) holds fewer tokens; otherwise "later" (it
+ * asks again at its next step). A rank with nothing open is never refused, so no rank
+ * waits idle while another queues work, and a long sequence does not pile onto a rank
+ * that already has one. */
 static int locked_next(void *vc, eg_request *req, eg_error *err) {
     ep_rank_run *x = vc;
     eg_ep_runtime *rt = x->rt;
     pthread_mutex_lock(&rt->mu);
+    for (int q = 0; q < rt->ep; q++) {
+        const ep_rank_run *y = &rt->runs[q];
+        if (y != x && !y->exhausted && y->open < y->slots && y->load < x->load) {
+            pthread_mutex_unlock(&rt->mu);
+            return EG_NEXT_LATER;
+        }
+    }
+    if (x->open >= x->cap) { /* cannot happen: the engine holds at most slots + 1 */
+        pthread_mutex_unlock(&rt->mu);
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: %d requests open (table of %d)", x->rank,
+                       x->open, x->cap), -1;
+    }
     int r = rt->next(rt->ctx, req, err);
+    if (r == 0) x->exhausted = 1;
     if (r > 0) {
+        x->ids[x->open] = req->id;
+        x->sizes[x->open] = (int64_t)req->n_tokens + req->max_new;
+        x->load += x->sizes[x->open++];
         if (grow(&x->tok, &x->tok_cap, req->n_tokens, err) || grow(&x->stop, &x->stop_cap, req->n_stop, err)) {
             r = -1;
         } else {
@@ -155,8 +191,16 @@ static int locked_next(void *vc, eg_request *req, eg_error *err) {
 }
 
 static eg_status locked_done(void *vc, const eg_result *res, eg_error *err) {
-    eg_ep_runtime *rt = ((ep_rank_run *)vc)->rt;
+    ep_rank_run *x = vc;
+    eg_ep_runtime *rt = x->rt;
     pthread_mutex_lock(&rt->mu);
+    for (int i = 0; i < x->open; i++)
+        if (x->ids[i] == res->id) {
+            x->load -= x->sizes[i];
+            x->ids[i] = x->ids[--x->open];
+            x->sizes[i] = x->sizes[x->open];
+            break;
+        }
     eg_status st = rt->done(rt->ctx, res, err);
     pthread_mutex_unlock(&rt->mu);
     return st;
@@ -181,7 +225,14 @@ eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done,
     rt->done = done;
     rt->ctx = ctx;
     for (int r = 0; r < rt->ep; r++) {
-        rt->runs[r] = (ep_rank_run){.rt = rt, .rank = r};
+        ep_rank_run *x = &rt->runs[r];
+        x->rt = rt;
+        x->rank = r;
+        x->started = 0;
+        x->st = EG_OK;
+        memset(&x->err, 0, sizeof x->err);
+        x->open = x->exhausted = 0;
+        x->load = 0;
         if (r > 0 && !eg_thread_start(&rt->runs[r].th, rank_thread, &rt->runs[r])) rt->runs[r].started = 1;
         else if (r > 0) {
             eg_ep_fail(rt->group);
@@ -226,6 +277,10 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
         s->sum_kv_live += q.sum_kv_live / rt->ep;
         s->host_kv_peak += q.host_kv_peak;
     }
+}
+
+void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats *s) {
+    eg_engine_get_stats(rt->eng[rank], s);
 }
 
 void eg_ep_runtime_traffic(const eg_ep_runtime *rt, int64_t *pairs, int64_t *bytes) {

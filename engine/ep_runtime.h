@@ -5,9 +5,11 @@
  * through host memory, CUDA ranks (rank r on GPU (bo->device + r) mod the GPU count) over
  * NCCL when each has its own GPU, else by device copies (collective_cuda.h). Dense parts (shared expert,
  * dense MLP, embedding, lm_head) are replicated on every rank in this version.
- * Requests are pulled under one lock by whichever rank has room (a rank full of long
- * sequences takes none, so work flows to the ranks with fewer tokens in flight); done()
- * is called under the same lock. Ranks step in lockstep through the MoE exchange; a rank
+ * Requests are pulled under one lock, least-loaded first: a rank with a free slot takes
+ * the next request only when no other rank that could take it (not finished, a slot
+ * free) holds fewer tokens (prompt + max_new of its open requests); otherwise its engine
+ * hears "later" (EG_NEXT_LATER) and asks again next step. done() is called under the
+ * same lock. Ranks step in lockstep through the MoE exchange; a rank
  * out of work keeps serving its experts until all are done.
  * Ownership: the runtime owns the ranks' backends, engines and group; the model is
  * borrowed. eg_ep_runtime_free accepts NULL.
@@ -34,6 +36,8 @@ const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt);
 eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
 /* Stats summed over the ranks (seconds and peaks: the largest). */
 void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s);
+/* Rank's own stats (steps it ran with tokens of its own, ...). */
+void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats *s);
 /* Bytes of rows exchanged between ranks so far, and the (token, k) pairs that crossed. */
 void eg_ep_runtime_traffic(const eg_ep_runtime *rt, int64_t *pairs, int64_t *bytes);
 

@@ -1198,8 +1198,14 @@ int cmd_generate(int argc, char **argv) {
     if (g.ep_rt) {
         int64_t pairs, xbytes;
         eg_ep_runtime_traffic(g.ep_rt, &pairs, &xbytes);
-        fprintf(stderr, "  expert exchange: %lld (token, expert) pairs crossed ranks, %.3f MB moved\n",
+        fprintf(stderr, "  expert exchange: %lld (token, expert) pairs crossed ranks, %.3f MB moved; steps per rank:",
                 (long long)pairs, (double)xbytes / 1e6);
+        for (int r = 0; r < a.ep; r++) {
+            eg_engine_stats rs;
+            eg_ep_runtime_rank_stats(g.ep_rt, r, &rs);
+            fprintf(stderr, " %lld", (long long)rs.steps);
+        }
+        fprintf(stderr, "\n");
     }
     fprintf(stderr,
             "eaglegen generate: %s. this run: %lld samples written, %lld already done; dataset: %lld samples in %lld "
