@@ -4,6 +4,7 @@
 #include "common/eg_thread.h"
 #include "engine/collective.h"
 #include "engine/collective_cuda.h"
+#include "engine/plan.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -138,6 +139,27 @@ int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens) {
     eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
                      .max_tokens = max_tokens};
     return eg_ep_device_bytes(&go);
+}
+int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep) {
+    int64_t all = eg_plan_layer_bytes(m, layer);
+    const eg_layer_w *L = &m->layers[layer];
+    int E = m->cfg.n_experts, per = ep > 0 && E % ep == 0 ? E / ep : E;
+    if (!L->is_moe || !L->experts || per == E) return all;
+    int64_t worst = 0, total = 0;
+    for (int r = 0; r < E / per; r++) {
+        int64_t mine = 0;
+        for (int e = r * per; e < (r + 1) * per; e++)
+            mine += eg_weight_bytes(&L->experts[e].gate) + eg_weight_bytes(&L->experts[e].up) +
+                    eg_weight_bytes(&L->experts[e].down);
+        total += mine;
+        if (mine > worst) worst = mine;
+    }
+    return all - total + worst;
+}
+
+int eg_ep_runtime_ranks_per_gpu(int ep) {
+    int n = eg_ep_cuda_devices();
+    return n > 0 && ep > n ? (ep + n - 1) / n : 1;
 }
 const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt) { return eg_ep_kind(rt->group); }
 

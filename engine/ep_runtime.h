@@ -31,7 +31,12 @@ int eg_ep_runtime_ranks(const eg_ep_runtime *rt);
 /* Device bytes one CUDA rank gives the exchange's buffers (for the memory plan; 0 in a
  * build without NCCL). */
 int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens);
-/* The group's exchange: "local" or "nccl". */
+/* Bytes of layer l's weights on the heaviest rank of an ep group (a rank holds its own
+ * routed experts only): for the memory plan. */
+int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep);
+/* CUDA ranks per GPU when ep ranks go to GPU r mod the GPU count (1 without CUDA). */
+int eg_ep_runtime_ranks_per_gpu(int ep);
+/* The group's exchange: "local", "nccl" or "cuda-local". */
 const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt);
 eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
 /* Stats summed over the ranks (seconds and peaks: the largest). */

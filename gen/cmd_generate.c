@@ -979,7 +979,8 @@ int cmd_generate(int argc, char **argv) {
             for (int k = 0, b0 = 0; k < n_stages; b0 = stage_ends[k++]) {
                 int end = n_stages > 1 ? stage_ends[k] : c->n_layers;
                 if (k % n_dev != d) continue;
-                for (int l = b0; l < end; l++) wbytes += eg_plan_layer_bytes(&model, l);
+                for (int l = b0; l < end; l++)
+                    wbytes += a.ep > 1 ? eg_ep_runtime_layer_bytes(&model, l, a.ep) : eg_plan_layer_bytes(&model, l);
                 wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
                 int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(a.aux, a.n_aux, b0, end) : 0;
                 act += eg_forward_act_bytes(c, max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, &bo) : 0);
@@ -992,7 +993,9 @@ int cmd_generate(int argc, char **argv) {
             so.device = d;
             eg_cuda_mem_plan mp;
             char line[512];
-            if (eg_cuda_plan(c, &so, a.gpu_mem_fraction, wbytes, act, layers, 64, &mp, &err)) {
+            /* --ep ranks sharing a GPU (fewer GPUs than ranks) split its budget */
+            double frac = a.ep > 1 ? a.gpu_mem_fraction / eg_ep_runtime_ranks_per_gpu(a.ep) : a.gpu_mem_fraction;
+            if (eg_cuda_plan(c, &so, frac, wbytes, act, layers, 64, &mp, &err)) {
                 eg_wrap(&err, "memory plan for GPU %d", d);
                 goto done;
             }
