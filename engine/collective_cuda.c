@@ -4,7 +4,7 @@
  * EG_ERR_UNSUPPORTED.
  *
  * One call on rank r (T tokens, K pairs each, R ranks, M = min(K, R)):
- *   1. egk_ep_pack groups the pairs by owner: counts {rows, pairs, layer, left} per peer,
+ *   1. eg_cuda_ep_pack (kernels/ep.cu) groups the pairs by owner: counts {rows, pairs, layer, left} per peer,
  *      the tokens to send (each once per owning rank) and the pairs' row/id/weight.
  *   2. counts to every peer and from every peer: one grouped ncclSend/ncclRecv (or the
  *      cuda-local copies: the same segments, pulled by the reader); then the
@@ -14,7 +14,7 @@
  *   4. per source, per chunk of at most max_tokens pairs: the rows gathered per pair and
  *      the backend's moe op with topk 1 over r's experts: 0 + w * expert(x), the bits the
  *      unsplit op adds for that pair.
- *   5. the contributions back to their token's owner (one group); egk_ep_combine adds
+ *   5. the contributions back to their token's owner (one group); eg_cuda_ep_combine adds
  *      each token's K contributions in k order into y.
  * Sends and receives between two ranks happen in the same order on both sides and are
  * sized from the exchanged counts, so they pair up. Rank r's own segment is copied on
@@ -68,7 +68,6 @@ typedef void *ncclComm_t; /* never created: cuda-local only */
 #endif
 
 #include "engine/cuda_plan.h"
-#include "kernels/eg_cuda.h"
 
 typedef struct ep_nrank {
     int32_t *counts_d;  /* [2][R][4] device: sent to each peer, then received from each */
@@ -120,9 +119,6 @@ static eg_status nc_err(eg_error *err, int rank, const char *call, ncclResult_t 
     return eg_fail(err, EG_ERR_DEVICE, "expert-parallel rank %d: %s: %s", rank, call, ncclGetErrorString(r));
 }
 #endif
-static eg_status k_err(eg_error *err, int rank, const char *call, int rc) {
-    return eg_fail(err, EG_ERR_DEVICE, "expert-parallel rank %d: %s: %s", rank, call, egk_error_string(rc));
-}
 static eg_status interrupted(eg_error *err) {
     return eg_fail(err, EG_ERR_INTERRUPTED, "expert-parallel group: another rank failed");
 }
@@ -324,11 +320,6 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
         cudaError_t ce_ = (expr);                                           \
         if (ce_ != cudaSuccess) return cu_err(err, rank, call, ce_);        \
     } while (0)
-#define KC(call, expr)                                                      \
-    do {                                                                    \
-        int rc_ = (expr);                                                   \
-        if (rc_) return k_err(err, rank, call, rc_);                        \
-    } while (0)
 
 /* Every rank arrives; 1 = the group failed. */
 static int barrier(eg_ep_cuda *n) {
@@ -442,9 +433,9 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
     size_t H = (size_t)n->H;
     cudaStream_t s = n->strm[rank];
     *all_left = 0;
-    KC("egk_ep_pack", egk_ep_pack(a ? a->ids : NULL, a ? a->weights : NULL, T, K, R, n->per, rank, a ? layer : -1, !a,
-                                  k->counts_d, k->sendtok, k->sendmeta, k->tk2pair, s));
-    eg_status st = post(n, rank, 0, err);
+    eg_status st = eg_cuda_ep_pack(be, a ? a->ids : NULL, a ? a->weights : NULL, T, K, R, n->per, rank,
+                                   a ? layer : -1, !a, k->counts_d, k->sendtok, k->sendmeta, k->tk2pair, err);
+    if (st || (st = post(n, rank, 0, err))) return st;
     if (st) return st;
     CU("cudaMemcpyAsync (counts)", cudaMemcpyAsync(k->counts_h, k->counts_d, sizeof(int32_t) * 8 * (size_t)R,
                                                    cudaMemcpyDeviceToHost, s));
@@ -515,7 +506,7 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
            cudaMemcpyAsync(k->back + (size_t)k->so_p[rank] * H, k->res + (size_t)k->ro_p[rank] * H,
                            sizeof(float) * (size_t)self_p * H, cudaMemcpyDeviceToDevice, s));
     if ((st = post(n, rank, 2, err))) return st;
-    if (T) KC("egk_ep_combine", egk_ep_combine(k->back, k->tk2pair, T, K, n->H, a->y, s));
+    if (T && (st = eg_cuda_ep_combine(be, k->back, k->tk2pair, T, K, n->H, a->y, err))) return st;
     int64_t remote_r = k->so_r[R] - self_r, remote_p = k->so_p[R] - self_p;
     k->remote_pairs += remote_p;
     k->bytes += remote_r * (int64_t)H * 4 + remote_p * (12 + (int64_t)H * 4);
