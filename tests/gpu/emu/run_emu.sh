@@ -11,8 +11,10 @@
 # usage: tests/gpu/emu/run_emu.sh [test-name filters...]
 #        tests/gpu/emu/run_emu.sh --forward   (tiny-a forward vs golden-a-bf16kv)
 #        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL)
-#        tests/gpu/emu/run_emu.sh --ep        (--ep 4 on 4 emulated GPUs, --ep 2 --stages 2 on 2,
-#                                              expert rows over emulated NCCL, == one GPU)
+#        tests/gpu/emu/run_emu.sh --ep        (--ep 4 on 4 emulated GPUs and --ep 2 --stages 2 on 2,
+#                                              expert rows over emulated NCCL; --ep 2 on one GPU,
+#                                              cuda-local; each == one GPU; ~10 min)
+#        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
 #        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
@@ -104,6 +106,12 @@ if [ "${1:-}" = --ep ]; then
     grep "expert exchange:" "$W/ep4.log"
     /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/ep4"
     echo "ep4 == one GPU ($(( $(date +%s) - t0 )) s so far)"
+    # both ranks on one emulated GPU: the cuda-local exchange (device copies between barriers)
+    EMU_DEVICES=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 --out "$W/ep2one" --ep 2 \
+        2> "$W/ep2one.log" || { cat "$W/ep2one.log"; exit 1; }
+    grep -q "expert parallel: 2 ranks.*exchange cuda-local" "$W/ep2one.log" || { cat "$W/ep2one.log"; exit 1; }
+    /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/ep2one"
+    echo "ep2 on one GPU (cuda-local) == one GPU ($(( $(date +%s) - t0 )) s so far)"
     if [ "${EMU_EP_STAGES:-1}" = 1 ]; then
         EMU_DEVICES=2 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
             --max-new-tokens 4 --out "$W/ep2pp2" --ep 2 --stages 2 2> "$W/ep2pp2.log" || { cat "$W/ep2pp2.log"; exit 1; }
