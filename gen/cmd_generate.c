@@ -993,9 +993,14 @@ int cmd_generate(int argc, char **argv) {
             so.device = d;
             eg_cuda_mem_plan mp;
             char line[512];
-            /* --ep ranks sharing a GPU (fewer GPUs than ranks) split its budget */
-            double frac = a.ep > 1 ? a.gpu_mem_fraction / eg_ep_runtime_ranks_per_gpu(a.ep) : a.gpu_mem_fraction;
-            if (eg_cuda_plan(c, &so, frac, wbytes, act, layers, 64, &mp, &err)) {
+            /* --ep ranks sharing a GPU (fewer GPUs than ranks): each holds its weights,
+               buffers and backend scratch there, and the pool is split between them */
+            int rpg = a.ep > 1 ? eg_ep_runtime_ranks_per_gpu(a.ep) : 1;
+            if (rpg > 1) {
+                wbytes *= rpg;
+                act = act * rpg + (rpg - 1) * eg_cuda_scratch_bytes(c, &bo);
+            }
+            if (eg_cuda_plan(c, &so, a.gpu_mem_fraction, wbytes, act, layers, 64, &mp, &err)) {
                 eg_wrap(&err, "memory plan for GPU %d", d);
                 goto done;
             }
@@ -1003,7 +1008,8 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "  %s%s\n", line, on_dev > 1 ? " (shared by its stages)" : "");
             if (!kv_blocks || mp.kv_blocks < kv_blocks) kv_blocks = mp.kv_blocks;
         }
-        if (a.ep > 1) kv_blocks *= a.ep; /* the runtime splits the pool over the ranks' GPUs */
+        /* the runtime splits the pool over the ranks: each rank's GPU share times the ranks */
+        if (a.ep > 1) kv_blocks = kv_blocks / eg_ep_runtime_ranks_per_gpu(a.ep) * a.ep;
     }
     /* the KV pool, the slot count and the host budget */
     const int64_t block = 64; /* the engine's default block size */
