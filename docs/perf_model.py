@@ -289,8 +289,8 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
     row["weights_gb"] = wmax / 1e9
     row["kv_tokens"] = int(E * min_tok)
     S = row["kv_tokens"] * (1 - wm) / held
-    # E > 1 runs only where the engine has an expert exchange: CPU ranks today, not GPUs
-    row["concurrency"], row["fits"], row["runnable"] = S, S >= 1, not split and E == 1
+    # EP groups run (CPU ranks: local exchange, GPUs: NCCL); split dense parts do not yet
+    row["concurrency"], row["fits"], row["runnable"] = S, S >= 1, not split
     row["comm_bytes_token_layer"] = (H * 4 * ((E - 1 if split else (E - 1) * (1 - (1 - 1.0 / E) ** K))
                                               + K * (E - 1.0) / E + (E - 1 if split else 0)) if E > 1 else 0.0)
     for pf in (0, 1):

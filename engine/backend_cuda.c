@@ -93,6 +93,18 @@ int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
     return 0;
 }
 void eg_cuda_host_free(void *p) { free(p); }
+eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int per,
+                          int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
+                          int32_t *tk2pair, eg_error *err) {
+    (void)b; (void)ids; (void)weights; (void)T; (void)K; (void)R; (void)per; (void)rank; (void)layer; (void)left;
+    (void)counts; (void)sendtok; (void)meta; (void)tk2pair;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
+}
+eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk2pair, int T, int K, int H, float *y,
+                             eg_error *err) {
+    (void)b; (void)back; (void)tk2pair; (void)T; (void)K; (void)H; (void)y;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
+}
 
 #else /* EG_HAVE_CUDA */
 
@@ -1443,6 +1455,23 @@ void eg_cuda_host_free(void *q) {
     unsigned char *p = (unsigned char *)q - HOST_HDR;
     if (p[0]) cudaFreeHost(p);
     else free(p);
+}
+
+eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int per,
+                          int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
+                          int32_t *tk2pair, eg_error *err) {
+    if (!is_cuda(b)) return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: ep pack on a non-CUDA backend");
+    cuda_impl *im = impl_of(b);
+    KR("egk_ep_pack", egk_ep_pack(ids, weights, T, K, R, per, rank, layer, left, counts, sendtok, meta, tk2pair,
+                                  im->stream));
+    return EG_OK;
+}
+
+eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk2pair, int T, int K, int H, float *y,
+                             eg_error *err) {
+    if (!is_cuda(b)) return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: ep combine on a non-CUDA backend");
+    KR("egk_ep_combine", egk_ep_combine(back, tk2pair, T, K, H, y, impl_of(b)->stream));
+    return EG_OK;
 }
 
 #endif /* EG_HAVE_CUDA */

@@ -1,5 +1,9 @@
-/* collective.c — the local expert-parallel group (collective.h). */
+/* collective.c — the expert-parallel group (collective.h): the local implementation, and
+ * the dispatch to the CUDA ones (collective_cuda.c). */
 #include "engine/collective.h"
+
+#include "engine/collective_cuda.h"
+#include "engine/cuda_plan.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -10,7 +14,7 @@ typedef struct ep_post {
     const float *x;             /* [T][H] the rank's normed rows */
     const int32_t *ids;         /* [T][K] */
     const float *w;             /* [T][K] */
-    const eg_expert_w *experts; /* [E] the rank's view of this layer's experts */
+    int layer;                  /* the MoE layer of the call */
     int left;
 } ep_post;
 
@@ -32,6 +36,8 @@ struct eg_ep_group {
     int arrived;
     uint64_t gen;
     int failed;
+    const eg_expert_w **layers; /* [n_ranks][n_layers] each rank's registered experts */
+    eg_ep_cuda *cuda;           /* CUDA ranks (nccl or cuda-local), or NULL: local CPU ranks */
 };
 
 void eg_ep_group_free(eg_ep_group *g) {
@@ -42,6 +48,8 @@ void eg_ep_group_free(eg_ep_group *g) {
     }
     free(g->rk);
     free(g->post);
+    free(g->layers);
+    eg_ep_cuda_free(g->cuda);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g);
@@ -55,11 +63,27 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
     if (o->topk < 1 || o->hidden < 1 || o->max_tokens < 1)
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel group: topk %d, hidden %d, max_tokens %d", o->topk,
                        o->hidden, o->max_tokens);
+    if (o->n_layers < 1)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel group: n_layers %d", o->n_layers);
+    int n_cuda = 0;
+    for (int r = 0; o->backends && r < o->n_ranks; r++) n_cuda += !eg_backend_cuda_device(o->backends[r], NULL, NULL);
+    if (n_cuda && n_cuda != o->n_ranks)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: %d of %d ranks on CUDA backends (all or none)",
+                       n_cuda, o->n_ranks);
     eg_ep_group *g = eg_calloc(1, sizeof *g, err);
     if (!g) return EG_ERR_NOMEM;
     g->o = *o;
+    g->o.backends = NULL; /* borrowed only for the duration of create */
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
+    g->layers = eg_calloc((size_t)o->n_ranks * (size_t)o->n_layers, sizeof *g->layers, err);
+    if (!g->layers) { eg_ep_group_free(g); return EG_ERR_NOMEM; }
+    if (n_cuda) {
+        eg_status st = eg_ep_cuda_create(o, &g->cuda, err);
+        if (st) { eg_ep_group_free(g); return st; }
+        *out = g;
+        return EG_OK;
+    }
     g->post = eg_calloc((size_t)o->n_ranks, sizeof *g->post, err);
     g->rk = eg_calloc((size_t)o->n_ranks, sizeof *g->rk, err);
     if (!g->post || !g->rk) { eg_ep_group_free(g); return EG_ERR_NOMEM; }
@@ -84,7 +108,17 @@ void eg_ep_range(const eg_ep_group *g, int rank, int *e0, int *e1) {
     *e1 = *e0 + per;
 }
 
+const char *eg_ep_kind(const eg_ep_group *g) { return g->cuda ? eg_ep_cuda_kind(g->cuda) : "local"; }
+
+int64_t eg_ep_device_bytes(const eg_ep_opts *o) { return eg_ep_cuda_bytes(o); }
+
+void eg_ep_register(eg_ep_group *g, int rank, int layer, const eg_expert_w *experts) {
+    if (rank >= 0 && rank < g->o.n_ranks && layer >= 0 && layer < g->o.n_layers)
+        g->layers[(size_t)rank * (size_t)g->o.n_layers + (size_t)layer] = experts;
+}
+
 void eg_ep_fail(eg_ep_group *g) {
+    if (g->cuda) eg_ep_cuda_fail(g->cuda);
     pthread_mutex_lock(&g->mu);
     g->failed = 1;
     pthread_cond_broadcast(&g->cv);
@@ -94,6 +128,10 @@ void eg_ep_fail(eg_ep_group *g) {
 void eg_ep_traffic(const eg_ep_group *g, int64_t *remote_pairs, int64_t *bytes) {
     *remote_pairs = 0;
     *bytes = 0;
+    if (g->cuda) {
+        eg_ep_cuda_traffic(g->cuda, remote_pairs, bytes);
+        return;
+    }
     for (int r = 0; r < g->o.n_ranks; r++) {
         *remote_pairs += g->rk[r].remote_pairs;
         *bytes += g->rk[r].bytes;
@@ -140,14 +178,19 @@ static eg_status serve(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) 
     size_t H = (size_t)g->o.hidden;
     int e0, e1;
     eg_ep_range(g, rank, &e0, &e1);
-    const eg_expert_w *any = NULL;
-    for (int q = 0; q < R && !any; q++)
-        if (!g->post[q].left) any = g->post[q].experts;
-    if (!any) return EG_OK;
+    int layer = -1;
+    for (int q = 0; q < R && layer < 0; q++)
+        if (!g->post[q].left) layer = g->post[q].layer;
+    if (layer < 0) return EG_OK;
+    /* this rank's own experts (a rank holds only its range: forward.c) */
+    const eg_expert_w *ex = g->layers[(size_t)rank * (size_t)g->o.n_layers + (size_t)layer];
     for (int q = 0; q < R; q++) {
         const ep_post *p = &g->post[q];
         if (p->left || !p->T) continue;
-        const eg_expert_w *ex = p->experts ? p->experts : any;
+        if (p->layer != layer)
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d and %d)", rank,
+                           layer, p->layer);
+        if (!ex) return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no experts registered for layer %d", rank, layer);
         int n = 0;
         for (int i = 0; i < p->T * K; i++) {
             int e = p->ids[i];
@@ -173,15 +216,20 @@ static eg_status failed_status(eg_error *err) {
     return eg_fail(err, EG_ERR_INTERRUPTED, "expert-parallel group: another rank failed");
 }
 
-eg_status eg_ep_moe(eg_ep_group *g, int rank, eg_backend *be, const eg_moe_args *a, eg_error *err) {
+eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const eg_moe_args *a, eg_error *err) {
     int K = g->o.topk;
     size_t H = (size_t)g->o.hidden;
-    if (a->T > g->o.max_tokens || a->topk != K) {
+    if (a->T > g->o.max_tokens || a->topk != K || layer < 0 || layer >= g->o.n_layers) {
         eg_ep_fail(g);
-        return eg_fail(err, EG_ERR_INVALID, "expert-parallel moe: T=%d topk=%d (group: max %d, topk %d)", a->T, a->topk,
-                       g->o.max_tokens, K);
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel moe: T=%d topk=%d layer %d (group: max %d, topk %d, %d layers)",
+                       a->T, a->topk, layer, g->o.max_tokens, K, g->o.n_layers);
     }
-    g->post[rank] = (ep_post){.T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .experts = a->experts};
+    if (g->cuda) {
+        eg_status st = eg_ep_cuda_moe(g->cuda, rank, layer, g->layers + (size_t)rank * (size_t)g->o.n_layers, be, a, err);
+        if (st) eg_ep_fail(g);
+        return st;
+    }
+    g->post[rank] = (ep_post){.T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .layer = layer};
     if (barrier(g)) return failed_status(err);
     eg_status st = serve(g, rank, be, err);
     if (st) { eg_ep_fail(g); return st; }
@@ -198,6 +246,11 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, eg_backend *be, const eg_moe_args 
 }
 
 eg_status eg_ep_leave(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) {
+    if (g->cuda) {
+        eg_status st = eg_ep_cuda_leave(g->cuda, rank, g->layers + (size_t)rank * (size_t)g->o.n_layers, be, err);
+        if (st) eg_ep_fail(g);
+        return st;
+    }
     for (;;) {
         g->post[rank] = (ep_post){.left = 1};
         if (barrier(g)) return failed_status(err);

@@ -11,10 +11,21 @@
  * others until every rank has left. Calls pair up in order (the i-th call of every rank
  * is the same layer), which holds when every rank runs the same layers per step.
  *
- * Implementation: "local" — ranks are threads of one process, every backend is a CPU
- * backend (rows are read from the peers' host memory; two barriers per call). NCCL is
- * not implemented (EG_ERR_UNSUPPORTED).
- * Ownership: the group owns its scratch; eg_ep_group_free accepts NULL.
+ * Implementations, chosen by the ranks' backends:
+ *   local  ranks are threads of one process, every backend a CPU backend (rows are read
+ *          from the peers' host memory; two barriers per call).
+ *   nccl   every backend a CUDA backend on its own GPU, ranks on threads of one process
+ *          (collective_nccl.c): per call the pairs are grouped by owner on the device
+ *          (kernels/ep.cu), counts per peer travel first (one grouped ncclSend/ncclRecv,
+ *          then the one host wait of the call, for the sizes), then each token's FP32 row
+ *          once to every rank owning one of its experts with the pairs' ids and weights,
+ *          and the FP32 contributions back, all on the rank's stream; device buffers sized
+ *          at create for the worst case (every pair of the group on one rank), nothing
+ *          allocated per call. Needs a build with NCCL (EG_HAVE_NCCL).
+ * A rank's own experts for a leaving rank's service come from eg_ep_register (each
+ * rank's forwards register their MoE layers' expert arrays at creation).
+ * Ownership: the group owns its scratch and borrows the backends; eg_ep_group_free
+ * accepts NULL.
  * Thread safety: rank r's calls come only from rank r's thread; eg_ep_fail from any. */
 #ifndef EG_COLLECTIVE_H
 #define EG_COLLECTIVE_H
@@ -29,15 +40,26 @@ typedef struct eg_ep_opts {
     int topk;        /* K */
     int hidden;      /* H */
     int max_tokens;  /* T bound of any rank's call (and of each rank backend's ops) */
+    int n_layers;    /* L: layers are numbered 0..L-1 in eg_ep_moe and eg_ep_register */
+    eg_backend *const *backends; /* [n_ranks] each rank's backend (borrowed): all CPU =
+                                    local, all CUDA on distinct GPUs = nccl */
 } eg_ep_opts;
 
 eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *err);
 void eg_ep_group_free(eg_ep_group *g);
 /* The experts [*e0, *e1) rank owns. */
 void eg_ep_range(const eg_ep_group *g, int rank, int *e0, int *e1);
-/* Rank's thread: a->y += the routed experts' sum over the group (a->e0/e1 ignored).
- * be is the rank's backend (CPU). */
-eg_status eg_ep_moe(eg_ep_group *g, int rank, eg_backend *be, const eg_moe_args *a, eg_error *err);
+/* Rank's thread: a->y += the routed experts' sum over the group (a->e0/e1 ignored) for
+ * MoE layer `layer`. be is the rank's backend; a's arrays are in its memory. */
+eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const eg_moe_args *a, eg_error *err);
+/* Rank's own expert array of MoE layer `layer` ([E], only [e0, e1) of eg_ep_range
+ * used; borrowed, must outlive the group's calls). Before the first eg_ep_moe. */
+void eg_ep_register(eg_ep_group *g, int rank, int layer, const eg_expert_w *experts);
+/* "local" or "nccl". */
+const char *eg_ep_kind(const eg_ep_group *g);
+/* Device bytes one rank's backend gives the nccl group's buffers (0 for local): for
+ * the memory plan. */
+int64_t eg_ep_device_bytes(const eg_ep_opts *o);
 /* Rank's thread, after its last eg_ep_moe: serve the other ranks until all have left. */
 eg_status eg_ep_leave(eg_ep_group *g, int rank, eg_backend *be, eg_error *err);
 /* A rank failed: every waiting and later call returns EG_ERR_INTERRUPTED-like failure. */

@@ -859,6 +859,7 @@ static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *
             int got = next(ctx, &r, err);
             if (got < 0) return err->code ? err->code : EG_ERR_INVALID;
             if (got == 0) { *exhausted = 1; return EG_OK; }
+            if (got == EG_NEXT_LATER) return EG_OK; /* not for this engine now */
             if (r.n_tokens < 1) return eg_fail(err, EG_ERR_INVALID, "request %llu has no tokens", (unsigned long long)r.id);
             if (r.max_new < 0)
                 return eg_fail(err, EG_ERR_INVALID, "request %llu: max_new %d is negative", (unsigned long long)r.id,
@@ -1277,6 +1278,7 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
             /* live sequences (or stalled ones, or preempted ones waiting) are picked up
              * by the launch loop above */
             if (e->n_active || e->n_parked) continue;
+            if (!exhausted && !e->have_pending) continue; /* next() said "later": ask again */
             if (e->have_pending)
                 return eg_fail(err, EG_ERR_NOMEM, "request %llu (%d tokens) does not fit in the KV cache (%lld tokens)",
                                (unsigned long long)e->pending.id, e->pending.n_tokens + e->pending.max_new,

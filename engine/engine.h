@@ -139,9 +139,12 @@ typedef struct eg_engine_opts {
 } eg_engine_opts;
 
 /* Return 1 and fill req when a request is available, 0 when there are no more,
- * negative on error (err filled). The request's arrays need only live until the call
+ * EG_NEXT_LATER (2) when there is one but not for this engine now (it asks again at its
+ * next admission: an expert-parallel group admits to its least-loaded rank), negative on
+ * error (err filled). The request's arrays need only live until the call
  * returns to the engine's next admission (they are copied). */
 typedef int (*eg_next_fn)(void *ctx, eg_request *req, eg_error *err);
+#define EG_NEXT_LATER 2
 typedef eg_status (*eg_done_fn)(void *ctx, const eg_result *res, eg_error *err);
 
 typedef struct eg_engine_stats {

@@ -3,6 +3,8 @@
 
 #include "common/eg_thread.h"
 #include "engine/collective.h"
+#include "engine/collective_cuda.h"
+#include "engine/plan.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -19,6 +21,13 @@ typedef struct ep_rank_run {
        buffers at its next call, which another rank can make before this engine copies */
     int32_t *tok, *stop;
     int tok_cap, stop_cap;
+    /* admission balance (under the runtime's lock): the rank's requests admitted and not
+       done, with the tokens each may hold (prompt + max_new) */
+    int slots, open, exhausted;
+    int64_t load;
+    uint64_t *ids;    /* [2 * slots + 2] ids of the open requests */
+    int64_t *sizes;   /* [2 * slots + 2] their tokens */
+    int cap;
 } ep_rank_run;
 
 struct eg_ep_runtime {
@@ -35,15 +44,17 @@ struct eg_ep_runtime {
 
 void eg_ep_runtime_free(eg_ep_runtime *rt) {
     if (!rt) return;
-    for (int r = 0; r < rt->ep; r++) {
-        if (rt->eng) eg_engine_free(rt->eng[r]);
-        if (rt->be) eg_backend_free(rt->be[r]);
-    }
+    for (int r = 0; rt->eng && r < rt->ep; r++) eg_engine_free(rt->eng[r]);
+    eg_ep_group_free(rt->group); /* before the backends: the nccl group uses their streams */
+    rt->group = NULL;
+    for (int r = 0; rt->be && r < rt->ep; r++) eg_backend_free(rt->be[r]);
     free(rt->eng);
     free(rt->be);
     for (int r = 0; rt->runs && r < rt->ep; r++) {
         free(rt->runs[r].tok);
         free(rt->runs[r].stop);
+        free(rt->runs[r].ids);
+        free(rt->runs[r].sizes);
     }
     free(rt->runs);
     eg_ep_group_free(rt->group);
@@ -59,10 +70,10 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     if (c->n_experts < 1 || c->n_experts % ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d does not divide the model's %d routed experts", ep, c->n_experts);
     if (o->stage_backends) return eg_fail(err, EG_ERR_INVALID, "expert-parallel ranks run their stages on one thread");
-    if (bo->name && strcmp(bo->name, "cpu"))
-        return eg_fail(err, EG_ERR_UNSUPPORTED,
-                       "--ep %d on the %s backend: the expert exchange is implemented for CPU ranks only (no NCCL "
-                       "collective yet)", ep, bo->name);
+    int cuda = bo->name && !strcmp(bo->name, "cuda");
+    if (bo->name && strcmp(bo->name, "cpu") && !cuda)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "--ep %d on the %s backend: the expert exchange runs CPU ranks (local) "
+                       "or CUDA ranks (nccl)", ep, bo->name);
     if (o->n_slots < ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
                        o->n_slots);
@@ -80,27 +91,39 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     rt->eng = eg_calloc((size_t)ep, sizeof *rt->eng, err);
     rt->runs = eg_calloc((size_t)ep, sizeof *rt->runs, err);
     if (!rt->be || !rt->eng || !rt->runs) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
-    eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
-                     .max_tokens = o->max_tokens};
-    eg_status st = eg_ep_group_create(&go, &rt->group, err);
-    if (st) { eg_ep_runtime_free(rt); return st; }
     int threads = bo->nthreads > 0 ? bo->nthreads : eg_num_threads();
+    int n_gpus = cuda ? eg_ep_cuda_devices() : 0;
+    eg_status st = EG_OK;
     for (int r = 0; r < ep; r++) {
         eg_backend_opts so = *bo;
         so.nthreads = threads / ep > 0 ? threads / ep : 1;
+        /* one GPU per rank where there are enough (nccl), else they share (cuda-local) */
+        if (cuda) so.device = n_gpus > 0 ? (bo->device + r) % n_gpus : bo->device + r;
         if ((st = eg_backend_create(c, &so, &rt->be[r], err))) {
             eg_wrap(err, "expert-parallel rank %d", r);
             eg_ep_runtime_free(rt);
             return st;
         }
+    }
+    eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
+                     .max_tokens = o->max_tokens, .n_layers = c->n_layers, .backends = rt->be};
+    if ((st = eg_ep_group_create(&go, &rt->group, err))) { eg_ep_runtime_free(rt); return st; }
+    for (int r = 0; r < ep; r++) {
         eg_engine_opts ro = *o;
         /* slots and blocks split over the ranks, the remainder to the first ones */
         ro.n_slots = o->n_slots / ep + (r < o->n_slots % ep);
+        ep_rank_run *x = &rt->runs[r];
+        x->slots = ro.n_slots;
+        x->cap = 2 * ro.n_slots + 2; /* active + parked <= slots, one pending; slack */
+        x->ids = eg_calloc((size_t)x->cap, sizeof *x->ids, err);
+        x->sizes = eg_calloc((size_t)x->cap, sizeof *x->sizes, err);
+        if (!x->ids || !x->sizes) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
         if (o->kv_blocks > 0) ro.kv_blocks = o->kv_blocks / ep + (r < o->kv_blocks % ep);
         if (o->micro_batches > ro.n_slots) ro.micro_batches = ro.n_slots;
         ro.ep = rt->group;
         ro.ep_rank = r;
-        if ((st = eg_engine_create(m, rt->be[r], &ro, &rt->eng[r], err))) {
+        if ((st = eg_backend_bind(rt->be[r], err)) || /* CUDA: this thread on the rank's GPU */
+            (st = eg_engine_create(m, rt->be[r], &ro, &rt->eng[r], err))) {
             eg_wrap(err, "expert-parallel rank %d", r);
             eg_ep_runtime_free(rt);
             return st;
@@ -112,6 +135,33 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank) { return rt->eng[rank]; }
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt) { return rt->ep; }
+int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens) {
+    eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
+                     .max_tokens = max_tokens};
+    return eg_ep_device_bytes(&go);
+}
+int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep) {
+    int64_t all = eg_plan_layer_bytes(m, layer);
+    const eg_layer_w *L = &m->layers[layer];
+    int E = m->cfg.n_experts, per = ep > 0 && E % ep == 0 ? E / ep : E;
+    if (!L->is_moe || !L->experts || per == E) return all;
+    int64_t worst = 0, total = 0;
+    for (int r = 0; r < E / per; r++) {
+        int64_t mine = 0;
+        for (int e = r * per; e < (r + 1) * per; e++)
+            mine += eg_weight_bytes(&L->experts[e].gate) + eg_weight_bytes(&L->experts[e].up) +
+                    eg_weight_bytes(&L->experts[e].down);
+        total += mine;
+        if (mine > worst) worst = mine;
+    }
+    return all - total + worst;
+}
+
+int eg_ep_runtime_ranks_per_gpu(int ep) {
+    int n = eg_ep_cuda_devices();
+    return n > 0 && ep > n ? (ep + n - 1) / n : 1;
+}
+const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt) { return eg_ep_kind(rt->group); }
 
 static int grow(int32_t **buf, int *cap, int n, eg_error *err) {
     if (n <= *cap) return 0;
@@ -122,12 +172,33 @@ static int grow(int32_t **buf, int *cap, int n, eg_error *err) {
     return 0;
 }
 
+/* Least-loaded admission: a rank takes the next request only when no other rank that
+ * could take it (not finished, a slot free) holds fewer tokens; otherwise "later" (it
+ * asks again at its next step). A rank with nothing open is never refused, so no rank
+ * waits idle while another queues work, and a long sequence does not pile onto a rank
+ * that already has one. */
 static int locked_next(void *vc, eg_request *req, eg_error *err) {
     ep_rank_run *x = vc;
     eg_ep_runtime *rt = x->rt;
     pthread_mutex_lock(&rt->mu);
+    for (int q = 0; q < rt->ep; q++) {
+        const ep_rank_run *y = &rt->runs[q];
+        if (y != x && !y->exhausted && y->open < y->slots && y->load < x->load) {
+            pthread_mutex_unlock(&rt->mu);
+            return EG_NEXT_LATER;
+        }
+    }
+    if (x->open >= x->cap) { /* cannot happen: the engine holds at most slots + 1 */
+        pthread_mutex_unlock(&rt->mu);
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: %d requests open (table of %d)", x->rank,
+                       x->open, x->cap), -1;
+    }
     int r = rt->next(rt->ctx, req, err);
+    if (r == 0) x->exhausted = 1;
     if (r > 0) {
+        x->ids[x->open] = req->id;
+        x->sizes[x->open] = (int64_t)req->n_tokens + req->max_new;
+        x->load += x->sizes[x->open++];
         if (grow(&x->tok, &x->tok_cap, req->n_tokens, err) || grow(&x->stop, &x->stop_cap, req->n_stop, err)) {
             r = -1;
         } else {
@@ -142,8 +213,16 @@ static int locked_next(void *vc, eg_request *req, eg_error *err) {
 }
 
 static eg_status locked_done(void *vc, const eg_result *res, eg_error *err) {
-    eg_ep_runtime *rt = ((ep_rank_run *)vc)->rt;
+    ep_rank_run *x = vc;
+    eg_ep_runtime *rt = x->rt;
     pthread_mutex_lock(&rt->mu);
+    for (int i = 0; i < x->open; i++)
+        if (x->ids[i] == res->id) {
+            x->load -= x->sizes[i];
+            x->ids[i] = x->ids[--x->open];
+            x->sizes[i] = x->sizes[x->open];
+            break;
+        }
     eg_status st = rt->done(rt->ctx, res, err);
     pthread_mutex_unlock(&rt->mu);
     return st;
@@ -168,7 +247,14 @@ eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done,
     rt->done = done;
     rt->ctx = ctx;
     for (int r = 0; r < rt->ep; r++) {
-        rt->runs[r] = (ep_rank_run){.rt = rt, .rank = r};
+        ep_rank_run *x = &rt->runs[r];
+        x->rt = rt;
+        x->rank = r;
+        x->started = 0;
+        x->st = EG_OK;
+        memset(&x->err, 0, sizeof x->err);
+        x->open = x->exhausted = 0;
+        x->load = 0;
         if (r > 0 && !eg_thread_start(&rt->runs[r].th, rank_thread, &rt->runs[r])) rt->runs[r].started = 1;
         else if (r > 0) {
             eg_ep_fail(rt->group);
@@ -213,6 +299,10 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
         s->sum_kv_live += q.sum_kv_live / rt->ep;
         s->host_kv_peak += q.host_kv_peak;
     }
+}
+
+void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats *s) {
+    eg_engine_get_stats(rt->eng[rank], s);
 }
 
 void eg_ep_runtime_traffic(const eg_ep_runtime *rt, int64_t *pairs, int64_t *bytes) {

@@ -1,11 +1,15 @@
 /* ep_runtime.h — assembly of an expert-parallel group of engines (collective.h): ep
  * ranks, each a CPU backend, an engine over its own share of the slots and KV blocks
  * (data-parallel attention, no cache copy) and pipeline stages run on the rank's thread;
- * the routed experts of every MoE layer split E/ep per rank. Dense parts (shared expert,
+ * the routed experts of every MoE layer split E/ep per rank; CPU ranks exchange rows
+ * through host memory, CUDA ranks (rank r on GPU (bo->device + r) mod the GPU count) over
+ * NCCL when each has its own GPU, else by device copies (collective_cuda.h). Dense parts (shared expert,
  * dense MLP, embedding, lm_head) are replicated on every rank in this version.
- * Requests are pulled under one lock by whichever rank has room (a rank full of long
- * sequences takes none, so work flows to the ranks with fewer tokens in flight); done()
- * is called under the same lock. Ranks step in lockstep through the MoE exchange; a rank
+ * Requests are pulled under one lock, least-loaded first: a rank with a free slot takes
+ * the next request only when no other rank that could take it (not finished, a slot
+ * free) holds fewer tokens (prompt + max_new of its open requests); otherwise its engine
+ * hears "later" (EG_NEXT_LATER) and asks again next step. done() is called under the
+ * same lock. Ranks step in lockstep through the MoE exchange; a rank
  * out of work keeps serving its experts until all are done.
  * Ownership: the runtime owns the ranks' backends, engines and group; the model is
  * borrowed. eg_ep_runtime_free accepts NULL.
@@ -24,9 +28,21 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 void eg_ep_runtime_free(eg_ep_runtime *rt);
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank);
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt);
+/* Device bytes one CUDA rank gives the exchange's buffers (for the memory plan; 0 in a
+ * build without NCCL). */
+int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens);
+/* Bytes of layer l's weights on the heaviest rank of an ep group (a rank holds its own
+ * routed experts only): for the memory plan. */
+int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep);
+/* CUDA ranks per GPU when ep ranks go to GPU r mod the GPU count (1 without CUDA). */
+int eg_ep_runtime_ranks_per_gpu(int ep);
+/* The group's exchange: "local", "nccl" or "cuda-local". */
+const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt);
 eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
 /* Stats summed over the ranks (seconds and peaks: the largest). */
 void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s);
+/* Rank's own stats (steps it ran with tokens of its own, ...). */
+void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats *s);
 /* Bytes of rows exchanged between ranks so far, and the (token, k) pairs that crossed. */
 void eg_ep_runtime_traffic(const eg_ep_runtime *rt, int64_t *pairs, int64_t *bytes);
 

@@ -114,10 +114,13 @@ static eg_status upload_layer(eg_forward *f, const eg_layer_w *h, eg_layer_w *d,
     for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
         if ((st = up(f, hs[i], ds[i], err))) return st;
     if (h->is_moe && h->experts) {
-        int E = f->m->cfg.n_experts;
+        int E = f->m->cfg.n_experts, e0 = 0, e1 = E;
+        /* an expert-parallel rank holds only its own routed experts (the others stay
+           EG_W_NONE: computed by their owners) */
+        if (f->o.ep) eg_ep_range(f->o.ep, f->o.ep_rank, &e0, &e1);
         d->experts = eg_calloc((size_t)E, sizeof *d->experts, err);
         if (!d->experts) return EG_ERR_NOMEM;
-        for (int e = 0; e < E; e++)
+        for (int e = e0; e < e1; e++)
             if ((st = up(f, &h->experts[e].gate, &d->experts[e].gate, err)) ||
                 (st = up(f, &h->experts[e].up, &d->experts[e].up, err)) ||
                 (st = up(f, &h->experts[e].down, &d->experts[e].down, err)))
@@ -200,8 +203,11 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         if (c->tie_embeddings && f->l0 == 0) f->lm_head = f->embed;
         else if ((st = up(f, &m->lm_head, &f->lm_head, err))) goto fail;
     }
-    for (int l = 0; l < nl; l++)
+    for (int l = 0; l < nl; l++) {
         if ((st = upload_layer(f, &m->layers[f->l0 + l], &f->layers[l], err))) goto fail;
+        /* a rank that ran out of work serves its experts for the others: it finds them here */
+        if (o->ep && f->layers[l].experts) eg_ep_register(o->ep, o->ep_rank, f->l0 + l, f->layers[l].experts);
+    }
 
     size_t T = (size_t)(o->max_tokens > 0 ? o->max_tokens : 1);
     f->o.max_tokens = (int)T;
@@ -232,7 +238,8 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         if (st) goto fail;
     }
     if (f->ops->graph_begin && f->ops->graph_end && f->ops->graph_launch && f->ops->graph_free && f->ops->copy &&
-        (!f->ops->graph_enabled || f->ops->graph_enabled(be)) && !o->no_graphs) {
+        (!f->ops->graph_enabled || f->ops->graph_enabled(be)) && !o->no_graphs &&
+        !o->ep) { /* an expert-parallel step waits on the host for the exchange's counts */
         f->graph_T = (int)T < EG_GRAPH_MAX_TOKENS ? (int)T : EG_GRAPH_MAX_TOKENS;
         int n_here = 0;
         if (o->n_capture > 0) {
@@ -358,7 +365,7 @@ static eg_status attention(eg_forward *f, const eg_layer_w *L, int T, int max_po
     return ops->linear(be, f->attn, T, &L->o, f->dx, err);
 }
 
-static eg_status ffn(eg_forward *f, const eg_layer_w *L, int T, eg_error *err) {
+static eg_status ffn(eg_forward *f, const eg_layer_w *L, int layer, int T, eg_error *err) {
     const eg_config *c = &f->m->cfg;
     const eg_backend_ops *ops = f->ops;
     eg_backend *be = f->be;
@@ -370,7 +377,7 @@ static eg_status ffn(eg_forward *f, const eg_layer_w *L, int T, eg_error *err) {
     TRY(ops->memset0(be, f->dx, sizeof(float) * (size_t)T * (size_t)c->hidden, err));
     eg_moe_args a = {.T = T, .x = f->xn, .ids = f->ids, .weights = f->rw, .topk = c->topk,
                      .experts = L->experts, .e0 = 0, .e1 = c->n_experts, .y = f->dx};
-    if (f->o.ep) TRY(eg_ep_moe(f->o.ep, f->o.ep_rank, be, &a, err));
+    if (f->o.ep) TRY(eg_ep_moe(f->o.ep, f->o.ep_rank, layer, be, &a, err));
     else TRY(ops->moe(be, &a, err));
     if (L->sh_gate.fmt != EG_W_NONE)
         TRY(ops->swiglu_mlp(be, f->xn, T, &L->sh_gate, &L->sh_up, &L->sh_down, f->dx, 1, err));
@@ -394,7 +401,7 @@ static eg_status step_ops(eg_forward *f, const eg_step *s, int max_pos, int stag
         if ((st = ops->rmsnorm(be, f->x, &L->attn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
             (st = attention(f, L, T, max_pos, f->kv->layers[l - f->l0], err)) ||
             (st = ops->add_rmsnorm(be, f->x, f->dx, &L->ffn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
-            (st = ffn(f, L, T, err)) || (st = ops->add(be, f->x, f->dx, (int64_t)T * c->hidden, err)) ||
+            (st = ffn(f, L, l, T, err)) || (st = ops->add(be, f->x, f->dx, (int64_t)T * c->hidden, err)) ||
             (st = capture_rows(f, s, staged, l, f->x, err)))
             return eg_wrap(err, "layer %d", l);
     }

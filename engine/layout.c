@@ -264,7 +264,7 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
             row->decode_bound = bound_of(worst.hbm, worst.fl, worst.comm);
         }
     }
-    row->runnable = !split && (E == 1 || o->ep_runs);
+    row->runnable = !split; /* EP groups run on CPU ranks (local) and CUDA ranks (nccl) */
 out:
     free(lp); free(cost); free(ends);
     return st;

@@ -61,8 +61,7 @@ typedef struct eg_layout {
 typedef struct eg_layout_row {
     eg_layout lay;
     char name[48];        /* "pp8", "ep8", "ep8+split", "pp2xep4", "tp8" */
-    int runnable;         /* eaglegen runs it (tensor parallel and dense splits are modelled only;
-                             E > 1 only with opts.ep_runs) */
+    int runnable;         /* eaglegen runs it (tensor parallel and dense splits are modelled only) */
     int fits;             /* weights fit with room for at least one sequence's cache */
     double weights_gb;    /* per GPU, the heaviest */
     int64_t kv_tokens;    /* token slots box-wide (distinct tokens; a copy counts once) */
@@ -79,8 +78,6 @@ typedef struct eg_layout_opts {
     double mean_len;       /* tokens per sequence, prompt + response (cache held) */
     int prefill_chunk;     /* prefill rows per GPU per step (0 = 8192) */
     double watermark;      /* share of the pool kept free (0 = 0.01) */
-    int ep_runs;           /* the engine has an expert exchange for this backend (CPU ranks: yes;
-                              GPUs: not until the NCCL exchange exists), so E > 1 rows run */
     /* Speculative decoding (generate --draft-model): k drafted tokens per sequence and
      * step, verified in one target pass of k + 1 rows that commits `accept` tokens on
      * average (accepted drafts + the correction/bonus token, 1 <= accept <= k + 1; bench

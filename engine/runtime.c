@@ -99,18 +99,29 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
                            int64_t *kv_blocks, eg_error *err) {
     const eg_model *m = rt->m;
     const eg_config *c = &m->cfg;
-    int n_dev = o->gpus > 0 && o->gpus < n_stages ? o->gpus : n_stages;
+    /* --ep: every rank's GPU holds all stages and the same share (planned once, as GPU 0) */
+    int ep = o->ep > 1 ? o->ep : 1;
+    int n_dev = ep > 1 ? 1 : o->gpus > 0 && o->gpus < n_stages ? o->gpus : n_stages;
     for (int d = 0; d < n_dev; d++) {
         int64_t tail = 0, head = eg_plan_head_bytes(m, &tail), wbytes = 0, act = 0;
         int layers = 0, on_dev = 0;
         for (int k = 0, b0 = 0; k < n_stages; b0 = rt->stage_ends[k++]) {
             int end = n_stages > 1 ? rt->stage_ends[k] : c->n_layers;
             if (k % n_dev != d) continue;
-            for (int l = b0; l < end; l++) wbytes += eg_plan_layer_bytes(m, l);
+            for (int l = b0; l < end; l++)
+                wbytes += ep > 1 ? eg_ep_runtime_layer_bytes(m, l, ep) : eg_plan_layer_bytes(m, l);
             wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
             int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(rt->aux, o->n_aux, b0, end) : 0;
             act += eg_forward_act_bytes(c, o->max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, bo) : 0);
             layers += end - b0;
+        }
+        if (ep > 1) act += eg_ep_runtime_device_bytes(c, ep, o->max_tokens); /* the nccl exchange's buffers */
+        /* ranks sharing a GPU (fewer GPUs than ranks): each holds its weights, buffers and
+           backend scratch there, and the pool is split between them */
+        int rpg = ep > 1 ? eg_ep_runtime_ranks_per_gpu(ep) : 1;
+        if (rpg > 1) {
+            wbytes *= rpg;
+            act = act * rpg + (rpg - 1) * eg_cuda_scratch_bytes(c, bo);
         }
         eg_backend_opts so = *bo;
         so.device = o->device + d;
@@ -123,6 +134,8 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
         if (o->note) o->note(o->note_ctx, note);
         if (!*kv_blocks || mp.kv_blocks < *kv_blocks) *kv_blocks = mp.kv_blocks;
     }
+    /* the runtime splits the pool over the ranks: each rank's GPU share times the ranks */
+    if (ep > 1) *kv_blocks = *kv_blocks / eg_ep_runtime_ranks_per_gpu(ep) * ep;
     return EG_OK;
 }
 
@@ -307,6 +320,7 @@ void eg_runtime_traffic(const eg_runtime *rt, int64_t *pairs, int64_t *bytes) {
 }
 
 const eg_runtime_info *eg_runtime_describe(const eg_runtime *rt) { return &rt->info; }
+struct eg_ep_runtime *eg_runtime_ep_ranks(const eg_runtime *rt) { return rt ? rt->ep_rt : NULL; }
 const eg_model *eg_runtime_model(const eg_runtime *rt) { return rt->m; }
 
 eg_status eg_runtime_layout(const char *layout, const char *box_name, const char *model_dir, const char *backend,
@@ -328,7 +342,8 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
                            "`eaglegen plan --box NAME` shows every layout)");
         if ((st = eg_box_preset(box_name, &box, err))) return eg_wrap(err, "--box"), st;
         if ((st = eg_config_load(model_dir, &cfg, err))) return eg_wrap(err, "--layout auto"), st;
-        eg_layout_opts lo = {.mean_len = max_seq_len / 2.0, .ep_runs = !strcmp(backend ? backend : "cpu", "cpu")};
+        eg_layout_opts lo = {.mean_len = max_seq_len / 2.0};
+        (void)backend;
         int max_rows = 2 * box.gpus + 2, n, best = -1;
         eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
         n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err) : -1;

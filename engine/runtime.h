@@ -109,6 +109,8 @@ void eg_runtime_graph_stats(const eg_runtime *rt, eg_forward_graph_stats *gs);
 /* ep: (token, expert) pairs and bytes that crossed ranks; zeros without ep. */
 void eg_runtime_traffic(const eg_runtime *rt, int64_t *pairs, int64_t *bytes);
 const eg_runtime_info *eg_runtime_describe(const eg_runtime *rt);
+/* The expert-parallel ranks (ep_runtime.h) for per-rank reports; NULL without ep. */
+struct eg_ep_runtime *eg_runtime_ep_ranks(const eg_runtime *rt);
 const eg_model *eg_runtime_model(const eg_runtime *rt);
 
 /* --stages text: "N" = N stages balanced by weight bytes (eg_plan_split), or explicit

@@ -21,6 +21,7 @@
 #include "dataset/idset.h"
 #include "dataset/writer.h"
 #include "engine/plan.h"
+#include "engine/ep_runtime.h"
 #include "engine/runtime.h"
 #include "gen/args.h"
 #include "gen/commands.h"
@@ -134,12 +135,13 @@ static void usage(FILE *f) {
             "                          stages ending at the given layers; stage k runs on GPU k\n"
             "                          (cuda) or its own thread (cpu) (default: one stage)\n"
             "  --micro-batches M       micro-batches in flight with --stages (default: the stage count)\n"
-            "  --ep E                  expert parallelism: E ranks (cpu: threads), each with its own\n"
+            "  --ep E                  expert parallelism: E ranks (cpu: threads; cuda: rank r on GPU r,\n"
+            "                          rows over NCCL), each with its own\n"
             "                          share of the sequences and their KV cache and E-th of the routed\n"
             "                          experts; rows are exchanged per MoE layer (FP32). Shared expert,\n"
             "                          dense MLP, embedding and lm_head are replicated on every rank.\n"
             "                          Combines with --stages (a rank runs its stages on its thread).\n"
-            "                          E must divide the routed expert count; cpu backend only so far\n"
+            "                          E must divide the routed expert count\n"
             "                          (default 1: no split)\n"
             "  --layout L              ppP (--stages P), epE (--ep E), ppPxepE, or auto: the layout\n"
             "                          `eaglegen plan --box` recommends for this model and --box (decode,\n"
@@ -390,11 +392,6 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
         fprintf(stderr, "eaglegen generate: --micro-batches, --gpus and --transport apply to pipeline stages; "
                         "add --stages (see --help)\n");
-        return 2;
-    }
-    if (a->ep > 1 && strcmp(a->backend, "cpu")) {
-        fprintf(stderr, "eaglegen generate: --ep %d with --backend %s: the expert exchange between GPUs (NCCL) is not "
-                        "implemented yet; --ep runs CPU ranks only\n", a->ep, a->backend);
         return 2;
     }
     if (a->draft_tokens && !a->draft_model) {
@@ -1073,8 +1070,9 @@ int cmd_generate(int argc, char **argv) {
     if (ri->ep > 1) {
         int e0 = 0, per = ri->experts_per_rank;
         fprintf(stderr, "  expert parallel: %d ranks, %d routed experts each (rank 0: %d..%d), %d slots and %lld KV "
-                        "tokens over the ranks (rank 0: %lld), dense parts replicated\n", ri->ep, per, e0, per - 1,
-                a.batch, (long long)ri->kv_capacity_all, (long long)ri->kv_capacity);
+                        "tokens over the ranks (rank 0: %lld), dense parts replicated, exchange %s\n", ri->ep, per, e0,
+                per - 1, a.batch, (long long)ri->kv_capacity_all, (long long)ri->kv_capacity,
+                eg_ep_runtime_exchange(eg_runtime_ep_ranks(g.rt)));
     }
     eg_status run_st = eg_runtime_run(g.rt, next_request, on_done, &g, &err);
     g_rt = NULL;
@@ -1114,8 +1112,14 @@ int cmd_generate(int argc, char **argv) {
     if (ri->ep > 1) {
         int64_t pairs, xbytes;
         eg_runtime_traffic(g.rt, &pairs, &xbytes);
-        fprintf(stderr, "  expert exchange: %lld (token, expert) pairs crossed ranks, %.3f MB moved\n",
+        fprintf(stderr, "  expert exchange: %lld (token, expert) pairs crossed ranks, %.3f MB moved; steps per rank:",
                 (long long)pairs, (double)xbytes / 1e6);
+        for (int r = 0; r < ri->ep; r++) {
+            eg_engine_stats rs;
+            eg_ep_runtime_rank_stats(eg_runtime_ep_ranks(g.rt), r, &rs);
+            fprintf(stderr, " %lld", (long long)rs.steps);
+        }
+        fprintf(stderr, "\n");
     }
     fprintf(stderr,
             "eaglegen generate: %s. this run: %lld samples written, %lld already done; dataset: %lld samples in %lld "

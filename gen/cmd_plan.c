@@ -87,7 +87,6 @@ static const char *why_not(const eg_layout_row *r) {
     if (!r->fits) return "does not fit";
     if (r->lay.kind == EG_LAYOUT_TP) return "modelled only: eaglegen does not run tensor parallelism";
     if (r->lay.dense_split) return "modelled only: the engine replicates the dense parts in a group";
-    if (!r->runnable && r->lay.ep > 1) return "modelled only: no NCCL expert exchange yet (--ep runs CPU ranks)";
     return "";
 }
 

@@ -42,9 +42,10 @@ for name, r in rows.items():
     for k in ("layout", "kv_tokens", "concurrency", "decode_tok_s", "prefill_tok_s"):
         assert k in r
     assert r["fits"] == (r["concurrency"] >= 1) and (r["decode_tok_s"] > 0) == r["fits"]
-# on GPUs only the pipeline runs today (no NCCL expert exchange): EP rows are modelled only
-assert not rows["tp8"]["runnable"] and not rows["ep8+split"]["runnable"] and not rows["ep8"]["runnable"]
-assert rows["pp8"]["runnable"]
+# EP groups run on GPUs (the NCCL expert exchange); split dense parts and tensor parallelism
+# are modelled only
+assert not rows["tp8"]["runnable"] and not rows["ep8+split"]["runnable"] and rows["ep8"]["runnable"]
+assert rows["pp8"]["runnable"] and rows["pp2xep4"]["runnable"]
 PY
         done
     done
@@ -99,8 +100,9 @@ for x, y in zip(a, b):
 PY
 # text table: a recommendation per mode and the reason rows are modelled only
 $E plan --preset kimi-k2.5 --box h200x8 > out 2> err || fail "plan h200x8 text"
-grep -q '^recommended for decode: pp8' out || fail "h200x8 decode recommendation"
-grep -q '^fastest modelled for decode: ep8' out || fail "h200x8 fastest modelled"
+grep -q '^recommended for decode: ep8, .*x pp8, the pipeline' out || fail "h200x8 decode recommendation"
+grep -q '^fastest modelled for decode: ep8+split.*modelled only: the engine replicates the dense parts' out ||
+    fail "h200x8 fastest modelled"
 grep -q '^recommended for capture-mode prefill: ' out || fail "prefill recommendation"
 grep -q 'modelled only: eaglegen does not run tensor parallelism' out || fail "tp row note"
 # the tiny model has 16 experts and 5 layers: with 6 GPUs no EP group of 3 or 6 appears, 2

@@ -168,7 +168,7 @@ static void test_layouts_identical(void) {
         {"--ep 2 with two stages", "2", NULL, 0, 1, 2, 2, 0, 0, 128, 0},
         {"--batch auto", NULL, NULL, 0, 1, 0, 1, 0, 0, 128, 1},
         {"a pool that preempts (host copies)", NULL, NULL, 0, 1, 0, 1, 80, -1, 64, 0},
-        {"--ep 2 with two stages, a pool that preempts (recomputed)", "2", NULL, 0, 1, 2, 2, 160, 0, 64, 0},
+        {"--ep 2 with two stages, a pool that preempts (recomputed)", "2", NULL, 0, 1, 2, 2, 144, 0, 64, 0},
     };
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
         results r = {0};
@@ -275,8 +275,8 @@ static void test_refusals(void) {
     refused("ep 8, 4 slots", &o, "--ep 8 needs at least one sequence slot per rank", "--batch 4");
     o = base_opts();
     o.ep = 2;
-    o.backend = "cuda";
-    refused("ep 2 on cuda", &o, "--ep 2 on the cuda backend", "CPU ranks only");
+    o.backend = "metal"; /* ranks run on cpu (local exchange) and cuda (nccl) backends only */
+    refused("ep 2 on another backend", &o, "--ep 2 on the metal backend", "CUDA ranks (nccl)");
     o = base_opts();
     o.ep = 4;
     o.kv_tokens = 256;

@@ -11,6 +11,8 @@
 #   4. e2e:   mkmodel tiny -> generate --backend cuda -> inspect --verify; the same run
 #             with EG_CUDA_GRAPHS=0 must write the same samples bit for bit
 #   4b. pipeline: 2 and 4 stages on the one GPU equal the unsplit run (forward, generate)
+#   4d. ep: generate --ep 2 on the one GPU (cuda-local exchange; nccl where 2 GPUs) equals
+#             the unsplit run at --batch 1
 #   4c. hf-reference: transformers' DeepseekV3 vs ours (only where torch+transformers exist)
 #   5. bench: eaglegen bench --backend cuda, weights drawn on the GPU: tiny, moonlight-16b
 #             4 layers BF16 experts, kimi-k2.5 4 layers INT4 (issue 7's table), decode at
@@ -329,6 +331,35 @@ else
         # (cuBLAS may pick other kernels for other row counts, so a micro-batched run is not
         # expected to be bit-identical to an unsplit one on the GPU; the forward split above
         # runs the same steps and is)
+    fi
+fi
+
+# 4d. expert parallelism (issue 17): generate --ep 2 with both ranks on this GPU (the
+# cuda-local exchange: device copies between host barriers) and, where there are two GPUs,
+# on GPUs 0 and 1 (nccl) must write the samples of the unsplit run at --batch 1: each rank
+# holds one sequence, so every GEMM sees the unsplit run's row counts, and a pair's MoE bits
+# do not depend on the other rows of its call (the tiny model never splits K).
+if [ $NO_GPU = 1 ]; then
+    :
+elif ! have_cmd generate --ep; then
+    record ep SKIP "eaglegen generate has no --ep" 0
+elif [ ! -d "$TMP/tiny" ] || [ ! -f "${CORPUS:-}" ]; then
+    record ep SKIP "no tiny model / corpus (step 4 failed)" 0
+elif late 240; then
+    record ep SKIP "time budget" 0
+else
+    EPA=(generate --backend cuda --model "$TMP/tiny" --prompts "$CORPUS" --max-new-tokens 32 --max-seq-len 512
+         --temperature 0.8 --seed 11 --on-bad-record skip)
+    EP_DEV=${CUDA_VISIBLE_DEVICES:-0}; EP_DEV=${EP_DEV%%,*} # both ranks on the first visible GPU
+    SUMMARY="" run ep-one-gpu 200 ep.log bash -c "
+        '$E' ${EPA[*]} --batch 1 --out '$TMP/ep-ref' &&
+        CUDA_VISIBLE_DEVICES=$EP_DEV '$E' ${EPA[*]} --batch 2 --ep 2 --out '$TMP/ep2' 2> '$TMP/ep2.log' && cat '$TMP/ep2.log' &&
+        grep -q 'exchange cuda-local' '$TMP/ep2.log' && grep 'expert exchange:' '$TMP/ep2.log' &&
+        '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2' && '$E' inspect '$TMP/ep2' --verify"
+    if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] && ! late 120; then
+        SUMMARY="" run ep-nccl 120 ep-nccl.log bash -c "
+            '$E' ${EPA[*]} --batch 2 --ep 2 --out '$TMP/ep2n' 2> '$TMP/ep2n.log' && cat '$TMP/ep2n.log' &&
+            grep -q 'exchange nccl' '$TMP/ep2n.log' && '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2n'"
     fi
 fi
 

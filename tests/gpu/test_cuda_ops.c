@@ -13,7 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <pthread.h>
+
 #include "engine/backend.h"
+#include "engine/collective.h"
 #include "engine/cuda_plan.h"
 #include "engine/transport.h"
 #include "tests/check.h"
@@ -1144,6 +1147,201 @@ static void test_profiled_transport(void) {
     eg_backend_free(prof[1]);
 }
 
+
+/* ---- the expert-parallel group over CUDA ranks (engine/collective_cuda.c) ------------------- */
+
+typedef struct ep_rank_case {
+    eg_ep_group *g;
+    int rank, n_calls; /* calls = layers 0..n_calls-1, then eg_ep_leave */
+    eg_backend *be;
+    eg_moe_args a[2];
+    eg_status st;
+    eg_error err;
+} ep_rank_case;
+
+static void *ep_rank_thread(void *v) {
+    ep_rank_case *x = v;
+    x->st = eg_backend_bind(x->be, &x->err);
+    for (int l = 0; l < x->n_calls && !x->st; l++) x->st = eg_ep_moe(x->g, x->rank, l, x->be, &x->a[l], &x->err);
+    if (!x->st) x->st = eg_ep_leave(x->g, x->rank, x->be, &x->err);
+    if (x->st) eg_ep_fail(x->g);
+    return NULL;
+}
+
+/* R ranks on GPUs r mod the device count (nccl when each has its own, cuda-local when
+ * they share), two MoE layers, rank r with T[r] tokens: every rank's y must equal, bit
+ * for bit, one backend's moe over all experts of its tokens. Rank 0 leaves after layer 0
+ * (it serves layer 1 from its registered experts); skew routes every pair of rank 1 to
+ * rank 0's experts (the receive buffers' worst case); each rank holds only its experts. */
+static void ep_group_case(eg_wfmt fmt, int R, const int *T, int skew) {
+    eg_config c = small_cfg();
+    int E = c.n_experts, K = c.topk, H = c.hidden, F = c.moe_inter, per = E / R, L = 2, Tmax = 0;
+    for (int r = 0; r < R; r++) Tmax = T[r] > Tmax ? T[r] : Tmax;
+    eg_error err = {0};
+    int ndev = 0;
+    eg_backend *ref = NULL, **be = calloc((size_t)R, sizeof *be);
+    eg_backend_opts o = {.name = "cuda", .max_tokens = Tmax, .max_seq_len = 16, .device = 0};
+    CHECK_OK(eg_backend_cuda_create(&c, &o, &ref, &err), &err);
+    for (ndev = 1; ndev < R; ndev++) { /* devices that exist, up to R */
+        eg_backend *t = NULL;
+        eg_error probe = {0};
+        o.device = ndev;
+        if (eg_backend_cuda_create(&c, &o, &t, &probe)) break;
+        eg_backend_free(t);
+    }
+    for (int r = 0; r < R; r++) {
+        o.device = r % ndev;
+        CHECK_OK(eg_backend_cuda_create(&c, &o, &be[r], &err), &err);
+    }
+    if (!ref || err.msg[0]) { eg_backend_free(ref); for (int r = 0; r < R; r++) eg_backend_free(be[r]); free(be); return; }
+    /* experts of both layers: host data, the reference's copies, each owner's copies */
+    hw *ex = calloc((size_t)(L * E * 3), sizeof(hw));
+    eg_expert_w *xr = calloc((size_t)(L * E), sizeof *xr), *xo = calloc((size_t)(R * L * E), sizeof *xo);
+    for (int l = 0; l < L; l++)
+        for (int e = 0; e < E; e++) {
+            hw *w3 = ex + 3 * (l * E + e);
+            w3[0] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
+            w3[1] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
+            w3[2] = make_w(fmt, H, F, 1.0f / sqrtf((float)F));
+            eg_weight *dr[3] = {&xr[l * E + e].gate, &xr[l * E + e].up, &xr[l * E + e].down};
+            int r = e / per;
+            eg_expert_w *own = &xo[(r * L + l) * E + e];
+            eg_weight *dw[3] = {&own->gate, &own->up, &own->down};
+            for (int j = 0; j < 3; j++) {
+                CHECK_OK(ref->ops->weight_upload(ref, &w3[j].w, dr[j], &err), &err);
+                CHECK_OK(eg_backend_bind(be[r], &err), &err);
+                CHECK_OK(be[r]->ops->weight_upload(be[r], &w3[j].w, dw[j], &err), &err);
+                CHECK_OK(eg_backend_bind(ref, &err), &err);
+            }
+        }
+    eg_ep_opts go = {.n_ranks = R, .n_experts = E, .topk = K, .hidden = H, .max_tokens = Tmax, .n_layers = L,
+                     .backends = be};
+    eg_ep_group *g = NULL;
+    CHECK_OK(eg_ep_group_create(&go, &g, &err), &err);
+    if (!g) goto out;
+    for (int r = 0; r < R; r++)
+        for (int l = 0; l < L; l++) eg_ep_register(g, r, l, &xo[(r * L + l) * E]);
+    ep_rank_case *rc = calloc((size_t)R, sizeof *rc);
+    float **want = calloc((size_t)R * (size_t)L, sizeof *want);
+    void **devp = calloc((size_t)R * (size_t)L * 4, sizeof *devp);
+    for (int r = 0; r < R; r++) {
+        rc[r] = (ep_rank_case){.g = g, .rank = r, .n_calls = r == 0 && R > 1 ? 1 : L, .be = be[r]};
+        for (int l = 0; l < rc[r].n_calls; l++) {
+            int n = T[r];
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * K);
+            float *wts = malloc(sizeof(float) * (size_t)n * K);
+            for (int t = 0; t < n; t++)
+                for (int k = 0; k < K; k++) {
+                    int e, dup;
+                    do {
+                        e = skew && r == 1 ? (int)(urand() * per) : (int)(urand() * E);
+                        dup = 0;
+                        for (int j = 0; j < k; j++) dup |= ids[t * K + j] == e;
+                    } while (dup);
+                    ids[t * K + k] = e;
+                    wts[t * K + k] = 0.1f + (float)urand();
+                }
+            float *xv = randv((int64_t)n * H, 1.0f);
+            /* the reference: one backend, every expert */
+            void *rx, *ry, *ri, *rw;
+            CHECK_OK(eg_backend_bind(ref, &err), &err);
+            CHECK_OK(ref->ops->alloc(ref, 4 * (size_t)n * H, &rx, &err), &err);
+            CHECK_OK(ref->ops->alloc(ref, 4 * (size_t)n * H, &ry, &err), &err);
+            CHECK_OK(ref->ops->alloc(ref, 4 * (size_t)n * K, &ri, &err), &err);
+            CHECK_OK(ref->ops->alloc(ref, 4 * (size_t)n * K, &rw, &err), &err);
+            CHECK_OK(ref->ops->to_device(ref, rx, xv, 4 * (size_t)n * H, &err), &err);
+            CHECK_OK(ref->ops->to_device(ref, ri, ids, 4 * (size_t)n * K, &err), &err);
+            CHECK_OK(ref->ops->to_device(ref, rw, wts, 4 * (size_t)n * K, &err), &err);
+            CHECK_OK(ref->ops->memset0(ref, ry, 4 * (size_t)n * H, &err), &err);
+            eg_moe_args a = {.T = n, .x = rx, .ids = ri, .weights = rw, .topk = K, .experts = xr + l * E, .e0 = 0,
+                             .e1 = E, .y = ry};
+            CHECK_OK(ref->ops->moe(ref, &a, &err), &err);
+            want[r * L + l] = malloc(4 * (size_t)n * H);
+            CHECK_OK(ref->ops->to_host(ref, want[r * L + l], ry, 4 * (size_t)n * H, &err), &err);
+            CHECK_OK(ref->ops->sync(ref, &err), &err);
+            ref->ops->release(ref, rx); ref->ops->release(ref, ry); ref->ops->release(ref, ri); ref->ops->release(ref, rw);
+            /* the rank's inputs */
+            void **d = devp + (r * L + l) * 4;
+            eg_backend *b = be[r];
+            CHECK_OK(eg_backend_bind(b, &err), &err);
+            CHECK_OK(b->ops->alloc(b, 4 * (size_t)n * H, &d[0], &err), &err);
+            CHECK_OK(b->ops->alloc(b, 4 * (size_t)n * H, &d[1], &err), &err);
+            CHECK_OK(b->ops->alloc(b, 4 * (size_t)n * K, &d[2], &err), &err);
+            CHECK_OK(b->ops->alloc(b, 4 * (size_t)n * K, &d[3], &err), &err);
+            CHECK_OK(b->ops->to_device(b, d[0], xv, 4 * (size_t)n * H, &err), &err);
+            CHECK_OK(b->ops->to_device(b, d[2], ids, 4 * (size_t)n * K, &err), &err);
+            CHECK_OK(b->ops->to_device(b, d[3], wts, 4 * (size_t)n * K, &err), &err);
+            CHECK_OK(b->ops->memset0(b, d[1], 4 * (size_t)n * H, &err), &err);
+            CHECK_OK(b->ops->sync(b, &err), &err);
+            rc[r].a[l] = (eg_moe_args){.T = n, .x = d[0], .ids = d[2], .weights = d[3], .topk = K,
+                                       .experts = &xo[(r * L + l) * E], .e0 = 0, .e1 = E, .y = d[1]};
+            free(ids); free(wts); free(xv);
+        }
+    }
+    pthread_t *th = calloc((size_t)R, sizeof *th);
+    for (int r = 1; r < R; r++) pthread_create(&th[r], NULL, ep_rank_thread, &rc[r]);
+    ep_rank_thread(&rc[0]);
+    for (int r = 1; r < R; r++) pthread_join(th[r], NULL);
+    int64_t pairs = 0, bytes = 0;
+    eg_ep_traffic(g, &pairs, &bytes);
+    int same = 1;
+    for (int r = 0; r < R; r++) {
+        CHECKF(rc[r].st == EG_OK, "rank %d: %s", r, rc[r].err.msg);
+        for (int l = 0; l < rc[r].n_calls; l++) {
+            size_t nb = 4 * (size_t)T[r] * H;
+            float *got = malloc(nb ? nb : 1);
+            CHECK_OK(eg_backend_bind(be[r], &err), &err);
+            CHECK_OK(be[r]->ops->to_host(be[r], got, rc[r].a[l].y, nb, &err), &err);
+            CHECK_OK(be[r]->ops->sync(be[r], &err), &err);
+            if (memcmp(got, want[r * L + l], nb)) {
+                same = 0;
+                printf("      rank %d layer %d: differs from the unsplit moe (rel %.3g)\n", r, l,
+                       rel_err(got, want[r * L + l], (int64_t)T[r] * H));
+            }
+            free(got);
+        }
+    }
+    CHECKF(same, "ep %d (%s, %s): every rank's y equals the unsplit moe bit for bit", R, eg_ep_kind(g), fmt_name(fmt));
+    CHECKF(pairs > 0 && bytes > 0, "ep %d: pairs crossed ranks (%lld, %lld bytes)", R, (long long)pairs, (long long)bytes);
+    printf("  ep %d over %d GPU(s), exchange %s, %s, tokens", R, ndev, eg_ep_kind(g), fmt_name(fmt));
+    for (int r = 0; r < R; r++) printf(" %d", T[r]);
+    printf("%s: identical to the unsplit moe; %lld pairs crossed, %lld bytes\n", skew ? " (skewed)" : "",
+           (long long)pairs, (long long)bytes);
+    eg_ep_group_free(g);
+    for (int i = 0; i < R * L; i++) {
+        int r = i / L;
+        for (int j = 0; j < 4; j++)
+            if (devp[i * 4 + j]) be[r]->ops->release(be[r], devp[i * 4 + j]);
+        free(want[i]);
+    }
+    free(devp); free(want); free(rc); free(th);
+out:
+    for (int i = 0; i < L * E; i++) {
+        int r = (i % E) / per;
+        eg_weight *dr[3] = {&xr[i].gate, &xr[i].up, &xr[i].down};
+        eg_expert_w *own = &xo[(r * L + i / E) * E + i % E];
+        eg_weight *dw[3] = {&own->gate, &own->up, &own->down};
+        for (int j = 0; j < 3; j++) {
+            eg_backend_bind(ref, &err);
+            if (dr[j]->data) ref->ops->weight_release(ref, dr[j]);
+            eg_backend_bind(be[r], &err);
+            if (dw[j]->data) be[r]->ops->weight_release(be[r], dw[j]);
+        }
+    }
+    for (int i = 0; i < L * E * 3; i++) hw_free(NULL, &ex[i]);
+    free(ex); free(xr); free(xo);
+    for (int r = 0; r < R; r++) eg_backend_free(be[r]);
+    free(be);
+    eg_backend_free(ref);
+}
+
+static void test_ep_group(void) {
+    seed(12);
+    int t2[2] = {5, 11}, t4[4] = {3, 9, 1, 16};
+    ep_group_case(EG_W_BF16, 2, t2, 0);
+    ep_group_case(EG_W_INT4, 4, t4, 1);
+}
+
 static const eg_test tests[] = {
     {"errors_and_plan", test_errors_and_plan},
     {"profiled_transport", test_profiled_transport},
@@ -1164,6 +1362,7 @@ static const eg_test tests[] = {
     {"random_weights", test_random_weights},
     {"sample_kimi", test_sample_kimi},
     {"graphs", test_graphs},
+    {"ep_group", test_ep_group},
 };
 
 int main(int argc, char **argv) {

@@ -177,7 +177,10 @@ static void transfer(const op &o, const std::shared_ptr<world> &wp) {
 }
 
 /* Connect, then queue the transfers; ops of one group on one stream progress together
- * (NCCL fuses them into one kernel), so a send and a recv there cannot wait on each other. */
+ * (NCCL fuses them into one kernel), so a send and a recv there cannot wait on each other.
+ * Ops of a group to the same peer in the same direction keep their order (NCCL matches a
+ * pair's sends and receives in the order they were posted): they run one after the
+ * other on one thread, the other peers' concurrently. */
 static void post(const std::vector<op> &ops) {
     connect_all(ops);
     std::map<cudaStream_t, std::vector<op>> by_stream;
@@ -195,8 +198,15 @@ static void post(const std::vector<op> &ops) {
                 transfer(mine[0], ws[0]);
                 return;
             }
+            std::map<std::pair<bool, int>, std::vector<size_t>> lanes; /* (send, peer) -> ops in order */
+            for (size_t i = 0; i < mine.size(); i++) lanes[{mine[i].send, mine[i].peer}].push_back(i);
             std::vector<std::thread> th;
-            for (size_t i = 0; i < mine.size(); i++) th.emplace_back([&, i] { transfer(mine[i], ws[i]); });
+            for (auto &ln : lanes) {
+                const std::vector<size_t> *idx = &ln.second;
+                th.emplace_back([&, idx] {
+                    for (size_t i : *idx) transfer(mine[i], ws[i]);
+                });
+            }
             for (auto &t : th) t.join();
         });
     }

@@ -11,6 +11,10 @@
 # usage: tests/gpu/emu/run_emu.sh [test-name filters...]
 #        tests/gpu/emu/run_emu.sh --forward   (tiny-a forward vs golden-a-bf16kv)
 #        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL)
+#        tests/gpu/emu/run_emu.sh --ep        (--ep 4 on 4 emulated GPUs and --ep 2 --stages 2 on 2,
+#                                              expert rows over emulated NCCL; --ep 2 on one GPU,
+#                                              cuda-local; each == one GPU; ~10 min)
+#        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
 #        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
@@ -19,7 +23,7 @@ B=${BUILD_EMU:-build-emu}
 mkdir -p "$B/emu"
 make -s BUILD="$B" NO_CUDA=1 "$B/libeg_engine.a" "$B/libeg_common.a"
 INC="-Itests/gpu/emu/include -I."
-for f in elementwise gemm mla router sample; do
+for f in elementwise gemm mla router sample ep; do
     python3 tests/gpu/emu/rewrite.py kernels/$f.cu "$B/emu/$f.cpp"
     g++ -std=c++20 -O1 -g -w $INC -include cuda_runtime.h -c "$B/emu/$f.cpp" -o "$B/emu/$f.o"
 done
@@ -27,17 +31,19 @@ g++ -std=c++20 -O1 -g -w $INC -c tests/gpu/emu/emu_runtime.cpp -o "$B/emu/emu_ru
 g++ -std=c++20 -O1 -g -Wall -Wextra $INC -c tests/gpu/emu/emu_nccl.cpp -o "$B/emu/emu_nccl.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1 -DEG_HAVE_NCCL=1 $INC \
     -c engine/transport_nccl.c -o "$B/emu/transport_nccl.o"
+cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1 -DEG_HAVE_NCCL=1 $INC \
+    -c engine/collective_cuda.c -o "$B/emu/collective_cuda.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1 $INC -c engine/backend_cuda.c \
     -o "$B/emu/backend_cuda.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread $INC -c tests/gpu/test_cuda_ops.c -o "$B/emu/test.o"
-g++ -o "$B/emu/test_cuda_ops_emu" "$B/emu/test.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" \
-    "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o \
+g++ -o "$B/emu/test_cuda_ops_emu" "$B/emu/test.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_cuda.o" \
+    "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o \
     "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_engine.a" "$B/libeg_common.a" \
     -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
 link_eaglegen() {
     make -s BUILD="$B" NO_CUDA=1 "$B/libeg_gen.a" "$B/libeg_dataset.a" "$B/libeg_prompts.a" "$B/gen/main.o"
-    g++ -o "$B/emu/eaglegen_emu" "$B/gen/main.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" \
-        "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o \
+    g++ -o "$B/emu/eaglegen_emu" "$B/gen/main.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_cuda.o" \
+        "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o \
         "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_gen.a" "$B/libeg_engine.a" "$B/libeg_dataset.a" \
         "$B/libeg_prompts.a" "$B/libeg_common.a" -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
 }
@@ -67,6 +73,53 @@ if [ "${1:-}" = --pipeline ]; then
         --gpus 1 --transport local 2> "$W/local.log" || { cat "$W/local.log"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/nccl" "$W/local"
     exec /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/nccl"
+fi
+if [ "${1:-}" = --ep ]; then
+    # issue 17's NCCL expert exchange without GPUs: a tiny model (16 routed experts, top-4)
+    # generated with --ep 4 on 4 emulated GPUs and --ep 2 --stages 2 on 2, expert rows and
+    # contributions over the emulated NCCL (which blocks where NCCL does), must equal the
+    # unsplit run on one emulated GPU sample for sample. Prompts of 3 to 19 tokens and
+    # stop-free sampling of different lengths per rank give uneven counts per peer, and
+    # ranks that run out of work serve the others (eg_ep_leave). A 1 KiB pair buffer makes
+    # the prefill rows (up to 16 x 64 floats) wait on their stream for the recv.
+    link_eaglegen
+    W=$B/emu/ep
+    rm -rf "$W" && mkdir -p "$W"
+    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 3 >/dev/null
+    for i in 1 2 3 4 5 6; do
+        n=$((3 + (i * i) % 17)); ids=""
+        for j in $(seq 1 $n); do ids="$ids${ids:+, }$(( (i * 31 + j * 7) % 200 + 1 ))"; done
+        printf '{"id": "e%d", "input_ids": [%s]}\n' $i "$ids"
+    done > "$W/corpus.jsonl"
+    common=(generate --backend cuda --model "$W/model" --prompts "$W/corpus.jsonl" --max-seq-len 64 --batch 4
+            --chunk 16 --aux-layers 0,1,2 --seed 3 --gpu-mem-fraction 0.4 --temperature 0.9)
+    export EMU_MEM_GB=2
+    # 4 emulated GPUs of OS threads on 2 shared cores: a rank can take longer than the
+    # default 60 s between two exchanges, which the emulator would report as a hang
+    export EMU_NCCL_TIMEOUT=${EMU_NCCL_TIMEOUT:-900}
+    t0=$(date +%s)
+    EMU_DEVICES=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 --out "$W/one" 2> "$W/one.log" ||
+        { cat "$W/one.log"; exit 1; }
+    EMU_DEVICES=4 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
+        --max-new-tokens 4 --out "$W/ep4" --ep 4 2> "$W/ep4.log" || { cat "$W/ep4.log"; exit 1; }
+    grep -q "expert parallel: 4 ranks.*exchange nccl" "$W/ep4.log" || { cat "$W/ep4.log"; exit 1; }
+    grep "expert exchange:" "$W/ep4.log"
+    /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/ep4"
+    echo "ep4 == one GPU ($(( $(date +%s) - t0 )) s so far)"
+    # both ranks on one emulated GPU: the cuda-local exchange (device copies between barriers)
+    EMU_DEVICES=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 --out "$W/ep2one" --ep 2 \
+        2> "$W/ep2one.log" || { cat "$W/ep2one.log"; exit 1; }
+    grep -q "expert parallel: 2 ranks.*exchange cuda-local" "$W/ep2one.log" || { cat "$W/ep2one.log"; exit 1; }
+    /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/ep2one"
+    echo "ep2 on one GPU (cuda-local) == one GPU ($(( $(date +%s) - t0 )) s so far)"
+    if [ "${EMU_EP_STAGES:-1}" = 1 ]; then
+        EMU_DEVICES=2 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
+            --max-new-tokens 4 --out "$W/ep2pp2" --ep 2 --stages 2 2> "$W/ep2pp2.log" || { cat "$W/ep2pp2.log"; exit 1; }
+        grep -q "expert parallel: 2 ranks.*exchange nccl" "$W/ep2pp2.log" || { cat "$W/ep2pp2.log"; exit 1; }
+        /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/ep2pp2"
+        echo "ep2 x pp2 == one GPU ($(( $(date +%s) - t0 )) s)"
+    fi
+    exit 0
 fi
 if [ "${1:-}" = --graphs ]; then
     # recorded replay of decode steps (CUDA graphs, emulated by stream capture that records

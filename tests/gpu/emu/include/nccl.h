@@ -15,7 +15,7 @@ extern "C" {
 #endif
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
                ncclInvalidArgument = 4, ncclInvalidUsage = 5 } ncclResult_t;
-typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclInt32 = 2, ncclFloat32 = 7 } ncclDataType_t; /* 4-byte elements only */
 typedef struct emu_nccl_comm *ncclComm_t;
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int n, const int *devlist);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);

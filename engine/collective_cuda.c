@@ -1,0 +1,533 @@
+/* collective_cuda.c — the expert-parallel group of CUDA ranks (collective_cuda.h,
+ * collective.h): nccl, or cuda-local where ranks share a GPU or NCCL is not built.
+ * Built with EG_HAVE_CUDA (NCCL parts with EG_HAVE_NCCL); otherwise create reports
+ * EG_ERR_UNSUPPORTED.
+ *
+ * One call on rank r (T tokens, K pairs each, R ranks, M = min(K, R)):
+ *   1. eg_cuda_ep_pack (kernels/ep.cu) groups the pairs by owner: counts {rows, pairs, layer, left} per peer,
+ *      the tokens to send (each once per owning rank) and the pairs' row/id/weight.
+ *   2. counts to every peer and from every peer: one grouped ncclSend/ncclRecv (or the
+ *      cuda-local copies: the same segments, pulled by the reader); then the
+ *      sent and received counts to page-locked host memory and the call's one host wait.
+ *   3. the rows gathered into segments by destination (gather_rows), every segment with
+ *      its pair metadata to its rank, the peers' segments received (one group).
+ *   4. per source, per chunk of at most max_tokens pairs: the rows gathered per pair and
+ *      the backend's moe op with topk 1 over r's experts: 0 + w * expert(x), the bits the
+ *      unsplit op adds for that pair.
+ *   5. the contributions back to their token's owner (one group); eg_cuda_ep_combine adds
+ *      each token's K contributions in k order into y.
+ * Sends and receives between two ranks happen in the same order on both sides and are
+ * sized from the exchanged counts, so they pair up. Rank r's own segment is copied on
+ * its device instead of sent. Enqueueing NCCL work is done under a mutex that
+ * eg_ep_cuda_fail takes to abort the communicators, so no call uses an aborted one. */
+#include "engine/collective_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef EG_HAVE_CUDA
+
+eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err) {
+    (void)o;
+    *out = NULL;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "--ep on CUDA backends: built without CUDA");
+}
+const char *eg_ep_cuda_kind(const eg_ep_cuda *n) {
+    (void)n;
+    return "none";
+}
+int eg_ep_cuda_devices(void) { return 0; }
+void eg_ep_cuda_free(eg_ep_cuda *n) { (void)n; }
+eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
+                         const eg_moe_args *a, eg_error *err) {
+    (void)n; (void)rank; (void)layer; (void)layers; (void)be; (void)a;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without CUDA");
+}
+eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err) {
+    (void)n; (void)rank; (void)layers; (void)be;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without CUDA");
+}
+void eg_ep_cuda_fail(eg_ep_cuda *n) { (void)n; }
+void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes) {
+    (void)n;
+    *remote_pairs = *bytes = 0;
+}
+int64_t eg_ep_cuda_bytes(const eg_ep_opts *o) {
+    (void)o;
+    return 0;
+}
+
+#else
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#ifdef EG_HAVE_NCCL
+#include <nccl.h>
+#else
+typedef void *ncclComm_t; /* never created: cuda-local only */
+#endif
+
+#include "engine/cuda_plan.h"
+
+typedef struct ep_nrank {
+    int32_t *counts_d;  /* [2][R][4] device: sent to each peer, then received from each */
+    int32_t *counts_h;  /* [2][R][4] page-locked copy */
+    int32_t *sendtok;   /* [T*M] token of each send row, segments by destination */
+    float *sendrows;    /* [T*M][H] */
+    int32_t *sendmeta;  /* [3*T*K] per destination: row-in-segment, id, weight bits */
+    int32_t *tk2pair;   /* [T*K] position of (t,k) in back */
+    float *recvrows;    /* [R*T*M][H] rows received, segments by source */
+    int32_t *recvmeta;  /* [3*R*T*K] */
+    float *xs;          /* [T][H] one chunk's rows, one per pair */
+    float *res;         /* [R*T*K][H] contributions computed here, segments by source */
+    float *back;        /* [T*K][H] contributions to this rank's pairs, segments by owner */
+    int64_t *so_r, *so_p, *ro_r, *ro_p; /* [R+1] host offsets: sent rows/pairs, received rows/pairs */
+    int64_t remote_pairs, bytes;
+} ep_nrank;
+
+struct eg_ep_cuda {
+    eg_ep_opts o; /* backends NULL */
+    int R, K, H, T, M, per;
+    int *dev;           /* [R] */
+    cudaStream_t *strm; /* [R] the backends' streams (borrowed) */
+    ncclComm_t *comm;   /* [R] */
+    ep_nrank *rk;       /* [R] */
+    int use_nccl;       /* else cuda-local */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;  /* cuda-local barriers */
+    int arrived;
+    uint64_t gen;
+    int failed;
+};
+
+const char *eg_ep_cuda_kind(const eg_ep_cuda *n) { return n->use_nccl ? "nccl" : "cuda-local"; }
+
+int eg_ep_cuda_devices(void) {
+    int c = 0;
+    if (cudaGetDeviceCount(&c) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return c;
+}
+
+static eg_status cu_err(eg_error *err, int rank, const char *call, cudaError_t e) {
+    return eg_fail(err, EG_ERR_DEVICE, "expert-parallel rank %d: %s: %s", rank, call, cudaGetErrorString(e));
+}
+#ifdef EG_HAVE_NCCL
+static eg_status nc_err(eg_error *err, int rank, const char *call, ncclResult_t r) {
+    return eg_fail(err, EG_ERR_DEVICE, "expert-parallel rank %d: %s: %s", rank, call, ncclGetErrorString(r));
+}
+#endif
+static eg_status interrupted(eg_error *err) {
+    return eg_fail(err, EG_ERR_INTERRUPTED, "expert-parallel group: another rank failed");
+}
+
+/* sizes in elements, per rank */
+typedef struct ep_sizes {
+    size_t counts, sendtok, sendrows, sendmeta, tk2pair, recvrows, recvmeta, xs, res, back;
+} ep_sizes;
+
+static ep_sizes sizes_of(int R, int K, int H, int T) {
+    size_t M = (size_t)(K < R ? K : R), TK = (size_t)T * (size_t)K, h = (size_t)H;
+    ep_sizes z = {.counts = 8 * (size_t)R, .sendtok = (size_t)T * M, .sendrows = (size_t)T * M * h,
+                  .sendmeta = 3 * TK, .tk2pair = TK, .recvrows = (size_t)R * (size_t)T * M * h,
+                  .recvmeta = 3 * (size_t)R * TK, .xs = (size_t)T * h, .res = (size_t)R * TK * h, .back = TK * h};
+    return z;
+}
+
+int64_t eg_ep_cuda_bytes(const eg_ep_opts *o) {
+    ep_sizes z = sizes_of(o->n_ranks, o->topk, o->hidden, o->max_tokens);
+    return 4 * (int64_t)(z.counts + z.sendtok + z.sendrows + z.sendmeta + z.tk2pair + z.recvrows + z.recvmeta + z.xs +
+                         z.res + z.back);
+}
+
+void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes) {
+    *remote_pairs = *bytes = 0;
+    for (int r = 0; r < n->R; r++) {
+        *remote_pairs += n->rk[r].remote_pairs;
+        *bytes += n->rk[r].bytes;
+    }
+}
+
+void eg_ep_cuda_fail(eg_ep_cuda *n) {
+    pthread_mutex_lock(&n->mu);
+    pthread_cond_broadcast(&n->cv);
+    if (!n->failed) {
+        n->failed = 1;
+#ifdef EG_HAVE_NCCL
+        int prev = 0;
+        cudaGetDevice(&prev);
+        for (int r = 0; n->comm && r < n->R; r++)
+            if (n->comm[r]) {
+                cudaSetDevice(n->dev[r]);
+                ncclCommAbort(n->comm[r]); /* a transfer whose peer gave up would never finish */
+                n->comm[r] = NULL;
+            }
+        cudaSetDevice(prev);
+#endif
+    }
+    pthread_mutex_unlock(&n->mu);
+}
+
+void eg_ep_cuda_free(eg_ep_cuda *n) {
+    if (!n) return;
+#ifdef EG_HAVE_NCCL
+    for (int r = 0; n->comm && r < n->R; r++)
+        if (n->comm[r]) {
+            cudaSetDevice(n->dev[r]);
+            cudaStreamSynchronize(n->strm[r]);
+            ncclCommDestroy(n->comm[r]);
+        }
+#endif
+    for (int r = 0; n->rk && r < n->R; r++) {
+        ep_nrank *k = &n->rk[r];
+        cudaSetDevice(n->dev[r]);
+        void *ps[] = {k->counts_d, k->sendtok, k->sendrows, k->sendmeta, k->tk2pair, k->recvrows, k->recvmeta, k->xs,
+                      k->res, k->back};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+            if (ps[i]) cudaFree(ps[i]);
+        eg_cuda_host_free(k->counts_h);
+        free(k->so_r);
+        free(k->so_p);
+        free(k->ro_r);
+        free(k->ro_p);
+    }
+    free(n->rk);
+    free(n->comm);
+    free(n->strm);
+    free(n->dev);
+    pthread_mutex_destroy(&n->mu);
+    pthread_cond_destroy(&n->cv);
+    free(n);
+}
+
+#ifdef EG_HAVE_NCCL
+/* Every ordered pair connected now, from this thread, in one group (transport_nccl.c's
+ * nccl_connect explains why: NCCL connects a pair in its first send/recv, on the calling
+ * thread, waiting for the peer's half). */
+static eg_status connect_all(eg_ep_cuda *n, eg_error *err) {
+    ncclResult_t r = ncclGroupStart();
+    for (int a = 0; a < n->R && r == ncclSuccess; a++) {
+        cudaSetDevice(n->dev[a]);
+        for (int b = 0; b < n->R && r == ncclSuccess; b++) {
+            if (a == b) continue;
+            r = ncclSend(n->rk[a].counts_d, 1, ncclInt32, b, n->comm[a], n->strm[a]);
+            if (r == ncclSuccess) r = ncclRecv(n->rk[a].counts_d + 4 * n->R + b, 1, ncclInt32, b, n->comm[a], n->strm[a]);
+        }
+    }
+    ncclResult_t re = ncclGroupEnd();
+    if (r == ncclSuccess) r = re;
+    if (r != ncclSuccess) return nc_err(err, 0, "ncclSend/ncclRecv (connecting every pair)", r);
+    for (int a = 0; a < n->R; a++) {
+        cudaSetDevice(n->dev[a]);
+        cudaError_t ce = cudaStreamSynchronize(n->strm[a]);
+        if (ce != cudaSuccess) return cu_err(err, a, "cudaStreamSynchronize (connecting)", ce);
+    }
+    return EG_OK;
+}
+#endif
+
+eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err) {
+    *out = NULL;
+    int R = o->n_ranks;
+    if (R < 2) return eg_fail(err, EG_ERR_INVALID, "expert-parallel CUDA group: needs at least 2 ranks (got %d)", R);
+    eg_ep_cuda *n = eg_calloc(1, sizeof *n, err);
+    if (!n) return EG_ERR_NOMEM;
+    pthread_mutex_init(&n->mu, NULL);
+    pthread_cond_init(&n->cv, NULL);
+    n->o = *o;
+    n->o.backends = NULL;
+    n->R = R;
+    n->K = o->topk;
+    n->H = o->hidden;
+    n->T = o->max_tokens;
+    n->M = o->topk < R ? o->topk : R;
+    n->per = o->n_experts / R;
+    n->dev = eg_calloc((size_t)R, sizeof *n->dev, err);
+    n->strm = eg_calloc((size_t)R, sizeof *n->strm, err);
+    n->comm = eg_calloc((size_t)R, sizeof *n->comm, err);
+    n->rk = eg_calloc((size_t)R, sizeof *n->rk, err);
+    if (!n->dev || !n->strm || !n->comm || !n->rk) { eg_ep_cuda_free(n); return EG_ERR_NOMEM; }
+    for (int r = 0; r < R; r++) {
+        void *s = NULL;
+        if (eg_backend_cuda_device(o->backends[r], &n->dev[r], &s)) {
+            eg_ep_cuda_free(n);
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel CUDA group: rank %d is not a CUDA backend", r);
+        }
+        n->strm[r] = (cudaStream_t)s;
+    }
+#ifdef EG_HAVE_NCCL
+    n->use_nccl = 1; /* NCCL needs one GPU per rank */
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < r; q++) n->use_nccl &= n->dev[q] != n->dev[r];
+#endif
+    int prev = 0;
+    cudaGetDevice(&prev);
+    ep_sizes z = sizes_of(R, n->K, n->H, n->T);
+    eg_status st = EG_OK;
+    for (int r = 0; r < R && !st; r++) {
+        ep_nrank *k = &n->rk[r];
+        cudaError_t ce = cudaSetDevice(n->dev[r]);
+        struct { void **p; size_t n; const char *what; } bufs[] = {
+            {(void **)&k->counts_d, z.counts, "counts"}, {(void **)&k->sendtok, z.sendtok, "send tokens"},
+            {(void **)&k->sendrows, z.sendrows, "send rows"}, {(void **)&k->sendmeta, z.sendmeta, "send pairs"},
+            {(void **)&k->tk2pair, z.tk2pair, "pair map"}, {(void **)&k->recvrows, z.recvrows, "received rows"},
+            {(void **)&k->recvmeta, z.recvmeta, "received pairs"}, {(void **)&k->xs, z.xs, "chunk rows"},
+            {(void **)&k->res, z.res, "contributions out"}, {(void **)&k->back, z.back, "contributions in"}};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0] && ce == cudaSuccess; i++) {
+            ce = cudaMalloc(bufs[i].p, 4 * (bufs[i].n ? bufs[i].n : 1));
+            if (ce != cudaSuccess) {
+                st = eg_fail(err, EG_ERR_NOMEM, "expert-parallel rank %d (GPU %d): cudaMalloc of %zu bytes (%s): %s", r,
+                             n->dev[r], 4 * bufs[i].n, bufs[i].what, cudaGetErrorString(ce));
+                *bufs[i].p = NULL;
+            }
+        }
+        if (!st && ce != cudaSuccess) st = cu_err(err, r, "cudaSetDevice", ce);
+        if (!st && (ce = cudaMemsetAsync(k->counts_d, 0, 4 * z.counts, n->strm[r])) != cudaSuccess)
+            st = cu_err(err, r, "cudaMemsetAsync", ce);
+        if (st) break;
+        k->counts_h = eg_cuda_host_alloc(4 * z.counts, err);
+        k->so_r = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
+        k->so_p = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
+        k->ro_r = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
+        k->ro_p = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
+        if (!k->counts_h || !k->so_r || !k->so_p || !k->ro_r || !k->ro_p) st = EG_ERR_NOMEM;
+    }
+#ifdef EG_HAVE_NCCL
+    if (!st && n->use_nccl) {
+        ncclResult_t r = ncclCommInitAll(n->comm, R, n->dev);
+        if (r != ncclSuccess) {
+            memset(n->comm, 0, sizeof *n->comm * (size_t)R);
+            st = nc_err(err, 0, "ncclCommInitAll", r);
+        }
+        if (!st && (st = connect_all(n, err))) eg_ep_cuda_fail(n); /* a half-made connection is not waited for */
+    }
+#endif
+    for (int r = 0; r < R && !st; r++) { /* the zeroed counts, before any peer reads them */
+        cudaSetDevice(n->dev[r]);
+        cudaError_t ce = cudaStreamSynchronize(n->strm[r]);
+        if (ce != cudaSuccess) st = cu_err(err, r, "cudaStreamSynchronize", ce);
+    }
+    cudaSetDevice(prev);
+    if (st) { eg_ep_cuda_free(n); return st; }
+    *out = n;
+    return EG_OK;
+}
+
+#define CU(call, expr)                                                      \
+    do {                                                                    \
+        cudaError_t ce_ = (expr);                                           \
+        if (ce_ != cudaSuccess) return cu_err(err, rank, call, ce_);        \
+    } while (0)
+
+/* Every rank arrives; 1 = the group failed. */
+static int barrier(eg_ep_cuda *n) {
+    pthread_mutex_lock(&n->mu);
+    uint64_t gen = n->gen;
+    if (++n->arrived == n->R) {
+        n->arrived = 0;
+        n->gen++;
+        pthread_cond_broadcast(&n->cv);
+    } else {
+        while (gen == n->gen && !n->failed) pthread_cond_wait(&n->cv, &n->mu);
+    }
+    int f = n->failed;
+    pthread_mutex_unlock(&n->mu);
+    return f;
+}
+
+/* cuda-local: what the peers' sends would carry, pulled by this rank from their buffers.
+ * Before: every rank's stream has finished writing what it sends (sync, barrier); after:
+ * this rank's copies have finished before any peer overwrites its buffers (sync, barrier). */
+static eg_status post_local(eg_ep_cuda *n, int rank, int which, eg_error *err) {
+    ep_nrank *k = &n->rk[rank];
+    int R = n->R;
+    size_t H = (size_t)n->H;
+    cudaStream_t s = n->strm[rank];
+    CU("cudaStreamSynchronize (exchange)", cudaStreamSynchronize(s));
+    if (barrier(n)) return interrupted(err);
+    for (int q = 0; q < R; q++) {
+        if (q == rank) continue;
+        const ep_nrank *p = &n->rk[q];
+        if (which == 0) {
+            CU("cudaMemcpyAsync (counts)", cudaMemcpyAsync(k->counts_d + 4 * (R + q), p->counts_d + 4 * rank,
+                                                           4 * sizeof(int32_t), cudaMemcpyDefault, s));
+        } else if (which == 1) {
+            int64_t nr = p->so_r[rank + 1] - p->so_r[rank], np = p->so_p[rank + 1] - p->so_p[rank];
+            if (nr)
+                CU("cudaMemcpyAsync (rows)", cudaMemcpyAsync(k->recvrows + (size_t)k->ro_r[q] * H,
+                                                             p->sendrows + (size_t)p->so_r[rank] * H,
+                                                             sizeof(float) * (size_t)nr * H, cudaMemcpyDefault, s));
+            if (np)
+                CU("cudaMemcpyAsync (pairs)", cudaMemcpyAsync(k->recvmeta + 3 * k->ro_p[q], p->sendmeta + 3 * p->so_p[rank],
+                                                              sizeof(int32_t) * 3 * (size_t)np, cudaMemcpyDefault, s));
+        } else {
+            int64_t np = p->ro_p[rank + 1] - p->ro_p[rank];
+            if (np)
+                CU("cudaMemcpyAsync (contributions)", cudaMemcpyAsync(k->back + (size_t)k->so_p[q] * H,
+                                                                      p->res + (size_t)p->ro_p[rank] * H,
+                                                                      sizeof(float) * (size_t)np * H, cudaMemcpyDefault, s));
+        }
+    }
+    CU("cudaStreamSynchronize (exchange)", cudaStreamSynchronize(s));
+    if (barrier(n)) return interrupted(err);
+    return EG_OK;
+}
+
+#ifdef EG_HAVE_NCCL
+/* One grouped set of sends and receives, enqueued under the mutex (refused once the
+ * group failed). which: 0 counts, 1 rows + pairs, 2 contributions back. */
+static eg_status post_nccl(eg_ep_cuda *n, int rank, int which, eg_error *err) {
+    ep_nrank *k = &n->rk[rank];
+    int R = n->R;
+    size_t H = (size_t)n->H;
+    cudaStream_t s = n->strm[rank];
+    pthread_mutex_lock(&n->mu);
+    if (n->failed) { pthread_mutex_unlock(&n->mu); return interrupted(err); }
+    ncclComm_t c = n->comm[rank];
+    ncclResult_t r = ncclGroupStart();
+    for (int q = 0; q < R && r == ncclSuccess; q++) {
+        if (q == rank) continue;
+        int64_t sr = k->so_r[q + 1] - k->so_r[q], sp = k->so_p[q + 1] - k->so_p[q];
+        int64_t rr = k->ro_r[q + 1] - k->ro_r[q], rp = k->ro_p[q + 1] - k->ro_p[q];
+        if (which == 0) {
+            r = ncclSend(k->counts_d + 4 * q, 4, ncclInt32, q, c, s);
+            if (r == ncclSuccess) r = ncclRecv(k->counts_d + 4 * (R + q), 4, ncclInt32, q, c, s);
+        } else if (which == 1) {
+            if (sr) {
+                r = ncclSend(k->sendrows + (size_t)k->so_r[q] * H, (size_t)sr * H, ncclFloat32, q, c, s);
+                if (r == ncclSuccess) r = ncclSend(k->sendmeta + 3 * k->so_p[q], 3 * (size_t)sp, ncclInt32, q, c, s);
+            }
+            if (rr && r == ncclSuccess) {
+                r = ncclRecv(k->recvrows + (size_t)k->ro_r[q] * H, (size_t)rr * H, ncclFloat32, q, c, s);
+                if (r == ncclSuccess) r = ncclRecv(k->recvmeta + 3 * k->ro_p[q], 3 * (size_t)rp, ncclInt32, q, c, s);
+            }
+        } else {
+            if (rp) r = ncclSend(k->res + (size_t)k->ro_p[q] * H, (size_t)rp * H, ncclFloat32, q, c, s);
+            if (sp && r == ncclSuccess) r = ncclRecv(k->back + (size_t)k->so_p[q] * H, (size_t)sp * H, ncclFloat32, q, c, s);
+        }
+    }
+    ncclResult_t re = ncclGroupEnd();
+    pthread_mutex_unlock(&n->mu);
+    if (r == ncclSuccess) r = re;
+    static const char *const what[] = {"ncclSend/ncclRecv (counts)", "ncclSend/ncclRecv (rows to the experts' ranks)",
+                                       "ncclSend/ncclRecv (contributions back)"};
+    return r == ncclSuccess ? EG_OK : nc_err(err, rank, what[which], r);
+}
+#endif
+
+static eg_status post(eg_ep_cuda *n, int rank, int which, eg_error *err) {
+#ifdef EG_HAVE_NCCL
+    if (n->use_nccl) return post_nccl(n, rank, which, err);
+#endif
+    return post_local(n, rank, which, err);
+}
+
+/* One exchange. a == NULL: this rank has left (no tokens; serves the others). *all_left:
+ * every rank has left (nothing else was done). */
+static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
+                          const eg_moe_args *a, int *all_left, eg_error *err) {
+    ep_nrank *k = &n->rk[rank];
+    int R = n->R, K = n->K, T = a ? a->T : 0;
+    size_t H = (size_t)n->H;
+    cudaStream_t s = n->strm[rank];
+    *all_left = 0;
+    eg_status st = eg_cuda_ep_pack(be, a ? a->ids : NULL, a ? a->weights : NULL, T, K, R, n->per, rank,
+                                   a ? layer : -1, !a, k->counts_d, k->sendtok, k->sendmeta, k->tk2pair, err);
+    if (st || (st = post(n, rank, 0, err))) return st;
+    if (st) return st;
+    CU("cudaMemcpyAsync (counts)", cudaMemcpyAsync(k->counts_h, k->counts_d, sizeof(int32_t) * 8 * (size_t)R,
+                                                   cudaMemcpyDeviceToHost, s));
+    cudaError_t ce = cudaStreamSynchronize(s);
+    if (n->failed) return interrupted(err);
+    if (ce != cudaSuccess) return cu_err(err, rank, "cudaStreamSynchronize (counts)", ce);
+    const int32_t *sc = k->counts_h, *rc = k->counts_h + 4 * R;
+    int lay = -1, active = 0;
+    for (int q = 0; q < R; q++) {
+        if (rc[4 * q + 3]) continue;
+        if (active++ && rc[4 * q + 2] != lay)
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d from a rank, %d "
+                           "from rank %d)", rank, lay, rc[4 * q + 2], q);
+        lay = rc[4 * q + 2];
+    }
+    if (!active) {
+        *all_left = 1;
+        return EG_OK;
+    }
+    k->so_r[0] = k->so_p[0] = k->ro_r[0] = k->ro_p[0] = 0;
+    for (int q = 0; q < R; q++) {
+        k->so_r[q + 1] = k->so_r[q] + sc[4 * q];
+        k->so_p[q + 1] = k->so_p[q] + sc[4 * q + 1];
+        k->ro_r[q + 1] = k->ro_r[q] + rc[4 * q];
+        k->ro_p[q + 1] = k->ro_p[q] + rc[4 * q + 1];
+    }
+    if (k->so_p[R] != (int64_t)T * K || k->ro_r[R] > (int64_t)R * n->T * n->M || k->ro_p[R] > (int64_t)R * n->T * K)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: %lld pairs packed of %lld, %lld rows / %lld "
+                       "pairs received (bounds %lld / %lld)", rank, (long long)k->so_p[R], (long long)T * K,
+                       (long long)k->ro_r[R], (long long)k->ro_p[R], (long long)R * n->T * n->M,
+                       (long long)R * n->T * K);
+    const eg_expert_w *own = lay >= 0 && lay < n->o.n_layers ? layers[lay] : NULL;
+    if (k->ro_p[R] && !own)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no experts registered for layer %d", rank, lay);
+    /* rows out, own segment in place */
+    if (k->so_r[R]) {
+        st = be->ops->gather_rows(be, a->x, k->sendtok, (int)k->so_r[R], n->H, k->sendrows, err);
+        if (st) return st;
+    }
+    int64_t self_r = k->so_r[rank + 1] - k->so_r[rank], self_p = k->so_p[rank + 1] - k->so_p[rank];
+    if (self_r) {
+        CU("cudaMemcpyAsync (own rows)", cudaMemcpyAsync(k->recvrows + (size_t)k->ro_r[rank] * H,
+                                                         k->sendrows + (size_t)k->so_r[rank] * H,
+                                                         sizeof(float) * (size_t)self_r * H, cudaMemcpyDeviceToDevice, s));
+        CU("cudaMemcpyAsync (own pairs)", cudaMemcpyAsync(k->recvmeta + 3 * k->ro_p[rank], k->sendmeta + 3 * k->so_p[rank],
+                                                          sizeof(int32_t) * 3 * (size_t)self_p, cudaMemcpyDeviceToDevice, s));
+    }
+    if ((st = post(n, rank, 1, err))) return st;
+    /* this rank's experts over every source's pairs */
+    int e0 = rank * n->per, e1 = e0 + n->per;
+    for (int q = 0; q < R; q++) {
+        int64_t np = k->ro_p[q + 1] - k->ro_p[q];
+        const float *rows = k->recvrows + (size_t)k->ro_r[q] * H;
+        const int32_t *m_row = k->recvmeta + 3 * k->ro_p[q], *m_id = m_row + np;
+        const float *m_w = (const float *)(m_id + np);
+        for (int64_t j0 = 0; j0 < np; j0 += n->T) {
+            int c = (int)(np - j0 < n->T ? np - j0 : n->T);
+            float *y = k->res + (size_t)(k->ro_p[q] + j0) * H;
+            eg_moe_args m = {.T = c, .x = k->xs, .ids = m_id + j0, .weights = m_w + j0, .topk = 1, .experts = own,
+                             .e0 = e0, .e1 = e1, .y = y};
+            if ((st = be->ops->gather_rows(be, rows, m_row + j0, c, n->H, k->xs, err)) ||
+                (st = be->ops->memset0(be, y, sizeof(float) * (size_t)c * H, err)) || (st = be->ops->moe(be, &m, err)))
+                return eg_wrap(err, "expert-parallel rank %d, layer %d, pairs from rank %d", rank, lay, q);
+        }
+    }
+    if (self_p)
+        CU("cudaMemcpyAsync (own contributions)",
+           cudaMemcpyAsync(k->back + (size_t)k->so_p[rank] * H, k->res + (size_t)k->ro_p[rank] * H,
+                           sizeof(float) * (size_t)self_p * H, cudaMemcpyDeviceToDevice, s));
+    if ((st = post(n, rank, 2, err))) return st;
+    if (T && (st = eg_cuda_ep_combine(be, k->back, k->tk2pair, T, K, n->H, a->y, err))) return st;
+    int64_t remote_r = k->so_r[R] - self_r, remote_p = k->so_p[R] - self_p;
+    k->remote_pairs += remote_p;
+    k->bytes += remote_r * (int64_t)H * 4 + remote_p * (12 + (int64_t)H * 4);
+    return EG_OK;
+}
+
+eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
+                         const eg_moe_args *a, eg_error *err) {
+    int all_left = 0;
+    eg_status st = exchange(n, rank, layer, layers, be, a, &all_left, err);
+    if (!st && all_left) /* cannot happen: this rank has not left */
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: every rank reported leaving", rank);
+    return st;
+}
+
+eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err) {
+    for (;;) {
+        int all_left = 0;
+        eg_status st = exchange(n, rank, -1, layers, be, NULL, &all_left, err);
+        if (st || all_left) return st;
+    }
+}
+
+#endif

@@ -1,0 +1,44 @@
+/* collective_cuda.h — the expert-parallel group for CUDA ranks, used by collective.c (and
+ * by ep_runtime.c for the device count)
+ * (collective.h describes the exchange). Two ways to move the rows:
+ *   nccl        one communicator per rank (ncclCommInitAll over the ranks' GPUs), every
+ *               pair connected at create, grouped ncclSend/ncclRecv on each rank's stream;
+ *               needs NCCL and one GPU per rank.
+ *   cuda-local  ranks sharing a GPU, or a build without NCCL: each rank copies its
+ *               peers' segments with cudaMemcpyAsync on its own stream between two host
+ *               barriers (the counts, rows and contributions each: the sender's stream
+ *               synchronised before, the reader's after). Correct everywhere, slower.
+ * Per call the work is enqueued on the rank backend's stream, with host waits only for
+ * the counts (nccl: one per call).
+ * Ownership: owns its communicators and device buffers (cudaMalloc'd on each rank's GPU,
+ * sized at create); borrows the backends' streams, so it is freed before the backends.
+ * eg_ep_cuda_free accepts NULL.
+ * Thread safety: rank r's calls only from rank r's thread (its GPU current);
+ * eg_ep_cuda_fail from any thread. */
+#ifndef EG_COLLECTIVE_CUDA_H
+#define EG_COLLECTIVE_CUDA_H
+
+#include "engine/collective.h"
+
+typedef struct eg_ep_cuda eg_ep_cuda;
+
+/* o->backends: CUDA backends. nccl when built with NCCL and every rank has its own GPU,
+ * else cuda-local. EG_ERR_UNSUPPORTED without CUDA. */
+eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err);
+void eg_ep_cuda_free(eg_ep_cuda *n);
+/* "nccl" or "cuda-local". */
+const char *eg_ep_cuda_kind(const eg_ep_cuda *n);
+/* layers: [n_layers] the rank's registered expert arrays. */
+eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
+                         const eg_moe_args *a, eg_error *err);
+eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err);
+/* Abandon every transfer (nccl: ncclCommAbort; both: barriers released): waiting ranks
+ * return EG_ERR_INTERRUPTED. */
+void eg_ep_cuda_fail(eg_ep_cuda *n);
+void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes);
+/* Device bytes per rank for o's buffers (0 without CUDA). */
+int64_t eg_ep_cuda_bytes(const eg_ep_opts *o);
+/* CUDA devices visible (0 without CUDA): the ep runtime puts rank r on GPU r mod this. */
+int eg_ep_cuda_devices(void);
+
+#endif
