@@ -36,7 +36,7 @@ usage: python3 docs/perf_model.py [--box NAME] [--config config.json] [--eff F]
        [--mean-len N] [--held-len N] [--gpu-mem-gb F] [--link-gbs F] [--link-us F]
        [--prefill-chunk N] [--draft-tokens K --accept A] [--json]
 --draft-tokens K --accept A: speculative decoding, K drafts verified per target pass of K + 1 rows
-committing A tokens on average (eaglegen bench --draft-model measures A); the drafter (drafter_bytes)
+committing A tokens on average (generate --draft-model reports A); the drafter (drafter_bytes)
 sits beside lm_head on the last stage, runs K times per step on its micro-batch, not overlapped.
 --held-len: cache tokens each sequence holds, for concurrency (default: --mean-len; with
 --kv-policy reserve a sequence holds prompt + max_new whatever it generates).

@@ -80,8 +80,8 @@ typedef struct eg_layout_opts {
     double watermark;      /* share of the pool kept free (0 = 0.01) */
     /* Speculative decoding (generate --draft-model): k drafted tokens per sequence and
      * step, verified in one target pass of k + 1 rows that commits `accept` tokens on
-     * average (accepted drafts + the correction/bonus token, 1 <= accept <= k + 1; bench
-     * measures it). 0 = plain decode. The drafter is modelled as an EAGLE-3 layer of the
+     * average (accepted drafts + the correction/bonus token, 1 <= accept <= k + 1; generate
+     * --draft-model reports it). 0 = plain decode. The drafter is modelled as an EAGLE-3 layer of the
      * target's hidden size (eg_layout_drafter_bytes), replicated on every GPU, run k times
      * per step on the GPU's own sequences, not overlapped. */
     int draft_tokens;

@@ -67,7 +67,7 @@ static void usage(FILE *f) {
             "  --draft-tokens K    model speculative decoding: K drafted tokens per verify pass\n"
             "                      (an EAGLE-3 drafter layer beside lm_head; needs --accept)\n"
             "  --accept A          tokens committed per verify pass (accepted drafts + 1, 1..K+1;\n"
-            "                      `eaglegen bench --draft-model` measures it)\n"
+            "                      generate --draft-model reports it)\n"
             "  --json              the rows as JSON objects (layout, kv_tokens, concurrency,\n"
             "                      decode_tok_s, prefill_tok_s, ...) and the recommendations\n"
             "  -h, --help          this text\n");

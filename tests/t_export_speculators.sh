@@ -104,7 +104,14 @@ for i in 1 2 3 4 5 6; do
     rm -rf k
     EG_EXPORT_BATCH_ROWS=8 $E export kds --to speculators --out k >/dev/null 2>&1 &
     pid=$!
-    sleep "0.$(printf %03d $((RANDOM % 150 + 5)))"
+    # start the clock once the export writes (opening the dataset and counting the vocab
+    # take longer than the window on a loaded machine), then kill at a random point
+    for _ in $(seq 1 400); do
+        compgen -G "k/hidden_states/*.safetensors" >/dev/null && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    sleep "0.$(printf %03d $((RANDOM % 60 + 1)))"
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     verdict=$("$PYTHON" - <<'PY'

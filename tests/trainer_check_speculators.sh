@@ -22,15 +22,8 @@ fi
 [ -x "$EAGLEGEN" ] || { echo "trainer-check: $EAGLEGEN not built"; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
-"$EAGLEGEN" mkmodel --preset tiny --layers 8 --out model --seed 3 >/dev/null 2>&1
-"$PYTHON" - <<'PY'
-import json
-with open("c.jsonl", "w") as f:
-    for i in range(12):
-        f.write(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": f"Question {i}: {'why ' * i}?"}]}) + "\n")
-PY
-"$EAGLEGEN" generate --model model --prompts c.jsonl --out ds --max-new-tokens 24 --max-seq-len 256 --batch 4 --seed 5 \
-    --temperature 0.7 >/dev/null 2>gen.log || { cat gen.log; exit 1; }
+. "$root/tests/trainer_check_lib.sh"
+trainer_check_dataset
 "$EAGLEGEN" export ds --to speculators --out sp --draft-vocab 64 2>/dev/null
 EG_EXPORT_SHARD_BYTES=4000 EG_EXPORT_BATCH_ROWS=2 "$EAGLEGEN" export ds --to speculators --out sp_split --draft-vocab 64 \
     >/dev/null 2>&1
