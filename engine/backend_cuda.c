@@ -46,6 +46,39 @@ int eg_cuda_graphs_enabled(void) {
     return !(gr && !strcmp(gr, "0")) && !(pf && !strcmp(pf, "1")); /* profiling records op by op */
 }
 
+/* The plan from given memory figures (both builds: the runtime's tests plan without a GPU). */
+eg_status eg_cuda_plan_mem(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t total_bytes,
+                           int64_t free_bytes, int64_t weight_bytes, int64_t act_bytes, int n_layers, int block_size,
+                           eg_cuda_mem_plan *out, eg_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!(fraction > 0.0 && fraction <= 1.0))
+        return eg_fail(err, EG_ERR_INVALID, "gpu memory fraction %g must be in (0, 1]", fraction);
+    if (block_size <= 0 || n_layers <= 0)
+        return eg_fail(err, EG_ERR_INVALID, "planner: block_size %d and n_layers %d must be positive", block_size,
+                       n_layers);
+    out->free_bytes = free_bytes;
+    out->total_bytes = total_bytes;
+    out->fraction = fraction;
+    out->weight_bytes = weight_bytes;
+    out->act_bytes = act_bytes;
+    out->scratch_bytes = eg_cuda_scratch_bytes(cfg, o);
+    out->headroom_bytes = EG_CUDA_HEADROOM;
+    /* What others (and this process so far) hold counts against the budget. */
+    out->budget_bytes = (int64_t)((double)out->total_bytes * fraction) - (out->total_bytes - out->free_bytes) -
+                        out->headroom_bytes;
+    out->kv_bytes_per_token = (int64_t)n_layers * (cfg->kv_lora_rank + cfg->qk_rope) * 2;
+    int64_t left = out->budget_bytes - weight_bytes - act_bytes - out->scratch_bytes;
+    int64_t per_block = out->kv_bytes_per_token * block_size;
+    out->kv_blocks = left > 0 && per_block > 0 ? left / per_block : 0;
+    out->kv_tokens = out->kv_blocks * block_size;
+    if (out->kv_blocks < 1) {
+        char buf[512];
+        eg_cuda_plan_format(out, o->device, buf, sizeof buf);
+        return eg_fail(err, EG_ERR_NOMEM, "not enough GPU memory for one KV block: %s", buf);
+    }
+    return EG_OK;
+}
+
 #ifndef EG_HAVE_CUDA
 
 eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o, eg_backend **out, eg_error *err) {
@@ -1405,32 +1438,10 @@ eg_status eg_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes
 eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t weight_bytes,
                        int64_t act_bytes, int n_layers, int block_size, eg_cuda_mem_plan *out, eg_error *err) {
     memset(out, 0, sizeof *out);
-    if (!(fraction > 0.0 && fraction <= 1.0))
-        return eg_fail(err, EG_ERR_INVALID, "gpu memory fraction %g must be in (0, 1]", fraction);
-    if (block_size <= 0 || n_layers <= 0)
-        return eg_fail(err, EG_ERR_INVALID, "planner: block_size %d and n_layers %d must be positive", block_size,
-                       n_layers);
-    eg_status st = eg_cuda_mem_info(o->device, &out->free_bytes, &out->total_bytes, err);
+    int64_t free_b = 0, total_b = 0;
+    eg_status st = eg_cuda_mem_info(o->device, &free_b, &total_b, err);
     if (st) return st;
-    out->fraction = fraction;
-    out->weight_bytes = weight_bytes;
-    out->act_bytes = act_bytes;
-    out->scratch_bytes = eg_cuda_scratch_bytes(cfg, o);
-    out->headroom_bytes = EG_CUDA_HEADROOM;
-    /* What others (and this process so far) hold counts against the budget. */
-    out->budget_bytes = (int64_t)((double)out->total_bytes * fraction) - (out->total_bytes - out->free_bytes) -
-                        out->headroom_bytes;
-    out->kv_bytes_per_token = (int64_t)n_layers * (cfg->kv_lora_rank + cfg->qk_rope) * 2;
-    int64_t left = out->budget_bytes - weight_bytes - act_bytes - out->scratch_bytes;
-    int64_t per_block = out->kv_bytes_per_token * block_size;
-    out->kv_blocks = left > 0 && per_block > 0 ? left / per_block : 0;
-    out->kv_tokens = out->kv_blocks * block_size;
-    if (out->kv_blocks < 1) {
-        char buf[512];
-        eg_cuda_plan_format(out, o->device, buf, sizeof buf);
-        return eg_fail(err, EG_ERR_NOMEM, "not enough GPU memory for one KV block: %s", buf);
-    }
-    return EG_OK;
+    return eg_cuda_plan_mem(cfg, o, fraction, total_b, free_b, weight_bytes, act_bytes, n_layers, block_size, out, err);
 }
 
 /* A 64-byte header records how the block was allocated, so free needs no lookup. */

@@ -43,6 +43,12 @@ int eg_cuda_graphs_enabled(void);
 eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t weight_bytes,
                        int64_t act_bytes, int n_layers, int block_size, eg_cuda_mem_plan *out, eg_error *err);
 
+/* The same plan from given figures of a device's memory (total_bytes, free_bytes) instead of
+ * asking the device: eg_cuda_plan is eg_cuda_mem_info + this. Both builds (no GPU needed). */
+eg_status eg_cuda_plan_mem(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t total_bytes,
+                           int64_t free_bytes, int64_t weight_bytes, int64_t act_bytes, int n_layers, int block_size,
+                           eg_cuda_mem_plan *out, eg_error *err);
+
 /* One line: "GPU 0: 139.8 GiB total, ... KV capacity 1234567 tokens (19290 blocks of 64)". */
 void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_t n);
 

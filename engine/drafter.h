@@ -38,6 +38,8 @@ typedef struct eg_drafter_info {
     int n_slots;            /* slots the drafter holds state for */
     int max_seq_len;        /* positions per slot */
     int64_t state_bytes;    /* memory held for all slots (its caches), for the planner */
+    int64_t weight_bytes;   /* its weights as stored (the planner counts them once per
+                               drafter; 0 = none of its own) */
 } eg_drafter_info;
 
 typedef struct eg_drafter_vtbl {

@@ -881,6 +881,13 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     in->n_slots = d->S;
     in->max_seq_len = d->T;
     in->state_bytes = (int64_t)d->S * (4 * (int64_t)d->T * row + 4 * H);
+    {   /* as stored (the target's embedding, when borrowed, is not the drafter's), and d2t */
+        const dw *ws[] = {&d->fc, &d->in_norm, &d->hid_norm, &d->wq, &d->wk, &d->wv, &d->wo, &d->post_norm,
+                          &d->wg, &d->wu, &d->wd, &d->norm, &d->lm_head, &d->embed};
+        in->weight_bytes = (int64_t)sizeof(int64_t) * d->Vd;
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->data) in->weight_bytes += ws[i]->rows * ws[i]->cols * (ws[i]->dt == EG_ST_F32 ? 4 : 2);
+    }
     *out = &d->base;
     return EG_OK;
 fail:

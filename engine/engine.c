@@ -328,11 +328,6 @@ static eg_status spec_setup(eg_engine *e, eg_error *err) {
     const char *kind = di->kind ? di->kind : "drafter";
     if (o->draft_tokens < 1)
         return eg_fail(err, EG_ERR_INVALID, "speculative decoding: %d draft tokens (need at least 1)", o->draft_tokens);
-    if (e->threaded)
-        return eg_fail(err, EG_ERR_INVALID,
-                       "speculative decoding with threaded pipeline stages is not supported (run the %d stages on "
-                       "one thread)", e->n_stages);
-    if (o->ep) return eg_fail(err, EG_ERR_INVALID, "speculative decoding with expert parallelism is not supported");
     if (o->max_tokens < o->draft_tokens + 1)
         return eg_fail(err, EG_ERR_INVALID,
                        "speculative decoding: %d rows per step cannot hold a verify chunk of %d drafts + 1", o->max_tokens,
@@ -935,9 +930,12 @@ static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
         e->rr = (e->rr + 1) % S;
         for (int i = mb->index; i < S; i += e->n_mb) e->slots[i].n_draft = 0;
     }
+    const int own = (S - mb->index + e->n_mb - 1) / e->n_mb; /* slots mb->index + m * n_mb */
     for (int pass = 0; pass < 2 && T < Tmax; pass++)
         for (int j = mb->index; j < S && T < Tmax; j += e->n_mb) {
-            int i = pass == 0 && e->dr ? (j + r0) % S : j; /* n_mb is 1 with a drafter */
+            /* the decode pass rotates over the micro-batch's own slots (all of them with
+               one micro-batch: slot (j + r0) % S) */
+            int i = pass == 0 && e->dr ? mb->index + (int)(((j - mb->index) / e->n_mb + r0) % own) * e->n_mb : j;
             slot_state *s = &e->slots[i];
             if (!s->active || s->n_done >= s->n_total) continue;
             if (s->want > 0) continue; /* stalled until the next preemption pass */

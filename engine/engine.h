@@ -131,8 +131,10 @@ typedef struct eg_engine_opts {
     /* Speculative decoding (docs/ENGINE.md "Speculative decoding"): with a drafter
      * (borrowed; NULL = off) each generating sequence proposes up to draft_tokens (k >= 1)
      * tokens per step, verified by the target in one k + 1-row chunk and accepted by
-     * spec.h's rule. Refused with stage_backends (threaded stages) or ep. The drafter's
-     * aux layers must be among aux_layers; max_tokens >= k + 1. */
+     * spec.h's rule. With stage_backends the drafter runs on the driving thread as each
+     * micro-batch leaves the last stage; with ep each rank's engine needs a drafter of its
+     * own (ep_runtime.h). The drafter's aux layers must be among aux_layers; max_tokens >=
+     * k + 1. */
     eg_drafter *drafter;
     int draft_tokens;
     eg_spec_rule spec_rule;  /* EG_SPEC_EXACT; tests set EG_SPEC_BROKEN_ACCEPT */

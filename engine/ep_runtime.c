@@ -63,9 +63,13 @@ void eg_ep_runtime_free(eg_ep_runtime *rt) {
 }
 
 eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, const eg_engine_opts *o, int ep,
-                               eg_ep_runtime **out, eg_error *err) {
+                               eg_drafter *const *drafters, eg_ep_runtime **out, eg_error *err) {
     *out = NULL;
     const eg_config *c = &m->cfg;
+    if (o->drafter)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "--ep %d: one drafter cannot serve every rank (its state is driven by one thread): give one "
+                       "per rank", ep);
     if (ep < 1) return eg_fail(err, EG_ERR_INVALID, "--ep %d: must be at least 1", ep);
     if (c->n_experts < 1 || c->n_experts % ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d does not divide the model's %d routed experts", ep, c->n_experts);
@@ -111,7 +115,8 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     for (int r = 0; r < ep; r++) {
         eg_engine_opts ro = *o;
         /* slots and blocks split over the ranks, the remainder to the first ones */
-        ro.n_slots = o->n_slots / ep + (r < o->n_slots % ep);
+        ro.n_slots = eg_ep_runtime_rank_slots(o->n_slots, ep, r);
+        ro.drafter = drafters ? drafters[r] : NULL; /* its own state, for this rank's slots */
         ep_rank_run *x = &rt->runs[r];
         x->slots = ro.n_slots;
         x->cap = 2 * ro.n_slots + 2; /* active + parked <= slots, one pending; slack */
@@ -134,6 +139,7 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 }
 
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank) { return rt->eng[rank]; }
+int eg_ep_runtime_rank_slots(int n_slots, int ep, int rank) { return n_slots / ep + (rank < n_slots % ep); }
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt) { return rt->ep; }
 int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens) {
     eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,

@@ -22,9 +22,15 @@
 typedef struct eg_ep_runtime eg_ep_runtime;
 
 /* o: the engine options of the whole group (n_slots and kv_blocks are split over the
- * ranks; stage_backends must be NULL). bo: the backend of one rank (nthreads split). */
+ * ranks; stage_backends and drafter must be NULL). bo: the backend of one rank (nthreads
+ * split). drafters: NULL, or [ep] one drafter per rank (borrowed, freed after the
+ * runtime): rank r's engine drives drafters[r] on its own thread for its own slots
+ * (eg_ep_runtime_rank_slots of them), with o->draft_tokens; verify rows go through the
+ * exchange as ordinary rows, so the ranks' calls still pair up layer by layer. */
 eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, const eg_engine_opts *o, int ep,
-                               eg_ep_runtime **out, eg_error *err);
+                               eg_drafter *const *drafters, eg_ep_runtime **out, eg_error *err);
+/* The slots rank `rank` of ep gets of n_slots (the remainder to the first ranks). */
+int eg_ep_runtime_rank_slots(int n_slots, int ep, int rank);
 void eg_ep_runtime_free(eg_ep_runtime *rt);
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank);
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt);

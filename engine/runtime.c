@@ -20,7 +20,8 @@ struct eg_runtime {
     eg_backend **stage_be;    /* [n_stages] with threaded stages */
     eg_engine *engine;        /* the engine, or rank 0's */
     eg_ep_runtime *ep_rt;     /* ep > 1 */
-    eg_drafter *drafter;      /* opts.draft_model */
+    eg_drafter **drafters;    /* [n_drafters] opts.draft_model: one per engine (per rank with ep) */
+    int n_drafters;
     eg_engine *volatile stop_engine; /* what eg_runtime_request_stop stops */
     int *aux;                 /* [n_aux] copy */
     int *stage_ends;          /* [n_stages] */
@@ -79,7 +80,8 @@ void eg_runtime_free(eg_runtime *rt) {
     if (!rt) return;
     if (rt->ep_rt) eg_ep_runtime_free(rt->ep_rt);
     else eg_engine_free(rt->engine);
-    eg_drafter_free(rt->drafter); /* after the engine that borrowed it */
+    for (int r = 0; rt->drafters && r < rt->n_drafters; r++) eg_drafter_free(rt->drafters[r]); /* after the engines */
+    free(rt->drafters);
     eg_backend_free(rt->be);
     for (int k = 0; rt->stage_be && k < rt->info.n_stages; k++) eg_backend_free(rt->stage_be[k]);
     free(rt->stage_be);
@@ -95,13 +97,22 @@ void eg_runtime_free(eg_runtime *rt) {
  * every stage on a GPU first (each stage backend has its own scratch), the KV pool from
  * what is left; every stage gets the same number of cache blocks, the smallest any GPU
  * allows. */
+/* With a drafter (draft_w its weights, draft_slot its cache per slot, plan_slots slots in
+ * all; 0 while --batch auto is still being chosen) the GPU of the last stage (each rank's
+ * with ep) also holds the drafter and its slots' caches (counted with the activations);
+ * *draft_dev gets those bytes (per rank with ep). quiet: no notes (a first pass). */
 static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_backend_opts *bo, int n_stages,
-                           int64_t *kv_blocks, eg_error *err) {
+                           int64_t draft_w, int64_t draft_slot, int plan_slots, int quiet, int64_t *kv_blocks,
+                           int64_t *draft_dev, eg_error *err) {
     const eg_model *m = rt->m;
     const eg_config *c = &m->cfg;
     /* --ep: every rank's GPU holds all stages and the same share (planned once, as GPU 0) */
     int ep = o->ep > 1 ? o->ep : 1;
     int n_dev = ep > 1 ? 1 : o->gpus > 0 && o->gpus < n_stages ? o->gpus : n_stages;
+    *kv_blocks = 0;
+    *draft_dev = 0;
+    if (o->draft_model) /* the ranks' slots: rank 0 has the most */
+        *draft_dev = draft_w + draft_slot * (ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots);
     for (int d = 0; d < n_dev; d++) {
         int64_t tail = 0, head = eg_plan_head_bytes(m, &tail), wbytes = 0, act = 0;
         int layers = 0, on_dev = 0;
@@ -116,6 +127,8 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
             layers += end - b0;
         }
         if (ep > 1) act += eg_ep_runtime_device_bytes(c, ep, o->max_tokens); /* the nccl exchange's buffers */
+        int with_draft = *draft_dev > 0 && (n_stages - 1) % n_dev == d; /* it reads the last stage's rows */
+        if (with_draft) act += *draft_dev;
         /* ranks sharing a GPU (fewer GPUs than ranks): each holds its weights, buffers and
            backend scratch there, and the pool is split between them */
         int rpg = ep > 1 ? eg_ep_runtime_ranks_per_gpu(ep) : 1;
@@ -126,12 +139,21 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
         eg_backend_opts so = *bo;
         so.device = o->device + d;
         eg_cuda_mem_plan mp;
-        char line[512], note[600];
-        eg_status st = eg_cuda_plan(c, &so, o->gpu_mem_fraction, wbytes, act, layers, 64, &mp, err);
+        char line[512], note[900];
+        eg_status st = o->plan_total_bytes > 0
+                           ? eg_cuda_plan_mem(c, &so, o->gpu_mem_fraction, o->plan_total_bytes, o->plan_free_bytes,
+                                              wbytes, act, layers, 64, &mp, err)
+                           : eg_cuda_plan(c, &so, o->gpu_mem_fraction, wbytes, act, layers, 64, &mp, err);
         if (st) return eg_wrap(err, "memory plan for GPU %d", so.device), st;
         eg_cuda_plan_format(&mp, so.device, line, sizeof line);
-        snprintf(note, sizeof note, "%s%s", line, on_dev > 1 ? " (shared by its stages)" : "");
-        if (o->note) o->note(o->note_ctx, note);
+        char dnote[200] = "";
+        if (with_draft)
+            snprintf(dnote, sizeof dnote, "; the activations include the drafter's %lld bytes (weights %lld, %d slots' "
+                     "cache of %lld%s)", (long long)*draft_dev, (long long)draft_w,
+                     ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots, (long long)draft_slot,
+                     ep > 1 ? ", per rank" : "");
+        snprintf(note, sizeof note, "%s%s%s", line, on_dev > 1 ? " (shared by its stages)" : "", dnote);
+        if (o->note && !quiet) o->note(o->note_ctx, note);
         if (!*kv_blocks || mp.kv_blocks < *kv_blocks) *kv_blocks = mp.kv_blocks;
     }
     /* the runtime splits the pool over the ranks: each rank's GPU share times the ranks */
@@ -186,21 +208,45 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     int max_tokens = o->max_tokens;
     eg_backend_opts bo = {.name = backend, .max_tokens = max_tokens, .max_seq_len = o->max_seq_len,
                           .nthreads = o->threads, .device = o->device};
+    /* the drafter's size (a probe of one slot: the checkpoint is mapped, not read), for the plan */
+    int64_t draft_w = 0, draft_slot = 0, draft_dev = 0;
+    if (o->draft_model) {
+        eg_drafter *probe = NULL;
+        eg_eagle3_opts po = {.threads = 1};
+        if ((st = eg_drafter_eagle3_load_opts(o->draft_model, m, 1, o->max_seq_len, &po, &probe, err))) {
+            eg_wrap(err, "--draft-model %s", o->draft_model);
+            goto fail;
+        }
+        draft_w = probe->info.weight_bytes;
+        draft_slot = probe->info.state_bytes;
+        eg_drafter_free(probe);
+    }
     /* the KV pool, the slot count and the host budget */
     int64_t kv_blocks = 0;
     const int64_t block = o->block_size > 0 ? o->block_size : 64;
-    if (cuda && o->gpu_mem_fraction > 0 && (st = plan_cuda(rt, o, &bo, n_stages, &kv_blocks, err))) goto fail;
+    int n_slots = o->n_slots;
+    int planned = cuda && o->gpu_mem_fraction > 0;
     int64_t seq_host =
         eg_plan_seq_host_bytes(c, o->n_aux + (o->final_both != 0), o->max_seq_len, o->capture_bf16 ? 2 : 4);
-    if (o->kv_tokens > 0) {
-        int64_t cap = o->kv_tokens / block > 0 ? o->kv_tokens / block : 1;
-        if (!kv_blocks || cap < kv_blocks) kv_blocks = cap;
-    }
-    int n_slots = o->n_slots;
     rt->info.auto_slots = n_slots == 0;
-    if (n_slots == 0) {
+    /* --batch auto with a drafter on a planned GPU: a first pass without the slots' caches
+       chooses a slot count, the second reserves the caches of that many slots (at least
+       as many as the smaller pool then chooses) */
+    for (int pass = planned && o->draft_model && n_slots == 0 ? 0 : 1; pass < 2; pass++) {
+        int plan_slots = pass ? (n_slots ? n_slots : 0) : 0;
+        if (planned && (st = plan_cuda(rt, o, &bo, n_stages, draft_w, draft_slot, plan_slots, !pass, &kv_blocks,
+                                       &draft_dev, err)))
+            goto fail;
+        if (o->kv_tokens > 0) {
+            int64_t cap = o->kv_tokens / block > 0 ? o->kv_tokens / block : 1;
+            if (!kv_blocks || cap < kv_blocks) kv_blocks = cap;
+        }
+        if (!rt->info.auto_slots) continue;
         if (!kv_blocks) kv_blocks = 16 * ((o->max_seq_len + block - 1) / block); /* cpu: what 16 slots hold */
-        n_slots = eg_plan_auto_slots(kv_blocks * block, o->max_seq_len, max_tokens, o->ram_bytes, seq_host);
+        /* on the cpu backend the drafter's cache of a slot is host memory like its rows */
+        int ns = eg_plan_auto_slots(kv_blocks * block, o->max_seq_len, max_tokens, o->ram_bytes,
+                                    seq_host + (cuda ? 0 : draft_slot));
+        if (!pass || !n_slots || ns < n_slots) n_slots = ns;
     }
     if (kv_blocks && kv_blocks < (o->max_seq_len + block - 1) / block) {
         st = eg_fail(err, EG_ERR_INVALID,
@@ -245,21 +291,27 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                          .host_kv_bytes = host_kv, .capture_bf16 = o->capture_bf16,
                          .check_recompute = o->check_recompute};
     if (o->draft_model) {
-        if (o->ep > 1 || threaded) {
-            st = eg_fail(err, EG_ERR_INVALID, "--draft-model: speculative decoding runs on one engine without %s",
-                         o->ep > 1 ? "expert-parallel ranks (--ep)" : "threaded pipeline stages (--stages)");
-            goto fail;
+        /* one drafter per engine: with --ep each rank's, for its own slots, driven by its
+           thread (the checkpoint is mapped read-only, so its pages are shared) */
+        int nd = o->ep > 1 ? o->ep : 1;
+        if (!(rt->drafters = eg_calloc((size_t)nd, sizeof *rt->drafters, err))) { st = EG_ERR_NOMEM; goto fail; }
+        rt->n_drafters = nd;
+        int all = o->threads > 0 ? o->threads : eg_num_threads();
+        eg_eagle3_opts dopt = {.threads = nd > 1 ? (all / nd > 0 ? all / nd : 1) : 0};
+        for (int r = 0; r < nd; r++) {
+            int slots = nd > 1 ? eg_ep_runtime_rank_slots(n_slots, nd, r) : n_slots;
+            if ((st = eg_drafter_eagle3_load_opts(o->draft_model, m, slots, o->max_seq_len, &dopt, &rt->drafters[r],
+                                                  err))) {
+                eg_wrap(err, "--draft-model %s", o->draft_model);
+                goto fail;
+            }
         }
-        if ((st = eg_drafter_eagle3_load(o->draft_model, m, n_slots, o->max_seq_len, &rt->drafter, err))) {
-            eg_wrap(err, "--draft-model %s", o->draft_model);
-            goto fail;
-        }
-        eo.drafter = rt->drafter;
+        if (nd == 1) eo.drafter = rt->drafters[0];
         eo.draft_tokens = o->draft_tokens;
     }
     if (o->ep > 1) {
         eo.stage_backends = NULL;
-        if ((st = eg_ep_runtime_create(m, &bo, &eo, o->ep, &rt->ep_rt, err))) goto fail;
+        if ((st = eg_ep_runtime_create(m, &bo, &eo, o->ep, rt->drafters, &rt->ep_rt, err))) goto fail;
         rt->engine = eg_ep_runtime_engine(rt->ep_rt, 0);
     } else if ((st = eg_engine_create(m, rt->be, &eo, &rt->engine, err))) goto fail;
     rt->stop_engine = rt->engine;
@@ -289,7 +341,12 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     }
     in->ep = o->ep > 1 ? o->ep : 1;
     in->experts_per_rank = c->n_experts / in->ep;
-    in->draft_state_bytes = rt->drafter ? rt->drafter->info.state_bytes : 0;
+    in->draft_state_bytes = 0;
+    for (int r = 0; r < rt->n_drafters; r++) in->draft_state_bytes += rt->drafters[r]->info.state_bytes;
+    in->draft_weight_bytes = draft_w;
+    in->draft_slot_bytes = draft_slot;
+    in->draft_device_bytes = draft_dev;
+    in->n_drafters = rt->n_drafters;
     *out = rt;
     return EG_OK;
 fail:

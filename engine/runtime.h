@@ -63,6 +63,9 @@ typedef struct eg_runtime_opts {
        the slot count chosen here and owned by the runtime; NULL = none */
     const char *draft_model;
     int draft_tokens;           /* K drafted tokens per verify step (>= 1 with draft_model) */
+    /* tests: plan the GPUs as if each had plan_total_bytes of memory, plan_free_bytes free,
+       instead of asking the device (0 = ask) */
+    int64_t plan_total_bytes, plan_free_bytes;
     /* what was decided, one line at a time, as it is decided (e.g. each GPU's memory
        plan); NULL = none */
     eg_runtime_note_fn note;
@@ -90,7 +93,13 @@ typedef struct eg_runtime_info {
     int micro_batches;          /* in flight with threaded stages: max(opts, n_stages), at most n_slots */
     int ep;                     /* ranks (1 = none) */
     int experts_per_rank;
-    int64_t draft_state_bytes;  /* the drafter's caches (host memory; 0 = no drafter) */
+    int64_t draft_state_bytes;  /* the drafters' caches summed over the ranks (0 = no drafter) */
+    int64_t draft_weight_bytes; /* one drafter's weights as stored (each rank holds one) */
+    int64_t draft_slot_bytes;   /* its cache per slot (max_seq_len positions) */
+    int64_t draft_device_bytes; /* cuda plan: what it reserved for the drafter on the GPU of the
+                                   last stage (each rank's with ep): weights + slots * slot bytes;
+                                   the KV pool is smaller by that much. 0 without a plan */
+    int n_drafters;             /* 1, or ep with --ep (0 = no drafter) */
 } eg_runtime_info;
 
 typedef struct eg_runtime eg_runtime;

@@ -165,7 +165,9 @@ static void usage(FILE *f) {
             "                          verifies K + 1 at a time; accepted by rejection sampling, so every\n"
             "                          token is distributed exactly as without it (greedy: the same\n"
             "                          tokens) and the captured rows are the model's own. Its aux layers\n"
-            "                          must be among --aux-layers. Not with --ep or --stages\n"
+            "                          must be among --aux-layers. With --ep every rank has its own\n"
+            "                          drafter for its slots; with --stages it runs as each\n"
+            "                          micro-batch leaves the last stage\n"
             "  --draft-tokens K        tokens drafted per verify step (default 3; --chunk >= K + 1)\n"
             "job:\n"
             "  --dry-run               report what the run would do and exit, without loading weights\n"
@@ -399,10 +401,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         return 2;
     }
     if (a->draft_model) {
-        const char *why = a->capture ? "--mode capture generates nothing"
-                          : a->ep > 1 ? "--ep is not supported with speculative decoding"
-                          : a->stages ? "pipeline stages (--stages) are not supported with speculative decoding"
-                                      : NULL;
+        const char *why = a->capture ? "--mode capture generates nothing" : NULL;
         if (why) {
             fprintf(stderr, "eaglegen generate: --draft-model: %s\n", why);
             return 2;
@@ -1053,6 +1052,11 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "; %d slots%s\n", a.batch, auto_batch ? " (--batch auto)" : "");
         fprintf(stderr, "  host memory per in-flight sequence: up to %.1f MB (captured rows in BF16 and tokens at "
                         "--max-seq-len %d)\n", (double)seq_host / 1e6, a.max_seq_len);
+        if (ri->n_drafters)
+            fprintf(stderr, "  drafter: %d (one per %s), weights %.1f MB each, cache %.2f MB per slot, %.1f MB in all%s\n",
+                    ri->n_drafters, ri->n_drafters > 1 ? "rank" : "engine", (double)ri->draft_weight_bytes / 1e6,
+                    (double)ri->draft_slot_bytes / 1e6, (double)ri->draft_state_bytes / 1e6,
+                    ri->draft_device_bytes ? "; the GPU plan reserved it (see the plan line)" : "");
     }
     for (int k = 0, b0 = 0; n_stages > 1 && k < n_stages; b0 = stage_ends[k++])
         fprintf(stderr, "  stage %d: layers %d-%d, %.3f GB of weights, %s %d\n", k, b0, stage_ends[k] - 1,
