@@ -304,6 +304,13 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
         s->backlog_concurrency += q.backlog_concurrency;
         s->sum_kv_live += q.sum_kv_live / rt->ep;
         s->host_kv_peak += q.host_kv_peak;
+        /* speculative decoding: counts and seconds summed (rank-seconds: the shares hold) */
+        s->verify_steps += q.verify_steps;
+        s->drafted += q.drafted;
+        s->accepted += q.accepted;
+        s->spec_tokens += q.spec_tokens;
+        s->draft_seconds += q.draft_seconds;
+        s->verify_seconds += q.verify_seconds;
     }
 }
 

@@ -45,7 +45,8 @@ int eg_ep_runtime_ranks_per_gpu(int ep);
 /* The group's exchange: "local", "nccl" or "cuda-local". */
 const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt);
 eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
-/* Stats summed over the ranks (seconds and peaks: the largest). */
+/* Stats summed over the ranks (seconds and peaks: the largest; the drafter's and verify
+ * seconds: summed, rank-seconds). */
 void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s);
 /* Rank's own stats (steps it ran with tokens of its own, ...). */
 void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats *s);

@@ -4,8 +4,13 @@
  * enough to preempt all give bit-identical tokens and captured rows for the same
  * requests; describe() reports what was chosen; bad combinations are refused with a
  * message naming them, before anything is run. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include "engine/cuda_plan.h"
+#include "engine/drafter_eagle3.h"
+#include "engine/mkmodel.h"
 #include "engine/runtime.h"
 #include "tests/check.h"
 
@@ -313,7 +318,220 @@ static void test_refusals(void) {
     eg_runtime_free(NULL);
 }
 
+/* ---- speculative decoding over layouts ------------------------------------------- */
+
+static char draft_dir[256];
+
+/* A random EAGLE-3 drafter for tiny-a reading two of the captured layers. */
+static int make_drafter(void) {
+    if (draft_dir[0]) return 1;
+    snprintf(draft_dir, sizeof draft_dir, "/tmp/eg_rt_drafter_%d", (int)getpid());
+    static const int daux[2] = {1, 3};
+    eg_mkdrafter_opts mo = {.target_dir = MODEL, .out_dir = draft_dir, .seed = 11, .draft_vocab = 300, .n_aux = 2,
+                            .aux_layers = daux};
+    eg_error err = {0};
+    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
+    if (err.code) draft_dir[0] = 0;
+    return draft_dir[0] != 0;
+}
+
+/* Request i of a and b: the same tokens and captured rows, bit for bit. */
+static int same_req(const results *a, const results *b, int i, int64_t H) {
+    if (!a->done[i] || !b->done[i] || a->n_tokens[i] != b->n_tokens[i]) return 0;
+    size_t T = (size_t)a->n_tokens[i];
+    return !memcmp(a->tokens[i], b->tokens[i], 4 * T) && !memcmp(a->aux[i], b->aux[i], 4 * T * NAUX * (size_t)H) &&
+           !memcmp(a->final[i], b->final[i], 4 * T * (size_t)H);
+}
+
+/* Greedy requests (even ids) with a drafter, in every layout, equal greedy without one
+ * on one engine; sampled requests (odd ids, per-request RNG) equal sampled with the
+ * drafter on one engine: --ep 2 and 4 (a drafter per rank, verify rows through the
+ * exchange), threaded stages, --ep 2 with stages, and a pool that preempts. */
+static void test_spec_layouts(void) {
+    load_model();
+    if (!have_model || !make_drafter()) return;
+    int64_t H = model.cfg.hidden;
+    eg_error err = {0};
+    results plain = {0}, spec1 = {0};
+    eg_runtime_info info;
+    eg_runtime_opts o = base_opts();
+    CHECK_OK(run(&o, &plain, &info, &err), &err);
+    o.draft_model = draft_dir;
+    o.draft_tokens = 3;
+    CHECK_OK(run(&o, &spec1, &info, &err), &err);
+    CHECK(info.n_drafters == 1 && info.draft_weight_bytes > 0 && info.draft_slot_bytes > 0);
+    CHECK(info.draft_state_bytes == 4 * info.draft_slot_bytes && info.draft_device_bytes == 0);
+    CHECKF(last_stats.verify_steps > 0, "no verify step with a drafter");
+    for (int i = 0; i < NREQ; i += 2) CHECKF(same_req(&plain, &spec1, i, H), "request %d: greedy with a drafter differs", i);
+    struct {
+        const char *name, *stages;
+        int ep, threaded, k;
+        int64_t kv_tokens;
+    } v[] = {
+        {"--ep 2", NULL, 2, 1, 3, 0},
+        {"--ep 4", NULL, 4, 1, 3, 0},
+        {"two threaded stages", "2", 0, 1, 3, 0},
+        {"three threaded stages, k 2", "3", 0, 1, 2, 0},
+        {"--ep 2 with two stages", "2", 2, 1, 3, 0},
+        {"--ep 2, a pool that preempts", NULL, 2, 1, 3, 144},
+        {"two threaded stages, a pool that preempts", "2", 0, 1, 3, 80},
+    };
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+        results r = {0}, ref = {0};
+        const results *want = &spec1;
+        o = base_opts();
+        o.draft_model = draft_dir;
+        o.draft_tokens = v[k].k;
+        if (v[k].k != 3) { /* sampled tokens depend on k: the one-engine run with this k */
+            CHECK_OK(run(&o, &ref, NULL, &err), &err);
+            want = &ref;
+        }
+        o.stages = v[k].stages;
+        o.stage_threads = v[k].threaded;
+        o.ep = v[k].ep;
+        o.kv_tokens = v[k].kv_tokens;
+        if (v[k].kv_tokens) o.max_seq_len = 64; /* each rank's share holds one sequence */
+        eg_status st = run(&o, &r, &info, &err);
+        CHECKF(st == EG_OK, "%s: %s", v[k].name, err.msg);
+        CHECKF(last_stats.verify_steps > 0, "%s: no verify step", v[k].name);
+        if (getenv("EG_TEST_VERBOSE"))
+            printf("    %s: %lld verify steps, %lld drafted, %lld accepted, %lld preemptions\n", v[k].name,
+                   (long long)last_stats.verify_steps, (long long)last_stats.drafted, (long long)last_stats.accepted,
+                   (long long)last_stats.preemptions);
+        for (int i = 0; i < NREQ; i++)
+            CHECKF(same_req(i % 2 ? want : &plain, &r, i, H), "%s: request %d (%s) differs", v[k].name, i,
+                   i % 2 ? "sampled, from the one-engine spec run" : "greedy, from the run without a drafter");
+        int ranks = v[k].ep > 1 ? v[k].ep : 1;
+        CHECKF(info.n_drafters == ranks, "%s: %d drafters", v[k].name, info.n_drafters);
+        CHECK(info.draft_state_bytes == 4 * info.draft_slot_bytes); /* the 4 slots over the ranks */
+        if (v[k].kv_tokens) CHECKF(last_stats.preemptions > 0, "%s: no preemption", v[k].name);
+        CHECK(info.ep == ranks);
+        free_results(&r);
+        free_results(&ref);
+    }
+    free_results(&plain);
+    free_results(&spec1);
+}
+
+/* The GPU plan (as if on a device of given memory; no GPU needed: the plan comes before
+ * any backend) reserves the drafter's weights and the cache of every slot on the GPU
+ * of the last stage, so the pool is smaller by exactly those bytes: checked against
+ * eg_cuda_plan_mem with the same figures, and the plan line says so. */
+typedef struct { char lines[8][1024]; int n; } notes;
+static void keep_note(void *ctx, const char *line) {
+    notes *n = ctx;
+    if (n->n < 8) snprintf(n->lines[n->n++], sizeof n->lines[0], "%s", line);
+}
+
+static int64_t plan_tokens(const notes *n, int line) {
+    const char *p = line < n->n ? strstr(n->lines[line], "KV capacity ") : NULL;
+    return p ? strtoll(p + strlen("KV capacity "), NULL, 10) : -1;
+}
+
+static void test_spec_plan(void) {
+    load_model();
+    if (!have_model || !make_drafter()) return;
+    const int64_t G = (int64_t)1 << 30;
+    struct {
+        const char *name, *stages;
+        int ep, n_slots;
+    } v[] = {{"one GPU", NULL, 0, 4}, {"two stages (the drafter on the second GPU)", "2", 0, 6},
+             {"--ep 2 (each rank's GPU)", NULL, 2, 4}, {"--batch auto", NULL, 0, 0}};
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+        notes without = {0}, with = {0};
+        eg_runtime_info ia = {0}, ib = {0};
+        for (int d = 0; d < 2; d++) {
+            eg_runtime_opts o = base_opts();
+            o.backend = "cuda";
+            o.gpu_mem_fraction = 0.5;
+            o.plan_total_bytes = 2 * G;
+            o.plan_free_bytes = 2 * G;
+            o.stages = v[k].stages;
+            o.stage_threads = 1;
+            o.ep = v[k].ep;
+            o.n_slots = v[k].n_slots;
+            o.max_seq_len = 4096; /* a drafter cache of some size */
+            o.max_tokens = 64;
+            o.block_size = 64;
+            if (d) {
+                o.draft_model = draft_dir;
+                o.draft_tokens = 3;
+            }
+            o.note = keep_note;
+            o.note_ctx = d ? &with : &without;
+            eg_runtime *rt = NULL;
+            eg_error err = {0};
+            eg_status st = eg_runtime_create(&o, &rt, &err);
+            /* without a GPU the backend cannot be made: the plan was made and noted first */
+            CHECKF(st == EG_OK || strstr(err.msg, "cuda") || strstr(err.msg, "CUDA"), "%s: %s", v[k].name, err.msg);
+            if (!st) *(d ? &ib : &ia) = *eg_runtime_describe(rt);
+            eg_runtime_free(rt);
+        }
+        int gpus = v[k].stages ? 2 : 1;
+        CHECKF(without.n == gpus && with.n == gpus, "%s: %d and %d plan lines", v[k].name, without.n, with.n);
+        if (without.n != gpus || with.n != gpus) continue;
+        /* the drafter's bytes as its loader counts them */
+        eg_drafter *probe = NULL;
+        eg_error err = {0};
+        eg_eagle3_opts po = {.threads = 1};
+        CHECK_OK(eg_drafter_eagle3_load_opts(draft_dir, &model, 1, 4096, &po, &probe, &err), &err);
+        if (!probe) continue;
+        int64_t w = probe->info.weight_bytes, slot = probe->info.state_bytes;
+        eg_drafter_free(probe);
+        CHECK(w > 0 && slot > 0);
+        int last = gpus - 1;
+        for (int g = 0; g < last; g++)
+            CHECKF(plan_tokens(&without, g) == plan_tokens(&with, g), "%s: GPU %d's pool changed (%lld -> %lld)",
+                   v[k].name, g, (long long)plan_tokens(&without, g), (long long)plan_tokens(&with, g));
+        CHECKF(!strstr(without.lines[last], "drafter"), "%s: '%s'", v[k].name, without.lines[last]);
+        const char *p = strstr(with.lines[last], "the activations include the drafter's ");
+        long long got = 0, got_w = 0, got_slot = 0;
+        int got_slots = 0;
+        CHECKF(p && sscanf(p, "the activations include the drafter's %lld bytes (weights %lld, %d slots' cache of %lld",
+                           &got, &got_w, &got_slots, &got_slot) == 4,
+               "%s: no drafter in '%s'", v[k].name, with.lines[last]);
+        int slots = v[k].n_slots ? (v[k].ep > 1 ? (v[k].n_slots + v[k].ep - 1) / v[k].ep : v[k].n_slots) : got_slots;
+        int64_t draft = w + (int64_t)slots * slot;
+        CHECKF(got == draft && got_w == w && got_slots == slots && got_slot == slot,
+               "%s: the plan reserved %lld (weights %lld, %d slots of %lld), the drafter takes %lld (%lld, %d of %lld)",
+               v[k].name, got, got_w, got_slots, got_slot, (long long)draft, (long long)w, slots, (long long)slot);
+        if (!v[k].n_slots) CHECKF(got_slots >= 1, "%s: %d slots", v[k].name, got_slots);
+        /* the pool shrinks by the drafter's bytes in whole blocks: the bytes left for it
+           were in [B0, B0 + 1) blocks, so B0 - B1 is floor or ceil of draft / block bytes */
+        int64_t t0 = plan_tokens(&without, last), t1 = plan_tokens(&with, last), per_tok = 0;
+        const char *q = strstr(without.lines[last], "blocks, ");
+        per_tok = q ? strtoll(q + strlen("blocks, "), NULL, 10) : 0;
+        CHECKF(per_tok > 0 && t0 > 0 && t1 > 0, "%s: no capacity in '%s'", v[k].name, without.lines[last]);
+        if (per_tok > 0 && t0 > 0 && t1 > 0) {
+            int64_t pb = per_tok * 64, lost = (t0 - t1) / 64;
+            CHECKF((t0 - t1) % 64 == 0 && (lost == draft / pb || lost == (draft + pb - 1) / pb),
+                   "%s: the pool lost %lld blocks of %lld bytes for a drafter of %lld bytes", v[k].name,
+                   (long long)lost, (long long)pb, (long long)draft);
+        }
+        if (ia.n_slots && ib.n_slots) CHECK(ib.draft_device_bytes == draft && ia.draft_device_bytes == 0);
+    }
+    /* eg_cuda_plan_mem directly: the drafter's bytes among the activations take exactly
+       their whole blocks from the pool */
+    {
+        const eg_config *c = &model.cfg;
+        eg_backend_opts bo = {.name = "cuda", .max_tokens = 64, .max_seq_len = 4096};
+        eg_cuda_mem_plan a, b;
+        eg_error err = {0};
+        const int64_t per_block = (int64_t)c->n_layers * (c->kv_lora_rank + c->qk_rope) * 2 * 64;
+        CHECK_OK(eg_cuda_plan_mem(c, &bo, 0.5, 2 * G, 2 * G, 1000, 5000, c->n_layers, 64, &a, &err), &err);
+        int64_t draft = 7 * per_block; /* a whole number of blocks */
+        CHECK_OK(eg_cuda_plan_mem(c, &bo, 0.5, 2 * G, 2 * G, 1000, 5000 + draft, c->n_layers, 64, &b, &err), &err);
+        CHECKF(a.kv_blocks - b.kv_blocks == 7 && a.kv_tokens - b.kv_tokens == 7 * 64, "%lld -> %lld blocks",
+               (long long)a.kv_blocks, (long long)b.kv_blocks);
+    }
+}
+
 static void test_cleanup(void) {
+    if (draft_dir[0]) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", draft_dir);
+        CHECK(system(cmd) == 0);
+    }
     if (have_model) eg_model_free(&model);
     have_model = 0;
 }
@@ -323,6 +541,8 @@ static const eg_test tests[] = {
     {"model_dir", test_model_dir},
     {"stop", test_stop},
     {"refusals", test_refusals},
+    {"spec_layouts", test_spec_layouts},
+    {"spec_plan", test_spec_plan},
     {"cleanup", test_cleanup},
 };
 EG_TEST_MAIN("engine_runtime", tests)
