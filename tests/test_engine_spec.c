@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "engine/engine.h"
+#include "engine/ep_runtime.h"
 #include "tests/check.h"
 
 #define MODEL "../shared/fixtures/models/tiny-a"
@@ -74,6 +75,10 @@ typedef struct run_cfg {
     int n_stages;
     int capture_bf16;        /* rows kept rounded (results keep them widened back to F32) */
     int want_logits;
+    int ep;                  /* > 1: expert-parallel ranks (ep_runtime.h), rank r driving rank_drafters[r] */
+    eg_drafter *const *rank_drafters;
+    int threaded;            /* stage_ends on threads of their own (a backend per stage) */
+    int micro_batches;
 } run_cfg;
 
 typedef struct run_ctx {
@@ -154,27 +159,42 @@ static eg_status on_done(void *vc, const eg_result *r, eg_error *err) {
 static eg_engine_stats last_stats;
 
 static eg_status run(const run_cfg *c, results *out, eg_error *err) {
-    eg_backend *be = NULL;
+    eg_backend *be = NULL, *sbe[8] = {0};
     eg_engine *e = NULL;
+    eg_ep_runtime *ep = NULL;
     memset(out, 0, sizeof *out);
     eg_backend_opts bo = {.name = "cpu", .max_tokens = c->max_tokens, .max_seq_len = MAX_SEQ, .nthreads = 1};
-    eg_status st = eg_backend_create(&model.cfg, &bo, &be, err);
-    if (!st) {
-        eg_engine_opts eo = {.n_slots = c->slots, .max_seq_len = MAX_SEQ, .max_tokens = c->max_tokens, .block_size = 8,
-                             .kv_blocks = c->kv_blocks, .aux_layers = aux_layers, .n_aux = N_AUX,
-                             .kv_policy = c->policy, .host_kv_bytes = c->host_kv, .check_recompute = 1,
-                             .drafter = c->drafter, .draft_tokens = c->k, .spec_rule = c->rule,
-                             .stage_ends = c->stage_ends, .n_stages = c->n_stages, .capture_bf16 = c->capture_bf16,
-                             .want_logits = c->want_logits};
-        st = eg_engine_create(&model, be, &eo, &e, err);
+    eg_engine_opts eo = {.n_slots = c->slots, .max_seq_len = MAX_SEQ, .max_tokens = c->max_tokens, .block_size = 8,
+                         .kv_blocks = c->kv_blocks, .aux_layers = aux_layers, .n_aux = N_AUX,
+                         .kv_policy = c->policy, .host_kv_bytes = c->host_kv, .check_recompute = 1,
+                         .drafter = c->drafter, .draft_tokens = c->k, .spec_rule = c->rule,
+                         .stage_ends = c->stage_ends, .n_stages = c->n_stages, .capture_bf16 = c->capture_bf16,
+                         .want_logits = c->want_logits, .micro_batches = c->micro_batches};
+    eg_status st = EG_OK;
+    run_ctx x = {.c = c, .out = out};
+    if (c->ep > 1) {
+        eo.drafter = NULL;
+        if (!(st = eg_ep_runtime_create(&model, &bo, &eo, c->ep, c->rank_drafters, &ep, err))) {
+            st = eg_ep_runtime_run(ep, next_req, on_done, &x, err);
+            eg_ep_runtime_stats(ep, &last_stats);
+        }
+        eg_ep_runtime_free(ep);
+        return st;
     }
+    if (c->threaded) {
+        for (int k = 0; k < c->n_stages && k < 8 && !st; k++) st = eg_backend_create(&model.cfg, &bo, &sbe[k], err);
+        eo.stage_backends = sbe;
+    } else {
+        st = eg_backend_create(&model.cfg, &bo, &be, err);
+    }
+    if (!st) st = eg_engine_create(&model, c->threaded ? sbe[0] : be, &eo, &e, err);
     if (!st) {
-        run_ctx x = {.c = c, .out = out};
         st = eg_engine_run(e, next_req, on_done, &x, err);
         eg_engine_get_stats(e, &last_stats);
     }
     eg_engine_free(e);
     eg_backend_free(be);
+    for (int k = 0; k < 8; k++) eg_backend_free(sbe[k]);
     return st;
 }
 
@@ -685,6 +705,112 @@ static void test_refusals(void) {
     eg_drafter_free(&p->d);
 }
 
+/* Expert-parallel ranks (each driving its own proposer for its own slots; verify rows go
+ * through the exchange as ordinary rows) and threaded pipeline stages (the proposer on the
+ * driving thread as a micro-batch leaves the last stage, several micro-batches in flight):
+ * greedy with an always-right, always-wrong or half-right proposer is byte-identical to
+ * greedy without one on one engine; sampled with a proposer equals sampled with it on
+ * one engine. */
+static void test_layouts(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    results base = {0}, b = {0};
+    run_cfg c = base_cfg();
+    c.slots = 4;
+    CHECK_OK(run(&c, &base, &err), &err);
+    static const int ends[3] = {2, 4, 5};
+    struct {
+        const char *name;
+        int ep, n_stages, threaded, micro_batches;
+        int64_t kv_blocks;
+    } v[] = {
+        {"--ep 2", 2, 0, 0, 0, 0},
+        {"--ep 4", 4, 0, 0, 0, 0},
+        {"--ep 2, stages on the rank's thread", 2, 3, 0, 0, 0},
+        {"three threaded stages", 0, 3, 1, 0, 0},
+        {"three threaded stages, 4 micro-batches", 0, 3, 1, 4, 0},
+        {"three threaded stages, a pool that preempts", 0, 3, 1, 0, 14},
+    };
+    for (size_t l = 0; l < sizeof v / sizeof v[0]; l++)
+        for (int mode = P_RIGHT; mode <= P_HALF; mode++) {
+            int R = v[l].ep > 1 ? v[l].ep : 1;
+            test_prop *p[4] = {0};
+            eg_drafter *d[4] = {0};
+            for (int r = 0; r < R; r++) {
+                p[r] = prop_new((prop_mode)mode, v[l].ep > 1 ? eg_ep_runtime_rank_slots(c.slots, R, r) : c.slots);
+                p[r]->ref = &base;
+                d[r] = &p[r]->d;
+            }
+            run_cfg s = c;
+            s.k = 3;
+            s.ep = v[l].ep;
+            s.rank_drafters = d;
+            s.drafter = v[l].ep > 1 ? NULL : d[0];
+            s.stage_ends = v[l].n_stages ? ends : NULL;
+            s.n_stages = v[l].n_stages;
+            s.threaded = v[l].threaded;
+            s.micro_batches = v[l].micro_batches;
+            s.kv_blocks = v[l].kv_blocks;
+            eg_status st = run(&s, &b, &err);
+            CHECKF(st == EG_OK, "%s, %s: %s", v[l].name, p[0]->d.info.kind, err.msg);
+            for (int r = 0; r < 5; r++)
+                CHECKF(same_result(&base, &b, r), "%s, %s: request %d differs from greedy without a drafter", v[l].name,
+                       p[0]->d.info.kind, r);
+            int64_t bad = 0;
+            for (int r = 0; r < R; r++) bad += p[r]->violations + p[r]->row_mismatch;
+            CHECKF(bad == 0, "%s, %s: %lld protocol breaches or rows that differ", v[l].name, p[0]->d.info.kind,
+                   (long long)bad);
+            CHECKF(last_stats.verify_steps > 0 && last_stats.decode_tokens == 5 * 24, "%s: %lld verify steps, %lld tokens",
+                   v[l].name, (long long)last_stats.verify_steps, (long long)last_stats.decode_tokens);
+            if (mode == P_RIGHT) CHECK(last_stats.accepted == last_stats.drafted);
+            if (mode == P_WRONG) CHECK(last_stats.accepted == 0);
+            if (mode == P_HALF) CHECK(last_stats.accepted > 0 && last_stats.accepted < last_stats.drafted);
+            if (v[l].kv_blocks) CHECKF(last_stats.preemptions > 0, "%s: no preemption", v[l].name);
+            if (v[l].ep > 1)
+                for (int r = 0; r < R; r++) CHECKF(p[r]->proposals > 0, "%s: rank %d never drafted", v[l].name, r);
+            free_results(&b);
+            for (int r = 0; r < R; r++) eg_drafter_free(d[r]);
+        }
+    free_results(&base);
+    /* sampled: uniform proposals (rejections and residual draws), per-request RNG */
+    double *m = malloc(sizeof(double) * (size_t)model.cfg.vocab);
+    for (int i = 0; i < model.cfg.vocab; i++) m[i] = 1.0 / model.cfg.vocab;
+    results one = {0};
+    c.temp = 0.8f;
+    c.top_p = 0.9f;
+    c.k = 3;
+    for (size_t l = 0; l < 2 + 1; l++) {
+        static const struct { const char *name; int ep, threaded; } w[3] = {
+            {"one engine", 0, 0}, {"--ep 2", 2, 0}, {"three threaded stages", 0, 1}};
+        int R = w[l].ep > 1 ? w[l].ep : 1;
+        test_prop *p[2] = {0};
+        eg_drafter *d[2] = {0};
+        for (int r = 0; r < R; r++) {
+            p[r] = prop_new(P_SAMPLED, R > 1 ? eg_ep_runtime_rank_slots(c.slots, R, r) : c.slots);
+            p[r]->marg = m;
+            p[r]->n_marg = 1;
+            d[r] = &p[r]->d;
+        }
+        run_cfg s = c;
+        s.ep = w[l].ep;
+        s.rank_drafters = d;
+        s.drafter = R > 1 ? NULL : d[0];
+        s.threaded = w[l].threaded;
+        s.stage_ends = w[l].threaded ? ends : NULL;
+        s.n_stages = w[l].threaded ? 3 : 0;
+        CHECK_OK(run(&s, l ? &b : &one, &err), &err);
+        CHECK(last_stats.verify_steps > 0);
+        for (int r = 0; l && r < 5; r++)
+            CHECKF(same_result(&one, &b, r), "sampled, %s: request %d differs from one engine", w[l].name, r);
+        for (int r = 0; r < R; r++) CHECK(p[r]->violations == 0);
+        if (l) free_results(&b);
+        for (int r = 0; r < R; r++) eg_drafter_free(d[r]);
+    }
+    free_results(&one);
+    free(m);
+}
+
 /* ---- sampled --------------------------------------------------------------------- */
 
 /* A proposal distribution per generated index that overlaps the target's: 0.7 x the
@@ -885,6 +1011,7 @@ static const eg_test tests[] = {
     {"greedy_other_configs", test_greedy_other_configs},
     {"kv_truncate", test_kv_truncate},
     {"refusals", test_refusals},
+    {"layouts", test_layouts},
     {"sampled_deterministic", test_sampled_deterministic},
     {"sampled_distribution", test_sampled_distribution},
     {"cleanup", test_cleanup},
