@@ -5,7 +5,9 @@
 # drafter (`mkmodel --drafter-for` makes one): greedy with the drafter writes
 # the very samples greedy without it writes; a sampled job with the drafter stopped by
 # --limit and resumed (another --batch) equals an uninterrupted one; a resume with another
-# K or without the drafter is refused, naming the difference.
+# K or without the drafter is refused, naming the difference. With --ep 2/4 (a drafter per
+# rank) and threaded --stages 2 greedy equals greedy without a drafter, and sampled equals
+# sampled spec unsplit.
 set -eu
 : "${EAGLEGEN:?}"
 E=$EAGLEGEN
@@ -25,8 +27,6 @@ base=(--model model --prompts p.jsonl --max-new-tokens 8 --max-seq-len 64 --thre
 usage_err "--draft-tokens needs --draft-model DIR" $E generate "${base[@]}" --out o --draft-tokens 2
 usage_err "--draft-tokens" $E generate "${base[@]}" --out o --draft-model d --draft-tokens 0
 usage_err "--mode capture generates nothing" $E generate "${base[@]}" --out o --mode capture --draft-model d
-usage_err "--ep is not supported" $E generate "${base[@]}" --out o --ep 2 --draft-model d
-usage_err "pipeline stages" $E generate "${base[@]}" --out o --stages 2 --draft-model d
 usage_err "cannot hold a verify step of --draft-tokens 4" $E generate "${base[@]}" --out o --chunk 4 --batch 2 \
     --draft-model d --draft-tokens 4
 # a directory without a drafter: refused before anything is written
@@ -49,8 +49,21 @@ $E generate "${run[@]}" --temperature 0 --out g3 --draft-model drafter --draft-t
 grep -q "speculative: .* verify steps" "$tmp/err" || fail "no speculative report"
 grep -q '"phase":"speculative"' g3.log || fail "no speculative --log-json line"
 "$PYTHON" "$here/gen_check.py" same g0 g3 >/dev/null || fail "greedy with a drafter differs from greedy without"
+# expert-parallel ranks (a drafter per rank) and threaded pipeline stages: the same samples
+for lay in "--ep 2" "--ep 4 --batch 4" "--stages 2" "--ep 2 --stages 2"; do
+    d="g_$(echo "$lay" | tr -d ' -')"
+    # shellcheck disable=SC2086
+    $E generate "${run[@]}" --temperature 0 --out "$d" --draft-model drafter --draft-tokens 3 $lay 2>"$tmp/err" ||
+        fail "greedy with drafter, $lay: $(tail -2 "$tmp/err")"
+    grep -q "drafter: " "$tmp/err" || fail "$lay: no drafter line"
+    "$PYTHON" "$here/gen_check.py" same g0 "$d" >/dev/null || fail "greedy with a drafter, $lay, differs from greedy"
+done
 sp=("${run[@]}" --temperature 1.0 --draft-model drafter --draft-tokens 2)
 $E generate "${sp[@]}" --out s_ref 2>/dev/null || fail "sampled with drafter"
+$E generate "${sp[@]}" --out s_ep --ep 2 2>/dev/null || fail "sampled with drafter, --ep 2"
+"$PYTHON" "$here/gen_check.py" same s_ref s_ep >/dev/null || fail "sampled spec with --ep 2 differs from unsplit"
+$E generate "${sp[@]}" --out s_st --stages 2 2>/dev/null || fail "sampled with drafter, --stages 2"
+"$PYTHON" "$here/gen_check.py" same s_ref s_st >/dev/null || fail "sampled spec with --stages 2 differs from unsplit"
 $E generate "${sp[@]}" --out s_part --limit 4 2>/dev/null || fail "sampled, --limit 4"
 $E generate "${sp[@]}" --out s_part --batch 2 2>/dev/null || fail "sampled, resumed"
 "$PYTHON" "$here/gen_check.py" same s_ref s_part >/dev/null || fail "a resumed speculative job differs"
