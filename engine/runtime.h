@@ -10,7 +10,9 @@
  * line goes to opts.note as it is planned, so a later refusal still shows it), the KV
  * pool (the plan, capped by kv_tokens), the slot count (n_slots 0: --batch auto,
  * eg_plan_auto_slots), the check that the pool holds one sequence of max_seq_len, the
- * host budget for preempted caches, then backends and engines. eg_runtime_describe says
+ * host budget for preempted caches, then backends and engines (with draft_model: a
+ * one-slot probe of the drafter first, for its bytes in the plan; then one drafter per
+ * engine, per rank with ep). eg_runtime_describe says
  * what was chosen, for gen/ to print in its own words.
  * Errors are values naming the option at fault; nothing here prints or exits.
  * Ownership: the runtime owns its backends and engines, and the model when it loaded
