@@ -204,7 +204,7 @@ clean:
 
 # Optional trainer checks (`make trainer-check`; PyPI downloads, several GB; never in `make test`):
 # the exports loaded by the trainers' own code, one CPU training step each.
-# trainer-check-bootstrap: generate a slice, train SpecForge's drafter on it (CPU, ~10 min),
+# trainer-check-bootstrap: generate a slice, train SpecForge's drafter on it (CPU, 1.5-5 min),
 # regenerate the rest with --draft-model.
 .PHONY: trainer-check trainer-check-specforge trainer-check-speculators trainer-check-bootstrap
 trainer-check: trainer-check-specforge trainer-check-speculators trainer-check-bootstrap
