@@ -204,11 +204,15 @@ clean:
 
 # Optional trainer checks (`make trainer-check`; PyPI downloads, several GB; never in `make test`):
 # the exports loaded by the trainers' own code, one CPU training step each.
-.PHONY: trainer-check trainer-check-specforge trainer-check-speculators
-trainer-check: trainer-check-specforge trainer-check-speculators
+# trainer-check-bootstrap: generate a slice, train SpecForge's drafter on it (CPU, 1.5-5 min),
+# regenerate the rest with --draft-model.
+.PHONY: trainer-check trainer-check-specforge trainer-check-speculators trainer-check-bootstrap
+trainer-check: trainer-check-specforge trainer-check-speculators trainer-check-bootstrap
 trainer-check-specforge: $(BUILD)/eaglegen
 	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_specforge.sh
 trainer-check-speculators: $(BUILD)/eaglegen
 	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_speculators.sh
+trainer-check-bootstrap: $(BUILD)/eaglegen
+	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_bootstrap.sh
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
