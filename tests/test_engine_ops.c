@@ -231,6 +231,40 @@ static void test_swiglu_split_exact(void) {
             moved += memcmp(&w, &ref[i], sizeof(float)) != 0;
         }
     CHECKF(moved > 0, "adding the shared row first changed no bits (%d elements): the test cannot see the order", T * H);
+    /* a split of the weights that is exact too: gate/up by their output rows (I/2 per
+     * rank, each act element is its own dot product), the act rows gathered whole, down by
+     * its output rows (H/2 per rank, each over the whole act); then added after the routed
+     * rows. Each rank then holds and reads half the MLP. */
+    float *gi = malloc(sizeof(float) * T * I), *ui = malloc(sizeof(float) * T * I), *act = malloc(sizeof(float) * T * I),
+          *part = malloc(sizeof(float) * T * H);
+    for (int e = 0; e < 2; e++) {
+        int64_t i0 = (int64_t)I * e / 2, i1 = (int64_t)I * (e + 1) / 2;
+        eg_weight gs = g.w, us = u.w;
+        gs.rows = us.rows = i1 - i0;
+        gs.data = (const uint16_t *)g.w.data + i0 * H;
+        us.data = (const uint16_t *)u.w.data + i0 * H;
+        CHECK_OK(b->ops->linear(b, x, T, &gs, gi, &err), &err);
+        CHECK_OK(b->ops->linear(b, x, T, &us, ui, &err), &err);
+        for (int t = 0; t < T; t++)
+            for (int64_t i = 0; i < i1 - i0; i++) {
+                float gv = gi[t * (i1 - i0) + i];
+                act[(int64_t)t * I + i0 + i] = gv / (1.0f + expf(-gv)) * ui[t * (i1 - i0) + i];
+            }
+    }
+    memcpy(got, y0, sizeof(float) * T * H);
+    for (int e = 0; e < 2; e++) {
+        int64_t h0 = (int64_t)H * e / 2, h1 = (int64_t)H * (e + 1) / 2;
+        eg_weight ds = d.w;
+        ds.rows = h1 - h0;
+        ds.data = (const uint16_t *)d.w.data + h0 * I;
+        CHECK_OK(b->ops->linear(b, act, T, &ds, part, &err), &err);
+        for (int t = 0; t < T; t++)
+            for (int64_t h = 0; h < h1 - h0; h++) got[(int64_t)t * H + h0 + h] += part[t * (h1 - h0) + h];
+    }
+    diff = 0;
+    for (int i = 0; i < T * H; i++) diff += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+    CHECKF(diff == 0, "row-split shared expert: %d of %d elements differ from the unsplit call", diff, T * H);
+    free(gi); free(ui); free(act); free(part);
     free(x); free(y0); free(r1); free(r2); free(ref); free(got); free(xs); free(tmp);
     free_w(&g); free_w(&u); free_w(&d);
     eg_backend_free(b);
