@@ -4,6 +4,7 @@
  * the cached latent), across a shuffled paged block table. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/backend.h"
 #include "engine/kv_cache.h"
@@ -183,6 +184,89 @@ static void test_rmsnorm_swiglu(void) {
     }
     CHECKF(relerr(y, ref, T * H) < 1e-5, "swiglu rel err %.3e", relerr(y, ref, T * H));
     free_w(&nw); free_w(&g); free_w(&u); free_w(&d);
+    eg_backend_free(b);
+}
+
+/* The premise of splitting the shared expert / dense MLP over an EP group (issue 17):
+ * the layer's owner computes the rows of every rank's tokens (accumulate 0, another batch
+ * composition and row order) and each token's owner adds the returned row into its y. That
+ * must give the bits of the unsplit accumulate-1 call, or a split run would not write the
+ * unsplit run's samples. */
+static void test_swiglu_split_exact(void) {
+    rs = eg_test_seed() + 7;
+    eg_config c = small_cfg();
+    eg_backend *b = mk_backend(&c, 8);
+    if (!b) return;
+    enum { T = 8 };
+    int H = c.hidden, I = c.inter;
+    owned_w g = make_w(EG_W_BF16, I, H, 0.2f), u = make_w(EG_W_BF16, I, H, 0.2f), d = make_w(EG_W_BF16, H, I, 0.2f);
+    float *x = malloc(sizeof(float) * T * H), *y0 = malloc(sizeof(float) * T * H), *ref = malloc(sizeof(float) * T * H),
+          *got = malloc(sizeof(float) * T * H), *xs = malloc(sizeof(float) * T * H), *tmp = malloc(sizeof(float) * T * H);
+    /* y0: two routed contributions r1 + r2 added in k order, as the moe op leaves y */
+    float *r1 = malloc(sizeof(float) * T * H), *r2 = malloc(sizeof(float) * T * H);
+    for (int i = 0; i < T * H; i++) x[i] = nrand() * 3, r1[i] = nrand(), r2[i] = nrand(), y0[i] = r1[i], y0[i] += r2[i];
+    eg_error err = {0};
+    memcpy(ref, y0, sizeof(float) * T * H);
+    CHECK_OK(b->ops->swiglu_mlp(b, x, T, &g.w, &u.w, &d.w, ref, 1, &err), &err);
+    /* two "ranks": rank 0 holds rows {5,1,7}, rank 1 {0,2,3,4,6}; the owner sees them in
+     * the order rank 1's then rank 0's (another batch than the unsplit call) */
+    const int order[T] = {0, 2, 3, 4, 6, 5, 1, 7};
+    for (int k = 0; k < T; k++) memcpy(xs + (size_t)k * H, x + (size_t)order[k] * H, sizeof(float) * H);
+    CHECK_OK(b->ops->swiglu_mlp(b, xs, 5, &g.w, &u.w, &d.w, tmp, 0, &err), &err);
+    CHECK_OK(b->ops->swiglu_mlp(b, xs + (size_t)5 * H, 3, &g.w, &u.w, &d.w, tmp + (size_t)5 * H, 0, &err), &err);
+    memcpy(got, y0, sizeof(float) * T * H);
+    for (int k = 0; k < T; k++)
+        for (int h = 0; h < H; h++) got[(size_t)order[k] * H + h] += tmp[(size_t)k * H + h];
+    int diff = 0;
+    for (int i = 0; i < T * H; i++) diff += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+    CHECKF(diff == 0, "split shared expert: %d of %d elements differ from the unsplit call", diff, T * H);
+    /* the check sees the order: the shared row added before the routed ones (shared + r1,
+     * then + r2) must change some bits, or this test could not catch a misordered owner */
+    int moved = 0;
+    for (int k = 0; k < T; k++)
+        for (int h = 0; h < H; h++) {
+            size_t i = (size_t)order[k] * H + h;
+            float w = tmp[(size_t)k * H + h] + r1[i];
+            w += r2[i];
+            moved += memcmp(&w, &ref[i], sizeof(float)) != 0;
+        }
+    CHECKF(moved > 0, "adding the shared row first changed no bits (%d elements): the test cannot see the order", T * H);
+    /* a split of the weights that is exact too: gate/up by their output rows (I/2 per
+     * rank, each act element is its own dot product), the act rows gathered whole, down by
+     * its output rows (H/2 per rank, each over the whole act); then added after the routed
+     * rows. Each rank then holds and reads half the MLP. */
+    float *gi = malloc(sizeof(float) * T * I), *ui = malloc(sizeof(float) * T * I), *act = malloc(sizeof(float) * T * I),
+          *part = malloc(sizeof(float) * T * H);
+    for (int e = 0; e < 2; e++) {
+        int64_t i0 = (int64_t)I * e / 2, i1 = (int64_t)I * (e + 1) / 2;
+        eg_weight gs = g.w, us = u.w;
+        gs.rows = us.rows = i1 - i0;
+        gs.data = (const uint16_t *)g.w.data + i0 * H;
+        us.data = (const uint16_t *)u.w.data + i0 * H;
+        CHECK_OK(b->ops->linear(b, x, T, &gs, gi, &err), &err);
+        CHECK_OK(b->ops->linear(b, x, T, &us, ui, &err), &err);
+        for (int t = 0; t < T; t++)
+            for (int64_t i = 0; i < i1 - i0; i++) {
+                float gv = gi[t * (i1 - i0) + i];
+                act[(int64_t)t * I + i0 + i] = gv / (1.0f + expf(-gv)) * ui[t * (i1 - i0) + i];
+            }
+    }
+    memcpy(got, y0, sizeof(float) * T * H);
+    for (int e = 0; e < 2; e++) {
+        int64_t h0 = (int64_t)H * e / 2, h1 = (int64_t)H * (e + 1) / 2;
+        eg_weight ds = d.w;
+        ds.rows = h1 - h0;
+        ds.data = (const uint16_t *)d.w.data + h0 * I;
+        CHECK_OK(b->ops->linear(b, act, T, &ds, part, &err), &err);
+        for (int t = 0; t < T; t++)
+            for (int64_t h = 0; h < h1 - h0; h++) got[(int64_t)t * H + h0 + h] += part[t * (h1 - h0) + h];
+    }
+    diff = 0;
+    for (int i = 0; i < T * H; i++) diff += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+    CHECKF(diff == 0, "row-split shared expert: %d of %d elements differ from the unsplit call", diff, T * H);
+    free(gi); free(ui); free(act); free(part);
+    free(x); free(y0); free(r1); free(r2); free(ref); free(got); free(xs); free(tmp);
+    free_w(&g); free_w(&u); free_w(&d);
     eg_backend_free(b);
 }
 
@@ -473,6 +557,7 @@ static const eg_test tests[] = {
     {"plan_split", test_plan_split},
     {"int4_layout", test_int4_layout},     {"fp8_block", test_fp8_block},
     {"linear_formats", test_linear_formats}, {"rmsnorm_swiglu", test_rmsnorm_swiglu},
+    {"swiglu_split_exact", test_swiglu_split_exact},
     {"mla_paged", test_mla_paged},         {"router_moe", test_router_moe},
     {"sampler", test_sampler},             {"kv_manager", test_kv_manager},
 };
