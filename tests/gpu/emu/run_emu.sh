@@ -23,7 +23,7 @@ B=${BUILD_EMU:-build-emu}
 mkdir -p "$B/emu"
 make -s BUILD="$B" NO_CUDA=1 "$B/libeg_engine.a" "$B/libeg_common.a"
 INC="-Itests/gpu/emu/include -I."
-for f in elementwise gemm mla router sample ep; do
+for f in elementwise gemm mla router sample ep attn; do
     python3 tests/gpu/emu/rewrite.py kernels/$f.cu "$B/emu/$f.cpp"
     g++ -std=c++20 -O1 -g -w $INC -include cuda_runtime.h -c "$B/emu/$f.cpp" -o "$B/emu/$f.o"
 done
@@ -37,13 +37,13 @@ cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1
     -o "$B/emu/backend_cuda.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread $INC -c tests/gpu/test_cuda_ops.c -o "$B/emu/test.o"
 g++ -o "$B/emu/test_cuda_ops_emu" "$B/emu/test.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_cuda.o" \
-    "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o \
+    "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o "$B/emu"/attn.o \
     "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_engine.a" "$B/libeg_common.a" \
     -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
 link_eaglegen() {
     make -s BUILD="$B" NO_CUDA=1 "$B/libeg_gen.a" "$B/libeg_dataset.a" "$B/libeg_prompts.a" "$B/gen/main.o"
     g++ -o "$B/emu/eaglegen_emu" "$B/gen/main.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_cuda.o" \
-        "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o \
+        "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o "$B/emu"/attn.o \
         "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_gen.a" "$B/libeg_engine.a" "$B/libeg_dataset.a" \
         "$B/libeg_prompts.a" "$B/libeg_common.a" -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
 }
@@ -163,7 +163,7 @@ if [ "${1:-}" = --forward ]; then
         --out "$B/emu/a.safetensors" --chunk 37
     exec /usr/bin/python3 tests/gpu/golden_gpu.py teacher "$B/emu/a.safetensors" "$G" --tol 2e-2 --margin 0.1
 fi
-filters=${*:-errors profiled embed linear_small swiglu mla_small router moe_small sample_small random_weights}
+filters=${*:-errors profiled embed linear_small swiglu mla_small router moe_small sample_small random_weights gqa copy_rows drafter}
 rc=0
 # two emulated GPUs: the profiled-backend test checks the transport choice across two
 for f in $filters; do EMU_DEVICES=${EMU_DEVICES:-2} nice -n 19 "$B/emu/test_cuda_ops_emu" "$f" || rc=1; done
