@@ -250,7 +250,10 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                          o->ep > 1 ? "expert-parallel ranks (--ep)" : "threaded pipeline stages (--stages)");
             goto fail;
         }
-        if ((st = eg_drafter_eagle3_load(o->draft_model, m, n_slots, o->max_seq_len, &rt->drafter, err))) {
+        /* on the target's GPU when the target runs on CUDA (its ops through a CUDA backend
+         * of its own); else the drafter's own CPU code */
+        eg_eagle3_opts dopt = {.backend = cuda ? "cuda" : NULL, .device = o->device};
+        if ((st = eg_drafter_eagle3_load_opts(o->draft_model, m, n_slots, o->max_seq_len, &dopt, &rt->drafter, err))) {
             eg_wrap(err, "--draft-model %s", o->draft_model);
             goto fail;
         }

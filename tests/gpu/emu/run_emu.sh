@@ -15,6 +15,8 @@
 #                                              expert rows over emulated NCCL; --ep 2 on one GPU,
 #                                              cuda-local; each == one GPU; ~10 min)
 #        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
+#        tests/gpu/emu/run_emu.sh --spec      (generate --draft-model with target and drafter on the
+#                                              emulated GPU: greedy == greedy without the drafter)
 #        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
@@ -152,6 +154,26 @@ if [ "${1:-}" = --graphs ]; then
     /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on"
     /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/prof"
     exec /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on2"
+fi
+if [ "${1:-}" = --spec ]; then
+    # issue 21: speculative decoding with the target on the emulated CUDA backend, the
+    # EAGLE-3 drafter through its own emulated CUDA backend (gqa_attention, copy_rows, ...):
+    # greedy with the drafter (K 3) writes the samples greedy without it writes; the run
+    # reports its verify steps and accepted lengths.
+    link_eaglegen
+    W=$B/emu/spec
+    rm -rf "$W" && mkdir -p "$W"
+    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 3 --seed 3 >/dev/null
+    "$B/emu/eaglegen_emu" mkmodel --drafter-for "$W/model" --out "$W/drafter" --seed 5 >/dev/null
+    for i in 1 2 3; do printf '{"id": "s%d", "input_ids": [%d, 72, 101, 108, %d]}\n' $i $((i * 5)) $((i + 30)); done > "$W/corpus.jsonl"
+    common=(generate --backend cuda --model "$W/model" --prompts "$W/corpus.jsonl" --max-new-tokens 8
+            --max-seq-len 64 --batch 3 --chunk 8 --seed 5 --gpu-mem-fraction 0.4 --temperature 0)
+    export EMU_MEM_GB=2
+    nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/plain" 2> "$W/plain.log" || { cat "$W/plain.log"; exit 1; }
+    nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/spec" --draft-model "$W/drafter" --draft-tokens 3 \
+        2> "$W/spec.log" || { cat "$W/spec.log"; exit 1; }
+    grep "speculative:" "$W/spec.log" || { echo "no speculative report"; cat "$W/spec.log"; exit 1; }
+    exec /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec"
 fi
 if [ "${1:-}" = --forward ]; then
     # the whole forward pass of tiny-a through the emulated backend vs its golden (~15 min)
