@@ -23,7 +23,9 @@
  * State per slot: a BF16 KV cache [max_seq_len][NKV][HD] for K (after RoPE) and V, and
  * the pre-norm output [H] of the slot's last committed position (what the first draft's
  * logits and the chain's first hidden input come from). state_bytes =
- * S * (4 * max_seq_len * NKV * HD + 4 * H) (K and V at 2 bytes each, the FP32 row).
+ * S * (4 * max_seq_len * NKV * HD + 4 * H) (K and V at 2 bytes each, the FP32 row): host
+ * memory on the own CPU path, backend memory (the GPU's for "cuda") on the backend path,
+ * which also holds the uploaded weights there (embeddings stay on the host).
  *
  * Ownership: eg_drafter_eagle3_load returns a drafter the caller frees with
  * eg_drafter_free (NULL ok); it borrows `target` (its config and, when the checkpoint has
