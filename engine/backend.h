@@ -8,7 +8,8 @@
  *
  * Dimension legend: T tokens in the step, H hidden, NH heads, DN/DR/DV nope/rope/value
  * head dims, C kv_lora_rank, E experts, K experts per token, F expert width, V vocab,
- * S sequence slots, MB max blocks per sequence, BS cache block size (tokens).
+ * S sequence slots, MB max blocks per sequence, BS cache block size (tokens); for the
+ * plain GQA op: NKV kv heads, HD head dim, L cache positions per slot.
  *
  * Ordering: ops on one backend run in issue order (a CUDA stream); to_host may be
  * asynchronous and is complete after sync.
@@ -63,6 +64,32 @@ typedef struct eg_mla_args {
     int h0, h1;                 /* heads [h0, h1) computed here */
     float *out;                 /* [T][NH][DV]: rows for heads h0..h1 written */
 } eg_mla_args;
+
+/* Ordinary multi-head / grouped-query attention over a plain BF16 cache (the EAGLE-3
+ * drafter's decoder layer; engine/drafter_eagle3.c). Per slot the K and V caches are
+ * [L][NKV][HD] bf16 (L = max_len positions), slot s at offset s * L * NKV * HD. The op
+ * first applies rotate-half RoPE (Llama's: pairs (i, i + HD/2), angle pos * inv_freq[i]
+ * in FP64, cos/sin rounded to FP32) to every row's k and writes k, v as BF16 (round to
+ * nearest even) at (slot[t], pos[t]); then each row t attends, per head h (kv head
+ * h / (NH/NKV)), with its rotated q over positions [0, pos[t]] of its slot, keys and
+ * values read back from the cache (so rows of one call see each other causally):
+ * out = softmax(softmax_scale * q . K) V, FP32. Positions/slots live in backend memory. */
+typedef struct eg_gqa_args {
+    int T;
+    int n_heads, n_kv_heads, head_dim; /* NH, NKV (divides NH), HD (even) */
+    int max_len;                /* L: cache positions per slot */
+    int max_pos;                /* max over pos[] + 1 in this call (<= L, host-known) */
+    const int32_t *pos;         /* [T] position of each row in its slot */
+    const int32_t *slot;        /* [T] cache slot of each row */
+    const float *q;             /* [T][NH][HD] unrotated */
+    const float *k;             /* [T][NKV][HD] unrotated */
+    const float *v;             /* [T][NKV][HD] */
+    uint16_t *k_cache;          /* [S][L][NKV][HD] bf16, rotated keys */
+    uint16_t *v_cache;          /* [S][L][NKV][HD] bf16 */
+    const float *rope_inv_freq; /* [HD/2] */
+    float softmax_scale;        /* 1/sqrt(HD) for Llama */
+    float *out;                 /* [T][NH][HD] */
+} eg_gqa_args;
 
 typedef struct eg_router_args {
     int T;
@@ -158,6 +185,12 @@ typedef struct eg_backend_ops {
     eg_status (*moe)(eg_backend *b, const eg_moe_args *a, eg_error *err);
     /* out[i] = x[idx[i]] rows of width D */
     eg_status (*gather_rows)(eg_backend *b, const float *x, const int32_t *idx, int n, int D, float *out, eg_error *err);
+    /* Ordinary MHA/GQA attention with its cache write (eg_gqa_args above). */
+    eg_status (*gqa_attention)(eg_backend *b, const eg_gqa_args *a, eg_error *err);
+    /* dst[r][0..width) = src[r][0..width) for r < rows; row strides in floats (writes a
+     * column block of a wider matrix, e.g. the halves of a [T][2H] concat). */
+    eg_status (*copy_rows)(eg_backend *b, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                           int rows, int64_t width, eg_error *err);
     /* Sample one token per row of logits [N][V]. params, rng and out are host arrays;
      * rng[i] is sequence i's generator state, advanced in place. */
     eg_status (*sample)(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params, uint64_t *rng, int32_t *out, eg_error *err);

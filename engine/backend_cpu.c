@@ -31,6 +31,8 @@ typedef struct cpu_impl {
     int32_t *moe_tok;       /* [E][max_tokens*K]: (t*K+k) routed to e */
     int32_t *moe_cnt;       /* [E] */
     float *sample_scratch;  /* [2*V] */
+    float *gqa_scores;      /* [nthreads][max_seq_len] attention weights of one (row, head) */
+    int max_seq_len;        /* bound on eg_gqa_args.max_pos */
     eg_config cfg;          /* copy of the dims (eos_ids not used) */
     int max_tokens;
 } cpu_impl;
@@ -426,6 +428,107 @@ static eg_status cpu_mla_attention(eg_backend *b, const eg_mla_args *a, eg_error
     return EG_OK;
 }
 
+
+/* ---- plain MHA/GQA attention over a BF16 cache (the EAGLE-3 drafter) ------------- */
+
+/* Rotate-half RoPE (pairs i, i + HD/2) at position p: the drafter's own formula. */
+static void rope_half(float *v, int HD, int p, const float *inv_freq) {
+    const int half = HD / 2;
+    for (int i = 0; i < half; i++) {
+        double a = (double)p * inv_freq[i];
+        float cs = (float)cos(a), sn = (float)sin(a);
+        float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs - x1 * sn;
+        v[i + half] = x1 * cs + x0 * sn;
+    }
+}
+
+typedef struct {
+    cpu_impl *im;
+    const eg_gqa_args *a;
+} gqa_ctx;
+
+/* One (row, head) per item: scores in a fixed order (c, then j), two-pass softmax. */
+static void gqa_body(void *vc, int64_t i0, int64_t i1, int tid) {
+    gqa_ctx *c = vc;
+    const eg_gqa_args *a = c->a;
+    const int NH = a->n_heads, NKV = a->n_kv_heads, HD = a->head_dim, grp = NH / NKV;
+    const int64_t row = (int64_t)NKV * HD;
+    float *qh = c->im->row_scratch + (int64_t)tid * c->im->max_cols;
+    float *sc = c->im->gqa_scores + (int64_t)tid * c->im->max_seq_len;
+    for (int64_t i = i0; i < i1; i++) {
+        const int t = (int)(i / NH), h = (int)(i % NH), kvh = h / grp, p = a->pos[t];
+        memcpy(qh, a->q + ((int64_t)t * NH + h) * HD, sizeof(float) * (size_t)HD);
+        rope_half(qh, HD, p, a->rope_inv_freq);
+        const uint16_t *K = a->k_cache + (int64_t)a->slot[t] * a->max_len * row + (int64_t)kvh * HD;
+        const uint16_t *V = a->v_cache + (int64_t)a->slot[t] * a->max_len * row + (int64_t)kvh * HD;
+        float mx = -FLT_MAX;
+        for (int j = 0; j <= p; j++) {
+            const uint16_t *kj = K + (int64_t)j * row;
+            float acc = 0;
+            for (int d = 0; d < HD; d++) acc += qh[d] * eg_bf16_to_f32(kj[d]);
+            sc[j] = acc * a->softmax_scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        float sum = 0;
+        for (int j = 0; j <= p; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float *o = a->out + ((int64_t)t * NH + h) * HD;
+        for (int d = 0; d < HD; d++) o[d] = 0;
+        for (int j = 0; j <= p; j++) {
+            const uint16_t *vj = V + (int64_t)j * row;
+            const float w = sc[j] / sum;
+            for (int d = 0; d < HD; d++) o[d] += w * eg_bf16_to_f32(vj[d]);
+        }
+    }
+}
+
+static eg_status cpu_gqa_attention(eg_backend *b, const eg_gqa_args *a, eg_error *err) {
+    cpu_impl *im = impl_of(b);
+    const int NH = a->n_heads, NKV = a->n_kv_heads, HD = a->head_dim;
+    if (a->T <= 0) return EG_OK;
+    if (NH < 1 || NKV < 1 || NH % NKV || HD < 2 || HD % 2 || HD > im->max_cols || a->max_len < 1)
+        return eg_fail(err, EG_ERR_INVALID, "cpu backend: gqa attention with %d heads, %d kv heads of %d (max_len %d)",
+                       NH, NKV, HD, a->max_len);
+    if (a->max_pos > im->max_seq_len || a->max_pos > a->max_len)
+        return eg_fail(err, EG_ERR_INVALID, "cpu backend: gqa attention over %d positions, scratch holds %d, cache %d",
+                       a->max_pos, im->max_seq_len, a->max_len);
+    const int64_t row = (int64_t)NKV * HD;
+    for (int t = 0; t < a->T; t++) {
+        const int p = a->pos[t];
+        if (p < 0 || p >= a->max_pos || a->slot[t] < 0)
+            return eg_fail(err, EG_ERR_INVALID, "cpu backend: gqa attention row %d: position %d (max_pos %d), slot %d", t,
+                           p, a->max_pos, a->slot[t]);
+        uint16_t *kc = a->k_cache + ((int64_t)a->slot[t] * a->max_len + p) * row;
+        uint16_t *vc = a->v_cache + ((int64_t)a->slot[t] * a->max_len + p) * row;
+        float *kr = im->row_scratch;
+        for (int h = 0; h < NKV; h++) {
+            memcpy(kr, a->k + (int64_t)t * row + (int64_t)h * HD, sizeof(float) * (size_t)HD);
+            rope_half(kr, HD, p, a->rope_inv_freq);
+            for (int d = 0; d < HD; d++) {
+                kc[(int64_t)h * HD + d] = eg_f32_to_bf16(kr[d]);
+                vc[(int64_t)h * HD + d] = eg_f32_to_bf16(a->v[(int64_t)t * row + (int64_t)h * HD + d]);
+            }
+        }
+    }
+    gqa_ctx c = {im, a};
+    eg_pool_for(im->pool, (int64_t)a->T * NH, 1, gqa_body, &c);
+    return EG_OK;
+}
+
+static eg_status cpu_copy_rows(eg_backend *b, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                               int rows, int64_t width, eg_error *err) {
+    (void)b;
+    if (rows < 0 || width < 0 || (rows > 1 && (dst_stride < width || src_stride < width)))
+        return eg_fail(err, EG_ERR_INVALID, "cpu backend: copy_rows of %d rows of %lld (strides %lld, %lld)", rows,
+                       (long long)width, (long long)dst_stride, (long long)src_stride);
+    for (int r = 0; r < rows; r++)
+        memmove(dst + (int64_t)r * dst_stride, src + (int64_t)r * src_stride, sizeof(float) * (size_t)width);
+    return EG_OK;
+}
+
 /* ---- router ------------------------------------------------------------------ */
 
 static eg_status cpu_router(eg_backend *b, const eg_router_args *a, eg_error *err) {
@@ -581,6 +684,7 @@ static void cpu_destroy(eg_backend *b) {
         free(im->moe_tok);
         free(im->moe_cnt);
         free(im->sample_scratch);
+        free(im->gqa_scores);
         free(im);
     }
     free(b);
@@ -609,6 +713,8 @@ static const eg_backend_ops cpu_ops = {
     .router = cpu_router,
     .moe = cpu_moe,
     .gather_rows = cpu_gather_rows,
+    .gqa_attention = cpu_gqa_attention,
+    .copy_rows = cpu_copy_rows,
     .sample = cpu_sample,
 };
 
@@ -644,8 +750,10 @@ eg_status eg_backend_cpu_create(const eg_config *cfg, const eg_backend_opts *o, 
     im->moe_tok = eg_malloc(sizeof(int32_t) * (size_t)(E * T * K), err);
     im->moe_cnt = eg_malloc(sizeof(int32_t) * (size_t)E, err);
     im->sample_scratch = eg_malloc(sizeof(float) * 2 * (size_t)(cfg->vocab + 1), err);
+    im->max_seq_len = o->max_seq_len > 0 ? o->max_seq_len : 1;
+    im->gqa_scores = eg_malloc(sizeof(float) * nt * (size_t)im->max_seq_len, err);
     if (!im->row_scratch || !im->mla_scratch || !im->mlp_g || !im->mlp_u || !im->moe_out || !im->moe_act ||
-        !im->moe_tok || !im->moe_cnt || !im->sample_scratch) {
+        !im->moe_tok || !im->moe_cnt || !im->sample_scratch || !im->gqa_scores) {
         cpu_destroy(b);
         return EG_ERR_NOMEM;
     }

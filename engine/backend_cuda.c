@@ -503,9 +503,11 @@ static void cu_graph_free(eg_backend *b, void *graph) {
  * ops' sum and the step's wall time. Numerics are unchanged. */
 #define EG_PROF_PAIRS 1024
 #define EG_PROF_ROWS 256
-enum { P_EMBED, P_RMSNORM, P_ADD_RMSNORM, P_ADD, P_LINEAR, P_GATHER, P_SWIGLU, P_MLA, P_ROUTER, P_MOE, P_SAMPLE, P_N };
+enum { P_EMBED, P_RMSNORM, P_ADD_RMSNORM, P_ADD, P_LINEAR, P_GATHER, P_SWIGLU, P_MLA, P_ROUTER, P_MOE, P_SAMPLE,
+       P_GQA, P_COPY_ROWS, P_N };
 static const char *const prof_names[P_N] = {"embed", "rmsnorm", "add_rmsnorm", "add", "linear", "gather_rows",
-                                            "swiglu_mlp", "mla_attention", "router", "moe", "sample"};
+                                            "swiglu_mlp", "mla_attention", "router", "moe", "sample",
+                                            "gqa_attention", "copy_rows"};
 
 typedef struct prof_row {
     int op, T;
@@ -960,6 +962,32 @@ static eg_status cu_mla_attention(eg_backend *b, const eg_mla_args *a, eg_error 
     return EG_OK;
 }
 
+static eg_status cu_gqa_attention(eg_backend *b, const eg_gqa_args *a, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    if (a->T <= 0) return EG_OK;
+    if (a->n_heads < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads || a->head_dim < 2 || a->head_dim % 2 ||
+        a->max_len < 1 || a->max_pos < 1 || a->max_pos > a->max_len)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "cuda backend: gqa attention with %d heads, %d kv heads of %d over %d of %d positions",
+                       a->n_heads, a->n_kv_heads, a->head_dim, a->max_pos, a->max_len);
+    if ((size_t)a->head_dim * 8 + 512 > 48 * 1024)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: gqa attention head dim %d exceeds shared memory",
+                       a->head_dim);
+    egk_gqa g = {a->T, a->n_heads, a->n_kv_heads, a->head_dim, a->max_len, a->pos, a->slot, a->q, a->k, a->v,
+                 a->k_cache, a->v_cache, a->rope_inv_freq, a->softmax_scale, a->out};
+    KR("egk_gqa_attention", egk_gqa_attention(&g, im->stream));
+    return EG_OK;
+}
+
+static eg_status cu_copy_rows(eg_backend *b, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                              int rows, int64_t width, eg_error *err) {
+    if (rows < 0 || width < 0 || (rows > 1 && (dst_stride < width || src_stride < width)) || rows > 0x7fffffff)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: copy_rows of %d rows of %lld (strides %lld, %lld)", rows,
+                       (long long)width, (long long)dst_stride, (long long)src_stride);
+    KR("egk_copy_rows", egk_copy_rows(dst, dst_stride, src, src_stride, rows, width, impl_of(b)->stream));
+    return EG_OK;
+}
+
 static eg_status cu_router(eg_backend *b, const eg_router_args *a, eg_error *err) {
     cuda_impl *im = impl_of(b);
     int E = (int)a->gate->rows;
@@ -1190,6 +1218,13 @@ static eg_status pf_router(eg_backend *b, const eg_router_args *a, eg_error *err
 static eg_status pf_moe(eg_backend *b, const eg_moe_args *a, eg_error *err) {
     PROFILED(P_MOE, a->T, cu_moe(b, a, err));
 }
+static eg_status pf_gqa_attention(eg_backend *b, const eg_gqa_args *a, eg_error *err) {
+    PROFILED(P_GQA, a->T, cu_gqa_attention(b, a, err));
+}
+static eg_status pf_copy_rows(eg_backend *b, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                              int rows, int64_t width, eg_error *err) {
+    PROFILED(P_COPY_ROWS, rows, cu_copy_rows(b, dst, dst_stride, src, src_stride, rows, width, err));
+}
 static eg_status pf_sample(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params,
                            uint64_t *rng, int32_t *out, eg_error *err) {
     PROFILED(P_SAMPLE, N, cu_sample(b, logits, N, V, params, rng, out, err));
@@ -1208,7 +1243,8 @@ static eg_status pf_sample(eg_backend *b, const float *logits, int N, int V, con
 #define CUDA_OPS_COMPUTE(P)                                                              \
     .embed = P##_embed, .rmsnorm = P##_rmsnorm, .add_rmsnorm = P##_add_rmsnorm, .add = P##_add, \
     .linear = P##_linear, .swiglu_mlp = P##_swiglu_mlp, .mla_attention = P##_mla_attention, \
-    .router = P##_router, .moe = P##_moe, .gather_rows = P##_gather_rows, .sample = P##_sample
+    .router = P##_router, .moe = P##_moe, .gather_rows = P##_gather_rows, .sample = P##_sample, \
+    .gqa_attention = P##_gqa_attention, .copy_rows = P##_copy_rows
 
 static const eg_backend_ops cuda_ops = {CUDA_OPS_COMMON, CUDA_OPS_COMPUTE(cu)};
 static const eg_backend_ops cuda_ops_profiled = {CUDA_OPS_COMMON, CUDA_OPS_COMPUTE(pf)};

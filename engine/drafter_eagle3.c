@@ -65,7 +65,25 @@ typedef struct e3 {
     eg_spec_scratch *sc;       /* over Vd (monotone) or V */
     int have_logits;
     eg_pool *pool;
+    struct e3_dev *dev;        /* the backend path (eg_eagle3_opts.backend); NULL: own code */
 } e3;
+
+/* The backend path's state: device weights, caches and activations (backend memory,
+ * R = rows per pass), host staging of the embedding rows. */
+typedef struct e3_dev {
+    eg_backend *be;
+    int R;
+    eg_weight fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head;
+    uint16_t *kc, *vc;         /* [S][T][NKV][HD] bf16 */
+    float *last;               /* [S][H] */
+    float *inv_freq;           /* [HD/2] */
+    int32_t *pos, *slot;       /* [R] */
+    float *emb, *aux, *hid, *ne, *nh, *cat, *q, *k, *v, *att, *x, *y, *out, *logits;
+    /* [R][H] x5 (emb, hid, ne, nh, x, y, out), [R][n_aux*Ht], [R][2H], [R][NH*HD] (q, att),
+       [R][NKV*HD] (k, v), [Vd] */
+    float *h_emb;              /* host [R][H] */
+    int32_t *h_pos, *h_slot;   /* host [R] */
+} e3_dev;
 
 /* ------------------------------------------------------------------ products */
 
@@ -206,6 +224,214 @@ static void head(e3 *d, const float *prenorm) {
     d->have_logits = 1;
 }
 
+/* ------------------------------------------------------------------ backend path */
+
+/* The same layer through engine/backend.h's ops, for n rows at positions p0 .. p0+n-1
+ * of slot s (consecutive). Inputs in dev->emb and dev->hid [n][H]; writes the cache rows
+ * and dev->out [n][H]. */
+static eg_status dev_layer(e3 *d, int s, int p0, int n, eg_error *err) {
+    e3_dev *g = d->dev;
+    eg_backend *b = g->be;
+    const eg_backend_ops *o = b->ops;
+    const int H = d->H;
+    for (int i = 0; i < n; i++) {
+        g->h_pos[i] = p0 + i;
+        g->h_slot[i] = s;
+    }
+    eg_status st;
+    if ((st = o->to_device(b, g->pos, g->h_pos, sizeof(int32_t) * (size_t)n, err)) ||
+        (st = o->to_device(b, g->slot, g->h_slot, sizeof(int32_t) * (size_t)n, err)) ||
+        (st = o->rmsnorm(b, g->emb, &g->in_norm, n, H, d->eps, g->ne, err)) ||
+        (st = o->rmsnorm(b, g->hid, &g->hid_norm, n, H, d->eps, g->nh, err)) ||
+        (st = o->copy_rows(b, g->cat, 2 * (int64_t)H, g->ne, H, n, H, err)) ||
+        (st = o->copy_rows(b, g->cat + H, 2 * (int64_t)H, g->nh, H, n, H, err)) ||
+        (st = o->linear(b, g->cat, n, &g->wq, g->q, err)) || (st = o->linear(b, g->cat, n, &g->wk, g->k, err)) ||
+        (st = o->linear(b, g->cat, n, &g->wv, g->v, err)))
+        return st;
+    eg_gqa_args a = {.T = n, .n_heads = d->NH, .n_kv_heads = d->NKV, .head_dim = d->HD, .max_len = d->T,
+                     .max_pos = p0 + n, .pos = g->pos, .slot = g->slot, .q = g->q, .k = g->k, .v = g->v,
+                     .k_cache = g->kc, .v_cache = g->vc, .rope_inv_freq = g->inv_freq,
+                     .softmax_scale = 1.0f / sqrtf((float)d->HD), .out = g->att};
+    const int64_t nH = (int64_t)n * H;
+    if ((st = o->gqa_attention(b, &a, err)) || (st = o->linear(b, g->att, n, &g->wo, g->x, err)) ||
+        (st = o->add(b, g->x, d->norm_before_residual ? g->nh : g->hid, nH, err)) ||
+        (st = o->rmsnorm(b, g->x, &g->post_norm, n, H, d->eps, g->y, err)) ||
+        (st = o->swiglu_mlp(b, g->y, n, &g->wg, &g->wu, &g->wd, g->out, 0, err)) ||
+        (st = o->add(b, g->out, g->x, nH, err)))
+        return st;
+    return EG_OK;
+}
+
+/* logits [Vd] (host d->logits) from one pre-norm row in backend memory. */
+static eg_status dev_head(e3 *d, const float *prenorm, eg_error *err) {
+    e3_dev *g = d->dev;
+    eg_backend *b = g->be;
+    eg_status st;
+    if ((st = b->ops->rmsnorm(b, prenorm, &g->norm, 1, d->H, d->eps, g->y, err)) ||
+        (st = b->ops->linear(b, g->y, 1, &g->lm_head, g->logits, err)) ||
+        (st = b->ops->to_host(b, d->logits, g->logits, sizeof(float) * (size_t)d->Vd, err)) ||
+        (st = b->ops->sync(b, err)))
+        return st;
+    d->have_logits = 1;
+    return EG_OK;
+}
+
+/* Embedding rows of tokens [n] into dev->emb (looked up on the host: neither the
+ * drafter's nor the target's [V][H] table is copied to the device). */
+static eg_status dev_embed(e3 *d, const int32_t *tokens, int n, eg_error *err) {
+    e3_dev *g = d->dev;
+    for (int i = 0; i < n; i++) embed_row(d, tokens[i], g->h_emb + (int64_t)i * d->H);
+    return g->be->ops->to_device(g->be, g->emb, g->h_emb, sizeof(float) * (size_t)n * (size_t)d->H, err);
+}
+
+static eg_status dev_extend(e3 *d, int slot, int pos0, int n, const float *aux, const int32_t *next, eg_error *err) {
+    e3_dev *g = d->dev;
+    eg_backend *b = g->be;
+    const int64_t arow = (int64_t)d->n_aux * d->Ht;
+    eg_status st = eg_backend_bind(b, err);
+    for (int t0 = 0; !st && t0 < n; t0 += g->R) {
+        const int m = n - t0 < g->R ? n - t0 : g->R;
+        if ((st = dev_embed(d, next + t0, m, err)) ||
+            (st = b->ops->to_device(b, g->aux, aux + t0 * arow, sizeof(float) * (size_t)(m * arow), err)) ||
+            (st = b->ops->linear(b, g->aux, m, &g->fc, g->hid, err)) || (st = dev_layer(d, slot, pos0 + t0, m, err)))
+            break;
+        if (t0 + m == n)
+            st = b->ops->copy(b, g->last + (int64_t)slot * d->H, g->out + (int64_t)(m - 1) * d->H,
+                              sizeof(float) * (size_t)d->H, err);
+    }
+    if (!st) st = b->ops->sync(b, err);
+    return st;
+}
+
+static int32_t pick(e3 *d, const eg_sample_params *sp, uint64_t *rng, double *q_row);
+
+static eg_status dev_propose(e3 *d, int slot, int L0, int k, const eg_sample_params *sp, uint64_t *rng, int32_t *draft,
+                             double *q, eg_error *err) {
+    e3_dev *g = d->dev;
+    eg_backend *b = g->be;
+    const float *h = g->last + (int64_t)slot * d->H;
+    eg_status st;
+    if ((st = eg_backend_bind(b, err)) || (st = dev_head(d, h, err))) return st;
+    draft[0] = pick(d, sp, rng, q);
+    for (int i = 1; i < k; i++) {
+        if ((st = b->ops->copy(b, g->hid, i == 1 ? h : g->out, sizeof(float) * (size_t)d->H, err)) ||
+            (st = dev_embed(d, &draft[i - 1], 1, err)) || (st = dev_layer(d, slot, L0 + i - 1, 1, err)) ||
+            (st = dev_head(d, g->out, err)))
+            return st;
+        draft[i] = pick(d, sp, rng, q ? q + (int64_t)i * d->V : NULL);
+    }
+    return EG_OK;
+}
+
+static void dev_free(e3_dev *g) {
+    if (!g) return;
+    if (g->be) {
+        eg_backend *b = g->be;
+        eg_error e = {0};
+        (void)eg_backend_bind(b, &e);
+        eg_weight *ws[] = {&g->fc, &g->in_norm, &g->hid_norm, &g->wq, &g->wk, &g->wv, &g->wo,
+                           &g->post_norm, &g->wg, &g->wu, &g->wd, &g->norm, &g->lm_head};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->data) b->ops->weight_release(b, ws[i]);
+        void *bufs[] = {g->kc, g->vc, g->last, g->inv_freq, g->pos, g->slot, g->emb, g->aux, g->hid, g->ne,
+                        g->nh, g->cat, g->q, g->k, g->v, g->att, g->x, g->y, g->out, g->logits};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) b->ops->release(b, bufs[i]);
+        eg_backend_free(b);
+    }
+    free(g->h_emb);
+    free(g->h_pos);
+    free(g->h_slot);
+    free(g);
+}
+
+static eg_status dev_upload(e3 *d, const dw *w, const char *name, eg_weight *out, eg_error *err) {
+    eg_weight h;
+    memset(&h, 0, sizeof h);
+    h.fmt = w->dt == EG_ST_BF16 ? EG_W_BF16 : w->dt == EG_ST_F16 ? EG_W_F16 : EG_W_F32;
+    h.rows = w->rows;
+    h.cols = w->cols;
+    h.data = w->data;
+    h.name = name;
+    return d->dev->be->ops->weight_upload(d->dev->be, &h, out, err);
+}
+
+/* Create the backend and move the weights and state there. */
+static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
+    const char *name = opts->backend;
+    if (strcmp(name, "cpu") && strcmp(name, "cuda"))
+        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: backend \"%s\" (expected \"cpu\" or \"cuda\")", name);
+    if (opts->max_rows < 0 || opts->device < 0)
+        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: max_rows %d / device %d", opts->max_rows, opts->device);
+    e3_dev *g = eg_calloc(1, sizeof *g, err);
+    if (!g) return EG_ERR_NOMEM;
+    d->dev = g;
+    g->R = opts->max_rows ? opts->max_rows : 64;
+    /* A config shaped like the drafter's layer, so the backend's scratch covers its
+     * products: widest input n_aux*Ht / 2H / NH*HD in q_lora_rank (the field only sizes
+     * scratch here), the MLP width in inter, the draft vocabulary as vocab. */
+    eg_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.model_type, sizeof c.model_type, "eagle3_drafter");
+    const int64_t wide = (int64_t)d->n_aux * d->Ht > 2 * (int64_t)d->H ? (int64_t)d->n_aux * d->Ht : 2 * (int64_t)d->H;
+    const int64_t qd = (int64_t)d->NH * d->HD;
+    if ((wide > qd ? wide : qd) > (1 << 30))
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "eagle3 drafter: %lld input columns", (long long)wide);
+    c.hidden = d->H;
+    c.n_layers = 1;
+    c.n_heads = d->NH;
+    c.q_lora_rank = (int)(wide > qd ? wide : qd);
+    c.inter = d->I;
+    c.vocab = d->Vd;
+    c.rms_eps = d->eps;
+    c.rope_theta = d->theta;
+    c.max_pos = d->T;
+    eg_backend_opts bo = {.name = name, .max_tokens = g->R, .max_seq_len = d->T, .nthreads = opts->threads,
+                          .device = opts->device};
+    eg_status st = eg_backend_create(&c, &bo, &g->be, err);
+    if (st) return st;
+    eg_backend *b = g->be;
+    if (!b->ops->gqa_attention || !b->ops->copy_rows)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "eagle3 drafter: backend %s has no gqa_attention/copy_rows", name);
+    if ((st = dev_upload(d, &d->fc, "fc.weight", &g->fc, err)) ||
+        (st = dev_upload(d, &d->in_norm, "midlayer.input_layernorm.weight", &g->in_norm, err)) ||
+        (st = dev_upload(d, &d->hid_norm, "midlayer.hidden_norm.weight", &g->hid_norm, err)) ||
+        (st = dev_upload(d, &d->wq, "midlayer.self_attn.q_proj.weight", &g->wq, err)) ||
+        (st = dev_upload(d, &d->wk, "midlayer.self_attn.k_proj.weight", &g->wk, err)) ||
+        (st = dev_upload(d, &d->wv, "midlayer.self_attn.v_proj.weight", &g->wv, err)) ||
+        (st = dev_upload(d, &d->wo, "midlayer.self_attn.o_proj.weight", &g->wo, err)) ||
+        (st = dev_upload(d, &d->post_norm, "midlayer.post_attention_layernorm.weight", &g->post_norm, err)) ||
+        (st = dev_upload(d, &d->wg, "midlayer.mlp.gate_proj.weight", &g->wg, err)) ||
+        (st = dev_upload(d, &d->wu, "midlayer.mlp.up_proj.weight", &g->wu, err)) ||
+        (st = dev_upload(d, &d->wd, "midlayer.mlp.down_proj.weight", &g->wd, err)) ||
+        (st = dev_upload(d, &d->norm, "norm.weight", &g->norm, err)) ||
+        (st = dev_upload(d, &d->lm_head, "lm_head.weight", &g->lm_head, err)))
+        return st;
+    const int64_t R = g->R, H = d->H, row = (int64_t)d->NKV * d->HD, cache = (int64_t)d->S * d->T * row;
+    struct { void **p; size_t bytes; } al[] = {
+        {(void **)&g->kc, 2 * (size_t)cache}, {(void **)&g->vc, 2 * (size_t)cache},
+        {(void **)&g->last, 4 * (size_t)(d->S * H)}, {(void **)&g->inv_freq, 4 * (size_t)(d->HD / 2)},
+        {(void **)&g->pos, 4 * (size_t)R}, {(void **)&g->slot, 4 * (size_t)R},
+        {(void **)&g->emb, 4 * (size_t)(R * H)}, {(void **)&g->aux, 4 * (size_t)(R * d->n_aux * d->Ht)},
+        {(void **)&g->hid, 4 * (size_t)(R * H)}, {(void **)&g->ne, 4 * (size_t)(R * H)},
+        {(void **)&g->nh, 4 * (size_t)(R * H)}, {(void **)&g->cat, 4 * (size_t)(R * 2 * H)},
+        {(void **)&g->q, 4 * (size_t)(R * qd)}, {(void **)&g->k, 4 * (size_t)(R * row)},
+        {(void **)&g->v, 4 * (size_t)(R * row)}, {(void **)&g->att, 4 * (size_t)(R * qd)},
+        {(void **)&g->x, 4 * (size_t)(R * H)}, {(void **)&g->y, 4 * (size_t)(R * H)},
+        {(void **)&g->out, 4 * (size_t)(R * H)}, {(void **)&g->logits, 4 * (size_t)d->Vd}};
+    for (size_t i = 0; i < sizeof al / sizeof al[0]; i++)
+        if ((st = b->ops->alloc(b, al[i].bytes, al[i].p, err))) return st;
+    g->h_emb = eg_malloc(sizeof(float) * (size_t)(R * H), err);
+    g->h_pos = eg_malloc(sizeof(int32_t) * (size_t)R, err);
+    g->h_slot = eg_malloc(sizeof(int32_t) * (size_t)R, err);
+    if (!g->h_emb || !g->h_pos || !g->h_slot) return EG_ERR_NOMEM;
+    if ((st = b->ops->to_device(b, g->inv_freq, d->inv_freq, sizeof(float) * (size_t)(d->HD / 2), err)) ||
+        (st = b->ops->memset0(b, g->kc, 2 * (size_t)cache, err)) ||
+        (st = b->ops->memset0(b, g->vc, 2 * (size_t)cache, err)))
+        return st;
+    return b->ops->sync(b, err);
+}
+
 /* ------------------------------------------------------------------ vtable */
 
 static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const float *aux, const int32_t *next,
@@ -226,12 +452,18 @@ static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const floa
             return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d position %d: next token %d outside [0, %d)",
                            slot, pos0 + t, next[t], d->V);
     const int64_t arow = (int64_t)d->n_aux * d->Ht;
-    for (int t = 0; t < n; t++) {
-        embed_row(d, next[t], d->emb);
-        matvec(d, &d->fc, aux + t * arow, d->hid);
-        layer(d, slot, pos0 + t);
+    if (d->dev) {
+        d->last_pos[slot] = -1; /* until the backend's rows are in */
+        eg_status st = dev_extend(d, slot, pos0, n, aux, next, err);
+        if (st) return st;
+    } else {
+        for (int t = 0; t < n; t++) {
+            embed_row(d, next[t], d->emb);
+            matvec(d, &d->fc, aux + t * arow, d->hid);
+            layer(d, slot, pos0 + t);
+        }
+        memcpy(d->last + (int64_t)slot * d->H, d->out, sizeof(float) * (size_t)d->H);
     }
-    memcpy(d->last + (int64_t)slot * d->H, d->out, sizeof(float) * (size_t)d->H);
     d->last_pos[slot] = pos0 + n - 1;
     d->len[slot] = pos0 + n;
     return EG_OK;
@@ -289,6 +521,12 @@ static eg_status e3_propose(eg_drafter *dr, int slot, const int32_t *seq, int n_
     if ((int64_t)L0 + k - 1 > d->T)
         return eg_fail(err, EG_ERR_INVALID,
                        "eagle3 drafter: %d drafts after %d positions of slot %d pass max_seq_len %d", k, L0, slot, d->T);
+    if (d->dev) {
+        eg_status st = dev_propose(d, slot, L0, k, sp, rng, draft, q, err);
+        if (st) return st;
+        d->len[slot] = L0 + k - 1;
+        return EG_OK;
+    }
     const float *h = d->last + (int64_t)slot * d->H;
     head(d, h);
     draft[0] = pick(d, sp, rng, q);
@@ -332,6 +570,7 @@ static void e3_destroy(eg_drafter *dr) {
     free(d->pt);
     eg_spec_scratch_free(d->sc);
     eg_pool_free(d->pool);
+    dev_free(d->dev);
     free(d);
 }
 
@@ -346,6 +585,10 @@ const float *eg_drafter_eagle3_last_logits(const eg_drafter *d) {
     return x->have_logits ? x->logits : NULL;
 }
 const char *eg_drafter_eagle3_aux_source(const eg_drafter *d) { return ((const e3 *)d->impl)->aux_source; }
+const char *eg_drafter_eagle3_backend(const eg_drafter *d) {
+    const e3 *x = d->impl;
+    return x->dev ? x->dev->be->ops->name : NULL;
+}
 int eg_drafter_eagle3_slot_len(const eg_drafter *d, int slot) {
     const e3 *x = d->impl;
     EG_ASSERT(slot >= 0 && slot < x->S);
@@ -849,8 +1092,9 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     d->base.impl = d;
     eg_status st;
     if ((st = read_config(d, dir, opts, err)) || (st = open_files(d, dir, err)) || (st = read_weights(d, err))) goto fail;
-    const int64_t row = (int64_t)d->NKV * d->HD, cache = (int64_t)d->S * d->T * row;
-    d->kc = eg_malloc(sizeof(uint16_t) * (size_t)cache, err);
+    const int on_backend = opts->backend && opts->backend[0];
+    const int64_t row = (int64_t)d->NKV * d->HD, cache = on_backend ? 1 : (int64_t)d->S * d->T * row;
+    d->kc = eg_malloc(sizeof(uint16_t) * (size_t)cache, err); /* the backend path keeps its caches there */
     d->vc = eg_malloc(sizeof(uint16_t) * (size_t)cache, err);
     d->last = eg_calloc((size_t)d->S * (size_t)d->H, sizeof(float), err);
     d->len = eg_calloc((size_t)d->S, sizeof(int), err);
@@ -872,6 +1116,7 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     if ((st = eg_pool_create(opts->threads ? opts->threads : eg_num_threads(), &d->pool, err))) goto fail;
     for (int s = 0; s < d->S; s++) d->last_pos[s] = -1;
     for (int i = 0; i < d->HD / 2; i++) d->inv_freq[i] = (float)(1.0 / pow(d->theta, (2.0 * i) / d->HD));
+    if (on_backend && (st = dev_create(d, opts, err))) goto fail;
     eg_drafter_info *in = &d->base.info;
     in->kind = "eagle3";
     in->n_aux = d->n_aux;

@@ -1,5 +1,6 @@
 /* drafter_eagle3.h — an EAGLE-3 drafter (SpecForge's LlamaForCausalLMEagle3 checkpoint)
- * behind the proposer interface of drafter.h, computed on the CPU.
+ * behind the proposer interface of drafter.h, computed on the CPU by its own code or
+ * through a backend's ops (eg_eagle3_opts.backend: "cpu" or "cuda").
  *
  * Checkpoint (DIR): config.json + model.safetensors (or model.safetensors.index.json and
  * its shards), tensor names without a `model.` prefix:
@@ -22,13 +23,16 @@
  * State per slot: a BF16 KV cache [max_seq_len][NKV][HD] for K (after RoPE) and V, and
  * the pre-norm output [H] of the slot's last committed position (what the first draft's
  * logits and the chain's first hidden input come from). state_bytes =
- * S * (4 * max_seq_len * NKV * HD + 4 * H) (K and V at 2 bytes each, the FP32 row).
+ * S * (4 * max_seq_len * NKV * HD + 4 * H) (K and V at 2 bytes each, the FP32 row): host
+ * memory on the own CPU path, backend memory (the GPU's for "cuda") on the backend path,
+ * which also holds the uploaded weights there (embeddings stay on the host).
  *
  * Ownership: eg_drafter_eagle3_load returns a drafter the caller frees with
  * eg_drafter_free (NULL ok); it borrows `target` (its config and, when the checkpoint has
  * no embed_tokens, its embedding), which must outlive the drafter.
  * Thread safety: one thread drives the drafter (drafter.h); matrix-vector products run
- * on the drafter's own worker pool. */
+ * on the drafter's own worker pool (or the backend's; a CUDA backend is bound to the
+ * driving thread at each call). */
 #ifndef EG_DRAFTER_EAGLE3_H
 #define EG_DRAFTER_EAGLE3_H
 
@@ -52,6 +56,15 @@ typedef enum eg_aux_convention {
 typedef struct eg_eagle3_opts {
     eg_aux_convention aux_convention;
     int threads; /* worker threads for the products; 0 = eg_num_threads() */
+    /* Where the layer runs. NULL or "": the drafter's own CPU code (the reference, one
+     * position at a time). "cpu" or "cuda": through the ops of engine/backend.h on a
+     * backend of that name the drafter creates and owns (rows of an extend in passes of
+     * up to max_rows, the caches and the last rows in backend memory, the [Vd] logits
+     * copied to the host for the d2t scatter and q); `threads` then sizes the CPU
+     * backend's pool. */
+    const char *backend;
+    int device;   /* CUDA device index for backend "cuda" */
+    int max_rows; /* rows per backend pass of an extend; 0 = 64 */
 } eg_eagle3_opts;
 
 /* Load DIR as a drafter for `target` with state for n_slots slots of max_seq_len
@@ -85,6 +98,8 @@ const int64_t *eg_drafter_eagle3_d2t(const eg_drafter *d);              /* [Vd] 
 const float *eg_drafter_eagle3_last_logits(const eg_drafter *d);
 /* How the aux-layer convention was decided (e.g. "eagle_config.eaglegen_aux_convention"). */
 const char *eg_drafter_eagle3_aux_source(const eg_drafter *d);
+/* The backend the drafter runs on (NULL: its own CPU code). */
+const char *eg_drafter_eagle3_backend(const eg_drafter *d);
 /* Current length (committed positions) of a slot. */
 int eg_drafter_eagle3_slot_len(const eg_drafter *d, int slot);
 

@@ -96,13 +96,11 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     rt->runs = eg_calloc((size_t)ep, sizeof *rt->runs, err);
     if (!rt->be || !rt->eng || !rt->runs) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
     int threads = bo->nthreads > 0 ? bo->nthreads : eg_num_threads();
-    int n_gpus = cuda ? eg_ep_cuda_devices() : 0;
     eg_status st = EG_OK;
     for (int r = 0; r < ep; r++) {
         eg_backend_opts so = *bo;
         so.nthreads = threads / ep > 0 ? threads / ep : 1;
-        /* one GPU per rank where there are enough (nccl), else they share (cuda-local) */
-        if (cuda) so.device = n_gpus > 0 ? (bo->device + r) % n_gpus : bo->device + r;
+        if (cuda) so.device = eg_ep_runtime_rank_device(bo->device, r);
         if ((st = eg_backend_create(c, &so, &rt->be[r], err))) {
             eg_wrap(err, "expert-parallel rank %d", r);
             eg_ep_runtime_free(rt);
@@ -161,6 +159,11 @@ int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep) {
         if (mine > worst) worst = mine;
     }
     return all - total + worst;
+}
+
+int eg_ep_runtime_rank_device(int first, int rank) {
+    int n = eg_ep_cuda_devices();
+    return n > 0 ? (first + rank) % n : first + rank;
 }
 
 int eg_ep_runtime_ranks_per_gpu(int ep) {

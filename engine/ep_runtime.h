@@ -42,6 +42,9 @@ int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens);
 int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep);
 /* CUDA ranks per GPU when ep ranks go to GPU r mod the GPU count (1 without CUDA). */
 int eg_ep_runtime_ranks_per_gpu(int ep);
+/* The CUDA device rank `rank` runs on: one GPU per rank where there are enough (nccl),
+ * else ranks share them round-robin (cuda-local); `first` is the first device. */
+int eg_ep_runtime_rank_device(int first, int rank);
 /* The group's exchange: "local", "nccl" or "cuda-local". */
 const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt);
 eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);

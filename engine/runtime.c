@@ -297,9 +297,13 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         if (!(rt->drafters = eg_calloc((size_t)nd, sizeof *rt->drafters, err))) { st = EG_ERR_NOMEM; goto fail; }
         rt->n_drafters = nd;
         int all = o->threads > 0 ? o->threads : eg_num_threads();
-        eg_eagle3_opts dopt = {.threads = nd > 1 ? (all / nd > 0 ? all / nd : 1) : 0};
+        /* on the GPU that reads its rows (the rank's, or the last stage's) when the target
+           runs on CUDA, its ops through a CUDA backend of its own; else its own CPU code */
+        eg_eagle3_opts dopt = {.threads = nd > 1 ? (all / nd > 0 ? all / nd : 1) : 0,
+                               .backend = cuda ? "cuda" : NULL};
         for (int r = 0; r < nd; r++) {
             int slots = nd > 1 ? eg_ep_runtime_rank_slots(n_slots, nd, r) : n_slots;
+            dopt.device = nd > 1 ? eg_ep_runtime_rank_device(o->device, r) : rt->stage_device[n_stages - 1];
             if ((st = eg_drafter_eagle3_load_opts(o->draft_model, m, slots, o->max_seq_len, &dopt, &rt->drafters[r],
                                                   err))) {
                 eg_wrap(err, "--draft-model %s", o->draft_model);

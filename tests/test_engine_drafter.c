@@ -78,8 +78,13 @@ static void save_cfg(const char *dir, json_t *j) {
     json_decref(j);
 }
 
+/* The drafter's path in the tests below: NULL = its own CPU code; "cpu" = through the
+ * CPU backend's ops (eg_eagle3_opts.backend), g_rows rows per pass. */
+static const char *g_backend;
+static int g_rows;
+
 static eg_status load(const char *dir, int S, int T, eg_drafter **d, eg_error *e) {
-    eg_eagle3_opts o = {.threads = 2};
+    eg_eagle3_opts o = {.threads = 2, .backend = g_backend, .max_rows = g_rows};
     return eg_drafter_eagle3_load_opts(dir, target(), S, T, &o, d, e);
 }
 
@@ -174,14 +179,27 @@ static void ref_case(int no_embed, int nbr) {
     CHECK(dr0[0] == D[0] && dr0[1] == D[1] && dr0[2] == D[2]);
     CHECK(!memcmp(keep3, eg_drafter_eagle3_last_logits(d), sizeof keep3));
     CHECK(rng == 1); /* greedy draws nothing */
-    printf("    %s embedding%s: max rel err %.2e over %d positions + 2 chained steps (bound 1e-4)\n",
-           no_embed ? "target" : "own", nbr ? ", norm_before_residual" : "", worst, N);
+    printf("    %s embedding%s%s%s: max rel err %.2e over %d positions + 2 chained steps (bound 1e-4)\n",
+           no_embed ? "target" : "own", nbr ? ", norm_before_residual" : "", g_backend ? ", backend " : "",
+           g_backend ? g_backend : "", worst, N);
+    CHECK(g_backend ? eg_drafter_eagle3_backend(d) && !strcmp(eg_drafter_eagle3_backend(d), g_backend)
+                    : eg_drafter_eagle3_backend(d) == NULL);
     eg_drafter_free(d);
     eg_st_close(rf);
 }
 
 static void test_reference_own_embed(void) { ref_case(0, 0); }
 static void test_reference_target_embed_nbr(void) { ref_case(1, 1); }
+/* The same reference through the CPU backend's ops (gqa_attention, copy_rows, linear,
+ * ...), extends in passes of 4 rows (the 6-position extend is 4 + 2). */
+static void test_reference_backend_cpu(void) {
+    g_backend = "cpu";
+    g_rows = 4;
+    ref_case(0, 0);
+    ref_case(1, 1);
+    g_backend = NULL;
+    g_rows = 0;
+}
 
 /* ---------------------------------------------------------------- consistency */
 
@@ -229,6 +247,68 @@ static void test_truncate_extend(void) {
     CHECK_OK(eg_drafter_propose(d, 1, seq, N + 1, 2, &greedy, &rng, b, NULL, &e), &e);
     CHECK(!memcmp(ref, eg_drafter_eagle3_last_logits(d), sizeof ref));
     eg_drafter_free(d);
+}
+
+static void test_truncate_extend_backend_cpu(void) {
+    g_backend = "cpu";
+    g_rows = 3;
+    test_truncate_extend();
+    g_backend = NULL;
+    g_rows = 0;
+}
+
+/* The backend path on the CPU backend against the drafter's own code: the same
+ * products in the same order (BF16 weights, row lengths multiples of 8), so the same
+ * bits: logits of every step, drafts, q and the rng, sampled, own and target
+ * embedding, an extend of 9 rows in passes of 4. */
+static void backend_bits_case(int no_embed) {
+    const char *dir = tmpdir(no_embed ? "bits_noembed" : "bits_embed");
+    make_drafter(dir, no_embed, NULL);
+    enum { N = 9, K = 3, V = 512, VD = 200 };
+    static float aux[N][3][64];
+    int32_t next[N], seq[32], da[K], db[K];
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < 3 * 64; i++) aux[t][i / 64][i % 64] = (float)(3.0 * urand() - 1.5);
+        next[t] = (int32_t)(urand() * V);
+    }
+    eg_error e = {0};
+    eg_drafter *a = NULL, *b = NULL;
+    CHECK_OK(load(dir, 2, 24, &a, &e), &e);
+    g_backend = "cpu";
+    g_rows = 4;
+    CHECK_OK(load(dir, 2, 24, &b, &e), &e);
+    g_backend = NULL;
+    g_rows = 0;
+    if (!a || !b) {
+        eg_drafter_free(a);
+        eg_drafter_free(b);
+        return;
+    }
+    CHECK(a->info.state_bytes == b->info.state_bytes);
+    static double qa[K][V], qb[K][V];
+    const eg_sample_params sp = {0.8f, 0.95f, 40};
+    uint64_t ra = 99, rb = 99;
+    int same = 1;
+    for (int round = 0; round < 2; round++) {
+        const int p0 = round ? 5 : 0, n = round ? N - 5 : 5;
+        CHECK_OK(eg_drafter_extend(a, 1, p0, n, &aux[p0][0][0], next + p0, &e), &e);
+        CHECK_OK(eg_drafter_extend(b, 1, p0, n, &aux[p0][0][0], next + p0, &e), &e);
+        CHECK_OK(eg_drafter_propose(a, 1, seq, p0 + n + 1, K, &sp, &ra, da, &qa[0][0], &e), &e);
+        CHECK_OK(eg_drafter_propose(b, 1, seq, p0 + n + 1, K, &sp, &rb, db, &qb[0][0], &e), &e);
+        same &= !memcmp(eg_drafter_eagle3_last_logits(a), eg_drafter_eagle3_last_logits(b), sizeof(float) * VD);
+        same &= !memcmp(da, db, sizeof da) && !memcmp(qa, qb, sizeof qa) && ra == rb;
+        eg_drafter_truncate(a, 1, p0 + n);
+        eg_drafter_truncate(b, 1, p0 + n);
+    }
+    CHECKF(same, "%s embedding: the CPU backend path differs from the drafter's own code", no_embed ? "target" : "own");
+    printf("    %s embedding: backend cpu == own code, bit for bit (logits, %d drafts x 2, q, rng)\n",
+           no_embed ? "target" : "own", K);
+    eg_drafter_free(a);
+    eg_drafter_free(b);
+}
+static void test_backend_cpu_bits(void) {
+    backend_bits_case(0);
+    backend_bits_case(1);
 }
 
 /* ---------------------------------------------------------------- q */
@@ -526,6 +606,14 @@ static void test_bad_calls(void) {
     eg_drafter_free(d);
     eg_drafter_free(NULL);
     CHECK(load(dir, 0, 8, &d, &e) == EG_ERR_INVALID);
+    eg_eagle3_opts bo = {.threads = 1, .backend = "tpu"};
+    d = NULL;
+    CHECK(eg_drafter_eagle3_load_opts(dir, target(), 1, 8, &bo, &d, &e) == EG_ERR_INVALID && d == NULL);
+    CHECK(strstr(e.msg, "\"tpu\"") != NULL);
+    bo.backend = "cpu";
+    bo.max_rows = -1;
+    CHECK(eg_drafter_eagle3_load_opts(dir, target(), 1, 8, &bo, &d, &e) == EG_ERR_INVALID && d == NULL);
+    CHECK(strstr(e.msg, "max_rows -1") != NULL);
 }
 
 static void cleanup(void) {
@@ -540,6 +628,9 @@ int main(int argc, char **argv) {
         {"reference_own_embed", test_reference_own_embed},
         {"reference_target_embed_nbr", test_reference_target_embed_nbr},
         {"truncate_extend", test_truncate_extend},
+        {"reference_backend_cpu", test_reference_backend_cpu},
+        {"truncate_extend_backend_cpu", test_truncate_extend_backend_cpu},
+        {"backend_cpu_bits", test_backend_cpu_bits},
         {"q_monotone", test_q_monotone},
         {"q_permuted", test_q_permuted},
         {"draws_follow_q", test_draws_follow_q},

@@ -12,11 +12,15 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <pthread.h>
 
 #include "engine/backend.h"
 #include "engine/collective.h"
+#include "engine/drafter_eagle3.h"
+#include "engine/mkmodel.h"
 #include "engine/cuda_plan.h"
 #include "engine/transport.h"
 #include "tests/check.h"
@@ -1342,6 +1346,197 @@ static void test_ep_group(void) {
     ep_group_case(EG_W_INT4, 4, t4, 1);
 }
 
+
+/* ---- plain MHA/GQA attention (the EAGLE-3 drafter's layer) and copy_rows ------------- */
+
+/* One gqa_attention call on both backends: rows (slot, pos); the caches must match bit
+ * for bit (the same rotation, the same BF16 rounding), the outputs to 1e-5 (FP32 both
+ * sides; the CUDA kernel's online softmax sums in another order). */
+static void gqa_call(pair *p, int NH, int NKV, int HD, int L, buf2 *kc, buf2 *vc, const buf2 *inv, int T,
+                     const int32_t *slot, const int32_t *pos, const char *what, double *worst) {
+    eg_error err = {0};
+    int max_pos = 0;
+    for (int t = 0; t < T; t++)
+        if (pos[t] + 1 > max_pos) max_pos = pos[t] + 1;
+    float *q = randv((int64_t)T * NH * HD, 1.0f), *k = randv((int64_t)T * NKV * HD, 1.0f),
+          *v = randv((int64_t)T * NKV * HD, 1.0f);
+    buf2 bq = b2(p, q, sizeof(float) * (size_t)T * NH * HD), bk = b2(p, k, sizeof(float) * (size_t)T * NKV * HD),
+         bv = b2(p, v, sizeof(float) * (size_t)T * NKV * HD), bs = b2(p, slot, sizeof(int32_t) * (size_t)T),
+         bp = b2(p, pos, sizeof(int32_t) * (size_t)T), bo = b2(p, NULL, sizeof(float) * (size_t)T * NH * HD);
+    eg_gqa_args a = {.T = T, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_len = L, .max_pos = max_pos,
+                     .rope_inv_freq = inv->c, .softmax_scale = 1.0f / sqrtf((float)HD)};
+    a.pos = bp.c, a.slot = bs.c, a.q = bq.c, a.k = bk.c, a.v = bv.c, a.k_cache = kc->c, a.v_cache = vc->c, a.out = bo.c;
+    CHECK_OK(p->cpu->ops->gqa_attention(p->cpu, &a, &err), &err);
+    a.pos = bp.g, a.slot = bs.g, a.q = bq.g, a.k = bk.g, a.v = bv.g, a.k_cache = kc->g, a.v_cache = vc->g, a.out = bo.g;
+    a.rope_inv_freq = inv->g;
+    CHECK_OK(p->gpu->ops->gqa_attention(p->gpu, &a, &err), &err);
+    double r = cmp_f32(p, &bo, what, 1e-5);
+    if (r > *worst) *worst = r;
+    uint16_t *hk = fetch(p, kc), *hv = fetch(p, vc);
+    int same = !memcmp(hk, kc->c, kc->n) && !memcmp(hv, vc->c, vc->n);
+    CHECKF(same, "%s: cache bits differ", what);
+    free(hk);
+    free(hv);
+    b2_free(p, &bq), b2_free(p, &bk), b2_free(p, &bv), b2_free(p, &bs), b2_free(p, &bp), b2_free(p, &bo);
+    free(q), free(k), free(v);
+}
+
+static void gqa_case(int NH, int NKV, int HD, double theta, const char *name) {
+    seed(77 + NH + HD);
+    eg_config c = small_cfg();
+    pair p;
+    if (!pair_make(&c, 128, &p)) return;
+    enum { S = 2, L = 160 };
+    size_t cb = sizeof(uint16_t) * (size_t)S * L * NKV * HD;
+    buf2 kc = b2(&p, NULL, cb), vc = b2(&p, NULL, cb);
+    float inv[256];
+    for (int i = 0; i < HD / 2; i++) inv[i] = (float)(1.0 / pow(theta, (2.0 * i) / HD));
+    buf2 bi = b2(&p, inv, sizeof(float) * (size_t)(HD / 2));
+    double worst = 0;
+    char what[160];
+    /* mixed prefill: slot 1 positions 0..4 and slot 0 positions 0..6 interleaved */
+    int32_t slot[128], pos[128];
+    int T = 0;
+    for (int i = 0; i < 7; i++) {
+        if (i < 5) slot[T] = 1, pos[T++] = i;
+        slot[T] = 0, pos[T++] = i;
+    }
+    snprintf(what, sizeof what, "gqa %s: mixed prefill of 2 slots (T %d)", name, T);
+    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, T, slot, pos, what, &worst);
+    /* decode: one row per slot */
+    slot[0] = 0, pos[0] = 7, slot[1] = 1, pos[1] = 5;
+    snprintf(what, sizeof what, "gqa %s: decode, 2 slots", name);
+    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, 2, slot, pos, what, &worst);
+    /* slot 0 to 150 positions in one call (three tiles of 64 on the GPU), then decode */
+    for (int i = 0; i < 128; i++) slot[i] = 0, pos[i] = 8 + i;
+    snprintf(what, sizeof what, "gqa %s: extend 128 rows, positions 8..135", name);
+    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, 128, slot, pos, what, &worst);
+    for (int i = 0; i < 14; i++) slot[i] = 0, pos[i] = 136 + i;
+    snprintf(what, sizeof what, "gqa %s: extend 14 rows, positions 136..149", name);
+    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, 14, slot, pos, what, &worst);
+    slot[0] = 0, pos[0] = 150;
+    snprintf(what, sizeof what, "gqa %s: decode at position 150", name);
+    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, 1, slot, pos, what, &worst);
+    printf("    gqa %s: worst rel %.2e, caches bit-identical\n", name, worst);
+    b2_free(&p, &kc), b2_free(&p, &vc), b2_free(&p, &bi);
+    pair_free(&p);
+}
+
+static void test_gqa_attention(void) {
+    gqa_case(4, 2, 16, 10000.0, "4 heads / 2 kv of 16");
+    gqa_case(8, 1, 32, 500000.0, "8 heads / 1 kv of 32 (MQA)");
+    gqa_case(2, 2, 128, 50000.0, "2 heads of 128 (MHA)");
+}
+
+static void test_copy_rows(void) {
+    seed(91);
+    eg_config c = small_cfg();
+    pair p;
+    if (!pair_make(&c, 8, &p)) return;
+    enum { R = 5, W = 37, DS = 80, SS = 41 };
+    float *src = randv(R * SS, 1.0f), *dst = randv(R * DS, 1.0f);
+    buf2 bs = b2(&p, src, sizeof(float) * R * SS), bd = b2(&p, dst, sizeof(float) * R * DS);
+    eg_error err = {0};
+    /* into columns [40, 77) of [R][80], from columns [3, 40) of [R][41] */
+    CHECK_OK(p.cpu->ops->copy_rows(p.cpu, (float *)bd.c + 40, DS, (const float *)bs.c + 3, SS, R, W, &err), &err);
+    CHECK_OK(p.gpu->ops->copy_rows(p.gpu, (float *)bd.g + 40, DS, (const float *)bs.g + 3, SS, R, W, &err), &err);
+    float *h = fetch(&p, &bd);
+    int ok = !memcmp(h, bd.c, bd.n), placed = 1;
+    for (int r = 0; r < R; r++)
+        for (int x = 0; x < DS; x++) {
+            float want = x >= 40 && x < 40 + W ? src[r * SS + 3 + x - 40] : dst[r * DS + x];
+            placed &= ((float *)bd.c)[r * DS + x] == want;
+        }
+    CHECKF(ok && placed, "copy_rows: %s", ok ? "CPU result misplaced" : "CUDA differs from CPU");
+    CHECK(p.gpu->ops->copy_rows(p.gpu, (float *)bd.g, 10, (const float *)bs.g, SS, 2, 20, &err) == EG_ERR_INVALID);
+    printf("    copy_rows: %d rows of %d into a column block: identical\n", R, W);
+    free(h), free(src), free(dst);
+    b2_free(&p, &bs), b2_free(&p, &bd);
+    pair_free(&p);
+}
+
+/* The EAGLE-3 drafter through the CUDA backend (eg_eagle3_opts.backend "cuda", extends in
+ * passes of 4 rows) against the drafter's own CPU code, on a random drafter for the
+ * tiny-a fixture: the draft-vocabulary logits of every proposal step (rel, bound as for
+ * BF16 GEMMs), the greedy drafts, and q of sampled drafts. */
+static void test_drafter(void) {
+    const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
+    char tdir[512], ddir[512];
+    snprintf(tdir, sizeof tdir, "%s/models/tiny-a", fx);
+    struct stat sb;
+    CHECKF(stat(tdir, &sb) == 0, "no target model %s (set FIXTURES)", tdir);
+    if (stat(tdir, &sb)) return;
+    snprintf(ddir, sizeof ddir, "/tmp/eg_cuda_ops_drafter_%d", (int)getpid());
+    eg_error err = {0};
+    static const int aux_l[3] = {0, 2, 4};
+    eg_mkdrafter_opts mo = {.target_dir = tdir, .out_dir = ddir, .seed = 7, .draft_vocab = 200, .n_aux = 3,
+                            .aux_layers = aux_l};
+    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
+    eg_model m;
+    memset(&m, 0, sizeof m);
+    CHECK_OK(eg_model_load(tdir, &m, &err), &err);
+    eg_drafter *dc = NULL, *dg = NULL;
+    eg_eagle3_opts oc = {.threads = 2}, og = {.threads = 2, .backend = "cuda", .max_rows = 4};
+    CHECK_OK(eg_drafter_eagle3_load_opts(ddir, &m, 2, 32, &oc, &dc, &err), &err);
+    CHECK_OK(eg_drafter_eagle3_load_opts(ddir, &m, 2, 32, &og, &dg, &err), &err);
+    if (!dc || !dg) {
+        eg_drafter_free(dc), eg_drafter_free(dg), eg_model_free(&m);
+        return;
+    }
+    CHECK(!strcmp(eg_drafter_eagle3_backend(dg), "cuda") && dc->info.state_bytes == dg->info.state_bytes);
+    const int H = dc->info.hidden, V = dc->info.target_vocab, Vd = eg_drafter_eagle3_draft_vocab(dc);
+    enum { N = 7, K = 3 };
+    seed(123);
+    float *aux = randv((int64_t)N * 3 * H, 1.0f);
+    int32_t next[N], seq[64] = {0}, da[K], db[K];
+    for (int t = 0; t < N; t++) next[t] = (int32_t)(next64() % (uint64_t)V);
+    const eg_sample_params greedy = {0.0f, 1.0f, 0}, sp = {0.9f, 0.95f, 0};
+    double worst = 0, worst_q = 0;
+    uint64_t ra = 5, rb = 5;
+    int drafts_same = 1;
+    /* slot 1: positions 0..5 in one call (passes of 4 + 2), then greedy chains of 3 */
+    CHECK_OK(eg_drafter_extend(dc, 1, 0, 6, aux, next, &err), &err);
+    CHECK_OK(eg_drafter_extend(dg, 1, 0, 6, aux, next, &err), &err);
+    for (int k = 1; k <= K; k++) {
+        CHECK_OK(eg_drafter_propose(dc, 1, seq, 7, k, &greedy, &ra, da, NULL, &err), &err);
+        CHECK_OK(eg_drafter_propose(dg, 1, seq, 7, k, &greedy, &rb, db, NULL, &err), &err);
+        double r = rel_err(eg_drafter_eagle3_last_logits(dg), eg_drafter_eagle3_last_logits(dc), Vd);
+        printf("    drafter via cuda: 6-row extend, draft %d: logits rel %.2e\n", k, r);
+        if (r > worst) worst = r;
+        drafts_same &= !memcmp(da, db, sizeof(int32_t) * (size_t)k);
+        eg_drafter_truncate(dc, 1, 6);
+        eg_drafter_truncate(dg, 1, 6);
+    }
+    /* slot 0: one position at a time, sampled drafts with q each step */
+    double *qa = malloc(sizeof(double) * (size_t)K * V), *qb = malloc(sizeof(double) * (size_t)K * V);
+    for (int t = 0; t < N; t++) {
+        CHECK_OK(eg_drafter_extend(dc, 0, t, 1, aux + (int64_t)t * 3 * H, next + t, &err), &err);
+        CHECK_OK(eg_drafter_extend(dg, 0, t, 1, aux + (int64_t)t * 3 * H, next + t, &err), &err);
+        CHECK_OK(eg_drafter_propose(dc, 0, seq, t + 2, 2, &sp, &ra, da, qa, &err), &err);
+        CHECK_OK(eg_drafter_propose(dg, 0, seq, t + 2, 2, &sp, &rb, db, qb, &err), &err);
+        double r = rel_err(eg_drafter_eagle3_last_logits(dg), eg_drafter_eagle3_last_logits(dc), Vd);
+        if (r > worst) worst = r;
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < 2 * (int64_t)V; i++) num += (qa[i] - qb[i]) * (qa[i] - qb[i]), den += qa[i] * qa[i];
+        if (sqrt(num / den) > worst_q) worst_q = sqrt(num / den);
+        drafts_same &= da[0] == db[0] && da[1] == db[1];
+        eg_drafter_truncate(dc, 0, t + 1);
+        eg_drafter_truncate(dg, 0, t + 1);
+    }
+    printf("    drafter via cuda vs own CPU code: logits rel <= %.2e over %d steps, q rel <= %.2e, drafts %s\n", worst,
+           K + N, worst_q, drafts_same ? "identical" : "DIFFERENT");
+    CHECKF(worst < bf16_bound(), "drafter logits rel %.3g", worst);
+    CHECKF(worst_q < bf16_bound(), "drafter q rel %.3g", worst_q);
+    CHECK(drafts_same && ra == rb);
+    free(qa), free(qb), free(aux);
+    eg_drafter_free(dc);
+    eg_drafter_free(dg);
+    eg_model_free(&m);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", ddir);
+    if (system(cmd) != 0) fprintf(stderr, "    could not remove %s\n", ddir);
+}
+
 static const eg_test tests[] = {
     {"errors_and_plan", test_errors_and_plan},
     {"profiled_transport", test_profiled_transport},
@@ -1363,6 +1558,9 @@ static const eg_test tests[] = {
     {"sample_kimi", test_sample_kimi},
     {"graphs", test_graphs},
     {"ep_group", test_ep_group},
+    {"gqa_attention", test_gqa_attention},
+    {"copy_rows", test_copy_rows},
+    {"drafter", test_drafter},
 };
 
 int main(int argc, char **argv) {

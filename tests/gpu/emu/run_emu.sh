@@ -15,6 +15,8 @@
 #                                              expert rows over emulated NCCL; --ep 2 on one GPU,
 #                                              cuda-local; each == one GPU; ~10 min)
 #        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
+#        tests/gpu/emu/run_emu.sh --spec      (generate --draft-model with target and drafter on the
+#                                              emulated GPU: greedy == greedy without the drafter)
 #        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
@@ -23,7 +25,7 @@ B=${BUILD_EMU:-build-emu}
 mkdir -p "$B/emu"
 make -s BUILD="$B" NO_CUDA=1 "$B/libeg_engine.a" "$B/libeg_common.a"
 INC="-Itests/gpu/emu/include -I."
-for f in elementwise gemm mla router sample ep; do
+for f in elementwise gemm mla router sample ep attn; do
     python3 tests/gpu/emu/rewrite.py kernels/$f.cu "$B/emu/$f.cpp"
     g++ -std=c++20 -O1 -g -w $INC -include cuda_runtime.h -c "$B/emu/$f.cpp" -o "$B/emu/$f.o"
 done
@@ -37,13 +39,13 @@ cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -DEG_HAVE_CUDA=1
     -o "$B/emu/backend_cuda.o"
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -pthread $INC -c tests/gpu/test_cuda_ops.c -o "$B/emu/test.o"
 g++ -o "$B/emu/test_cuda_ops_emu" "$B/emu/test.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_cuda.o" \
-    "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o \
+    "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o "$B/emu"/attn.o \
     "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_engine.a" "$B/libeg_common.a" \
     -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
 link_eaglegen() {
     make -s BUILD="$B" NO_CUDA=1 "$B/libeg_gen.a" "$B/libeg_dataset.a" "$B/libeg_prompts.a" "$B/gen/main.o"
     g++ -o "$B/emu/eaglegen_emu" "$B/gen/main.o" "$B/emu/backend_cuda.o" "$B/emu/transport_nccl.o" "$B/emu/collective_cuda.o" \
-        "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o \
+        "$B/emu"/elementwise.o "$B/emu"/gemm.o "$B/emu"/mla.o "$B/emu"/router.o "$B/emu"/sample.o "$B/emu"/ep.o "$B/emu"/attn.o \
         "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_gen.a" "$B/libeg_engine.a" "$B/libeg_dataset.a" \
         "$B/libeg_prompts.a" "$B/libeg_common.a" -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
 }
@@ -153,6 +155,29 @@ if [ "${1:-}" = --graphs ]; then
     /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/prof"
     exec /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on2"
 fi
+if [ "${1:-}" = --spec ]; then
+    # issue 21: speculative decoding with the target on the emulated CUDA backend, the
+    # EAGLE-3 drafter through its own emulated CUDA backend (gqa_attention, copy_rows, ...):
+    # greedy with the drafter (K 3) writes the samples greedy without it writes; the run
+    # reports its verify steps and accepted lengths.
+    link_eaglegen
+    W=$B/emu/spec
+    rm -rf "$W" && mkdir -p "$W"
+    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 3 --seed 3 >/dev/null
+    "$B/emu/eaglegen_emu" mkmodel --drafter-for "$W/model" --out "$W/drafter" --seed 5 >/dev/null
+    for i in 1 2 3; do printf '{"id": "s%d", "input_ids": [%d, 72, 101, 108, %d]}\n' $i $((i * 5)) $((i + 30)); done > "$W/corpus.jsonl"
+    common=(generate --backend cuda --model "$W/model" --prompts "$W/corpus.jsonl" --max-new-tokens 8
+            --max-seq-len 64 --batch 3 --chunk 8 --seed 5 --gpu-mem-fraction 0.4 --temperature 0)
+    export EMU_MEM_GB=2
+    nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/plain" 2> "$W/plain.log" || { cat "$W/plain.log"; exit 1; }
+    # profiled (numerics unchanged): the drafter's own CUDA backend prints its table at the
+    # end, so its gqa_attention rows show the drafter ran on the (emulated) GPU
+    EG_CUDA_PROFILE=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/spec" --draft-model "$W/drafter" \
+        --draft-tokens 3 2> "$W/spec.log" || { cat "$W/spec.log"; exit 1; }
+    grep "speculative:" "$W/spec.log" || { echo "no speculative report"; cat "$W/spec.log"; exit 1; }
+    grep -E "gqa_attention +[0-9]+" "$W/spec.log" || { echo "the drafter did not run on the GPU"; cat "$W/spec.log"; exit 1; }
+    exec /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec"
+fi
 if [ "${1:-}" = --forward ]; then
     # the whole forward pass of tiny-a through the emulated backend vs its golden (~15 min)
     link_eaglegen
@@ -163,7 +188,7 @@ if [ "${1:-}" = --forward ]; then
         --out "$B/emu/a.safetensors" --chunk 37
     exec /usr/bin/python3 tests/gpu/golden_gpu.py teacher "$B/emu/a.safetensors" "$G" --tol 2e-2 --margin 0.1
 fi
-filters=${*:-errors profiled embed linear_small swiglu mla_small router moe_small sample_small random_weights}
+filters=${*:-errors profiled embed linear_small swiglu mla_small router moe_small sample_small random_weights gqa copy_rows drafter}
 rc=0
 # two emulated GPUs: the profiled-backend test checks the transport choice across two
 for f in $filters; do EMU_DEVICES=${EMU_DEVICES:-2} nice -n 19 "$B/emu/test_cuda_ops_emu" "$f" || rc=1; done
