@@ -244,17 +244,21 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                          .micro_batches = o->micro_batches, .transport = o->transport, .kv_policy = o->kv_policy,
                          .host_kv_bytes = host_kv, .capture_bf16 = o->capture_bf16,
                          .check_recompute = o->check_recompute};
-    if (o->draft_model) {
+    if (o->draft_model && o->drafter) {
+        st = eg_fail(err, EG_ERR_INVALID, "runtime: give a drafter directory or a drafter, not both");
+        goto fail;
+    }
+    if (o->draft_model || o->drafter) {
         if (o->ep > 1 || threaded) {
             st = eg_fail(err, EG_ERR_INVALID, "--draft-model: speculative decoding runs on one engine without %s",
                          o->ep > 1 ? "expert-parallel ranks (--ep)" : "threaded pipeline stages (--stages)");
             goto fail;
         }
-        if ((st = eg_drafter_eagle3_load(o->draft_model, m, n_slots, o->max_seq_len, &rt->drafter, err))) {
+        if (o->draft_model && (st = eg_drafter_eagle3_load(o->draft_model, m, n_slots, o->max_seq_len, &rt->drafter, err))) {
             eg_wrap(err, "--draft-model %s", o->draft_model);
             goto fail;
         }
-        eo.drafter = rt->drafter;
+        eo.drafter = o->drafter ? o->drafter : rt->drafter;
         eo.draft_tokens = o->draft_tokens;
     }
     if (o->ep > 1) {
@@ -289,7 +293,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     }
     in->ep = o->ep > 1 ? o->ep : 1;
     in->experts_per_rank = c->n_experts / in->ep;
-    in->draft_state_bytes = rt->drafter ? rt->drafter->info.state_bytes : 0;
+    in->draft_state_bytes = eo.drafter ? eo.drafter->info.state_bytes : 0;
     *out = rt;
     return EG_OK;
 fail:

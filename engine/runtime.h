@@ -62,7 +62,9 @@ typedef struct eg_runtime_opts {
     /* speculative decoding (engine.h, drafter.h): an EAGLE-3 drafter checkpoint, loaded for
        the slot count chosen here and owned by the runtime; NULL = none */
     const char *draft_model;
-    int draft_tokens;           /* K drafted tokens per verify step (>= 1 with draft_model) */
+    eg_drafter *drafter;        /* instead of draft_model: a proposer the caller made (borrowed,
+                                   e.g. drafter_replay.h), holding at least n_slots slots */
+    int draft_tokens;           /* K drafted tokens per verify step (>= 1 with a drafter) */
     /* what was decided, one line at a time, as it is decided (e.g. each GPU's memory
        plan); NULL = none */
     eg_runtime_note_fn note;
