@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "engine/cuda_plan.h"
+#include "engine/drafter_eagle3.h"
 #include "engine/drafter_replay.h"
 #include "engine/engine.h"
 #include "engine/forward.h"
@@ -515,6 +516,31 @@ static eg_status wl_report_spec(const bench_opts *o, const char *name, int M, do
     return EG_OK;
 }
 
+/* --draft-model's config.json against the model, before any row runs (the runtime loads
+ * the drafter itself for each speculative row, as generate's does). */
+static eg_status check_drafter(const char *dir, const eg_model *m, eg_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return eg_fail(err, EG_ERR_IO, "--draft-model %s: cannot open %s: %s", dir, path, strerror(errno));
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) ? -1 : ftell(f);
+    if (n >= 0 && !fseek(f, 0, SEEK_SET) && (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (!buf) return eg_fail(err, EG_ERR_IO, "--draft-model %s: cannot read %s", dir, path);
+    buf[n] = 0;
+    eg_eagle3_config dc;
+    memset(&dc, 0, sizeof dc);
+    eg_eagle3_opts eo = {0};
+    eg_status st = eg_drafter_eagle3_parse_config(buf, (size_t)n, path, &m->cfg, &eo, &dc, err);
+    free(buf);
+    eg_eagle3_config_free(&dc);
+    return st ? eg_wrap(err, "--draft-model %s", dir), st : EG_OK;
+}
+
 static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
     const eg_config *c = &m->cfg;
     int spec = o->draft_model || o->replay_rate >= 0;
@@ -532,6 +558,7 @@ static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
             if (!out[k] || !n_out[k]) st = eg_fail(err, EG_ERR_NOMEM, "out of memory for %d requests' tokens", o->requests);
         }
     if (!len || !prompt) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    if (!st && o->draft_model) st = check_drafter(o->draft_model, m, err);
     if (st) goto out;
     for (int i = 0; i < o->requests; i++) len[i] = wl_length(o, i);
     int aux[64], n_aux = eg_config_default_aux_layers(c, aux);
