@@ -21,6 +21,7 @@ struct eg_runtime {
     eg_engine *engine;        /* the engine, or rank 0's */
     eg_ep_runtime *ep_rt;     /* ep > 1 */
     eg_drafter *drafter;      /* opts.draft_model */
+    eg_forward *fwd;          /* opts.forward_only */
     eg_engine *volatile stop_engine; /* what eg_runtime_request_stop stops */
     int *aux;                 /* [n_aux] copy */
     int *stage_ends;          /* [n_stages] */
@@ -79,6 +80,7 @@ void eg_runtime_free(eg_runtime *rt) {
     if (!rt) return;
     if (rt->ep_rt) eg_ep_runtime_free(rt->ep_rt);
     else eg_engine_free(rt->engine);
+    eg_forward_free(rt->fwd);
     eg_drafter_free(rt->drafter); /* after the engine that borrowed it */
     eg_backend_free(rt->be);
     for (int k = 0; rt->stage_be && k < rt->info.n_stages; k++) eg_backend_free(rt->stage_be[k]);
@@ -147,6 +149,9 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                        o->max_seq_len, o->max_tokens);
     if (o->stages && o->stage_ends)
         return eg_fail(err, EG_ERR_INVALID, "runtime: give the stages as text or as end layers, not both");
+    if (o->forward_only && (o->n_slots < 1 || o->stages || o->stage_ends || o->ep > 1 || o->draft_model || o->drafter))
+        return eg_fail(err, EG_ERR_INVALID, "runtime: forward_only runs one forward of n_slots %d > 0 slots on one "
+                       "backend (no stages, ranks or drafter)", o->n_slots);
     eg_runtime *rt = eg_calloc(1, sizeof *rt, err);
     if (!rt) return EG_ERR_NOMEM;
     rt->info.n_stages = 1;
@@ -202,7 +207,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         if (!kv_blocks) kv_blocks = 16 * ((o->max_seq_len + block - 1) / block); /* cpu: what 16 slots hold */
         n_slots = eg_plan_auto_slots(kv_blocks * block, o->max_seq_len, max_tokens, o->ram_bytes, seq_host);
     }
-    if (kv_blocks && kv_blocks < (o->max_seq_len + block - 1) / block) {
+    if (!o->forward_only && kv_blocks && kv_blocks < (o->max_seq_len + block - 1) / block) {
         st = eg_fail(err, EG_ERR_INVALID,
                      "the KV pool (%lld tokens) cannot hold one sequence of --max-seq-len %d: raise --kv-tokens (or "
                      "--gpu-mem-fraction) or lower --max-seq-len",
@@ -235,6 +240,28 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
             if ((st = eg_backend_create(c, &so, &rt->stage_be[k], err))) { eg_wrap(err, "stage %d", k); goto fail; }
         }
     } else if ((st = eg_backend_create(c, &bo, &rt->be, err))) goto fail;
+    if (o->forward_only) {
+        eg_forward_opts fo = {.max_tokens = max_tokens, .n_slots = n_slots, .max_seq_len = o->max_seq_len,
+                              .block_size = (int)block, .kv_blocks = kv_blocks, .capture = rt->aux,
+                              .n_capture = o->n_aux, .final_pre_norm = o->final_pre_norm,
+                              .random_weights = o->random_weights, .random_seed = o->random_seed};
+        if ((st = eg_forward_create(m, rt->be, &fo, &rt->fwd, err))) goto fail;
+        eg_runtime_info *in = &rt->info;
+        in->backend = backend;
+        in->n_slots = n_slots;
+        in->max_tokens = max_tokens;
+        in->block_size = (int)block;
+        in->kv_blocks = eg_forward_kv(rt->fwd)->n_blocks;
+        in->kv_capacity = in->kv_capacity_all = in->kv_blocks * block;
+        in->stage_ends = rt->stage_ends;
+        in->stage_device = rt->stage_device;
+        in->stage_weight_bytes = rt->stage_bytes;
+        in->transport = "none";
+        in->micro_batches = 1;
+        in->experts_per_rank = c->n_experts;
+        *out = rt;
+        return EG_OK;
+    }
     int pass_ends = explicit_ends || n_stages > 1;
     eg_engine_opts eo = {.n_slots = n_slots, .max_seq_len = o->max_seq_len, .max_tokens = max_tokens,
                          .block_size = (int)block, .kv_blocks = kv_blocks, .aux_layers = rt->aux, .n_aux = o->n_aux,
@@ -302,6 +329,7 @@ fail:
 }
 
 eg_status eg_runtime_run(eg_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
+    if (rt->fwd) return eg_fail(err, EG_ERR_INVALID, "runtime: a forward_only runtime has no engine to run");
     return rt->ep_rt ? eg_ep_runtime_run(rt->ep_rt, next, done, ctx, err) : eg_engine_run(rt->engine, next, done, ctx, err);
 }
 
@@ -316,7 +344,10 @@ void eg_runtime_stats(const eg_runtime *rt, eg_engine_stats *s) {
     else if (rt->engine) eg_engine_get_stats(rt->engine, s);
 }
 
-void eg_runtime_graph_stats(const eg_runtime *rt, eg_forward_graph_stats *gs) { eg_engine_graph_stats(rt->engine, gs); }
+void eg_runtime_graph_stats(const eg_runtime *rt, eg_forward_graph_stats *gs) {
+    if (rt->fwd) eg_forward_get_graph_stats(rt->fwd, gs);
+    else eg_engine_graph_stats(rt->engine, gs);
+}
 
 void eg_runtime_traffic(const eg_runtime *rt, int64_t *pairs, int64_t *bytes) {
     *pairs = *bytes = 0;
@@ -326,6 +357,8 @@ void eg_runtime_traffic(const eg_runtime *rt, int64_t *pairs, int64_t *bytes) {
 const eg_runtime_info *eg_runtime_describe(const eg_runtime *rt) { return &rt->info; }
 struct eg_ep_runtime *eg_runtime_ep_ranks(const eg_runtime *rt) { return rt ? rt->ep_rt : NULL; }
 const eg_model *eg_runtime_model(const eg_runtime *rt) { return rt->m; }
+eg_backend *eg_runtime_backend(const eg_runtime *rt) { return rt ? rt->be : NULL; }
+eg_forward *eg_runtime_forward(const eg_runtime *rt) { return rt ? rt->fwd : NULL; }
 
 eg_status eg_runtime_layout(const char *layout, const char *box_name, const char *model_dir, const char *backend,
                             int prefill, int max_seq_len, int *stages, int *ep, char *why, size_t why_n, eg_error *err) {

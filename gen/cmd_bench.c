@@ -32,6 +32,7 @@
 #include "engine/mkmodel.h"
 #include "engine/plan.h"
 #include "engine/runtime.h"
+#include "engine/runtime_bench.h"
 #include "gen/args.h"
 #include "gen/commands.h"
 
@@ -161,14 +162,6 @@ static void print_row(const bench_opts *o, const char *phase, int batch, int ctx
     fflush(stdout);
 }
 
-/* Zero the whole cache once, so positions a decode row never wrote read as zeros
- * (device memory starts as garbage, possibly NaN patterns). */
-static eg_status clear_cache(eg_backend *be, eg_kv_cache *kv, eg_error *err) {
-    size_t bytes = sizeof(uint16_t) * (size_t)kv->n_layers * (size_t)kv->n_blocks * (size_t)kv->block_size *
-                   (size_t)kv->width;
-    return be->ops->memset0(be, kv->storage, bytes, err);
-}
-
 static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
     const eg_config *c = &m->cfg;
     int maxb = imax(o->batch, o->n_batch), maxctx = imax(o->ctx, o->n_ctx);
@@ -177,85 +170,41 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
     int dec_len = maxctx + o->warmup + o->steps + 1;
     int seq = dec_len > o->plen ? dec_len : o->plen;
     int slots = maxb > n_seq ? maxb : n_seq;
-    eg_backend *be = NULL;
-    eg_forward *f = NULL;
-    int32_t *tok = NULL, *pos = NULL, *slot = NULL, *rows = NULL, *sampled = NULL;
-    eg_sample_params *sp = NULL;
-    uint64_t *rng = NULL;
-    eg_backend_opts bo = {.name = o->backend, .max_tokens = max_tokens, .max_seq_len = seq, .nthreads = o->threads,
-                          .device = o->device};
-    eg_status st = eg_backend_create(c, &bo, &be, err);
-    if (st) goto out;
     /* cache for the largest row only: prefill and each decode row run alone */
     int64_t bs = 64, need = (int64_t)maxb * ((dec_len + bs - 1) / bs), pneed = (int64_t)n_seq * ((o->plen + bs - 1) / bs);
-    eg_forward_opts fo = {.max_tokens = max_tokens, .n_slots = slots, .max_seq_len = seq, .block_size = (int)bs,
-                          .kv_blocks = need > pneed ? need : pneed, .random_weights = o->random, .random_seed = 1};
+    eg_runtime *rt = NULL;
+    eg_runtime_opts ro = {.model = m, .backend = o->backend, .threads = o->threads, .device = o->device,
+                          .n_slots = slots, .max_seq_len = seq, .max_tokens = max_tokens, .block_size = (int)bs,
+                          .kv_tokens = (need > pneed ? need : pneed) * bs, .forward_only = 1,
+                          .random_weights = o->random, .random_seed = 1};
     double t0 = eg_now();
-    if ((st = eg_forward_create(m, be, &fo, &f, err))) goto out;
-    if ((st = clear_cache(be, eg_forward_kv(f), err)) || (st = be->ops->sync(be, err))) goto out;
+    eg_status st = eg_runtime_create(&ro, &rt, err);
+    if (!st) st = eg_runtime_bench_clear(rt, err);
+    if (st) goto out;
+    eg_forward *f = eg_runtime_forward(rt);
+    eg_backend *be = eg_runtime_backend(rt);
+    eg_kv_cache *kv = eg_forward_kv(f);
     printf("weights %s in %.1f s: %.2f GB on the %s backend; KV cache %.2f GB (%lld tokens)\n",
            o->random ? "drawn" : "uploaded", eg_now() - t0, (double)eg_forward_weight_bytes(f) / 1e9, o->backend,
-           (double)eg_forward_kv(f)->n_blocks * bs * (double)eg_kv_bytes_per_token(eg_forward_kv(f)) / 1e9,
-           (long long)(eg_forward_kv(f)->n_blocks * bs));
+           (double)kv->n_blocks * bs * (double)eg_kv_bytes_per_token(kv) / 1e9, (long long)(kv->n_blocks * bs));
     printf("%-8s %6s %7s %11s %9s %10s %8s %7s %9s %7s %8s\n", "phase", "batch", "context", "tok/s", "ms/step",
            "MB/step", "GB/s", "%copy", "TFLOP/s", "%gemm", "experts");
-    tok = malloc(4 * (size_t)max_tokens); pos = malloc(4 * (size_t)max_tokens); slot = malloc(4 * (size_t)max_tokens);
-    rows = malloc(4 * (size_t)max_tokens); sampled = malloc(4 * (size_t)max_tokens);
-    sp = calloc((size_t)max_tokens, sizeof *sp); rng = calloc((size_t)max_tokens, 8);
-    if (!tok || !pos || !slot || !rows || !sampled || !sp || !rng) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto out; }
-    eg_kv_cache *kv = eg_forward_kv(f);
 
     if (n_seq > 0) {
-        for (int s = 0; s < n_seq; s++)
-            if ((st = eg_kv_reserve(kv, s, o->plen, err))) goto out;
-        int64_t total = (int64_t)n_seq * o->plen, done = 0, steps = 0;
-        t0 = eg_now();
-        while (done < total) {
-            int T = 0, n_rows = 0;
-            while (T < o->chunk && done < total) {
-                int s = (int)(done / o->plen), p = (int)(done % o->plen);
-                tok[T] = (int32_t)((s * 7919 + p * 104729) % c->vocab);
-                pos[T] = p;
-                slot[T] = s;
-                if (p == o->plen - 1) rows[n_rows++] = T; /* logits for each prompt's last token */
-                T++;
-                done++;
-            }
-            eg_step step = {.T = T, .tokens = tok, .pos = pos, .slot = slot, .n_logits = n_rows, .logit_rows = rows,
-                            .sampled = n_rows ? sampled : NULL, .sp = sp, .rng = rng};
-            if ((st = eg_forward_step(f, &step, err))) goto out;
-            steps++;
-        }
-        double secs = eg_now() - t0;
+        eg_bench_timing bt;
+        if ((st = eg_runtime_bench_prefill(rt, n_seq, o->plen, o->chunk, &bt, err))) goto out;
         eg_step_cost cost;
         eg_plan_prefill_cost(m, 0, c->n_layers, n_seq, o->plen, &cost);
         cost.kv_bytes = 0; /* weights once per step are not prefill's bound; report FLOPs */
         cost.weight_bytes = 0;
-        print_row(o, "prefill", n_seq, o->plen, (double)total, secs, (double)steps, &cost);
-        for (int s = 0; s < n_seq; s++) eg_kv_release(kv, s);
+        print_row(o, "prefill", n_seq, o->plen, (double)bt.tokens, bt.seconds, (double)bt.steps, &cost);
     }
 
     for (int ci = 0; ci < o->n_ctx; ci++)
         for (int bi = 0; bi < o->n_batch; bi++) {
             int B = o->batch[bi], ctx = o->ctx[ci];
-            for (int s = 0; s < B; s++)
-                if ((st = eg_kv_reserve(kv, s, ctx + o->warmup + o->steps + 1, err))) goto out;
-            for (int s = 0; s < B; s++) {
-                tok[s] = (int32_t)((s * 131 + 7) % c->vocab);
-                slot[s] = s;
-                rows[s] = s;
-                sp[s] = o->sample;
-                rng[s] = eg_rng_seed(1, (uint64_t)s);
-            }
-            for (int k = 0; k < o->warmup + o->steps; k++) {
-                if (k == o->warmup) t0 = eg_now();
-                for (int s = 0; s < B; s++) pos[s] = ctx + k;
-                eg_step step = {.T = B, .tokens = tok, .pos = pos, .slot = slot, .n_logits = B, .logit_rows = rows,
-                                .sampled = sampled, .sp = sp, .rng = rng};
-                if ((st = eg_forward_step(f, &step, err))) goto out;
-                memcpy(tok, sampled, 4 * (size_t)B);
-            }
-            double secs = eg_now() - t0;
+            eg_bench_timing bt;
+            if ((st = eg_runtime_bench_decode(rt, B, ctx, o->warmup, o->steps, &o->sample, &bt, err))) goto out;
             eg_step_cost one, cost;
             memset(&cost, 0, sizeof cost);
             for (int k = 0; k < o->steps; k++) { /* the context grows by one per step */
@@ -265,12 +214,11 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
                 cost.flops += one.flops;
                 cost.experts_hit = one.experts_hit;
             }
-            print_row(o, "decode", B, ctx, (double)B * o->steps, secs, (double)o->steps, &cost);
-            for (int s = 0; s < B; s++) eg_kv_release(kv, s);
+            print_row(o, "decode", B, ctx, (double)bt.tokens, bt.seconds, (double)o->steps, &cost);
         }
     {
         eg_forward_graph_stats gs;
-        eg_forward_get_graph_stats(f, &gs);
+        eg_runtime_graph_stats(rt, &gs);
         if (gs.recorded || gs.failed)
             printf("graphs: %lld step shapes recorded, %lld replays, %lld recordings fell back to op-by-op%s%s\n",
                    (long long)gs.recorded, (long long)gs.replays, (long long)gs.failed, gs.failed ? "; first: " : "",
@@ -284,9 +232,7 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
                    (long long)eg_cuda_sample_sorted_rows(be));
     }
 out:
-    free(tok); free(pos); free(slot); free(rows); free(sampled); free(sp); free(rng);
-    eg_forward_free(f);
-    eg_backend_free(be);
+    eg_runtime_free(rt);
     return st;
 }
 
