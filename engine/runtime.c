@@ -22,6 +22,7 @@ struct eg_runtime {
     eg_ep_runtime *ep_rt;     /* ep > 1 */
     eg_drafter **drafters;    /* [n_drafters] opts.draft_model: one per engine (per rank with ep) */
     int n_drafters;
+    eg_forward *fwd;          /* opts.forward_only */
     eg_engine *volatile stop_engine; /* what eg_runtime_request_stop stops */
     int *aux;                 /* [n_aux] copy */
     int *stage_ends;          /* [n_stages] */
@@ -80,6 +81,7 @@ void eg_runtime_free(eg_runtime *rt) {
     if (!rt) return;
     if (rt->ep_rt) eg_ep_runtime_free(rt->ep_rt);
     else eg_engine_free(rt->engine);
+    eg_forward_free(rt->fwd);
     for (int r = 0; rt->drafters && r < rt->n_drafters; r++) eg_drafter_free(rt->drafters[r]); /* after the engines */
     free(rt->drafters);
     eg_backend_free(rt->be);
@@ -169,6 +171,9 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                        o->max_seq_len, o->max_tokens);
     if (o->stages && o->stage_ends)
         return eg_fail(err, EG_ERR_INVALID, "runtime: give the stages as text or as end layers, not both");
+    if (o->forward_only && (o->n_slots < 1 || o->stages || o->stage_ends || o->ep > 1 || o->draft_model || o->drafter))
+        return eg_fail(err, EG_ERR_INVALID, "runtime: forward_only runs one forward of n_slots %d > 0 slots on one "
+                       "backend (no stages, ranks or drafter)", o->n_slots);
     eg_runtime *rt = eg_calloc(1, sizeof *rt, err);
     if (!rt) return EG_ERR_NOMEM;
     rt->info.n_stages = 1;
@@ -248,7 +253,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                                     seq_host + (cuda ? 0 : draft_slot));
         if (!pass || !n_slots || ns < n_slots) n_slots = ns;
     }
-    if (kv_blocks && kv_blocks < (o->max_seq_len + block - 1) / block) {
+    if (!o->forward_only && kv_blocks && kv_blocks < (o->max_seq_len + block - 1) / block) {
         st = eg_fail(err, EG_ERR_INVALID,
                      "the KV pool (%lld tokens) cannot hold one sequence of --max-seq-len %d: raise --kv-tokens (or "
                      "--gpu-mem-fraction) or lower --max-seq-len",
@@ -281,6 +286,28 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
             if ((st = eg_backend_create(c, &so, &rt->stage_be[k], err))) { eg_wrap(err, "stage %d", k); goto fail; }
         }
     } else if ((st = eg_backend_create(c, &bo, &rt->be, err))) goto fail;
+    if (o->forward_only) {
+        eg_forward_opts fo = {.max_tokens = max_tokens, .n_slots = n_slots, .max_seq_len = o->max_seq_len,
+                              .block_size = (int)block, .kv_blocks = kv_blocks, .capture = rt->aux,
+                              .n_capture = o->n_aux, .final_pre_norm = o->final_pre_norm,
+                              .random_weights = o->random_weights, .random_seed = o->random_seed};
+        if ((st = eg_forward_create(m, rt->be, &fo, &rt->fwd, err))) goto fail;
+        eg_runtime_info *in = &rt->info;
+        in->backend = backend;
+        in->n_slots = n_slots;
+        in->max_tokens = max_tokens;
+        in->block_size = (int)block;
+        in->kv_blocks = eg_forward_kv(rt->fwd)->n_blocks;
+        in->kv_capacity = in->kv_capacity_all = in->kv_blocks * block;
+        in->stage_ends = rt->stage_ends;
+        in->stage_device = rt->stage_device;
+        in->stage_weight_bytes = rt->stage_bytes;
+        in->transport = "none";
+        in->micro_batches = 1;
+        in->experts_per_rank = c->n_experts;
+        *out = rt;
+        return EG_OK;
+    }
     int pass_ends = explicit_ends || n_stages > 1;
     eg_engine_opts eo = {.n_slots = n_slots, .max_seq_len = o->max_seq_len, .max_tokens = max_tokens,
                          .block_size = (int)block, .kv_blocks = kv_blocks, .aux_layers = rt->aux, .n_aux = o->n_aux,
@@ -290,6 +317,20 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                          .micro_batches = o->micro_batches, .transport = o->transport, .kv_policy = o->kv_policy,
                          .host_kv_bytes = host_kv, .capture_bf16 = o->capture_bf16,
                          .check_recompute = o->check_recompute};
+    if (o->draft_model && o->drafter) {
+        st = eg_fail(err, EG_ERR_INVALID, "runtime: give a drafter directory or a drafter, not both");
+        goto fail;
+    }
+    if (o->drafter) {
+        if (o->ep > 1) {
+            st = eg_fail(err, EG_ERR_INVALID,
+                         "runtime: a caller's drafter drives one engine; expert-parallel ranks (--ep) each load "
+                         "their own from --draft-model");
+            goto fail;
+        }
+        eo.drafter = o->drafter;
+        eo.draft_tokens = o->draft_tokens;
+    }
     if (o->draft_model) {
         /* one drafter per engine: with --ep each rank's, for its own slots, driven by its
            thread (the checkpoint is mapped read-only, so its pages are shared) */
@@ -345,12 +386,12 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     }
     in->ep = o->ep > 1 ? o->ep : 1;
     in->experts_per_rank = c->n_experts / in->ep;
-    in->draft_state_bytes = 0;
+    in->draft_state_bytes = o->drafter ? o->drafter->info.state_bytes : 0;
     for (int r = 0; r < rt->n_drafters; r++) in->draft_state_bytes += rt->drafters[r]->info.state_bytes;
     in->draft_weight_bytes = draft_w;
     in->draft_slot_bytes = draft_slot;
     in->draft_device_bytes = draft_dev;
-    in->n_drafters = rt->n_drafters;
+    in->n_drafters = rt->n_drafters; /* loaded here (a caller's drafter is not counted) */
     *out = rt;
     return EG_OK;
 fail:
@@ -359,6 +400,7 @@ fail:
 }
 
 eg_status eg_runtime_run(eg_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
+    if (rt->fwd) return eg_fail(err, EG_ERR_INVALID, "runtime: a forward_only runtime has no engine to run");
     return rt->ep_rt ? eg_ep_runtime_run(rt->ep_rt, next, done, ctx, err) : eg_engine_run(rt->engine, next, done, ctx, err);
 }
 
@@ -373,7 +415,10 @@ void eg_runtime_stats(const eg_runtime *rt, eg_engine_stats *s) {
     else if (rt->engine) eg_engine_get_stats(rt->engine, s);
 }
 
-void eg_runtime_graph_stats(const eg_runtime *rt, eg_forward_graph_stats *gs) { eg_engine_graph_stats(rt->engine, gs); }
+void eg_runtime_graph_stats(const eg_runtime *rt, eg_forward_graph_stats *gs) {
+    if (rt->fwd) eg_forward_get_graph_stats(rt->fwd, gs);
+    else eg_engine_graph_stats(rt->engine, gs);
+}
 
 void eg_runtime_traffic(const eg_runtime *rt, int64_t *pairs, int64_t *bytes) {
     *pairs = *bytes = 0;
@@ -383,6 +428,8 @@ void eg_runtime_traffic(const eg_runtime *rt, int64_t *pairs, int64_t *bytes) {
 const eg_runtime_info *eg_runtime_describe(const eg_runtime *rt) { return &rt->info; }
 struct eg_ep_runtime *eg_runtime_ep_ranks(const eg_runtime *rt) { return rt ? rt->ep_rt : NULL; }
 const eg_model *eg_runtime_model(const eg_runtime *rt) { return rt->m; }
+eg_backend *eg_runtime_backend(const eg_runtime *rt) { return rt ? rt->be : NULL; }
+eg_forward *eg_runtime_forward(const eg_runtime *rt) { return rt ? rt->fwd : NULL; }
 
 eg_status eg_runtime_layout(const char *layout, const char *box_name, const char *model_dir, const char *backend,
                             int prefill, int max_seq_len, int *stages, int *ep, char *why, size_t why_n, eg_error *err) {

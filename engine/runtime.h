@@ -64,10 +64,19 @@ typedef struct eg_runtime_opts {
     /* speculative decoding (engine.h, drafter.h): an EAGLE-3 drafter checkpoint, loaded for
        the slot count chosen here and owned by the runtime; NULL = none */
     const char *draft_model;
-    int draft_tokens;           /* K drafted tokens per verify step (>= 1 with draft_model) */
+    eg_drafter *drafter;        /* instead of draft_model: a proposer the caller made (borrowed,
+                                   e.g. drafter_replay.h), holding at least n_slots slots; one
+                                   engine (no --ep ranks) */
+    int draft_tokens;           /* K drafted tokens per verify step (>= 1 with a drafter) */
     /* tests: plan the GPUs as if each had plan_total_bytes of memory, plan_free_bytes free,
        instead of asking the device (0 = ask) */
     int64_t plan_total_bytes, plan_free_bytes;
+    /* forward only (bench's prefill and decode rows, runtime_bench.h): one backend and one
+       eg_forward (eg_runtime_forward), no engine; n_slots > 0, no stages, ranks or drafter, and
+       the pool is not checked against max_seq_len (the caller maps the blocks it needs) */
+    int forward_only;
+    int random_weights;         /* forward only: every weight drawn on the backend (eg_forward_opts) */
+    uint64_t random_seed;
     /* what was decided, one line at a time, as it is decided (e.g. each GPU's memory
        plan); NULL = none */
     eg_runtime_note_fn note;
@@ -123,6 +132,10 @@ const eg_runtime_info *eg_runtime_describe(const eg_runtime *rt);
 /* The expert-parallel ranks (ep_runtime.h) for per-rank reports; NULL without ep. */
 struct eg_ep_runtime *eg_runtime_ep_ranks(const eg_runtime *rt);
 const eg_model *eg_runtime_model(const eg_runtime *rt);
+/* The backend of a single-backend runtime (no threaded stages, no ep), else NULL. */
+eg_backend *eg_runtime_backend(const eg_runtime *rt);
+/* The forward of a forward_only runtime, else NULL. */
+eg_forward *eg_runtime_forward(const eg_runtime *rt);
 
 /* --stages text: "N" = N stages balanced by weight bytes (eg_plan_split), or explicit
  * end layers (ascending, the last = L). ends: [L] at least. */

@@ -24,11 +24,15 @@
 #include <unistd.h>
 
 #include "engine/cuda_plan.h"
+#include "engine/drafter_eagle3.h"
+#include "engine/drafter_replay.h"
 #include "engine/engine.h"
 #include "engine/forward.h"
+#include "engine/layout.h"
 #include "engine/mkmodel.h"
 #include "engine/plan.h"
 #include "engine/runtime.h"
+#include "engine/runtime_bench.h"
 #include "gen/args.h"
 #include "gen/commands.h"
 
@@ -84,6 +88,20 @@ static void usage(FILE *f) {
             "  --host-kv-gb F     host memory for preempted caches (default: a quarter of free RAM)\n"
             "  --seed N           draws of lengths and prompts (default 1)\n"
             "  --json             one JSON object per row instead of the table\n"
+            "  --draft-model DIR  speculative decoding: every row runs without, then with this EAGLE-3\n"
+            "                     drafter (SpecForge layout; generate --draft-model) on the same requests,\n"
+            "                     and reports accepted drafts and the accept length A (tokens committed per\n"
+            "                     verify step: accepted + 1), target passes (engine steps) and generated\n"
+            "                     tokens per pass against the plain run, draft / verify time shares,\n"
+            "                     generated tok/s with and without, whether greedy tokens are identical,\n"
+            "                     and Kimi-K2.5's modelled decode tok/s on rtx-pro-6000x8 and h200x8 at\n"
+            "                     that A (the layout model of eaglegen plan --draft-tokens K --accept A)\n"
+            "  --draft-tokens K   drafts per verify step (default 3; --chunk or --batch >= K + 1)\n"
+            "  --replay-drafter RATE\n"
+            "                     instead of --draft-model, for tests: an oracle that proposes the plain\n"
+            "                     run's own greedy tokens, each right with probability RATE (0..1), else\n"
+            "                     wrong; greedy only. Its A is set by RATE and says nothing about a drafter\n"
+            "  --plan-mean-len N  mean sequence length of the modelled boxes (default 4096)\n"
             "  Columns: mean_concurrency and peak_concurrency (sequences in slots per step),\n"
             "  kv_utilisation (blocks holding cached tokens / pool, mean over steps), preemptions,\n"
             "  swap_bytes, recomputed_tokens, tokens_per_step (rows per forward step); JSON also has\n"
@@ -114,6 +132,11 @@ typedef struct bench_opts {
     int64_t host_kv_bytes;
     uint64_t seed;
     int json;
+    /* speculative decoding (workload mode): each row runs without, then with the drafter */
+    const char *draft_model;   /* an EAGLE-3 drafter directory; NULL = none */
+    double replay_rate;        /* < 0 = off; else the replay proposer (drafter_replay.h) */
+    int draft_tokens;          /* K */
+    double plan_mean_len;      /* mean length the modelled boxes are planned at */
 } bench_opts;
 
 static int imax(const int *v, int n) {
@@ -139,14 +162,6 @@ static void print_row(const bench_opts *o, const char *phase, int batch, int ctx
     fflush(stdout);
 }
 
-/* Zero the whole cache once, so positions a decode row never wrote read as zeros
- * (device memory starts as garbage, possibly NaN patterns). */
-static eg_status clear_cache(eg_backend *be, eg_kv_cache *kv, eg_error *err) {
-    size_t bytes = sizeof(uint16_t) * (size_t)kv->n_layers * (size_t)kv->n_blocks * (size_t)kv->block_size *
-                   (size_t)kv->width;
-    return be->ops->memset0(be, kv->storage, bytes, err);
-}
-
 static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
     const eg_config *c = &m->cfg;
     int maxb = imax(o->batch, o->n_batch), maxctx = imax(o->ctx, o->n_ctx);
@@ -155,85 +170,41 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
     int dec_len = maxctx + o->warmup + o->steps + 1;
     int seq = dec_len > o->plen ? dec_len : o->plen;
     int slots = maxb > n_seq ? maxb : n_seq;
-    eg_backend *be = NULL;
-    eg_forward *f = NULL;
-    int32_t *tok = NULL, *pos = NULL, *slot = NULL, *rows = NULL, *sampled = NULL;
-    eg_sample_params *sp = NULL;
-    uint64_t *rng = NULL;
-    eg_backend_opts bo = {.name = o->backend, .max_tokens = max_tokens, .max_seq_len = seq, .nthreads = o->threads,
-                          .device = o->device};
-    eg_status st = eg_backend_create(c, &bo, &be, err);
-    if (st) goto out;
     /* cache for the largest row only: prefill and each decode row run alone */
     int64_t bs = 64, need = (int64_t)maxb * ((dec_len + bs - 1) / bs), pneed = (int64_t)n_seq * ((o->plen + bs - 1) / bs);
-    eg_forward_opts fo = {.max_tokens = max_tokens, .n_slots = slots, .max_seq_len = seq, .block_size = (int)bs,
-                          .kv_blocks = need > pneed ? need : pneed, .random_weights = o->random, .random_seed = 1};
+    eg_runtime *rt = NULL;
+    eg_runtime_opts ro = {.model = m, .backend = o->backend, .threads = o->threads, .device = o->device,
+                          .n_slots = slots, .max_seq_len = seq, .max_tokens = max_tokens, .block_size = (int)bs,
+                          .kv_tokens = (need > pneed ? need : pneed) * bs, .forward_only = 1,
+                          .random_weights = o->random, .random_seed = 1};
     double t0 = eg_now();
-    if ((st = eg_forward_create(m, be, &fo, &f, err))) goto out;
-    if ((st = clear_cache(be, eg_forward_kv(f), err)) || (st = be->ops->sync(be, err))) goto out;
+    eg_status st = eg_runtime_create(&ro, &rt, err);
+    if (!st) st = eg_runtime_bench_clear(rt, err);
+    if (st) goto out;
+    eg_forward *f = eg_runtime_forward(rt);
+    eg_backend *be = eg_runtime_backend(rt);
+    eg_kv_cache *kv = eg_forward_kv(f);
     printf("weights %s in %.1f s: %.2f GB on the %s backend; KV cache %.2f GB (%lld tokens)\n",
            o->random ? "drawn" : "uploaded", eg_now() - t0, (double)eg_forward_weight_bytes(f) / 1e9, o->backend,
-           (double)eg_forward_kv(f)->n_blocks * bs * (double)eg_kv_bytes_per_token(eg_forward_kv(f)) / 1e9,
-           (long long)(eg_forward_kv(f)->n_blocks * bs));
+           (double)kv->n_blocks * bs * (double)eg_kv_bytes_per_token(kv) / 1e9, (long long)(kv->n_blocks * bs));
     printf("%-8s %6s %7s %11s %9s %10s %8s %7s %9s %7s %8s\n", "phase", "batch", "context", "tok/s", "ms/step",
            "MB/step", "GB/s", "%copy", "TFLOP/s", "%gemm", "experts");
-    tok = malloc(4 * (size_t)max_tokens); pos = malloc(4 * (size_t)max_tokens); slot = malloc(4 * (size_t)max_tokens);
-    rows = malloc(4 * (size_t)max_tokens); sampled = malloc(4 * (size_t)max_tokens);
-    sp = calloc((size_t)max_tokens, sizeof *sp); rng = calloc((size_t)max_tokens, 8);
-    if (!tok || !pos || !slot || !rows || !sampled || !sp || !rng) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto out; }
-    eg_kv_cache *kv = eg_forward_kv(f);
 
     if (n_seq > 0) {
-        for (int s = 0; s < n_seq; s++)
-            if ((st = eg_kv_reserve(kv, s, o->plen, err))) goto out;
-        int64_t total = (int64_t)n_seq * o->plen, done = 0, steps = 0;
-        t0 = eg_now();
-        while (done < total) {
-            int T = 0, n_rows = 0;
-            while (T < o->chunk && done < total) {
-                int s = (int)(done / o->plen), p = (int)(done % o->plen);
-                tok[T] = (int32_t)((s * 7919 + p * 104729) % c->vocab);
-                pos[T] = p;
-                slot[T] = s;
-                if (p == o->plen - 1) rows[n_rows++] = T; /* logits for each prompt's last token */
-                T++;
-                done++;
-            }
-            eg_step step = {.T = T, .tokens = tok, .pos = pos, .slot = slot, .n_logits = n_rows, .logit_rows = rows,
-                            .sampled = n_rows ? sampled : NULL, .sp = sp, .rng = rng};
-            if ((st = eg_forward_step(f, &step, err))) goto out;
-            steps++;
-        }
-        double secs = eg_now() - t0;
+        eg_bench_timing bt;
+        if ((st = eg_runtime_bench_prefill(rt, n_seq, o->plen, o->chunk, &bt, err))) goto out;
         eg_step_cost cost;
         eg_plan_prefill_cost(m, 0, c->n_layers, n_seq, o->plen, &cost);
         cost.kv_bytes = 0; /* weights once per step are not prefill's bound; report FLOPs */
         cost.weight_bytes = 0;
-        print_row(o, "prefill", n_seq, o->plen, (double)total, secs, (double)steps, &cost);
-        for (int s = 0; s < n_seq; s++) eg_kv_release(kv, s);
+        print_row(o, "prefill", n_seq, o->plen, (double)bt.tokens, bt.seconds, (double)bt.steps, &cost);
     }
 
     for (int ci = 0; ci < o->n_ctx; ci++)
         for (int bi = 0; bi < o->n_batch; bi++) {
             int B = o->batch[bi], ctx = o->ctx[ci];
-            for (int s = 0; s < B; s++)
-                if ((st = eg_kv_reserve(kv, s, ctx + o->warmup + o->steps + 1, err))) goto out;
-            for (int s = 0; s < B; s++) {
-                tok[s] = (int32_t)((s * 131 + 7) % c->vocab);
-                slot[s] = s;
-                rows[s] = s;
-                sp[s] = o->sample;
-                rng[s] = eg_rng_seed(1, (uint64_t)s);
-            }
-            for (int k = 0; k < o->warmup + o->steps; k++) {
-                if (k == o->warmup) t0 = eg_now();
-                for (int s = 0; s < B; s++) pos[s] = ctx + k;
-                eg_step step = {.T = B, .tokens = tok, .pos = pos, .slot = slot, .n_logits = B, .logit_rows = rows,
-                                .sampled = sampled, .sp = sp, .rng = rng};
-                if ((st = eg_forward_step(f, &step, err))) goto out;
-                memcpy(tok, sampled, 4 * (size_t)B);
-            }
-            double secs = eg_now() - t0;
+            eg_bench_timing bt;
+            if ((st = eg_runtime_bench_decode(rt, B, ctx, o->warmup, o->steps, &o->sample, &bt, err))) goto out;
             eg_step_cost one, cost;
             memset(&cost, 0, sizeof cost);
             for (int k = 0; k < o->steps; k++) { /* the context grows by one per step */
@@ -243,12 +214,11 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
                 cost.flops += one.flops;
                 cost.experts_hit = one.experts_hit;
             }
-            print_row(o, "decode", B, ctx, (double)B * o->steps, secs, (double)o->steps, &cost);
-            for (int s = 0; s < B; s++) eg_kv_release(kv, s);
+            print_row(o, "decode", B, ctx, (double)bt.tokens, bt.seconds, (double)o->steps, &cost);
         }
     {
         eg_forward_graph_stats gs;
-        eg_forward_get_graph_stats(f, &gs);
+        eg_runtime_graph_stats(rt, &gs);
         if (gs.recorded || gs.failed)
             printf("graphs: %lld step shapes recorded, %lld replays, %lld recordings fell back to op-by-op%s%s\n",
                    (long long)gs.recorded, (long long)gs.replays, (long long)gs.failed, gs.failed ? "; first: " : "",
@@ -262,9 +232,7 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
                    (long long)eg_cuda_sample_sorted_rows(be));
     }
 out:
-    free(tok); free(pos); free(slot); free(rows); free(sampled); free(sp); free(rng);
-    eg_forward_free(f);
-    eg_backend_free(be);
+    eg_runtime_free(rt);
     return st;
 }
 
@@ -275,6 +243,10 @@ typedef struct wl_ctx {
     int vocab, max_new, next;
     const int *len;   /* [requests] drawn response lengths */
     int32_t *prompt;  /* [plen] */
+    /* with a drafter: each request's tokens as finished (NULL = not kept) */
+    int32_t *out;     /* [requests][plen + max_new] prompt + generated */
+    int *n_out;       /* [requests] tokens in out (0 = not finished) */
+    int64_t generated;
 } wl_ctx;
 
 static int wl_next(void *vc, eg_request *q, eg_error *err) {
@@ -296,9 +268,15 @@ static int wl_next(void *vc, eg_request *q, eg_error *err) {
 }
 
 static eg_status wl_done(void *vc, const eg_result *res, eg_error *err) {
-    (void)vc;
-    (void)err;
-    (void)res;
+    wl_ctx *w = vc;
+    w->generated += res->n_generated;
+    if (!w->out) return EG_OK;
+    size_t cap = (size_t)w->o->plen + (size_t)w->max_new;
+    if (res->id >= (uint64_t)w->o->requests || (size_t)res->n_tokens > cap)
+        return eg_fail(err, EG_ERR_INVALID, "bench: request %llu finished with %d tokens (at most %zu)",
+                       (unsigned long long)res->id, res->n_tokens, cap);
+    memcpy(w->out + res->id * cap, res->tokens, sizeof(int32_t) * (size_t)res->n_tokens);
+    w->n_out[res->id] = res->n_tokens;
     return EG_OK;
 }
 
@@ -311,15 +289,225 @@ static int wl_length(const bench_opts *o, int i) {
     return x < 1 ? 1 : x > 1e9 ? 1000000000 : (int)(x + 0.5);
 }
 
+/* One workload run: a fresh runtime on the fixed pool (no memory plan: every row gets the
+ * same one), with the drafter directory or proposer when given. */
+typedef struct wl_result {
+    eg_engine_stats es;
+    double secs;
+    int64_t generated; /* tokens generated over the requests (from done()) */
+} wl_result;
+
+static eg_status wl_run(const eg_model *m, const bench_opts *o, wl_ctx *w, int pol, const int *aux, int n_aux,
+                        const char *draft_dir, eg_drafter *dr, wl_result *r, eg_error *err) {
+    int max_tokens = o->chunk > o->slots ? o->chunk : o->slots;
+    eg_runtime *rt = NULL;
+    eg_runtime_opts ro = {.model = m, .backend = o->backend, .threads = o->threads, .device = o->device,
+                          .n_slots = o->slots, .max_seq_len = o->plen + w->max_new, .max_tokens = max_tokens,
+                          .block_size = 64, .kv_policy = pol ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
+                          .kv_tokens = o->kv_tokens, .host_kv_bytes = o->host_kv_bytes, .aux_layers = aux,
+                          .n_aux = n_aux, .capture_bf16 = 1, .draft_model = draft_dir, .drafter = dr,
+                          .draft_tokens = draft_dir || dr ? o->draft_tokens : 0};
+    w->next = 0;
+    w->generated = 0;
+    if (w->n_out) memset(w->n_out, 0, sizeof(int) * (size_t)o->requests);
+    double t0 = eg_now();
+    eg_status st = eg_runtime_create(&ro, &rt, err);
+    if (!st) st = eg_runtime_run(rt, wl_next, wl_done, w, err);
+    r->secs = eg_now() - t0;
+    if (!st) eg_runtime_stats(rt, &r->es);
+    r->generated = w->generated;
+    eg_runtime_free(rt);
+    return st;
+}
+
+static void wl_print_row(const bench_opts *o, const char *name, const char *run, int M, double mean,
+                         const wl_result *r) {
+    const eg_engine_stats *es = &r->es;
+    double steps = es->steps > 0 ? (double)es->steps : 1;
+    double rows = (double)(es->prefill_tokens + es->decode_tokens + es->recomputed_tokens);
+    if (o->json) {
+        printf("{");
+        if (run) printf("\"run\": \"%s\", ", run);
+        printf("\"policy\": \"%s\", \"max_new\": %d, \"requests\": %d, \"kv_tokens\": %lld, "
+               "\"prompt_len\": %d, \"workload\": \"lognormal:%g:%g\", \"mean_len\": %.1f, \"steps\": %lld, "
+               "\"mean_concurrency\": %.3f, \"peak_concurrency\": %d, \"kv_utilisation\": %.4f, "
+               "\"preemptions\": %lld, \"swap_bytes\": %lld, \"recomputed_tokens\": %lld, "
+               "\"tokens_per_step\": %.3f, \"backlog_concurrency\": %.3f, \"backlog_steps\": %lld, "
+               "\"decode_tokens\": %lld, \"seconds\": %.2f",
+               name, M, o->requests, (long long)(o->kv_tokens / 64 * 64), o->plen, o->wl_median, o->wl_sigma, mean,
+               (long long)es->steps, es->sum_concurrency / steps, es->peak_concurrency, es->sum_kv_live / steps,
+               (long long)es->preemptions, (long long)es->swap_bytes, (long long)es->recomputed_tokens, rows / steps,
+               es->backlog_steps ? es->backlog_concurrency / (double)es->backlog_steps : 0.0,
+               (long long)es->backlog_steps, (long long)es->decode_tokens, r->secs);
+        if (!run) printf("}\n");
+    } else {
+        printf("%-9s %7d %8.0f %7lld %8.2f %9d %8.2f %4.0f%% %7lld %8.1f %10lld %11.2f %9.0f %8.1f\n", name, M, mean,
+               (long long)es->steps, es->sum_concurrency / steps, es->peak_concurrency,
+               es->backlog_steps ? es->backlog_concurrency / (double)es->backlog_steps : 0.0,
+               100.0 * es->sum_kv_live / steps, (long long)es->preemptions, (double)es->swap_bytes / 1e6,
+               (long long)es->recomputed_tokens, rows / steps, rows / r->secs, r->secs);
+    }
+}
+
+/* Kimi-K2.5's decode on each preset box by the layout model (engine/layout.h), plain and
+ * with K drafts per verify pass committing A tokens: the recommended runnable layout of
+ * each. */
+typedef struct box_model {
+    char box[48], plain_layout[48], spec_layout[48];
+    double plain_tok_s, spec_tok_s;
+} box_model;
+
+static eg_status model_boxes(const bench_opts *o, double accept, box_model *out, int *n_out, eg_error *err) {
+    static const char *const boxes[] = {"rtx-pro-6000x8", "h200x8"};
+    *n_out = 0;
+    eg_mkmodel_opts mo = {.preset = "kimi-k2.5"};
+    char *json = NULL;
+    eg_config cfg;
+    eg_status st = eg_mkmodel_config_json(&mo, &json, err);
+    if (st) return st;
+    st = eg_config_parse(json, strlen(json), "kimi-k2.5", &cfg, err);
+    free(json);
+    if (st) return st;
+    for (int b = 0; b < 2 && !st; b++) {
+        eg_box box;
+        if ((st = eg_box_preset(boxes[b], &box, err))) break;
+        int max_rows = 2 * box.gpus + 2;
+        eg_layout_row *rows = eg_calloc((size_t)max_rows, sizeof *rows, err);
+        if (!rows) { st = EG_ERR_NOMEM; break; }
+        box_model *bm = &out[b];
+        memset(bm, 0, sizeof *bm);
+        snprintf(bm->box, sizeof bm->box, "%s", box.name);
+        for (int spec = 0; spec < 2 && !st; spec++) {
+            eg_layout_opts lo = {.mean_len = o->plan_mean_len, .draft_tokens = spec ? o->draft_tokens : 0,
+                                 .accept = spec ? accept : 0};
+            int n = eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err);
+            if (n < 0) { st = EG_ERR_INVALID; break; }
+            int best = eg_layout_recommend(rows, n, 0);
+            if (best < 0) continue; /* nothing fits: left empty */
+            snprintf(spec ? bm->spec_layout : bm->plain_layout, sizeof bm->box, "%s", rows[best].name);
+            *(spec ? &bm->spec_tok_s : &bm->plain_tok_s) = rows[best].decode_tok_s;
+        }
+        free(rows);
+        if (!st) *n_out = b + 1;
+    }
+    eg_config_free(&cfg);
+    return st;
+}
+
+/* The speculative run against the plain one on the same workload: its row, then what the
+ * drafter did (engine stats as they are: accepted drafts, committed tokens per verify
+ * step = SGLang's accept length A, target passes = engine steps) and the modelled boxes. */
+static eg_status wl_report_spec(const bench_opts *o, const char *name, int M, double mean, const wl_result *plain,
+                                const wl_result *sp, int identical, int compared, eg_error *err) {
+    const eg_engine_stats *es = &sp->es;
+    double vs = es->verify_steps > 0 ? (double)es->verify_steps : 1;
+    double acc = (double)es->accepted / vs, A = (double)es->spec_tokens / vs;
+    double ds = es->draft_seconds + es->verify_seconds > 0 ? es->draft_seconds + es->verify_seconds : 1;
+    double pp = plain->es.steps > 0 ? (double)plain->es.steps : 1, spp = es->steps > 0 ? (double)es->steps : 1;
+    double gen_tps = (double)sp->generated / sp->secs, plain_tps = (double)plain->generated / plain->secs;
+    box_model bm[2];
+    int n_bm = 0;
+    eg_status st = EG_OK;
+    if (es->verify_steps > 0 && (st = model_boxes(o, A, bm, &n_bm, err))) return eg_wrap(err, "modelling the boxes"), st;
+    char who[512];
+    if (o->draft_model) snprintf(who, sizeof who, "%s", o->draft_model);
+    else snprintf(who, sizeof who, "replay:%g", o->replay_rate);
+    wl_print_row(o, o->json ? name : "+drafter", "speculative", M, mean, sp);
+    if (o->json) {
+        printf(", \"drafter\": \"%s\", \"draft_tokens\": %d, \"verify_steps\": %lld, \"drafted\": %lld, "
+               "\"accepted\": %lld, \"spec_tokens\": %lld, \"mean_accepted\": %.4f, \"accept_length\": %.4f, "
+               "\"generated\": %lld, \"target_passes\": %lld, \"plain_target_passes\": %lld, \"pass_ratio\": %.4f, "
+               "\"tokens_per_pass\": %.4f, \"plain_tokens_per_pass\": %.4f, \"draft_seconds\": %.3f, "
+               "\"verify_seconds\": %.3f, \"draft_share\": %.4f, \"verify_share\": %.4f, \"gen_tok_s\": %.1f, "
+               "\"plain_gen_tok_s\": %.1f, \"speedup\": %.4f, \"greedy_identical\": ",
+               o->draft_model ? "eagle3" : "replay", o->draft_tokens, (long long)es->verify_steps,
+               (long long)es->drafted, (long long)es->accepted, (long long)es->spec_tokens, acc, A,
+               (long long)sp->generated, (long long)es->steps, (long long)plain->es.steps, spp / pp,
+               (double)sp->generated / spp, (double)plain->generated / pp, es->draft_seconds, es->verify_seconds,
+               es->draft_seconds / ds, es->verify_seconds / ds, gen_tps, plain_tps, gen_tps / plain_tps);
+        if (compared) printf("%s", identical == compared ? "true" : "false");
+        else printf("null");
+        printf(", \"identical_requests\": %d, \"modelled_mean_len\": %.0f, \"modelled\": [", identical,
+               o->plan_mean_len);
+        for (int b = 0; b < n_bm; b++)
+            printf("%s{\"box\": \"%s\", \"plain_layout\": \"%s\", \"plain_decode_tok_s\": %.1f, \"spec_layout\": \"%s\", "
+                   "\"spec_decode_tok_s\": %.1f}", b ? ", " : "", bm[b].box, bm[b].plain_layout, bm[b].plain_tok_s,
+                   bm[b].spec_layout, bm[b].spec_tok_s);
+        printf("]}\n");
+        fflush(stdout);
+        return EG_OK;
+    }
+    printf("  speculative (%s, K %d): %lld verify steps, %lld drafted, %lld accepted: %.2f accepted drafts and "
+           "accept length A %.2f (tokens committed) per verify step\n",
+           who, o->draft_tokens, (long long)es->verify_steps, (long long)es->drafted, (long long)es->accepted, acc, A);
+    printf("  target passes %lld -> %lld (%.2fx), generated tokens per pass %.2f -> %.2f; drafting %.1f s (%.1f%%), "
+           "verify steps %.1f s (%.1f%%); %.0f -> %.0f generated tok/s (%.2fx)",
+           (long long)plain->es.steps, (long long)es->steps, spp / pp, (double)plain->generated / pp,
+           (double)sp->generated / spp, es->draft_seconds, 100 * es->draft_seconds / ds, es->verify_seconds,
+           100 * es->verify_seconds / ds, plain_tps, gen_tps, gen_tps / plain_tps);
+    if (compared) printf("; greedy tokens identical to the plain run: %d of %d requests", identical, compared);
+    printf("\n");
+    if (n_bm) {
+        printf("  modelled Kimi-K2.5 decode at mean length %.0f, K %d, A %.2f (eaglegen plan --preset kimi-k2.5 --box "
+               "BOX --mean-len %.0f --draft-tokens %d --accept %.2f):",
+               o->plan_mean_len, o->draft_tokens, A, o->plan_mean_len, o->draft_tokens, A);
+        for (int b = 0; b < n_bm; b++)
+            printf("%s %s %s %.0f -> %s %.0f tok/s (%.2fx)", b ? ";" : "", bm[b].box,
+                   *bm[b].plain_layout ? bm[b].plain_layout : "(none fits)", bm[b].plain_tok_s,
+                   *bm[b].spec_layout ? bm[b].spec_layout : "(none fits)", bm[b].spec_tok_s,
+                   bm[b].plain_tok_s > 0 ? bm[b].spec_tok_s / bm[b].plain_tok_s : 0.0);
+        printf("\n");
+    }
+    fflush(stdout);
+    return EG_OK;
+}
+
+/* --draft-model's config.json against the model, before any row runs (the runtime loads
+ * the drafter itself for each speculative row, as generate's does). */
+static eg_status check_drafter(const char *dir, const eg_model *m, eg_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return eg_fail(err, EG_ERR_IO, "--draft-model %s: cannot open %s: %s", dir, path, strerror(errno));
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) ? -1 : ftell(f);
+    if (n >= 0 && !fseek(f, 0, SEEK_SET) && (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (!buf) return eg_fail(err, EG_ERR_IO, "--draft-model %s: cannot read %s", dir, path);
+    buf[n] = 0;
+    eg_eagle3_config dc;
+    memset(&dc, 0, sizeof dc);
+    eg_eagle3_opts eo = {0};
+    eg_status st = eg_drafter_eagle3_parse_config(buf, (size_t)n, path, &m->cfg, &eo, &dc, err);
+    free(buf);
+    eg_eagle3_config_free(&dc);
+    return st ? eg_wrap(err, "--draft-model %s", dir), st : EG_OK;
+}
+
 static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
     const eg_config *c = &m->cfg;
+    int spec = o->draft_model || o->replay_rate >= 0;
+    int max_new = imax(o->max_new, o->n_max_new);
+    size_t cap = (size_t)o->plen + (size_t)max_new;
     int *len = malloc(sizeof(int) * (size_t)o->requests);
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)o->plen);
-    if (!len || !prompt) { free(len); free(prompt); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+    int32_t *out[2] = {NULL, NULL};
+    int *n_out[2] = {NULL, NULL};
+    eg_status st = EG_OK;
+    if (spec)
+        for (int k = 0; k < 2; k++) {
+            out[k] = malloc(sizeof(int32_t) * cap * (size_t)o->requests);
+            n_out[k] = malloc(sizeof(int) * (size_t)o->requests);
+            if (!out[k] || !n_out[k]) st = eg_fail(err, EG_ERR_NOMEM, "out of memory for %d requests' tokens", o->requests);
+        }
+    if (!len || !prompt) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    if (!st && o->draft_model) st = check_drafter(o->draft_model, m, err);
+    if (st) goto out;
     for (int i = 0; i < o->requests; i++) len[i] = wl_length(o, i);
     int aux[64], n_aux = eg_config_default_aux_layers(c, aux);
-    int max_tokens = o->chunk > o->slots ? o->chunk : o->slots;
-    eg_status st = EG_OK;
     if (!o->json)
         printf("%-9s %7s %8s %7s %8s %9s %8s %5s %7s %8s %9s %11s %9s %8s\n", "policy", "max_new", "mean_len", "steps",
                "mean_conc", "peak_conc", "backlog", "kv%", "preempt", "swap_MB", "recomputed", "tokens/step", "tok/s",
@@ -331,46 +519,42 @@ static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
             double mean = 0;
             for (int i = 0; i < o->requests; i++) mean += len[i] < M ? len[i] : M;
             mean /= o->requests;
-            /* one backend and engine on the fixed pool (no memory plan: every row gets the same one) */
-            eg_runtime *rt = NULL;
-            eg_runtime_opts ro = {.model = m, .backend = o->backend, .threads = o->threads, .device = o->device,
-                                  .n_slots = o->slots, .max_seq_len = o->plen + M, .max_tokens = max_tokens,
-                                  .block_size = 64, .kv_policy = pol ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
-                                  .kv_tokens = o->kv_tokens, .host_kv_bytes = o->host_kv_bytes, .aux_layers = aux,
-                                  .n_aux = n_aux, .capture_bf16 = 1};
-            wl_ctx w = {.o = o, .vocab = c->vocab, .max_new = M, .len = len, .prompt = prompt};
-            double t0 = eg_now();
-            if (!(st = eg_runtime_create(&ro, &rt, err))) st = eg_runtime_run(rt, wl_next, wl_done, &w, err);
-            double secs = eg_now() - t0;
-            if (!st) {
-                eg_engine_stats es;
-                eg_runtime_stats(rt, &es);
-                double steps = es.steps > 0 ? (double)es.steps : 1;
-                double rows = (double)(es.prefill_tokens + es.decode_tokens + es.recomputed_tokens);
-                const char *name = pol ? "reserve" : "on-demand";
-                if (o->json)
-                    printf("{\"policy\": \"%s\", \"max_new\": %d, \"requests\": %d, \"kv_tokens\": %lld, "
-                           "\"prompt_len\": %d, \"workload\": \"lognormal:%g:%g\", \"mean_len\": %.1f, \"steps\": %lld, "
-                           "\"mean_concurrency\": %.3f, \"peak_concurrency\": %d, \"kv_utilisation\": %.4f, "
-                           "\"preemptions\": %lld, \"swap_bytes\": %lld, \"recomputed_tokens\": %lld, "
-                           "\"tokens_per_step\": %.3f, \"backlog_concurrency\": %.3f, \"backlog_steps\": %lld, "
-                           "\"decode_tokens\": %lld, \"seconds\": %.2f}\n",
-                           name, M, o->requests, (long long)(o->kv_tokens / 64 * 64), o->plen, o->wl_median,
-                           o->wl_sigma, mean, (long long)es.steps, es.sum_concurrency / steps, es.peak_concurrency,
-                           es.sum_kv_live / steps, (long long)es.preemptions, (long long)es.swap_bytes,
-                           (long long)es.recomputed_tokens, rows / steps,
-                           es.backlog_steps ? es.backlog_concurrency / (double)es.backlog_steps : 0.0,
-                           (long long)es.backlog_steps, (long long)es.decode_tokens, secs);
-                else
-                    printf("%-9s %7d %8.0f %7lld %8.2f %9d %8.2f %4.0f%% %7lld %8.1f %10lld %11.2f %9.0f %8.1f\n", name, M,
-                           mean, (long long)es.steps, es.sum_concurrency / steps, es.peak_concurrency,
-                           es.backlog_steps ? es.backlog_concurrency / (double)es.backlog_steps : 0.0,
-                           100.0 * es.sum_kv_live / steps, (long long)es.preemptions, (double)es.swap_bytes / 1e6,
-                           (long long)es.recomputed_tokens, rows / steps, rows / secs, secs);
-                fflush(stdout);
+            const char *name = pol ? "reserve" : "on-demand";
+            size_t rcap = (size_t)o->plen + (size_t)M;
+            wl_ctx w = {.o = o, .vocab = c->vocab, .max_new = M, .len = len, .prompt = prompt, .out = out[0],
+                        .n_out = n_out[0]};
+            wl_result plain, sp;
+            memset(&plain, 0, sizeof plain);
+            memset(&sp, 0, sizeof sp);
+            if ((st = wl_run(m, o, &w, pol, aux, n_aux, NULL, NULL, &plain, err))) break;
+            wl_print_row(o, name, spec && o->json ? "plain" : NULL, M, mean, &plain);
+            if (spec && o->json) printf("}\n");
+            fflush(stdout);
+            if (!spec) continue;
+            eg_drafter *dr = NULL;
+            if (o->replay_rate >= 0) { /* the oracle: the plain run's own tokens */
+                st = eg_drafter_replay_create(c, o->slots, o->plen + M, o->replay_rate, &dr, err);
+                for (int i = 0; i < o->requests && !st; i++)
+                    st = eg_drafter_replay_add(dr, out[0] + (size_t)i * rcap, o->plen, n_out[0][i], err);
             }
-            eg_runtime_free(rt);
+            w.out = out[1];
+            w.n_out = n_out[1];
+            if (!st) st = wl_run(m, o, &w, pol, aux, n_aux, o->draft_model, dr, &sp, err);
+            eg_drafter_free(dr);
+            if (st) break;
+            int identical = 0, compared = 0;
+            if (o->sample.temperature == 0.0f)
+                for (int i = 0; i < o->requests; i++, compared++)
+                    identical += n_out[0][i] == n_out[1][i] &&
+                                 !memcmp(out[0] + (size_t)i * rcap, out[1] + (size_t)i * rcap,
+                                         sizeof(int32_t) * (size_t)n_out[0][i]);
+            st = wl_report_spec(o, name, M, mean, &plain, &sp, identical, compared, err);
         }
+out:
+    for (int k = 0; k < 2; k++) {
+        free(out[k]);
+        free(n_out[k]);
+    }
     free(len);
     free(prompt);
     return st;
@@ -415,11 +599,14 @@ int cmd_bench(int argc, char **argv) {
         {"max-new", required_argument, 0, 'n'},    {"kv-tokens", required_argument, 0, 'K'},
         {"kv-policy", required_argument, 0, 'y'},  {"host-kv-gb", required_argument, 0, 'H'},
         {"seed", required_argument, 0, 'x'},       {"json", no_argument, 0, 'j'},
+        {"draft-model", required_argument, 0, 0x100}, {"draft-tokens", required_argument, 0, 0x101},
+        {"replay-drafter", required_argument, 0, 0x102}, {"plan-mean-len", required_argument, 0, 0x103},
         {0, 0, 0, 0}};
     const char *workload = "lognormal:1500:1.0", *max_new = "4096";
     double host_gb = -1;
-    int kv_tokens = 0, batch_given = 0;
+    int kv_tokens = 0, batch_given = 0, plan_mean_len = 4096;
     o.policies = 3;
+    o.replay_rate = -1;
     o.seed = 1;
     optind = 1;
     int ch;
@@ -434,6 +621,10 @@ int cmd_bench(int argc, char **argv) {
         case 'K': if (!gen_arg_int("bench", "--kv-tokens", optarg, 64, 2000000000, &kv_tokens)) return 2; break;
         case 'H': if (!gen_arg_double("bench", "--host-kv-gb", optarg, 0, 1e9, &host_gb)) return 2; break;
         case 'j': o.json = 1; break;
+        case 0x100: o.draft_model = optarg; break;
+        case 0x101: if (!gen_arg_int("bench", "--draft-tokens", optarg, 1, 64, &o.draft_tokens)) return 2; break;
+        case 0x102: if (!gen_arg_double("bench", "--replay-drafter", optarg, 0, 1, &o.replay_rate)) return 2; break;
+        case 0x103: if (!gen_arg_int("bench", "--plan-mean-len", optarg, 1, 1 << 24, &plan_mean_len)) return 2; break;
         case 'x': {
             int v;
             if (!gen_arg_int("bench", "--seed", optarg, 0, 2000000000, &v)) return 2;
@@ -488,6 +679,26 @@ int cmd_bench(int argc, char **argv) {
     if (!gen_arg_int_list("bench", "--batch", batches, 1, o.batch, 64, &o.n_batch) ||
         !gen_arg_int_list("bench", "--context", contexts, 0, o.ctx, 64, &o.n_ctx))
         return 2;
+    o.plan_mean_len = plan_mean_len;
+    if (o.draft_model && o.replay_rate >= 0) {
+        fprintf(stderr, "eaglegen bench: give --draft-model DIR or --replay-drafter RATE, not both\n");
+        return 2;
+    }
+    int spec = o.draft_model || o.replay_rate >= 0;
+    if (o.draft_tokens && !spec) {
+        fprintf(stderr, "eaglegen bench: --draft-tokens needs --draft-model DIR (or --replay-drafter RATE)\n");
+        return 2;
+    }
+    if (spec && !o.requests) {
+        fprintf(stderr, "eaglegen bench: %s runs in workload mode (--requests N): the prefill and decode rows have no "
+                        "prompts for a drafter to follow\n", o.draft_model ? "--draft-model" : "--replay-drafter");
+        return 2;
+    }
+    if (o.replay_rate >= 0 && o.sample.temperature > 0) {
+        fprintf(stderr, "eaglegen bench: --replay-drafter replays the greedy run's tokens; it needs --temperature 0\n");
+        return 2;
+    }
+    if (spec && !o.draft_tokens) o.draft_tokens = 3;
     if (o.requests) {
         eg_error werr = {0};
         if (eg_plan_workload_parse(workload, &o.wl_median, &o.wl_sigma, &werr)) {
@@ -507,6 +718,11 @@ int cmd_bench(int argc, char **argv) {
                 return 2;
             }
         o.slots = batch_given ? o.batch[0] : 256;
+        if (spec && (o.chunk > o.slots ? o.chunk : o.slots) < o.draft_tokens + 1) { /* the engine's rows per step */
+            fprintf(stderr, "eaglegen bench: --chunk %d cannot hold a verify step of --draft-tokens %d + 1 rows\n",
+                    o.chunk, o.draft_tokens);
+            return 2;
+        }
         int64_t avail = gen_mem_available_bytes();
         o.host_kv_bytes = host_gb >= 0 ? (int64_t)(host_gb * 1e9) : avail / 4;
         roofline = 0;

@@ -173,8 +173,9 @@ static void usage(FILE *f) {
             "  --dry-run               report what the run would do and exit, without loading weights\n"
             "                          (config.json, tokenizer and corpus only): records accepted and\n"
             "                          rejected by reason, prompt token statistics, output tokens at\n"
-            "                          most, disk and shard sizes for the model's H and aux layers;\n"
-            "                          --out is optional and nothing is written\n"
+            "                          most, disk and shard sizes for the model's H and aux layers, the\n"
+            "                          layout (with --ep each rank's routed experts and slots, checked\n"
+            "                          as the run checks them); --out is optional and nothing is written\n"
             "  --restart               delete this worker's job in --out (its shards, manifest, job\n"
             "                          file, ledgers) and start over; without it a rerun resumes, and\n"
             "                          a parameter that changes samples is refused (see Resuming in\n"
@@ -869,7 +870,7 @@ int cmd_generate(int argc, char **argv) {
             .capture = a.capture, .thinking = a.thinking, .max_new = a.max_new, .max_seq_len = a.max_seq_len,
             .aux = a.aux, .n_aux = a.n_aux, .limit = a.limit, .worker = a.worker, .n_workers = a.n_workers,
             .shard_samples = a.shard_samples, .shard_bytes = a.shard_bytes, .backend = a.backend, .stages = a.stages,
-            .n_final = a.final_mode == 2 ? 2 : 1};
+            .n_final = a.final_mode == 2 ? 2 : 1, .ep = a.ep, .batch = a.batch};
         rc = gen_dry_run(&dro, stdout);
     }
     if (rc >= 0) { free((void *)a.prompts); return g_interrupted ? 130 : rc; }

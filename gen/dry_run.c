@@ -120,6 +120,17 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
             goto done;
         }
     }
+    int ep = o->ep > 1 ? o->ep : 1;
+    if (ep > 1) { /* what the expert-parallel runtime refuses (engine/ep_runtime.c) */
+        if (cfg.n_experts < 1 || cfg.n_experts % ep) {
+            eg_fail(&err, EG_ERR_INVALID, "--ep %d does not divide the model's %d routed experts", ep, cfg.n_experts);
+            goto done;
+        }
+        if (o->batch > 0 && o->batch < ep) {
+            eg_fail(&err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep, o->batch);
+            goto done;
+        }
+    }
     corpus_opts co;
     corpus_opts_default(&co);
     co.mode = o->capture ? CORPUS_CAPTURE : CORPUS_REGENERATE;
@@ -175,6 +186,20 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
             n_stages > 1 ? "s" : "", cfg.n_layers,
             n_stages > 1 ? (strcmp(o->backend, "cuda") ? " (stage k on thread k)" : " (stage k on GPU k)")
                          : !strcmp(o->backend, "cuda") ? " (the whole model on one GPU)" : "");
+    if (ep > 1) {
+        int per = cfg.n_experts / ep;
+        fprintf(out, "expert ranks:  --ep %d (%s): each rank holds %d of the %d routed experts per MoE layer (dense parts "
+                     "replicated), its own sequences and their cache, and runs %s %d stage%s\n",
+                ep, strcmp(o->backend, "cuda") ? "rank r on its own thread, rows exchanged through host memory"
+                                               : "rank r on GPU r mod the GPU count, rows exchanged over NCCL",
+                per, cfg.n_experts, n_stages > 1 ? "all" : "its", n_stages, n_stages > 1 ? "s" : "");
+        for (int r = 0; r < ep; r++) {
+            fprintf(out, "  rank %d: experts %d..%d", r, r * per, (r + 1) * per - 1);
+            if (o->batch > 0) fprintf(out, ", %d of the %d slots", o->batch / ep + (r < o->batch % ep), o->batch);
+            else fprintf(out, ", its share of the --batch auto slots");
+            fprintf(out, "\n");
+        }
+    }
     fprintf(out, "records:       %lld read%s: %lld accepted, %lld rejected\n", (long long)read,
             o->limit >= 0 && read >= o->limit ? " (stopped at --limit)" : "", (long long)accepted, (long long)rejected);
     for (size_t i = 0; i < rs.n; i++)

@@ -8,7 +8,8 @@
  * --max-new-tokens, capped by --max-seq-len: an upper bound), the bytes the samples would
  * take for the model's H and aux layer count (BF16 hidden rows + int32 id + uint8 mask
  * per token, before compression) and how that falls into shards; with an existing job in
- * --out, how many samples it already holds. Writes nothing.
+ * --out, how many samples it already holds; the layout (stages, and with --ep each rank's
+ * routed experts and share of the slots, as the run splits them). Writes nothing.
  * Thread safety: one thread. */
 #ifndef EG_GEN_DRY_RUN_H
 #define EG_GEN_DRY_RUN_H
@@ -31,6 +32,9 @@ typedef struct gen_dry_run_opts {
     const char *backend;   /* "cpu" or "cuda" */
     const char *stages;    /* --stages text or NULL; checked against the layer count */
     int n_final;           /* final states stored per token: 1, or 2 (--final-hidden both); 0 = 1 */
+    int ep;                /* --ep ranks (0 or 1 = none): checked against the routed experts and
+                              --batch as the run checks them, and each rank's share printed */
+    int batch;             /* --batch (0 = auto) */
 } gen_dry_run_opts;
 
 /* Prints the report to out; returns the exit status (0, or 1 after an error message on

@@ -94,4 +94,18 @@ $E inspect sz --verify >/dev/null || fail "verify"
 $E generate --model model --prompts corpus/c.jsonl --out sd --max-new-tokens 8 --max-seq-len 128 --batch 3 --chunk 8 \
     --aux-layers 1,2,3 --threads 1 --on-bad-record skip 2>/dev/null || fail "default run"
 [ "$(ls sd/*.tar | wc -l)" = 1 ] || fail "default shards: $(ls sd)"
+echo "-- --ep: checked as the run checks it, each rank's experts and slots printed"
+$E generate --dry-run --model noweights --prompts c.jsonl --max-seq-len 128 --max-new-tokens 16 --ep 2 --batch 5 \
+    >out 2>err || fail "dry run --ep 2"
+grep -q "expert ranks:  --ep 2 (rank r on its own thread.*each rank holds 8 of the 16 routed experts" out \
+    || fail "--ep 2 layout line"
+grep -q "^  rank 0: experts 0..7, 3 of the 5 slots" out && grep -q "^  rank 1: experts 8..15, 2 of the 5 slots" out \
+    || fail "--ep 2 ranks"
+for bad in "--ep 3:does not divide the model's 16 routed experts" "--ep 4 --batch 2:needs at least one sequence slot"; do
+    set +e
+    # shellcheck disable=SC2086
+    $E generate --dry-run --model noweights --prompts c.jsonl --max-seq-len 128 ${bad%%:*} >out 2>err; rc=$?
+    set -e
+    [ $rc = 1 ] && grep -qF "${bad#*:}" err || fail "dry run ${bad%%:*}: exit $rc"
+done
 echo "t_gen_dry_run: ok"

@@ -12,6 +12,7 @@
 #include "engine/drafter_eagle3.h"
 #include "engine/mkmodel.h"
 #include "engine/runtime.h"
+#include "engine/runtime_bench.h"
 #include "tests/check.h"
 
 #define MODEL "../shared/fixtures/models/tiny-a"
@@ -536,6 +537,50 @@ static void test_cleanup(void) {
     have_model = 0;
 }
 
+/* forward_only (bench's prefill and decode rows): one forward on one backend, refused
+ * with what an engine needs, and the timed rows run the steps they say. */
+static void test_forward_only(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    eg_runtime *rt = NULL;
+    eg_runtime_opts o = base_opts();
+    o.forward_only = 1;
+    o.n_slots = 0;
+    CHECK(eg_runtime_create(&o, &rt, &err) == EG_ERR_INVALID && !rt && strstr(err.msg, "forward_only"));
+    o.n_slots = 4;
+    o.stages = "2";
+    CHECK(eg_runtime_create(&o, &rt, &err) == EG_ERR_INVALID && !rt);
+    o.stages = NULL;
+    o.draft_model = "no-such-drafter";
+    CHECK(eg_runtime_create(&o, &rt, &err) == EG_ERR_INVALID && !rt);
+    o.draft_model = NULL;
+    o.kv_tokens = 4 * 48; /* less than 4 x max_seq_len: the caller maps what it needs */
+    CHECK_OK(eg_runtime_create(&o, &rt, &err), &err);
+    if (!rt) return;
+    CHECK(eg_runtime_forward(rt) && eg_runtime_backend(rt));
+    CHECK(eg_runtime_describe(rt)->kv_capacity == 4 * 48);
+    CHECK(eg_runtime_run(rt, next_req, on_done, NULL, &err) == EG_ERR_INVALID);
+    CHECK_OK(eg_runtime_bench_clear(rt, &err), &err);
+    eg_bench_timing bt;
+    CHECK_OK(eg_runtime_bench_prefill(rt, 3, 20, 16, &bt, &err), &err);
+    CHECK(bt.steps == 4 && bt.tokens == 60 && bt.seconds >= 0);
+    eg_sample_params sp = {.temperature = 0.0f, .top_p = 1.0f};
+    CHECK_OK(eg_runtime_bench_decode(rt, 4, 30, 1, 3, &sp, &bt, &err), &err);
+    CHECK(bt.steps == 3 && bt.tokens == 12);
+    /* every block was given back: the same rows run again */
+    CHECK_OK(eg_runtime_bench_decode(rt, 4, 30, 1, 3, &sp, &bt, &err), &err);
+    CHECK(eg_runtime_bench_decode(rt, 5, 30, 1, 3, &sp, &bt, &err) == EG_ERR_INVALID);
+    CHECK(eg_runtime_bench_decode(rt, 4, 60, 1, 3, &sp, &bt, &err) != EG_OK); /* past the pool */
+    eg_runtime_free(rt);
+    /* an engine runtime has no forward for the rows */
+    eg_runtime_opts e = base_opts();
+    CHECK_OK(eg_runtime_create(&e, &rt, &err), &err);
+    CHECK(rt && !eg_runtime_forward(rt));
+    CHECK(eg_runtime_bench_prefill(rt, 1, 4, 4, &bt, &err) == EG_ERR_INVALID && strstr(err.msg, "forward_only"));
+    eg_runtime_free(rt);
+}
+
 static const eg_test tests[] = {
     {"layouts_identical", test_layouts_identical},
     {"model_dir", test_model_dir},
@@ -544,5 +589,6 @@ static const eg_test tests[] = {
     {"spec_layouts", test_spec_layouts},
     {"spec_plan", test_spec_plan},
     {"cleanup", test_cleanup},
+    {"forward_only", test_forward_only},
 };
 EG_TEST_MAIN("engine_runtime", tests)
