@@ -644,15 +644,23 @@ static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3
                        "eagle_aux_hidden_state_layer_ids differ",
                        path);
     json_t *a = a_in ? a_in : a_top;
-    if (!a)
-        return eg_fail(err, EG_ERR_CONFIG,
-                       "%s: no eagle_config.eagle_aux_hidden_state_layer_ids: the drafter's aux layers are unknown "
-                       "(add them, e.g. the ids of the data it was trained on)",
-                       path);
     if (ec) {
         json_t *u = json_object_get(ec, "use_aux_hidden_state");
         if (u && json_is_false(u))
             return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: eagle_config.use_aux_hidden_state false is not supported", path);
+    }
+    if (!a) {
+        /* No ids pinned (TorchSpec's Kimi-K2.5 drafter config, for one): vLLM and SGLang then
+         * hand the drafter the target's default set, captured before layers [2, L/2, L-3],
+         * i.e. the outputs of layers [1, L/2-1, L-4], which is eaglegen's default. A wrong
+         * guess could only lower acceptance: the target verifies every token. */
+        int def[3], nd = eg_config_default_aux_layers(d->tcfg, def);
+        d->n_aux = nd;
+        d->aux_buf = eg_malloc(sizeof(int) * (size_t)nd, err);
+        if (!d->aux_buf) return EG_ERR_NOMEM;
+        memcpy(d->aux_buf, def, sizeof(int) * (size_t)nd);
+        d->aux_source = "none pinned in the config: the serving engines' default, outputs of layers [1, L/2-1, L-4]";
+        return EG_OK;
     }
     size_t n = json_is_array(a) ? json_array_size(a) : 0;
     if (n == 0) return eg_fail(err, EG_ERR_CONFIG, "%s: eagle_aux_hidden_state_layer_ids must be a non-empty array", path);

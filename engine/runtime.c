@@ -392,6 +392,11 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     in->draft_slot_bytes = draft_slot;
     in->draft_device_bytes = draft_dev;
     in->n_drafters = rt->n_drafters; /* loaded here (a caller's drafter is not counted) */
+    if (rt->n_drafters) {
+        in->n_draft_aux = rt->drafters[0]->info.n_aux;
+        in->draft_aux = rt->drafters[0]->info.aux_layers;
+        in->draft_aux_source = eg_drafter_eagle3_aux_source(rt->drafters[0]);
+    }
     *out = rt;
     return EG_OK;
 fail:

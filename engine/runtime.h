@@ -111,6 +111,9 @@ typedef struct eg_runtime_info {
                                    last stage (each rank's with ep): weights + slots * slot bytes;
                                    the KV pool is smaller by that much. 0 without a plan */
     int n_drafters;             /* 1, or ep with --ep (0 = no drafter) */
+    int n_draft_aux;            /* the loaded drafter's aux layers (output-of-layer ids) */
+    const int *draft_aux;       /* [n_draft_aux], owned by the drafter; NULL without one */
+    const char *draft_aux_source; /* which rule gave them (eg_drafter_eagle3_aux_source) */
 } eg_runtime_info;
 
 typedef struct eg_runtime eg_runtime;

@@ -165,7 +165,8 @@ static void usage(FILE *f) {
             "                          verifies K + 1 at a time; accepted by rejection sampling, so every\n"
             "                          token is distributed exactly as without it (greedy: the same\n"
             "                          tokens) and the captured rows are the model's own. Its aux layers\n"
-            "                          must be among --aux-layers. With --ep every rank has its own\n"
+            "                          (its config's; the default set if it pins none) must be among\n"
+            "                          --aux-layers. With --ep every rank has its own\n"
             "                          drafter for its slots; with --stages it runs as each\n"
             "                          micro-batch leaves the last stage\n"
             "  --draft-tokens K        tokens drafted per verify step (default 3; --chunk >= K + 1)\n"
@@ -1058,6 +1059,11 @@ int cmd_generate(int argc, char **argv) {
                     ri->n_drafters, ri->n_drafters > 1 ? "rank" : "engine", (double)ri->draft_weight_bytes / 1e6,
                     (double)ri->draft_slot_bytes / 1e6, (double)ri->draft_state_bytes / 1e6,
                     ri->draft_device_bytes ? "; the GPU plan reserved it (see the plan line)" : "");
+        if (ri->n_drafters) {
+            fprintf(stderr, "  drafter aux layers");
+            for (int i = 0; i < ri->n_draft_aux; i++) fprintf(stderr, "%s%d", i ? "," : " ", ri->draft_aux[i]);
+            fprintf(stderr, " (%s)\n", ri->draft_aux_source);
+        }
     }
     for (int k = 0, b0 = 0; n_stages > 1 && k < n_stages; b0 = stage_ends[k++])
         fprintf(stderr, "  stage %d: layers %d-%d, %.3f GB of weights, %s %d\n", k, b0, stage_ends[k] - 1,

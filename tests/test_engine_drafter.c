@@ -559,7 +559,7 @@ static void test_bad_checkpoints(void) {
         {"num_key_value_heads", json_integer(3), EG_ERR_CONFIG, "num_key_value_heads"},
         {"draft_vocab_size", json_integer(199), EG_ERR_FORMAT, "lm_head.weight"},
         {"hidden_act", json_string("gelu"), EG_ERR_UNSUPPORTED, "hidden_act"},
-        {"eagle_config", json_object(), EG_ERR_CONFIG, "eagle_aux_hidden_state_layer_ids"},
+        {"eagle_config", json_string("x"), EG_ERR_CONFIG, "eagle_config"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         rewrite(good, bad, NULL, NULL, NULL, NULL);
@@ -576,6 +576,81 @@ static void test_bad_checkpoints(void) {
     expect_fail(bad, EG_ERR_CONFIG, "config.json", NULL);
     unlink(p);
     expect_fail(bad, EG_ERR_CONFIG, "config.json", NULL);
+}
+
+/* TorchSpec's Kimi-K2.5 drafter config (configs/draft_models/kimi_k25_eagle3.json, what
+ * the public lightseekorg/kimi-k2.5-eagle3 was trained with) pins no aux layers, has no
+ * draft_vocab_size, target_hidden_size or eagle_config, and its checkpoint no d2t / t2d
+ * (full vocabulary). The same key set at tiny-a's sizes must load as the drafter it is:
+ * the default aux set (the serving engines' choice), Vd = V, identity vocabulary map, and
+ * proposals and logits bit-identical to the same weights under mkmodel's config. */
+static void test_torchspec_kimi_config(void) {
+    const char *ref = tmpdir("ts_ref"), *ts = tmpdir("ts_cfg");
+    static const int aux1[1] = {1}; /* tiny-a (5 layers): the default set is [1] */
+    eg_mkdrafter_opts mo = {.target_dir = TARGET, .out_dir = ref, .seed = 11, .draft_vocab = 512, .n_aux = 1,
+                            .aux_layers = aux1};
+    eg_error e = {0};
+    CHECK_OK(eg_mkmodel_drafter(&mo, &e), &e);
+    const char *mid = tmpdir("ts_mid");
+    rewrite(ref, mid, "d2t", NULL, NULL, NULL);
+    rewrite(mid, ts, "t2d", NULL, NULL, NULL);
+    json_t *r = load_cfg(ref);
+    json_t *j = json_pack("{s:[s], s:b, s:f, s:i, s:i, s:O, s:s, s:O, s:f, s:O, s:i, s:i, s:s, s:O, s:i, s:O, s:O, "
+                          "s:n, s:O, s:n, s:b, s:s, s:s, s:b, s:b, s:O}",
+                          "architectures", "LlamaForCausalLMEagle3", "attention_bias", 0, "attention_dropout", 0.0,
+                          "bos_token_id", 1, "eos_token_id", 2, "head_dim", json_object_get(r, "head_dim"),
+                          "hidden_act", "silu", "hidden_size", json_object_get(r, "hidden_size"),
+                          "initializer_range", 0.02, "intermediate_size", json_object_get(r, "intermediate_size"),
+                          "max_position_embeddings", 262144, "max_window_layers", 36, "model_type", "llama",
+                          "num_attention_heads", json_object_get(r, "num_attention_heads"), "num_hidden_layers", 1,
+                          "num_key_value_heads", json_object_get(r, "num_key_value_heads"), "rms_norm_eps",
+                          json_object_get(r, "rms_norm_eps"), "rope_scaling", "rope_theta",
+                          json_object_get(r, "rope_theta"), "sliding_window", "tie_word_embeddings", 0,
+                          "torch_dtype", "bfloat16", "transformers_version", "4.51.0", "use_cache", 1,
+                          "use_sliding_window", 0, "vocab_size", json_object_get(r, "vocab_size"));
+    EG_ASSERT(j);
+    json_decref(r);
+    save_cfg(ts, j);
+    eg_drafter *a = NULL, *b = NULL;
+    CHECK_OK(load(ref, 1, 16, &a, &e), &e);
+    CHECK_OK(load(ts, 1, 16, &b, &e), &e);
+    if (!a || !b) {
+        eg_drafter_free(a);
+        eg_drafter_free(b);
+        return;
+    }
+    CHECK(b->info.n_aux == 1 && b->info.aux_layers[0] == 1);
+    CHECKF(strstr(eg_drafter_eagle3_aux_source(b), "none pinned") != NULL, "aux source: %s",
+           eg_drafter_eagle3_aux_source(b));
+    enum { N = 6 };
+    static float aux[N][64];
+    int32_t next[N], seq[16] = {0}, pa[3], pb[3];
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < 64; i++) aux[t][i] = (float)(2.0 * urand() - 1.0);
+        next[t] = (int32_t)(urand() * 512);
+    }
+    uint64_t ra = 0, rb = 0;
+    CHECK_OK(eg_drafter_extend(a, 0, 0, N, &aux[0][0], next, &e), &e);
+    CHECK_OK(eg_drafter_extend(b, 0, 0, N, &aux[0][0], next, &e), &e);
+    CHECK_OK(eg_drafter_propose(a, 0, seq, N + 1, 3, &greedy, &ra, pa, NULL, &e), &e);
+    CHECK_OK(eg_drafter_propose(b, 0, seq, N + 1, 3, &greedy, &rb, pb, NULL, &e), &e);
+    CHECK(!memcmp(pa, pb, sizeof pa));
+    CHECK(!memcmp(eg_drafter_eagle3_last_logits(a), eg_drafter_eagle3_last_logits(b), sizeof(float) * 512));
+    eg_drafter_free(a);
+    eg_drafter_free(b);
+    /* only a config that pins nothing gets the default: ids pinned without a convention
+       are still read by the rules above (here ambiguous), and pinned as the default set but
+       three of them where the fc takes one, the fc's shape names the mismatch */
+    j = load_cfg(ts);
+    json_object_set_new(j, "eagle_aux_hidden_state_layer_ids", json_pack("[i,i,i]", 0, 2, 4));
+    save_cfg(ts, j);
+    expect_fail(ts, EG_ERR_CONFIG, "ambiguous", "config.json");
+    j = load_cfg(ts);
+    json_object_set_new(j, "eagle_config", json_pack("{s:[i,i,i], s:s}", "eagle_aux_hidden_state_layer_ids", 0, 2, 4,
+                                                     "eaglegen_aux_convention", "output_of_layer"));
+    json_object_del(j, "eagle_aux_hidden_state_layer_ids");
+    save_cfg(ts, j);
+    expect_fail(ts, EG_ERR_FORMAT, "fc.weight", NULL);
 }
 
 static void test_bad_calls(void) {
@@ -635,6 +710,7 @@ int main(int argc, char **argv) {
         {"q_permuted", test_q_permuted},
         {"draws_follow_q", test_draws_follow_q},
         {"aux_conventions", test_aux_conventions},
+        {"torchspec_kimi_config", test_torchspec_kimi_config},
         {"bad_checkpoints", test_bad_checkpoints},
         {"bad_calls", test_bad_calls},
     };

@@ -16,7 +16,8 @@
 #                                              cuda-local; each == one GPU; ~10 min)
 #        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
 #        tests/gpu/emu/run_emu.sh --spec      (generate --draft-model with target and drafter on the
-#                                              emulated GPU: greedy == greedy without the drafter)
+#                                              emulated GPU, and with --ep 2 on 2 emulated GPUs over
+#                                              emulated NCCL: greedy == greedy without the drafter)
 #        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
@@ -176,7 +177,15 @@ if [ "${1:-}" = --spec ]; then
         --draft-tokens 3 2> "$W/spec.log" || { cat "$W/spec.log"; exit 1; }
     grep "speculative:" "$W/spec.log" || { echo "no speculative report"; cat "$W/spec.log"; exit 1; }
     grep -E "gqa_attention +[0-9]+" "$W/spec.log" || { echo "the drafter did not run on the GPU"; cat "$W/spec.log"; exit 1; }
-    exec /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec"
+    /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec"
+    # --ep 2 on 2 emulated GPUs: each rank drives its own drafter on its own device while
+    # the target's expert rows cross the emulated NCCL; greedy stays the plain samples
+    EMU_DEVICES=2 EMU_NCCL_TIMEOUT=${EMU_NCCL_TIMEOUT:-900} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
+        --out "$W/spec_ep2" --draft-model "$W/drafter" --draft-tokens 2 --ep 2 2> "$W/spec_ep2.log" ||
+        { cat "$W/spec_ep2.log"; exit 1; }
+    grep -q "expert parallel: 2 ranks.*exchange nccl" "$W/spec_ep2.log" || { cat "$W/spec_ep2.log"; exit 1; }
+    grep "speculative:" "$W/spec_ep2.log" || { echo "no speculative report under --ep 2"; cat "$W/spec_ep2.log"; exit 1; }
+    exec /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec_ep2"
 fi
 if [ "${1:-}" = --forward ]; then
     # the whole forward pass of tiny-a through the emulated backend vs its golden (~15 min)
