@@ -109,20 +109,30 @@ static json_t *normalized(json_t *have, json_t *want) {
     return h;
 }
 
+eg_status gen_job_read(const char *dir, const char *name, json_t **have, eg_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *have = NULL;
+    if (access(path, F_OK) != 0) return EG_OK;
+    json_error_t je;
+    FILE *f = fopen(path, "rb");
+    if (!f) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(errno));
+    *have = json_loadf(f, 0, &je);
+    int read_failed = ferror(f), e = errno;
+    fclose(f);
+    if (!*have && read_failed) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(e));
+    if (!*have) return eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s (the job file is damaged)", path, je.line, je.text);
+    return EG_OK;
+}
+
 eg_status gen_job_check(const char *dir, const char *name, json_t *want, int *existed, int *changed, eg_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     *existed = 0;
     *changed = 0;
-    if (access(path, F_OK) != 0) return EG_OK;
-    json_error_t je;
-    FILE *f = fopen(path, "rb");
-    if (!f) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(errno));
-    json_t *have = json_loadf(f, 0, &je);
-    int read_failed = ferror(f), e = errno;
-    fclose(f);
-    if (!have && read_failed) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(e));
-    if (!have) return eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s (the job file is damaged)", path, je.line, je.text);
+    json_t *have;
+    eg_status rs = gen_job_read(dir, name, &have, err);
+    if (rs || !have) return rs;
     *existed = 1;
     json_t *norm = normalized(have, want);
     if (!norm) { json_decref(have); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }

@@ -29,6 +29,9 @@ void gen_job_filename(char *out, size_t n, const char *base, const char *ext, in
  * catches edits, truncation and appends). */
 eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err);
 
+/* Parse DIR/NAME into *have (the caller's reference); *have = NULL when the file does not
+ * exist. Unreadable or damaged files fail, naming the path (and the line). */
+eg_status gen_job_read(const char *dir, const char *name, json_t **have, eg_error *err);
 /* Compare `want` with DIR/NAME if it exists. *existed = 1 when it did. On a mismatch,
  * fails with EG_ERR_CONFIG and a message listing each differing key (old -> new).
  * Not compared: params.on_bad_record (it changes no sample) and the spelling of an

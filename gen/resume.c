@@ -1,5 +1,6 @@
 /* What a resumed job may change, and --restart; see resume.h. */
 #include "gen/resume.h"
+#include "gen/job.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -183,15 +184,9 @@ eg_status gen_resume_check(const char *dir, const char *name, json_t *want, int 
     memset(r, 0, sizeof *r);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (access(path, F_OK) != 0) return EG_OK;
-    json_error_t je;
-    FILE *f = fopen(path, "rb");
-    if (!f) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(errno));
-    json_t *have = json_loadf(f, 0, &je);
-    int read_failed = ferror(f), e = errno;
-    fclose(f);
-    if (!have && read_failed) return eg_fail(err, EG_ERR_IO, "%s: cannot read the job file: %s", path, strerror(e));
-    if (!have) return eg_fail(err, EG_ERR_FORMAT, "%s:%d: %s (the job file is damaged)", path, je.line, je.text);
+    json_t *have;
+    eg_status rs = gen_job_read(dir, name, &have, err);
+    if (rs || !have) return rs;
     r->existed = 1;
     char msg[800] = "";
     int count = gen_job_sample_diff(have, want, msg, sizeof msg);

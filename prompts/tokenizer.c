@@ -191,30 +191,9 @@ static inline uint32_t rank_of(const tok_tokenizer *t, const uint8_t *p, size_t 
 
 /* ---------------------------------------------------------------- UTF-8 */
 
-size_t tok_utf8_check(const char *s_, size_t len) {
-    const uint8_t *s = (const uint8_t *)s_;
-    size_t i = 0;
-    while (i < len) {
-        uint8_t c = s[i];
-        if (c < 0x80) { i++; continue; }
-        size_t n;
-        uint32_t cp;
-        if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
-        else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; }
-        else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; }
-        else return i;
-        if (i + n > len) return i;
-        for (size_t k = 1; k < n; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return i;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return i;
-        i += n;
-    }
-    return len;
-}
+/* The one UTF-8 validator (common/eg_common.c): overlongs, surrogates and code points past
+ * U+10FFFF are invalid. */
+size_t tok_utf8_check(const char *s, size_t len) { return eg_utf8_valid_prefix(s, len); }
 
 /* Decode one code point of valid UTF-8; advances *i. */
 static inline uint32_t utf8_next(const uint8_t *s, size_t *i) {
