@@ -452,7 +452,7 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
         if ((st = eg_config_load(model_dir, &cfg, err))) return eg_wrap(err, "--layout auto"), st;
         eg_layout_opts lo = {.mean_len = max_seq_len / 2.0};
         (void)backend;
-        int max_rows = 2 * box.gpus + 2, n, best = -1;
+        int max_rows = eg_layout_max_rows(box.gpus), n, best = -1;
         eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
         n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err) : -1;
         if (n >= 0) best = eg_layout_recommend(rows, n, prefill);

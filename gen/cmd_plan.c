@@ -74,8 +74,8 @@ static void usage(FILE *f) {
 }
 
 static json_t *row_json(const eg_layout_row *r) {
-    return json_pack("{s:s, s:i, s:i, s:b, s:b, s:b, s:f, s:I, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:f, s:f}", "layout", r->name,
-                     "stages", r->lay.stages, "ep", r->lay.ep, "dense_split", r->lay.dense_split, "runnable",
+    return json_pack("{s:s, s:i, s:i, s:s, s:b, s:b, s:f, s:I, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:f, s:f}", "layout", r->name,
+                     "stages", r->lay.stages, "ep", r->lay.ep, "dense_split", eg_dense_split_name(r->lay.dense_split), "runnable",
                      r->runnable, "fits", r->fits, "weights_gb", r->weights_gb, "kv_tokens", (json_int_t)r->kv_tokens,
                      "concurrency", r->concurrency, "decode_tok_s", r->decode_tok_s, "prefill_tok_s", r->prefill_tok_s,
                      "decode_bound", r->decode_bound ? r->decode_bound : "", "prefill_bound",
@@ -93,7 +93,7 @@ static const char *why_not(const eg_layout_row *r) {
 /* The layout table (or its JSON) and the recommendation per mode. */
 static int print_layouts(const char *what, const eg_config *c, const eg_box *box, const eg_layout_opts *lo,
                          const char *len_from, int json, eg_error *err) {
-    int max_rows = 2 * box->gpus + 2;
+    int max_rows = eg_layout_max_rows(box->gpus);
     eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
     if (!rows) { eg_fail(err, EG_ERR_NOMEM, "out of memory"); return 1; }
     int n = eg_layout_enumerate(c, box, lo, rows, max_rows, err);
