@@ -156,10 +156,10 @@ const char *eg_dense_split_name(eg_dense_split s) {
     return s == EG_SPLIT_FFN ? "ffn" : s == EG_SPLIT_ALL ? "all" : "none";
 }
 
-int eg_layout_split_runnable(eg_dense_split s) {
+int eg_layout_split_runnable(eg_dense_split s, const char *backend) {
     switch (s) {
     case EG_SPLIT_NONE: return 1; /* EP groups run on CPU ranks (local exchange) and CUDA ranks (NCCL) */
-    case EG_SPLIT_FFN: return 1;  /* built on CPU ranks (local exchange); CUDA refuses it */
+    case EG_SPLIT_FFN: return !backend || strcmp(backend, "cuda"); /* built on CPU ranks (local exchange); CUDA refuses it */
     case EG_SPLIT_ALL: return 0;  /* the vocab split of the embedding and lm_head is modelled only */
     }
     return 0;
@@ -311,7 +311,7 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
             row->decode_bound = bound_of(worst.hbm, worst.fl, worst.comm);
         }
     }
-    row->runnable = eg_layout_split_runnable(split);
+    row->runnable = eg_layout_split_runnable(split, NULL);
 out:
     free(lp); free(cost); free(ends);
     return st;

@@ -86,8 +86,49 @@ static json_t *row_json(const eg_layout_row *r) {
 static const char *why_not(const eg_layout_row *r) {
     if (!r->fits) return "does not fit";
     if (r->lay.kind == EG_LAYOUT_TP) return "modelled only: eaglegen does not run tensor parallelism";
-    if (r->lay.dense_split) return "modelled only: the engine replicates the dense parts in a group";
+    if (r->lay.dense_split == EG_SPLIT_ALL) return "modelled only: the vocab split of embedding and lm_head is not built";
+    if (!r->runnable) return "modelled only";
+    if (r->lay.dense_split == EG_SPLIT_FFN) return "--ep-split ffn (CPU ranks; the CUDA backend refuses it)";
     return "";
+}
+
+/* The row of the same stages x group as r with dense split s, or NULL. */
+static const eg_layout_row *sibling(const eg_layout_row *rows, int n, const eg_layout_row *r, eg_dense_split s) {
+    for (int i = 0; i < n; i++)
+        if (rows[i].lay.kind == r->lay.kind && rows[i].lay.stages == r->lay.stages && rows[i].lay.ep == r->lay.ep &&
+            rows[i].lay.dense_split == s)
+            return &rows[i];
+    return NULL;
+}
+
+/* What the recommended decode layout splits of the dense parts and why: the memory the
+ * split frees (heaviest GPU) and the KV slots that buys, against the exchange and step
+ * time it costs, each split next to the replicated row of the same group. */
+static void print_split_choice(const eg_layout_row *rows, int n, const eg_layout_row *r) {
+    if (r->lay.kind != EG_LAYOUT_PP_EP || r->lay.ep < 2) {
+        printf("dense parts: %s has no expert-parallel group, nothing to split\n", r->name);
+        return;
+    }
+    const eg_layout_row *none = sibling(rows, n, r, EG_SPLIT_NONE), *ffn = sibling(rows, n, r, EG_SPLIT_FFN),
+                        *all = sibling(rows, n, r, EG_SPLIT_ALL);
+    const eg_layout_row *alt[2] = {ffn, all};
+    const char *what[2] = {"ffn split (shared experts + dense MLPs whole on rank l mod E)",
+                           "vocab split (+ embedding and lm_head over the group, modelled only)"};
+    if (!none) return;
+    if (r->lay.dense_split == EG_SPLIT_FFN)
+        printf("dense parts: ffn split chosen: the KV slots it frees buy more than its exchange and owner time cost\n");
+    else
+        printf("dense parts: replicated chosen: the splits below cost more step time than their KV slots buy\n");
+    for (int i = 0; i < 2; i++) {
+        const eg_layout_row *x = alt[i];
+        if (!x) continue;
+        long long dk = (long long)x->kv_tokens - (long long)none->kv_tokens;
+        printf("  %s: frees %.1f GB per GPU = %+lldK KV tokens, costs %.1f ms/step exchange (step %.1f -> %.1f "
+               "ms): %s %.0f tok/s against %s %.0f%s\n",
+               what[i], none->weights_gb - x->weights_gb, dk / 1000, x->comm_ms - none->comm_ms,
+               none->decode_step_ms, x->decode_step_ms, x->name, x->fits ? x->decode_tok_s : 0.0, none->name,
+               none->fits ? none->decode_tok_s : 0.0, x->fits ? "" : " (does not fit)");
+    }
 }
 
 /* The layout table (or its JSON) and the recommendation per mode. */
@@ -149,6 +190,7 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
         if (pp && pp->decode_tok_s > 0 && pp != &rows[rd])
             printf("; %.2f x %s, the pipeline", rows[rd].decode_tok_s / pp->decode_tok_s, pp->name);
         printf(")\n");
+        print_split_choice(rows, n, &rows[rd]);
     }
     int best = -1; /* the fastest fitting row, runnable or not: where the engine should go next */
     for (int i = 0; i < n; i++)
