@@ -6,26 +6,37 @@ two can be checked against each other (tests/t_plan_layouts.sh).
 
 Layouts: P pipeline stages x expert-parallel groups of E GPUs (P * E = GPUs). Inside a
 group attention is data-parallel (each GPU holds the cache of its own sequences: the
-cache is held once), the routed experts are split E ways, and the shared expert, dense
-MLP, embedding and lm_head are replicated in the group or split over it ("+split").
-ppG is the pipeline, epG one group over every GPU; tpG (tensor parallel: weights split,
-the latent cache copied onto every GPU) is what serving stacks run, modelled for
-comparison.
+cache is held once), the routed experts are split E ways, and the dense parts are
+replicated in the group ("ep8"), or "+ffn": the shared expert of each MoE layer and the
+dense MLP of each dense layer owned whole by rank l mod E of the group (generate
+--ep-split ffn; built on CPU ranks, CUDA refuses it), or "+split": +ffn and the embedding
+and lm_head vocab-split over the group (modelled only). ppG is the pipeline, epG one
+group over every GPU; tpG (tensor parallel: weights split, the latent cache copied onto
+every GPU) is what serving stacks run, modelled for comparison.
 
 Per GPU and step: bytes read (always-read weights, the routed experts the step hits,
 the BF16 cache) and FLOPs (2 per multiply-add, x2 for eaglegen's BF16 hi + lo
 activations); each part takes max(bytes / (HBM * eff), FLOPs / (tensor rate * eff)).
 Collectives: per MoE layer a token's FP32 row goes to the other GPUs owning one of its K
-experts, (E - 1)(1 - (1 - 1/E)^K) rows on average (E - 1 with split dense parts), and
-its K weighted expert outputs come back as FP32 rows, K (E - 1)/E (one per remote
-expert, so the owner adds them in the unsplit order; + E - 1 partial rows of the split
-shared expert); each collective costs the link latency plus bytes over the per-GPU link
-bandwidth, not overlapped with compute. Tensor parallel: two BF16 all-reduces per layer.
+experts, (E - 1)(1 - (1 - 1/E)^K) rows on average, and its K weighted expert outputs come
+back as FP32 rows, K (E - 1)/E (one per remote expert, so the owner adds them in the
+unsplit order); each collective costs the link latency plus bytes over the per-GPU link
+bandwidth, not overlapped with compute. +ffn: per layer the owner receives the FP32 rows
+of the group's tokens that live elsewhere, B (E - 1)/E for B group rows, and sends their
+FP32 outputs back (its link is the bottleneck), in the MoE layer's exchange (no extra
+latency) or, on a dense layer, an exchange of its own (2 latencies); it reads the whole
+FFN and computes it for all B rows while the other ranks wait (the layer's time is the
+owner's), and the FFN weights sit on one rank (memory per rank: its own layers,
+round-robin, exactly). +split adds the embedding (ids to their vocab-range owner, BF16
+rows back) and lm_head (the FP32 final rows to every rank, each rank's V/E FP32 logit
+columns back to the row's owner), each rank holding V/E rows of both. Tensor parallel: two
+BF16 all-reduces per layer.
 A pipeline keeps P micro-batches in flight, each with 1/P of the sequences, and each
 stage reads the experts every micro-batch hits: E (1 - (1 - K/E)^B) per MoE layer for B
 tokens (uniform routing). Capacity: each stage's free memory over its layers' cache
-bytes per token; a group holds E times the worst stage's tokens; concurrency is the
-token slots (1% kept free) over the mean length, generate's on-demand KV policy.
+bytes per token (its heaviest rank); a group holds E times the worst stage's tokens;
+concurrency is the token slots (1% kept free) over the mean length, generate's
+on-demand KV policy.
 
 Boxes: rtx-pro-6000x8 (8 x 96 GB, 1.8 TB/s, 500 TFLOP/s BF16, PCIe: 25 GB/s per GPU per
 direction + 30 us per collective), h200x8 (8 x 141 GB, 4.8 TB/s, 990 TFLOP/s, NVLink:

@@ -30,7 +30,8 @@
  * rank: the stage's step charges every layer's FFN bytes and group-wide FLOPs), while its
  * weights sit on one rank (memory: each rank's own layers, round-robin, exactly). (The CPU ranks'
  * local exchange, engine/collective.c, sends a row per remote (token, expert) pair
- * rather than per remote GPU; an NCCL exchange should send one per GPU, as counted here.) Micro-batches:
+ * rather than per remote GPU; the NCCL exchange, engine/collective_cuda.c, sends one per
+ * owning GPU, as counted here, plus the pairs' metadata.) Micro-batches:
  * a pipeline of P stages keeps P micro-batches in flight, each with 1/P of the
  * sequences, and every stage reads the experts each micro-batch hits. Experts hit by
  * B tokens per MoE layer: E (1 - (1 - K/E)^B) (uniform routing). docs/perf_model.py
