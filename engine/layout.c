@@ -245,7 +245,7 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
     }
     int P = lay->stages, E = lay->ep;
     eg_dense_split split = lay->dense_split;
-    if (P < 1 || E < 1 || P * E != G || P > L || c->n_experts % E || split < EG_SPLIT_NONE || split > EG_SPLIT_ALL ||
+    if (P < 1 || E < 1 || P * E != G || P > L || c->n_experts % E || (int)split < (int)EG_SPLIT_NONE || (int)split > (int)EG_SPLIT_ALL ||
         (split != EG_SPLIT_NONE && E == 1)) {
         st = eg_fail(err, EG_ERR_INVALID,
                      "layout %s: needs stages x ep = %d GPUs, stages <= %d layers, ep dividing %d experts, a dense "

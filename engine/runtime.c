@@ -480,6 +480,6 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
     }
     *stages = lay.stages > 1 ? lay.stages : 1;
     *ep = lay.ep > 1 ? lay.ep : 1;
-    *ep_split = lay.ep > 1 && lay.dense_split == EG_SPLIT_FFN ? EG_SPLIT_FFN : EG_SPLIT_NONE;
+    if (ep_split) *ep_split = lay.ep > 1 && lay.dense_split == EG_SPLIT_FFN ? EG_SPLIT_FFN : EG_SPLIT_NONE;
     return EG_OK;
 }

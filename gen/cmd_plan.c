@@ -127,11 +127,15 @@ static void print_split_choice(const eg_layout_row *rows, int n, const eg_layout
         const eg_layout_row *x = alt[i];
         if (!x) continue;
         long long dk = (long long)x->kv_tokens - (long long)none->kv_tokens;
-        printf("  %s: frees %.1f GB per GPU = %+lldK KV tokens, costs %.1f ms/step exchange (step %.1f -> %.1f "
-               "ms): %s %.0f tok/s against %s %.0f%s\n",
-               what[i], none->weights_gb - x->weights_gb, dk / 1000, x->comm_ms - none->comm_ms,
-               none->decode_step_ms, x->decode_step_ms, x->name, x->fits ? x->decode_tok_s : 0.0, none->name,
-               none->fits ? none->decode_tok_s : 0.0, x->fits ? "" : " (does not fit)");
+        printf("  %s: frees %.1f GB per GPU = %+lldK KV tokens", what[i], none->weights_gb - x->weights_gb, dk / 1000);
+        if (x->fits && none->fits)
+            printf(", costs %.1f ms/step exchange (step %.1f -> %.1f ms): %s %.0f tok/s against %s %.0f\n",
+                   x->comm_ms - none->comm_ms, none->decode_step_ms, x->decode_step_ms, x->name, x->decode_tok_s,
+                   none->name, none->decode_tok_s);
+        else if (x->fits)
+            printf(": %s %.0f tok/s, where %s does not fit\n", x->name, x->decode_tok_s, none->name);
+        else
+            printf(": %s still does not fit\n", x->name);
     }
 }
 
