@@ -6,26 +6,37 @@ two can be checked against each other (tests/t_plan_layouts.sh).
 
 Layouts: P pipeline stages x expert-parallel groups of E GPUs (P * E = GPUs). Inside a
 group attention is data-parallel (each GPU holds the cache of its own sequences: the
-cache is held once), the routed experts are split E ways, and the shared expert, dense
-MLP, embedding and lm_head are replicated in the group or split over it ("+split").
-ppG is the pipeline, epG one group over every GPU; tpG (tensor parallel: weights split,
-the latent cache copied onto every GPU) is what serving stacks run, modelled for
-comparison.
+cache is held once), the routed experts are split E ways, and the dense parts are
+replicated in the group ("ep8"), or "+ffn": the shared expert of each MoE layer and the
+dense MLP of each dense layer owned whole by rank l mod E of the group (generate
+--ep-split ffn; built on CPU ranks, CUDA refuses it), or "+split": +ffn and the embedding
+and lm_head vocab-split over the group (modelled only). ppG is the pipeline, epG one
+group over every GPU; tpG (tensor parallel: weights split, the latent cache copied onto
+every GPU) is what serving stacks run, modelled for comparison.
 
 Per GPU and step: bytes read (always-read weights, the routed experts the step hits,
 the BF16 cache) and FLOPs (2 per multiply-add, x2 for eaglegen's BF16 hi + lo
 activations); each part takes max(bytes / (HBM * eff), FLOPs / (tensor rate * eff)).
 Collectives: per MoE layer a token's FP32 row goes to the other GPUs owning one of its K
-experts, (E - 1)(1 - (1 - 1/E)^K) rows on average (E - 1 with split dense parts), and
-its K weighted expert outputs come back as FP32 rows, K (E - 1)/E (one per remote
-expert, so the owner adds them in the unsplit order; + E - 1 partial rows of the split
-shared expert); each collective costs the link latency plus bytes over the per-GPU link
-bandwidth, not overlapped with compute. Tensor parallel: two BF16 all-reduces per layer.
+experts, (E - 1)(1 - (1 - 1/E)^K) rows on average, and its K weighted expert outputs come
+back as FP32 rows, K (E - 1)/E (one per remote expert, so the owner adds them in the
+unsplit order); each collective costs the link latency plus bytes over the per-GPU link
+bandwidth, not overlapped with compute. +ffn: per layer the owner receives the FP32 rows
+of the group's tokens that live elsewhere, B (E - 1)/E for B group rows, and sends their
+FP32 outputs back (its link is the bottleneck), in the MoE layer's exchange (no extra
+latency) or, on a dense layer, an exchange of its own (2 latencies); it reads the whole
+FFN and computes it for all B rows while the other ranks wait (the layer's time is the
+owner's), and the FFN weights sit on one rank (memory per rank: its own layers,
+round-robin, exactly). +split adds the embedding (ids to their vocab-range owner, BF16
+rows back) and lm_head (the FP32 final rows to every rank, each rank's V/E FP32 logit
+columns back to the row's owner), each rank holding V/E rows of both. Tensor parallel: two
+BF16 all-reduces per layer.
 A pipeline keeps P micro-batches in flight, each with 1/P of the sequences, and each
 stage reads the experts every micro-batch hits: E (1 - (1 - K/E)^B) per MoE layer for B
 tokens (uniform routing). Capacity: each stage's free memory over its layers' cache
-bytes per token; a group holds E times the worst stage's tokens; concurrency is the
-token slots (1% kept free) over the mean length, generate's on-demand KV policy.
+bytes per token (its heaviest rank); a group holds E times the worst stage's tokens;
+concurrency is the token slots (1% kept free) over the mean length, generate's
+on-demand KV policy.
 
 Boxes: rtx-pro-6000x8 (8 x 96 GB, 1.8 TB/s, 500 TFLOP/s BF16, PCIe: 25 GB/s per GPU per
 direction + 30 us per collective), h200x8 (8 x 141 GB, 4.8 TB/s, 990 TFLOP/s, NVLink:
@@ -165,28 +176,35 @@ def drafter_bytes(c):
             2.0 * 2 * NKV * D)
 
 
-def stage_step(c, box, lp, l0, l1, last, E, split, b, prefill, length, q=1.0):
+def stage_step(c, box, lp, l0, l1, first, last, E, split, b, prefill, length, q=1.0):
     a = Acc()
     bw, rate = box["hbm_tbs"] * 1e12 * box["eff"], box["tflops"] * 1e12 * box["eff"]
     H, K, NE, NH = c["hidden_size"], c["num_experts_per_tok"], c["n_routed_experts"], c["num_attention_heads"]
     C, DR = c["kv_lora_rank"], c["qk_rope_head_dim"]
     kvb, r, lat, link = 2 * (C + DR), b / E, box["link_us"] * 1e-6, box["link_gbs"] * 1e9
-    share = 1 / E if split else 1
-    fixed_b = fixed_f = exp_b = exp_f = comm = 0.0
+    fixed_b = fixed_f = ffn_b = ffn_f = exp_b = exp_f = comm = 0.0
     nl, hits = l1 - l0, hit(NE, K, b * q)
-    disp = E - 1 if split else (E - 1) * (1 - (1 - 1 / E) ** K)
-    ret = K * (E - 1) / E + (E - 1 if split else 0)
+    own = split != "none" and E > 1  # each layer's FFN whole on rank l mod E
+    disp = (E - 1) * (1 - (1 - 1 / E) ** K)
+    ret = K * (E - 1) / E
+    away = b * q * (E - 1) / E if own else 0.0  # rows the layer's owner receives and sends back
     for l in range(l0, l1):
         p = lp[l]
-        fixed_b += p["attn_b"] + p["router_b"] + p["mlp_b"] * share
-        fixed_f += 4 * r * q * (p["attn_p"] + p["router_p"] + p["mlp_p"])
+        fixed_b += p["attn_b"] + p["router_b"]
+        fixed_f += 4 * r * q * (p["attn_p"] + p["router_p"])
+        if own:  # the owner reads the whole FFN and runs it on every group row; the layer waits for it
+            ffn_b += p["mlp_b"]
+            ffn_f += 4 * b * q * p["mlp_p"]
+        else:
+            fixed_b += p["mlp_b"]
+            fixed_f += 4 * r * q * p["mlp_p"]
         if p["moe"]:
             exp_b += hits * p["expert_b"] / E
             exp_f += 4 * b * q * K * p["expert_p"] / E
             if E > 1:
-                comm += 2 * lat + r * q * H * 4 * (disp + ret) / link
-        elif split and E > 1:
-            comm += 2 * lat + r * q * H * 4 * 2 * (E - 1) / link
+                comm += 2 * lat + (r * q * (disp + ret) + 2 * away) * H * 4 / link
+        elif own:
+            comm += 2 * lat + 2 * away * H * 4 / link
     if prefill:
         keys = (length + 1) / 2
         kv_b = r * nl * kvb
@@ -194,16 +212,29 @@ def stage_step(c, box, lp, l0, l1, last, E, split, b, prefill, length, q=1.0):
     else:
         kv_b = r * length * nl * kvb
         kv_f = r * q * length * nl * 4 * NH * (2 * C + DR)
+    vocab = split == "all" and E > 1
+    if first and vocab:  # ids to their vocab-range owners, BF16 embedding rows back
+        comm += 2 * lat + r * q * (E - 1) / E * H * 2 / link
     if last:
         V = c["vocab_size"]
-        fixed_b += (2 * V * H) * share + 2 * H
+        fixed_b += (2 * V * H / E if vocab else 2 * V * H) + 2 * H
         fixed_f += 4 * r * q * V * H
-        if split and E > 1:
-            comm += lat + r * q * (E - 1) * H * 4 / link
-    t = a.part(fixed_b, fixed_f, bw, rate) + a.part(exp_b, exp_f, bw, rate) + a.part(kv_b, kv_f, bw, rate)
+        if vocab:  # FP32 final rows to every rank, FP32 logit slices to the rows' owners
+            comm += 2 * lat + r * q * (E - 1) * 4 * (H + V / E) / link
+    t = (a.part(fixed_b, fixed_f, bw, rate) + a.part(ffn_b, ffn_f, bw, rate) + a.part(exp_b, exp_f, bw, rate)
+         + a.part(kv_b, kv_f, bw, rate))
     if not last and box["gpus"] > E:
         comm += lat + r * q * H * 4 / link
     return dict(t=t + comm, hbm=a.hbm, fl=a.fl, comm=comm, acc=a)
+
+
+SPLITS = ("none", "ffn", "all")  # eg_dense_split: replicated, "+ffn", "+split"
+
+
+def split_runnable(split):
+    """eg_layout_split_runnable: +ffn is built on CPU ranks (local exchange); CUDA refuses it; the vocab
+    split (+split) is modelled only."""
+    return {"none": True, "ffn": True, "all": False}[split]
 
 
 def bound_of(hbm, fl, comm):
@@ -222,7 +253,7 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
     tail_b = 2 * H + (0 if c["tie_word_embeddings"] else emb_b)
     lp = [parts_of(c, l) for l in range(L)]
     K, NE, NH = c["num_experts_per_tok"], c["n_routed_experts"], c["num_attention_heads"]
-    row = dict(stages=P, ep=E, dense_split=bool(split), draft_ms=0.0)
+    row = dict(stages=P, ep=E, dense_split=split, draft_ms=0.0)
     if kind == "tp":
         row["layout"] = f"tp{G}"
         total = emb_b + tail_b
@@ -270,16 +301,28 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
                 row["decode_bound"] = bound_of(a.hbm, a.fl, comm)
         row["comm_bytes_token_layer"] = 0.0
         return row
-    row["layout"] = (f"pp{P}" if E == 1 else f"ep{E}" + ("+split" if split else "") if P == 1
-                     else f"pp{P}xep{E}" + ("+split" if split else ""))
-    share = 1 / E if split else 1.0
-    cost = [p["attn_b"] + p["router_b"] + p["mlp_b"] * share + NE * p["expert_b"] / E for p in lp]
-    ends = split_layers(cost, emb_b * share, tail_b * share, P)
+    suffix = {"none": "", "ffn": "+ffn", "all": "+split"}[split]
+    row["layout"] = f"pp{P}" if E == 1 else (f"ep{E}" if P == 1 else f"pp{P}xep{E}") + suffix
+    own = split != "none"
+    fshare = 1 / E if own else 1.0
+    vshare = 1 / E if split == "all" else 1.0
+    head_w = emb_b * vshare
+    tail_w = 2 * H + (0 if c["tie_word_embeddings"] else emb_b * vshare)
+    cost = [p["attn_b"] + p["router_b"] + p["mlp_b"] * fshare + NE * p["expert_b"] / E for p in lp]
+    ends = split_layers(cost, head_w, tail_w, P)
     min_tok, wmax, b0 = None, 0.0, 0
     for s in range(P):
-        w = (emb_b * share if s == 0 else 0) + (tail_b * share if s == P - 1 else 0)
+        w = (head_w if s == 0 else 0) + (tail_w if s == P - 1 else 0)
         for l in range(b0, ends[s]):
-            w += cost[l]
+            w += lp[l]["attn_b"] + lp[l]["router_b"] + NE * lp[l]["expert_b"] / E
+        ffn_max = 0.0
+        for j in range(E if own else 1):  # +ffn: rank j holds the FFN of its layers l = j mod E
+            f = 0.0
+            for l in range(b0, ends[s]):
+                if not own or l % E == j:
+                    f += lp[l]["mlp_b"]
+            ffn_max = max(ffn_max, f)
+        w += ffn_max
         hold = s == P - 1  # the drafter beside lm_head: its weights and its sequences' cache
         free = usable - w - (dw if hold else 0)
         tok = math.floor(free / ((ends[s] - b0) * kvb + (dkv if hold else 0))) if free > 0 else 0
@@ -289,15 +332,14 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
     row["weights_gb"] = wmax / 1e9
     row["kv_tokens"] = int(E * min_tok)
     S = row["kv_tokens"] * (1 - wm) / held
-    # EP groups run (CPU ranks: local exchange, GPUs: NCCL); split dense parts do not yet
-    row["concurrency"], row["fits"], row["runnable"] = S, S >= 1, not split
-    row["comm_bytes_token_layer"] = (H * 4 * ((E - 1 if split else (E - 1) * (1 - (1 - 1.0 / E) ** K))
-                                              + K * (E - 1.0) / E + (E - 1 if split else 0)) if E > 1 else 0.0)
+    row["concurrency"], row["fits"], row["runnable"] = S, S >= 1, split_runnable(split)
+    row["comm_bytes_token_layer"] = (H * 4 * ((E - 1) * (1 - (1 - 1.0 / E) ** K) + K * (E - 1.0) / E
+                                              + (2 * (E - 1.0) / E if own else 0)) if E > 1 else 0.0)
     for pf in (0, 1):
         b = chunk * E if pf else S / P
         worst, b0 = None, 0
         for s in range(P):
-            t = stage_step(c, box, lp, b0, ends[s], s == P - 1, E, split, b, pf, mean_len, 1.0 if pf else q)
+            t = stage_step(c, box, lp, b0, ends[s], s == 0, s == P - 1, E, split, b, pf, mean_len, 1.0 if pf else q)
             if not pf and draft and s == P - 1:
                 bw, rate = box["hbm_tbs"] * 1e12 * box["eff"], box["tflops"] * 1e12 * box["eff"]
                 r = b / E
@@ -325,11 +367,11 @@ def enumerate_layouts(c, box, mean_len, chunk=8192, held_len=None, draft=0, acce
         E = G // P
         if c["n_routed_experts"] % E:
             continue
-        for split in range(0, 2 if E > 1 else 1):
+        for split in (SPLITS if E > 1 else SPLITS[:1]):
             rows.append(layout_model(c, box, "pp_ep", P, E, split, mean_len, chunk, held_len=held_len, draft=draft,
                                      accept=accept))
     if G > 1:
-        rows.append(layout_model(c, box, "tp", 1, 1, 0, mean_len, chunk, held_len=held_len, draft=draft,
+        rows.append(layout_model(c, box, "tp", 1, 1, "none", mean_len, chunk, held_len=held_len, draft=draft,
                                  accept=accept))
     return rows
 

@@ -82,28 +82,38 @@ static double hit(double E, double K, double tokens) { return tokens <= 0 ? 0 : 
 typedef struct stage_time { double t, hbm, fl, comm; } stage_time;
 
 static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_parts *lp, int l0, int l1, int first,
-                             int last, double E, int split, double b, int prefill, double len, double q) {
+                             int last, double E, eg_dense_split split, double b, int prefill, double len, double q) {
     /* q: target rows per sequence (k + 1 when verifying k drafts, else 1): every row is
      * computed and exchanged, the cache is read once per sequence */
     stage_time s = {0};
     double bw = box->hbm_tbs * 1e12 * box->eff, rate = box->tflops * 1e12 * box->eff;
     double H = c->hidden, K = c->topk, NE = c->n_experts, NH = c->n_heads, C = c->kv_lora_rank, DR = c->qk_rope;
     double kvb = 2 * (C + DR), r = b / E, lat = box->link_us * 1e-6, link = box->link_gbs * 1e9;
-    double mlp_share = split ? 1 / E : 1;
-    double fixed_b = 0, fixed_f = 0, exp_b = 0, exp_f = 0, kv_b = 0, kv_f = 0, comm = 0;
+    double fixed_b = 0, fixed_f = 0, ffn_b = 0, ffn_f = 0, exp_b = 0, exp_f = 0, kv_b = 0, kv_f = 0, comm = 0;
     double nl = l1 - l0, hits = hit(NE, K, b * q);
-    /* rows a token sends to / receives from other GPUs per MoE layer (FP32) */
-    double disp = split ? E - 1 : (E - 1) * (1 - pow(1 - 1 / E, K)), ret = K * (E - 1) / E + (split ? E - 1 : 0);
+    int own = split != EG_SPLIT_NONE && E > 1; /* each layer's FFN on one rank */
+    /* rows a token sends to / receives from other GPUs per MoE layer for its routed experts (FP32) */
+    double disp = (E - 1) * (1 - pow(1 - 1 / E, K)), ret = K * (E - 1) / E;
+    /* +ffn: the rows the layer's owner receives, and sends back, per layer: the group's rows
+     * that live on the other ranks */
+    double away = own ? b * q * (E - 1) / E : 0;
     for (int l = l0; l < l1; l++) {
         const layer_parts *p = &lp[l];
-        fixed_b += p->attn_b + p->router_b + p->mlp_b * mlp_share;
-        fixed_f += 4 * r * q * (p->attn_p + p->router_p + p->mlp_p);
+        fixed_b += p->attn_b + p->router_b;
+        fixed_f += 4 * r * q * (p->attn_p + p->router_p);
+        if (own) { /* the owner reads the whole FFN and runs it on every group row; the layer waits for it */
+            ffn_b += p->mlp_b;
+            ffn_f += 4 * b * q * p->mlp_p;
+        } else {
+            fixed_b += p->mlp_b;
+            fixed_f += 4 * r * q * p->mlp_p;
+        }
         if (p->moe) {
             exp_b += hits * p->expert_b / E;
             exp_f += 4 * b * q * K * p->expert_p / E;
-            if (E > 1) comm += 2 * lat + r * q * H * 4 * (disp + ret) / link;
-        } else if (split && E > 1) {
-            comm += 2 * lat + r * q * H * 4 * 2 * (E - 1) / link;
+            if (E > 1) comm += 2 * lat + (r * q * (disp + ret) + 2 * away) * H * 4 / link; /* the owner's link */
+        } else if (own) {
+            comm += 2 * lat + 2 * away * H * 4 / link; /* a dense layer's own exchange */
         }
     }
     if (prefill) {
@@ -114,15 +124,20 @@ static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_
         kv_b = r * len * nl * kvb;
         kv_f = r * q * len * nl * 4 * NH * (2 * C + DR);
     }
+    int vocab = split == EG_SPLIT_ALL && E > 1;
+    /* +split: the token ids to their vocab-range owners, the BF16 embedding rows (exact
+     * weight rows) back */
+    if (first && vocab) comm += 2 * lat + r * q * (E - 1) / E * H * 2 / link;
     if (last) {
         double V = c->vocab;
-        fixed_b += (2 * V * H) * mlp_share + 2 * H;
-        fixed_f += 4 * r * q * V * H;
-        if (split && E > 1) comm += lat + r * q * (E - 1) * H * 4 / link;
+        fixed_b += (vocab ? 2 * V * H / E : 2 * V * H) + 2 * H;
+        fixed_f += 4 * r * q * V * H; /* +split: every group row times V / E columns, the same FLOPs */
+        /* +split: the FP32 final rows to every rank (all-gather), each rank's FP32 logit slices
+         * to the rows' owners */
+        if (vocab) comm += 2 * lat + r * q * (E - 1) * 4 * (H + V / E) / link;
     }
-    (void)first;
-    s.t = part(fixed_b, fixed_f, bw, rate, &s.hbm, &s.fl) + part(exp_b, exp_f, bw, rate, &s.hbm, &s.fl) +
-          part(kv_b, kv_f, bw, rate, &s.hbm, &s.fl);
+    s.t = part(fixed_b, fixed_f, bw, rate, &s.hbm, &s.fl) + part(ffn_b, ffn_f, bw, rate, &s.hbm, &s.fl) +
+          part(exp_b, exp_f, bw, rate, &s.hbm, &s.fl) + part(kv_b, kv_f, bw, rate, &s.hbm, &s.fl);
     if (!last && box->gpus > E) comm += lat + r * q * H * 4 / link; /* hand-over to the next stage */
     s.comm = comm;
     s.t += comm;
@@ -133,11 +148,30 @@ static const char *bound_of(double hbm, double fl, double comm) {
     return comm >= hbm && comm >= fl ? "link" : fl > hbm ? "compute" : "hbm";
 }
 
+static const char *split_suffix(eg_dense_split s) {
+    return s == EG_SPLIT_FFN ? "+ffn" : s == EG_SPLIT_ALL ? "+split" : "";
+}
+
+const char *eg_dense_split_name(eg_dense_split s) {
+    return s == EG_SPLIT_FFN ? "ffn" : s == EG_SPLIT_ALL ? "all" : "none";
+}
+
+int eg_layout_split_runnable(eg_dense_split s, const char *backend) {
+    switch (s) {
+    case EG_SPLIT_NONE: return 1; /* EP groups run on CPU ranks (local exchange) and CUDA ranks (NCCL) */
+    case EG_SPLIT_FFN: return !backend || strcmp(backend, "cuda"); /* built on CPU ranks (local exchange); CUDA refuses it */
+    case EG_SPLIT_ALL: return 0;  /* the vocab split of the embedding and lm_head is modelled only */
+    }
+    return 0;
+}
+
+int eg_layout_max_rows(int gpus) { return 3 * (gpus > 0 ? gpus : 0) + 2; }
+
 static void layout_name(const eg_layout *l, int gpus, char *out, size_t n) {
     if (l->kind == EG_LAYOUT_TP) snprintf(out, n, "tp%d", gpus);
     else if (l->ep == 1) snprintf(out, n, "pp%d", l->stages);
-    else if (l->stages == 1) snprintf(out, n, "ep%d%s", l->ep, l->dense_split ? "+split" : "");
-    else snprintf(out, n, "pp%dxep%d%s", l->stages, l->ep, l->dense_split ? "+split" : "");
+    else if (l->stages == 1) snprintf(out, n, "ep%d%s", l->ep, split_suffix(l->dense_split));
+    else snprintf(out, n, "pp%dxep%d%s", l->stages, l->ep, split_suffix(l->dense_split));
 }
 
 eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout_opts *o, const eg_layout *lay,
@@ -209,21 +243,34 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
         row->runnable = 0;
         goto out;
     }
-    int P = lay->stages, E = lay->ep, split = lay->dense_split;
-    if (P < 1 || E < 1 || P * E != G || P > L || c->n_experts % E) {
+    int P = lay->stages, E = lay->ep;
+    eg_dense_split split = lay->dense_split;
+    if (P < 1 || E < 1 || P * E != G || P > L || c->n_experts % E || (int)split < (int)EG_SPLIT_NONE || (int)split > (int)EG_SPLIT_ALL ||
+        (split != EG_SPLIT_NONE && E == 1)) {
         st = eg_fail(err, EG_ERR_INVALID,
-                     "layout %s: needs stages x ep = %d GPUs, stages <= %d layers, ep dividing %d experts", row->name, G,
-                     L, c->n_experts);
+                     "layout %s: needs stages x ep = %d GPUs, stages <= %d layers, ep dividing %d experts, a dense "
+                     "split only with ep > 1",
+                     row->name, G, L, c->n_experts);
         goto out;
     }
-    double share = split ? 1.0 / E : 1.0;
+    int own = split != EG_SPLIT_NONE;
+    double fshare = own ? 1.0 / E : 1.0, vshare = split == EG_SPLIT_ALL ? 1.0 / E : 1.0;
+    double head_w = emb_b * vshare, tail_w = 2 * H + (c->tie_embeddings ? 0 : emb_b * vshare);
+    /* the split balances the average rank; the memory below is each rank's own */
     for (int l = 0; l < L; l++)
-        cost[l] = lp[l].attn_b + lp[l].router_b + lp[l].mlp_b * share + c->n_experts * lp[l].expert_b / E;
-    if ((st = eg_plan_split(cost, L, emb_b * share, tail_b * share, P, ends, err))) goto out;
+        cost[l] = lp[l].attn_b + lp[l].router_b + lp[l].mlp_b * fshare + c->n_experts * lp[l].expert_b / E;
+    if ((st = eg_plan_split(cost, L, head_w, tail_w, P, ends, err))) goto out;
     double min_tok = -1, wmax = 0;
     for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
-        double w = (s == 0 ? emb_b * share : 0) + (s == P - 1 ? tail_b * share : 0);
-        for (int l = b0; l < ends[s]; l++) w += cost[l];
+        double w = (s == 0 ? head_w : 0) + (s == P - 1 ? tail_w : 0), ffn_max = 0;
+        for (int l = b0; l < ends[s]; l++) w += lp[l].attn_b + lp[l].router_b + c->n_experts * lp[l].expert_b / E;
+        for (int j = 0; j < (own ? E : 1); j++) { /* +ffn: rank j holds the FFN of its layers l = j mod E */
+            double f = 0;
+            for (int l = b0; l < ends[s]; l++)
+                if (!own || l % E == j) f += lp[l].mlp_b;
+            if (f > ffn_max) ffn_max = f;
+        }
+        w += ffn_max;
         /* a drafter lives on the last stage's GPUs, beside lm_head: its weights and the cache
          * of each GPU's own sequences */
         int hold = s == P - 1;
@@ -238,8 +285,8 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
     row->concurrency = S;
     row->fits = S >= 1;
     row->comm_bytes_token_layer =
-        E > 1 ? H * 4 * ((split ? E - 1 : (E - 1) * (1 - pow(1 - 1.0 / E, c->topk))) + c->topk * (E - 1.0) / E +
-                         (split ? E - 1 : 0))
+        E > 1 ? H * 4 * ((E - 1) * (1 - pow(1 - 1.0 / E, c->topk)) + c->topk * (E - 1.0) / E +
+                         (own ? 2 * (E - 1.0) / E : 0))
               : 0;
     for (int pf = 0; pf < 2; pf++) {
         double b = pf ? chunk * E : S / P; /* group tokens per micro-batch */
@@ -264,7 +311,7 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
             row->decode_bound = bound_of(worst.hbm, worst.fl, worst.comm);
         }
     }
-    row->runnable = !split; /* EP groups run on CPU ranks (local) and CUDA ranks (nccl) */
+    row->runnable = eg_layout_split_runnable(split, NULL);
 out:
     free(lp); free(cost); free(ends);
     return st;
@@ -277,9 +324,9 @@ int eg_layout_enumerate(const eg_config *c, const eg_box *box, const eg_layout_o
         if (G % P || P > c->n_layers) continue;
         int E = G / P;
         if (c->n_experts % E) continue;
-        for (int split = 0; split <= (E > 1); split++) {
+        for (int split = EG_SPLIT_NONE; split <= (E > 1 ? EG_SPLIT_ALL : EG_SPLIT_NONE); split++) {
             if (n >= max_rows) return eg_fail(err, EG_ERR_INVALID, "more than %d layouts", max_rows), -1;
-            eg_layout lay = {EG_LAYOUT_PP_EP, P, E, split};
+            eg_layout lay = {EG_LAYOUT_PP_EP, P, E, (eg_dense_split)split};
             if (eg_layout_model(c, box, o, &lay, &rows[n], err)) return -1;
             n++;
         }
@@ -304,16 +351,19 @@ int eg_layout_recommend(const eg_layout_row *rows, int n, int prefill) {
 }
 
 eg_status eg_layout_parse(const char *s, int gpus, eg_layout *out, eg_error *err) {
-    int P = 1, E = 1, n = 0, split = 0;
+    int P = 1, E = 1, n = 0;
+    eg_dense_split split = EG_SPLIT_NONE;
     const char *rest = NULL;
     memset(out, 0, sizeof *out);
     if (sscanf(s, "pp%dxep%d%n", &P, &E, &n) == 2) rest = s + n;
     else if (sscanf(s, "pp%d%n", &P, &n) == 1) { E = 1; rest = s + n; }
     else if (sscanf(s, "ep%d%n", &E, &n) == 1) { P = 1; rest = s + n; }
-    if (rest && !strcmp(rest, "+split")) split = 1, rest = "";
+    if (rest && !strcmp(rest, "+ffn")) split = EG_SPLIT_FFN, rest = "";
+    else if (rest && !strcmp(rest, "+split")) split = EG_SPLIT_ALL, rest = "";
     if (!rest || *rest || P < 1 || E < 1 || (gpus > 0 && P * E != gpus) || (split && E == 1)) {
         return eg_fail(err, EG_ERR_INVALID,
-                       "layout '%s': expected ppP, epE, ppPxepE (P x E = %d GPUs) or auto", s, gpus);
+                       "layout '%s': expected ppP, epE, ppPxepE (P x E = %d GPUs), with +ffn or +split after an "
+                       "epE, or auto", s, gpus);
     }
     out->kind = EG_LAYOUT_PP_EP;
     out->stages = P;

@@ -4,8 +4,14 @@
  * A layout is P pipeline stages x an expert-parallel group of E GPUs (P * E = GPUs):
  * inside a group attention is data-parallel (each GPU holds the cache of its own
  * sequences: the cache is held once), the routed experts are split E ways, and the
- * shared expert, dense MLP, embedding and lm_head are either replicated in the group
- * or split over it (dense_split). P = GPUs, E = 1 is the pipeline; tensor parallelism
+ * dense parts are (dense_split) replicated in the group ("ep8"), or "+ffn": the shared
+ * expert of each MoE layer and the dense MLP of each dense layer owned whole by rank
+ * (l mod E) of the group, which computes it for all the group's rows (each token's FP32
+ * normed row goes there and the FP32 output row comes back: exact, the same op on the
+ * same row), or "+split": +ffn and the embedding and lm_head vocab-split over the group
+ * (each rank holds V / E rows; the embedding row comes from the id's range owner, each
+ * rank computes its vocab slice of the logits for every group row and the slices are
+ * gathered at the token's owner; modelled only). P = GPUs, E = 1 is the pipeline; tensor parallelism
  * over every GPU (weights split, the latent cache copied onto every GPU) is modelled
  * for comparison only: eaglegen does not run it.
  *
@@ -16,9 +22,16 @@
  * FP32 row goes to the other GPUs that own one of its K experts and its K weighted
  * expert outputs come back (FP32, one row per remote expert, so the owner adds them
  * in the unsplit order), each collective costing the link's latency plus bytes over
- * its per-GPU bandwidth; communication is not overlapped with compute. (The CPU ranks'
+ * its per-GPU bandwidth; communication is not overlapped with compute. +ffn: per layer
+ * the owner receives the (E - 1)/E of the group's rows that live elsewhere and sends their
+ * outputs back (its link is the bottleneck), riding the MoE layer's exchange (no extra
+ * latency) or, on a dense layer, in an exchange of its own; the layer waits for the owner,
+ * which reads the whole FFN and computes it for every group row (per layer the slowest
+ * rank: the stage's step charges every layer's FFN bytes and group-wide FLOPs), while its
+ * weights sit on one rank (memory: each rank's own layers, round-robin, exactly). (The CPU ranks'
  * local exchange, engine/collective.c, sends a row per remote (token, expert) pair
- * rather than per remote GPU; an NCCL exchange should send one per GPU, as counted here.) Micro-batches:
+ * rather than per remote GPU; the NCCL exchange, engine/collective_cuda.c, sends one per
+ * owning GPU, as counted here, plus the pairs' metadata.) Micro-batches:
  * a pipeline of P stages keeps P micro-batches in flight, each with 1/P of the
  * sequences, and every stage reads the experts each micro-batch hits. Experts hit by
  * B tokens per MoE layer: E (1 - (1 - K/E)^B) (uniform routing). docs/perf_model.py
@@ -51,17 +64,31 @@ eg_status eg_box_link(const char *link, eg_box *box, eg_error *err);
 
 typedef enum eg_layout_kind { EG_LAYOUT_PP_EP = 0, EG_LAYOUT_TP } eg_layout_kind;
 
+/* What of the dense parts an EP group splits (see the top of this file). */
+typedef enum eg_dense_split {
+    EG_SPLIT_NONE = 0, /* replicated on every rank of the group */
+    EG_SPLIT_FFN,      /* "+ffn": shared expert / dense MLP of layer l whole on rank l mod E */
+    EG_SPLIT_ALL       /* "+split": +ffn, and the embedding and lm_head vocab-split */
+} eg_dense_split;
+
+/* "none", "ffn" or "all" (plan --json's dense_split). */
+const char *eg_dense_split_name(eg_dense_split s);
+/* Whether eaglegen runs a split on `backend` ("cpu", "cuda"; NULL: plan's view of a GPU
+ * box, the split built at all). THE one place that decides it: plan's runnable column,
+ * the recommendations, generate --layout. */
+int eg_layout_split_runnable(eg_dense_split s, const char *backend);
+
 typedef struct eg_layout {
     eg_layout_kind kind;
     int stages;         /* P */
     int ep;             /* E: expert-parallel group size (1 = none) */
-    int dense_split;    /* shared expert, dense MLP, embedding, lm_head split over the group */
+    eg_dense_split dense_split; /* what of the dense parts the group splits (NONE when ep = 1) */
 } eg_layout;
 
 typedef struct eg_layout_row {
     eg_layout lay;
-    char name[48];        /* "pp8", "ep8", "ep8+split", "pp2xep4", "tp8" */
-    int runnable;         /* eaglegen runs it (tensor parallel and dense splits are modelled only) */
+    char name[48];        /* "pp8", "ep8", "ep8+ffn", "ep8+split", "pp2xep4+ffn", "tp8" */
+    int runnable;         /* eaglegen runs it (tensor parallel and the vocab split are modelled only) */
     int fits;             /* weights fit with room for at least one sequence's cache */
     double weights_gb;    /* per GPU, the heaviest */
     int64_t kv_tokens;    /* token slots box-wide (distinct tokens; a copy counts once) */
@@ -94,9 +121,11 @@ typedef struct eg_layout_opts {
  * embedding is the target's). Weights in bytes; *kv_token = its BF16 cache per token. */
 double eg_layout_drafter_bytes(const eg_config *c, double *kv_token);
 
+/* Room eg_layout_enumerate needs for a box of `gpus` GPUs. */
+int eg_layout_max_rows(int gpus);
 /* Every layout of box->gpus GPUs for the config, in a fixed order: for each P dividing
- * the GPU count (largest P first), E = GPUs / P, replicated then split dense parts when
- * E > 1; then tensor parallel. E must divide the expert count and P must not exceed
+ * the GPU count (largest P first), E = GPUs / P, then (when E > 1) "+ffn" and "+split";
+ * then tensor parallel. E must divide the expert count and P must not exceed
  * the layer count (others are left out). rows has room for max_rows; returns the
  * number written, or -1 with err set. */
 int eg_layout_enumerate(const eg_config *c, const eg_box *box, const eg_layout_opts *o, eg_layout_row *rows,
@@ -107,7 +136,8 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
 /* The recommended row for decode (prefill = 0) or capture-mode prefill (1): the
  * fastest runnable row that fits; -1 if none. */
 int eg_layout_recommend(const eg_layout_row *rows, int n, int prefill);
-/* "pp8", "ep8", "pp2xep4", ... parsed into a layout ("auto" is the caller's). */
+/* "pp8", "ep8", "pp2xep4", "ep8+ffn", "pp2xep4+split", ... parsed into a layout ("auto" is
+ * the caller's). */
 eg_status eg_layout_parse(const char *s, int gpus, eg_layout *out, eg_error *err);
 
 #endif

@@ -437,15 +437,21 @@ eg_backend *eg_runtime_backend(const eg_runtime *rt) { return rt ? rt->be : NULL
 eg_forward *eg_runtime_forward(const eg_runtime *rt) { return rt ? rt->fwd : NULL; }
 
 eg_status eg_runtime_layout(const char *layout, const char *box_name, const char *model_dir, const char *backend,
-                            int prefill, int max_seq_len, int *stages, int *ep, char *why, size_t why_n, eg_error *err) {
+                            int prefill, int max_seq_len, int *stages, int *ep, int *ep_split, char *why, size_t why_n,
+                            eg_error *err) {
     eg_layout lay;
     eg_status st;
     if (why && why_n) why[0] = 0;
     if (strcmp(layout, "auto")) {
         if ((st = eg_layout_parse(layout, 0, &lay, err))) return eg_wrap(err, "--layout"), st;
-        if (lay.dense_split)
+        if (lay.dense_split == EG_SPLIT_ALL)
             return eg_fail(err, EG_ERR_UNSUPPORTED,
-                           "--layout %s: the engine replicates the dense parts in a group (no +split yet)", layout);
+                           "--layout %s: the vocab split of the embedding and lm_head is modelled only (no +split yet; "
+                           "+ffn splits the shared expert and dense MLP)",
+                           layout);
+        if (!eg_layout_split_runnable(lay.dense_split, backend))
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "--layout %s: the %s backend does not run the %s split", layout,
+                           backend, eg_dense_split_name(lay.dense_split));
     } else {
         eg_box box;
         eg_config cfg;
@@ -456,10 +462,11 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
         if ((st = eg_box_preset(box_name, &box, err))) return eg_wrap(err, "--box"), st;
         if ((st = eg_config_load(model_dir, &cfg, err))) return eg_wrap(err, "--layout auto"), st;
         eg_layout_opts lo = {.mean_len = max_seq_len / 2.0};
-        (void)backend;
-        int max_rows = 2 * box.gpus + 2, n, best = -1;
+        int max_rows = eg_layout_max_rows(box.gpus), n, best = -1;
         eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
         n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err) : -1;
+        for (int i = 0; i < n; i++) /* what this backend runs (plan's rows: the GPU box's view) */
+            if (!eg_layout_split_runnable(rows[i].lay.dense_split, backend)) rows[i].runnable = 0;
         if (n >= 0) best = eg_layout_recommend(rows, n, prefill);
         eg_config_free(&cfg);
         if (best < 0) {
@@ -478,5 +485,6 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
     }
     *stages = lay.stages > 1 ? lay.stages : 1;
     *ep = lay.ep > 1 ? lay.ep : 1;
+    if (ep_split) *ep_split = lay.ep > 1 && lay.dense_split == EG_SPLIT_FFN ? EG_SPLIT_FFN : EG_SPLIT_NONE;
     return EG_OK;
 }

@@ -144,13 +144,16 @@ eg_forward *eg_runtime_forward(const eg_runtime *rt);
  * end layers (ascending, the last = L). ends: [L] at least. */
 eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int *ends, int *n, eg_error *err);
 
-/* --layout: an explicit "ppP", "epE" or "ppPxepE", or "auto": the layout engine/layout.h
- * recommends for the box preset `box` and the config in model_dir, for decode (or
- * prefill with `prefill`) at a mean sequence length of max_seq_len / 2; expert
- * parallelism counts as runnable on the cpu backend only. Sets *stages and *ep (1 =
- * none). With auto, why (may be NULL) gets what was chosen: "--layout auto: NAME on BOX
- * (modelled N tok/s decode at mean length M)". */
+/* --layout: an explicit "ppP", "epE", "ppPxepE" or "epE+ffn" / "ppPxepE+ffn", or "auto":
+ * the layout engine/layout.h recommends for the box preset `box` and the config in
+ * model_dir, for decode (or prefill with `prefill`) at a mean sequence length of
+ * max_seq_len / 2, among the layouts that run on `backend` (eg_layout_split_runnable:
+ * "+ffn" not on cuda; "+split" nowhere). Sets *stages and *ep (1 = none) and *ep_split (may be NULL)
+ * (EG_SPLIT_FFN: the layout owns each layer's shared expert / dense MLP on one rank, what
+ * generate --ep-split ffn runs; else EG_SPLIT_NONE). With auto, why (may be NULL) gets
+ * what was chosen: "--layout auto: NAME on BOX (modelled N tok/s decode at mean length M)". */
 eg_status eg_runtime_layout(const char *layout, const char *box, const char *model_dir, const char *backend,
-                            int prefill, int max_seq_len, int *stages, int *ep, char *why, size_t why_n, eg_error *err);
+                            int prefill, int max_seq_len, int *stages, int *ep, int *ep_split, char *why, size_t why_n,
+                            eg_error *err);
 
 #endif

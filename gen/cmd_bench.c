@@ -371,7 +371,7 @@ static eg_status model_boxes(const bench_opts *o, double accept, box_model *out,
     for (int b = 0; b < 2 && !st; b++) {
         eg_box box;
         if ((st = eg_box_preset(boxes[b], &box, err))) break;
-        int max_rows = 2 * box.gpus + 2;
+        int max_rows = eg_layout_max_rows(box.gpus);
         eg_layout_row *rows = eg_calloc((size_t)max_rows, sizeof *rows, err);
         if (!rows) { st = EG_ERR_NOMEM; break; }
         box_model *bm = &out[b];

@@ -22,6 +22,7 @@
 #include "dataset/writer.h"
 #include "engine/plan.h"
 #include "engine/ep_runtime.h"
+#include "engine/layout.h"
 #include "engine/runtime.h"
 #include "gen/args.h"
 #include "gen/commands.h"
@@ -143,9 +144,11 @@ static void usage(FILE *f) {
             "                          Combines with --stages (a rank runs its stages on its thread).\n"
             "                          E must divide the routed expert count\n"
             "                          (default 1: no split)\n"
-            "  --layout L              ppP (--stages P), epE (--ep E), ppPxepE, or auto: the layout\n"
-            "                          `eaglegen plan --box` recommends for this model and --box (decode,\n"
-            "                          or prefill with --mode capture; mean length --max-seq-len / 2)\n"
+            "  --layout L              ppP (--stages P), epE (--ep E), ppPxepE, epE+ffn / ppPxepE+ffn\n"
+            "                          (--ep-split ffn: each layer's shared expert / dense MLP on one rank),\n"
+            "                          or auto: the layout `eaglegen plan --box` recommends for this model\n"
+            "                          and --box among those --backend runs (decode, or prefill with --mode\n"
+            "                          capture; mean length --max-seq-len / 2)\n"
             "  --box NAME              with --layout auto: rtx-pro-6000x8 or h200x8\n"
             "  --gpus N                cuda: stage k runs on GPU k mod N (default: one GPU per stage;\n"
             "                          --gpus 1 runs every stage on one GPU, for testing)\n"
@@ -215,13 +218,25 @@ static int resolve_layout(gen_args *a) {
         return 2;
     }
     char why[512];
-    int stages = 1, ep = 1;
-    if (eg_runtime_layout(a->layout, a->box, a->model, a->backend, a->capture, a->max_seq_len, &stages, &ep, why,
-                          sizeof why, &err)) {
+    int stages = 1, ep = 1, ep_split = EG_SPLIT_NONE;
+    if (eg_runtime_layout(a->layout, a->box, a->model, a->backend, a->capture, a->max_seq_len, &stages, &ep, &ep_split,
+                          why, sizeof why, &err)) {
         fprintf(stderr, "eaglegen generate: %s\n", err.msg);
         return 2;
     }
     if (why[0]) fprintf(stderr, "eaglegen generate: %s\n", why);
+    if (ep_split == EG_SPLIT_FFN) {
+        /* HOOK (lead, merging hf): a "+ffn" layout runs with `--ep-split ffn`: replace this block
+         * with setting hf's option (e.g. a->ep_split = "ffn") so the runtime owns each layer's
+         * shared expert / dense MLP on rank l mod ep. */
+        if (strcmp(a->layout, "auto")) {
+            fprintf(stderr, "eaglegen generate: --layout %s needs --ep-split ffn, which this build does not have\n",
+                    a->layout);
+            return 2;
+        }
+        fprintf(stderr, "eaglegen generate: --layout auto: this build has no --ep-split ffn: running ep %d with the "
+                        "dense parts replicated (same samples, fewer KV slots)\n", ep);
+    }
     if (stages > 1) {
         snprintf(a->layout_stages, sizeof a->layout_stages, "%d", stages);
         a->stages = a->layout_stages;

@@ -22,11 +22,14 @@ static void usage(FILE *f) {
             "\n"
             "With --gpus or --box: every layout the model can run on the box (P pipeline stages\n"
             "x expert-parallel groups of E GPUs with data-parallel attention, P x E = GPUs; the\n"
-            "dense parts replicated or split in the group; tensor parallelism for comparison),\n"
-            "each with its weights and KV token slots per GPU, concurrent sequences at\n"
-            "--mean-len, and modelled decode and capture-mode prefill tok/s with what bounds\n"
-            "them (engine/layout.h; docs/perf_model.py is the same model), then the layout\n"
-            "recommended for each mode (what `generate --layout auto` takes).\n"
+            "dense parts replicated in the group, \"+ffn\" (each layer's shared expert / dense\n"
+            "MLP whole on rank l mod E: generate --ep-split ffn) or \"+split\" (+ffn and the\n"
+            "embedding and lm_head vocab-split: modelled only); tensor parallelism for\n"
+            "comparison), each with its weights and KV token slots per GPU, concurrent\n"
+            "sequences at --mean-len, and modelled decode and capture-mode prefill tok/s with\n"
+            "what bounds them (engine/layout.h; docs/perf_model.py is the same model), then the\n"
+            "layout recommended for each mode (what `generate --layout auto` takes) and what\n"
+            "the decode recommendation splits and why (memory freed, KV slots, exchange cost).\n"
             "\n"
             "With --stages:\n"
             "Splits the layers into N pipeline stages balanced by bytes (weights, plus the BF16\n"
@@ -69,13 +72,14 @@ static void usage(FILE *f) {
             "  --accept A          tokens committed per verify pass (accepted drafts + 1, 1..K+1;\n"
             "                      generate --draft-model reports it)\n"
             "  --json              the rows as JSON objects (layout, kv_tokens, concurrency,\n"
-            "                      decode_tok_s, prefill_tok_s, ...) and the recommendations\n"
+            "                      decode_tok_s, prefill_tok_s, dense_split none|ffn|all, ...)\n"
+            "                      and the recommendations\n"
             "  -h, --help          this text\n");
 }
 
 static json_t *row_json(const eg_layout_row *r) {
-    return json_pack("{s:s, s:i, s:i, s:b, s:b, s:b, s:f, s:I, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:f, s:f}", "layout", r->name,
-                     "stages", r->lay.stages, "ep", r->lay.ep, "dense_split", r->lay.dense_split, "runnable",
+    return json_pack("{s:s, s:i, s:i, s:s, s:b, s:b, s:f, s:I, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:f, s:f}", "layout", r->name,
+                     "stages", r->lay.stages, "ep", r->lay.ep, "dense_split", eg_dense_split_name(r->lay.dense_split), "runnable",
                      r->runnable, "fits", r->fits, "weights_gb", r->weights_gb, "kv_tokens", (json_int_t)r->kv_tokens,
                      "concurrency", r->concurrency, "decode_tok_s", r->decode_tok_s, "prefill_tok_s", r->prefill_tok_s,
                      "decode_bound", r->decode_bound ? r->decode_bound : "", "prefill_bound",
@@ -86,14 +90,59 @@ static json_t *row_json(const eg_layout_row *r) {
 static const char *why_not(const eg_layout_row *r) {
     if (!r->fits) return "does not fit";
     if (r->lay.kind == EG_LAYOUT_TP) return "modelled only: eaglegen does not run tensor parallelism";
-    if (r->lay.dense_split) return "modelled only: the engine replicates the dense parts in a group";
+    if (r->lay.dense_split == EG_SPLIT_ALL) return "modelled only: the vocab split of embedding and lm_head is not built";
+    if (!r->runnable) return "modelled only";
+    if (r->lay.dense_split == EG_SPLIT_FFN) return "--ep-split ffn (CPU ranks; the CUDA backend refuses it)";
     return "";
+}
+
+/* The row of the same stages x group as r with dense split s, or NULL. */
+static const eg_layout_row *sibling(const eg_layout_row *rows, int n, const eg_layout_row *r, eg_dense_split s) {
+    for (int i = 0; i < n; i++)
+        if (rows[i].lay.kind == r->lay.kind && rows[i].lay.stages == r->lay.stages && rows[i].lay.ep == r->lay.ep &&
+            rows[i].lay.dense_split == s)
+            return &rows[i];
+    return NULL;
+}
+
+/* What the recommended decode layout splits of the dense parts and why: the memory the
+ * split frees (heaviest GPU) and the KV slots that buys, against the exchange and step
+ * time it costs, each split next to the replicated row of the same group. */
+static void print_split_choice(const eg_layout_row *rows, int n, const eg_layout_row *r) {
+    if (r->lay.kind != EG_LAYOUT_PP_EP || r->lay.ep < 2) {
+        printf("dense parts: %s has no expert-parallel group, nothing to split\n", r->name);
+        return;
+    }
+    const eg_layout_row *none = sibling(rows, n, r, EG_SPLIT_NONE), *ffn = sibling(rows, n, r, EG_SPLIT_FFN),
+                        *all = sibling(rows, n, r, EG_SPLIT_ALL);
+    const eg_layout_row *alt[2] = {ffn, all};
+    const char *what[2] = {"ffn split (shared experts + dense MLPs whole on rank l mod E)",
+                           "vocab split (+ embedding and lm_head over the group, modelled only)"};
+    if (!none) return;
+    if (r->lay.dense_split == EG_SPLIT_FFN)
+        printf("dense parts: ffn split chosen: the KV slots it frees buy more than its exchange and owner time cost\n");
+    else
+        printf("dense parts: replicated chosen: the splits below cost more step time than their KV slots buy\n");
+    for (int i = 0; i < 2; i++) {
+        const eg_layout_row *x = alt[i];
+        if (!x) continue;
+        long long dk = (long long)x->kv_tokens - (long long)none->kv_tokens;
+        printf("  %s: frees %.1f GB per GPU = %+lldK KV tokens", what[i], none->weights_gb - x->weights_gb, dk / 1000);
+        if (x->fits && none->fits)
+            printf(", costs %.1f ms/step exchange (step %.1f -> %.1f ms): %s %.0f tok/s against %s %.0f\n",
+                   x->comm_ms - none->comm_ms, none->decode_step_ms, x->decode_step_ms, x->name, x->decode_tok_s,
+                   none->name, none->decode_tok_s);
+        else if (x->fits)
+            printf(": %s %.0f tok/s, where %s does not fit\n", x->name, x->decode_tok_s, none->name);
+        else
+            printf(": %s still does not fit\n", x->name);
+    }
 }
 
 /* The layout table (or its JSON) and the recommendation per mode. */
 static int print_layouts(const char *what, const eg_config *c, const eg_box *box, const eg_layout_opts *lo,
                          const char *len_from, int json, eg_error *err) {
-    int max_rows = 2 * box->gpus + 2;
+    int max_rows = eg_layout_max_rows(box->gpus);
     eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
     if (!rows) { eg_fail(err, EG_ERR_NOMEM, "out of memory"); return 1; }
     int n = eg_layout_enumerate(c, box, lo, rows, max_rows, err);
@@ -149,6 +198,7 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
         if (pp && pp->decode_tok_s > 0 && pp != &rows[rd])
             printf("; %.2f x %s, the pipeline", rows[rd].decode_tok_s / pp->decode_tok_s, pp->name);
         printf(")\n");
+        print_split_choice(rows, n, &rows[rd]);
     }
     int best = -1; /* the fastest fitting row, runnable or not: where the engine should go next */
     for (int i = 0; i < n; i++)

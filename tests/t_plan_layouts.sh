@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# plan --gpus/--box (issue 17): every layout with its KV slots, concurrency and modelled
-# decode/prefill rates; the C model (engine/layout.c) and docs/perf_model.py agree row for
+# plan --gpus/--box (issue 17): every layout (replicated, +ffn and +split dense parts) with its
+# KV slots, concurrency and modelled decode/prefill rates; the C model (engine/layout.c) and docs/perf_model.py agree row for
 # row (the same formulas in double precision, printed exactly by both JSON writers: a
 # relative difference above 1e-9 is a divergence, not rounding); expert parallelism
 # holds the cache once (its token slots grow with the group, tensor parallelism's do
@@ -32,20 +32,50 @@ for a, b in zip(c["layouts"], p["layouts"]):
         assert a[k] == b[k], (sys.argv[1], a["layout"], k, a[k], b[k])
 assert c["recommended_decode"] == p["recommended_decode"] and c["recommended_prefill"] == p["recommended_prefill"]
 rows = {r["layout"]: r for r in c["layouts"]}
-assert set(rows) >= {"pp8", "pp4xep2", "pp2xep4", "ep8", "ep8+split", "tp8"}, sorted(rows)
-# the cache is held once: the pipeline's and every fitting EP layout's slots exceed tensor parallelism's copy
+assert set(rows) >= {"pp8", "pp4xep2", "pp4xep2+ffn", "pp4xep2+split", "pp2xep4", "pp2xep4+ffn", "pp2xep4+split",
+                     "ep8", "ep8+ffn", "ep8+split", "tp8"}, sorted(rows)
+act = {"rtx-pro-6000x8": 3.0, "h200x8": 4.0}[c["box"]["name"]]
+usable = c["box"]["mem_gb"] * c["box"]["frac"] - act
+L, kvb, H = 61, 1152.0, 7168
 for name, r in rows.items():
-    if name != "tp8" and r["fits"]:
-        assert r["kv_tokens"] > rows["tp8"]["kv_tokens"], (name, r["kv_tokens"], rows["tp8"]["kv_tokens"])
     if r["ep"] > 1:
         assert r["kv_tokens"] % r["ep"] == 0, (name, "a group holds ep x its worst stage's slots")
-    for k in ("layout", "kv_tokens", "concurrency", "decode_tok_s", "prefill_tok_s"):
+    for k in ("layout", "kv_tokens", "concurrency", "decode_tok_s", "prefill_tok_s", "dense_split"):
         assert k in r
     assert r["fits"] == (r["concurrency"] >= 1) and (r["decode_tok_s"] > 0) == r["fits"]
-# EP groups run on GPUs (the NCCL expert exchange); split dense parts and tensor parallelism
-# are modelled only
-assert not rows["tp8"]["runnable"] and not rows["ep8+split"]["runnable"] and rows["ep8"]["runnable"]
-assert rows["pp8"]["runnable"] and rows["pp2xep4"]["runnable"]
+    # the cache is held once: a copy on every GPU (tensor parallelism) holds the heaviest GPU's free
+    # memory over 61 layers' cache bytes box-wide; every other layout at least 8/2 times that
+    copy = (usable - r["weights_gb"]) * 1e9 / (L * kvb)
+    if name == "tp8":
+        assert abs(r["kv_tokens"] - copy) <= 1, (name, r["kv_tokens"], copy)
+    elif r["fits"]:
+        assert r["kv_tokens"] >= 4 * copy, (name, r["kv_tokens"], copy)
+    split = {"": "none", "+ffn": "ffn", "+split": "all"}[name[len(name.rstrip("+fnsplit")):] if "+" in name else ""]
+    assert r["dense_split"] == split, (name, r["dense_split"])
+# what runs: the pipeline, EP groups replicated or +ffn (the shared expert / dense MLP of layer l
+# whole on rank l mod E); the vocab split and tensor parallelism are modelled only
+assert not rows["tp8"]["runnable"] and rows["ep8"]["runnable"] and rows["pp8"]["runnable"]
+assert rows["pp2xep4"]["runnable"] and rows["ep8+ffn"]["runnable"] and rows["pp2xep4+ffn"]["runnable"]
+assert not rows["ep8+split"]["runnable"] and not rows["pp4xep2+split"]["runnable"]
+SH, DENSE = 2 * 3 * H * 2048, 2 * 3 * H * 18432  # one shared expert, the dense MLP (BF16 bytes)
+for g in ("ep8", "pp2xep4", "pp4xep2"):
+    none, ffn, full = rows[g], rows[g + "+ffn"], rows[g + "+split"]
+    E = none["ep"]
+    # +ffn frees memory and slots, and costs: each token's FP32 row to the layer's owner and back
+    assert ffn["weights_gb"] < none["weights_gb"] and full["weights_gb"] < ffn["weights_gb"], (g, full, ffn, none)
+    assert none["kv_tokens"] <= ffn["kv_tokens"] <= full["kv_tokens"], (g, full, ffn, none)
+    if ffn["fits"]:
+        assert none["kv_tokens"] < ffn["kv_tokens"] < full["kv_tokens"], (g, full, ffn, none)
+    extra = ffn["comm_bytes_token_layer"] - none["comm_bytes_token_layer"]
+    assert abs(extra - 2 * (E - 1) / E * H * 4) <= 1e-6, (g, extra)
+    assert full["comm_bytes_token_layer"] == ffn["comm_bytes_token_layer"], g
+    if none["fits"]:
+        assert ffn["decode_step_ms"] > none["decode_step_ms"] and ffn["comm_ms"] > none["comm_ms"], (g, ffn, none)
+        assert full["comm_ms"] > ffn["comm_ms"], (g, "the vocab exchange costs on top")
+# round-robin memory, exactly: in EP8 rank 0 keeps the dense MLP (layer 0) and the shared experts of
+# layers 8, 16, .., 56; the heaviest GPU frees the other 53 shared experts
+freed = (rows["ep8"]["weights_gb"] - rows["ep8+ffn"]["weights_gb"]) * 1e9
+assert abs(freed - 53 * SH) <= 1e-3 * SH, (freed, 53 * SH)
 PY
         done
     done
@@ -101,10 +131,20 @@ PY
 # text table: a recommendation per mode and the reason rows are modelled only
 $E plan --preset kimi-k2.5 --box h200x8 > out 2> err || fail "plan h200x8 text"
 grep -q '^recommended for decode: ep8, .*x pp8, the pipeline' out || fail "h200x8 decode recommendation"
-grep -q '^fastest modelled for decode: ep8+split.*modelled only: the engine replicates the dense parts' out ||
-    fail "h200x8 fastest modelled"
+# what the recommendation splits and why: on H200 the ffn owner's group-wide FFN costs more than
+# its slots buy
+grep -q '^dense parts: replicated chosen' out || fail "h200x8 split choice"
+grep -q '^  ffn split .*: frees 4.7 GB per GPU = +[0-9]*K KV tokens, costs [0-9.]* ms/step exchange .*ep8+ffn [0-9]* tok/s against ep8 ' out ||
+    fail "h200x8 ffn split line"
 grep -q '^recommended for capture-mode prefill: ' out || fail "prefill recommendation"
 grep -q 'modelled only: eaglegen does not run tensor parallelism' out || fail "tp row note"
+grep -q '^ep8+split .*modelled only: the vocab split of embedding and lm_head is not built' out || fail "+split row note"
+grep -q '^ep8+ffn .*--ep-split ffn' out || fail "+ffn row note"
+# on the RTX box the KV slots are what decode lacks: the recommendation splits the FFN
+$E plan --preset kimi-k2.5 --box rtx-pro-6000x8 > out 2> err || fail "plan rtx text"
+grep -q '^recommended for decode: pp[0-9]xep[0-9]+ffn, ' out || fail "rtx decode recommendation"
+grep -q '^dense parts: ffn split chosen' out || fail "rtx split choice"
+grep -q '^fastest modelled for decode: pp2xep4+split, .*vocab split' out || fail "rtx fastest modelled"
 # the tiny model has 16 experts and 5 layers: with 6 GPUs no EP group of 3 or 6 appears, 2
 # does, and no pipeline of 6 stages (more stages than layers)
 $E plan --preset tiny --gpus 6 --json > t.json 2> err || fail "plan tiny --gpus 6"

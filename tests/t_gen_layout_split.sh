@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# generate --layout with dense splits (issue 17): `auto` takes plan's recommendation among the
+# layouts the backend runs — on the RTX box at 4K mean length that is a "+ffn" layout (the
+# shared experts and dense MLP owned whole by one rank per layer) on CPU ranks, and the
+# replicated layout of the same group on cuda, which refuses the ffn split; explicit "+ffn"
+# is refused on cuda, "+split" (the vocab split, modelled only) everywhere. Kimi-K2.5's
+# config without weights: the layout is resolved before the model loads, so each run stops
+# at the missing weights (a non-zero exit) after saying what it chose.
+set -eu
+: "${EAGLEGEN:?}"
+E=$EAGLEGEN
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+fail() { echo "FAIL: $*"; tail -n 20 err 2>/dev/null; exit 1; }
+$E mkmodel --preset kimi-k2.5 --no-weights --out kimi >/dev/null 2>&1 || fail "mkmodel --no-weights"
+echo '{"prompt": "hi"}' > p.jsonl
+args=(--model kimi --prompts p.jsonl --out o --max-seq-len 8192)
+want=$($E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --mean-len 4096 | sed -n 's/^recommended for decode: \([^,]*\),.*/\1/p')
+case "$want" in *+ffn) ;; *) fail "plan recommends '$want' on the RTX box, expected a +ffn layout" ;; esac
+! $E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 > out 2> err || fail "generate without weights ran"
+grep -q -- "--layout auto: $want on rtx-pro-6000x8 (modelled" err || fail "auto on cpu did not take $want"
+! $E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 --backend cuda > out 2> err || fail "generate ran"
+grep -q -- "--layout auto: ${want%+ffn} on rtx-pro-6000x8 (modelled" err || fail "auto on cuda: expected ${want%+ffn}"
+! $E generate "${args[@]}" --layout ep8+ffn --backend cuda > out 2> err || fail "ep8+ffn on cuda accepted"
+grep -q "the cuda backend does not run the ffn split" err || fail "ep8+ffn on cuda: message"
+! $E generate "${args[@]}" --layout ep8+split > out 2> err || fail "ep8+split accepted"
+grep -q "vocab split of the embedding and lm_head is modelled only" err || fail "ep8+split: message"
+! $E generate "${args[@]}" --layout ep8+halves > out 2> err || fail "ep8+halves accepted"
+grep -q "with +ffn or +split after an epE" err || fail "ep8+halves: message"
+! $E generate "${args[@]}" --layout pp8+ffn > out 2> err || fail "pp8+ffn (no group) accepted"
+echo "t_gen_layout_split: ok (auto: $want on cpu, ${want%+ffn} on cuda)"
