@@ -215,6 +215,20 @@ static void test_layouts_identical(void) {
         }
         free_results(&r);
     }
+    /* --ep-split ffn: each layer's shared expert / dense MLP on one rank, the same results */
+    for (int k = 0; k < 2; k++) {
+        results r = {0};
+        o = base_opts();
+        o.ep = 2;
+        o.ep_split = EG_EP_SPLIT_FFN;
+        if (k) { o.stages = "2"; o.kv_tokens = 144; o.host_kv_bytes = 0; o.max_seq_len = 64; }
+        eg_status st = run(&o, &r, &info, &err);
+        CHECKF(st == EG_OK, "ep split ffn %d: %s", k, err.msg);
+        CHECKF(same(&ref, &r, H), "ep split ffn%s: results differ from the one-stage runtime", k ? ", two stages" : "");
+        CHECK(info.ep == 2 && info.ep_split == EG_EP_SPLIT_FFN);
+        if (k) CHECKF(last_stats.preemptions > 0, "ep split ffn, small pool: no preemption");
+        free_results(&r);
+    }
     free_results(&ref);
 }
 
@@ -283,6 +297,16 @@ static void test_refusals(void) {
     o.ep = 2;
     o.backend = "metal"; /* ranks run on cpu (local exchange) and cuda (nccl) backends only */
     refused("ep 2 on another backend", &o, "--ep 2 on the metal backend", "CUDA ranks (nccl)");
+    o = base_opts();
+    o.ep_split = EG_EP_SPLIT_FFN; /* the shared expert / dense MLP split needs a group */
+    refused("ep split, no ep", &o, "--ep-split ffn needs an expert-parallel group", "got 0");
+    o.ep = 2;
+    o.backend = "cuda"; /* the CUDA exchange splits the routed experts only: refused up front */
+    refused("ep split on cuda", &o, "--ep-split ffn with --backend cuda", "CPU ranks");
+    o = base_opts();
+    o.ep = 2;
+    o.ep_split = (eg_ep_split)7;
+    refused("ep split 7", &o, "expert-parallel split 7 (expected none or ffn)", NULL);
     o = base_opts();
     o.ep = 4;
     o.kv_tokens = 256;
