@@ -891,7 +891,7 @@ int cmd_generate(int argc, char **argv) {
             .capture = a.capture, .thinking = a.thinking, .max_new = a.max_new, .max_seq_len = a.max_seq_len,
             .aux = a.aux, .n_aux = a.n_aux, .limit = a.limit, .worker = a.worker, .n_workers = a.n_workers,
             .shard_samples = a.shard_samples, .shard_bytes = a.shard_bytes, .backend = a.backend, .stages = a.stages,
-            .n_final = a.final_mode == 2 ? 2 : 1, .ep = a.ep, .batch = a.batch};
+            .n_final = a.final_mode == 2 ? 2 : 1, .ep = a.ep, .batch = a.batch, .ep_split = a.ep_split};
         rc = gen_dry_run(&dro, stdout);
     }
     if (rc >= 0) { free((void *)a.prompts); return g_interrupted ? 130 : rc; }

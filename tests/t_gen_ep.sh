@@ -65,6 +65,10 @@ ffn ffn2 --ep 2
 ffn ffn4 --ep 4
 ffn ffn2s2 --ep 2 --stages 2
 ffn ffn4c3 --ep 4 --chunk 3 --batch 5
+# --dry-run names each rank's layers (layer l on rank l mod E)
+$E generate "${args[@]}" --ep 2 --ep-split ffn --dry-run >dry.txt 2>&1 || { cat dry.txt; exit 1; }
+grep -q "rank 0: .*dense MLP of layers 0, 2, 4$" dry.txt && grep -q "rank 1: .*dense MLP of layers 1, 3$" dry.txt \
+    || { cat dry.txt; echo "FAIL: --dry-run does not show the owners"; exit 1; }
 
 echo "-- --layout: the same layouts by name, and auto from the planner"
 same lay22 --layout pp2xep2
@@ -148,6 +152,7 @@ bad "--ep-split ffn splits within an expert-parallel group: it needs --ep E with
 bad "--ep-split: expected none or ffn, got 'dense'" --ep 2 --ep-split dense
 bad "--ep-split ffn with --backend cuda: the shared expert / dense MLP split runs on CPU ranks" \
     --ep 2 --ep-split ffn --backend cuda
+bad "--ep-split ffn with --backend cuda" --ep 2 --ep-split ffn --backend cuda --dry-run
 bad "--layout sets --stages and --ep" --layout ep2 --ep 2
 bad "expected ppP, epE, ppPxepE" --layout tp8
 bad "no +split yet" --layout ep2+split
