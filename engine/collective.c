@@ -9,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { EP_MOE = 0, EP_FFN = 1 };
+
 typedef struct ep_post {
+    int kind;                   /* EP_MOE (eg_ep_moe) or EP_FFN (eg_ep_ffn) */
     int T;
     const float *x;             /* [T][H] the rank's normed rows */
     const int32_t *ids;         /* [T][K] */
@@ -24,7 +27,8 @@ typedef struct ep_rank {
     int32_t *ids1;  /* [max_tokens] */
     float *w1;      /* [max_tokens] */
     int32_t *dst;   /* [max_tokens] pair index in the owner */
-    int64_t remote_pairs, bytes;
+    float *ffn_y;   /* [max_tokens][H] ffn_split: this rank's rows' outputs, written by the owner */
+    int64_t remote_pairs, bytes, ffn_rows;
 } ep_rank;
 
 struct eg_ep_group {
@@ -37,6 +41,8 @@ struct eg_ep_group {
     uint64_t gen;
     int failed;
     const eg_expert_w **layers; /* [n_ranks][n_layers] each rank's registered experts */
+    const eg_weight **ffn_w;    /* [n_layers][3] ffn_split: the owner's gate, up, down (NULL
+                                   until registered) */
     eg_ep_cuda *cuda;           /* CUDA ranks (nccl or cuda-local), or NULL: local CPU ranks */
 };
 
@@ -44,11 +50,12 @@ void eg_ep_group_free(eg_ep_group *g) {
     if (!g) return;
     for (int r = 0; g->rk && r < g->o.n_ranks; r++) {
         free(g->rk[r].contrib); free(g->rk[r].xs); free(g->rk[r].ys);
-        free(g->rk[r].ids1); free(g->rk[r].w1); free(g->rk[r].dst);
+        free(g->rk[r].ids1); free(g->rk[r].w1); free(g->rk[r].dst); free(g->rk[r].ffn_y);
     }
     free(g->rk);
     free(g->post);
     free(g->layers);
+    free(g->ffn_w);
     eg_ep_cuda_free(g->cuda);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
@@ -70,6 +77,10 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
     if (n_cuda && n_cuda != o->n_ranks)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: %d of %d ranks on CUDA backends (all or none)",
                        n_cuda, o->n_ranks);
+    if (n_cuda && o->ffn_split)
+        return eg_fail(err, EG_ERR_UNSUPPORTED,
+                       "expert-parallel group: the shared expert / dense MLP split (--ep-split ffn) runs on CPU ranks "
+                       "(the local exchange) only, not on the %d CUDA ranks", n_cuda);
     eg_ep_group *g = eg_calloc(1, sizeof *g, err);
     if (!g) return EG_ERR_NOMEM;
     g->o = *o;
@@ -78,6 +89,10 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
     pthread_cond_init(&g->cv, NULL);
     g->layers = eg_calloc((size_t)o->n_ranks * (size_t)o->n_layers, sizeof *g->layers, err);
     if (!g->layers) { eg_ep_group_free(g); return EG_ERR_NOMEM; }
+    if (o->ffn_split && !(g->ffn_w = eg_calloc((size_t)o->n_layers * 3, sizeof *g->ffn_w, err))) {
+        eg_ep_group_free(g);
+        return EG_ERR_NOMEM;
+    }
     if (n_cuda) {
         eg_status st = eg_ep_cuda_create(o, &g->cuda, err);
         if (st) { eg_ep_group_free(g); return st; }
@@ -96,7 +111,11 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
         k->ids1 = eg_malloc(sizeof(int32_t) * T, err);
         k->w1 = eg_malloc(sizeof(float) * T, err);
         k->dst = eg_malloc(sizeof(int32_t) * T, err);
-        if (!k->contrib || !k->xs || !k->ys || !k->ids1 || !k->w1 || !k->dst) { eg_ep_group_free(g); return EG_ERR_NOMEM; }
+        if (o->ffn_split) k->ffn_y = eg_malloc(sizeof(float) * T * H, err);
+        if (!k->contrib || !k->xs || !k->ys || !k->ids1 || !k->w1 || !k->dst || (o->ffn_split && !k->ffn_y)) {
+            eg_ep_group_free(g);
+            return EG_ERR_NOMEM;
+        }
     }
     *out = g;
     return EG_OK;
@@ -115,6 +134,25 @@ int64_t eg_ep_device_bytes(const eg_ep_opts *o) { return eg_ep_cuda_bytes(o); }
 void eg_ep_register(eg_ep_group *g, int rank, int layer, const eg_expert_w *experts) {
     if (rank >= 0 && rank < g->o.n_ranks && layer >= 0 && layer < g->o.n_layers)
         g->layers[(size_t)rank * (size_t)g->o.n_layers + (size_t)layer] = experts;
+}
+
+int eg_ep_ffn_owner(const eg_ep_group *g, int layer) {
+    return g && g->o.ffn_split && layer >= 0 ? layer % g->o.n_ranks : -1;
+}
+
+void eg_ep_register_ffn(eg_ep_group *g, int rank, int layer, const eg_weight *gate, const eg_weight *up,
+                        const eg_weight *down) {
+    if (g->ffn_w && layer >= 0 && layer < g->o.n_layers && rank == eg_ep_ffn_owner(g, layer)) {
+        g->ffn_w[3 * (size_t)layer] = gate;
+        g->ffn_w[3 * (size_t)layer + 1] = up;
+        g->ffn_w[3 * (size_t)layer + 2] = down;
+    }
+}
+
+int64_t eg_ep_ffn_rows(const eg_ep_group *g) {
+    int64_t n = 0;
+    for (int r = 0; g->rk && r < g->o.n_ranks; r++) n += g->rk[r].ffn_rows;
+    return n;
 }
 
 void eg_ep_fail(eg_ep_group *g) {
@@ -187,9 +225,9 @@ static eg_status serve(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) 
     for (int q = 0; q < R; q++) {
         const ep_post *p = &g->post[q];
         if (p->left || !p->T) continue;
-        if (p->layer != layer)
-            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d and %d)", rank,
-                           layer, p->layer);
+        if (p->layer != layer || p->kind != EP_MOE)
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d and %d%s)", rank,
+                           layer, p->layer, p->kind != EP_MOE ? ", a routed and a shared/dense exchange" : "");
         if (!ex) return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no experts registered for layer %d", rank, layer);
         int n = 0;
         for (int i = 0; i < p->T * K; i++) {
@@ -212,6 +250,47 @@ static eg_status serve(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) 
     return EG_OK;
 }
 
+/* Phase 2 of an ffn call (ffn_split): the layer's owner runs the SwiGLU MLP over each
+ * rank's posted rows, rank by rank, into that rank's ffn_y; the other ranks do nothing. */
+static eg_status serve_ffn(eg_ep_group *g, int rank, eg_backend *be, int layer, eg_error *err) {
+    int R = g->o.n_ranks;
+    for (int q = 0; q < R; q++) {
+        const ep_post *p = &g->post[q];
+        if (p->left) continue;
+        if (p->layer != layer || p->kind != EP_FFN)
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d and %d%s)", rank,
+                           layer, p->layer, p->kind != EP_FFN ? ", a shared/dense and a routed exchange" : "");
+    }
+    if (rank != eg_ep_ffn_owner(g, layer)) return EG_OK;
+    const eg_weight *const *w = g->ffn_w + 3 * (size_t)layer;
+    if (!w[0] || !w[1] || !w[2])
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no shared expert / dense MLP registered for layer %d",
+                       rank, layer);
+    size_t H = (size_t)g->o.hidden;
+    for (int q = 0; q < R; q++) {
+        const ep_post *p = &g->post[q];
+        if (p->left || !p->T) continue;
+        /* the same op on the same rows as the unsplit call; accumulate 0: the token's
+           owner adds (or writes) the rows at the point the unsplit op would */
+        eg_status st = be->ops->swiglu_mlp(be, p->x, p->T, w[0], w[1], w[2], g->rk[q].ffn_y, 0, err);
+        if (st) return eg_wrap(err, "expert-parallel rank %d: layer %d's shared expert / dense MLP for rank %d", rank,
+                               layer, q);
+        if (q != rank) {
+            g->rk[rank].ffn_rows += p->T;
+            g->rk[rank].bytes += (int64_t)(2 * (size_t)p->T * H * sizeof(float));
+        }
+    }
+    return EG_OK;
+}
+
+/* Phase 2 of whatever call the ranks still running made (they all make the same one). */
+static eg_status serve_any(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) {
+    for (int q = 0; q < g->o.n_ranks; q++)
+        if (!g->post[q].left)
+            return g->post[q].kind == EP_FFN ? serve_ffn(g, rank, be, g->post[q].layer, err) : serve(g, rank, be, err);
+    return EG_OK;
+}
+
 static eg_status failed_status(eg_error *err) {
     return eg_fail(err, EG_ERR_INTERRUPTED, "expert-parallel group: another rank failed");
 }
@@ -229,9 +308,9 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const e
         if (st) eg_ep_fail(g);
         return st;
     }
-    g->post[rank] = (ep_post){.T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .layer = layer};
+    g->post[rank] = (ep_post){.kind = EP_MOE, .T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .layer = layer};
     if (barrier(g)) return failed_status(err);
-    eg_status st = serve(g, rank, be, err);
+    eg_status st = serve_any(g, rank, be, err);
     if (st) { eg_ep_fail(g); return st; }
     if (barrier(g)) return failed_status(err);
     /* Phase 3: add the contributions in k order, as the unsplit op does */
@@ -257,8 +336,32 @@ eg_status eg_ep_leave(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) {
         int all = 1;
         for (int q = 0; q < g->o.n_ranks; q++) all &= g->post[q].left;
         if (all) return EG_OK; /* every rank saw the same posts: all return together */
-        eg_status st = serve(g, rank, be, err);
+        eg_status st = serve_any(g, rank, be, err);
         if (st) { eg_ep_fail(g); return st; }
         if (barrier(g)) return failed_status(err);
     }
+}
+
+eg_status eg_ep_ffn(eg_ep_group *g, int rank, int layer, eg_backend *be, const float *x, int T, float *y,
+                    int accumulate, eg_error *err) {
+    if (!g->o.ffn_split || g->cuda || T < 1 || T > g->o.max_tokens || layer < 0 || layer >= g->o.n_layers) {
+        eg_ep_fail(g);
+        return eg_fail(err, EG_ERR_INVALID,
+                       "expert-parallel ffn: T=%d layer %d (group: max %d tokens, %d layers, split %s, exchange %s)", T,
+                       layer, g->o.max_tokens, g->o.n_layers, g->o.ffn_split ? "ffn" : "none", eg_ep_kind(g));
+    }
+    g->post[rank] = (ep_post){.kind = EP_FFN, .T = T, .x = x, .layer = layer};
+    if (barrier(g)) return failed_status(err);
+    eg_status st = serve_any(g, rank, be, err);
+    if (st) { eg_ep_fail(g); return st; }
+    if (barrier(g)) return failed_status(err);
+    /* Phase 3: the rows as the unsplit op leaves them (accumulate: y[i] += out[i], the
+       accumulating swiglu_mlp's own addition) */
+    const float *o = g->rk[rank].ffn_y;
+    size_t n = (size_t)T * (size_t)g->o.hidden;
+    if (accumulate)
+        for (size_t i = 0; i < n; i++) y[i] += o[i];
+    else
+        memcpy(y, o, sizeof(float) * n);
+    return EG_OK;
 }

@@ -24,6 +24,16 @@
  *          allocated per call. Needs a build with NCCL (EG_HAVE_NCCL).
  * A rank's own experts for a leaving rank's service come from eg_ep_register (each
  * rank's forwards register their MoE layers' expert arrays at creation).
+ *
+ * With ffn_split (generate --ep-split ffn; local implementation only) the shared expert
+ * of every MoE layer and the dense MLP of every dense layer is owned whole by one rank,
+ * layer l by rank l mod ep, and only that rank holds its weights (registered with
+ * eg_ep_register_ffn). Per layer every rank calls eg_ep_ffn with its tokens' normed rows:
+ * the owner runs the backend's swiglu_mlp over each rank's rows (accumulate 0, rank by
+ * rank), and each rank writes (dense: y = out) or adds (MoE: y += out, after the routed
+ * sum, elementwise as the accumulating op does) its rows' outputs: the bits of the
+ * unsplit op (swiglu_mlp's rows do not depend on the other rows of the call). Bytes moved
+ * per token and layer: H*4 to the owner and H*4 back, for a token not on the owner.
  * Ownership: the group owns its scratch and borrows the backends; eg_ep_group_free
  * accepts NULL.
  * Thread safety: rank r's calls come only from rank r's thread; eg_ep_fail from any. */
@@ -41,6 +51,8 @@ typedef struct eg_ep_opts {
     int hidden;      /* H */
     int max_tokens;  /* T bound of any rank's call (and of each rank backend's ops) */
     int n_layers;    /* L: layers are numbered 0..L-1 in eg_ep_moe and eg_ep_register */
+    int ffn_split;   /* 1: shared expert / dense MLP of layer l owned by rank l mod n_ranks
+                        (eg_ep_ffn); 0: replicated, eg_ep_ffn unused. Local only */
     eg_backend *const *backends; /* [n_ranks] each rank's backend (borrowed): all CPU =
                                     local, all CUDA on distinct GPUs = nccl */
 } eg_ep_opts;
@@ -55,6 +67,21 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const e
 /* Rank's own expert array of MoE layer `layer` ([E], only [e0, e1) of eg_ep_range
  * used; borrowed, must outlive the group's calls). Before the first eg_ep_moe. */
 void eg_ep_register(eg_ep_group *g, int rank, int layer, const eg_expert_w *experts);
+/* ffn_split: the rank owning layer `layer`'s shared expert / dense MLP; -1 without it
+ * (every rank holds its own copy). */
+int eg_ep_ffn_owner(const eg_ep_group *g, int layer);
+/* The owner's weights of layer `layer`'s shared expert (MoE) or dense MLP (borrowed,
+ * must outlive the group's calls). Before the first eg_ep_ffn. */
+void eg_ep_register_ffn(eg_ep_group *g, int rank, int layer, const eg_weight *gate, const eg_weight *up,
+                        const eg_weight *down);
+/* Rank's thread, ffn_split: y [T][H] = (accumulate 0) or += (accumulate 1) the SwiGLU MLP
+ * of layer `layer` on x [T][H] (T >= 1), computed by the layer's owner. Every rank calls
+ * it for every layer, in the same order (interleaved with eg_ep_moe as the layers run);
+ * accumulate must agree between the ranks. be is the rank's backend. */
+eg_status eg_ep_ffn(eg_ep_group *g, int rank, int layer, eg_backend *be, const float *x, int T, float *y,
+                    int accumulate, eg_error *err);
+/* Rows (tokens) whose shared expert / dense MLP ran on another rank so far. */
+int64_t eg_ep_ffn_rows(const eg_ep_group *g);
 /* "local" or "nccl". */
 const char *eg_ep_kind(const eg_ep_group *g);
 /* Device bytes one rank's backend gives the nccl group's buffers (0 for local): for
@@ -64,7 +91,8 @@ int64_t eg_ep_device_bytes(const eg_ep_opts *o);
 eg_status eg_ep_leave(eg_ep_group *g, int rank, eg_backend *be, eg_error *err);
 /* A rank failed: every waiting and later call returns EG_ERR_INTERRUPTED-like failure. */
 void eg_ep_fail(eg_ep_group *g);
-/* Rows (T*K pairs) that crossed ranks so far, and bytes moved (both directions). */
+/* Rows (T*K pairs) that crossed ranks so far, and bytes moved (both directions; with
+ * ffn_split the shared-expert / dense-MLP rows too). */
 void eg_ep_traffic(const eg_ep_group *g, int64_t *remote_pairs, int64_t *bytes);
 
 #endif

@@ -523,6 +523,11 @@ int64_t eg_engine_kv_capacity(const eg_engine *e) {
     return kv->n_blocks * kv->block_size;
 }
 int64_t eg_engine_kv_watermark(const eg_engine *e) { return e->watermark; }
+int64_t eg_engine_weight_bytes(const eg_engine *e) {
+    int64_t n = 0;
+    for (int i = 0; i < e->n_stages; i++) n += eg_forward_weight_bytes(e->stages[i]);
+    return n;
+}
 
 static eg_status grow_i32(int32_t **p, int *cap, int need, eg_error *err) {
     if (need <= *cap) return EG_OK;

@@ -92,6 +92,12 @@ typedef enum eg_kv_policy {
     EG_KV_RESERVE            /* prompt + max_new reserved at admission; never preempts */
 } eg_kv_policy;
 
+/* What an expert-parallel group splits besides the routed experts (ep_runtime.h). */
+typedef enum eg_ep_split {
+    EG_EP_SPLIT_NONE = 0,    /* shared expert and dense MLP whole on every rank */
+    EG_EP_SPLIT_FFN          /* layer l's shared expert / dense MLP on rank l mod ep only */
+} eg_ep_split;
+
 typedef struct eg_engine_opts {
     int n_slots;             /* concurrent sequences at most */
     int max_seq_len;         /* prompt + generated, per sequence */
@@ -128,6 +134,8 @@ typedef struct eg_engine_opts {
                                 of: its own slots and cache, the routed experts over the group.
                                 Requires stage_backends == NULL (stages on the calling thread) */
     int ep_rank;
+    eg_ep_split ep_split;    /* read by eg_ep_runtime_create (it builds the group); the
+                                engine itself ignores it */
     /* Speculative decoding (docs/ENGINE.md "Speculative decoding"): with a drafter
      * (borrowed; NULL = off) each generating sequence proposes up to draft_tokens (k >= 1)
      * tokens per step, verified by the target in one k + 1-row chunk and accepted by
@@ -200,5 +208,8 @@ const char *eg_engine_transport(const eg_engine *e);
 int64_t eg_engine_kv_capacity(const eg_engine *e);
 /* The admission watermark in blocks (on-demand policy). */
 int64_t eg_engine_kv_watermark(const eg_engine *e);
+/* Bytes of weights the engine's stages hold on their backends (eg_forward_weight_bytes
+ * summed): with an expert-parallel group, this rank's share. */
+int64_t eg_engine_weight_bytes(const eg_engine *e);
 
 #endif

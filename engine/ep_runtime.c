@@ -78,6 +78,15 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     if (bo->name && strcmp(bo->name, "cpu") && !cuda)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "--ep %d on the %s backend: the expert exchange runs CPU ranks (local) "
                        "or CUDA ranks (nccl)", ep, bo->name);
+    if (o->ep_split != EG_EP_SPLIT_NONE && o->ep_split != EG_EP_SPLIT_FFN)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel split %d: expected none or ffn", (int)o->ep_split);
+    if (o->ep_split == EG_EP_SPLIT_FFN && ep < 2)
+        return eg_fail(err, EG_ERR_INVALID, "--ep-split ffn needs an expert-parallel group (--ep > 1, got %d)", ep);
+    if (o->ep_split == EG_EP_SPLIT_FFN && cuda)
+        return eg_fail(err, EG_ERR_UNSUPPORTED,
+                       "--ep-split ffn with --backend cuda: the shared expert / dense MLP split runs on CPU ranks (the "
+                       "local exchange) only in this version; the CUDA exchange (nccl, cuda-local) splits the routed "
+                       "experts: use --ep-split none");
     if (o->n_slots < ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
                        o->n_slots);
@@ -108,7 +117,8 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
         }
     }
     eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
-                     .max_tokens = o->max_tokens, .n_layers = c->n_layers, .backends = rt->be};
+                     .max_tokens = o->max_tokens, .n_layers = c->n_layers, .backends = rt->be,
+                     .ffn_split = o->ep_split == EG_EP_SPLIT_FFN};
     if ((st = eg_ep_group_create(&go, &rt->group, err))) { eg_ep_runtime_free(rt); return st; }
     for (int r = 0; r < ep; r++) {
         eg_engine_opts ro = *o;
@@ -139,6 +149,10 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank) { return rt->eng[rank]; }
 int eg_ep_runtime_rank_slots(int n_slots, int ep, int rank) { return n_slots / ep + (rank < n_slots % ep); }
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt) { return rt->ep; }
+int64_t eg_ep_runtime_rank_weight_bytes(const eg_ep_runtime *rt, int rank) {
+    return eg_engine_weight_bytes(rt->eng[rank]);
+}
+int64_t eg_ep_runtime_ffn_rows(const eg_ep_runtime *rt) { return eg_ep_ffn_rows(rt->group); }
 int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens) {
     eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
                      .max_tokens = max_tokens};

@@ -3,8 +3,11 @@
  * (data-parallel attention, no cache copy) and pipeline stages run on the rank's thread;
  * the routed experts of every MoE layer split E/ep per rank; CPU ranks exchange rows
  * through host memory, CUDA ranks (rank r on GPU (bo->device + r) mod the GPU count) over
- * NCCL when each has its own GPU, else by device copies (collective_cuda.h). Dense parts (shared expert,
- * dense MLP, embedding, lm_head) are replicated on every rank in this version.
+ * NCCL when each has its own GPU, else by device copies (collective_cuda.h). With
+ * o->ep_split EG_EP_SPLIT_FFN (CPU ranks only; refused on CUDA) layer l's shared expert
+ * (MoE layers) or dense MLP (dense layers) sits on rank l mod ep alone and runs there for
+ * every rank's tokens (collective.h, eg_ep_ffn); with EG_EP_SPLIT_NONE they are
+ * replicated on every rank. The embedding and lm_head are replicated either way.
  * Requests are pulled under one lock, least-loaded first: a rank with a free slot takes
  * the next request only when no other rank that could take it (not finished, a slot
  * free) holds fewer tokens (prompt + max_new of its open requests); otherwise its engine
@@ -53,6 +56,10 @@ eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done,
 void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s);
 /* Rank's own stats (steps it ran with tokens of its own, ...). */
 void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats *s);
+/* Bytes of weights rank `rank` holds (its engine's stages): what the split frees shows here. */
+int64_t eg_ep_runtime_rank_weight_bytes(const eg_ep_runtime *rt, int rank);
+/* Tokens whose shared expert / dense MLP ran on another rank so far (ep_split ffn). */
+int64_t eg_ep_runtime_ffn_rows(const eg_ep_runtime *rt);
 /* Bytes of rows exchanged between ranks so far, and the (token, k) pairs that crossed. */
 void eg_ep_runtime_traffic(const eg_ep_runtime *rt, int64_t *pairs, int64_t *bytes);
 

@@ -101,18 +101,32 @@ static void down(eg_forward *f, eg_weight *d) {
     if (d->fmt != EG_W_NONE && f->ops->weight_release) f->ops->weight_release(f->be, d);
 }
 
-static eg_status upload_layer(eg_forward *f, const eg_layer_w *h, eg_layer_w *d, eg_error *err) {
+/* ffn_split (collective.h): layer's shared expert / dense MLP runs on its owner rank
+ * only; 1 when this forward is a rank that neither holds nor computes it. */
+static int ffn_elsewhere(const eg_forward *f, int layer) {
+    int owner = f->o.ep ? eg_ep_ffn_owner(f->o.ep, layer) : -1;
+    return owner >= 0 && owner != f->o.ep_rank;
+}
+
+static eg_status upload_layer(eg_forward *f, int layer, const eg_layer_w *h, eg_layer_w *d, eg_error *err) {
     eg_status st;
     memset(d, 0, sizeof *d);
     d->is_moe = h->is_moe;
+    /* another rank owns this layer's shared expert / dense MLP: never uploaded here (the
+       weights stay EG_W_NONE; ffn() asks the host model whether the layer has one) */
+    int skip_ffn = ffn_elsewhere(f, layer);
     const eg_weight *hs[] = {&h->attn_norm, &h->ffn_norm, &h->q_a, &h->q_a_norm, &h->q_b, &h->q, &h->kv_a,
                              &h->kv_a_norm, &h->kv_b, &h->o, &h->mlp_gate, &h->mlp_up, &h->mlp_down,
                              &h->router, &h->router_bias, &h->sh_gate, &h->sh_up, &h->sh_down};
     eg_weight *ds[] = {&d->attn_norm, &d->ffn_norm, &d->q_a, &d->q_a_norm, &d->q_b, &d->q, &d->kv_a,
                        &d->kv_a_norm, &d->kv_b, &d->o, &d->mlp_gate, &d->mlp_up, &d->mlp_down,
                        &d->router, &d->router_bias, &d->sh_gate, &d->sh_up, &d->sh_down};
-    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++)
+    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
+        int dense_mlp = hs[i] == &h->mlp_gate || hs[i] == &h->mlp_up || hs[i] == &h->mlp_down;
+        int shared = hs[i] == &h->sh_gate || hs[i] == &h->sh_up || hs[i] == &h->sh_down;
+        if (skip_ffn && (h->is_moe ? shared : dense_mlp)) continue;
         if ((st = up(f, hs[i], ds[i], err))) return st;
+    }
     if (h->is_moe && h->experts) {
         int E = f->m->cfg.n_experts, e0 = 0, e1 = E;
         /* an expert-parallel rank holds only its own routed experts (the others stay
@@ -204,9 +218,15 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         else if ((st = up(f, &m->lm_head, &f->lm_head, err))) goto fail;
     }
     for (int l = 0; l < nl; l++) {
-        if ((st = upload_layer(f, &m->layers[f->l0 + l], &f->layers[l], err))) goto fail;
+        if ((st = upload_layer(f, f->l0 + l, &m->layers[f->l0 + l], &f->layers[l], err))) goto fail;
         /* a rank that ran out of work serves its experts for the others: it finds them here */
-        if (o->ep && f->layers[l].experts) eg_ep_register(o->ep, o->ep_rank, f->l0 + l, f->layers[l].experts);
+        const eg_layer_w *d = &f->layers[l];
+        if (o->ep && d->experts) eg_ep_register(o->ep, o->ep_rank, f->l0 + l, d->experts);
+        /* and the shared expert / dense MLP of the layers it owns (ffn_split) */
+        if (o->ep && eg_ep_ffn_owner(o->ep, f->l0 + l) == o->ep_rank) {
+            if (d->is_moe) eg_ep_register_ffn(o->ep, o->ep_rank, f->l0 + l, &d->sh_gate, &d->sh_up, &d->sh_down);
+            else eg_ep_register_ffn(o->ep, o->ep_rank, f->l0 + l, &d->mlp_gate, &d->mlp_up, &d->mlp_down);
+        }
     }
 
     size_t T = (size_t)(o->max_tokens > 0 ? o->max_tokens : 1);
@@ -369,7 +389,13 @@ static eg_status ffn(eg_forward *f, const eg_layer_w *L, int layer, int T, eg_er
     const eg_config *c = &f->m->cfg;
     const eg_backend_ops *ops = f->ops;
     eg_backend *be = f->be;
-    if (!L->is_moe) return ops->swiglu_mlp(be, f->xn, T, &L->mlp_gate, &L->mlp_up, &L->mlp_down, f->dx, 0, err);
+    /* ffn_split: every rank calls the exchange for every layer (lockstep), the owner
+       computes; the weights sit on the owner only */
+    int split = f->o.ep && eg_ep_ffn_owner(f->o.ep, layer) >= 0;
+    if (!L->is_moe) {
+        if (split) return eg_ep_ffn(f->o.ep, f->o.ep_rank, layer, be, f->xn, T, f->dx, 0, err);
+        return ops->swiglu_mlp(be, f->xn, T, &L->mlp_gate, &L->mlp_up, &L->mlp_down, f->dx, 0, err);
+    }
     eg_router_args r = {.T = T, .x = f->xn, .gate = &L->router, .bias = &L->router_bias, .n_group = c->n_group,
                         .topk_group = c->topk_group, .topk = c->topk, .norm_topk = c->norm_topk,
                         .routed_scale = c->routed_scale, .ids = f->ids, .weights = f->rw};
@@ -379,7 +405,11 @@ static eg_status ffn(eg_forward *f, const eg_layer_w *L, int layer, int T, eg_er
                      .experts = L->experts, .e0 = 0, .e1 = c->n_experts, .y = f->dx};
     if (f->o.ep) TRY(eg_ep_moe(f->o.ep, f->o.ep_rank, layer, be, &a, err));
     else TRY(ops->moe(be, &a, err));
-    if (L->sh_gate.fmt != EG_W_NONE)
+    /* the host model says whether the layer has a shared expert (a rank of a split group
+       holds none of the layers it does not own) */
+    if (split && f->m->layers[layer].sh_gate.fmt != EG_W_NONE)
+        TRY(eg_ep_ffn(f->o.ep, f->o.ep_rank, layer, be, f->xn, T, f->dx, 1, err));
+    else if (!split && L->sh_gate.fmt != EG_W_NONE)
         TRY(ops->swiglu_mlp(be, f->xn, T, &L->sh_gate, &L->sh_up, &L->sh_down, f->dx, 1, err));
     return EG_OK;
 }

@@ -174,6 +174,15 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     if (o->forward_only && (o->n_slots < 1 || o->stages || o->stage_ends || o->ep > 1 || o->draft_model || o->drafter))
         return eg_fail(err, EG_ERR_INVALID, "runtime: forward_only runs one forward of n_slots %d > 0 slots on one "
                        "backend (no stages, ranks or drafter)", o->n_slots);
+    if (o->ep_split != EG_EP_SPLIT_NONE && o->ep_split != EG_EP_SPLIT_FFN)
+        return eg_fail(err, EG_ERR_INVALID, "runtime: expert-parallel split %d (expected none or ffn)", (int)o->ep_split);
+    if (o->ep_split == EG_EP_SPLIT_FFN && o->ep < 2)
+        return eg_fail(err, EG_ERR_INVALID, "--ep-split ffn needs an expert-parallel group (--ep > 1, got %d)", o->ep);
+    if (o->ep_split == EG_EP_SPLIT_FFN && o->backend && !strcmp(o->backend, "cuda"))
+        return eg_fail(err, EG_ERR_UNSUPPORTED,
+                       "--ep-split ffn with --backend cuda: the shared expert / dense MLP split runs on CPU ranks (the "
+                       "local exchange) only in this version; the CUDA exchange (nccl, cuda-local) splits the routed "
+                       "experts: use --ep-split none");
     eg_runtime *rt = eg_calloc(1, sizeof *rt, err);
     if (!rt) return EG_ERR_NOMEM;
     rt->info.n_stages = 1;
@@ -316,7 +325,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                          .n_stages = pass_ends ? n_stages : 0, .stage_backends = threaded ? rt->stage_be : NULL,
                          .micro_batches = o->micro_batches, .transport = o->transport, .kv_policy = o->kv_policy,
                          .host_kv_bytes = host_kv, .capture_bf16 = o->capture_bf16,
-                         .check_recompute = o->check_recompute};
+                         .check_recompute = o->check_recompute, .ep_split = o->ep > 1 ? o->ep_split : EG_EP_SPLIT_NONE};
     if (o->draft_model && o->drafter) {
         st = eg_fail(err, EG_ERR_INVALID, "runtime: give a drafter directory or a drafter, not both");
         goto fail;
@@ -386,6 +395,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     }
     in->ep = o->ep > 1 ? o->ep : 1;
     in->experts_per_rank = c->n_experts / in->ep;
+    in->ep_split = eo.ep_split;
     in->draft_state_bytes = o->drafter ? o->drafter->info.state_bytes : 0;
     for (int r = 0; r < rt->n_drafters; r++) in->draft_state_bytes += rt->drafters[r]->info.state_bytes;
     in->draft_weight_bytes = draft_w;

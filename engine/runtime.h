@@ -47,6 +47,9 @@ typedef struct eg_runtime_opts {
     int micro_batches;          /* with stage_threads (0 = the stage count) */
     const char *transport;      /* "local", "nccl", NULL/"auto" (transport.h) */
     int ep;                     /* expert-parallel ranks; 0 or 1 = none */
+    eg_ep_split ep_split;       /* with ep > 1: EG_EP_SPLIT_FFN puts each layer's shared expert /
+                                   dense MLP on one rank (ep_runtime.h); CPU backend only (cuda
+                                   is refused); needs ep > 1 */
     /* batch */
     int n_slots;                /* concurrent sequences; 0 = auto (eg_plan_auto_slots) */
     int max_seq_len;
@@ -104,6 +107,7 @@ typedef struct eg_runtime_info {
     int micro_batches;          /* in flight with threaded stages: max(opts, n_stages), at most n_slots */
     int ep;                     /* ranks (1 = none) */
     int experts_per_rank;
+    eg_ep_split ep_split;       /* what the group splits besides the routed experts */
     int64_t draft_state_bytes;  /* the drafters' caches summed over the ranks (0 = no drafter) */
     int64_t draft_weight_bytes; /* one drafter's weights as stored (each rank holds one) */
     int64_t draft_slot_bytes;   /* its cache per slot (max_seq_len positions) */

@@ -61,6 +61,7 @@ typedef struct gen_args {
     const char *stages;       /* --stages: "N" (balanced) or "e0,e1,...,L" */
     int micro_batches;
     int ep;                   /* --ep: expert-parallel ranks (0 = off) */
+    int ep_split;             /* --ep-split: eg_ep_split (none, ffn) */
     const char *layout;       /* --layout: ppP, epE, ppPxepE or auto (sets stages and ep) */
     const char *box;          /* --box: the box --layout auto plans for */
     char layout_stages[16];   /* --stages text a layout chose */
@@ -140,10 +141,16 @@ static void usage(FILE *f) {
             "                          rows over NCCL), each with its own\n"
             "                          share of the sequences and their KV cache and E-th of the routed\n"
             "                          experts; rows are exchanged per MoE layer (FP32). Shared expert,\n"
-            "                          dense MLP, embedding and lm_head are replicated on every rank.\n"
+            "                          dense MLP, embedding and lm_head are replicated on every rank\n"
+            "                          unless --ep-split says otherwise.\n"
             "                          Combines with --stages (a rank runs its stages on its thread).\n"
             "                          E must divide the routed expert count\n"
             "                          (default 1: no split)\n"
+            "  --ep-split S            with --ep: none (default) or ffn: layer l's shared expert (MoE\n"
+            "                          layers) or dense MLP (dense layers) sits on rank l mod E only and\n"
+            "                          runs there for every rank's tokens (rows there and back in FP32;\n"
+            "                          samples identical to --ep-split none). cpu backend only. The\n"
+            "                          embedding and lm_head stay replicated\n"
             "  --layout L              ppP (--stages P), epE (--ep E), ppPxepE, epE+ffn / ppPxepE+ffn\n"
             "                          (--ep-split ffn: each layer's shared expert / dense MLP on one rank),\n"
             "                          or auto: the layout `eaglegen plan --box` recommends for this model\n"
@@ -225,18 +232,8 @@ static int resolve_layout(gen_args *a) {
         return 2;
     }
     if (why[0]) fprintf(stderr, "eaglegen generate: %s\n", why);
-    if (ep_split == EG_SPLIT_FFN) {
-        /* HOOK (lead, merging hf): a "+ffn" layout runs with `--ep-split ffn`: replace this block
-         * with setting hf's option (e.g. a->ep_split = "ffn") so the runtime owns each layer's
-         * shared expert / dense MLP on rank l mod ep. */
-        if (strcmp(a->layout, "auto")) {
-            fprintf(stderr, "eaglegen generate: --layout %s needs --ep-split ffn, which this build does not have\n",
-                    a->layout);
-            return 2;
-        }
-        fprintf(stderr, "eaglegen generate: --layout auto: this build has no --ep-split ffn: running ep %d with the "
-                        "dense parts replicated (same samples, fewer KV slots)\n", ep);
-    }
+    /* a "+ffn" layout: each layer's shared expert / dense MLP on rank l mod ep */
+    if (ep_split == EG_SPLIT_FFN) a->ep_split = EG_EP_SPLIT_FFN;
     if (stages > 1) {
         snprintf(a->layout_stages, sizeof a->layout_stages, "%d", stages);
         a->stages = a->layout_stages;
@@ -277,6 +274,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"shard-size", 1, 0, 'Z'},     {"kv-policy", 1, 0, 'K'},      {"kv-tokens", 1, 0, 'V'},
         {"host-kv-gb", 1, 0, 'W'},     {"ep", 1, 0, 'E'},             {"layout", 1, 0, 0x100},
         {"box", 1, 0, 0x101},          {"draft-model", 1, 0, 0x102},  {"draft-tokens", 1, 0, 0x103},
+        {"ep-split", 1, 0, 0x104},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -390,6 +388,14 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 0x101: a->box = optarg; break;
         case 0x102: a->draft_model = optarg; break;
         case 0x103: if (!gen_arg_int("generate", "--draft-tokens", optarg, 1, 64, &a->draft_tokens)) return 2; break;
+        case 0x104:
+            if (!strcmp(optarg, "none")) a->ep_split = EG_EP_SPLIT_NONE;
+            else if (!strcmp(optarg, "ffn")) a->ep_split = EG_EP_SPLIT_FFN;
+            else {
+                fprintf(stderr, "eaglegen generate: --ep-split: expected none or ffn, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 'R': a->restart = 1; break;
         case 'D': a->dry_run = 1; break;
@@ -408,6 +414,11 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         return 2;
     }
     if (a->layout && resolve_layout(a)) return 2;
+    if (a->ep_split != EG_EP_SPLIT_NONE && a->ep < 2) {
+        fprintf(stderr, "eaglegen generate: --ep-split ffn splits within an expert-parallel group: it needs --ep E "
+                        "with E > 1 (got %d)\n", a->ep > 0 ? a->ep : 1);
+        return 2;
+    }
     if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
         fprintf(stderr, "eaglegen generate: --micro-batches, --gpus and --transport apply to pipeline stages; "
                         "add --stages (see --help)\n");
@@ -886,7 +897,7 @@ int cmd_generate(int argc, char **argv) {
             .capture = a.capture, .thinking = a.thinking, .max_new = a.max_new, .max_seq_len = a.max_seq_len,
             .aux = a.aux, .n_aux = a.n_aux, .limit = a.limit, .worker = a.worker, .n_workers = a.n_workers,
             .shard_samples = a.shard_samples, .shard_bytes = a.shard_bytes, .backend = a.backend, .stages = a.stages,
-            .n_final = a.final_mode == 2 ? 2 : 1, .ep = a.ep, .batch = a.batch};
+            .n_final = a.final_mode == 2 ? 2 : 1, .ep = a.ep, .batch = a.batch, .ep_split = a.ep_split};
         rc = gen_dry_run(&dro, stdout);
     }
     if (rc >= 0) { free((void *)a.prompts); return g_interrupted ? 130 : rc; }
@@ -973,8 +984,8 @@ int cmd_generate(int argc, char **argv) {
     eg_runtime_opts ro = {
         .model = &model, .backend = a.backend, .threads = a.threads, .gpus = a.gpus,
         .gpu_mem_fraction = a.gpu_mem_fraction, .stages = a.stages, .stage_threads = 1,
-        .micro_batches = a.micro_batches, .transport = a.transport, .ep = a.ep, .n_slots = a.batch,
-        .max_seq_len = a.max_seq_len, .max_tokens = max_tokens,
+        .micro_batches = a.micro_batches, .transport = a.transport, .ep = a.ep, .ep_split = a.ep_split,
+        .n_slots = a.batch, .max_seq_len = a.max_seq_len, .max_tokens = max_tokens,
         .kv_policy = a.kv_reserve ? EG_KV_RESERVE : EG_KV_ON_DEMAND, .kv_tokens = a.kv_tokens,
         .host_kv_bytes = a.host_kv_gb >= 0 ? (int64_t)(a.host_kv_gb * 1e9) : -1, .ram_bytes = mem_avail,
         .aux_layers = a.aux, .n_aux = a.n_aux, .final_pre_norm = a.final_mode == 1, .final_both = a.final_mode == 2,
@@ -1094,11 +1105,17 @@ int cmd_generate(int argc, char **argv) {
     gen_progress_init(&g.prog, jlog, a.worker, a.n_workers);
     g_rt = g.rt;
     if (ri->ep > 1) {
-        int e0 = 0, per = ri->experts_per_rank;
+        int e0 = 0, per = ri->experts_per_rank, ffn = ri->ep_split == EG_EP_SPLIT_FFN;
         fprintf(stderr, "  expert parallel: %d ranks, %d routed experts each (rank 0: %d..%d), %d slots and %lld KV "
-                        "tokens over the ranks (rank 0: %lld), dense parts replicated, exchange %s\n", ri->ep, per, e0,
+                        "tokens over the ranks (rank 0: %lld), %s, exchange %s\n", ri->ep, per, e0,
                 per - 1, a.batch, (long long)ri->kv_capacity_all, (long long)ri->kv_capacity,
+                ffn ? "shared expert / dense MLP of layer l on rank l mod ranks (+ffn), embedding and lm_head replicated"
+                    : "dense parts replicated",
                 eg_ep_runtime_exchange(eg_runtime_ep_ranks(g.rt)));
+        fprintf(stderr, "  expert parallel: weights per rank (MB):");
+        for (int r = 0; r < ri->ep; r++)
+            fprintf(stderr, " %.3f", (double)eg_ep_runtime_rank_weight_bytes(eg_runtime_ep_ranks(g.rt), r) / 1e6);
+        fprintf(stderr, " (split: %s)\n", ffn ? "ffn" : "none");
     }
     eg_status run_st = eg_runtime_run(g.rt, next_request, on_done, &g, &err);
     g_rt = NULL;
@@ -1138,8 +1155,11 @@ int cmd_generate(int argc, char **argv) {
     if (ri->ep > 1) {
         int64_t pairs, xbytes;
         eg_runtime_traffic(g.rt, &pairs, &xbytes);
-        fprintf(stderr, "  expert exchange: %lld (token, expert) pairs crossed ranks, %.3f MB moved; steps per rank:",
-                (long long)pairs, (double)xbytes / 1e6);
+        fprintf(stderr, "  expert exchange: %lld (token, expert) pairs crossed ranks", (long long)pairs);
+        if (ri->ep_split == EG_EP_SPLIT_FFN)
+            fprintf(stderr, ", %lld token rows to another rank's shared expert / dense MLP",
+                    (long long)eg_ep_runtime_ffn_rows(eg_runtime_ep_ranks(g.rt)));
+        fprintf(stderr, ", %.3f MB moved; steps per rank:", (double)xbytes / 1e6);
         for (int r = 0; r < ri->ep; r++) {
             eg_engine_stats rs;
             eg_ep_runtime_rank_stats(eg_runtime_ep_ranks(g.rt), r, &rs);

@@ -130,6 +130,11 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
             eg_fail(&err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep, o->batch);
             goto done;
         }
+        if (o->ep_split && !strcmp(o->backend, "cuda")) {
+            eg_fail(&err, EG_ERR_UNSUPPORTED, "--ep-split ffn with --backend cuda: the shared expert / dense MLP split "
+                    "runs on CPU ranks (the local exchange) only in this version; use --ep-split none");
+            goto done;
+        }
     }
     corpus_opts co;
     corpus_opts_default(&co);
@@ -188,15 +193,24 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
                          : !strcmp(o->backend, "cuda") ? " (the whole model on one GPU)" : "");
     if (ep > 1) {
         int per = cfg.n_experts / ep;
-        fprintf(out, "expert ranks:  --ep %d (%s): each rank holds %d of the %d routed experts per MoE layer (dense parts "
-                     "replicated), its own sequences and their cache, and runs %s %d stage%s\n",
-                ep, strcmp(o->backend, "cuda") ? "rank r on its own thread, rows exchanged through host memory"
+        fprintf(out, "expert ranks:  --ep %d%s (%s): each rank holds %d of the %d routed experts per MoE layer (%s), "
+                     "its own sequences and their cache, and runs %s %d stage%s\n",
+                ep, o->ep_split ? "+ffn" : "", strcmp(o->backend, "cuda") ? "rank r on its own thread, rows exchanged through host memory"
                                                : "rank r on GPU r mod the GPU count, rows exchanged over NCCL",
-                per, cfg.n_experts, n_stages > 1 ? "all" : "its", n_stages, n_stages > 1 ? "s" : "");
+                per, cfg.n_experts,
+                o->ep_split ? "layer l's shared expert / dense MLP on rank l mod ranks only; embedding and lm_head "
+                              "replicated"
+                            : "dense parts replicated",
+                n_stages > 1 ? "all" : "its", n_stages, n_stages > 1 ? "s" : "");
         for (int r = 0; r < ep; r++) {
             fprintf(out, "  rank %d: experts %d..%d", r, r * per, (r + 1) * per - 1);
             if (o->batch > 0) fprintf(out, ", %d of the %d slots", o->batch / ep + (r < o->batch % ep), o->batch);
             else fprintf(out, ", its share of the --batch auto slots");
+            if (o->ep_split) {
+                fprintf(out, ", the shared expert / dense MLP of layer%s", r + ep < cfg.n_layers ? "s" : "");
+                for (int l = r; l < cfg.n_layers; l += ep) fprintf(out, "%s %d", l == r ? "" : ",", l);
+                if (r >= cfg.n_layers) fprintf(out, "s: none");
+            }
             fprintf(out, "\n");
         }
     }

@@ -44,6 +44,32 @@ same ep4 --ep 4
 same ep2s2 --ep 2 --stages 2
 same ep4c3 --ep 4 --chunk 3 --batch 5
 
+echo "-- --ep-split ffn: layer l's shared expert / dense MLP on rank l mod E only"
+wmb() { grep -o 'weights per rank (MB): [0-9. ]*' "$1" | sed 's/.*: //'; } # per-rank weight MB
+ffn() { # NAME FLAGS...: identical to unsplit, the split named, every rank lighter than replicated
+    local name=$1; shift
+    same "$name" "$@" --ep-split ffn
+    grep -q "(+ffn)" "$name.log" || { cat "$name.log"; echo "FAIL: $name does not say +ffn"; exit 1; }
+    grep -q "token rows to another rank's shared expert" "$name.log" || { cat "$name.log"; echo "FAIL: $name no rows"; exit 1; }
+    $E generate "${args[@]}" "$@" --limit 1 --out "$name.none" 2>"$name.none.log" || { cat "$name.none.log"; exit 1; }
+    local with without
+    with=$(wmb "$name.log"); without=$(wmb "$name.none.log")
+    "$PYTHON" -c "
+import sys
+w, n = [float(x) for x in sys.argv[1].split()], [float(x) for x in sys.argv[2].split()]
+assert len(w) == len(n) > 1 and all(a < b for a, b in zip(w, n)) and len(set(n)) == 1, (w, n)
+print('  weights per rank (MB): %s with ffn, %s replicated' % (sys.argv[1], sys.argv[2]))
+" "$with" "$without" || { echo "FAIL: $name: weights per rank $with (ffn) vs $without (none)"; exit 1; }
+}
+ffn ffn2 --ep 2
+ffn ffn4 --ep 4
+ffn ffn2s2 --ep 2 --stages 2
+ffn ffn4c3 --ep 4 --chunk 3 --batch 5
+# --dry-run names each rank's layers (layer l on rank l mod E)
+$E generate "${args[@]}" --ep 2 --ep-split ffn --dry-run >dry.txt 2>&1 || { cat dry.txt; exit 1; }
+grep -q "rank 0: .*dense MLP of layers 0, 2, 4$" dry.txt && grep -q "rank 1: .*dense MLP of layers 1, 3$" dry.txt \
+    || { cat dry.txt; echo "FAIL: --dry-run does not show the owners"; exit 1; }
+
 echo "-- --layout: the same layouts by name, and auto from the planner"
 same lay22 --layout pp2xep2
 $E generate "${args[@]}" --layout auto --box h200x8 --batch 8 --out lauto 2>lauto.log || { cat lauto.log; exit 1; }
@@ -60,8 +86,9 @@ with open('short.jsonl', 'w') as f:
 kargs=(--model model --prompts short.jsonl --max-new-tokens 160 --max-seq-len 256 --chunk 8
        --aux-layers 1,3 --seed 9 --shard-samples 4)
 $E generate "${kargs[@]}" --batch 4 --kv-policy reserve --out kref 2>kref.log || { cat kref.log; exit 1; }
-for f in "--ep 2 --host-kv-gb 0.00006" "--ep 2 --stages 2 --host-kv-gb 0" "--ep 4 --host-kv-gb 1"; do
-    n=kv$(echo "$f" | tr -d ' -.')
+for f in "--ep 2 --host-kv-gb 0.00006" "--ep 2 --stages 2 --host-kv-gb 0" "--ep 4 --host-kv-gb 1" \
+         "--ep 2 --ep-split ffn --host-kv-gb 0.00006" "--ep 4 --ep-split ffn --host-kv-gb 0"; do
+    n=kv$(echo "$f" | tr -d ' -.' | tr -d -c 'a-z0-9')
     ep=$(echo "$f" | sed -E 's/--ep ([0-9]+).*/\1/')
     $E generate "${kargs[@]}" $f --batch $((4 * ep)) --kv-tokens $((320 * ep)) --out "$n" 2>"$n.log" \
         || { cat "$n.log"; exit 1; }
@@ -74,7 +101,8 @@ done
 echo "-- capture mode (teacher-forced)"
 cargs=(--model model --prompts conv.jsonl --mode capture --max-seq-len 512 --batch 4 --chunk 8 --aux-layers 0,2,3)
 $E generate "${cargs[@]}" --out cref 2>cref.log || { cat cref.log; exit 1; }
-for f in "--ep 2" "--ep 4" "--ep 2 --stages 2"; do
+for f in "--ep 2" "--ep 4" "--ep 2 --stages 2" "--ep 2 --ep-split ffn" "--ep 4 --ep-split ffn" \
+         "--ep 2 --stages 2 --ep-split ffn"; do
     n=cap$(echo "$f" | tr -d ' -')
     $E generate "${cargs[@]}" $f --out "$n" 2>"$n.log" || { cat "$n.log"; exit 1; }
     "$PYTHON" "$here/gen_check.py" same cref "$n" >/dev/null || { echo "FAIL: capture $f differs"; exit 1; }
@@ -119,6 +147,12 @@ bad "--ep 4: each rank's share of the KV pool" --ep 4 --kv-tokens 1024
 # here (no GPU) the run stops at the device, not at the option check
 if $E generate "${args[@]}" --ep 2 --backend cuda --out bad 2>bad.log; then echo "FAIL: cuda ran without a GPU"; exit 1; fi
 if grep -q "is not implemented yet\|CPU ranks only" bad.log; then cat bad.log; echo "FAIL: --ep refused on cuda"; exit 1; fi
+bad "--ep-split ffn splits within an expert-parallel group: it needs --ep E with E > 1 (got 1)" --ep-split ffn
+bad "--ep-split ffn splits within an expert-parallel group: it needs --ep E with E > 1 (got 1)" --ep-split ffn --ep 1
+bad "--ep-split: expected none or ffn, got 'dense'" --ep 2 --ep-split dense
+bad "--ep-split ffn with --backend cuda: the shared expert / dense MLP split runs on CPU ranks" \
+    --ep 2 --ep-split ffn --backend cuda
+bad "--ep-split ffn with --backend cuda" --ep 2 --ep-split ffn --backend cuda --dry-run
 bad "--layout sets --stages and --ep" --layout ep2 --ep 2
 bad "expected ppP, epE, ppPxepE" --layout tp8
 bad "no +split yet" --layout ep2+split

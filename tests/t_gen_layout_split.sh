@@ -19,6 +19,10 @@ want=$($E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --mean-len 4096 | sed -n 
 case "$want" in *+ffn) ;; *) fail "plan recommends '$want' on the RTX box, expected a +ffn layout" ;; esac
 ! $E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 > out 2> err || fail "generate without weights ran"
 grep -q -- "--layout auto: $want on rtx-pro-6000x8 (modelled" err || fail "auto on cpu did not take $want"
+# the +ffn recommendation reaches the runtime as --ep-split ffn (the dry run's rank plan)
+$E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 --dry-run > out 2> err || fail "dry run of auto"
+grep -q -- "--ep [0-9]*+ffn" out err || fail "auto took $want but the dry run shows no ffn split"
+grep -q "the shared expert / dense MLP of layers 0, " out err || fail "auto: no ffn owners in the dry run"
 ! $E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 --backend cuda > out 2> err || fail "generate ran"
 grep -q -- "--layout auto: ${want%+ffn} on rtx-pro-6000x8 (modelled" err || fail "auto on cuda: expected ${want%+ffn}"
 ! $E generate "${args[@]}" --layout ep8+ffn --backend cuda > out 2> err || fail "ep8+ffn on cuda accepted"

@@ -215,6 +215,20 @@ static void test_layouts_identical(void) {
         }
         free_results(&r);
     }
+    /* --ep-split ffn: each layer's shared expert / dense MLP on one rank, the same results */
+    for (int k = 0; k < 2; k++) {
+        results r = {0};
+        o = base_opts();
+        o.ep = 2;
+        o.ep_split = EG_EP_SPLIT_FFN;
+        if (k) { o.stages = "2"; o.kv_tokens = 144; o.host_kv_bytes = 0; o.max_seq_len = 64; }
+        eg_status st = run(&o, &r, &info, &err);
+        CHECKF(st == EG_OK, "ep split ffn %d: %s", k, err.msg);
+        CHECKF(same(&ref, &r, H), "ep split ffn%s: results differ from the one-stage runtime", k ? ", two stages" : "");
+        CHECK(info.ep == 2 && info.ep_split == EG_EP_SPLIT_FFN);
+        if (k) CHECKF(last_stats.preemptions > 0, "ep split ffn, small pool: no preemption");
+        free_results(&r);
+    }
     free_results(&ref);
 }
 
@@ -284,6 +298,16 @@ static void test_refusals(void) {
     o.backend = "metal"; /* ranks run on cpu (local exchange) and cuda (nccl) backends only */
     refused("ep 2 on another backend", &o, "--ep 2 on the metal backend", "CUDA ranks (nccl)");
     o = base_opts();
+    o.ep_split = EG_EP_SPLIT_FFN; /* the shared expert / dense MLP split needs a group */
+    refused("ep split, no ep", &o, "--ep-split ffn needs an expert-parallel group", "got 0");
+    o.ep = 2;
+    o.backend = "cuda"; /* the CUDA exchange splits the routed experts only: refused up front */
+    refused("ep split on cuda", &o, "--ep-split ffn with --backend cuda", "CPU ranks");
+    o = base_opts();
+    o.ep = 2;
+    o.ep_split = (eg_ep_split)7;
+    refused("ep split 7", &o, "expert-parallel split 7 (expected none or ffn)", NULL);
+    o = base_opts();
     o.ep = 4;
     o.kv_tokens = 256;
     refused("ep 4, small pool", &o, "--ep 4: each rank's share of the KV pool", "--max-seq-len 128");
@@ -347,7 +371,8 @@ static int same_req(const results *a, const results *b, int i, int64_t H) {
 /* Greedy requests (even ids) with a drafter, in every layout, equal greedy without one
  * on one engine; sampled requests (odd ids, per-request RNG) equal sampled with the
  * drafter on one engine: --ep 2 and 4 (a drafter per rank, verify rows through the
- * exchange), threaded stages, --ep 2 with stages, and a pool that preempts. */
+ * exchange), threaded stages, --ep 2 with stages, and a pool that preempts; --ep-split ffn
+ * too (verify rows through the shared expert / dense MLP exchange). */
 static void test_spec_layouts(void) {
     load_model();
     if (!have_model || !make_drafter()) return;
@@ -368,14 +393,17 @@ static void test_spec_layouts(void) {
         const char *name, *stages;
         int ep, threaded, k;
         int64_t kv_tokens;
+        eg_ep_split split;
     } v[] = {
-        {"--ep 2", NULL, 2, 1, 3, 0},
-        {"--ep 4", NULL, 4, 1, 3, 0},
-        {"two threaded stages", "2", 0, 1, 3, 0},
-        {"three threaded stages, k 2", "3", 0, 1, 2, 0},
-        {"--ep 2 with two stages", "2", 2, 1, 3, 0},
-        {"--ep 2, a pool that preempts", NULL, 2, 1, 3, 144},
-        {"two threaded stages, a pool that preempts", "2", 0, 1, 3, 80},
+        {"--ep 2", NULL, 2, 1, 3, 0, EG_EP_SPLIT_NONE},
+        {"--ep 4", NULL, 4, 1, 3, 0, EG_EP_SPLIT_NONE},
+        {"two threaded stages", "2", 0, 1, 3, 0, EG_EP_SPLIT_NONE},
+        {"three threaded stages, k 2", "3", 0, 1, 2, 0, EG_EP_SPLIT_NONE},
+        {"--ep 2 with two stages", "2", 2, 1, 3, 0, EG_EP_SPLIT_NONE},
+        {"--ep 2, a pool that preempts", NULL, 2, 1, 3, 144, EG_EP_SPLIT_NONE},
+        {"two threaded stages, a pool that preempts", "2", 0, 1, 3, 80, EG_EP_SPLIT_NONE},
+        {"--ep 4 --ep-split ffn", NULL, 4, 1, 3, 0, EG_EP_SPLIT_FFN},
+        {"--ep 2 --ep-split ffn with two stages, a pool that preempts", "2", 2, 1, 3, 144, EG_EP_SPLIT_FFN},
     };
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
         results r = {0}, ref = {0};
@@ -390,6 +418,7 @@ static void test_spec_layouts(void) {
         o.stages = v[k].stages;
         o.stage_threads = v[k].threaded;
         o.ep = v[k].ep;
+        o.ep_split = v[k].split;
         o.kv_tokens = v[k].kv_tokens;
         if (v[k].kv_tokens) o.max_seq_len = 64; /* each rank's share holds one sequence */
         eg_status st = run(&o, &r, &info, &err);
