@@ -9,7 +9,7 @@ group attention is data-parallel (each GPU holds the cache of its own sequences:
 cache is held once), the routed experts are split E ways, and the dense parts are
 replicated in the group ("ep8"), or "+ffn": the shared expert of each MoE layer and the
 dense MLP of each dense layer owned whole by rank l mod E of the group (generate
---ep-split ffn; built on CPU ranks, CUDA refuses it), or "+split": +ffn and the embedding
+--ep-split ffn; built on CPU and CUDA ranks), or "+split": +ffn and the embedding
 and lm_head vocab-split over the group (modelled only). ppG is the pipeline, epG one
 group over every GPU; tpG (tensor parallel: weights split, the latent cache copied onto
 every GPU) is what serving stacks run, modelled for comparison.
@@ -232,7 +232,7 @@ SPLITS = ("none", "ffn", "all")  # eg_dense_split: replicated, "+ffn", "+split"
 
 
 def split_runnable(split):
-    """eg_layout_split_runnable: +ffn is built on CPU ranks (local exchange); CUDA refuses it; the vocab
+    """eg_layout_split_runnable: +ffn is built on CPU ranks (local exchange) and CUDA ranks; the vocab
     split (+split) is modelled only."""
     return {"none": True, "ffn": True, "all": False}[split]
 

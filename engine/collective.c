@@ -77,10 +77,6 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
     if (n_cuda && n_cuda != o->n_ranks)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: %d of %d ranks on CUDA backends (all or none)",
                        n_cuda, o->n_ranks);
-    if (n_cuda && o->ffn_split)
-        return eg_fail(err, EG_ERR_UNSUPPORTED,
-                       "expert-parallel group: the shared expert / dense MLP split (--ep-split ffn) runs on CPU ranks "
-                       "(the local exchange) only, not on the %d CUDA ranks", n_cuda);
     eg_ep_group *g = eg_calloc(1, sizeof *g, err);
     if (!g) return EG_ERR_NOMEM;
     g->o = *o;
@@ -150,6 +146,7 @@ void eg_ep_register_ffn(eg_ep_group *g, int rank, int layer, const eg_weight *ga
 }
 
 int64_t eg_ep_ffn_rows(const eg_ep_group *g) {
+    if (g->cuda) return eg_ep_cuda_ffn_rows(g->cuda);
     int64_t n = 0;
     for (int r = 0; g->rk && r < g->o.n_ranks; r++) n += g->rk[r].ffn_rows;
     return n;
@@ -326,7 +323,7 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const e
 
 eg_status eg_ep_leave(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) {
     if (g->cuda) {
-        eg_status st = eg_ep_cuda_leave(g->cuda, rank, g->layers + (size_t)rank * (size_t)g->o.n_layers, be, err);
+        eg_status st = eg_ep_cuda_leave(g->cuda, rank, g->layers + (size_t)rank * (size_t)g->o.n_layers, g->ffn_w, be, err);
         if (st) eg_ep_fail(g);
         return st;
     }
@@ -344,11 +341,16 @@ eg_status eg_ep_leave(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) {
 
 eg_status eg_ep_ffn(eg_ep_group *g, int rank, int layer, eg_backend *be, const float *x, int T, float *y,
                     int accumulate, eg_error *err) {
-    if (!g->o.ffn_split || g->cuda || T < 1 || T > g->o.max_tokens || layer < 0 || layer >= g->o.n_layers) {
+    if (!g->o.ffn_split || T < 1 || T > g->o.max_tokens || layer < 0 || layer >= g->o.n_layers) {
         eg_ep_fail(g);
         return eg_fail(err, EG_ERR_INVALID,
                        "expert-parallel ffn: T=%d layer %d (group: max %d tokens, %d layers, split %s, exchange %s)", T,
                        layer, g->o.max_tokens, g->o.n_layers, g->o.ffn_split ? "ffn" : "none", eg_ep_kind(g));
+    }
+    if (g->cuda) {
+        eg_status st = eg_ep_cuda_ffn(g->cuda, rank, layer, g->ffn_w, be, x, T, y, accumulate, err);
+        if (st) eg_ep_fail(g);
+        return st;
     }
     g->post[rank] = (ep_post){.kind = EP_FFN, .T = T, .x = x, .layer = layer};
     if (barrier(g)) return failed_status(err);

@@ -25,14 +25,18 @@
  * A rank's own experts for a leaving rank's service come from eg_ep_register (each
  * rank's forwards register their MoE layers' expert arrays at creation).
  *
- * With ffn_split (generate --ep-split ffn; local implementation only) the shared expert
+ * With ffn_split (generate --ep-split ffn; every implementation) the shared expert
  * of every MoE layer and the dense MLP of every dense layer is owned whole by one rank,
  * layer l by rank l mod ep, and only that rank holds its weights (registered with
  * eg_ep_register_ffn). Per layer every rank calls eg_ep_ffn with its tokens' normed rows:
  * the owner runs the backend's swiglu_mlp over each rank's rows (accumulate 0, rank by
- * rank), and each rank writes (dense: y = out) or adds (MoE: y += out, after the routed
- * sum, elementwise as the accumulating op does) its rows' outputs: the bits of the
- * unsplit op (swiglu_mlp's rows do not depend on the other rows of the call). Bytes moved
+ * rank, each rank's rows as one call of their own count), and each rank writes (dense:
+ * y = out) or adds (MoE: y += out with the add op, after the routed sum, as forward.c's
+ * unsplit path adds the finished shared-expert rows) its rows' outputs: the bits of the
+ * unsplit op (on CPU its rows do not depend on the call's other rows; on CUDA the call
+ * has the unsplit call's row count, so cuBLAS picks the same algorithm). The nccl and
+ * cuda-local exchanges send the rows to the owner and back through their buffers
+ * (collective_cuda.c). Bytes moved
  * per token and layer: H*4 to the owner and H*4 back, for a token not on the owner.
  * Ownership: the group owns its scratch and borrows the backends; eg_ep_group_free
  * accepts NULL.
@@ -52,7 +56,7 @@ typedef struct eg_ep_opts {
     int max_tokens;  /* T bound of any rank's call (and of each rank backend's ops) */
     int n_layers;    /* L: layers are numbered 0..L-1 in eg_ep_moe and eg_ep_register */
     int ffn_split;   /* 1: shared expert / dense MLP of layer l owned by rank l mod n_ranks
-                        (eg_ep_ffn); 0: replicated, eg_ep_ffn unused. Local only */
+                        (eg_ep_ffn); 0: replicated, eg_ep_ffn unused */
     eg_backend *const *backends; /* [n_ranks] each rank's backend (borrowed): all CPU =
                                     local, all CUDA on distinct GPUs = nccl */
 } eg_ep_opts;

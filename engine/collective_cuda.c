@@ -16,6 +16,14 @@
  *      unsplit op adds for that pair.
  *   5. the contributions back to their token's owner (one group); eg_cuda_ep_combine adds
  *      each token's K contributions in k order into y.
+ * A shared-expert / dense-MLP call (ffn_split, eg_ep_cuda_ffn) shares step 2 and the
+ * posts: counts {rows to q, 0, layer, flags} written from the host (flags bit 0: left,
+ * bit 1: an ffn call; a rank that left learns the call's kind from the counts), every
+ * rank's rows to the layer's owner (layer mod R, collective.h's eg_ep_ffn_owner), the
+ * owner's swiglu_mlp over each source's rows (accumulate 0: the rows the unsplit op
+ * computes for that rank's call of the same size), the rows back, and the token's rank
+ * writes them (dense) or adds them after the routed sum (MoE), as forward.c's unsplit
+ * path does.
  * Sends and receives between two ranks happen in the same order on both sides and are
  * sized from the exchanged counts, so they pair up. Rank r's own segment is copied on
  * its device instead of sent. Enqueueing NCCL work is done under a mutex that
@@ -43,9 +51,19 @@ eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *
     (void)n; (void)rank; (void)layer; (void)layers; (void)be; (void)a;
     return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without CUDA");
 }
-eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err) {
-    (void)n; (void)rank; (void)layers; (void)be;
+eg_status eg_ep_cuda_ffn(eg_ep_cuda *n, int rank, int layer, const eg_weight *const *ffn_w, eg_backend *be,
+                         const float *x, int T, float *y, int accumulate, eg_error *err) {
+    (void)n; (void)rank; (void)layer; (void)ffn_w; (void)be; (void)x; (void)T; (void)y; (void)accumulate;
     return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without CUDA");
+}
+eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, const eg_weight *const *ffn_w,
+                           eg_backend *be, eg_error *err) {
+    (void)n; (void)rank; (void)layers; (void)ffn_w; (void)be;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without CUDA");
+}
+int64_t eg_ep_cuda_ffn_rows(const eg_ep_cuda *n) {
+    (void)n;
+    return 0;
 }
 void eg_ep_cuda_fail(eg_ep_cuda *n) { (void)n; }
 void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes) {
@@ -71,7 +89,8 @@ typedef void *ncclComm_t; /* never created: cuda-local only */
 
 typedef struct ep_nrank {
     int32_t *counts_d;  /* [2][R][4] device: sent to each peer, then received from each */
-    int32_t *counts_h;  /* [2][R][4] page-locked copy */
+    int32_t *counts_h;  /* [2][2][R][4] page-locked: the copy of counts_d read back, then the counts an
+                           ffn call uploads (its own area: never a copy's source and a later one's target) */
     int32_t *sendtok;   /* [T*M] token of each send row, segments by destination */
     float *sendrows;    /* [T*M][H] */
     int32_t *sendmeta;  /* [3*T*K] per destination: row-in-segment, id, weight bits */
@@ -82,7 +101,7 @@ typedef struct ep_nrank {
     float *res;         /* [R*T*K][H] contributions computed here, segments by source */
     float *back;        /* [T*K][H] contributions to this rank's pairs, segments by owner */
     int64_t *so_r, *so_p, *ro_r, *ro_p; /* [R+1] host offsets: sent rows/pairs, received rows/pairs */
-    int64_t remote_pairs, bytes;
+    int64_t remote_pairs, bytes, ffn_rows;
 } ep_nrank;
 
 struct eg_ep_cuda {
@@ -148,6 +167,12 @@ void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *byt
         *remote_pairs += n->rk[r].remote_pairs;
         *bytes += n->rk[r].bytes;
     }
+}
+
+int64_t eg_ep_cuda_ffn_rows(const eg_ep_cuda *n) {
+    int64_t rows = 0;
+    for (int r = 0; r < n->R; r++) rows += n->rk[r].ffn_rows;
+    return rows;
 }
 
 void eg_ep_cuda_fail(eg_ep_cuda *n) {
@@ -287,7 +312,7 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
         if (!st && (ce = cudaMemsetAsync(k->counts_d, 0, 4 * z.counts, n->strm[r])) != cudaSuccess)
             st = cu_err(err, r, "cudaMemsetAsync", ce);
         if (st) break;
-        k->counts_h = eg_cuda_host_alloc(4 * z.counts, err);
+        k->counts_h = eg_cuda_host_alloc(2 * 4 * z.counts, err);
         k->so_r = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
         k->so_p = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
         k->ro_r = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
@@ -395,13 +420,16 @@ static eg_status post_nccl(eg_ep_cuda *n, int rank, int which, eg_error *err) {
             r = ncclSend(k->counts_d + 4 * q, 4, ncclInt32, q, c, s);
             if (r == ncclSuccess) r = ncclRecv(k->counts_d + 4 * (R + q), 4, ncclInt32, q, c, s);
         } else if (which == 1) {
+            /* rows, then their pairs' metadata (none in an ffn call) */
             if (sr) {
                 r = ncclSend(k->sendrows + (size_t)k->so_r[q] * H, (size_t)sr * H, ncclFloat32, q, c, s);
-                if (r == ncclSuccess) r = ncclSend(k->sendmeta + 3 * k->so_p[q], 3 * (size_t)sp, ncclInt32, q, c, s);
+                if (r == ncclSuccess && sp)
+                    r = ncclSend(k->sendmeta + 3 * k->so_p[q], 3 * (size_t)sp, ncclInt32, q, c, s);
             }
             if (rr && r == ncclSuccess) {
                 r = ncclRecv(k->recvrows + (size_t)k->ro_r[q] * H, (size_t)rr * H, ncclFloat32, q, c, s);
-                if (r == ncclSuccess) r = ncclRecv(k->recvmeta + 3 * k->ro_p[q], 3 * (size_t)rp, ncclInt32, q, c, s);
+                if (r == ncclSuccess && rp)
+                    r = ncclRecv(k->recvmeta + 3 * k->ro_p[q], 3 * (size_t)rp, ncclInt32, q, c, s);
             }
         } else {
             if (rp) r = ncclSend(k->res + (size_t)k->ro_p[q] * H, (size_t)rp * H, ncclFloat32, q, c, s);
@@ -424,37 +452,71 @@ static eg_status post(eg_ep_cuda *n, int rank, int which, eg_error *err) {
     return post_local(n, rank, which, err);
 }
 
-/* One exchange. a == NULL: this rank has left (no tokens; serves the others). *all_left:
- * every rank has left (nothing else was done). */
-static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
-                          const eg_moe_args *a, int *all_left, eg_error *err) {
+enum { EP_LEFT = 1, EP_FFN_CALL = 2 }; /* the flags word of a rank's counts */
+
+/* A shared-expert / dense-MLP call of this rank (ffn_split): T rows x, y written (dense)
+ * or added to (MoE, accumulate). */
+typedef struct ep_ffn_call {
+    const float *x;
+    int T;
+    float *y;
+    int accumulate;
+} ep_ffn_call;
+
+static eg_status ffn_rest(eg_ep_cuda *n, int rank, int lay, const eg_weight *const *ffn_w, eg_backend *be,
+                          const ep_ffn_call *fc, eg_error *err);
+
+/* One exchange. a == NULL and fc == NULL: this rank has left (no tokens; serves the
+ * others, whichever kind of call they make). fc: a shared-expert / dense-MLP call, else
+ * a routed one (a). ffn_w: [n_layers][3] the owner's registered weights (ffn_split) or
+ * NULL. *all_left: every rank has left (nothing else was done). */
+static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers,
+                          const eg_weight *const *ffn_w, eg_backend *be, const eg_moe_args *a, const ep_ffn_call *fc,
+                          int *all_left, eg_error *err) {
     ep_nrank *k = &n->rk[rank];
     int R = n->R, K = n->K, T = a ? a->T : 0;
     size_t H = (size_t)n->H;
     cudaStream_t s = n->strm[rank];
     *all_left = 0;
-    eg_status st = eg_cuda_ep_pack(be, a ? a->ids : NULL, a ? a->weights : NULL, T, K, R, n->per, rank,
-                                   a ? layer : -1, !a, k->counts_d, k->sendtok, k->sendmeta, k->tk2pair, err);
+    eg_status st = EG_OK;
+    if (fc) {
+        /* rows to the layer's owner only; the upload area is free (the last call's upload
+           finished before its counts were read back and waited for) */
+        int32_t *h = k->counts_h + 8 * R;
+        for (int q = 0; q < R; q++) {
+            int32_t v[4] = {q == layer % R ? fc->T : 0, 0, layer, EP_FFN_CALL};
+            memcpy(h + 4 * q, v, sizeof v);
+            if (q == rank) memcpy(h + 4 * (R + q), v, sizeof v);
+        }
+        CU("cudaMemcpyAsync (ffn counts)",
+           cudaMemcpyAsync(k->counts_d, h, sizeof(int32_t) * 8 * (size_t)R, cudaMemcpyHostToDevice, s));
+    } else {
+        st = eg_cuda_ep_pack(be, a ? a->ids : NULL, a ? a->weights : NULL, T, K, R, n->per, rank, a ? layer : -1,
+                             a ? 0 : EP_LEFT, k->counts_d, k->sendtok, k->sendmeta, k->tk2pair, err);
+    }
     if (st || (st = post(n, rank, 0, err))) return st;
-    if (st) return st;
     CU("cudaMemcpyAsync (counts)", cudaMemcpyAsync(k->counts_h, k->counts_d, sizeof(int32_t) * 8 * (size_t)R,
                                                    cudaMemcpyDeviceToHost, s));
     cudaError_t ce = cudaStreamSynchronize(s);
     if (n->failed) return interrupted(err);
     if (ce != cudaSuccess) return cu_err(err, rank, "cudaStreamSynchronize (counts)", ce);
     const int32_t *sc = k->counts_h, *rc = k->counts_h + 4 * R;
-    int lay = -1, active = 0;
+    int lay = -1, kind = 0, active = 0;
     for (int q = 0; q < R; q++) {
-        if (rc[4 * q + 3]) continue;
-        if (active++ && rc[4 * q + 2] != lay)
-            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d from a rank, %d "
-                           "from rank %d)", rank, lay, rc[4 * q + 2], q);
+        if (rc[4 * q + 3] & EP_LEFT) continue;
+        int kq = rc[4 * q + 3] & EP_FFN_CALL;
+        if (active++ && (rc[4 * q + 2] != lay || kq != kind))
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d%s from a rank, %d%s "
+                           "from rank %d)", rank, lay, kind ? " shared/dense" : " routed", rc[4 * q + 2],
+                           kq ? " shared/dense" : " routed", q);
         lay = rc[4 * q + 2];
+        kind = kq;
     }
     if (!active) {
         *all_left = 1;
         return EG_OK;
     }
+    if (kind) return ffn_rest(n, rank, lay, ffn_w, be, fc, err);
     k->so_r[0] = k->so_p[0] = k->ro_r[0] = k->ro_p[0] = 0;
     for (int q = 0; q < R; q++) {
         k->so_r[q + 1] = k->so_r[q] + sc[4 * q];
@@ -513,19 +575,94 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
     return EG_OK;
 }
 
+/* The rest of a shared-expert / dense-MLP call (counts exchanged): rows to the owner,
+ * its swiglu_mlp per source, the rows back, written or added. fc NULL: this rank left. */
+static eg_status ffn_rest(eg_ep_cuda *n, int rank, int lay, const eg_weight *const *ffn_w, eg_backend *be,
+                          const ep_ffn_call *fc, eg_error *err) {
+    ep_nrank *k = &n->rk[rank];
+    int R = n->R, owner = lay % R, T = fc ? fc->T : 0;
+    size_t H = (size_t)n->H;
+    cudaStream_t s = n->strm[rank];
+    const int32_t *sc = k->counts_h, *rc = k->counts_h + 4 * R;
+    if (lay < 0 || lay >= n->o.n_layers)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: shared/dense exchange of layer %d (%d layers)", rank,
+                       lay, n->o.n_layers);
+    /* phase 1: rows only (no pair metadata) */
+    k->so_r[0] = k->ro_r[0] = k->so_p[0] = k->ro_p[0] = 0;
+    for (int q = 0; q < R; q++) {
+        k->so_r[q + 1] = k->so_r[q] + sc[4 * q];
+        k->ro_r[q + 1] = k->ro_r[q] + rc[4 * q];
+        k->so_p[q + 1] = k->ro_p[q + 1] = 0;
+    }
+    if (k->so_r[R] != T || k->ro_r[R] > (int64_t)R * n->T || (rank != owner && k->ro_r[R]))
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: shared/dense exchange of layer %d: %lld rows sent "
+                       "of %d, %lld received (owner rank %d, bound %lld)", rank, lay, (long long)k->so_r[R], T,
+                       (long long)k->ro_r[R], owner, (long long)R * n->T);
+    const eg_weight *const *w = ffn_w ? ffn_w + 3 * (size_t)lay : NULL;
+    if (rank == owner && (!w || !w[0] || !w[1] || !w[2]))
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no shared expert / dense MLP registered for layer %d",
+                       rank, lay);
+    if (rank != owner && T)
+        CU("cudaMemcpyAsync (rows to the owner)",
+           cudaMemcpyAsync(k->sendrows, fc->x, sizeof(float) * (size_t)T * H, cudaMemcpyDeviceToDevice, s));
+    eg_status st = post(n, rank, 1, err);
+    if (st) return st;
+    if (rank == owner) {
+        /* each source's rows as its own call (the row count the unsplit op has on that
+           rank), its own straight from x */
+        for (int q = 0; q < R; q++) {
+            int nq = (int)(k->ro_r[q + 1] - k->ro_r[q]);
+            if (!nq) continue;
+            const float *rows = q == rank ? fc->x : k->recvrows + (size_t)k->ro_r[q] * H;
+            if ((st = be->ops->swiglu_mlp(be, rows, nq, w[0], w[1], w[2], k->res + (size_t)k->ro_r[q] * H, 0, err)))
+                return eg_wrap(err, "expert-parallel rank %d: layer %d's shared expert / dense MLP for rank %d", rank,
+                               lay, q);
+            if (q != rank) {
+                k->ffn_rows += nq;
+                k->bytes += 2 * (int64_t)nq * (int64_t)H * 4;
+            }
+        }
+    }
+    /* phase 2: the rows back, each row a "pair" of post()'s return leg (res segments by
+       source on the owner, back by owner elsewhere; a rank's own segment is not posted) */
+    for (int q = 0; q <= R; q++) {
+        k->so_p[q] = k->so_r[q];
+        k->ro_p[q] = k->ro_r[q];
+    }
+    if ((st = post(n, rank, 2, err))) return st;
+    if (!T) return EG_OK;
+    const float *out = rank == owner ? k->res + (size_t)k->ro_r[rank] * H : k->back + (size_t)k->so_r[owner] * H;
+    if (fc->accumulate) return be->ops->add(be, fc->y, out, (int64_t)T * (int64_t)H, err);
+    return be->ops->copy(be, fc->y, out, sizeof(float) * (size_t)T * H, err);
+}
+
 eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
                          const eg_moe_args *a, eg_error *err) {
     int all_left = 0;
-    eg_status st = exchange(n, rank, layer, layers, be, a, &all_left, err);
+    eg_status st = exchange(n, rank, layer, layers, NULL, be, a, NULL, &all_left, err);
     if (!st && all_left) /* cannot happen: this rank has not left */
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: every rank reported leaving", rank);
     return st;
 }
 
-eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err) {
+eg_status eg_ep_cuda_ffn(eg_ep_cuda *n, int rank, int layer, const eg_weight *const *ffn_w, eg_backend *be,
+                         const float *x, int T, float *y, int accumulate, eg_error *err) {
+    if (T < 1 || T > n->T || layer < 0 || layer >= n->o.n_layers)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: shared/dense call of %d rows, layer %d (max %d, "
+                       "%d layers)", rank, T, layer, n->T, n->o.n_layers);
+    ep_ffn_call fc = {.x = x, .T = T, .y = y, .accumulate = accumulate};
+    int all_left = 0;
+    eg_status st = exchange(n, rank, layer, NULL, ffn_w, be, NULL, &fc, &all_left, err);
+    if (!st && all_left)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: every rank reported leaving", rank);
+    return st;
+}
+
+eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, const eg_weight *const *ffn_w,
+                           eg_backend *be, eg_error *err) {
     for (;;) {
         int all_left = 0;
-        eg_status st = exchange(n, rank, -1, layers, be, NULL, &all_left, err);
+        eg_status st = exchange(n, rank, -1, layers, ffn_w, be, NULL, NULL, &all_left, err);
         if (st || all_left) return st;
     }
 }

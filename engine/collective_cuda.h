@@ -31,7 +31,17 @@ const char *eg_ep_cuda_kind(const eg_ep_cuda *n);
 /* layers: [n_layers] the rank's registered expert arrays. */
 eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
                          const eg_moe_args *a, eg_error *err);
-eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, eg_backend *be, eg_error *err);
+/* ffn_split: y [T][H] = (accumulate 0) or += (1) layer `layer`'s shared expert / dense MLP
+ * of x [T][H], computed by the layer's owner (layer mod ranks); ffn_w [n_layers][3] the
+ * owners' registered gate, up, down (this rank's entries used when it owns the layer). */
+eg_status eg_ep_cuda_ffn(eg_ep_cuda *n, int rank, int layer, const eg_weight *const *ffn_w, eg_backend *be,
+                         const float *x, int T, float *y, int accumulate, eg_error *err);
+/* Serve the others (routed pairs, and the shared / dense layers this rank owns) until
+ * every rank has left. ffn_w as for eg_ep_cuda_ffn, or NULL without ffn_split. */
+eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, const eg_weight *const *ffn_w,
+                           eg_backend *be, eg_error *err);
+/* Rows whose shared expert / dense MLP an owner computed for another rank so far. */
+int64_t eg_ep_cuda_ffn_rows(const eg_ep_cuda *n);
 /* Abandon every transfer (nccl: ncclCommAbort; both: barriers released): waiting ranks
  * return EG_ERR_INTERRUPTED. */
 void eg_ep_cuda_fail(eg_ep_cuda *n);

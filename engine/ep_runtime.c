@@ -82,11 +82,6 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel split %d: expected none or ffn", (int)o->ep_split);
     if (o->ep_split == EG_EP_SPLIT_FFN && ep < 2)
         return eg_fail(err, EG_ERR_INVALID, "--ep-split ffn needs an expert-parallel group (--ep > 1, got %d)", ep);
-    if (o->ep_split == EG_EP_SPLIT_FFN && cuda)
-        return eg_fail(err, EG_ERR_UNSUPPORTED,
-                       "--ep-split ffn with --backend cuda: the shared expert / dense MLP split runs on CPU ranks (the "
-                       "local exchange) only in this version; the CUDA exchange (nccl, cuda-local) splits the routed "
-                       "experts: use --ep-split none");
     if (o->n_slots < ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
                        o->n_slots);
@@ -158,9 +153,14 @@ int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens) {
                      .max_tokens = max_tokens};
     return eg_ep_device_bytes(&go);
 }
-int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep) {
+int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep, int ffn_rank) {
     int64_t all = eg_plan_layer_bytes(m, layer);
     const eg_layer_w *L = &m->layers[layer];
+    if (ffn_rank >= 0 && ep > 1 && layer % ep != ffn_rank) { /* forward.c's upload_layer skips them */
+        const eg_weight *f[] = {&L->mlp_gate, &L->mlp_up, &L->mlp_down, &L->sh_gate, &L->sh_up, &L->sh_down};
+        for (size_t i = L->is_moe ? 3 : 0; i < (L->is_moe ? 6u : 3u); i++)
+            if (f[i]->fmt != EG_W_NONE) all -= eg_weight_bytes(f[i]);
+    }
     int E = m->cfg.n_experts, per = ep > 0 && E % ep == 0 ? E / ep : E;
     if (!L->is_moe || !L->experts || per == E) return all;
     int64_t worst = 0, total = 0;

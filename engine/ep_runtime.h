@@ -4,7 +4,7 @@
  * the routed experts of every MoE layer split E/ep per rank; CPU ranks exchange rows
  * through host memory, CUDA ranks (rank r on GPU (bo->device + r) mod the GPU count) over
  * NCCL when each has its own GPU, else by device copies (collective_cuda.h). With
- * o->ep_split EG_EP_SPLIT_FFN (CPU ranks only; refused on CUDA) layer l's shared expert
+ * o->ep_split EG_EP_SPLIT_FFN (CPU and CUDA ranks) layer l's shared expert
  * (MoE layers) or dense MLP (dense layers) sits on rank l mod ep alone and runs there for
  * every rank's tokens (collective.h, eg_ep_ffn); with EG_EP_SPLIT_NONE they are
  * replicated on every rank. The embedding and lm_head are replicated either way.
@@ -41,8 +41,10 @@ int eg_ep_runtime_ranks(const eg_ep_runtime *rt);
  * build without NCCL). */
 int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens);
 /* Bytes of layer l's weights on the heaviest rank of an ep group (a rank holds its own
- * routed experts only): for the memory plan. */
-int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep);
+ * routed experts only): for the memory plan. ffn_rank >= 0 (--ep-split ffn): on that rank,
+ * which holds the layer's shared expert / dense MLP only when it owns the layer (l mod
+ * ep); -1: replicated on every rank. */
+int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep, int ffn_rank);
 /* CUDA ranks per GPU when ep ranks go to GPU r mod the GPU count (1 without CUDA). */
 int eg_ep_runtime_ranks_per_gpu(int ep);
 /* The CUDA device rank `rank` runs on: one GPU per rank where there are enough (nccl),

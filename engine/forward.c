@@ -51,7 +51,7 @@ struct eg_forward {
     float *attn;    /* [T][NH][DV] */
     int32_t *ids;   /* [T][K] */
     float *rw;      /* [T][K] */
-    float *g;       /* [T][H] gathered rows for lm_head */
+    float *g;       /* [T][H] gathered rows for lm_head; in a layer, the shared expert's rows */
     float *logits;  /* [T][V] */
     int32_t *tok_d, *pos_d, *slot_d, *rows_d; /* [T] */
     float *inv_freq_d;                          /* [DR/2] */
@@ -409,8 +409,14 @@ static eg_status ffn(eg_forward *f, const eg_layer_w *L, int layer, int T, eg_er
        holds none of the layers it does not own) */
     if (split && f->m->layers[layer].sh_gate.fmt != EG_W_NONE)
         TRY(eg_ep_ffn(f->o.ep, f->o.ep_rank, layer, be, f->xn, T, f->dx, 1, err));
-    else if (!split && L->sh_gate.fmt != EG_W_NONE)
-        TRY(ops->swiglu_mlp(be, f->xn, T, &L->sh_gate, &L->sh_up, &L->sh_down, f->dx, 1, err));
+    else if (!split && L->sh_gate.fmt != EG_W_NONE) {
+        /* the finished shared-expert rows added to the routed sum in a separate op (f->g,
+           free until the logits, holds them): the order the split takes, where the owner
+           computes the rows and the token's rank adds them. A GEMM that accumulated into
+           dx itself (CUDA: beta 1, then the BF16 residual's GEMM) rounds differently. */
+        TRY(ops->swiglu_mlp(be, f->xn, T, &L->sh_gate, &L->sh_up, &L->sh_down, f->g, 0, err));
+        TRY(ops->add(be, f->dx, f->g, (int64_t)T * c->hidden, err));
+    }
     return EG_OK;
 }
 

@@ -121,8 +121,18 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
         for (int k = 0, b0 = 0; k < n_stages; b0 = rt->stage_ends[k++]) {
             int end = n_stages > 1 ? rt->stage_ends[k] : c->n_layers;
             if (k % n_dev != d) continue;
-            for (int l = b0; l < end; l++)
-                wbytes += ep > 1 ? eg_ep_runtime_layer_bytes(m, l, ep) : eg_plan_layer_bytes(m, l);
+            if (ep > 1 && o->ep_split == EG_EP_SPLIT_FFN) { /* the heaviest rank: owners differ per layer */
+                int64_t most = 0;
+                for (int r = 0; r < ep; r++) {
+                    int64_t mine = 0;
+                    for (int l = b0; l < end; l++) mine += eg_ep_runtime_layer_bytes(m, l, ep, r);
+                    if (mine > most) most = mine;
+                }
+                wbytes += most;
+            } else {
+                for (int l = b0; l < end; l++)
+                    wbytes += ep > 1 ? eg_ep_runtime_layer_bytes(m, l, ep, -1) : eg_plan_layer_bytes(m, l);
+            }
             wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
             int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(rt->aux, o->n_aux, b0, end) : 0;
             act += eg_forward_act_bytes(c, o->max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, bo) : 0);
@@ -178,11 +188,6 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         return eg_fail(err, EG_ERR_INVALID, "runtime: expert-parallel split %d (expected none or ffn)", (int)o->ep_split);
     if (o->ep_split == EG_EP_SPLIT_FFN && o->ep < 2)
         return eg_fail(err, EG_ERR_INVALID, "--ep-split ffn needs an expert-parallel group (--ep > 1, got %d)", o->ep);
-    if (o->ep_split == EG_EP_SPLIT_FFN && o->backend && !strcmp(o->backend, "cuda"))
-        return eg_fail(err, EG_ERR_UNSUPPORTED,
-                       "--ep-split ffn with --backend cuda: the shared expert / dense MLP split runs on CPU ranks (the "
-                       "local exchange) only in this version; the CUDA exchange (nccl, cuda-local) splits the routed "
-                       "experts: use --ep-split none");
     eg_runtime *rt = eg_calloc(1, sizeof *rt, err);
     if (!rt) return EG_ERR_NOMEM;
     rt->info.n_stages = 1;

@@ -152,7 +152,7 @@ eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int *en
  * the layout engine/layout.h recommends for the box preset `box` and the config in
  * model_dir, for decode (or prefill with `prefill`) at a mean sequence length of
  * max_seq_len / 2, among the layouts that run on `backend` (eg_layout_split_runnable:
- * "+ffn" not on cuda; "+split" nowhere). Sets *stages and *ep (1 = none) and *ep_split (may be NULL)
+ * "+split" nowhere yet). Sets *stages and *ep (1 = none) and *ep_split (may be NULL)
  * (EG_SPLIT_FFN: the layout owns each layer's shared expert / dense MLP on one rank, what
  * generate --ep-split ffn runs; else EG_SPLIT_NONE). With auto, why (may be NULL) gets
  * what was chosen: "--layout auto: NAME on BOX (modelled N tok/s decode at mean length M)". */

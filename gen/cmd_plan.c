@@ -92,7 +92,7 @@ static const char *why_not(const eg_layout_row *r) {
     if (r->lay.kind == EG_LAYOUT_TP) return "modelled only: eaglegen does not run tensor parallelism";
     if (r->lay.dense_split == EG_SPLIT_ALL) return "modelled only: the vocab split of embedding and lm_head is not built";
     if (!r->runnable) return "modelled only";
-    if (r->lay.dense_split == EG_SPLIT_FFN) return "--ep-split ffn (CPU ranks; the CUDA backend refuses it)";
+    if (r->lay.dense_split == EG_SPLIT_FFN) return "--ep-split ffn (CPU and CUDA ranks)";
     return "";
 }
 

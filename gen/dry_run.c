@@ -130,11 +130,6 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
             eg_fail(&err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep, o->batch);
             goto done;
         }
-        if (o->ep_split && !strcmp(o->backend, "cuda")) {
-            eg_fail(&err, EG_ERR_UNSUPPORTED, "--ep-split ffn with --backend cuda: the shared expert / dense MLP split "
-                    "runs on CPU ranks (the local exchange) only in this version; use --ep-split none");
-            goto done;
-        }
     }
     corpus_opts co;
     corpus_opts_default(&co);

@@ -150,9 +150,15 @@ if grep -q "is not implemented yet\|CPU ranks only" bad.log; then cat bad.log; e
 bad "--ep-split ffn splits within an expert-parallel group: it needs --ep E with E > 1 (got 1)" --ep-split ffn
 bad "--ep-split ffn splits within an expert-parallel group: it needs --ep E with E > 1 (got 1)" --ep-split ffn --ep 1
 bad "--ep-split: expected none or ffn, got 'dense'" --ep 2 --ep-split dense
-bad "--ep-split ffn with --backend cuda: the shared expert / dense MLP split runs on CPU ranks" \
-    --ep 2 --ep-split ffn --backend cuda
-bad "--ep-split ffn with --backend cuda" --ep 2 --ep-split ffn --backend cuda --dry-run
+# the ffn split on CUDA ranks is not refused either (run_emu.sh --ep checks it): the run
+# stops at the device, and the dry run shows the owners
+if $E generate "${args[@]}" --ep 2 --ep-split ffn --backend cuda --out bad 2>bad.log; then
+    echo "FAIL: cuda ran without a GPU"; exit 1
+fi
+if grep -q "ep-split ffn with --backend cuda" bad.log; then cat bad.log; echo "FAIL: --ep-split ffn refused on cuda"; exit 1; fi
+$E generate "${args[@]}" --ep 2 --ep-split ffn --backend cuda --dry-run --out bad >bad.log 2>&1 ||
+    { cat bad.log; echo "FAIL: dry run of --ep 2 --ep-split ffn on cuda"; exit 1; }
+grep -q -- "--ep 2+ffn" bad.log || { cat bad.log; echo "FAIL: the cuda dry run shows no ffn split"; exit 1; }
 bad "--layout sets --stages and --ep" --layout ep2 --ep 2
 bad "expected ppP, epE, ppPxepE" --layout tp8
 bad "no +split yet" --layout ep2+split

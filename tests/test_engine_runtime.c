@@ -300,9 +300,6 @@ static void test_refusals(void) {
     o = base_opts();
     o.ep_split = EG_EP_SPLIT_FFN; /* the shared expert / dense MLP split needs a group */
     refused("ep split, no ep", &o, "--ep-split ffn needs an expert-parallel group", "got 0");
-    o.ep = 2;
-    o.backend = "cuda"; /* the CUDA exchange splits the routed experts only: refused up front */
-    refused("ep split on cuda", &o, "--ep-split ffn with --backend cuda", "CPU ranks");
     o = base_opts();
     o.ep = 2;
     o.ep_split = (eg_ep_split)7;

@@ -13,7 +13,8 @@
 #        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL)
 #        tests/gpu/emu/run_emu.sh --ep        (--ep 4 on 4 emulated GPUs and --ep 2 --stages 2 on 2,
 #                                              expert rows over emulated NCCL; --ep 2 on one GPU,
-#                                              cuda-local; each == one GPU; ~10 min)
+#                                              cuda-local; --ep 2 --ep-split ffn on both exchanges;
+#                                              each == one GPU; ~15 min)
 #        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
 #        tests/gpu/emu/run_emu.sh --spec      (generate --draft-model with target and drafter on the
 #                                              emulated GPU, and with --ep 2 on 2 emulated GPUs over
@@ -115,6 +116,19 @@ if [ "${1:-}" = --ep ]; then
     grep -q "expert parallel: 2 ranks.*exchange cuda-local" "$W/ep2one.log" || { cat "$W/ep2one.log"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/ep2one"
     echo "ep2 on one GPU (cuda-local) == one GPU ($(( $(date +%s) - t0 )) s so far)"
+    # --ep-split ffn: each layer's shared expert / dense MLP on rank l mod 2 only, every
+    # rank's rows to it and back over the emulated NCCL (2 GPUs) and by device copies
+    # (cuda-local, both ranks on one GPU); the samples stay the unsplit ones
+    EMU_DEVICES=2 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
+        --max-new-tokens 4 --out "$W/ep2ffn" --ep 2 --ep-split ffn 2> "$W/ep2ffn.log" || { cat "$W/ep2ffn.log"; exit 1; }
+    grep -q "expert parallel: 2 ranks.*exchange nccl" "$W/ep2ffn.log" || { cat "$W/ep2ffn.log"; exit 1; }
+    grep -Eq "[1-9][0-9]* token rows to another rank.s shared expert" "$W/ep2ffn.log" || { echo "no ffn rows moved"; cat "$W/ep2ffn.log"; exit 1; }
+    /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/ep2ffn"
+    EMU_DEVICES=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 --out "$W/ep2ffn1" --ep 2 \
+        --ep-split ffn 2> "$W/ep2ffn1.log" || { cat "$W/ep2ffn1.log"; exit 1; }
+    grep -q "expert parallel: 2 ranks.*exchange cuda-local" "$W/ep2ffn1.log" || { cat "$W/ep2ffn1.log"; exit 1; }
+    /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/ep2ffn1"
+    echo "ep2 --ep-split ffn (nccl and cuda-local) == one GPU ($(( $(date +%s) - t0 )) s so far)"
     if [ "${EMU_EP_STAGES:-1}" = 1 ]; then
         EMU_DEVICES=2 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
             --max-new-tokens 4 --out "$W/ep2pp2" --ep 2 --stages 2 2> "$W/ep2pp2.log" || { cat "$W/ep2pp2.log"; exit 1; }
