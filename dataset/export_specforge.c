@@ -68,11 +68,23 @@ static eg_status prepare_out(eg_ds_reader *r, const eg_export_opts *o, int64_t N
     }
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    char p[4096];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        /* A kill between mkdir and the marker's rename leaves only the marker's own .tmp:
+         * that is our unfinished start, not a foreign file. */
+        if (!strcmp(e->d_name, MARKER ".tmp")) {
+            snprintf(p, sizeof p, "%s/%s", o->out_dir, e->d_name);
+            if (unlink(p) && errno != ENOENT) {
+                closedir(d);
+                return eg_fail(err, EG_ERR_IO, "%s: %s", p, strerror(errno));
+            }
+            continue;
+        }
+        n++;
+    }
     closedir(d);
     if (!n) return EG_OK;
-    char p[4096];
     snprintf(p, sizeof p, "%s/" MARKER, o->out_dir);
     json_error_t je;
     json_t *mk = json_load_file(p, 0, &je);

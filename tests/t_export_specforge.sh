@@ -9,7 +9,8 @@
 #   rules differ; the CPython set-order padding against the running CPython;
 # - aux ids in SpecForge's convention (= eaglegen's) in the draft config and the printed
 #   command; --model's target directory (lm_head + embedding bytes, index, flat config);
-# - kill -9 mid-export leaves no partial .ckpt, a rerun resumes to the same files;
+# - kill -9 mid-export leaves no partial .ckpt, a rerun resumes to the same files (also a kill
+#   before the marker's rename, which leaves only its .tmp);
 # - refusals: foreign files in --out, a complete export, other options on resume, unknown
 #   --to / --tie-order, --model with speculators, pre-norm-only data, a model that is not
 #   the dataset's, n_aux != 3; --help and --log-json.
@@ -129,6 +130,14 @@ for f in 10 25 40 55 70 85; do  # kill at these percentages of a clean export's 
 done
 echo "   clean export $ms ms; $partial kills left some but not all .ckpt files, each resumed to a clean export's bytes"
 [ "$partial" -ge 1 ] || fail "no kill landed mid-export"
+# A kill between mkdir and the marker's rename leaves only the marker's .tmp: that start resumes.
+rm -rf k && mkdir k && printf '{"state":"runn' >k/.eaglegen-export.json.tmp
+$E export big --to specforge --out k --draft-vocab 64 >resume.out 2>&1 || { cat resume.out; fail "resume after a kill before the marker"; }
+diff -r full k >/dev/null || fail "export after a kill before the marker differs from a clean one"
+# ...but a foreign file beside it is still refused.
+rm -rf k && mkdir k && : >k/.eaglegen-export.json.tmp && : >k/notes.txt
+if $E export big --to specforge --out k --draft-vocab 64 >resume.out 2>&1; then fail "foreign file accepted"; fi
+grep -q "holds 1 files and is not an unfinished eaglegen export" resume.out || fail "foreign-file refusal: $(cat resume.out)"
 
 echo "-- refusals"
 set +e
