@@ -9,12 +9,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { EP_MOE = 0, EP_FFN = 1 };
+enum { EP_MOE = 0, EP_FFN = 1, EP_EMBED = 2, EP_LOGITS = 3 };
+
+static const char *kind_name(int kind) {
+    return kind == EP_MOE ? "routed" : kind == EP_FFN ? "shared/dense" : kind == EP_EMBED ? "embedding" : "lm_head";
+}
 
 typedef struct ep_post {
-    int kind;                   /* EP_MOE (eg_ep_moe) or EP_FFN (eg_ep_ffn) */
+    int kind;                   /* EP_MOE (eg_ep_moe), EP_FFN (eg_ep_ffn), EP_EMBED, EP_LOGITS */
     int T;
-    const float *x;             /* [T][H] the rank's normed rows */
+    const float *x;             /* [T][H] the rank's normed rows (EP_LOGITS: its final rows) */
+    const int32_t *tok;         /* [T] EP_EMBED: the rank's token ids */
+    float *y;                   /* EP_EMBED: [T][H] its rows; EP_LOGITS: [T][V] its logits
+                                   (written by the owners in phase 2) */
     const int32_t *ids;         /* [T][K] */
     const float *w;             /* [T][K] */
     int layer;                  /* the MoE layer of the call */
@@ -28,7 +35,9 @@ typedef struct ep_rank {
     float *w1;      /* [max_tokens] */
     int32_t *dst;   /* [max_tokens] pair index in the owner */
     float *ffn_y;   /* [max_tokens][H] ffn_split: this rank's rows' outputs, written by the owner */
-    int64_t remote_pairs, bytes, ffn_rows;
+    float *vlog;    /* [max_tokens][V/R + 1] vocab_split: its lm_head slice's logits of one rank's rows */
+    const eg_weight *vembed, *vhead; /* vocab_split: its [v1-v0][H] slices (borrowed; NULL until registered) */
+    int64_t remote_pairs, bytes, ffn_rows, embed_rows, logit_rows;
 } ep_rank;
 
 struct eg_ep_group {
@@ -50,7 +59,7 @@ void eg_ep_group_free(eg_ep_group *g) {
     if (!g) return;
     for (int r = 0; g->rk && r < g->o.n_ranks; r++) {
         free(g->rk[r].contrib); free(g->rk[r].xs); free(g->rk[r].ys);
-        free(g->rk[r].ids1); free(g->rk[r].w1); free(g->rk[r].dst); free(g->rk[r].ffn_y);
+        free(g->rk[r].ids1); free(g->rk[r].w1); free(g->rk[r].dst); free(g->rk[r].ffn_y); free(g->rk[r].vlog);
     }
     free(g->rk);
     free(g->post);
@@ -77,6 +86,13 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
     if (n_cuda && n_cuda != o->n_ranks)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: %d of %d ranks on CUDA backends (all or none)",
                        n_cuda, o->n_ranks);
+    if (o->vocab_split && n_cuda)
+        return eg_fail(err, EG_ERR_UNSUPPORTED,
+                       "--ep-split all: the vocab split of the embedding and lm_head runs on CPU ranks only (CUDA ranks: "
+                       "--ep-split ffn)");
+    if (o->vocab_split && (o->vocab < o->n_ranks || o->n_ranks < 2))
+        return eg_fail(err, EG_ERR_INVALID, "--ep-split all: a vocabulary of %d rows over %d ranks (needs ep >= 2 and "
+                       "at least one row per rank)", o->vocab, o->n_ranks);
     eg_ep_group *g = eg_calloc(1, sizeof *g, err);
     if (!g) return EG_ERR_NOMEM;
     g->o = *o;
@@ -108,7 +124,9 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
         k->w1 = eg_malloc(sizeof(float) * T, err);
         k->dst = eg_malloc(sizeof(int32_t) * T, err);
         if (o->ffn_split) k->ffn_y = eg_malloc(sizeof(float) * T * H, err);
-        if (!k->contrib || !k->xs || !k->ys || !k->ids1 || !k->w1 || !k->dst || (o->ffn_split && !k->ffn_y)) {
+        if (o->vocab_split) k->vlog = eg_malloc(sizeof(float) * T * ((size_t)o->vocab / (size_t)o->n_ranks + 1), err);
+        if (!k->contrib || !k->xs || !k->ys || !k->ids1 || !k->w1 || !k->dst || (o->ffn_split && !k->ffn_y) ||
+            (o->vocab_split && !k->vlog)) {
             eg_ep_group_free(g);
             return EG_ERR_NOMEM;
         }
@@ -142,6 +160,28 @@ void eg_ep_register_ffn(eg_ep_group *g, int rank, int layer, const eg_weight *ga
         g->ffn_w[3 * (size_t)layer] = gate;
         g->ffn_w[3 * (size_t)layer + 1] = up;
         g->ffn_w[3 * (size_t)layer + 2] = down;
+    }
+}
+
+int eg_ep_vocab_split(const eg_ep_group *g) { return g && g->o.vocab_split; }
+
+void eg_ep_vocab_range(const eg_ep_group *g, int rank, int64_t *v0, int64_t *v1) {
+    int64_t V = g->o.vocab, R = g->o.n_ranks;
+    *v0 = (int64_t)rank * V / R;
+    *v1 = (int64_t)(rank + 1) * V / R;
+}
+
+void eg_ep_register_vocab(eg_ep_group *g, int rank, const eg_weight *embed, const eg_weight *lm_head) {
+    if (!g->rk || rank < 0 || rank >= g->o.n_ranks) return;
+    if (embed) g->rk[rank].vembed = embed;
+    if (lm_head) g->rk[rank].vhead = lm_head;
+}
+
+void eg_ep_vocab_rows(const eg_ep_group *g, int64_t *embed_rows, int64_t *logit_rows) {
+    *embed_rows = *logit_rows = 0;
+    for (int r = 0; g->rk && r < g->o.n_ranks; r++) {
+        *embed_rows += g->rk[r].embed_rows;
+        *logit_rows += g->rk[r].logit_rows;
     }
 }
 
@@ -223,8 +263,9 @@ static eg_status serve(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) 
         const ep_post *p = &g->post[q];
         if (p->left || !p->T) continue;
         if (p->layer != layer || p->kind != EP_MOE)
-            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d and %d%s)", rank,
-                           layer, p->layer, p->kind != EP_MOE ? ", a routed and a shared/dense exchange" : "");
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d and %d, a routed "
+                           "and a%s %s exchange)", rank, layer, p->layer, p->kind == EP_EMBED ? "n" : "",
+                           kind_name(p->kind));
         if (!ex) return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no experts registered for layer %d", rank, layer);
         int n = 0;
         for (int i = 0; i < p->T * K; i++) {
@@ -255,8 +296,9 @@ static eg_status serve_ffn(eg_ep_group *g, int rank, eg_backend *be, int layer, 
         const ep_post *p = &g->post[q];
         if (p->left) continue;
         if (p->layer != layer || p->kind != EP_FFN)
-            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d and %d%s)", rank,
-                           layer, p->layer, p->kind != EP_FFN ? ", a shared/dense and a routed exchange" : "");
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d and %d, a "
+                           "shared/dense and a%s %s exchange)", rank, layer, p->layer, p->kind == EP_EMBED ? "n" : "",
+                           kind_name(p->kind));
     }
     if (rank != eg_ep_ffn_owner(g, layer)) return EG_OK;
     const eg_weight *const *w = g->ffn_w + 3 * (size_t)layer;
@@ -280,11 +322,64 @@ static eg_status serve_ffn(eg_ep_group *g, int rank, eg_backend *be, int layer, 
     return EG_OK;
 }
 
+/* Phase 2 of an embedding or lm_head call (vocab_split): the rank computes, for every
+ * rank's posted rows, what its vocab slice owns of them, straight into that rank's
+ * output (the owner of each row or column is unique, so no two ranks write one float). */
+static eg_status serve_vocab(eg_ep_group *g, int rank, eg_backend *be, int kind, eg_error *err) {
+    int R = g->o.n_ranks;
+    for (int q = 0; q < R; q++) {
+        const ep_post *p = &g->post[q];
+        if (!p->left && p->kind != kind)
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (a%s %s and a%s %s exchange)",
+                           rank, kind == EP_EMBED ? "n" : "", kind_name(kind), p->kind == EP_EMBED ? "n" : "",
+                           kind_name(p->kind));
+    }
+    ep_rank *k = &g->rk[rank];
+    size_t H = (size_t)g->o.hidden, V = (size_t)g->o.vocab;
+    int64_t v0, v1;
+    eg_ep_vocab_range(g, rank, &v0, &v1);
+    const eg_weight *w = kind == EP_EMBED ? k->vembed : k->vhead;
+    if (!w)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no %s slice registered (vocab rows %lld..%lld)",
+                       rank, kind == EP_EMBED ? "embedding" : "lm_head", (long long)v0, (long long)v1);
+    for (int q = 0; q < R; q++) {
+        const ep_post *p = &g->post[q];
+        if (p->left || !p->T) continue;
+        eg_status st = EG_OK;
+        if (kind == EP_EMBED) {
+            for (int t = 0; t < p->T && !st; t++) {
+                int32_t id = p->tok[t];
+                if (id < v0 || id >= v1) continue;
+                int32_t local = (int32_t)(id - v0);
+                st = be->ops->embed(be, &local, 1, w, p->y + (size_t)t * H, err);
+                if (q != rank) { k->embed_rows++; k->bytes += (int64_t)(H * sizeof(float)); }
+            }
+        } else {
+            size_t n = (size_t)(v1 - v0);
+            st = be->ops->linear(be, p->x, p->T, w, k->vlog, err);
+            for (int t = 0; t < p->T && !st; t++)
+                memcpy(p->y + (size_t)t * V + (size_t)v0, k->vlog + (size_t)t * n, sizeof(float) * n);
+            if (q != rank) {
+                k->logit_rows += p->T;
+                k->bytes += (int64_t)((size_t)p->T * (H + n) * sizeof(float));
+            }
+        }
+        if (st)
+            return eg_wrap(err, "expert-parallel rank %d: the %s of rank %d's rows (vocab %lld..%lld)", rank,
+                           kind == EP_EMBED ? "embedding" : "lm_head", q, (long long)v0, (long long)v1);
+    }
+    return EG_OK;
+}
+
 /* Phase 2 of whatever call the ranks still running made (they all make the same one). */
 static eg_status serve_any(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) {
     for (int q = 0; q < g->o.n_ranks; q++)
-        if (!g->post[q].left)
-            return g->post[q].kind == EP_FFN ? serve_ffn(g, rank, be, g->post[q].layer, err) : serve(g, rank, be, err);
+        if (!g->post[q].left) {
+            int kind = g->post[q].kind;
+            if (kind == EP_FFN) return serve_ffn(g, rank, be, g->post[q].layer, err);
+            if (kind == EP_EMBED || kind == EP_LOGITS) return serve_vocab(g, rank, be, kind, err);
+            return serve(g, rank, be, err);
+        }
     return EG_OK;
 }
 
@@ -366,4 +461,36 @@ eg_status eg_ep_ffn(eg_ep_group *g, int rank, int layer, eg_backend *be, const f
     else
         memcpy(y, o, sizeof(float) * n);
     return EG_OK;
+}
+
+/* Phases 1 and 2 of a vocab-split call; the owners write the rank's output directly. */
+static eg_status vocab_call(eg_ep_group *g, int rank, eg_backend *be, const ep_post *mine, eg_error *err) {
+    g->post[rank] = *mine;
+    if (barrier(g)) return failed_status(err);
+    eg_status st = serve_any(g, rank, be, err);
+    if (st) { eg_ep_fail(g); return st; }
+    if (barrier(g)) return failed_status(err);
+    return EG_OK;
+}
+
+eg_status eg_ep_embed(eg_ep_group *g, int rank, eg_backend *be, const int32_t *tokens, int T, float *x,
+                      eg_error *err) {
+    if (!g->o.vocab_split || g->cuda || T < 1 || T > g->o.max_tokens) {
+        eg_ep_fail(g);
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel embedding: T=%d (group: max %d tokens, vocab split %s, "
+                       "exchange %s)", T, g->o.max_tokens, g->o.vocab_split ? "on" : "off", eg_ep_kind(g));
+    }
+    ep_post p = {.kind = EP_EMBED, .T = T, .tok = tokens, .y = x, .layer = -1};
+    return vocab_call(g, rank, be, &p, err);
+}
+
+eg_status eg_ep_logits(eg_ep_group *g, int rank, eg_backend *be, const float *rows, int n, float *logits,
+                       eg_error *err) {
+    if (!g->o.vocab_split || g->cuda || n < 0 || n > g->o.max_tokens) {
+        eg_ep_fail(g);
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel lm_head: %d rows (group: max %d, vocab split %s, "
+                       "exchange %s)", n, g->o.max_tokens, g->o.vocab_split ? "on" : "off", eg_ep_kind(g));
+    }
+    ep_post p = {.kind = EP_LOGITS, .T = n, .x = rows, .y = logits, .layer = -1};
+    return vocab_call(g, rank, be, &p, err);
 }

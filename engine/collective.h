@@ -38,6 +38,16 @@
  * cuda-local exchanges send the rows to the owner and back through their buffers
  * (collective_cuda.c). Bytes moved
  * per token and layer: H*4 to the owner and H*4 back, for a token not on the owner.
+ * With vocab_split (generate --ep-split all; local CPU ranks only) rank r holds rows
+ * [r*V/R, (r+1)*V/R) of the embedding and of lm_head (eg_ep_vocab_range; registered with
+ * eg_ep_register_vocab). eg_ep_embed: every rank posts its token ids and the owner of each
+ * id writes the embedding row (the backend's embed op on its slice: a copy, exact) into
+ * the token's rank's rows. eg_ep_logits: every rank posts its gathered final rows, each
+ * rank runs the backend's linear over every rank's rows with its lm_head slice (one call
+ * per rank's rows, that rank's row count: the unsplit call's) and writes those columns of
+ * the rank's [n][V] logits; each logit is the same dot product as unsplit, so the bits
+ * match. Bytes moved per token: the embedding row (H*4) when another rank owns its id;
+ * per logit row H*4 out to each other rank and its V/R logits (4 bytes each) back.
  * Ownership: the group owns its scratch and borrows the backends; eg_ep_group_free
  * accepts NULL.
  * Thread safety: rank r's calls come only from rank r's thread; eg_ep_fail from any. */
@@ -57,6 +67,9 @@ typedef struct eg_ep_opts {
     int n_layers;    /* L: layers are numbered 0..L-1 in eg_ep_moe and eg_ep_register */
     int ffn_split;   /* 1: shared expert / dense MLP of layer l owned by rank l mod n_ranks
                         (eg_ep_ffn); 0: replicated, eg_ep_ffn unused */
+    int vocab_split; /* 1: embedding and lm_head split over the ranks by vocab rows
+                        (eg_ep_embed, eg_ep_logits); local CPU ranks only */
+    int vocab;       /* V, with vocab_split */
     eg_backend *const *backends; /* [n_ranks] each rank's backend (borrowed): all CPU =
                                     local, all CUDA on distinct GPUs = nccl */
 } eg_ep_opts;
@@ -84,6 +97,25 @@ void eg_ep_register_ffn(eg_ep_group *g, int rank, int layer, const eg_weight *ga
  * accumulate must agree between the ranks. be is the rank's backend. */
 eg_status eg_ep_ffn(eg_ep_group *g, int rank, int layer, eg_backend *be, const float *x, int T, float *y,
                     int accumulate, eg_error *err);
+/* 1 when the group splits the embedding and lm_head by vocab rows (NULL: 0). */
+int eg_ep_vocab_split(const eg_ep_group *g);
+/* vocab_split: the vocab rows [*v0, *v1) rank holds of the embedding and lm_head. */
+void eg_ep_vocab_range(const eg_ep_group *g, int rank, int64_t *v0, int64_t *v1);
+/* vocab_split: rank's slices ([v1-v0][H], eg_ep_vocab_range; either may be NULL on a rank
+ * whose stages hold no embedding / no lm_head). Borrowed, must outlive the group's calls.
+ * Before the first eg_ep_embed / eg_ep_logits. */
+void eg_ep_register_vocab(eg_ep_group *g, int rank, const eg_weight *embed, const eg_weight *lm_head);
+/* Rank's thread, vocab_split: x [T][H] = the embedding rows of tokens [T] (ids in [0, V),
+ * checked by the caller; T >= 1). Every rank calls it at the same point of its step. */
+eg_status eg_ep_embed(eg_ep_group *g, int rank, eg_backend *be, const int32_t *tokens, int T, float *x,
+                      eg_error *err);
+/* Rank's thread, vocab_split: logits [n][V] = rows [n][H] times lm_head^T, every column
+ * computed by its owner. n may be 0 (the rank has no logit rows this step); every rank
+ * calls it at the same point of its step. */
+eg_status eg_ep_logits(eg_ep_group *g, int rank, eg_backend *be, const float *rows, int n, float *logits,
+                       eg_error *err);
+/* Tokens embedded by another rank, and logit rows other ranks computed columns of, so far. */
+void eg_ep_vocab_rows(const eg_ep_group *g, int64_t *embed_rows, int64_t *logit_rows);
 /* Rows (tokens) whose shared expert / dense MLP ran on another rank so far. */
 int64_t eg_ep_ffn_rows(const eg_ep_group *g);
 /* "local" or "nccl". */

@@ -78,10 +78,15 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     if (bo->name && strcmp(bo->name, "cpu") && !cuda)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "--ep %d on the %s backend: the expert exchange runs CPU ranks (local) "
                        "or CUDA ranks (nccl)", ep, bo->name);
-    if (o->ep_split != EG_EP_SPLIT_NONE && o->ep_split != EG_EP_SPLIT_FFN)
-        return eg_fail(err, EG_ERR_INVALID, "expert-parallel split %d: expected none or ffn", (int)o->ep_split);
-    if (o->ep_split == EG_EP_SPLIT_FFN && ep < 2)
-        return eg_fail(err, EG_ERR_INVALID, "--ep-split ffn needs an expert-parallel group (--ep > 1, got %d)", ep);
+    if (o->ep_split != EG_EP_SPLIT_NONE && o->ep_split != EG_EP_SPLIT_FFN && o->ep_split != EG_EP_SPLIT_ALL)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel split %d: expected none, ffn or all", (int)o->ep_split);
+    if (o->ep_split != EG_EP_SPLIT_NONE && ep < 2)
+        return eg_fail(err, EG_ERR_INVALID, "--ep-split %s needs an expert-parallel group (--ep > 1, got %d)",
+                       o->ep_split == EG_EP_SPLIT_ALL ? "all" : "ffn", ep);
+    if (o->ep_split == EG_EP_SPLIT_ALL && cuda)
+        return eg_fail(err, EG_ERR_UNSUPPORTED,
+                       "--ep-split all: the vocab split of the embedding and lm_head runs on CPU ranks only (CUDA ranks: "
+                       "--ep-split ffn)");
     if (o->n_slots < ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
                        o->n_slots);
@@ -113,7 +118,8 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     }
     eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
                      .max_tokens = o->max_tokens, .n_layers = c->n_layers, .backends = rt->be,
-                     .ffn_split = o->ep_split == EG_EP_SPLIT_FFN};
+                     .ffn_split = o->ep_split != EG_EP_SPLIT_NONE,
+                     .vocab_split = o->ep_split == EG_EP_SPLIT_ALL, .vocab = c->vocab};
     if ((st = eg_ep_group_create(&go, &rt->group, err))) { eg_ep_runtime_free(rt); return st; }
     for (int r = 0; r < ep; r++) {
         eg_engine_opts ro = *o;
@@ -148,6 +154,9 @@ int64_t eg_ep_runtime_rank_weight_bytes(const eg_ep_runtime *rt, int rank) {
     return eg_engine_weight_bytes(rt->eng[rank]);
 }
 int64_t eg_ep_runtime_ffn_rows(const eg_ep_runtime *rt) { return eg_ep_ffn_rows(rt->group); }
+void eg_ep_runtime_vocab_rows(const eg_ep_runtime *rt, int64_t *embed_rows, int64_t *logit_rows) {
+    eg_ep_vocab_rows(rt->group, embed_rows, logit_rows);
+}
 int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens) {
     eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
                      .max_tokens = max_tokens};

@@ -60,6 +60,9 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s);
 void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats *s);
 /* Bytes of weights rank `rank` holds (its engine's stages): what the split frees shows here. */
 int64_t eg_ep_runtime_rank_weight_bytes(const eg_ep_runtime *rt, int rank);
+/* ep_split all: tokens embedded by another rank, and logit rows whose columns other
+ * ranks computed, so far. */
+void eg_ep_runtime_vocab_rows(const eg_ep_runtime *rt, int64_t *embed_rows, int64_t *logit_rows);
 /* Tokens whose shared expert / dense MLP ran on another rank so far (ep_split ffn). */
 int64_t eg_ep_runtime_ffn_rows(const eg_ep_runtime *rt);
 /* Bytes of rows exchanged between ranks so far, and the (token, k) pairs that crossed. */

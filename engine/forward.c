@@ -211,12 +211,32 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
     int nl = f->l1 - f->l0;
     f->layers = eg_calloc((size_t)nl, sizeof *f->layers, err);
     if (!f->layers) { eg_forward_free(f); return EG_ERR_NOMEM; }
-    if (f->l0 == 0 && (st = up(f, &m->embed, &f->embed, err))) goto fail;
+    /* vocab split (collective.h): this rank holds only its vocab rows of the embedding
+       and lm_head; the group computes the rest on their owners */
+    int vsplit = eg_ep_vocab_split(o->ep);
+    int64_t v0 = 0, v1 = c->vocab;
+    if (vsplit) {
+        eg_ep_vocab_range(o->ep, o->ep_rank, &v0, &v1);
+        if (o->random_weights) {
+            st = eg_fail(err, EG_ERR_UNSUPPORTED, "--ep-split all with random weights: a rank's draw of its vocab rows "
+                         "would not be the unsplit draw's rows (use a checkpoint, or --ep-split ffn)");
+            goto fail;
+        }
+    }
+    if (f->l0 == 0) {
+        eg_weight e = m->embed;
+        if ((vsplit && (st = eg_weight_rows(&m->embed, v0, v1, &e, err))) || (st = up(f, &e, &f->embed, err))) goto fail;
+    }
     if (f->l1 == c->n_layers) {
         if ((st = up(f, &m->final_norm, &f->final_norm, err))) goto fail;
+        eg_weight h = m->lm_head;
         if (c->tie_embeddings && f->l0 == 0) f->lm_head = f->embed;
-        else if ((st = up(f, &m->lm_head, &f->lm_head, err))) goto fail;
+        else if ((vsplit && (st = eg_weight_rows(&m->lm_head, v0, v1, &h, err))) || (st = up(f, &h, &f->lm_head, err)))
+            goto fail;
     }
+    if (vsplit)
+        eg_ep_register_vocab(o->ep, o->ep_rank, f->l0 == 0 ? &f->embed : NULL,
+                             f->l1 == c->n_layers ? &f->lm_head : NULL);
     for (int l = 0; l < nl; l++) {
         if ((st = upload_layer(f, f->l0 + l, &m->layers[f->l0 + l], &f->layers[l], err))) goto fail;
         /* a rank that ran out of work serves its experts for the others: it finds them here */
@@ -427,8 +447,10 @@ static eg_status step_ops(eg_forward *f, const eg_step *s, int max_pos, int stag
     const eg_backend_ops *ops = f->ops;
     eg_backend *be = f->be;
     int T = s->T;
+    int vsplit = eg_ep_vocab_split(f->o.ep); /* CPU ranks: tok_d and x are host memory */
     if (f->l0 == 0) {
-        TRY(ops->embed(be, f->tok_d, T, &f->embed, f->x, err));
+        if (vsplit) TRY(eg_ep_embed(f->o.ep, f->o.ep_rank, be, f->tok_d, T, f->x, err));
+        else TRY(ops->embed(be, f->tok_d, T, &f->embed, f->x, err));
         TRY(capture_rows(f, s, staged, -1, f->x, err));
     }
     for (int l = f->l0; l < f->l1; l++) {
@@ -443,10 +465,10 @@ static eg_status step_ops(eg_forward *f, const eg_step *s, int max_pos, int stag
     }
     if (f->l1 == c->n_layers) {
         TRY(ops->rmsnorm(be, f->x, &f->final_norm, T, c->hidden, c->rms_eps, f->xn, err));
-        if (s->n_logits > 0) {
-            TRY(ops->gather_rows(be, f->xn, f->rows_d, s->n_logits, c->hidden, f->g, err));
-            TRY(ops->linear(be, f->g, s->n_logits, &f->lm_head, f->logits, err));
-        }
+        if (s->n_logits > 0) TRY(ops->gather_rows(be, f->xn, f->rows_d, s->n_logits, c->hidden, f->g, err));
+        /* split: every rank calls, with or without rows, as the others compute its columns */
+        if (vsplit) TRY(eg_ep_logits(f->o.ep, f->o.ep_rank, be, f->g, s->n_logits, f->logits, err));
+        else if (s->n_logits > 0) TRY(ops->linear(be, f->g, s->n_logits, &f->lm_head, f->logits, err));
     }
     return EG_OK;
 }

@@ -121,7 +121,7 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
         for (int k = 0, b0 = 0; k < n_stages; b0 = rt->stage_ends[k++]) {
             int end = n_stages > 1 ? rt->stage_ends[k] : c->n_layers;
             if (k % n_dev != d) continue;
-            if (ep > 1 && o->ep_split == EG_EP_SPLIT_FFN) { /* the heaviest rank: owners differ per layer */
+            if (ep > 1 && o->ep_split != EG_EP_SPLIT_NONE) { /* the heaviest rank: owners differ per layer */
                 int64_t most = 0;
                 for (int r = 0; r < ep; r++) {
                     int64_t mine = 0;
@@ -184,10 +184,16 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     if (o->forward_only && (o->n_slots < 1 || o->stages || o->stage_ends || o->ep > 1 || o->draft_model || o->drafter))
         return eg_fail(err, EG_ERR_INVALID, "runtime: forward_only runs one forward of n_slots %d > 0 slots on one "
                        "backend (no stages, ranks or drafter)", o->n_slots);
-    if (o->ep_split != EG_EP_SPLIT_NONE && o->ep_split != EG_EP_SPLIT_FFN)
-        return eg_fail(err, EG_ERR_INVALID, "runtime: expert-parallel split %d (expected none or ffn)", (int)o->ep_split);
-    if (o->ep_split == EG_EP_SPLIT_FFN && o->ep < 2)
-        return eg_fail(err, EG_ERR_INVALID, "--ep-split ffn needs an expert-parallel group (--ep > 1, got %d)", o->ep);
+    if (o->ep_split != EG_EP_SPLIT_NONE && o->ep_split != EG_EP_SPLIT_FFN && o->ep_split != EG_EP_SPLIT_ALL)
+        return eg_fail(err, EG_ERR_INVALID, "runtime: expert-parallel split %d (expected none, ffn or all)",
+                       (int)o->ep_split);
+    if (o->ep_split != EG_EP_SPLIT_NONE && o->ep < 2)
+        return eg_fail(err, EG_ERR_INVALID, "--ep-split %s needs an expert-parallel group (--ep > 1, got %d)",
+                       o->ep_split == EG_EP_SPLIT_ALL ? "all" : "ffn", o->ep);
+    if (o->ep_split == EG_EP_SPLIT_ALL && o->backend && strcmp(o->backend, "cpu"))
+        return eg_fail(err, EG_ERR_UNSUPPORTED,
+                       "--ep-split all: the vocab split of the embedding and lm_head runs on CPU ranks only (%s ranks: "
+                       "--ep-split ffn)", o->backend);
     eg_runtime *rt = eg_calloc(1, sizeof *rt, err);
     if (!rt) return EG_ERR_NOMEM;
     rt->info.n_stages = 1;
@@ -459,14 +465,12 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
     if (why && why_n) why[0] = 0;
     if (strcmp(layout, "auto")) {
         if ((st = eg_layout_parse(layout, 0, &lay, err))) return eg_wrap(err, "--layout"), st;
-        if (lay.dense_split == EG_SPLIT_ALL)
-            return eg_fail(err, EG_ERR_UNSUPPORTED,
-                           "--layout %s: the vocab split of the embedding and lm_head is modelled only (no +split yet; "
-                           "+ffn splits the shared expert and dense MLP)",
-                           layout);
         if (!eg_layout_split_runnable(lay.dense_split, backend))
-            return eg_fail(err, EG_ERR_UNSUPPORTED, "--layout %s: the %s backend does not run the %s split", layout,
-                           backend, eg_dense_split_name(lay.dense_split));
+            return eg_fail(err, EG_ERR_UNSUPPORTED,
+                           "--layout %s: the %s backend does not run the %s split%s", layout, backend,
+                           eg_dense_split_name(lay.dense_split),
+                           lay.dense_split == EG_SPLIT_ALL ? " (the vocab split of the embedding and lm_head runs on "
+                                                             "CPU ranks; +ffn runs on CUDA ranks too)" : "");
     } else {
         eg_box box;
         eg_config cfg;
@@ -481,7 +485,7 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
         eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
         n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err) : -1;
         for (int i = 0; i < n; i++) /* what this backend runs (plan's rows: the GPU box's view) */
-            if (!eg_layout_split_runnable(rows[i].lay.dense_split, backend)) rows[i].runnable = 0;
+            rows[i].runnable = rows[i].lay.kind != EG_LAYOUT_TP && eg_layout_split_runnable(rows[i].lay.dense_split, backend);
         if (n >= 0) best = eg_layout_recommend(rows, n, prefill);
         eg_config_free(&cfg);
         if (best < 0) {
@@ -500,6 +504,6 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
     }
     *stages = lay.stages > 1 ? lay.stages : 1;
     *ep = lay.ep > 1 ? lay.ep : 1;
-    if (ep_split) *ep_split = lay.ep > 1 && lay.dense_split == EG_SPLIT_FFN ? EG_SPLIT_FFN : EG_SPLIT_NONE;
+    if (ep_split) *ep_split = lay.ep > 1 ? (int)lay.dense_split : EG_SPLIT_NONE;
     return EG_OK;
 }

@@ -48,8 +48,9 @@ typedef struct eg_runtime_opts {
     const char *transport;      /* "local", "nccl", NULL/"auto" (transport.h) */
     int ep;                     /* expert-parallel ranks; 0 or 1 = none */
     eg_ep_split ep_split;       /* with ep > 1: EG_EP_SPLIT_FFN puts each layer's shared expert /
-                                   dense MLP on one rank (ep_runtime.h); CPU backend only (cuda
-                                   is refused); needs ep > 1 */
+                                   dense MLP on one rank (ep_runtime.h; cpu and cuda ranks);
+                                   EG_EP_SPLIT_ALL also splits the embedding and lm_head by
+                                   vocab rows (cpu ranks only: cuda is refused); needs ep > 1 */
     /* batch */
     int n_slots;                /* concurrent sequences; 0 = auto (eg_plan_auto_slots) */
     int max_seq_len;
@@ -148,13 +149,15 @@ eg_forward *eg_runtime_forward(const eg_runtime *rt);
  * end layers (ascending, the last = L). ends: [L] at least. */
 eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int *ends, int *n, eg_error *err);
 
-/* --layout: an explicit "ppP", "epE", "ppPxepE" or "epE+ffn" / "ppPxepE+ffn", or "auto":
+/* --layout: an explicit "ppP", "epE", "ppPxepE", "epE+ffn" / "ppPxepE+ffn" or "epE+split" /
+ * "ppPxepE+split", or "auto":
  * the layout engine/layout.h recommends for the box preset `box` and the config in
  * model_dir, for decode (or prefill with `prefill`) at a mean sequence length of
  * max_seq_len / 2, among the layouts that run on `backend` (eg_layout_split_runnable:
- * "+split" nowhere yet). Sets *stages and *ep (1 = none) and *ep_split (may be NULL)
- * (EG_SPLIT_FFN: the layout owns each layer's shared expert / dense MLP on one rank, what
- * generate --ep-split ffn runs; else EG_SPLIT_NONE). With auto, why (may be NULL) gets
+ * "+split" on cpu only). Sets *stages and *ep (1 = none) and *ep_split (may be NULL) to
+ * the layout's eg_dense_split (EG_SPLIT_FFN: each layer's shared expert / dense MLP on
+ * one rank, what generate --ep-split ffn runs; EG_SPLIT_ALL: that and the vocab split,
+ * --ep-split all; EG_SPLIT_NONE without a group). With auto, why (may be NULL) gets
  * what was chosen: "--layout auto: NAME on BOX (modelled N tok/s decode at mean length M)". */
 eg_status eg_runtime_layout(const char *layout, const char *box, const char *model_dir, const char *backend,
                             int prefill, int max_seq_len, int *stages, int *ep, int *ep_split, char *why, size_t why_n,

@@ -711,6 +711,35 @@ void eg_weight_row(const eg_weight *w, int64_t r, float *out) {
     for (int64_t c = 0; c < w->cols; c++) out[c] = eg_weight_get(w, r, c);
 }
 
+eg_status eg_weight_rows(const eg_weight *w, int64_t r0, int64_t r1, eg_weight *out, eg_error *err) {
+    const char *name = w->name ? w->name : "weight";
+    if (r0 < 0 || r1 > w->rows || r0 >= r1)
+        return eg_fail(err, EG_ERR_INVALID, "%s: rows [%lld, %lld) of %lld", name, (long long)r0, (long long)r1,
+                       (long long)w->rows);
+    *out = *w;
+    out->rows = r1 - r0;
+    out->owned = 0;
+    const char *d = w->data;
+    switch (w->fmt) {
+    case EG_W_F32: out->data = d + 4 * r0 * w->cols; return EG_OK;
+    case EG_W_BF16:
+    case EG_W_F16: out->data = d + 2 * r0 * w->cols; return EG_OK;
+    case EG_W_INT4:
+        out->data = d + 4 * r0 * (w->cols / 8);
+        out->scale = (const char *)w->scale + 2 * r0 * (w->cols / w->group);
+        return EG_OK;
+    case EG_W_FP8:
+        if (r0 % 128 || (r1 % 128 && r1 != w->rows))
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: FP8 rows [%lld, %lld) do not start and end on its 128-row "
+                           "scale blocks", name, (long long)r0, (long long)r1);
+        out->data = d + r0 * w->cols;
+        out->scale = (const char *)w->scale + 4 * (r0 / 128) * ((w->cols + 127) / 128);
+        return EG_OK;
+    case EG_W_NONE: break;
+    }
+    return eg_fail(err, EG_ERR_INVALID, "%s: absent, no rows to view", name);
+}
+
 int64_t eg_weight_bytes(const eg_weight *w) {
     switch (w->fmt) {
     case EG_W_F32: return 4 * w->rows * w->cols;

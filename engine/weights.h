@@ -88,6 +88,10 @@ void eg_model_free(eg_model *m);
 float eg_weight_get(const eg_weight *w, int64_t r, int64_t c);
 /* Dequantise row r into out[cols]. */
 void eg_weight_row(const eg_weight *w, int64_t r, float *out);
+/* *out = a view of rows [r0, r1) of w (data and scales point into w's). F32, BF16, F16
+ * and INT4 split at any row; FP8 at multiples of its 128-row scale blocks (r1 may be the
+ * last row). An error names the tensor. */
+eg_status eg_weight_rows(const eg_weight *w, int64_t r0, int64_t r1, eg_weight *out, eg_error *err);
 /* Bytes the weight occupies as stored (data + scales). */
 int64_t eg_weight_bytes(const eg_weight *w);
 

@@ -61,7 +61,7 @@ typedef struct gen_args {
     const char *stages;       /* --stages: "N" (balanced) or "e0,e1,...,L" */
     int micro_batches;
     int ep;                   /* --ep: expert-parallel ranks (0 = off) */
-    int ep_split;             /* --ep-split: eg_ep_split (none, ffn) */
+    int ep_split;             /* --ep-split: eg_ep_split (none, ffn, all) */
     const char *layout;       /* --layout: ppP, epE, ppPxepE or auto (sets stages and ep) */
     const char *box;          /* --box: the box --layout auto plans for */
     char layout_stages[16];   /* --stages text a layout chose */
@@ -146,13 +146,17 @@ static void usage(FILE *f) {
             "                          Combines with --stages (a rank runs its stages on its thread).\n"
             "                          E must divide the routed expert count\n"
             "                          (default 1: no split)\n"
-            "  --ep-split S            with --ep: none (default) or ffn: layer l's shared expert (MoE\n"
-            "                          layers) or dense MLP (dense layers) sits on rank l mod E only and\n"
-            "                          runs there for every rank's tokens (rows there and back in FP32;\n"
-            "                          samples identical to --ep-split none); cpu and cuda ranks.\n"
-            "                          The embedding and lm_head stay replicated\n"
+            "  --ep-split S            with --ep: none (default), ffn or all. ffn: layer l's shared expert\n"
+            "                          (MoE layers) or dense MLP (dense layers) sits on rank l mod E only\n"
+            "                          and runs there for every rank's tokens (rows there and back in\n"
+            "                          FP32); cpu and cuda ranks. all: ffn, and rank r holds only vocab\n"
+            "                          rows [r*V/E, (r+1)*V/E) of the embedding and lm_head, embeds the\n"
+            "                          tokens whose ids it holds and computes those logit columns for\n"
+            "                          every rank; cpu ranks only, a checkpoint (not random weights).\n"
+            "                          Samples are identical to --ep-split none either way\n"
             "  --layout L              ppP (--stages P), epE (--ep E), ppPxepE, epE+ffn / ppPxepE+ffn\n"
             "                          (--ep-split ffn: each layer's shared expert / dense MLP on one rank),\n"
+            "                          epE+split / ppPxepE+split (--ep-split all; cpu),\n"
             "                          or auto: the layout `eaglegen plan --box` recommends for this model\n"
             "                          and --box among those --backend runs (decode, or prefill with --mode\n"
             "                          capture; mean length --max-seq-len / 2)\n"
@@ -232,8 +236,10 @@ static int resolve_layout(gen_args *a) {
         return 2;
     }
     if (why[0]) fprintf(stderr, "eaglegen generate: %s\n", why);
-    /* a "+ffn" layout: each layer's shared expert / dense MLP on rank l mod ep */
+    /* a "+ffn" layout: each layer's shared expert / dense MLP on rank l mod ep; "+split":
+       that and the vocab split of the embedding and lm_head */
     if (ep_split == EG_SPLIT_FFN) a->ep_split = EG_EP_SPLIT_FFN;
+    if (ep_split == EG_SPLIT_ALL) a->ep_split = EG_EP_SPLIT_ALL;
     if (stages > 1) {
         snprintf(a->layout_stages, sizeof a->layout_stages, "%d", stages);
         a->stages = a->layout_stages;
@@ -391,8 +397,9 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 0x104:
             if (!strcmp(optarg, "none")) a->ep_split = EG_EP_SPLIT_NONE;
             else if (!strcmp(optarg, "ffn")) a->ep_split = EG_EP_SPLIT_FFN;
+            else if (!strcmp(optarg, "all")) a->ep_split = EG_EP_SPLIT_ALL;
             else {
-                fprintf(stderr, "eaglegen generate: --ep-split: expected none or ffn, got '%s'\n", optarg);
+                fprintf(stderr, "eaglegen generate: --ep-split: expected none, ffn or all, got '%s'\n", optarg);
                 return 2;
             }
             break;
@@ -415,8 +422,8 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     }
     if (a->layout && resolve_layout(a)) return 2;
     if (a->ep_split != EG_EP_SPLIT_NONE && a->ep < 2) {
-        fprintf(stderr, "eaglegen generate: --ep-split ffn splits within an expert-parallel group: it needs --ep E "
-                        "with E > 1 (got %d)\n", a->ep > 0 ? a->ep : 1);
+        fprintf(stderr, "eaglegen generate: --ep-split %s splits within an expert-parallel group: it needs --ep E "
+                        "with E > 1 (got %d)\n", a->ep_split == EG_EP_SPLIT_ALL ? "all" : "ffn", a->ep > 0 ? a->ep : 1);
         return 2;
     }
     if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
@@ -1105,17 +1112,20 @@ int cmd_generate(int argc, char **argv) {
     gen_progress_init(&g.prog, jlog, a.worker, a.n_workers);
     g_rt = g.rt;
     if (ri->ep > 1) {
-        int e0 = 0, per = ri->experts_per_rank, ffn = ri->ep_split == EG_EP_SPLIT_FFN;
+        int e0 = 0, per = ri->experts_per_rank, ffn = ri->ep_split != EG_EP_SPLIT_NONE,
+            vocab = ri->ep_split == EG_EP_SPLIT_ALL;
         fprintf(stderr, "  expert parallel: %d ranks, %d routed experts each (rank 0: %d..%d), %d slots and %lld KV "
                         "tokens over the ranks (rank 0: %lld), %s, exchange %s\n", ri->ep, per, e0,
                 per - 1, a.batch, (long long)ri->kv_capacity_all, (long long)ri->kv_capacity,
-                ffn ? "shared expert / dense MLP of layer l on rank l mod ranks (+ffn), embedding and lm_head replicated"
-                    : "dense parts replicated",
+                vocab ? "shared expert / dense MLP of layer l on rank l mod ranks, embedding and lm_head vocab rows "
+                        "r*V/ranks.. on rank r (+split)"
+                : ffn ? "shared expert / dense MLP of layer l on rank l mod ranks (+ffn), embedding and lm_head replicated"
+                      : "dense parts replicated",
                 eg_ep_runtime_exchange(eg_runtime_ep_ranks(g.rt)));
         fprintf(stderr, "  expert parallel: weights per rank (MB):");
         for (int r = 0; r < ri->ep; r++)
             fprintf(stderr, " %.3f", (double)eg_ep_runtime_rank_weight_bytes(eg_runtime_ep_ranks(g.rt), r) / 1e6);
-        fprintf(stderr, " (split: %s)\n", ffn ? "ffn" : "none");
+        fprintf(stderr, " (split: %s)\n", vocab ? "all" : ffn ? "ffn" : "none");
     }
     eg_status run_st = eg_runtime_run(g.rt, next_request, on_done, &g, &err);
     g_rt = NULL;
@@ -1156,9 +1166,15 @@ int cmd_generate(int argc, char **argv) {
         int64_t pairs, xbytes;
         eg_runtime_traffic(g.rt, &pairs, &xbytes);
         fprintf(stderr, "  expert exchange: %lld (token, expert) pairs crossed ranks", (long long)pairs);
-        if (ri->ep_split == EG_EP_SPLIT_FFN)
+        if (ri->ep_split != EG_EP_SPLIT_NONE)
             fprintf(stderr, ", %lld token rows to another rank's shared expert / dense MLP",
                     (long long)eg_ep_runtime_ffn_rows(eg_runtime_ep_ranks(g.rt)));
+        if (ri->ep_split == EG_EP_SPLIT_ALL) {
+            int64_t er, lr;
+            eg_ep_runtime_vocab_rows(eg_runtime_ep_ranks(g.rt), &er, &lr);
+            fprintf(stderr, ", %lld tokens embedded by another rank, %lld logit rows with columns from other ranks",
+                    (long long)er, (long long)lr);
+        }
         fprintf(stderr, ", %.3f MB moved; steps per rank:", (double)xbytes / 1e6);
         for (int r = 0; r < ri->ep; r++) {
             eg_engine_stats rs;

@@ -9,6 +9,7 @@
 #include "dataset/idset.h"
 #include "dataset/manifest.h"
 #include "engine/config.h"
+#include "engine/engine.h"
 #include "gen/job.h"
 #include "prompts/corpus.h"
 
@@ -130,6 +131,11 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
             eg_fail(&err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep, o->batch);
             goto done;
         }
+        if (o->ep_split == EG_EP_SPLIT_ALL && !strcmp(o->backend, "cuda")) {
+            eg_fail(&err, EG_ERR_UNSUPPORTED, "--ep-split all: the vocab split of the embedding and lm_head runs on CPU "
+                    "ranks only (CUDA ranks: --ep-split ffn)");
+            goto done;
+        }
     }
     corpus_opts co;
     corpus_opts_default(&co);
@@ -190,12 +196,14 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
         int per = cfg.n_experts / ep;
         fprintf(out, "expert ranks:  --ep %d%s (%s): each rank holds %d of the %d routed experts per MoE layer (%s), "
                      "its own sequences and their cache, and runs %s %d stage%s\n",
-                ep, o->ep_split ? "+ffn" : "", strcmp(o->backend, "cuda") ? "rank r on its own thread, rows exchanged through host memory"
+                ep, o->ep_split == EG_EP_SPLIT_ALL ? "+split" : o->ep_split ? "+ffn" : "", strcmp(o->backend, "cuda") ? "rank r on its own thread, rows exchanged through host memory"
                                                : "rank r on GPU r mod the GPU count, rows exchanged over NCCL",
                 per, cfg.n_experts,
-                o->ep_split ? "layer l's shared expert / dense MLP on rank l mod ranks only; embedding and lm_head "
-                              "replicated"
-                            : "dense parts replicated",
+                o->ep_split == EG_EP_SPLIT_ALL ? "layer l's shared expert / dense MLP on rank l mod ranks only; "
+                                                 "embedding and lm_head split by vocab rows"
+                : o->ep_split ? "layer l's shared expert / dense MLP on rank l mod ranks only; embedding and lm_head "
+                                "replicated"
+                              : "dense parts replicated",
                 n_stages > 1 ? "all" : "its", n_stages, n_stages > 1 ? "s" : "");
         for (int r = 0; r < ep; r++) {
             fprintf(out, "  rank %d: experts %d..%d", r, r * per, (r + 1) * per - 1);
@@ -206,6 +214,9 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
                 for (int l = r; l < cfg.n_layers; l += ep) fprintf(out, "%s %d", l == r ? "" : ",", l);
                 if (r >= cfg.n_layers) fprintf(out, "s: none");
             }
+            if (o->ep_split == EG_EP_SPLIT_ALL) /* collective.c's eg_ep_vocab_range */
+                fprintf(out, ", embedding / lm_head vocab rows %lld..%lld", (long long)r * cfg.vocab / ep,
+                        (long long)(r + 1) * cfg.vocab / ep - 1);
             fprintf(out, "\n");
         }
     }

@@ -35,8 +35,9 @@ typedef struct gen_dry_run_opts {
     int ep;                /* --ep ranks (0 or 1 = none): checked against the routed experts and
                               --batch as the run checks them, and each rank's share printed */
     int batch;             /* --batch (0 = auto) */
-    int ep_split;          /* --ep-split ffn (1): each layer's shared expert / dense MLP on rank
-                              l mod ep, printed per rank; refused on cuda as the run refuses it */
+    int ep_split;          /* --ep-split: eg_ep_split. ffn: each layer's shared expert / dense MLP
+                              on rank l mod ep, printed per rank; all: also the vocab rows of
+                              each rank, refused on cuda as the run refuses it */
 } gen_dry_run_opts;
 
 /* Prints the report to out; returns the exit status (0, or 1 after an error message on

@@ -65,6 +65,51 @@ ffn ffn2 --ep 2
 ffn ffn4 --ep 4
 ffn ffn2s2 --ep 2 --stages 2
 ffn ffn4c3 --ep 4 --chunk 3 --batch 5
+
+echo "-- --ep-split all: +ffn, and the embedding and lm_head split by vocab rows (V/E each)"
+vsplit() { # NAME FLAGS...: identical to unsplit, rows embedded and logit columns from other ranks,
+           # every rank lighter than with --ep-split ffn
+    local name=$1; shift
+    same "$name" "$@" --ep-split all
+    grep -q "(+split)" "$name.log" || { cat "$name.log"; echo "FAIL: $name does not say +split"; exit 1; }
+    grep -Eq "[1-9][0-9]* tokens embedded by another rank, [1-9][0-9]* logit rows with columns from other ranks" \
+        "$name.log" || { cat "$name.log"; echo "FAIL: $name: no rows crossed for the vocab split"; exit 1; }
+    $E generate "${args[@]}" "$@" --ep-split ffn --limit 1 --out "$name.ffn" 2>"$name.ffn.log" || { cat "$name.ffn.log"; exit 1; }
+    local with without
+    with=$(wmb "$name.log"); without=$(wmb "$name.ffn.log")
+    "$PYTHON" -c "
+import sys
+w, n = [float(x) for x in sys.argv[1].split()], [float(x) for x in sys.argv[2].split()]
+assert len(w) == len(n) > 1 and all(a < b for a, b in zip(w, n)), (w, n)
+print('  weights per rank (MB): %s with all, %s with ffn' % (sys.argv[1], sys.argv[2]))
+" "$with" "$without" || { echo "FAIL: $name: weights per rank $with (all) vs $without (ffn)"; exit 1; }
+}
+vsplit all2 --ep 2
+vsplit all4 --ep 4
+vsplit all2s2 --ep 2 --stages 2
+vsplit all4c3 --ep 4 --chunk 3 --batch 5
+same lay2split --layout ep2+split
+grep -q "(+split)" lay2split.log || { cat lay2split.log; echo "FAIL: --layout ep2+split is not the vocab split"; exit 1; }
+# an uneven vocab split (512 rows over 3 ranks: 170, 171, 171) on the fixture with 12 experts,
+# with the tokenizer of the tiny model
+if [ -n "${FIXTURES:-}" ] && [ -d "$FIXTURES/models/tiny-q4" ]; then
+    mkdir q4
+    for f in "$FIXTURES"/models/tiny-q4/*; do ln -s "$f" q4/; done
+    cp model/tiktoken.model model/tokenizer_config.json q4/
+    qargs=(--model q4 --prompts corpus.jsonl --max-new-tokens 24 --max-seq-len 384 --batch 6 --chunk 16
+           --aux-layers 0,1,2 --seed 5 --temperature 0.8 --shard-samples 5)
+    $E generate "${qargs[@]}" --out q4ref 2>q4ref.log || { cat q4ref.log; exit 1; }
+    for f in "--ep 3 --ep-split all" "--ep 3 --ep-split all --stages 2"; do
+        n=q4$(echo "$f" | tr -d ' -')
+        $E generate "${qargs[@]}" $f --out "$n" 2>"$n.log" || { cat "$n.log"; exit 1; }
+        "$PYTHON" "$here/gen_check.py" same q4ref "$n" >/dev/null || { echo "FAIL: tiny-q4 $f differs"; exit 1; }
+        echo "  tiny-q4 (vocab 512 over 3 ranks) $f: identical"
+    done
+fi
+$E generate "${args[@]}" --ep 4 --ep-split all --dry-run >dry.txt 2>&1 || { cat dry.txt; exit 1; }
+grep -q -- "--ep 4+split" dry.txt && grep -q "rank 3: .*vocab rows 384..511$" dry.txt \
+    || { cat dry.txt; echo "FAIL: --dry-run does not show the vocab rows"; exit 1; }
+
 # --dry-run names each rank's layers (layer l on rank l mod E)
 $E generate "${args[@]}" --ep 2 --ep-split ffn --dry-run >dry.txt 2>&1 || { cat dry.txt; exit 1; }
 grep -q "rank 0: .*dense MLP of layers 0, 2, 4$" dry.txt && grep -q "rank 1: .*dense MLP of layers 1, 3$" dry.txt \
@@ -87,7 +132,8 @@ kargs=(--model model --prompts short.jsonl --max-new-tokens 160 --max-seq-len 25
        --aux-layers 1,3 --seed 9 --shard-samples 4)
 $E generate "${kargs[@]}" --batch 4 --kv-policy reserve --out kref 2>kref.log || { cat kref.log; exit 1; }
 for f in "--ep 2 --host-kv-gb 0.00006" "--ep 2 --stages 2 --host-kv-gb 0" "--ep 4 --host-kv-gb 1" \
-         "--ep 2 --ep-split ffn --host-kv-gb 0.00006" "--ep 4 --ep-split ffn --host-kv-gb 0"; do
+         "--ep 2 --ep-split ffn --host-kv-gb 0.00006" "--ep 4 --ep-split ffn --host-kv-gb 0" \
+         "--ep 2 --ep-split all --host-kv-gb 0.00006" "--ep 2 --stages 2 --ep-split all --host-kv-gb 0"; do
     n=kv$(echo "$f" | tr -d ' -.' | tr -d -c 'a-z0-9')
     ep=$(echo "$f" | sed -E 's/--ep ([0-9]+).*/\1/')
     $E generate "${kargs[@]}" $f --batch $((4 * ep)) --kv-tokens $((320 * ep)) --out "$n" 2>"$n.log" \
@@ -102,7 +148,7 @@ echo "-- capture mode (teacher-forced)"
 cargs=(--model model --prompts conv.jsonl --mode capture --max-seq-len 512 --batch 4 --chunk 8 --aux-layers 0,2,3)
 $E generate "${cargs[@]}" --out cref 2>cref.log || { cat cref.log; exit 1; }
 for f in "--ep 2" "--ep 4" "--ep 2 --stages 2" "--ep 2 --ep-split ffn" "--ep 4 --ep-split ffn" \
-         "--ep 2 --stages 2 --ep-split ffn"; do
+         "--ep 2 --stages 2 --ep-split ffn" "--ep 2 --ep-split all" "--ep 4 --stages 2 --ep-split all"; do
     n=cap$(echo "$f" | tr -d ' -')
     $E generate "${cargs[@]}" $f --out "$n" 2>"$n.log" || { cat "$n.log"; exit 1; }
     "$PYTHON" "$here/gen_check.py" same cref "$n" >/dev/null || { echo "FAIL: capture $f differs"; exit 1; }
@@ -149,7 +195,14 @@ if $E generate "${args[@]}" --ep 2 --backend cuda --out bad 2>bad.log; then echo
 if grep -q "is not implemented yet\|CPU ranks only" bad.log; then cat bad.log; echo "FAIL: --ep refused on cuda"; exit 1; fi
 bad "--ep-split ffn splits within an expert-parallel group: it needs --ep E with E > 1 (got 1)" --ep-split ffn
 bad "--ep-split ffn splits within an expert-parallel group: it needs --ep E with E > 1 (got 1)" --ep-split ffn --ep 1
-bad "--ep-split: expected none or ffn, got 'dense'" --ep 2 --ep-split dense
+bad "--ep-split: expected none, ffn or all, got 'dense'" --ep 2 --ep-split dense
+bad "--ep-split all splits within an expert-parallel group: it needs --ep E with E > 1 (got 1)" --ep-split all
+# the vocab split runs on CPU ranks only: refused on cuda before any device is touched
+bad "--ep-split all: the vocab split of the embedding and lm_head runs on CPU ranks only" --ep 2 --ep-split all --backend cuda
+if $E generate "${args[@]}" --ep 2 --ep-split all --backend cuda --dry-run >bad.log 2>&1; then
+    echo "FAIL: the dry run accepted --ep-split all on cuda"; exit 1
+fi
+grep -q "runs on CPU ranks only" bad.log || { cat bad.log; echo "FAIL: cuda dry run of --ep-split all"; exit 1; }
 # the ffn split on CUDA ranks is not refused either (run_emu.sh --ep checks it): the run
 # stops at the device, and the dry run shows the owners
 if $E generate "${args[@]}" --ep 2 --ep-split ffn --backend cuda --out bad 2>bad.log; then
@@ -161,6 +214,6 @@ $E generate "${args[@]}" --ep 2 --ep-split ffn --backend cuda --dry-run --out ba
 grep -q -- "--ep 2+ffn" bad.log || { cat bad.log; echo "FAIL: the cuda dry run shows no ffn split"; exit 1; }
 bad "--layout sets --stages and --ep" --layout ep2 --ep 2
 bad "expected ppP, epE, ppPxepE" --layout tp8
-bad "no +split yet" --layout ep2+split
+bad "--layout ep2+split: the cuda backend does not run the all split" --layout ep2+split --backend cuda
 bad "--layout auto needs --box" --layout auto
 echo "ok"

@@ -53,7 +53,8 @@ for name, r in rows.items():
     split = {"": "none", "+ffn": "ffn", "+split": "all"}[name[len(name.rstrip("+fnsplit")):] if "+" in name else ""]
     assert r["dense_split"] == split, (name, r["dense_split"])
 # what runs: the pipeline, EP groups replicated or +ffn (the shared expert / dense MLP of layer l
-# whole on rank l mod E); the vocab split and tensor parallelism are modelled only
+# whole on rank l mod E); on a GPU box the vocab split (CPU ranks only) and tensor parallelism
+# are modelled only
 assert not rows["tp8"]["runnable"] and rows["ep8"]["runnable"] and rows["pp8"]["runnable"]
 assert rows["pp2xep4"]["runnable"] and rows["ep8+ffn"]["runnable"] and rows["pp2xep4+ffn"]["runnable"]
 assert not rows["ep8+split"]["runnable"] and not rows["pp4xep2+split"]["runnable"]
@@ -138,13 +139,13 @@ grep -q '^  ffn split .*: frees 4.7 GB per GPU = +[0-9]*K KV tokens, costs [0-9.
     fail "h200x8 ffn split line"
 grep -q '^recommended for capture-mode prefill: ' out || fail "prefill recommendation"
 grep -q 'modelled only: eaglegen does not run tensor parallelism' out || fail "tp row note"
-grep -q '^ep8+split .*modelled only: the vocab split of embedding and lm_head is not built' out || fail "+split row note"
+grep -q '^ep8+split .*modelled only on GPUs: --ep-split all runs on CPU ranks' out || fail "+split row note"
 grep -q '^ep8+ffn .*--ep-split ffn' out || fail "+ffn row note"
 # on the RTX box the KV slots are what decode lacks: the recommendation splits the FFN
 $E plan --preset kimi-k2.5 --box rtx-pro-6000x8 > out 2> err || fail "plan rtx text"
 grep -q '^recommended for decode: pp[0-9]xep[0-9]+ffn, ' out || fail "rtx decode recommendation"
 grep -q '^dense parts: ffn split chosen' out || fail "rtx split choice"
-grep -q '^fastest modelled for decode: pp2xep4+split, .*vocab split' out || fail "rtx fastest modelled"
+grep -q '^fastest modelled for decode: pp2xep4+split, .*--ep-split all runs on CPU ranks' out || fail "rtx fastest modelled"
 # the tiny model has 16 experts and 5 layers: with 6 GPUs no EP group of 3 or 6 appears, 2
 # does, and no pipeline of 6 stages (more stages than layers)
 $E plan --preset tiny --gpus 6 --json > t.json 2> err || fail "plan tiny --gpus 6"

@@ -4,7 +4,9 @@
  * a routed sum); layer l's weights are registered by rank l mod 3 only. Every rank's
  * rows must equal, bit for bit, the unsplit swiglu_mlp on its own backend's twin. In a
  * second round rank 2 has left (eg_ep_leave) and must still serve layer 2 for the
- * others. Also: the rows counted as crossing ranks, and calls the group must refuse. */
+ * others. Also: the rows counted as crossing ranks, and calls the group must refuse.
+ * And the vocab split (vocab_split): eg_ep_embed and eg_ep_logits against the unsplit
+ * embed and linear, a rank that left still serving its vocab rows. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,8 +189,164 @@ static void test_ffn_split_refusals(void) {
     eg_backend_free(be);
 }
 
+/* The vocab split (vocab_split): V = 50 rows over three ranks (16, 17, 17). Each rank
+ * embeds its tokens (ids from every rank's range) and computes the logits of its rows,
+ * both through the group; rank 1 has no logit rows in round 2, and rank 2 leaves after
+ * round 1 and must still serve its rows and columns. Every row and logit must equal, bit
+ * for bit, the unsplit embed and linear over the whole tables. */
+typedef struct vocab_job {
+    eg_ep_group *g;
+    eg_backend *be;
+    int rank, rounds;
+    int32_t tok[ROUNDS][MAXT];
+    int n_log[ROUNDS];
+    float *rows[ROUNDS];   /* [MAXT][H] logit rows in */
+    float *x[ROUNDS];      /* [T][H] embedded */
+    float *logits[ROUNDS]; /* [n][V] */
+    eg_status st;
+    eg_error err;
+} vocab_job;
+
+static void *vocab_main(void *v) {
+    vocab_job *j = v;
+    for (int k = 0; k < j->rounds && !j->st; k++) {
+        j->st = eg_ep_embed(j->g, j->rank, j->be, j->tok[k], T_of[j->rank], j->x[k], &j->err);
+        if (!j->st) j->st = eg_ep_logits(j->g, j->rank, j->be, j->rows[k], j->n_log[k], j->logits[k], &j->err);
+    }
+    if (!j->st) j->st = eg_ep_leave(j->g, j->rank, j->be, &j->err);
+    return NULL;
+}
+
+static void test_vocab_split_exact(void) {
+    rs = eg_test_seed() + 29;
+    eg_config c = small_cfg();
+    int H = c.hidden, V = c.vocab;
+    eg_error err = {0};
+    eg_backend *be[R] = {0}, *ref_be = NULL;
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = MAXT, .max_seq_len = 64, .nthreads = 1};
+    for (int r = 0; r < R; r++) CHECK_OK(eg_backend_create(&c, &bo, &be[r], &err), &err);
+    CHECK_OK(eg_backend_create(&c, &bo, &ref_be, &err), &err);
+    if (!be[R - 1] || !ref_be) return;
+    eg_ep_opts go = {.n_ranks = R, .n_experts = c.n_experts, .topk = c.topk, .hidden = H, .max_tokens = MAXT,
+                     .n_layers = L, .backends = be, .ffn_split = 1, .vocab_split = 1, .vocab = V};
+    eg_ep_group *g = NULL;
+    CHECK_OK(eg_ep_group_create(&go, &g, &err), &err);
+    if (!g) return;
+    CHECK(eg_ep_vocab_split(g) && !eg_ep_vocab_split(NULL));
+    eg_weight emb = bf16_w(V, H, 1.0f), head = bf16_w(V, H, 0.3f), es[R], hs[R];
+    int64_t want_v0[R] = {0, 16, 33};
+    for (int r = 0; r < R; r++) {
+        int64_t v0, v1;
+        eg_ep_vocab_range(g, r, &v0, &v1);
+        CHECKF(v0 == want_v0[r] && v1 == (r + 1 < R ? want_v0[r + 1] : V), "rank %d: rows %lld..%lld", r,
+               (long long)v0, (long long)v1);
+        CHECK_OK(eg_weight_rows(&emb, v0, v1, &es[r], &err), &err);
+        CHECK_OK(eg_weight_rows(&head, v0, v1, &hs[r], &err), &err);
+        eg_ep_register_vocab(g, r, &es[r], &hs[r]);
+    }
+    vocab_job jobs[R];
+    memset(jobs, 0, sizeof jobs);
+    int64_t remote_embed = 0, remote_logit = 0;
+    for (int r = 0; r < R; r++) {
+        jobs[r] = (vocab_job){.g = g, .be = be[r], .rank = r, .rounds = r == 2 ? 1 : 2};
+        for (int k = 0; k < ROUNDS; k++) {
+            for (int t = 0; t < T_of[r]; t++) {
+                jobs[r].tok[k][t] = (int32_t)(urand() * V);
+                if (k < jobs[r].rounds && (jobs[r].tok[k][t] < want_v0[r] ||
+                                           jobs[r].tok[k][t] >= (r + 1 < R ? want_v0[r + 1] : V)))
+                    remote_embed++;
+            }
+            jobs[r].n_log[k] = k == 1 && r == 1 ? 0 : T_of[r];
+            if (k < jobs[r].rounds) remote_logit += (int64_t)jobs[r].n_log[k] * (R - 1);
+            jobs[r].rows[k] = malloc(sizeof(float) * MAXT * (size_t)H);
+            jobs[r].x[k] = calloc((size_t)MAXT * (size_t)H, sizeof(float));
+            jobs[r].logits[k] = calloc((size_t)MAXT * (size_t)V, sizeof(float));
+            for (int i = 0; i < MAXT * H; i++) jobs[r].rows[k][i] = nrand();
+        }
+    }
+    pthread_t th[R];
+    int started[R] = {0};
+    for (int r = 1; r < R; r++) started[r] = !eg_thread_start(&th[r], vocab_main, &jobs[r]);
+    for (int r = 1; r < R; r++) CHECKF(started[r], "rank %d: no thread", r);
+    if (!started[1] || !started[2]) eg_ep_fail(g);
+    vocab_main(&jobs[0]);
+    for (int r = 1; r < R; r++)
+        if (started[r]) pthread_join(th[r], NULL);
+    for (int r = 0; r < R; r++) CHECKF(!jobs[r].st, "rank %d: %s", r, jobs[r].err.msg);
+    float *xr = malloc(sizeof(float) * MAXT * (size_t)H), *lr = malloc(sizeof(float) * MAXT * (size_t)V);
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < jobs[r].rounds; k++) {
+            int T = T_of[r], n = jobs[r].n_log[k];
+            CHECK_OK(ref_be->ops->embed(ref_be, jobs[r].tok[k], T, &emb, xr, &err), &err);
+            CHECKF(!memcmp(xr, jobs[r].x[k], sizeof(float) * (size_t)T * (size_t)H),
+                   "rank %d round %d: embedding rows differ from unsplit", r, k);
+            if (n) CHECK_OK(ref_be->ops->linear(ref_be, jobs[r].rows[k], n, &head, lr, &err), &err);
+            int diff = 0;
+            for (int i = 0; i < n * V; i++) diff += memcmp(&lr[i], &jobs[r].logits[k][i], sizeof(float)) != 0;
+            CHECKF(diff == 0, "rank %d round %d: %d of %d logits differ from unsplit", r, k, diff, n * V);
+        }
+    int64_t er = -1, lrows = -1;
+    eg_ep_vocab_rows(g, &er, &lrows);
+    CHECKF(er == remote_embed && lrows == remote_logit, "crossed: %lld embedded (want %lld), %lld logit rows (want %lld)",
+           (long long)er, (long long)remote_embed, (long long)lrows, (long long)remote_logit);
+    free(xr);
+    free(lr);
+    eg_ep_group_free(g);
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < ROUNDS; k++) { free(jobs[r].rows[k]); free(jobs[r].x[k]); free(jobs[r].logits[k]); }
+    free((void *)emb.data);
+    free((void *)head.data);
+    for (int r = 0; r < R; r++) eg_backend_free(be[r]);
+    eg_backend_free(ref_be);
+}
+
+/* What the vocab split refuses: one rank, fewer vocab rows than ranks; calls on a group
+ * without it; more logit rows than the group was sized for; row views out of range. */
+static void test_vocab_split_refusals(void) {
+    eg_config c = small_cfg();
+    eg_error err = {0};
+    eg_backend *be[2] = {0};
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = MAXT, .max_seq_len = 64, .nthreads = 1};
+    for (int r = 0; r < 2; r++) CHECK_OK(eg_backend_create(&c, &bo, &be[r], &err), &err);
+    if (!be[1]) return;
+    eg_ep_opts go = {.n_ranks = 1, .n_experts = c.n_experts, .topk = c.topk, .hidden = c.hidden, .max_tokens = MAXT,
+                     .n_layers = L, .backends = be, .vocab_split = 1, .vocab = c.vocab};
+    eg_ep_group *g = NULL;
+    eg_status st = eg_ep_group_create(&go, &g, &err);
+    CHECKF(st == EG_ERR_INVALID && strstr(err.msg, "over 1 ranks"), "one rank: %d %s", st, err.msg);
+    go.n_ranks = 2;
+    go.vocab = 1;
+    st = eg_ep_group_create(&go, &g, &err);
+    CHECKF(st == EG_ERR_INVALID && strstr(err.msg, "a vocabulary of 1 rows over 2 ranks"), "V 1: %d %s", st, err.msg);
+    go.n_ranks = 1;
+    go.vocab_split = 0;
+    CHECK_OK(eg_ep_group_create(&go, &g, &err), &err);
+    if (g) {
+        int32_t tok[2] = {1, 2};
+        float x[2 * 48], lg[2 * 50];
+        st = eg_ep_embed(g, 0, be[0], tok, 2, x, &err);
+        CHECKF(st == EG_ERR_INVALID && strstr(err.msg, "vocab split off"), "embed without the split: %s", err.msg);
+        st = eg_ep_logits(g, 0, be[0], x, MAXT + 1, lg, &err);
+        CHECKF(st == EG_ERR_INVALID && strstr(err.msg, "lm_head: 9 rows"), "logits: %s", err.msg);
+        eg_ep_group_free(g);
+    }
+    eg_weight w = bf16_w(10, 4, 1.0f), v;
+    CHECK(eg_weight_rows(&w, 3, 11, &v, &err) == EG_ERR_INVALID && strstr(err.msg, "rows [3, 11) of 10"));
+    CHECK(eg_weight_rows(&w, 4, 4, &v, &err) == EG_ERR_INVALID);
+    CHECK_OK(eg_weight_rows(&w, 3, 10, &v, &err), &err);
+    CHECK(v.rows == 7 && v.cols == 4 && (const uint16_t *)v.data == (const uint16_t *)w.data + 12);
+    eg_weight f8 = {.fmt = EG_W_FP8, .rows = 300, .cols = 200, .data = w.data, .scale = w.data, .name = "f8"};
+    CHECK(eg_weight_rows(&f8, 100, 300, &v, &err) == EG_ERR_UNSUPPORTED && strstr(err.msg, "128-row"));
+    CHECK_OK(eg_weight_rows(&f8, 128, 300, &v, &err), &err);
+    CHECK(v.rows == 172 && (const char *)v.scale == (const char *)f8.scale + 4 * 2);
+    free((void *)w.data);
+    for (int r = 0; r < 2; r++) eg_backend_free(be[r]);
+}
+
 static const eg_test tests[] = {
     {"ffn_split_exact", test_ffn_split_exact},
     {"ffn_split_refusals", test_ffn_split_refusals},
+    {"vocab_split_exact", test_vocab_split_exact},
+    {"vocab_split_refusals", test_vocab_split_refusals},
 };
 EG_TEST_MAIN("engine_ep", tests)

@@ -215,18 +215,21 @@ static void test_layouts_identical(void) {
         }
         free_results(&r);
     }
-    /* --ep-split ffn: each layer's shared expert / dense MLP on one rank, the same results */
-    for (int k = 0; k < 2; k++) {
+    /* --ep-split ffn: each layer's shared expert / dense MLP on one rank; --ep-split all:
+       also the embedding and lm_head by vocab rows; the same results */
+    for (int k = 0; k < 4; k++) {
         results r = {0};
         o = base_opts();
         o.ep = 2;
-        o.ep_split = EG_EP_SPLIT_FFN;
-        if (k) { o.stages = "2"; o.kv_tokens = 144; o.host_kv_bytes = 0; o.max_seq_len = 64; }
+        o.ep_split = k < 2 ? EG_EP_SPLIT_FFN : EG_EP_SPLIT_ALL;
+        const char *name = k < 2 ? "ffn" : "all";
+        if (k % 2) { o.stages = "2"; o.kv_tokens = 144; o.host_kv_bytes = 0; o.max_seq_len = 64; }
         eg_status st = run(&o, &r, &info, &err);
-        CHECKF(st == EG_OK, "ep split ffn %d: %s", k, err.msg);
-        CHECKF(same(&ref, &r, H), "ep split ffn%s: results differ from the one-stage runtime", k ? ", two stages" : "");
-        CHECK(info.ep == 2 && info.ep_split == EG_EP_SPLIT_FFN);
-        if (k) CHECKF(last_stats.preemptions > 0, "ep split ffn, small pool: no preemption");
+        CHECKF(st == EG_OK, "ep split %s %d: %s", name, k, err.msg);
+        CHECKF(same(&ref, &r, H), "ep split %s%s: results differ from the one-stage runtime", name,
+               k % 2 ? ", two stages" : "");
+        CHECK(info.ep == 2 && info.ep_split == o.ep_split);
+        if (k % 2) CHECKF(last_stats.preemptions > 0, "ep split %s, small pool: no preemption", name);
         free_results(&r);
     }
     free_results(&ref);
@@ -303,7 +306,16 @@ static void test_refusals(void) {
     o = base_opts();
     o.ep = 2;
     o.ep_split = (eg_ep_split)7;
-    refused("ep split 7", &o, "expert-parallel split 7 (expected none or ffn)", NULL);
+    refused("ep split 7", &o, "expert-parallel split 7 (expected none, ffn or all)", NULL);
+    o = base_opts();
+    o.ep = 2;
+    o.ep_split = EG_EP_SPLIT_ALL; /* the vocab split: CPU ranks only */
+    o.backend = "cuda";
+    refused("ep split all on cuda", &o, "--ep-split all: the vocab split of the embedding and lm_head runs on CPU ranks "
+            "only", "--ep-split ffn");
+    o = base_opts();
+    o.ep_split = EG_EP_SPLIT_ALL;
+    refused("ep split all, no ep", &o, "--ep-split all needs an expert-parallel group", "got 0");
     o = base_opts();
     o.ep = 4;
     o.kv_tokens = 256;
@@ -369,7 +381,8 @@ static int same_req(const results *a, const results *b, int i, int64_t H) {
  * on one engine; sampled requests (odd ids, per-request RNG) equal sampled with the
  * drafter on one engine: --ep 2 and 4 (a drafter per rank, verify rows through the
  * exchange), threaded stages, --ep 2 with stages, and a pool that preempts; --ep-split ffn
- * too (verify rows through the shared expert / dense MLP exchange). */
+ * and all too (verify rows through the shared expert / dense MLP exchange, and the verify
+ * chunk's embedding and logits through the vocab owners). */
 static void test_spec_layouts(void) {
     load_model();
     if (!have_model || !make_drafter()) return;
@@ -401,6 +414,8 @@ static void test_spec_layouts(void) {
         {"two threaded stages, a pool that preempts", "2", 0, 1, 3, 80, EG_EP_SPLIT_NONE},
         {"--ep 4 --ep-split ffn", NULL, 4, 1, 3, 0, EG_EP_SPLIT_FFN},
         {"--ep 2 --ep-split ffn with two stages, a pool that preempts", "2", 2, 1, 3, 144, EG_EP_SPLIT_FFN},
+        {"--ep 4 --ep-split all", NULL, 4, 1, 3, 0, EG_EP_SPLIT_ALL},
+        {"--ep 2 --ep-split all with two stages, a pool that preempts", "2", 2, 1, 3, 144, EG_EP_SPLIT_ALL},
     };
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
         results r = {0}, ref = {0};
