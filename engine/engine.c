@@ -99,8 +99,11 @@ struct eg_engine {
     int have_pending;
     int32_t *pending_tok, *pending_stop;
     int pending_tok_cap, pending_stop_cap;
-    volatile sig_atomic_t stop_requested;
-    eg_engine_stats stats;
+    int stop_requested; /* eg_engine_request_stop: atomic accesses only */
+    eg_engine_stats stats;     /* written by the thread that runs the engine only */
+    pthread_mutex_t pub_mu;    /* guards pub */
+    eg_engine_stats pub;       /* stats as of the start of the run loop's last pass (and the
+                                  run's end): what other threads read */
     /* KV scheduling (on-demand policy) */
     parked_seq *parked;  /* [n_slots]; [0, n_parked) hold sequences */
     int n_parked, n_active;
@@ -183,6 +186,7 @@ static void slot_free(slot_state *s) {
 void eg_engine_free(eg_engine *e) {
     if (!e) return;
     stop_threads(e);
+    pthread_mutex_destroy(&e->pub_mu);
     eg_transport_free(e->transport);
     if (e->queues) {
         for (int k = 0; k <= e->n_stages; k++) q_destroy(&e->queues[k]);
@@ -374,6 +378,7 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
                            o->aux_layers[i], c->n_layers, c->n_layers - 1);
     eg_engine *e = eg_calloc(1, sizeof *e, err);
     if (!e) return EG_ERR_NOMEM;
+    pthread_mutex_init(&e->pub_mu, NULL);
     e->m = m;
     e->be = be;
     e->o = *o;
@@ -493,11 +498,25 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     return EG_OK;
 }
 
-void eg_engine_request_stop(eg_engine *e) { e->stop_requested = 1; }
+/* From another thread or a signal handler: an atomic store (lock-free, signal-safe), read
+ * with an atomic load at the engine's checks. */
+void eg_engine_request_stop(eg_engine *e) { __atomic_store_n(&e->stop_requested, 1, __ATOMIC_RELAXED); }
 void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s) {
     *s = e->stats;
     for (int k = 0; k < e->n_stages; k++)
         s->stage_steps[k < 8 ? k : 7] += __atomic_load_n(&e->stage_count[k], __ATOMIC_RELAXED);
+}
+static void publish_stats(eg_engine *e) {
+    eg_engine_stats s;
+    eg_engine_get_stats(e, &s);
+    pthread_mutex_lock(&e->pub_mu);
+    e->pub = s;
+    pthread_mutex_unlock(&e->pub_mu);
+}
+void eg_engine_get_stats_shared(eg_engine *e, eg_engine_stats *s) {
+    pthread_mutex_lock(&e->pub_mu);
+    *s = e->pub;
+    pthread_mutex_unlock(&e->pub_mu);
 }
 void eg_engine_graph_stats(const eg_engine *e, eg_forward_graph_stats *out) {
     memset(out, 0, sizeof *out);
@@ -836,7 +855,7 @@ static eg_status preempt_for_stalled(eg_engine *e, eg_error *err) {
 static eg_status housekeeping(eg_engine *e, eg_error *err) {
     eg_status st;
     if (e->starved && (st = preempt_for_stalled(e, err))) return st;
-    while (e->n_parked && !e->stop_requested) {
+    while (e->n_parked && !__atomic_load_n(&e->stop_requested, __ATOMIC_RELAXED)) {
         int i = 0;
         while (i < e->o.n_slots && e->slots[i].active) i++;
         if (i == e->o.n_slots) break;
@@ -849,7 +868,7 @@ static eg_status housekeeping(eg_engine *e, eg_error *err) {
  * sequence waits (they come back first: housekeeping). Returns 0, or an error. */
 static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *ctx, int *exhausted, eg_error *err) {
     eg_status st;
-    for (int i = mb->index; i < e->o.n_slots && !e->stop_requested; i += e->n_mb) {
+    for (int i = mb->index; i < e->o.n_slots && !__atomic_load_n(&e->stop_requested, __ATOMIC_RELAXED); i += e->n_mb) {
         if (e->slots[i].active) continue;
         if (e->n_parked) return EG_OK;
         if (!e->have_pending) {
@@ -1227,11 +1246,12 @@ static int wants_drain(eg_engine *e) {
     return room_for(e, -1, parked_tokens(p), e->n_active > 0 ? e->watermark : 0);
 }
 
-eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
+static eg_status engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
     int exhausted = 0, in_flight = 0;
     eg_status st = EG_OK;
     double busy_since = 0;
     for (;;) {
+        publish_stats(e); /* once per pass: a mutex, no allocation */
         /* launch every idle micro-batch that has work */
         for (int j = 0; j < e->n_mb && !st; j++) {
             micro_batch *mb = &e->mbs[j];
@@ -1249,7 +1269,7 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
             if ((st = admit_mb(e, mb, next, ctx, &exhausted, err))) break;
             /* a stop request abandons in-flight sequences: their tokens depend only on
              * their own inputs, so a resumed run regenerates them identically */
-            if (e->stop_requested) break;
+            if (__atomic_load_n(&e->stop_requested, __ATOMIC_RELAXED)) break;
             if ((st = build_mb(e, mb, err))) break;
             if (!mb->T) continue;
             if (!in_flight) busy_since = eg_now();
@@ -1277,7 +1297,7 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
         }
         if (!in_flight) {
             if (st) return st;
-            if (e->stop_requested) return eg_fail(err, EG_ERR_INTERRUPTED, "stopped on request");
+            if (__atomic_load_n(&e->stop_requested, __ATOMIC_RELAXED)) return eg_fail(err, EG_ERR_INTERRUPTED, "stopped on request");
             /* live sequences (or stalled ones, or preempted ones waiting) are picked up
              * by the launch loop above */
             if (e->n_active || e->n_parked) continue;
@@ -1304,4 +1324,10 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
         eg_status cst = complete_mb(e, mb, done, ctx, err);
         if (cst) st = cst;
     }
+}
+
+eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {
+    eg_status st = engine_run(e, next, done, ctx, err);
+    publish_stats(e);
+    return st;
 }

@@ -37,7 +37,8 @@
  * in flight, on the driving thread (bound to each stage's backend in turn).
  * Ownership: the engine borrows model and backend(s); result buffers passed to the
  * done callback are valid only during the call.
- * Thread safety: one thread drives an engine. */
+ * Thread safety: one thread drives an engine; eg_engine_request_stop and
+ * eg_engine_get_stats_shared may be called from any thread. */
 #ifndef EG_ENGINE_H
 #define EG_ENGINE_H
 
@@ -201,7 +202,11 @@ eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ct
  * EG_ERR_INTERRUPTED; unfinished sequences are abandoned (done() is not called for
  * them). Safe from a signal handler. */
 void eg_engine_request_stop(eg_engine *e);
+/* The engine's counters: from the thread that runs it, or once it has returned. */
 void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s);
+/* From any thread, also while another runs the engine: the counters as published at the
+ * start of each pass of its run loop (at most one step behind) and at the run's end. */
+void eg_engine_get_stats_shared(eg_engine *e, eg_engine_stats *s);
 /* Recorded-replay counts summed over the stages (forward.h); call when no run is active. */
 void eg_engine_graph_stats(const eg_engine *e, eg_forward_graph_stats *out);
 /* The transport between stages ("local", "nccl"; "none" for one stage). */

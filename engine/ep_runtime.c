@@ -287,8 +287,12 @@ eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done,
         memset(&x->err, 0, sizeof x->err);
         x->open = x->exhausted = 0;
         x->load = 0;
-        if (r > 0 && !eg_thread_start(&rt->runs[r].th, rank_thread, &rt->runs[r])) rt->runs[r].started = 1;
-        else if (r > 0) {
+    }
+    /* every rank's admission state is reset before any rank thread runs: a started rank
+       reads the others' (under the lock, which these plain writes do not take) */
+    for (int r = 1; r < rt->ep; r++) {
+        if (!eg_thread_start(&rt->runs[r].th, rank_thread, &rt->runs[r])) rt->runs[r].started = 1;
+        else {
             eg_ep_fail(rt->group);
             rt->runs[r].st = eg_fail(&rt->runs[r].err, EG_ERR_NOMEM, "expert-parallel rank %d: no thread", r);
         }
@@ -310,7 +314,7 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
     memset(s, 0, sizeof *s);
     for (int r = 0; r < rt->ep; r++) {
         eg_engine_stats q;
-        eg_engine_get_stats(rt->eng[r], &q);
+        eg_engine_get_stats_shared(rt->eng[r], &q); /* other ranks may be running */
         s->steps = q.steps > s->steps ? q.steps : s->steps;
         s->prefill_tokens += q.prefill_tokens;
         s->decode_tokens += q.decode_tokens;
@@ -341,7 +345,7 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
 }
 
 void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats *s) {
-    eg_engine_get_stats(rt->eng[rank], s);
+    eg_engine_get_stats_shared(rt->eng[rank], s);
 }
 
 void eg_ep_runtime_traffic(const eg_ep_runtime *rt, int64_t *pairs, int64_t *bytes) {
