@@ -387,6 +387,18 @@ static eg_status failed_status(eg_error *err) {
     return eg_fail(err, EG_ERR_INTERRUPTED, "expert-parallel group: another rank failed");
 }
 
+/* Phases 1 and 2 of every local call: post, barrier, serve whatever the running ranks
+ * posted, barrier. After it the rank's outputs (contrib, ffn_y, or the vocab owners'
+ * writes into its buffers) are complete. */
+static eg_status exchange(eg_ep_group *g, int rank, eg_backend *be, const ep_post *mine, eg_error *err) {
+    g->post[rank] = *mine;
+    if (barrier(g)) return failed_status(err);
+    eg_status st = serve_any(g, rank, be, err);
+    if (st) { eg_ep_fail(g); return st; }
+    if (barrier(g)) return failed_status(err);
+    return EG_OK;
+}
+
 eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const eg_moe_args *a, eg_error *err) {
     int K = g->o.topk;
     size_t H = (size_t)g->o.hidden;
@@ -400,11 +412,9 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const e
         if (st) eg_ep_fail(g);
         return st;
     }
-    g->post[rank] = (ep_post){.kind = EP_MOE, .T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .layer = layer};
-    if (barrier(g)) return failed_status(err);
-    eg_status st = serve_any(g, rank, be, err);
-    if (st) { eg_ep_fail(g); return st; }
-    if (barrier(g)) return failed_status(err);
+    ep_post p = {.kind = EP_MOE, .T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .layer = layer};
+    eg_status st = exchange(g, rank, be, &p, err);
+    if (st) return st;
     /* Phase 3: add the contributions in k order, as the unsplit op does */
     const float *c = g->rk[rank].contrib;
     for (int t = 0; t < a->T; t++)
@@ -447,11 +457,9 @@ eg_status eg_ep_ffn(eg_ep_group *g, int rank, int layer, eg_backend *be, const f
         if (st) eg_ep_fail(g);
         return st;
     }
-    g->post[rank] = (ep_post){.kind = EP_FFN, .T = T, .x = x, .layer = layer};
-    if (barrier(g)) return failed_status(err);
-    eg_status st = serve_any(g, rank, be, err);
-    if (st) { eg_ep_fail(g); return st; }
-    if (barrier(g)) return failed_status(err);
+    ep_post p = {.kind = EP_FFN, .T = T, .x = x, .layer = layer};
+    eg_status st = exchange(g, rank, be, &p, err);
+    if (st) return st;
     /* Phase 3: the rows as the unsplit op leaves them (accumulate: y[i] += out[i], the
        accumulating swiglu_mlp's own addition) */
     const float *o = g->rk[rank].ffn_y;
@@ -463,34 +471,27 @@ eg_status eg_ep_ffn(eg_ep_group *g, int rank, int layer, eg_backend *be, const f
     return EG_OK;
 }
 
-/* Phases 1 and 2 of a vocab-split call; the owners write the rank's output directly. */
-static eg_status vocab_call(eg_ep_group *g, int rank, eg_backend *be, const ep_post *mine, eg_error *err) {
-    g->post[rank] = *mine;
-    if (barrier(g)) return failed_status(err);
-    eg_status st = serve_any(g, rank, be, err);
-    if (st) { eg_ep_fail(g); return st; }
-    if (barrier(g)) return failed_status(err);
-    return EG_OK;
+/* A vocab-split call of min_rows..max_tokens rows; the owners write the rank's output
+ * directly, so the exchange is all there is. */
+static eg_status vocab_call(eg_ep_group *g, int rank, eg_backend *be, const ep_post *mine, int min_rows,
+                            eg_error *err) {
+    if (!g->o.vocab_split || g->cuda || mine->T < min_rows || mine->T > g->o.max_tokens) {
+        eg_ep_fail(g);
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel %s: %d rows (group: max %d, vocab split %s, exchange %s)",
+                       mine->kind == EP_EMBED ? "embedding" : "lm_head", mine->T, g->o.max_tokens,
+                       g->o.vocab_split ? "on" : "off", eg_ep_kind(g));
+    }
+    return exchange(g, rank, be, mine, err);
 }
 
 eg_status eg_ep_embed(eg_ep_group *g, int rank, eg_backend *be, const int32_t *tokens, int T, float *x,
                       eg_error *err) {
-    if (!g->o.vocab_split || g->cuda || T < 1 || T > g->o.max_tokens) {
-        eg_ep_fail(g);
-        return eg_fail(err, EG_ERR_INVALID, "expert-parallel embedding: T=%d (group: max %d tokens, vocab split %s, "
-                       "exchange %s)", T, g->o.max_tokens, g->o.vocab_split ? "on" : "off", eg_ep_kind(g));
-    }
     ep_post p = {.kind = EP_EMBED, .T = T, .tok = tokens, .y = x, .layer = -1};
-    return vocab_call(g, rank, be, &p, err);
+    return vocab_call(g, rank, be, &p, 1, err);
 }
 
 eg_status eg_ep_logits(eg_ep_group *g, int rank, eg_backend *be, const float *rows, int n, float *logits,
                        eg_error *err) {
-    if (!g->o.vocab_split || g->cuda || n < 0 || n > g->o.max_tokens) {
-        eg_ep_fail(g);
-        return eg_fail(err, EG_ERR_INVALID, "expert-parallel lm_head: %d rows (group: max %d, vocab split %s, "
-                       "exchange %s)", n, g->o.max_tokens, g->o.vocab_split ? "on" : "off", eg_ep_kind(g));
-    }
     ep_post p = {.kind = EP_LOGITS, .T = n, .x = rows, .y = logits, .layer = -1};
-    return vocab_call(g, rank, be, &p, err);
+    return vocab_call(g, rank, be, &p, 0, err);
 }

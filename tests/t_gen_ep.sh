@@ -46,20 +46,25 @@ same ep4c3 --ep 4 --chunk 3 --batch 5
 
 echo "-- --ep-split ffn: layer l's shared expert / dense MLP on rank l mod E only"
 wmb() { grep -o 'weights per rank (MB): [0-9. ]*' "$1" | sed 's/.*: //'; } # per-rank weight MB
+lighter() { # NAME LOG BASE-LOG WHAT BASE UNIFORM: every rank of LOG holds fewer weight MB than in
+            # BASE-LOG (and, with UNIFORM 1, BASE-LOG's ranks all hold the same)
+    local with without
+    with=$(wmb "$2"); without=$(wmb "$3")
+    "$PYTHON" -c "
+import sys
+w, n = [float(x) for x in sys.argv[1].split()], [float(x) for x in sys.argv[2].split()]
+assert len(w) == len(n) > 1 and all(a < b for a, b in zip(w, n)), (w, n)
+assert sys.argv[5] != '1' or len(set(n)) == 1, n
+print('  weights per rank (MB): %s with %s, %s %s' % (sys.argv[1], sys.argv[3], sys.argv[2], sys.argv[4]))
+" "$with" "$without" "$4" "$5" "$6" || { echo "FAIL: $1: weights per rank $with ($4) vs $without ($5)"; exit 1; }
+}
 ffn() { # NAME FLAGS...: identical to unsplit, the split named, every rank lighter than replicated
     local name=$1; shift
     same "$name" "$@" --ep-split ffn
     grep -q "(+ffn)" "$name.log" || { cat "$name.log"; echo "FAIL: $name does not say +ffn"; exit 1; }
     grep -q "token rows to another rank's shared expert" "$name.log" || { cat "$name.log"; echo "FAIL: $name no rows"; exit 1; }
     $E generate "${args[@]}" "$@" --limit 1 --out "$name.none" 2>"$name.none.log" || { cat "$name.none.log"; exit 1; }
-    local with without
-    with=$(wmb "$name.log"); without=$(wmb "$name.none.log")
-    "$PYTHON" -c "
-import sys
-w, n = [float(x) for x in sys.argv[1].split()], [float(x) for x in sys.argv[2].split()]
-assert len(w) == len(n) > 1 and all(a < b for a, b in zip(w, n)) and len(set(n)) == 1, (w, n)
-print('  weights per rank (MB): %s with ffn, %s replicated' % (sys.argv[1], sys.argv[2]))
-" "$with" "$without" || { echo "FAIL: $name: weights per rank $with (ffn) vs $without (none)"; exit 1; }
+    lighter "$name" "$name.log" "$name.none.log" ffn replicated 1
 }
 ffn ffn2 --ep 2
 ffn ffn4 --ep 4
@@ -75,14 +80,7 @@ vsplit() { # NAME FLAGS...: identical to unsplit, rows embedded and logit column
     grep -Eq "[1-9][0-9]* tokens embedded by another rank, [1-9][0-9]* logit rows with columns from other ranks" \
         "$name.log" || { cat "$name.log"; echo "FAIL: $name: no rows crossed for the vocab split"; exit 1; }
     $E generate "${args[@]}" "$@" --ep-split ffn --limit 1 --out "$name.ffn" 2>"$name.ffn.log" || { cat "$name.ffn.log"; exit 1; }
-    local with without
-    with=$(wmb "$name.log"); without=$(wmb "$name.ffn.log")
-    "$PYTHON" -c "
-import sys
-w, n = [float(x) for x in sys.argv[1].split()], [float(x) for x in sys.argv[2].split()]
-assert len(w) == len(n) > 1 and all(a < b for a, b in zip(w, n)), (w, n)
-print('  weights per rank (MB): %s with all, %s with ffn' % (sys.argv[1], sys.argv[2]))
-" "$with" "$without" || { echo "FAIL: $name: weights per rank $with (all) vs $without (ffn)"; exit 1; }
+    lighter "$name" "$name.log" "$name.ffn.log" all "with ffn" 0
 }
 vsplit all2 --ep 2
 vsplit all4 --ep 4
@@ -92,7 +90,7 @@ same lay2split --layout ep2+split
 grep -q "(+split)" lay2split.log || { cat lay2split.log; echo "FAIL: --layout ep2+split is not the vocab split"; exit 1; }
 # an uneven vocab split (512 rows over 3 ranks: 170, 171, 171) on the fixture with 12 experts,
 # with the tokenizer of the tiny model
-if [ -n "${FIXTURES:-}" ] && [ -d "$FIXTURES/models/tiny-q4" ]; then
+if [ -d "${FIXTURES:-}/models/tiny-q4" ]; then
     mkdir q4
     for f in "$FIXTURES"/models/tiny-q4/*; do ln -s "$f" q4/; done
     cp model/tiktoken.model model/tokenizer_config.json q4/
@@ -105,6 +103,8 @@ if [ -n "${FIXTURES:-}" ] && [ -d "$FIXTURES/models/tiny-q4" ]; then
         "$PYTHON" "$here/gen_check.py" same q4ref "$n" >/dev/null || { echo "FAIL: tiny-q4 $f differs"; exit 1; }
         echo "  tiny-q4 (vocab 512 over 3 ranks) $f: identical"
     done
+else
+    echo "FAIL: no fixture tiny-q4 under FIXTURES=${FIXTURES:-} (README: make test)"; exit 1
 fi
 $E generate "${args[@]}" --ep 4 --ep-split all --dry-run >dry.txt 2>&1 || { cat dry.txt; exit 1; }
 grep -q -- "--ep 4+split" dry.txt && grep -q "rank 3: .*vocab rows 384..511$" dry.txt \

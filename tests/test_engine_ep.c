@@ -48,6 +48,33 @@ static eg_weight bf16_w(int64_t rows, int64_t cols, float sd) {
     return w;
 }
 
+/* n CPU backends for c (one thread each); 0 when one could not be made (checked). */
+static int cpu_backends(const eg_config *c, eg_backend **be, int n) {
+    eg_error err = {0};
+    eg_backend_opts bo = {.name = "cpu", .max_tokens = MAXT, .max_seq_len = 64, .nthreads = 1};
+    int ok = 1;
+    for (int r = 0; r < n; r++) {
+        CHECK_OK(eg_backend_create(c, &bo, &be[r], &err), &err);
+        ok &= be[r] != NULL;
+    }
+    return ok;
+}
+
+/* Ranks 1..R-1 on threads, rank 0 on this one: fn(jobs + r * stride) for each, joined. */
+static void run_ranks(eg_ep_group *g, void *(*fn)(void *), void *jobs, size_t stride) {
+    pthread_t th[R];
+    int started[R] = {0}, all = 1;
+    for (int r = 1; r < R; r++) {
+        started[r] = !eg_thread_start(&th[r], fn, (char *)jobs + (size_t)r * stride);
+        CHECKF(started[r], "rank %d: no thread", r);
+        all &= started[r];
+    }
+    if (!all) eg_ep_fail(g);
+    fn(jobs);
+    for (int r = 1; r < R; r++)
+        if (started[r]) pthread_join(th[r], NULL);
+}
+
 typedef struct rank_job {
     eg_ep_group *g;
     eg_backend *be;
@@ -72,11 +99,9 @@ static void test_ffn_split_exact(void) {
     eg_config c = small_cfg();
     int H = c.hidden, I = c.inter;
     eg_error err = {0};
-    eg_backend *be[R] = {0}, *ref_be = NULL;
-    eg_backend_opts bo = {.name = "cpu", .max_tokens = MAXT, .max_seq_len = 64, .nthreads = 1};
-    for (int r = 0; r < R; r++) CHECK_OK(eg_backend_create(&c, &bo, &be[r], &err), &err);
-    CHECK_OK(eg_backend_create(&c, &bo, &ref_be, &err), &err);
-    if (!be[R - 1] || !ref_be) return;
+    eg_backend *be[R + 1] = {0}; /* the ranks', then the unsplit reference's */
+    if (!cpu_backends(&c, be, R + 1)) return;
+    eg_backend *ref_be = be[R];
     eg_ep_opts go = {.n_ranks = R, .n_experts = c.n_experts, .topk = c.topk, .hidden = H, .max_tokens = MAXT,
                      .n_layers = L, .backends = be, .ffn_split = 1};
     eg_ep_group *g = NULL;
@@ -111,14 +136,7 @@ static void test_ffn_split_exact(void) {
             }
         }
     }
-    pthread_t th[R];
-    int started[R] = {0};
-    for (int r = 1; r < R; r++) started[r] = !eg_thread_start(&th[r], rank_main, &jobs[r]);
-    for (int r = 1; r < R; r++) CHECKF(started[r], "rank %d: no thread", r);
-    if (!started[1] || !started[2]) eg_ep_fail(g);
-    rank_main(&jobs[0]);
-    for (int r = 1; r < R; r++)
-        if (started[r]) pthread_join(th[r], NULL);
+    run_ranks(g, rank_main, jobs, sizeof jobs[0]);
     for (int r = 0; r < R; r++) CHECKF(!jobs[r].st, "rank %d: %s", r, jobs[r].err.msg);
     /* the unsplit op on each rank's own rows (the batch the unsplit rank runs) */
     int64_t crossed = 0;
@@ -222,11 +240,9 @@ static void test_vocab_split_exact(void) {
     eg_config c = small_cfg();
     int H = c.hidden, V = c.vocab;
     eg_error err = {0};
-    eg_backend *be[R] = {0}, *ref_be = NULL;
-    eg_backend_opts bo = {.name = "cpu", .max_tokens = MAXT, .max_seq_len = 64, .nthreads = 1};
-    for (int r = 0; r < R; r++) CHECK_OK(eg_backend_create(&c, &bo, &be[r], &err), &err);
-    CHECK_OK(eg_backend_create(&c, &bo, &ref_be, &err), &err);
-    if (!be[R - 1] || !ref_be) return;
+    eg_backend *be[R + 1] = {0}; /* the ranks', then the unsplit reference's */
+    if (!cpu_backends(&c, be, R + 1)) return;
+    eg_backend *ref_be = be[R];
     eg_ep_opts go = {.n_ranks = R, .n_experts = c.n_experts, .topk = c.topk, .hidden = H, .max_tokens = MAXT,
                      .n_layers = L, .backends = be, .ffn_split = 1, .vocab_split = 1, .vocab = V};
     eg_ep_group *g = NULL;
@@ -264,14 +280,7 @@ static void test_vocab_split_exact(void) {
             for (int i = 0; i < MAXT * H; i++) jobs[r].rows[k][i] = nrand();
         }
     }
-    pthread_t th[R];
-    int started[R] = {0};
-    for (int r = 1; r < R; r++) started[r] = !eg_thread_start(&th[r], vocab_main, &jobs[r]);
-    for (int r = 1; r < R; r++) CHECKF(started[r], "rank %d: no thread", r);
-    if (!started[1] || !started[2]) eg_ep_fail(g);
-    vocab_main(&jobs[0]);
-    for (int r = 1; r < R; r++)
-        if (started[r]) pthread_join(th[r], NULL);
+    run_ranks(g, vocab_main, jobs, sizeof jobs[0]);
     for (int r = 0; r < R; r++) CHECKF(!jobs[r].st, "rank %d: %s", r, jobs[r].err.msg);
     float *xr = malloc(sizeof(float) * MAXT * (size_t)H), *lr = malloc(sizeof(float) * MAXT * (size_t)V);
     for (int r = 0; r < R; r++)
@@ -306,9 +315,7 @@ static void test_vocab_split_refusals(void) {
     eg_config c = small_cfg();
     eg_error err = {0};
     eg_backend *be[2] = {0};
-    eg_backend_opts bo = {.name = "cpu", .max_tokens = MAXT, .max_seq_len = 64, .nthreads = 1};
-    for (int r = 0; r < 2; r++) CHECK_OK(eg_backend_create(&c, &bo, &be[r], &err), &err);
-    if (!be[1]) return;
+    if (!cpu_backends(&c, be, 2)) return;
     eg_ep_opts go = {.n_ranks = 1, .n_experts = c.n_experts, .topk = c.topk, .hidden = c.hidden, .max_tokens = MAXT,
                      .n_layers = L, .backends = be, .vocab_split = 1, .vocab = c.vocab};
     eg_ep_group *g = NULL;
