@@ -83,10 +83,6 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     if (o->ep_split != EG_EP_SPLIT_NONE && ep < 2)
         return eg_fail(err, EG_ERR_INVALID, "--ep-split %s needs an expert-parallel group (--ep > 1, got %d)",
                        o->ep_split == EG_EP_SPLIT_ALL ? "all" : "ffn", ep);
-    if (o->ep_split == EG_EP_SPLIT_ALL && cuda)
-        return eg_fail(err, EG_ERR_UNSUPPORTED,
-                       "--ep-split all: the vocab split of the embedding and lm_head runs on CPU ranks only (CUDA ranks: "
-                       "--ep-split ffn)");
     if (o->n_slots < ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
                        o->n_slots);
