@@ -10,8 +10,8 @@ cache is held once), the routed experts are split E ways, and the dense parts ar
 replicated in the group ("ep8"), or "+ffn": the shared expert of each MoE layer and the
 dense MLP of each dense layer owned whole by rank l mod E of the group (generate
 --ep-split ffn; built on CPU and CUDA ranks), or "+split": +ffn and the embedding
-and lm_head vocab-split over the group (generate --ep-split all: CPU ranks only, so
-modelled only on the GPU box). ppG is the pipeline, epG one
+and lm_head vocab-split over the group (generate --ep-split all; built on CPU and CUDA
+ranks). ppG is the pipeline, epG one
 group over every GPU; tpG (tensor parallel: weights split, the latent cache copied onto
 every GPU) is what serving stacks run, modelled for comparison.
 
@@ -233,9 +233,9 @@ SPLITS = ("none", "ffn", "all")  # eg_dense_split: replicated, "+ffn", "+split"
 
 
 def split_runnable(split):
-    """eg_layout_split_runnable for the GPU box (backend NULL): +ffn is built on CPU ranks (local
-    exchange) and CUDA ranks; the vocab split (+split) on CPU ranks only, so not on the box."""
-    return {"none": True, "ffn": True, "all": False}[split]
+    """eg_layout_split_runnable for the GPU box (backend NULL): +ffn and the vocab split (+split)
+    are built on CPU ranks (local exchange) and CUDA ranks (nccl, cuda-local)."""
+    return {"none": True, "ffn": True, "all": True}[split]
 
 
 def bound_of(hbm, fl, comm):

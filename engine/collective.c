@@ -86,10 +86,6 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
     if (n_cuda && n_cuda != o->n_ranks)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: %d of %d ranks on CUDA backends (all or none)",
                        n_cuda, o->n_ranks);
-    if (o->vocab_split && n_cuda)
-        return eg_fail(err, EG_ERR_UNSUPPORTED,
-                       "--ep-split all: the vocab split of the embedding and lm_head runs on CPU ranks only (CUDA ranks: "
-                       "--ep-split ffn)");
     if (o->vocab_split && (o->vocab < o->n_ranks || o->n_ranks < 2))
         return eg_fail(err, EG_ERR_INVALID, "--ep-split all: a vocabulary of %d rows over %d ranks (needs ep >= 2 and "
                        "at least one row per rank)", o->vocab, o->n_ranks);
@@ -172,12 +168,17 @@ void eg_ep_vocab_range(const eg_ep_group *g, int rank, int64_t *v0, int64_t *v1)
 }
 
 void eg_ep_register_vocab(eg_ep_group *g, int rank, const eg_weight *embed, const eg_weight *lm_head) {
+    if (g->cuda) eg_ep_cuda_register_vocab(g->cuda, rank, embed, lm_head);
     if (!g->rk || rank < 0 || rank >= g->o.n_ranks) return;
     if (embed) g->rk[rank].vembed = embed;
     if (lm_head) g->rk[rank].vhead = lm_head;
 }
 
 void eg_ep_vocab_rows(const eg_ep_group *g, int64_t *embed_rows, int64_t *logit_rows) {
+    if (g->cuda) {
+        eg_ep_cuda_vocab_rows(g->cuda, embed_rows, logit_rows);
+        return;
+    }
     *embed_rows = *logit_rows = 0;
     for (int r = 0; g->rk && r < g->o.n_ranks; r++) {
         *embed_rows += g->rk[r].embed_rows;
@@ -475,11 +476,18 @@ eg_status eg_ep_ffn(eg_ep_group *g, int rank, int layer, eg_backend *be, const f
  * directly, so the exchange is all there is. */
 static eg_status vocab_call(eg_ep_group *g, int rank, eg_backend *be, const ep_post *mine, int min_rows,
                             eg_error *err) {
-    if (!g->o.vocab_split || g->cuda || mine->T < min_rows || mine->T > g->o.max_tokens) {
+    if (!g->o.vocab_split || mine->T < min_rows || mine->T > g->o.max_tokens) {
         eg_ep_fail(g);
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel %s: %d rows (group: max %d, vocab split %s, exchange %s)",
                        mine->kind == EP_EMBED ? "embedding" : "lm_head", mine->T, g->o.max_tokens,
                        g->o.vocab_split ? "on" : "off", eg_ep_kind(g));
+    }
+    if (g->cuda) {
+        eg_status st = mine->kind == EP_EMBED
+                           ? eg_ep_cuda_embed(g->cuda, rank, be, mine->tok, mine->T, mine->y, err)
+                           : eg_ep_cuda_logits(g->cuda, rank, be, mine->x, mine->T, mine->y, err);
+        if (st) eg_ep_fail(g);
+        return st;
     }
     return exchange(g, rank, be, mine, err);
 }

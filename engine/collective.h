@@ -38,7 +38,7 @@
  * cuda-local exchanges send the rows to the owner and back through their buffers
  * (collective_cuda.c). Bytes moved
  * per token and layer: H*4 to the owner and H*4 back, for a token not on the owner.
- * With vocab_split (generate --ep-split all; local CPU ranks only) rank r holds rows
+ * With vocab_split (generate --ep-split all; every implementation) rank r holds rows
  * [r*V/R, (r+1)*V/R) of the embedding and of lm_head (eg_ep_vocab_range; registered with
  * eg_ep_register_vocab). eg_ep_embed: every rank posts its token ids and the owner of each
  * id writes the embedding row (the backend's embed op on its slice: a copy, exact) into
@@ -47,7 +47,10 @@
  * per rank's rows, that rank's row count: the unsplit call's) and writes those columns of
  * the rank's [n][V] logits; each logit is the same dot product as unsplit, so the bits
  * match. Bytes moved per token: the embedding row (H*4) when another rank owns its id;
- * per logit row H*4 out to each other rank and its V/R logits (4 bytes each) back.
+ * per logit row H*4 out to each other rank and its V/R logits (4 bytes each) back. The
+ * nccl and cuda-local exchanges (collective_cuda.c) move the same: ids to their owners and
+ * rows back, rows to every rank and each slice's logits back; on CUDA the lm_head GEMM has
+ * V/R rows, so cuBLAS may reduce it in another order than the unsplit V-row GEMM.
  * Ownership: the group owns its scratch and borrows the backends; eg_ep_group_free
  * accepts NULL.
  * Thread safety: rank r's calls come only from rank r's thread; eg_ep_fail from any. */
@@ -68,7 +71,7 @@ typedef struct eg_ep_opts {
     int ffn_split;   /* 1: shared expert / dense MLP of layer l owned by rank l mod n_ranks
                         (eg_ep_ffn); 0: replicated, eg_ep_ffn unused */
     int vocab_split; /* 1: embedding and lm_head split over the ranks by vocab rows
-                        (eg_ep_embed, eg_ep_logits); local CPU ranks only */
+                        (eg_ep_embed, eg_ep_logits) */
     int vocab;       /* V, with vocab_split */
     eg_backend *const *backends; /* [n_ranks] each rank's backend (borrowed): all CPU =
                                     local, all CUDA on distinct GPUs = nccl */

@@ -24,6 +24,11 @@
  * computes for that rank's call of the same size), the rows back, and the token's rank
  * writes them (dense) or adds them after the routed sum (MoE), as forward.c's unsplit
  * path does.
+ * The vocab split's calls (vocab_split, eg_ep_cuda_embed / eg_ep_cuda_logits) share step 2
+ * too (flags bit 2: an embedding call, bit 3: an lm_head call): the embedding's ids go to
+ * the host once, grouped by owner, to the owners (embed op on the slice) and the rows back;
+ * the lm_head's rows go to every rank (linear per source with the slice) and each slice's
+ * [n][v1-v0] block back into its columns (post_segs: one segment per peer and direction).
  * Sends and receives between two ranks happen in the same order on both sides and are
  * sized from the exchanged counts, so they pair up. Rank r's own segment is copied on
  * its device instead of sent. Enqueueing NCCL work is done under a mutex that
@@ -74,6 +79,23 @@ int64_t eg_ep_cuda_bytes(const eg_ep_opts *o) {
     (void)o;
     return 0;
 }
+void eg_ep_cuda_register_vocab(eg_ep_cuda *n, int rank, const eg_weight *embed, const eg_weight *lm_head) {
+    (void)n; (void)rank; (void)embed; (void)lm_head;
+}
+eg_status eg_ep_cuda_embed(eg_ep_cuda *n, int rank, eg_backend *be, const int32_t *tokens, int T, float *x,
+                           eg_error *err) {
+    (void)n; (void)rank; (void)be; (void)tokens; (void)T; (void)x;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without CUDA");
+}
+eg_status eg_ep_cuda_logits(eg_ep_cuda *n, int rank, eg_backend *be, const float *rows, int n_rows, float *logits,
+                            eg_error *err) {
+    (void)n; (void)rank; (void)be; (void)rows; (void)n_rows; (void)logits;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: built without CUDA");
+}
+void eg_ep_cuda_vocab_rows(const eg_ep_cuda *n, int64_t *embed_rows, int64_t *logit_rows) {
+    (void)n;
+    *embed_rows = *logit_rows = 0;
+}
 
 #else
 
@@ -86,6 +108,12 @@ typedef void *ncclComm_t; /* never created: cuda-local only */
 #endif
 
 #include "engine/cuda_plan.h"
+
+/* One transfer to or from a peer: bytes at p (on the rank's GPU). */
+typedef struct ep_seg {
+    void *p;
+    size_t bytes;
+} ep_seg;
 
 typedef struct ep_nrank {
     int32_t *counts_d;  /* [2][R][4] device: sent to each peer, then received from each */
@@ -101,12 +129,21 @@ typedef struct ep_nrank {
     float *res;         /* [R*T*K][H] contributions computed here, segments by source */
     float *back;        /* [T*K][H] contributions to this rank's pairs, segments by owner */
     int64_t *so_r, *so_p, *ro_r, *ro_p; /* [R+1] host offsets: sent rows/pairs, received rows/pairs */
-    int64_t remote_pairs, bytes, ffn_rows;
+    /* vocab_split only */
+    int32_t *vh;        /* [3][T] page-locked: an embedding call's ids read back, their local ids by owner, and
+                           each token's position in the rows that come back */
+    float *vres;        /* [R*VL][V/R+1] this rank's lm_head slice's logits of a round's rows, by source */
+    float *vback;       /* [VL*V] the other ranks' logits of this rank's round rows: from rank p at m*v0(p) */
+    ep_seg *snd, *rcv;  /* [R] a vocab call's one segment to / from each peer (post_segs) */
+    const eg_weight *vembed, *vhead; /* [v1-v0][H] this rank's slices (borrowed; NULL until registered) */
+    int64_t remote_pairs, bytes, ffn_rows, embed_rows, logit_rows;
 } ep_nrank;
 
 struct eg_ep_cuda {
     eg_ep_opts o; /* backends NULL */
     int R, K, H, T, M, per;
+    int64_t V; /* vocab_split: the vocabulary, else 0 */
+    int VL;    /* vocab_split: the lm_head exchange's rows per source and round (vocab_rows) */
     int *dev;           /* [R] */
     cudaStream_t *strm; /* [R] the backends' streams (borrowed) */
     ncclComm_t *comm;   /* [R] */
@@ -155,10 +192,27 @@ static ep_sizes sizes_of(int R, int K, int H, int T) {
     return z;
 }
 
+/* The lm_head exchange's rows per source and round: its two logit buffers are sized by it,
+ * not by max_tokens (Kimi-K2.5: 2 x 128 x 163,840 floats = 168 MB, where 2 x max_tokens
+ * rows would take 1.3 GB at a 512-token chunk); a step's logit rows are one per sequence
+ * (k + 1 with a drafter), so one round covers most steps. */
+#define EP_VOCAB_ROUND_ROWS 128
+static int vocab_rows(const eg_ep_opts *o) {
+    return o->max_tokens < EP_VOCAB_ROUND_ROWS ? o->max_tokens : EP_VOCAB_ROUND_ROWS;
+}
+
+/* vocab_split's two logit buffers, in floats */
+static size_t vres_of(const eg_ep_opts *o) {
+    return o->vocab_split ? (size_t)o->n_ranks * (size_t)vocab_rows(o) * ((size_t)o->vocab / (size_t)o->n_ranks + 1) : 0;
+}
+static size_t vback_of(const eg_ep_opts *o) {
+    return o->vocab_split ? (size_t)vocab_rows(o) * (size_t)o->vocab : 0;
+}
+
 int64_t eg_ep_cuda_bytes(const eg_ep_opts *o) {
     ep_sizes z = sizes_of(o->n_ranks, o->topk, o->hidden, o->max_tokens);
     return 4 * (int64_t)(z.counts + z.sendtok + z.sendrows + z.sendmeta + z.tk2pair + z.recvrows + z.recvmeta + z.xs +
-                         z.res + z.back);
+                         z.res + z.back + vres_of(o) + vback_of(o));
 }
 
 void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes) {
@@ -173,6 +227,20 @@ int64_t eg_ep_cuda_ffn_rows(const eg_ep_cuda *n) {
     int64_t rows = 0;
     for (int r = 0; r < n->R; r++) rows += n->rk[r].ffn_rows;
     return rows;
+}
+
+void eg_ep_cuda_vocab_rows(const eg_ep_cuda *n, int64_t *embed_rows, int64_t *logit_rows) {
+    *embed_rows = *logit_rows = 0;
+    for (int r = 0; r < n->R; r++) {
+        *embed_rows += n->rk[r].embed_rows;
+        *logit_rows += n->rk[r].logit_rows;
+    }
+}
+
+void eg_ep_cuda_register_vocab(eg_ep_cuda *n, int rank, const eg_weight *embed, const eg_weight *lm_head) {
+    if (rank < 0 || rank >= n->R) return;
+    if (embed) n->rk[rank].vembed = embed;
+    if (lm_head) n->rk[rank].vhead = lm_head;
 }
 
 void eg_ep_cuda_fail(eg_ep_cuda *n) {
@@ -209,10 +277,13 @@ void eg_ep_cuda_free(eg_ep_cuda *n) {
         ep_nrank *k = &n->rk[r];
         cudaSetDevice(n->dev[r]);
         void *ps[] = {k->counts_d, k->sendtok, k->sendrows, k->sendmeta, k->tk2pair, k->recvrows, k->recvmeta, k->xs,
-                      k->res, k->back};
+                      k->res, k->back, k->vres, k->vback};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
             if (ps[i]) cudaFree(ps[i]);
         eg_cuda_host_free(k->counts_h);
+        eg_cuda_host_free(k->vh);
+        free(k->snd);
+        free(k->rcv);
         free(k->so_r);
         free(k->so_p);
         free(k->ro_r);
@@ -269,6 +340,8 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
     n->T = o->max_tokens;
     n->M = o->topk < R ? o->topk : R;
     n->per = o->n_experts / R;
+    n->V = o->vocab_split ? o->vocab : 0;
+    n->VL = vocab_rows(o);
     n->dev = eg_calloc((size_t)R, sizeof *n->dev, err);
     n->strm = eg_calloc((size_t)R, sizeof *n->strm, err);
     n->comm = eg_calloc((size_t)R, sizeof *n->comm, err);
@@ -299,7 +372,8 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
             {(void **)&k->sendrows, z.sendrows, "send rows"}, {(void **)&k->sendmeta, z.sendmeta, "send pairs"},
             {(void **)&k->tk2pair, z.tk2pair, "pair map"}, {(void **)&k->recvrows, z.recvrows, "received rows"},
             {(void **)&k->recvmeta, z.recvmeta, "received pairs"}, {(void **)&k->xs, z.xs, "chunk rows"},
-            {(void **)&k->res, z.res, "contributions out"}, {(void **)&k->back, z.back, "contributions in"}};
+            {(void **)&k->res, z.res, "contributions out"}, {(void **)&k->back, z.back, "contributions in"},
+            {(void **)&k->vres, vres_of(o), "lm_head slice logits"}, {(void **)&k->vback, vback_of(o), "logits in"}};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0] && ce == cudaSuccess; i++) {
             ce = cudaMalloc(bufs[i].p, 4 * (bufs[i].n ? bufs[i].n : 1));
             if (ce != cudaSuccess) {
@@ -317,7 +391,11 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
         k->so_p = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
         k->ro_r = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
         k->ro_p = eg_calloc((size_t)R + 1, sizeof(int64_t), err);
-        if (!k->counts_h || !k->so_r || !k->so_p || !k->ro_r || !k->ro_p) st = EG_ERR_NOMEM;
+        k->snd = eg_calloc((size_t)R, sizeof *k->snd, err);
+        k->rcv = eg_calloc((size_t)R, sizeof *k->rcv, err);
+        if (n->V) k->vh = eg_cuda_host_alloc(3 * sizeof(int32_t) * (size_t)n->T, err);
+        if (!k->counts_h || !k->so_r || !k->so_p || !k->ro_r || !k->ro_p || !k->snd || !k->rcv || (n->V && !k->vh))
+            st = EG_ERR_NOMEM;
     }
 #ifdef EG_HAVE_NCCL
     if (!st && n->use_nccl) {
@@ -452,7 +530,55 @@ static eg_status post(eg_ep_cuda *n, int rank, int which, eg_error *err) {
     return post_local(n, rank, which, err);
 }
 
-enum { EP_LEFT = 1, EP_FFN_CALL = 2 }; /* the flags word of a rank's counts */
+/* A vocab call's transfers: rk[rank].snd[q] to peer q and rk[rank].rcv[q] from it, one
+ * segment each way per peer (empty ones skipped; a pair's sizes agree, both come from the
+ * exchanged counts). nccl: one group of sends and receives (every segment is int32s or
+ * floats: counted as 4-byte words); cuda-local: each rank pulls rk[q].snd[rank] into its
+ * rcv[q] between the two barriers, as post_local. */
+static eg_status post_segs(eg_ep_cuda *n, int rank, const char *what, eg_error *err) {
+    ep_nrank *k = &n->rk[rank];
+    int R = n->R;
+    cudaStream_t s = n->strm[rank];
+#ifdef EG_HAVE_NCCL
+    if (n->use_nccl) {
+        pthread_mutex_lock(&n->mu);
+        if (n->failed) { pthread_mutex_unlock(&n->mu); return interrupted(err); }
+        ncclComm_t c = n->comm[rank];
+        ncclResult_t r = ncclGroupStart();
+        for (int q = 0; q < R && r == ncclSuccess; q++) {
+            if (q == rank) continue;
+            if (k->snd[q].bytes) r = ncclSend(k->snd[q].p, k->snd[q].bytes / 4, ncclInt32, q, c, s);
+            if (r == ncclSuccess && k->rcv[q].bytes) r = ncclRecv(k->rcv[q].p, k->rcv[q].bytes / 4, ncclInt32, q, c, s);
+        }
+        ncclResult_t re = ncclGroupEnd();
+        pthread_mutex_unlock(&n->mu);
+        if (r == ncclSuccess) r = re;
+        return r == ncclSuccess ? EG_OK : nc_err(err, rank, what, r);
+    }
+#endif
+    CU("cudaStreamSynchronize (exchange)", cudaStreamSynchronize(s));
+    if (barrier(n)) return interrupted(err);
+    for (int q = 0; q < R; q++) {
+        if (q == rank || !k->rcv[q].bytes) continue;
+        const ep_seg *src = &n->rk[q].snd[rank];
+        if (src->bytes != k->rcv[q].bytes)
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: %s: rank %d sends %zu bytes, %zu expected", rank,
+                           what, q, src->bytes, k->rcv[q].bytes);
+        CU(what, cudaMemcpyAsync(k->rcv[q].p, src->p, src->bytes, cudaMemcpyDefault, s));
+    }
+    CU("cudaStreamSynchronize (exchange)", cudaStreamSynchronize(s));
+    if (barrier(n)) return interrupted(err);
+    return EG_OK;
+}
+
+/* the flags word of a rank's counts: left, and the kind of call (none set: routed) */
+enum { EP_LEFT = 1, EP_FFN_CALL = 2, EP_EMBED_CALL = 4, EP_LOGITS_CALL = 8 };
+#define EP_KIND_MASK (EP_FFN_CALL | EP_EMBED_CALL | EP_LOGITS_CALL)
+
+static const char *kind_name(int kind) {
+    return kind == EP_FFN_CALL ? "shared/dense" : kind == EP_EMBED_CALL ? "embedding" : kind == EP_LOGITS_CALL ? "lm_head"
+                                                                                                              : "routed";
+}
 
 /* A shared-expert / dense-MLP call of this rank (ffn_split): T rows x, y written (dense)
  * or added to (MoE, accumulate). */
@@ -466,25 +592,90 @@ typedef struct ep_ffn_call {
 static eg_status ffn_rest(eg_ep_cuda *n, int rank, int lay, const eg_weight *const *ffn_w, eg_backend *be,
                           const ep_ffn_call *fc, eg_error *err);
 
+/* An embedding (tokens [T] on the device, x [T][H] written) or lm_head (rows [T][H],
+ * logits [T][V] written; T may be 0) call of this rank (vocab_split). */
+typedef struct ep_vocab_call {
+    int kind; /* EP_EMBED_CALL or EP_LOGITS_CALL */
+    int T;
+    const int32_t *tokens;
+    const float *rows;
+    float *out;
+} ep_vocab_call;
+
+static eg_status embed_rest(eg_ep_cuda *n, int rank, eg_backend *be, const ep_vocab_call *vc, eg_error *err);
+static eg_status logits_rest(eg_ep_cuda *n, int rank, eg_backend *be, const ep_vocab_call *vc, eg_error *err);
+
+static int64_t vocab_lo(const eg_ep_cuda *n, int q) { return (int64_t)q * n->V / n->R; }
+
+static int vocab_owner(const eg_ep_cuda *n, int32_t id) {
+    int q = (int)((int64_t)id * n->R / n->V);
+    while (q + 1 < n->R && vocab_lo(n, q + 1) <= id) q++;
+    while (q > 0 && vocab_lo(n, q) > id) q--;
+    return q;
+}
+
+/* An embedding call's ids to the host, grouped by owner: vh[T..2T) their local ids in
+ * owner order, vh[2T..3T) each token's position in that order (where its row comes back);
+ * c[q] the ids rank q owns. The call's first host wait (the counts need the ids). */
+static eg_status embed_pack(eg_ep_cuda *n, int rank, const ep_vocab_call *vc, int64_t *c, eg_error *err) {
+    ep_nrank *k = &n->rk[rank];
+    int R = n->R, T = vc->T;
+    int32_t *ids = k->vh, *loc = k->vh + n->T, *inv = k->vh + 2 * n->T;
+    cudaStream_t s = n->strm[rank];
+    for (int q = 0; q < R; q++) c[q] = 0;
+    if (!T) return EG_OK;
+    CU("cudaMemcpyAsync (ids to the host)",
+       cudaMemcpyAsync(ids, vc->tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyDeviceToHost, s));
+    CU("cudaStreamSynchronize (ids)", cudaStreamSynchronize(s));
+    for (int t = 0; t < T; t++) {
+        if (ids[t] < 0 || ids[t] >= n->V)
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: token %d: id %d out of range [0, %lld)", rank, t,
+                           ids[t], (long long)n->V);
+        c[vocab_owner(n, ids[t])]++;
+    }
+    int64_t *at = k->so_p; /* free until the counts come back */
+    at[0] = 0;
+    for (int q = 0; q < R; q++) at[q + 1] = at[q] + c[q];
+    for (int t = 0; t < T; t++) {
+        int q = vocab_owner(n, ids[t]);
+        int64_t j = at[q]++;
+        loc[j] = (int32_t)(ids[t] - vocab_lo(n, q));
+        inv[t] = (int32_t)j;
+    }
+    CU("cudaMemcpyAsync (local ids)", cudaMemcpyAsync(k->sendmeta, loc, sizeof(int32_t) * (size_t)T,
+                                                      cudaMemcpyHostToDevice, s));
+    CU("cudaMemcpyAsync (row positions)", cudaMemcpyAsync(k->tk2pair, inv, sizeof(int32_t) * (size_t)T,
+                                                          cudaMemcpyHostToDevice, s));
+    return EG_OK;
+}
+
 /* One exchange. a == NULL and fc == NULL: this rank has left (no tokens; serves the
  * others, whichever kind of call they make). fc: a shared-expert / dense-MLP call, else
  * a routed one (a). ffn_w: [n_layers][3] the owner's registered weights (ffn_split) or
  * NULL. *all_left: every rank has left (nothing else was done). */
 static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers,
                           const eg_weight *const *ffn_w, eg_backend *be, const eg_moe_args *a, const ep_ffn_call *fc,
-                          int *all_left, eg_error *err) {
+                          const ep_vocab_call *vc, int *all_left, eg_error *err) {
     ep_nrank *k = &n->rk[rank];
     int R = n->R, K = n->K, T = a ? a->T : 0;
     size_t H = (size_t)n->H;
     cudaStream_t s = n->strm[rank];
     *all_left = 0;
     eg_status st = EG_OK;
-    if (fc) {
-        /* rows to the layer's owner only; the upload area is free (the last call's upload
-           finished before its counts were read back and waited for) */
+    if (fc || vc) {
+        /* ffn: rows to the layer's owner only; embedding: each owner its ids; lm_head: the
+           rows to every rank. The upload area is free (the last call's upload finished
+           before its counts were read back and waited for). */
         int32_t *h = k->counts_h + 8 * R;
+        int64_t *c = k->so_r; /* free until the counts come back */
+        if (vc && vc->kind == EP_EMBED_CALL && (st = embed_pack(n, rank, vc, c, err))) return st;
         for (int q = 0; q < R; q++) {
-            int32_t v[4] = {q == layer % R ? fc->T : 0, 0, layer, EP_FFN_CALL};
+            int32_t v[4] = {q == layer % R ? (fc ? fc->T : 0) : 0, 0, layer, EP_FFN_CALL};
+            if (vc) {
+                v[0] = vc->kind == EP_EMBED_CALL ? (int32_t)c[q] : vc->T;
+                v[2] = -1;
+                v[3] = vc->kind;
+            }
             memcpy(h + 4 * q, v, sizeof v);
             if (q == rank) memcpy(h + 4 * (R + q), v, sizeof v);
         }
@@ -504,11 +695,10 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
     int lay = -1, kind = 0, active = 0;
     for (int q = 0; q < R; q++) {
         if (rc[4 * q + 3] & EP_LEFT) continue;
-        int kq = rc[4 * q + 3] & EP_FFN_CALL;
+        int kq = rc[4 * q + 3] & EP_KIND_MASK;
         if (active++ && (rc[4 * q + 2] != lay || kq != kind))
-            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d%s from a rank, %d%s "
-                           "from rank %d)", rank, lay, kind ? " shared/dense" : " routed", rc[4 * q + 2],
-                           kq ? " shared/dense" : " routed", q);
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: ranks out of step (layer %d %s from a rank, %d %s "
+                           "from rank %d)", rank, lay, kind_name(kind), rc[4 * q + 2], kind_name(kq), q);
         lay = rc[4 * q + 2];
         kind = kq;
     }
@@ -516,7 +706,12 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
         *all_left = 1;
         return EG_OK;
     }
-    if (kind) return ffn_rest(n, rank, lay, ffn_w, be, fc, err);
+    if (kind == EP_FFN_CALL) return ffn_rest(n, rank, lay, ffn_w, be, fc, err);
+    if (kind == EP_EMBED_CALL) return embed_rest(n, rank, be, vc, err);
+    if (kind == EP_LOGITS_CALL) return logits_rest(n, rank, be, vc, err);
+    if (fc || vc) /* cannot happen: this rank's own kind is among the running ranks' */
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: a %s call in a routed exchange", rank,
+                       kind_name(fc ? EP_FFN_CALL : vc->kind));
     k->so_r[0] = k->so_p[0] = k->ro_r[0] = k->ro_p[0] = 0;
     for (int q = 0; q < R; q++) {
         k->so_r[q + 1] = k->so_r[q] + sc[4 * q];
@@ -636,10 +831,154 @@ static eg_status ffn_rest(eg_ep_cuda *n, int rank, int lay, const eg_weight *con
     return be->ops->copy(be, fc->y, out, sizeof(float) * (size_t)T * H, err);
 }
 
+/* The rest of an embedding call (counts exchanged; vc NULL: this rank left): the local
+ * ids to their owners, each owner's embed op over all it received (its slice: a copy,
+ * exact), the rows back by source, and this rank's rows put in token order. */
+static eg_status embed_rest(eg_ep_cuda *n, int rank, eg_backend *be, const ep_vocab_call *vc, eg_error *err) {
+    ep_nrank *k = &n->rk[rank];
+    int R = n->R, T = vc ? vc->T : 0;
+    size_t H = (size_t)n->H;
+    cudaStream_t s = n->strm[rank];
+    const int32_t *sc = k->counts_h, *rc = k->counts_h + 4 * R;
+    k->so_p[0] = k->ro_p[0] = 0;
+    for (int q = 0; q < R; q++) {
+        k->so_p[q + 1] = k->so_p[q] + sc[4 * q];
+        k->ro_p[q + 1] = k->ro_p[q] + rc[4 * q];
+    }
+    if (k->so_p[R] != T || k->ro_p[R] > (int64_t)R * n->T)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: embedding exchange: %lld ids sent of %d, %lld "
+                       "received (bound %lld)", rank, (long long)k->so_p[R], T, (long long)k->ro_p[R],
+                       (long long)R * n->T);
+    int64_t v0 = vocab_lo(n, rank), v1 = vocab_lo(n, rank + 1);
+    if (k->ro_p[R] && !k->vembed)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no embedding slice registered (vocab rows "
+                       "%lld..%lld)", rank, (long long)v0, (long long)v1);
+    for (int q = 0; q < R; q++) {
+        int64_t ns = k->so_p[q + 1] - k->so_p[q], nr = k->ro_p[q + 1] - k->ro_p[q];
+        k->snd[q] = (ep_seg){k->sendmeta + k->so_p[q], sizeof(int32_t) * (size_t)ns};
+        k->rcv[q] = (ep_seg){k->recvmeta + k->ro_p[q], sizeof(int32_t) * (size_t)nr};
+    }
+    int64_t self = k->so_p[rank + 1] - k->so_p[rank];
+    if (self)
+        CU("cudaMemcpyAsync (own ids)", cudaMemcpyAsync(k->rcv[rank].p, k->snd[rank].p, k->snd[rank].bytes,
+                                                        cudaMemcpyDeviceToDevice, s));
+    eg_status st = post_segs(n, rank, "ncclSend/ncclRecv (ids to their embedding rows' ranks)", err);
+    if (st) return st;
+    for (int64_t j0 = 0; j0 < k->ro_p[R]; j0 += n->T) { /* the embed op's calls stay within max_tokens */
+        int c = (int)(k->ro_p[R] - j0 < n->T ? k->ro_p[R] - j0 : n->T);
+        if ((st = be->ops->embed(be, k->recvmeta + j0, c, k->vembed, k->res + (size_t)j0 * H, err)))
+            return eg_wrap(err, "expert-parallel rank %d: embedding rows %lld..%lld", rank, (long long)v0, (long long)v1);
+    }
+    for (int q = 0; q < R; q++) {
+        int64_t ns = k->so_p[q + 1] - k->so_p[q], nr = k->ro_p[q + 1] - k->ro_p[q];
+        k->snd[q] = (ep_seg){k->res + (size_t)k->ro_p[q] * H, sizeof(float) * (size_t)nr * H};
+        k->rcv[q] = (ep_seg){k->back + (size_t)k->so_p[q] * H, sizeof(float) * (size_t)ns * H};
+        if (q != rank) {
+            k->embed_rows += nr;
+            k->bytes += (int64_t)(sizeof(float) * H + sizeof(int32_t)) * nr;
+        }
+    }
+    if (self)
+        CU("cudaMemcpyAsync (own rows)", cudaMemcpyAsync(k->rcv[rank].p, k->snd[rank].p, k->snd[rank].bytes,
+                                                         cudaMemcpyDeviceToDevice, s));
+    if ((st = post_segs(n, rank, "ncclSend/ncclRecv (embedding rows back)", err))) return st;
+    if (!T) return EG_OK;
+    return be->ops->gather_rows(be, k->back, k->tk2pair, T, n->H, vc->out, err);
+}
+
+/* The rest of an lm_head call (counts exchanged; vc NULL: this rank left), in rounds of at
+ * most L = vocab_rows(n) rows per source (every rank knows every rank's row count, so all
+ * run the same number of rounds): the round's rows of every rank to every rank, this rank's
+ * linear over each source's rows with its slice (one call per source), the logits back,
+ * and each owner's columns put in place with one strided copy. */
+static eg_status logits_rest(eg_ep_cuda *n, int rank, eg_backend *be, const ep_vocab_call *vc, eg_error *err) {
+    ep_nrank *k = &n->rk[rank];
+    int R = n->R, T = vc ? vc->T : 0, L = n->VL, rounds = 0;
+    size_t H = (size_t)n->H;
+    cudaStream_t s = n->strm[rank];
+    const int32_t *rc = k->counts_h + 4 * R;
+    for (int q = 0; q < R; q++) {
+        if (rc[4 * q] < 0 || rc[4 * q] > n->T || (q == rank && rc[4 * q] != T))
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: lm_head exchange: %d rows from rank %d (this "
+                           "rank %d, bound %d)", rank, rc[4 * q], q, T, n->T);
+        int rq = (rc[4 * q] + L - 1) / L;
+        rounds = rq > rounds ? rq : rounds;
+    }
+    int64_t v0 = vocab_lo(n, rank), v1 = vocab_lo(n, rank + 1), nv = v1 - v0;
+    if (rounds && !k->vhead)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no lm_head slice registered (vocab rows "
+                       "%lld..%lld)", rank, (long long)v0, (long long)v1);
+    eg_status st = EG_OK;
+    for (int j = 0; j < rounds; j++) {
+        /* rows [j*L, j*L + m) of each source this round; ro_r: their offsets in recvrows / vres */
+        int64_t r0 = (int64_t)j * L, m = T - r0 < 0 ? 0 : T - r0 < L ? T - r0 : L;
+        k->ro_r[0] = 0;
+        for (int q = 0; q < R; q++) {
+            int64_t mq = rc[4 * q] - r0 < 0 ? 0 : rc[4 * q] - r0 < L ? rc[4 * q] - r0 : L;
+            k->ro_r[q + 1] = k->ro_r[q] + mq;
+            k->snd[q] = (ep_seg){m ? (void *)(vc->rows + (size_t)r0 * H) : NULL, sizeof(float) * (size_t)m * H};
+            k->rcv[q] = (ep_seg){k->recvrows + (size_t)k->ro_r[q] * H, sizeof(float) * (size_t)mq * H};
+        }
+        if ((st = post_segs(n, rank, "ncclSend/ncclRecv (rows to every lm_head slice)", err))) return st;
+        for (int q = 0; q < R; q++) {
+            int nr = (int)(k->ro_r[q + 1] - k->ro_r[q]);
+            if (!nr) continue;
+            const float *x = q == rank ? vc->rows + (size_t)r0 * H : k->recvrows + (size_t)k->ro_r[q] * H;
+            if ((st = be->ops->linear(be, x, nr, k->vhead, k->vres + (size_t)k->ro_r[q] * (size_t)nv, err)))
+                return eg_wrap(err, "expert-parallel rank %d: lm_head rows %lld..%lld of rank %d's rows", rank,
+                               (long long)v0, (long long)v1, q);
+            if (q != rank) {
+                k->logit_rows += nr;
+                k->bytes += (int64_t)(sizeof(float) * (H + (size_t)nv)) * nr;
+            }
+        }
+        for (int q = 0; q < R; q++) {
+            int64_t nr = k->ro_r[q + 1] - k->ro_r[q], p0 = vocab_lo(n, q), np = vocab_lo(n, q + 1) - p0;
+            k->snd[q] = (ep_seg){k->vres + (size_t)k->ro_r[q] * (size_t)nv, sizeof(float) * (size_t)nr * (size_t)nv};
+            k->rcv[q] = (ep_seg){k->vback + (size_t)m * (size_t)p0, sizeof(float) * (size_t)m * (size_t)np};
+        }
+        if ((st = post_segs(n, rank, "ncclSend/ncclRecv (logits back)", err))) return st;
+        for (int q = 0; q < R && m; q++) { /* [m][np] from rank q into columns p0.. of rows r0.. of [T][V] */
+            int64_t p0 = vocab_lo(n, q), np = vocab_lo(n, q + 1) - p0;
+            const float *src = q == rank ? k->vres + (size_t)k->ro_r[rank] * (size_t)nv : k->vback + (size_t)m * (size_t)p0;
+            CU("cudaMemcpy2DAsync (logit columns)",
+               cudaMemcpy2DAsync(vc->out + (size_t)r0 * (size_t)n->V + p0, sizeof(float) * (size_t)n->V, src,
+                                 sizeof(float) * (size_t)np, sizeof(float) * (size_t)np, (size_t)m,
+                                 cudaMemcpyDeviceToDevice, s));
+        }
+    }
+    return EG_OK;
+}
+
+/* The checks a vocab call makes before it joins the exchange. */
+static eg_status vocab_entry(eg_ep_cuda *n, int rank, eg_backend *be, const ep_vocab_call *vc, eg_error *err) {
+    int min = vc->kind == EP_EMBED_CALL;
+    if (!n->V || vc->T < min || vc->T > n->T)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: %s call of %d rows (max %d, vocab split %s)", rank,
+                       kind_name(vc->kind), vc->T, n->T, n->V ? "on" : "off");
+    int all_left = 0;
+    eg_status st = exchange(n, rank, -1, NULL, NULL, be, NULL, NULL, vc, &all_left, err);
+    if (!st && all_left)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: every rank reported leaving", rank);
+    return st;
+}
+
+eg_status eg_ep_cuda_embed(eg_ep_cuda *n, int rank, eg_backend *be, const int32_t *tokens, int T, float *x,
+                           eg_error *err) {
+    ep_vocab_call vc = {.kind = EP_EMBED_CALL, .T = T, .tokens = tokens, .out = x};
+    return vocab_entry(n, rank, be, &vc, err);
+}
+
+eg_status eg_ep_cuda_logits(eg_ep_cuda *n, int rank, eg_backend *be, const float *rows, int n_rows, float *logits,
+                            eg_error *err) {
+    ep_vocab_call vc = {.kind = EP_LOGITS_CALL, .T = n_rows, .rows = rows, .out = logits};
+    return vocab_entry(n, rank, be, &vc, err);
+}
+
 eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
                          const eg_moe_args *a, eg_error *err) {
     int all_left = 0;
-    eg_status st = exchange(n, rank, layer, layers, NULL, be, a, NULL, &all_left, err);
+    eg_status st = exchange(n, rank, layer, layers, NULL, be, a, NULL, NULL, &all_left, err);
     if (!st && all_left) /* cannot happen: this rank has not left */
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: every rank reported leaving", rank);
     return st;
@@ -652,7 +991,7 @@ eg_status eg_ep_cuda_ffn(eg_ep_cuda *n, int rank, int layer, const eg_weight *co
                        "%d layers)", rank, T, layer, n->T, n->o.n_layers);
     ep_ffn_call fc = {.x = x, .T = T, .y = y, .accumulate = accumulate};
     int all_left = 0;
-    eg_status st = exchange(n, rank, layer, NULL, ffn_w, be, NULL, &fc, &all_left, err);
+    eg_status st = exchange(n, rank, layer, NULL, ffn_w, be, NULL, &fc, NULL, &all_left, err);
     if (!st && all_left)
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: every rank reported leaving", rank);
     return st;
@@ -662,7 +1001,7 @@ eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *la
                            eg_backend *be, eg_error *err) {
     for (;;) {
         int all_left = 0;
-        eg_status st = exchange(n, rank, -1, layers, ffn_w, be, NULL, NULL, &all_left, err);
+        eg_status st = exchange(n, rank, -1, layers, ffn_w, be, NULL, NULL, NULL, &all_left, err);
         if (st || all_left) return st;
     }
 }

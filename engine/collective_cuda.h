@@ -40,6 +40,20 @@ eg_status eg_ep_cuda_ffn(eg_ep_cuda *n, int rank, int layer, const eg_weight *co
  * every rank has left. ffn_w as for eg_ep_cuda_ffn, or NULL without ffn_split. */
 eg_status eg_ep_cuda_leave(eg_ep_cuda *n, int rank, const eg_expert_w *const *layers, const eg_weight *const *ffn_w,
                            eg_backend *be, eg_error *err);
+/* vocab_split: rank's embedding and lm_head slices ([v1-v0][H], collective.h's ranges;
+ * either NULL where its stages hold none). Borrowed. */
+void eg_ep_cuda_register_vocab(eg_ep_cuda *n, int rank, const eg_weight *embed, const eg_weight *lm_head);
+/* vocab_split: x [T][H] = the embedding rows of tokens [T] (device; T >= 1), each row
+ * from its id's owner: the ids to the host (the call's first host wait), grouped by owner,
+ * to the owners, the rows back. */
+eg_status eg_ep_cuda_embed(eg_ep_cuda *n, int rank, eg_backend *be, const int32_t *tokens, int T, float *x,
+                           eg_error *err);
+/* vocab_split: logits [n_rows][V] = rows [n_rows][H] lm_head^T (n_rows may be 0), each
+ * rank's columns computed by it: the rows to every rank, each slice's logits back. */
+eg_status eg_ep_cuda_logits(eg_ep_cuda *n, int rank, eg_backend *be, const float *rows, int n_rows, float *logits,
+                            eg_error *err);
+/* Tokens embedded by another rank, and logit rows other ranks computed columns of, so far. */
+void eg_ep_cuda_vocab_rows(const eg_ep_cuda *n, int64_t *embed_rows, int64_t *logit_rows);
 /* Rows whose shared expert / dense MLP an owner computed for another rank so far. */
 int64_t eg_ep_cuda_ffn_rows(const eg_ep_cuda *n);
 /* Abandon every transfer (nccl: ncclCommAbort; both: barriers released): waiting ranks

@@ -98,7 +98,7 @@ typedef enum eg_ep_split {
     EG_EP_SPLIT_NONE = 0,    /* shared expert and dense MLP whole on every rank */
     EG_EP_SPLIT_FFN,         /* layer l's shared expert / dense MLP on rank l mod ep only */
     EG_EP_SPLIT_ALL          /* FFN, and the embedding and lm_head vocab-split: rank r holds
-                                rows [r*V/ep, (r+1)*V/ep) of each (CPU ranks) */
+                                rows [r*V/ep, (r+1)*V/ep) of each (CPU and CUDA ranks) */
 } eg_ep_split;
 
 typedef struct eg_engine_opts {

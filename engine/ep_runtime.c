@@ -153,9 +153,9 @@ int64_t eg_ep_runtime_ffn_rows(const eg_ep_runtime *rt) { return eg_ep_ffn_rows(
 void eg_ep_runtime_vocab_rows(const eg_ep_runtime *rt, int64_t *embed_rows, int64_t *logit_rows) {
     eg_ep_vocab_rows(rt->group, embed_rows, logit_rows);
 }
-int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens) {
+int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens, int vocab_split) {
     eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
-                     .max_tokens = max_tokens};
+                     .max_tokens = max_tokens, .vocab_split = vocab_split, .vocab = c->vocab};
     return eg_ep_device_bytes(&go);
 }
 int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep, int ffn_rank) {

@@ -38,8 +38,9 @@ void eg_ep_runtime_free(eg_ep_runtime *rt);
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank);
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt);
 /* Device bytes one CUDA rank gives the exchange's buffers (for the memory plan; 0 in a
- * build without NCCL). */
-int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens);
+ * build without CUDA); vocab_split: with the vocab split's two logit buffers (about
+ * 2 * min(max_tokens, 128) * V floats: collective_cuda.c's rounds). */
+int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens, int vocab_split);
 /* Bytes of layer l's weights on the heaviest rank of an ep group (a rank holds its own
  * routed experts only): for the memory plan. ffn_rank >= 0 (--ep-split ffn): on that rank,
  * which holds the layer's shared expert / dense MLP only when it owns the layer (l mod

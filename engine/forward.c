@@ -447,7 +447,7 @@ static eg_status step_ops(eg_forward *f, const eg_step *s, int max_pos, int stag
     const eg_backend_ops *ops = f->ops;
     eg_backend *be = f->be;
     int T = s->T;
-    int vsplit = eg_ep_vocab_split(f->o.ep); /* CPU ranks: tok_d and x are host memory */
+    int vsplit = eg_ep_vocab_split(f->o.ep); /* tok_d, x, g and logits in the rank backend's memory */
     if (f->l0 == 0) {
         if (vsplit) TRY(eg_ep_embed(f->o.ep, f->o.ep_rank, be, f->tok_d, T, f->x, err));
         else TRY(ops->embed(be, f->tok_d, T, &f->embed, f->x, err));

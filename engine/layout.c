@@ -160,8 +160,7 @@ int eg_layout_split_runnable(eg_dense_split s, const char *backend) {
     switch (s) {
     case EG_SPLIT_NONE: return 1; /* EP groups run on CPU ranks (local exchange) and CUDA ranks (NCCL) */
     case EG_SPLIT_FFN: (void)backend; return 1; /* CPU ranks (local exchange) and CUDA ranks (nccl, cuda-local) */
-    case EG_SPLIT_ALL: /* the vocab split of the embedding and lm_head: CPU ranks (local exchange) only */
-        return backend && !strcmp(backend, "cpu");
+    case EG_SPLIT_ALL: (void)backend; return 1; /* the vocab split too: CPU ranks and CUDA ranks (nccl, cuda-local) */
     }
     return 0;
 }

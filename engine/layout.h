@@ -74,8 +74,8 @@ typedef enum eg_dense_split {
 /* "none", "ffn" or "all" (plan --json's dense_split). */
 const char *eg_dense_split_name(eg_dense_split s);
 /* Whether eaglegen runs a split on `backend` ("cpu", "cuda"; NULL: plan's view of a GPU
- * box: the split runs on CUDA ranks; "+split" runs on CPU ranks only). THE one place that decides it: plan's runnable column,
- * the recommendations, generate --layout. */
+ * box). Every split runs on CPU ranks and on CUDA ranks today; THE one place that decides
+ * it: plan's runnable column, the recommendations, generate --layout. */
 int eg_layout_split_runnable(eg_dense_split s, const char *backend);
 
 typedef struct eg_layout {

@@ -118,6 +118,11 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
     for (int d = 0; d < n_dev; d++) {
         int64_t tail = 0, head = eg_plan_head_bytes(m, &tail), wbytes = 0, act = 0;
         int layers = 0, on_dev = 0;
+        if (ep > 1 && o->ep_split == EG_EP_SPLIT_ALL) { /* the vocab split: the largest rank's slices */
+            int64_t rows = (c->vocab + ep - 1) / ep, nb = eg_weight_bytes(&m->final_norm);
+            head = (head * rows + c->vocab - 1) / c->vocab;
+            tail = nb + ((tail - nb) * rows + c->vocab - 1) / c->vocab;
+        }
         for (int k = 0, b0 = 0; k < n_stages; b0 = rt->stage_ends[k++]) {
             int end = n_stages > 1 ? rt->stage_ends[k] : c->n_layers;
             if (k % n_dev != d) continue;
@@ -138,7 +143,8 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
             act += eg_forward_act_bytes(c, o->max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, bo) : 0);
             layers += end - b0;
         }
-        if (ep > 1) act += eg_ep_runtime_device_bytes(c, ep, o->max_tokens); /* the nccl exchange's buffers */
+        if (ep > 1) /* the nccl exchange's buffers (the vocab split's logit blocks too) */
+            act += eg_ep_runtime_device_bytes(c, ep, o->max_tokens, o->ep_split == EG_EP_SPLIT_ALL);
         int with_draft = *draft_dev > 0 && (n_stages - 1) % n_dev == d; /* it reads the last stage's rows */
         if (with_draft) act += *draft_dev;
         /* ranks sharing a GPU (fewer GPUs than ranks): each holds its weights, buffers and
@@ -190,10 +196,6 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     if (o->ep_split != EG_EP_SPLIT_NONE && o->ep < 2)
         return eg_fail(err, EG_ERR_INVALID, "--ep-split %s needs an expert-parallel group (--ep > 1, got %d)",
                        o->ep_split == EG_EP_SPLIT_ALL ? "all" : "ffn", o->ep);
-    if (o->ep_split == EG_EP_SPLIT_ALL && o->backend && strcmp(o->backend, "cpu"))
-        return eg_fail(err, EG_ERR_UNSUPPORTED,
-                       "--ep-split all: the vocab split of the embedding and lm_head runs on CPU ranks only (%s ranks: "
-                       "--ep-split ffn)", o->backend);
     eg_runtime *rt = eg_calloc(1, sizeof *rt, err);
     if (!rt) return EG_ERR_NOMEM;
     rt->info.n_stages = 1;
@@ -466,11 +468,8 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
     if (strcmp(layout, "auto")) {
         if ((st = eg_layout_parse(layout, 0, &lay, err))) return eg_wrap(err, "--layout"), st;
         if (!eg_layout_split_runnable(lay.dense_split, backend))
-            return eg_fail(err, EG_ERR_UNSUPPORTED,
-                           "--layout %s: the %s backend does not run the %s split%s", layout, backend,
-                           eg_dense_split_name(lay.dense_split),
-                           lay.dense_split == EG_SPLIT_ALL ? " (the vocab split of the embedding and lm_head runs on "
-                                                             "CPU ranks; +ffn runs on CUDA ranks too)" : "");
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "--layout %s: the %s backend does not run the %s split", layout,
+                           backend, eg_dense_split_name(lay.dense_split));
     } else {
         eg_box box;
         eg_config cfg;

@@ -50,7 +50,7 @@ typedef struct eg_runtime_opts {
     eg_ep_split ep_split;       /* with ep > 1: EG_EP_SPLIT_FFN puts each layer's shared expert /
                                    dense MLP on one rank (ep_runtime.h; cpu and cuda ranks);
                                    EG_EP_SPLIT_ALL also splits the embedding and lm_head by
-                                   vocab rows (cpu ranks only: cuda is refused); needs ep > 1 */
+                                   vocab rows (cpu and cuda ranks); needs ep > 1 */
     /* batch */
     int n_slots;                /* concurrent sequences; 0 = auto (eg_plan_auto_slots) */
     int max_seq_len;

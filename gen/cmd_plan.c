@@ -24,8 +24,7 @@ static void usage(FILE *f) {
             "x expert-parallel groups of E GPUs with data-parallel attention, P x E = GPUs; the\n"
             "dense parts replicated in the group, \"+ffn\" (each layer's shared expert / dense\n"
             "MLP whole on rank l mod E: generate --ep-split ffn) or \"+split\" (+ffn and the\n"
-            "embedding and lm_head vocab-split: generate --ep-split all, CPU ranks only, so\n"
-            "modelled only on a GPU box); tensor parallelism for\n"
+            "embedding and lm_head vocab-split: generate --ep-split all); tensor parallelism for\n"
             "comparison), each with its weights and KV token slots per GPU, concurrent\n"
             "sequences at --mean-len, and modelled decode and capture-mode prefill tok/s with\n"
             "what bounds them (engine/layout.h; docs/perf_model.py is the same model), then the\n"
@@ -91,10 +90,9 @@ static json_t *row_json(const eg_layout_row *r) {
 static const char *why_not(const eg_layout_row *r) {
     if (!r->fits) return "does not fit";
     if (r->lay.kind == EG_LAYOUT_TP) return "modelled only: eaglegen does not run tensor parallelism";
-    if (r->lay.dense_split == EG_SPLIT_ALL)
-        return "modelled only on GPUs: --ep-split all runs on CPU ranks";
     if (!r->runnable) return "modelled only";
     if (r->lay.dense_split == EG_SPLIT_FFN) return "--ep-split ffn (CPU and CUDA ranks)";
+    if (r->lay.dense_split == EG_SPLIT_ALL) return "--ep-split all (CPU and CUDA ranks)";
     return "";
 }
 
@@ -119,10 +117,12 @@ static void print_split_choice(const eg_layout_row *rows, int n, const eg_layout
                         *all = sibling(rows, n, r, EG_SPLIT_ALL);
     const eg_layout_row *alt[2] = {ffn, all};
     const char *what[2] = {"ffn split (shared experts + dense MLPs whole on rank l mod E)",
-                           "vocab split (+ embedding and lm_head over the group; CPU ranks only)"};
+                           "vocab split (+ embedding and lm_head over the group by vocab rows)"};
     if (!none) return;
     if (r->lay.dense_split == EG_SPLIT_FFN)
         printf("dense parts: ffn split chosen: the KV slots it frees buy more than its exchange and owner time cost\n");
+    else if (r->lay.dense_split == EG_SPLIT_ALL)
+        printf("dense parts: vocab split chosen: the KV slots it frees buy more than its exchange and owner time cost\n");
     else
         printf("dense parts: replicated chosen: the splits below cost more step time than their KV slots buy\n");
     for (int i = 0; i < 2; i++) {

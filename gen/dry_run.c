@@ -131,11 +131,6 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
             eg_fail(&err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep, o->batch);
             goto done;
         }
-        if (o->ep_split == EG_EP_SPLIT_ALL && !strcmp(o->backend, "cuda")) {
-            eg_fail(&err, EG_ERR_UNSUPPORTED, "--ep-split all: the vocab split of the embedding and lm_head runs on CPU "
-                    "ranks only (CUDA ranks: --ep-split ffn)");
-            goto done;
-        }
     }
     corpus_opts co;
     corpus_opts_default(&co);

@@ -308,12 +308,6 @@ static void test_refusals(void) {
     o.ep_split = (eg_ep_split)7;
     refused("ep split 7", &o, "expert-parallel split 7 (expected none, ffn or all)", NULL);
     o = base_opts();
-    o.ep = 2;
-    o.ep_split = EG_EP_SPLIT_ALL; /* the vocab split: CPU ranks only */
-    o.backend = "cuda";
-    refused("ep split all on cuda", &o, "--ep-split all: the vocab split of the embedding and lm_head runs on CPU ranks "
-            "only", "--ep-split ffn");
-    o = base_opts();
     o.ep_split = EG_EP_SPLIT_ALL;
     refused("ep split all, no ep", &o, "--ep-split all needs an expert-parallel group", "got 0");
     o = base_opts();

@@ -11,7 +11,7 @@
 #   4. e2e:   mkmodel tiny -> generate --backend cuda -> inspect --verify; the same run
 #             with EG_CUDA_GRAPHS=0 must write the same samples bit for bit
 #   4b. pipeline: 2 and 4 stages on the one GPU equal the unsplit run (forward, generate)
-#   4d. ep: generate --ep 2 (and --ep-split ffn) on the one GPU (cuda-local; nccl where 2 GPUs) equals
+#   4d. ep: generate --ep 2 (and --ep-split ffn, all) on the one GPU (cuda-local; nccl where 2 GPUs) equals
 #             the unsplit run at --batch 1
 #   4e. drafter: the EAGLE-3 drafter's ops and logits through the CUDA backend vs its CPU
 #             code, and generate --draft-model with the drafter on the GPU (issue 21)
@@ -343,7 +343,9 @@ fi
 # holds one sequence, so every GEMM sees the unsplit run's row counts, and a pair's MoE bits
 # do not depend on the other rows of its call (the tiny model never splits K). The same
 # with --ep-split ffn (each layer's shared expert / dense MLP on one rank, the owner's
-# swiglu_mlp per source rank: again the unsplit row counts).
+# swiglu_mlp per source rank: again the unsplit row counts), and with --ep-split all (also
+# the embedding and lm_head by vocab rows: the lm_head GEMM has V/2 rows, so equality also
+# says cuBLAS reduced both shapes alike; a difference here is that, not a lost row).
 if [ $NO_GPU = 1 ]; then
     :
 elif ! have_cmd generate --ep; then
@@ -363,7 +365,10 @@ else
         '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2' && '$E' inspect '$TMP/ep2' --verify &&
         CUDA_VISIBLE_DEVICES=$EP_DEV '$E' ${EPA[*]} --batch 2 --ep 2 --ep-split ffn --out '$TMP/ep2f' 2> '$TMP/ep2f.log' &&
         cat '$TMP/ep2f.log' && grep 'token rows to another rank' '$TMP/ep2f.log' &&
-        '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2f'"
+        '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2f' &&
+        CUDA_VISIBLE_DEVICES=$EP_DEV '$E' ${EPA[*]} --batch 2 --ep 2 --ep-split all --out '$TMP/ep2a' 2> '$TMP/ep2a.log' &&
+        cat '$TMP/ep2a.log' && grep 'tokens embedded by another rank' '$TMP/ep2a.log' &&
+        '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2a'"
     if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] && ! late 120; then
         SUMMARY="" run ep-nccl 120 ep-nccl.log bash -c "
             '$E' ${EPA[*]} --batch 2 --ep 2 --out '$TMP/ep2n' 2> '$TMP/ep2n.log' && cat '$TMP/ep2n.log' &&

@@ -1339,6 +1339,225 @@ out:
     eg_backend_free(ref);
 }
 
+/* The vocab split (collective.h's vocab_split) over CUDA ranks: an embedding and an
+ * lm_head call per round, two rounds; rank 0 leaves after the first round and serves the
+ * second from its slices, rank 1 has no logit rows in round 0. V 50 over 3 ranks splits
+ * unevenly (16 / 17 / 17). Each rank holds only its rows. The embedding rows must be the
+ * unsplit table's bit for bit (a copy); every logit column must equal, bit for bit, one
+ * backend's linear of the same rows with the owner's slice (the exchange moves floats,
+ * nothing else); against the unsplit lm_head GEMM (V rows, not V/R) the difference is
+ * printed: cuBLAS may reduce a different shape in another order. */
+typedef struct ep_vocab_rank {
+    eg_ep_group *g;
+    int rank, rounds;
+    eg_backend *be;
+    const int32_t *tok[2];
+    int T[2], n[2];
+    float *x[2], *rows[2], *logits[2];
+    eg_status st;
+    eg_error err;
+} ep_vocab_rank;
+
+static void *ep_vocab_thread(void *v) {
+    ep_vocab_rank *x = v;
+    x->st = eg_backend_bind(x->be, &x->err);
+    for (int i = 0; i < x->rounds && !x->st; i++)
+        if (!(x->st = eg_ep_embed(x->g, x->rank, x->be, x->tok[i], x->T[i], x->x[i], &x->err)))
+            x->st = eg_ep_logits(x->g, x->rank, x->be, x->rows[i], x->n[i], x->logits[i], &x->err);
+    if (!x->st) x->st = eg_ep_leave(x->g, x->rank, x->be, &x->err);
+    if (x->st) eg_ep_fail(x->g);
+    return NULL;
+}
+
+static void ep_vocab_case(int R, int V, int Tmax, const int (*T)[2], const int (*N)[2]) {
+    eg_config c = small_cfg();
+    c.vocab = V;
+    int H = c.hidden;
+    eg_error err = {0};
+    int ndev = 0;
+    eg_backend *ref = NULL, **be = calloc((size_t)R, sizeof *be);
+    eg_backend_opts o = {.name = "cuda", .max_tokens = Tmax, .max_seq_len = 16, .device = 0};
+    CHECK_OK(eg_backend_cuda_create(&c, &o, &ref, &err), &err);
+    for (ndev = 1; ndev < R; ndev++) {
+        eg_backend *t = NULL;
+        eg_error probe = {0};
+        o.device = ndev;
+        if (eg_backend_cuda_create(&c, &o, &t, &probe)) break;
+        eg_backend_free(t);
+    }
+    for (int r = 0; r < R; r++) {
+        o.device = r % ndev;
+        CHECK_OK(eg_backend_cuda_create(&c, &o, &be[r], &err), &err);
+    }
+    if (!ref || err.msg[0]) { eg_backend_free(ref); for (int r = 0; r < R; r++) eg_backend_free(be[r]); free(be); return; }
+    hw emb = make_w(EG_W_BF16, V, H, 1.0f), head = make_w(EG_W_BF16, V, H, 1.0f / sqrtf((float)H));
+    eg_weight rh[3], ref_slice[3], full_e = {0}, full_h = {0}, se[3], sh[3];
+    memset(se, 0, sizeof se); memset(sh, 0, sizeof sh); memset(ref_slice, 0, sizeof ref_slice);
+    CHECK_OK(eg_backend_bind(ref, &err), &err);
+    CHECK_OK(ref->ops->weight_upload(ref, &emb.w, &full_e, &err), &err);
+    CHECK_OK(ref->ops->weight_upload(ref, &head.w, &full_h, &err), &err);
+    eg_ep_opts go = {.n_ranks = R, .n_experts = R, .topk = 1, .hidden = H, .max_tokens = Tmax, .n_layers = 1,
+                     .vocab_split = 1, .vocab = V, .backends = be};
+    eg_ep_group *g = NULL;
+    CHECK_OK(eg_ep_group_create(&go, &g, &err), &err);
+    if (!g) goto out;
+    for (int r = 0; r < R; r++) {
+        int64_t v0, v1;
+        eg_ep_vocab_range(g, r, &v0, &v1);
+        eg_weight ve, vh;
+        CHECK_OK(eg_weight_rows(&emb.w, v0, v1, &ve, &err), &err);
+        CHECK_OK(eg_weight_rows(&head.w, v0, v1, &vh, &err), &err);
+        rh[r] = vh;
+        CHECK_OK(ref->ops->weight_upload(ref, &vh, &ref_slice[r], &err), &err);
+        CHECK_OK(eg_backend_bind(be[r], &err), &err);
+        CHECK_OK(be[r]->ops->weight_upload(be[r], &ve, &se[r], &err), &err);
+        CHECK_OK(be[r]->ops->weight_upload(be[r], &vh, &sh[r], &err), &err);
+        CHECK_OK(eg_backend_bind(ref, &err), &err);
+        eg_ep_register_vocab(g, r, &se[r], &sh[r]);
+    }
+    ep_vocab_rank *rk = calloc((size_t)R, sizeof *rk);
+    int32_t *tok_h[3][2];
+    float *rows_h[3][2];
+    for (int r = 0; r < R; r++) {
+        rk[r] = (ep_vocab_rank){.g = g, .rank = r, .rounds = r == 0 ? 1 : 2, .be = be[r]};
+        CHECK_OK(eg_backend_bind(be[r], &err), &err);
+        for (int i = 0; i < 2; i++) {
+            int t = T[r][i] ? T[r][i] : 1, n = N[r][i];
+            rk[r].T[i] = t;
+            rk[r].n[i] = n;
+            tok_h[r][i] = malloc(sizeof(int32_t) * (size_t)t);
+            for (int j = 0; j < t; j++) tok_h[r][i][j] = (int32_t)((r * 13 + i * 7 + j * 11) % V);
+            rows_h[r][i] = randv((int64_t)(n ? n : 1) * H, 1.0f);
+            void *p;
+            CHECK_OK(be[r]->ops->alloc(be[r], 4 * (size_t)t, &p, &err), &err);
+            rk[r].tok[i] = p;
+            CHECK_OK(be[r]->ops->to_device(be[r], p, tok_h[r][i], 4 * (size_t)t, &err), &err);
+            CHECK_OK(be[r]->ops->alloc(be[r], 4 * (size_t)t * H, &p, &err), &err);
+            rk[r].x[i] = p;
+            CHECK_OK(be[r]->ops->alloc(be[r], 4 * (size_t)(n ? n : 1) * H, &p, &err), &err);
+            rk[r].rows[i] = p;
+            CHECK_OK(be[r]->ops->to_device(be[r], p, rows_h[r][i], 4 * (size_t)(n ? n : 1) * H, &err), &err);
+            CHECK_OK(be[r]->ops->alloc(be[r], 4 * (size_t)(n ? n : 1) * V, &p, &err), &err);
+            rk[r].logits[i] = p;
+        }
+        CHECK_OK(be[r]->ops->sync(be[r], &err), &err);
+    }
+    pthread_t *th = calloc((size_t)R, sizeof *th);
+    for (int r = 1; r < R; r++) pthread_create(&th[r], NULL, ep_vocab_thread, &rk[r]);
+    ep_vocab_thread(&rk[0]);
+    for (int r = 1; r < R; r++) pthread_join(th[r], NULL);
+    int same_x = 1, same_l = 1;
+    double worst = 0;
+    void *rx, *rrow, *rl;
+    CHECK_OK(eg_backend_bind(ref, &err), &err);
+    CHECK_OK(ref->ops->alloc(ref, 4 * (size_t)Tmax * H, &rx, &err), &err);
+    CHECK_OK(ref->ops->alloc(ref, 4 * (size_t)Tmax * H, &rrow, &err), &err);
+    CHECK_OK(ref->ops->alloc(ref, 4 * (size_t)Tmax * V, &rl, &err), &err);
+    for (int r = 0; r < R; r++) {
+        CHECKF(rk[r].st == EG_OK, "rank %d: %s", r, rk[r].err.msg);
+        for (int i = 0; i < rk[r].rounds; i++) {
+            int t = rk[r].T[i], n = rk[r].n[i];
+            float *got = malloc(4 * (size_t)t * H), *want = malloc(4 * (size_t)t * H);
+            float *gl = malloc(4 * (size_t)(n ? n : 1) * V), *wl = malloc(4 * (size_t)(n ? n : 1) * V);
+            float *full = malloc(4 * (size_t)(n ? n : 1) * V), *part = malloc(4 * (size_t)(n ? n : 1) * V);
+            CHECK_OK(eg_backend_bind(be[r], &err), &err);
+            CHECK_OK(be[r]->ops->to_host(be[r], got, rk[r].x[i], 4 * (size_t)t * H, &err), &err);
+            if (n) CHECK_OK(be[r]->ops->to_host(be[r], gl, rk[r].logits[i], 4 * (size_t)n * V, &err), &err);
+            CHECK_OK(be[r]->ops->sync(be[r], &err), &err);
+            CHECK_OK(eg_backend_bind(ref, &err), &err);
+            void *rt;
+            CHECK_OK(ref->ops->alloc(ref, 4 * (size_t)t, &rt, &err), &err);
+            CHECK_OK(ref->ops->to_device(ref, rt, tok_h[r][i], 4 * (size_t)t, &err), &err);
+            CHECK_OK(ref->ops->embed(ref, rt, t, &full_e, rx, &err), &err);
+            CHECK_OK(ref->ops->to_host(ref, want, rx, 4 * (size_t)t * H, &err), &err);
+            if (n) {
+                CHECK_OK(ref->ops->to_device(ref, rrow, rows_h[r][i], 4 * (size_t)n * H, &err), &err);
+                for (int q = 0; q < R; q++) { /* the owner's slice, this rank's rows: its columns */
+                    int64_t v0, v1;
+                    eg_ep_vocab_range(g, q, &v0, &v1);
+                    CHECK_OK(ref->ops->linear(ref, rrow, n, &ref_slice[q], rl, &err), &err);
+                    CHECK_OK(ref->ops->to_host(ref, part, rl, 4 * (size_t)n * (size_t)(v1 - v0), &err), &err);
+                    CHECK_OK(ref->ops->sync(ref, &err), &err);
+                    for (int j = 0; j < n; j++)
+                        memcpy(wl + (size_t)j * V + v0, part + (size_t)j * (v1 - v0), 4 * (size_t)(v1 - v0));
+                }
+                CHECK_OK(ref->ops->linear(ref, rrow, n, &full_h, rl, &err), &err);
+                CHECK_OK(ref->ops->to_host(ref, full, rl, 4 * (size_t)n * V, &err), &err);
+            }
+            CHECK_OK(ref->ops->sync(ref, &err), &err);
+            ref->ops->release(ref, rt);
+            if (memcmp(got, want, 4 * (size_t)t * H)) {
+                same_x = 0;
+                printf("      rank %d round %d: embedding rows differ from the unsplit table's\n", r, i);
+            }
+            if (n && memcmp(gl, wl, 4 * (size_t)n * V)) {
+                same_l = 0;
+                printf("      rank %d round %d: logits differ from the owners' slices' (rel %.3g)\n", r, i,
+                       rel_err(gl, wl, (int64_t)n * V));
+            }
+            if (n) {
+                double e = rel_err(gl, full, (int64_t)n * V);
+                worst = e > worst ? e : worst;
+            }
+            free(got); free(want); free(gl); free(wl); free(full); free(part);
+        }
+    }
+    int64_t er = 0, lr = 0;
+    eg_ep_vocab_rows(g, &er, &lr);
+    CHECKF(same_x, "vocab split over %d ranks (%s): every embedding row is the unsplit table's, bit for bit", R,
+           eg_ep_kind(g));
+    CHECKF(same_l, "vocab split over %d ranks (%s): every logit column is its owner's slice's, bit for bit", R,
+           eg_ep_kind(g));
+    CHECKF(er > 0 && lr > 0, "vocab split: rows crossed ranks (%lld embedded elsewhere, %lld logit rows)", (long long)er,
+           (long long)lr);
+    printf("  vocab split: V %d over %d ranks on %d GPU(s), exchange %s: embedding %s, logits %s; %lld tokens "
+           "embedded by another rank, %lld logit rows served; against the unsplit lm_head GEMM: rel %.3g%s\n", V, R, ndev,
+           eg_ep_kind(g), same_x ? "identical" : "DIFFERENT", same_l ? "identical" : "DIFFERENT", (long long)er,
+           (long long)lr, worst, worst == 0 ? " (identical)" : "");
+    ref->ops->release(ref, rx); ref->ops->release(ref, rrow); ref->ops->release(ref, rl);
+    for (int r = 0; r < R; r++) {
+        eg_backend_bind(be[r], &err);
+        for (int i = 0; i < 2; i++) {
+            be[r]->ops->release(be[r], (void *)rk[r].tok[i]);
+            be[r]->ops->release(be[r], rk[r].x[i]);
+            be[r]->ops->release(be[r], rk[r].rows[i]);
+            be[r]->ops->release(be[r], rk[r].logits[i]);
+            free(tok_h[r][i]);
+            free(rows_h[r][i]);
+        }
+    }
+    free(rk); free(th);
+    eg_ep_group_free(g);
+out:
+    for (int r = 0; r < R; r++) {
+        eg_backend_bind(be[r], &err);
+        if (se[r].data) be[r]->ops->weight_release(be[r], &se[r]);
+        if (sh[r].data) be[r]->ops->weight_release(be[r], &sh[r]);
+        eg_backend_bind(ref, &err);
+        if (ref_slice[r].data) ref->ops->weight_release(ref, &ref_slice[r]);
+    }
+    eg_backend_bind(ref, &err);
+    if (full_e.data) ref->ops->weight_release(ref, &full_e);
+    if (full_h.data) ref->ops->weight_release(ref, &full_h);
+    hw_free(NULL, &emb);
+    hw_free(NULL, &head);
+    (void)rh;
+    for (int r = 0; r < R; r++) eg_backend_free(be[r]);
+    free(be);
+    eg_backend_free(ref);
+}
+
+static void test_ep_vocab(void) {
+    seed(21);
+    static const int T3[3][2] = {{4, 0}, {6, 3}, {2, 5}}, N3[3][2] = {{3, 0}, {0, 2}, {2, 5}};
+    ep_vocab_case(3, 50, 6, T3, N3);
+    ep_vocab_case(2, 64, 6, T3, N3);
+    /* more logit rows than one round of the lm_head exchange (128 per source): 130 rows
+       on rank 1 take two rounds, rank 0's 3 rows one, in the second round it only serves */
+    static const int T2[3][2] = {{5, 0}, {7, 130}, {0, 0}}, N2[3][2] = {{3, 0}, {2, 130}, {0, 0}};
+    ep_vocab_case(2, 64, 130, T2, N2);
+}
+
 static void test_ep_group(void) {
     seed(12);
     int t2[2] = {5, 11}, t4[4] = {3, 9, 1, 16};
@@ -1558,6 +1777,7 @@ static const eg_test tests[] = {
     {"sample_kimi", test_sample_kimi},
     {"graphs", test_graphs},
     {"ep_group", test_ep_group},
+    {"ep_vocab", test_ep_vocab},
     {"gqa_attention", test_gqa_attention},
     {"copy_rows", test_copy_rows},
     {"drafter", test_drafter},

@@ -332,6 +332,26 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
     emu_stream_exec(st, [d, s, n] { memmove(d, s, n); });
     return cudaSuccess;
 }
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind k, cudaStream_t st) {
+    /* CUDA's rule: a row wider than either pitch is an error */
+    if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+    if (k != cudaMemcpyDeviceToDevice && k != cudaMemcpyDefault) return cudaErrorInvalidValue;
+    auto run = [d, dpitch, s, spitch, width, height] {
+        for (size_t r = 0; r < height; r++)
+            memmove((char *)d + r * dpitch, (const char *)s + r * spitch, width);
+    };
+    if (st && st->capturing) {
+        st->rec.push_back(run);
+        return cudaSuccess;
+    }
+    if (!st || !emu_async() || !width || !height) {
+        run();
+        return cudaSuccess;
+    }
+    emu_stream_exec(st, run);
+    return cudaSuccess;
+}
 cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t st) {
     emu_stream_exec(st, [d, v, n] { memset(d, v, n); });
     return cudaSuccess;

@@ -13,8 +13,10 @@
 #        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL)
 #        tests/gpu/emu/run_emu.sh --ep        (--ep 4 on 4 emulated GPUs and --ep 2 --stages 2 on 2,
 #                                              expert rows over emulated NCCL; --ep 2 on one GPU,
-#                                              cuda-local; --ep 2 --ep-split ffn on both exchanges;
-#                                              each == one GPU; ~15 min)
+#                                              cuda-local; --ep 2 --ep-split ffn and all on both
+#                                              exchanges, --ep 4 --ep-split all; each == one GPU;
+#                                              ~12-15 min)
+#        tests/gpu/emu/run_emu.sh ep_vocab    (the vocab split's op test: nccl and cuda-local, ~2 min)
 #        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
 #        tests/gpu/emu/run_emu.sh --spec      (generate --draft-model with target and drafter on the
 #                                              emulated GPU, and with --ep 2 on 2 emulated GPUs over
@@ -129,6 +131,20 @@ if [ "${1:-}" = --ep ]; then
     grep -q "expert parallel: 2 ranks.*exchange cuda-local" "$W/ep2ffn1.log" || { cat "$W/ep2ffn1.log"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/ep2ffn1"
     echo "ep2 --ep-split ffn (nccl and cuda-local) == one GPU ($(( $(date +%s) - t0 )) s so far)"
+    # --ep-split all: each rank holds vocab rows [r*V/2, (r+1)*V/2) of the embedding and
+    # lm_head; ids to their owners and the rows back, every rank's final rows to every
+    # rank and each slice's logits back (nccl on 2 GPUs, and cuda-local); 4 ranks on 4
+    # GPUs over the emulated NCCL (the uneven split, V 50 over 3 ranks, is ep_vocab's)
+    for v in "2 2 nccl" "1 2 cuda-local" "4 4 nccl"; do
+        set -- $v
+        EMU_DEVICES=$1 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
+            --max-new-tokens 4 --out "$W/all$1$2" --ep $2 --ep-split all 2> "$W/all$1$2.log" || { cat "$W/all$1$2.log"; exit 1; }
+        grep -q "expert parallel: $2 ranks.*exchange $3" "$W/all$1$2.log" || { cat "$W/all$1$2.log"; exit 1; }
+        grep -Eq "[1-9][0-9]* tokens embedded by another rank" "$W/all$1$2.log" || { echo "no embedding rows moved"; cat "$W/all$1$2.log"; exit 1; }
+        grep -Eq "[1-9][0-9]* logit rows" "$W/all$1$2.log" || { echo "no logit rows moved"; cat "$W/all$1$2.log"; exit 1; }
+        /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/all$1$2"
+    done
+    echo "--ep-split all (ep2 nccl, ep2 cuda-local, ep4 nccl) == one GPU ($(( $(date +%s) - t0 )) s so far)"
     if [ "${EMU_EP_STAGES:-1}" = 1 ]; then
         EMU_DEVICES=2 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
             --max-new-tokens 4 --out "$W/ep2pp2" --ep 2 --stages 2 2> "$W/ep2pp2.log" || { cat "$W/ep2pp2.log"; exit 1; }
