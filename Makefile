@@ -206,13 +206,18 @@ clean:
 # the exports loaded by the trainers' own code, one CPU training step each.
 # trainer-check-bootstrap: generate a slice, train SpecForge's drafter on it (CPU, 1.5-5 min),
 # regenerate the rest with --draft-model.
-.PHONY: trainer-check trainer-check-specforge trainer-check-speculators trainer-check-bootstrap
-trainer-check: trainer-check-specforge trainer-check-speculators trainer-check-bootstrap
+# trainer-check-bootstrap-speculators: the same with speculators' drafter (its own save format).
+.PHONY: trainer-check trainer-check-specforge trainer-check-speculators trainer-check-bootstrap \
+        trainer-check-bootstrap-speculators
+trainer-check: trainer-check-specforge trainer-check-speculators trainer-check-bootstrap \
+               trainer-check-bootstrap-speculators
 trainer-check-specforge: $(BUILD)/eaglegen
 	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_specforge.sh
 trainer-check-speculators: $(BUILD)/eaglegen
 	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_speculators.sh
 trainer-check-bootstrap: $(BUILD)/eaglegen
 	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_bootstrap.sh
+trainer-check-bootstrap-speculators: $(BUILD)/eaglegen
+	BOOTSTRAP_TRAINER=speculators EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_bootstrap.sh
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

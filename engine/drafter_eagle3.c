@@ -38,6 +38,9 @@ typedef struct e3 {
     int H, Ht, NH, NKV, HD, I, V, Vd, n_aux, L_target, S, T;
     float eps;
     int norm_before_residual;
+    int norm_before_fc;        /* speculators: RMSNorm of the concatenated aux rows before fc */
+    int norm_output;           /* speculators: the chain's hidden input is norm(out), not out */
+    int window;                /* speculators: sliding-window attention over this many positions (0: none) */
     int monotone;              /* d2t strictly increasing target ids: draft-index order is
                                   target-id order, so q can be processed over Vd */
     int *aux_buf;              /* [n_aux] target layers, eaglegen convention, ascending */
@@ -45,6 +48,7 @@ typedef struct e3 {
     double theta;              /* rope_theta */
     /* weights */
     dw fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head, embed;
+    dw input_norm;             /* [n_aux*Ht] norm_before_fc only */
     int own_embed;             /* 0: the target's embedding */
     const eg_model *target;
     const eg_config *tcfg;     /* the target's config (config parsing reads only this) */
@@ -60,6 +64,7 @@ typedef struct e3 {
     int *last_pos;             /* [S] position `last` belongs to (-1: none) */
     /* scratch */
     float *emb, *hid, *res, *cat, *q, *k, *v, *att, *x, *y, *g, *u, *out, *scores, *logits, *logits_t;
+    float *auxn;               /* [n_aux*Ht] norm_before_fc: the normed aux row */
     double *pd;                /* [Vd] processed distribution over the draft vocabulary */
     double *pt;                /* [V] the same over the target vocabulary (non-monotone d2t) */
     eg_spec_scratch *sc;       /* over Vd (monotone) or V */
@@ -74,11 +79,13 @@ typedef struct e3_dev {
     eg_backend *be;
     int R;
     eg_weight fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head;
+    eg_weight input_norm;      /* [n_aux*Ht] norm_before_fc only */
     uint16_t *kc, *vc;         /* [S][T][NKV][HD] bf16 */
     float *last;               /* [S][H] */
     float *inv_freq;           /* [HD/2] */
     int32_t *pos, *slot;       /* [R] */
     float *emb, *aux, *hid, *ne, *nh, *cat, *q, *k, *v, *att, *x, *y, *out, *logits;
+    float *auxn;               /* [R][n_aux*Ht] norm_before_fc only */
     /* [R][H] x5 (emb, hid, ne, nh, x, y, out), [R][n_aux*Ht], [R][2H], [R][NH*HD] (q, att),
        [R][NKV*HD] (k, v), [Vd] */
     float *h_emb;              /* host [R][H] */
@@ -293,7 +300,10 @@ static eg_status dev_extend(e3 *d, int slot, int pos0, int n, const float *aux, 
         const int m = n - t0 < g->R ? n - t0 : g->R;
         if ((st = dev_embed(d, next + t0, m, err)) ||
             (st = b->ops->to_device(b, g->aux, aux + t0 * arow, sizeof(float) * (size_t)(m * arow), err)) ||
-            (st = b->ops->linear(b, g->aux, m, &g->fc, g->hid, err)) || (st = dev_layer(d, slot, pos0 + t0, m, err)))
+            (d->norm_before_fc &&
+             (st = b->ops->rmsnorm(b, g->aux, &g->input_norm, m, (int)arow, d->eps, g->auxn, err))) ||
+            (st = b->ops->linear(b, d->norm_before_fc ? g->auxn : g->aux, m, &g->fc, g->hid, err)) ||
+            (st = dev_layer(d, slot, pos0 + t0, m, err)))
             break;
         if (t0 + m == n)
             st = b->ops->copy(b, g->last + (int64_t)slot * d->H, g->out + (int64_t)(m - 1) * d->H,
@@ -314,7 +324,9 @@ static eg_status dev_propose(e3 *d, int slot, int L0, int k, const eg_sample_par
     if ((st = eg_backend_bind(b, err)) || (st = dev_head(d, h, err))) return st;
     draft[0] = pick(d, sp, rng, q);
     for (int i = 1; i < k; i++) {
-        if ((st = b->ops->copy(b, g->hid, i == 1 ? h : g->out, sizeof(float) * (size_t)d->H, err)) ||
+        const float *prev = i == 1 ? h : g->out;
+        if ((st = d->norm_output ? b->ops->rmsnorm(b, prev, &g->norm, 1, d->H, d->eps, g->hid, err)
+                                 : b->ops->copy(b, g->hid, prev, sizeof(float) * (size_t)d->H, err)) ||
             (st = dev_embed(d, &draft[i - 1], 1, err)) || (st = dev_layer(d, slot, L0 + i - 1, 1, err)) ||
             (st = dev_head(d, g->out, err)))
             return st;
@@ -330,11 +342,11 @@ static void dev_free(e3_dev *g) {
         eg_error e = {0};
         (void)eg_backend_bind(b, &e);
         eg_weight *ws[] = {&g->fc, &g->in_norm, &g->hid_norm, &g->wq, &g->wk, &g->wv, &g->wo,
-                           &g->post_norm, &g->wg, &g->wu, &g->wd, &g->norm, &g->lm_head};
+                           &g->post_norm, &g->wg, &g->wu, &g->wd, &g->norm, &g->lm_head, &g->input_norm};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) b->ops->weight_release(b, ws[i]);
         void *bufs[] = {g->kc, g->vc, g->last, g->inv_freq, g->pos, g->slot, g->emb, g->aux, g->hid, g->ne,
-                        g->nh, g->cat, g->q, g->k, g->v, g->att, g->x, g->y, g->out, g->logits};
+                        g->nh, g->cat, g->q, g->k, g->v, g->att, g->x, g->y, g->out, g->logits, g->auxn};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) b->ops->release(b, bufs[i]);
         eg_backend_free(b);
@@ -405,7 +417,8 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
         (st = dev_upload(d, &d->wu, "midlayer.mlp.up_proj.weight", &g->wu, err)) ||
         (st = dev_upload(d, &d->wd, "midlayer.mlp.down_proj.weight", &g->wd, err)) ||
         (st = dev_upload(d, &d->norm, "norm.weight", &g->norm, err)) ||
-        (st = dev_upload(d, &d->lm_head, "lm_head.weight", &g->lm_head, err)))
+        (st = dev_upload(d, &d->lm_head, "lm_head.weight", &g->lm_head, err)) ||
+        (d->norm_before_fc && (st = dev_upload(d, &d->input_norm, "input_norm.weight", &g->input_norm, err))))
         return st;
     const int64_t R = g->R, H = d->H, row = (int64_t)d->NKV * d->HD, cache = (int64_t)d->S * d->T * row;
     struct { void **p; size_t bytes; } al[] = {
@@ -418,7 +431,8 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
         {(void **)&g->q, 4 * (size_t)(R * qd)}, {(void **)&g->k, 4 * (size_t)(R * row)},
         {(void **)&g->v, 4 * (size_t)(R * row)}, {(void **)&g->att, 4 * (size_t)(R * qd)},
         {(void **)&g->x, 4 * (size_t)(R * H)}, {(void **)&g->y, 4 * (size_t)(R * H)},
-        {(void **)&g->out, 4 * (size_t)(R * H)}, {(void **)&g->logits, 4 * (size_t)d->Vd}};
+        {(void **)&g->out, 4 * (size_t)(R * H)}, {(void **)&g->logits, 4 * (size_t)d->Vd},
+        {(void **)&g->auxn, d->norm_before_fc ? 4 * (size_t)(R * d->n_aux * d->Ht) : 4}};
     for (size_t i = 0; i < sizeof al / sizeof al[0]; i++)
         if ((st = b->ops->alloc(b, al[i].bytes, al[i].p, err))) return st;
     g->h_emb = eg_malloc(sizeof(float) * (size_t)(R * H), err);
@@ -459,7 +473,8 @@ static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const floa
     } else {
         for (int t = 0; t < n; t++) {
             embed_row(d, next[t], d->emb);
-            matvec(d, &d->fc, aux + t * arow, d->hid);
+            if (d->norm_before_fc) rmsnorm(aux + t * arow, &d->input_norm, (int)arow, d->eps, d->auxn);
+            matvec(d, &d->fc, d->norm_before_fc ? d->auxn : aux + t * arow, d->hid);
             layer(d, slot, pos0 + t);
         }
         memcpy(d->last + (int64_t)slot * d->H, d->out, sizeof(float) * (size_t)d->H);
@@ -531,9 +546,11 @@ static eg_status e3_propose(eg_drafter *dr, int slot, const int32_t *seq, int n_
     head(d, h);
     draft[0] = pick(d, sp, rng, q);
     for (int i = 1; i < k; i++) {
-        /* chained: the previous step's pre-norm output as the hidden input (no fc), the
-         * previous draft's embedding, at the next position */
-        memcpy(d->hid, i == 1 ? h : d->out, sizeof(float) * (size_t)d->H);
+        /* chained: the previous step's pre-norm output as the hidden input (no fc; with
+         * norm_output its final-normed form), the previous draft's embedding, at the next
+         * position */
+        if (d->norm_output) rmsnorm(i == 1 ? h : d->out, &d->norm, d->H, d->eps, d->hid);
+        else memcpy(d->hid, i == 1 ? h : d->out, sizeof(float) * (size_t)d->H);
         embed_row(d, draft[i - 1], d->emb);
         layer(d, slot, L0 + i - 1);
         head(d, d->out);
@@ -563,6 +580,7 @@ static void e3_destroy(eg_drafter *dr) {
     free(d->last);
     free(d->len);
     free(d->last_pos);
+    free(d->auxn);
     float *bufs[] = {d->emb, d->hid, d->res, d->cat, d->q, d->k, d->v, d->att, d->x, d->y, d->g, d->u, d->out,
                      d->scores, d->logits, d->logits_t};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -622,6 +640,15 @@ static eg_status cfg_num(json_t *root, const char *path, const char *key, double
     return EG_OK;
 }
 
+static eg_status cfg_bool(json_t *root, const char *path, const char *key, int *out, eg_error *err) {
+    json_t *v = json_object_get(root, key);
+    *out = 0;
+    if (!v || json_is_null(v)) return EG_OK;
+    if (!json_is_boolean(v)) return eg_fail(err, EG_ERR_CONFIG, "%s: \"%s\" must be a boolean", path, key);
+    *out = json_is_true(v);
+    return EG_OK;
+}
+
 static eg_status cfg_false(json_t *root, const char *path, const char *key, eg_error *err) {
     json_t *v = json_object_get(root, key);
     if (v && !json_is_null(v) && !json_is_false(v))
@@ -631,7 +658,8 @@ static eg_status cfg_false(json_t *root, const char *path, const char *key, eg_e
 }
 
 /* aux ids -> eaglegen convention into d->aux_buf. */
-static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3_opts *o, eg_error *err) {
+static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3_opts *o, int speculators,
+                          eg_error *err) {
     json_t *ec = json_object_get(root, "eagle_config");
     if (ec && !json_is_object(ec)) return eg_fail(err, EG_ERR_CONFIG, "%s: \"eagle_config\" must be an object", path);
     json_t *a_in = ec ? json_object_get(ec, "eagle_aux_hidden_state_layer_ids") : NULL;
@@ -701,6 +729,11 @@ static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3
         why = "eagle_config.eaglegen_aux_convention";
     }
     const int L = d->L_target;
+    if (conv == EG_AUX_CONV_AUTO && speculators) {
+        /* speculators counts as vLLM does: the state entering decoder layer k + 1 */
+        conv = EG_AUX_CONV_HF_INDEX;
+        why = "speculators' convention (vLLM hidden_states index: output of layer k is k + 1)";
+    }
     if (conv == EG_AUX_CONV_AUTO) {
         /* the default set [1, L/2-1, L-4] (deduplicated for tiny models, as generate's
          * default), and the same layers counted as hidden-states indices */
@@ -749,32 +782,86 @@ static eg_status parse_config(e3 *d, const char *text, size_t len, const char *p
         goto done;
     }
     json_t *ar = json_object_get(root, "architectures");
-    int arch_ok = 0;
+    int arch_ok = 0, spec = 0;
     for (size_t i = 0; json_is_array(ar) && i < json_array_size(ar); i++) {
         const char *s = json_string_value(json_array_get(ar, i));
         if (s && (!strcmp(s, "LlamaForCausalLMEagle3") || !strcmp(s, "Eagle3LlamaForCausalLM"))) arch_ok = 1;
+        if (s && !strcmp(s, "Eagle3Speculator")) arch_ok = spec = 1;
+    }
+    json_t *smt = json_object_get(root, "speculators_model_type");
+    if (smt && !json_is_null(smt)) {
+        if (!json_is_string(smt) || strcmp(json_string_value(smt), "eagle3")) {
+            st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: speculators_model_type \"%s\": only \"eagle3\" is an EAGLE-3 drafter",
+                         path, json_is_string(smt) ? json_string_value(smt) : "?");
+            goto done;
+        }
+        arch_ok = spec = 1;
     }
     if (!arch_ok) {
         st = eg_fail(err, EG_ERR_UNSUPPORTED,
-                     "%s: \"architectures\" must name LlamaForCausalLMEagle3 (SpecForge's EAGLE-3 Llama drafter)", path);
+                     "%s: \"architectures\" must name LlamaForCausalLMEagle3 (SpecForge's EAGLE-3 Llama drafter) or "
+                     "Eagle3Speculator (speculators' eagle3)", path);
         goto done;
+    }
+    /* speculators (Eagle3SpeculatorConfig): the decoder layer's Llama config nested in
+       transformer_layer_config, the drafter's own keys at the top; SpecForge: all at the top */
+    json_t *lc = root;
+    if (spec) {
+        lc = json_object_get(root, "transformer_layer_config");
+        const char *mt = json_is_object(lc) ? json_string_value(json_object_get(lc, "model_type")) : NULL;
+        if (!json_is_object(lc)) {
+            st = eg_fail(err, EG_ERR_CONFIG, "%s: a speculators eagle3 config needs a transformer_layer_config object", path);
+            goto done;
+        }
+        if (mt && strcmp(mt, "llama")) {
+            st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: transformer_layer_config.model_type \"%s\": the eagle3 drafter runs "
+                         "a Llama decoder layer (a %s layer has other norms)", path, mt, mt);
+            goto done;
+        }
+        /* speculators' variants: a norm over the concatenated aux rows before fc, the
+           normed output fed back along the chain (built); a norm per aux row (refused) */
+        if ((st = cfg_bool(root, path, "norm_before_fc", &d->norm_before_fc, err)) ||
+            (st = cfg_bool(root, path, "norm_output", &d->norm_output, err)) ||
+            (st = cfg_false(root, path, "fc_norm", err)))
+            goto done;
+        /* transformers' sliding window: layer_types[0] says, else use_sliding_window */
+        json_t *lt = json_object_get(lc, "layer_types"), *usw = json_object_get(lc, "use_sliding_window");
+        const char *t0 = json_is_array(lt) ? json_string_value(json_array_get(lt, 0)) : NULL;
+        int sliding = t0 ? !strcmp(t0, "sliding_attention") : json_is_true(usw);
+        if (t0 && strcmp(t0, "sliding_attention") && strcmp(t0, "full_attention")) {
+            st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: transformer_layer_config.layer_types[0] \"%s\"", path, t0);
+            goto done;
+        }
+        if (sliding && (st = cfg_int(lc, path, "sliding_window", 1, 0, 1, &d->window, err))) goto done;
     }
     const eg_config *tc = d->tcfg;
     int nl;
     double eps, theta;
-    if ((st = cfg_int(root, path, "hidden_size", 1, 0, 1, &d->H, err)) ||
-        (st = cfg_int(root, path, "num_attention_heads", 1, 0, 1, &d->NH, err)) ||
-        (st = cfg_int(root, path, "num_key_value_heads", 0, d->NH, 1, &d->NKV, err)) ||
-        (st = cfg_int(root, path, "head_dim", 0, d->H / d->NH, 2, &d->HD, err)) ||
-        (st = cfg_int(root, path, "intermediate_size", 1, 0, 1, &d->I, err)) ||
-        (st = cfg_int(root, path, "vocab_size", 1, 0, 1, &d->V, err)) ||
+    if ((st = cfg_int(lc, path, "hidden_size", 1, 0, 1, &d->H, err)) ||
+        (st = cfg_int(lc, path, "num_attention_heads", 1, 0, 1, &d->NH, err)) ||
+        (st = cfg_int(lc, path, "num_key_value_heads", 0, d->NH, 1, &d->NKV, err)) ||
+        (st = cfg_int(lc, path, "head_dim", 0, d->H / d->NH, 2, &d->HD, err)) ||
+        (st = cfg_int(lc, path, "intermediate_size", 1, 0, 1, &d->I, err)) ||
+        (st = cfg_int(lc, path, "vocab_size", 1, 0, 1, &d->V, err)) ||
         (st = cfg_int(root, path, "draft_vocab_size", 0, d->V, 1, &d->Vd, err)) ||
         (st = cfg_int(root, path, "target_hidden_size", 0, d->H, 1, &d->Ht, err)) ||
-        (st = cfg_int(root, path, "num_hidden_layers", 0, 1, 1, &nl, err)) ||
-        (st = cfg_num(root, path, "rms_norm_eps", 1e-6, &eps, err)) ||
-        (st = cfg_num(root, path, "rope_theta", 10000.0, &theta, err)) ||
-        (st = cfg_false(root, path, "attention_bias", err)) || (st = cfg_false(root, path, "mlp_bias", err)))
+        (st = cfg_int(lc, path, "num_hidden_layers", 0, 1, 1, &nl, err)) ||
+        (st = cfg_num(lc, path, "rms_norm_eps", 1e-6, &eps, err)) ||
+        (st = cfg_num(lc, path, "rope_theta", 10000.0, &theta, err)) ||
+        (st = cfg_false(lc, path, "attention_bias", err)) || (st = cfg_false(lc, path, "mlp_bias", err)))
         goto done;
+    /* transformers 5 writes the RoPE base inside rope_parameters */
+    json_t *rp = json_object_get(lc, "rope_parameters");
+    if (rp && !json_is_null(rp)) {
+        const char *t = json_is_object(rp) ? json_string_value(json_object_get(rp, "rope_type")) : NULL;
+        if (!json_is_object(rp) || (t && strcmp(t, "default"))) {
+            st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: rope_parameters type \"%s\" is not supported by the eagle3 drafter "
+                         "(plain RoPE only)", path, t ? t : "?");
+            goto done;
+        }
+        json_t *rt = json_object_get(lc, "rope_theta");
+        if ((!rt || json_is_null(rt)) && (st = cfg_num(rp, path, "rope_theta", 10000.0, &theta, err))) goto done;
+    }
     if (d->HD % 2) {
         st = eg_fail(err, EG_ERR_CONFIG, "%s: head_dim %d is odd (RoPE rotates halves)", path, d->HD);
         goto done;
@@ -807,12 +894,12 @@ static eg_status parse_config(e3 *d, const char *text, size_t len, const char *p
     }
     d->eps = (float)eps;
     d->theta = theta;
-    json_t *act = json_object_get(root, "hidden_act");
+    json_t *act = json_object_get(lc, "hidden_act");
     if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu"))) {
         st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\"", path);
         goto done;
     }
-    json_t *rs = json_object_get(root, "rope_scaling");
+    json_t *rs = json_object_get(lc, "rope_scaling");
     if (rs && !json_is_null(rs)) {
         const char *t = json_string_value(json_object_get(rs, "rope_type"));
         if (!t) t = json_string_value(json_object_get(rs, "type"));
@@ -829,7 +916,7 @@ static eg_status parse_config(e3 *d, const char *text, size_t len, const char *p
         goto done;
     }
     d->norm_before_residual = nbr && json_is_true(nbr);
-    st = read_aux(d, root, path, o, err);
+    st = read_aux(d, root, path, o, spec, err);
 done:
     json_decref(root);
     return st;
@@ -946,7 +1033,7 @@ done:
     return st;
 }
 
-static const eg_st_tensor *find(const e3 *d, const char *name, int *fi) {
+static const eg_st_tensor *find_exact(const e3 *d, const char *name, int *fi) {
     for (int i = 0; i < d->n_files; i++) {
         const eg_st_tensor *t = eg_st_find(d->files[i], name);
         if (t) {
@@ -957,6 +1044,17 @@ static const eg_st_tensor *find(const e3 *d, const char *name, int *fi) {
     return NULL;
 }
 
+/* The decoder layer's tensors under SpecForge's name (midlayer.X) or, where it saved none,
+ * speculators' and vLLM's (layers.0.X): the same layer either way. */
+static const eg_st_tensor *find(const e3 *d, const char *name, int *fi) {
+    const eg_st_tensor *t = find_exact(d, name, fi);
+    static const char mid[] = "midlayer.";
+    if (t || strncmp(name, mid, sizeof mid - 1)) return t;
+    char alt[256];
+    snprintf(alt, sizeof alt, "layers.0.%s", name + sizeof mid - 1);
+    return find_exact(d, alt, fi);
+}
+
 /* A plain weight of shape [rows][cols] (cols 0: 1-D [rows]). optional: absent -> data NULL. */
 static eg_status get_w(e3 *d, const char *name, int64_t rows, int64_t cols, int optional, dw *w, eg_error *err) {
     int fi = 0;
@@ -964,6 +1062,9 @@ static eg_status get_w(e3 *d, const char *name, int64_t rows, int64_t cols, int 
     memset(w, 0, sizeof *w);
     if (!t) {
         if (optional) return EG_OK;
+        if (!strncmp(name, "midlayer.", 9))
+            return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s (or layers.0.%s) is missing", eg_st_path(d->files[0]),
+                           name, name + 9);
         return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s is missing", eg_st_path(d->files[0]), name);
     }
     const char *fp = eg_st_path(d->files[fi]);
@@ -1055,7 +1156,8 @@ static eg_status read_weights(e3 *d, eg_error *err) {
         (st = get_w(d, "midlayer.mlp.down_proj.weight", H, d->I, 0, &d->wd, err)) ||
         (st = get_w(d, "norm.weight", H, 0, 0, &d->norm, err)) ||
         (st = get_w(d, "lm_head.weight", d->Vd, H, 0, &d->lm_head, err)) ||
-        (st = get_w(d, "embed_tokens.weight", d->V, H, 1, &d->embed, err)))
+        (st = get_w(d, "embed_tokens.weight", d->V, H, 1, &d->embed, err)) ||
+        (d->norm_before_fc && (st = get_w(d, "input_norm.weight", (int64_t)d->n_aux * d->Ht, 0, 0, &d->input_norm, err))))
         return st;
     static const char *const biases[] = {"midlayer.self_attn.q_proj.bias", "midlayer.self_attn.k_proj.bias",
                                          "midlayer.self_attn.v_proj.bias", "midlayer.self_attn.o_proj.bias", "fc.bias"};
@@ -1099,7 +1201,15 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     d->base.vt = &e3_vt;
     d->base.impl = d;
     eg_status st;
-    if ((st = read_config(d, dir, opts, err)) || (st = open_files(d, dir, err)) || (st = read_weights(d, err))) goto fail;
+    if ((st = read_config(d, dir, opts, err))) goto fail;
+    if (d->window && d->T > d->window) {
+        /* up to the window the sliding attention is the full causal one */
+        st = eg_fail(err, EG_ERR_UNSUPPORTED, "eagle3 drafter %s: sliding-window attention over %d positions with "
+                     "max_seq_len %d: attending over a window is not built (use --max-seq-len %d or less)", dir,
+                     d->window, d->T, d->window);
+        goto fail;
+    }
+    if ((st = open_files(d, dir, err)) || (st = read_weights(d, err))) goto fail;
     const int on_backend = opts->backend && opts->backend[0];
     const int64_t row = (int64_t)d->NKV * d->HD, cache = on_backend ? 1 : (int64_t)d->S * d->T * row;
     d->kc = eg_malloc(sizeof(uint16_t) * (size_t)cache, err); /* the backend path keeps its caches there */
@@ -1118,6 +1228,8 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     d->pt = eg_malloc(sizeof(double) * (size_t)(d->monotone ? 1 : d->V), err);
     for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
         if (!*sz[i].p) st = EG_ERR_NOMEM;
+    if (d->norm_before_fc && !(d->auxn = eg_malloc(sizeof(float) * (size_t)d->n_aux * (size_t)d->Ht, err)))
+        st = EG_ERR_NOMEM;
     if (!d->kc || !d->vc || !d->last || !d->len || !d->last_pos || !d->inv_freq || !d->pd || !d->pt) st = EG_ERR_NOMEM;
     if (st) goto fail;
     if ((st = eg_spec_scratch_create(d->monotone ? d->Vd : d->V, &d->sc, err))) goto fail;
@@ -1136,7 +1248,7 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     in->state_bytes = (int64_t)d->S * (4 * (int64_t)d->T * row + 4 * H);
     {   /* as stored (the target's embedding, when borrowed, is not the drafter's), and d2t */
         const dw *ws[] = {&d->fc, &d->in_norm, &d->hid_norm, &d->wq, &d->wk, &d->wv, &d->wo, &d->post_norm,
-                          &d->wg, &d->wu, &d->wd, &d->norm, &d->lm_head, &d->embed};
+                          &d->wg, &d->wu, &d->wd, &d->norm, &d->lm_head, &d->embed, &d->input_norm};
         in->weight_bytes = (int64_t)sizeof(int64_t) * d->Vd;
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) in->weight_bytes += ws[i]->rows * ws[i]->cols * (ws[i]->dt == EG_ST_F32 ? 4 : 2);

@@ -3,7 +3,9 @@
  * through a backend's ops (eg_eagle3_opts.backend: "cpu" or "cuda").
  *
  * Checkpoint (DIR): config.json + model.safetensors (or model.safetensors.index.json and
- * its shards), tensor names without a `model.` prefix:
+ * its shards), tensor names without a `model.` prefix (the decoder layer's `midlayer.*` as
+ * SpecForge saves them, or `layers.0.*` as speculators does; speculators' config, the
+ * layer's Llama keys nested in transformer_layer_config, is read too, docs/ENGINE.md):
  *   fc.weight                                   [H][n_aux*Ht]  (Ht: target hidden)
  *   midlayer.input_layernorm.weight             [H]   (normalises the token embedding)
  *   midlayer.hidden_norm.weight                 [H]   (normalises the hidden input)
@@ -17,8 +19,12 @@
  * BF16, F16 or F32 weights (widened to FP32 per element; FP32 accumulation). The aux
  * layers come from `eagle_config.eagle_aux_hidden_state_layer_ids` (or the same key at the
  * top level) and are converted to eaglegen's convention (output of decoder layer k,
- * 0-based); see eg_aux_convention. Anything unsupported (rope_scaling, attention bias,
- * more than one decoder layer, another architecture) is refused naming the key.
+ * 0-based); see eg_aux_convention. speculators' options norm_before_residual,
+ * norm_before_fc (input_norm.weight [n_aux*Ht] over the concatenated aux row before fc)
+ * and norm_output (the chain's hidden input is the final-normed output) are built.
+ * Anything unsupported (rope_scaling, attention bias, more than one decoder layer, another
+ * architecture, speculators' fc_norm, a sliding window shorter than max_seq_len) is
+ * refused naming the key.
  *
  * State per slot: a BF16 KV cache [max_seq_len][NKV][HD] for K (after RoPE) and V, and
  * the pre-norm output [H] of the slot's last committed position (what the first draft's

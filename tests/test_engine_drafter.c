@@ -101,14 +101,20 @@ static const eg_sample_params greedy = {0.0f, 1.0f, 0};
 
 /* ---------------------------------------------------------------- reference */
 
-static void ref_case(int no_embed, int nbr) {
-    const char *dir = tmpdir(no_embed ? "ref_noembed" : "ref_embed");
-    make_drafter(dir, no_embed, NULL);
+static void to_speculators(const char *src, const char *dst, const char *drop_layer_tensor, int variants);
+
+/* spec: the drafter in speculators' layout with its norm_before_fc and norm_output on
+ * (an input_norm over the concatenated aux rows, the chain fed the normed output). */
+static void ref_case(int no_embed, int nbr, int spec) {
+    const char *dir = tmpdir(spec ? "ref_speculators" : no_embed ? "ref_noembed" : "ref_embed");
+    const char *src = spec ? tmpdir("ref_speculators_src") : dir;
+    make_drafter(src, no_embed, NULL);
     if (nbr) {
-        json_t *j = load_cfg(dir);
+        json_t *j = load_cfg(src);
         json_object_set_new(j, "norm_before_residual", json_true());
-        save_cfg(dir, j);
+        save_cfg(src, j);
     }
+    if (spec) to_speculators(src, dir, NULL, 1);
     enum { N = 6, NA = 3, H = 64 };
     static float aux[N][NA][H];
     int32_t next[N];
@@ -179,8 +185,9 @@ static void ref_case(int no_embed, int nbr) {
     CHECK(dr0[0] == D[0] && dr0[1] == D[1] && dr0[2] == D[2]);
     CHECK(!memcmp(keep3, eg_drafter_eagle3_last_logits(d), sizeof keep3));
     CHECK(rng == 1); /* greedy draws nothing */
-    printf("    %s embedding%s%s%s: max rel err %.2e over %d positions + 2 chained steps (bound 1e-4)\n",
-           no_embed ? "target" : "own", nbr ? ", norm_before_residual" : "", g_backend ? ", backend " : "",
+    printf("    %s embedding%s%s%s%s: max rel err %.2e over %d positions + 2 chained steps (bound 1e-4)\n",
+           no_embed ? "target" : "own", nbr ? ", norm_before_residual" : "",
+           spec ? ", speculators layout with norm_before_fc and norm_output" : "", g_backend ? ", backend " : "",
            g_backend ? g_backend : "", worst, N);
     CHECK(g_backend ? eg_drafter_eagle3_backend(d) && !strcmp(eg_drafter_eagle3_backend(d), g_backend)
                     : eg_drafter_eagle3_backend(d) == NULL);
@@ -188,15 +195,17 @@ static void ref_case(int no_embed, int nbr) {
     eg_st_close(rf);
 }
 
-static void test_reference_own_embed(void) { ref_case(0, 0); }
-static void test_reference_target_embed_nbr(void) { ref_case(1, 1); }
+static void test_reference_own_embed(void) { ref_case(0, 0, 0); }
+static void test_reference_target_embed_nbr(void) { ref_case(1, 1, 0); }
+static void test_reference_speculators(void) { ref_case(0, 1, 1); }
 /* The same reference through the CPU backend's ops (gqa_attention, copy_rows, linear,
  * ...), extends in passes of 4 rows (the 6-position extend is 4 + 2). */
 static void test_reference_backend_cpu(void) {
     g_backend = "cpu";
     g_rows = 4;
-    ref_case(0, 0);
-    ref_case(1, 1);
+    ref_case(0, 0, 0);
+    ref_case(1, 1, 0);
+    ref_case(0, 1, 1);
     g_backend = NULL;
     g_rows = 0;
 }
@@ -517,6 +526,151 @@ static void expect_fail(const char *dir, eg_status code, const char *w1, const c
     CHECKF(strstr(e.msg, w1) && (!w2 || strstr(e.msg, w2)), "message lacks '%s'/'%s': %s", w1, w2 ? w2 : "", e.msg);
 }
 
+/* The same drafter in speculators' layout (Eagle3SpeculatorConfig: the layer's Llama
+ * config nested in transformer_layer_config, aux ids counted as vLLM does, k + 1; the
+ * decoder layer's tensors named layers.0.* instead of midlayer.*), as speculators 0.9's
+ * save_pretrained writes it: loads to the same drafter (the same aux layers, logits bit for
+ * bit at every position and along a chain). Its variants that change the math, another
+ * layer type, and a missing layer tensor are refused, naming the key or both names. */
+static void to_speculators(const char *src, const char *dst, const char *drop_layer_tensor, int variants) {
+    json_t *c = load_cfg(src), *ec = json_object_get(c, "eagle_config"), *ids = json_array();
+    json_t *a = json_object_get(ec, "eagle_aux_hidden_state_layer_ids");
+    for (size_t i = 0; i < json_array_size(a); i++)
+        json_array_append_new(ids, json_integer(json_integer_value(json_array_get(a, i)) + 1));
+    json_t *lc = json_pack("{s:s, s:O, s:O, s:O, s:O, s:O, s:O, s:i, s:O, s:{s:O, s:s}, s:b, s:b, s:s}", "model_type",
+                           "llama", "hidden_size", json_object_get(c, "hidden_size"), "num_attention_heads",
+                           json_object_get(c, "num_attention_heads"), "num_key_value_heads",
+                           json_object_get(c, "num_key_value_heads"), "head_dim", json_object_get(c, "head_dim"),
+                           "intermediate_size", json_object_get(c, "intermediate_size"), "vocab_size",
+                           json_object_get(c, "vocab_size"), "num_hidden_layers", 1, "rms_norm_eps",
+                           json_object_get(c, "rms_norm_eps"), "rope_parameters", "rope_theta",
+                           json_object_get(c, "rope_theta"), "rope_type", "default", "attention_bias", 0, "mlp_bias", 0,
+                           "hidden_act", "silu");
+    json_t *sp = json_pack("{s:[s], s:s, s:o, s:O, s:O, s:O, s:b, s:b, s:b, s:o}", "architectures", "Eagle3Speculator",
+                           "speculators_model_type", "eagle3", "transformer_layer_config", lc, "draft_vocab_size",
+                           json_object_get(c, "draft_vocab_size"), "target_hidden_size",
+                           json_object_get(c, "target_hidden_size"), "norm_before_residual",
+                           json_object_get(c, "norm_before_residual"), "norm_before_fc", variants, "fc_norm", 0,
+                           "norm_output", variants, "eagle_aux_hidden_state_layer_ids", ids);
+    EG_ASSERT(sp);
+    save_cfg(dst, sp);
+    json_decref(c);
+    char p[600];
+    snprintf(p, sizeof p, "%s/model.safetensors", src);
+    eg_error e = {0};
+    eg_st_file *f;
+    eg_st_writer *w;
+    EG_ASSERT(eg_st_open(p, &f, &e) == EG_OK && eg_st_writer_new(&w, &e) == EG_OK);
+    for (int i = 0; i < eg_st_count(f); i++) {
+        const eg_st_tensor *t = eg_st_at(f, i);
+        char name[256];
+        if (!strncmp(t->name, "midlayer.", 9)) snprintf(name, sizeof name, "layers.0.%s", t->name + 9);
+        else snprintf(name, sizeof name, "%s", t->name);
+        if (drop_layer_tensor && !strcmp(name, drop_layer_tensor)) continue;
+        EG_ASSERT(eg_st_writer_add(w, name, t->dtype, t->ndim, t->shape, t->data, &e) == EG_OK);
+    }
+    static float in_norm[3 * 64]; /* norm_before_fc's weight over the 3 aux rows of 64 */
+    if (variants) {
+        const eg_st_tensor *fc = eg_st_find(f, "fc.weight");
+        EG_ASSERT(fc && fc->shape[1] <= (int64_t)(sizeof in_norm / sizeof in_norm[0]));
+        for (int64_t i = 0; i < fc->shape[1]; i++) in_norm[i] = (float)(0.5 + urand());
+        int64_t sh = fc->shape[1];
+        EG_ASSERT(eg_st_writer_add(w, "input_norm.weight", EG_ST_F32, 1, &sh, in_norm, &e) == EG_OK);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dst);
+    EG_ASSERT(eg_st_writer_write(w, p, &e) == EG_OK);
+    eg_st_writer_free(w);
+    eg_st_close(f);
+}
+
+static void test_speculators_layout(void) {
+    const char *sf = tmpdir("sf_layout"), *sp = tmpdir("sp_layout"), *bad = tmpdir("sp_bad");
+    make_drafter(sf, 0, NULL);
+    to_speculators(sf, sp, NULL, 0);
+    eg_drafter *a = NULL, *b = NULL;
+    eg_error e = {0};
+    CHECK_OK(load(sf, 1, 32, &a, &e), &e);
+    CHECK_OK(load(sp, 1, 32, &b, &e), &e);
+    if (!a || !b) { eg_drafter_free(a); eg_drafter_free(b); return; }
+    CHECK(b->info.n_aux == 3 && b->info.aux_layers[0] == 0 && b->info.aux_layers[1] == 2 && b->info.aux_layers[2] == 4);
+    CHECKF(strstr(eg_drafter_eagle3_aux_source(b), "speculators"), "aux source: %s", eg_drafter_eagle3_aux_source(b));
+    CHECK(b->info.weight_bytes == a->info.weight_bytes && b->info.state_bytes == a->info.state_bytes);
+    enum { N = 5, NA = 3, H = 64 };
+    static float aux[N][NA][H];
+    int32_t next[N], seq[64] = {0}, da[3], db[3];
+    for (int t = 0; t < N; t++) {
+        for (int k = 0; k < NA; k++)
+            for (int c = 0; c < H; c++) aux[t][k][c] = (float)(4.0 * urand() - 2.0);
+        next[t] = (int32_t)(urand() * 512);
+    }
+    int same = 1;
+    uint64_t ra = 3, rb = 3;
+    for (int t = 0; t < N; t++) {
+        CHECK_OK(eg_drafter_extend(a, 0, t, 1, &aux[t][0][0], &next[t], &e), &e);
+        CHECK_OK(eg_drafter_extend(b, 0, t, 1, &aux[t][0][0], &next[t], &e), &e);
+        CHECK_OK(eg_drafter_propose(a, 0, seq, t + 2, t == N - 1 ? 3 : 1, &greedy, &ra, da, NULL, &e), &e);
+        CHECK_OK(eg_drafter_propose(b, 0, seq, t + 2, t == N - 1 ? 3 : 1, &greedy, &rb, db, NULL, &e), &e);
+        same &= !memcmp(eg_drafter_eagle3_last_logits(a), eg_drafter_eagle3_last_logits(b), sizeof(float) * 200) &&
+                da[0] == db[0];
+        eg_drafter_truncate(a, 0, t + 1);
+        eg_drafter_truncate(b, 0, t + 1);
+    }
+    CHECKF(same && !memcmp(da, db, sizeof da), "speculators layout: logits or drafts differ from SpecForge layout's");
+    eg_drafter_free(a);
+    eg_drafter_free(b);
+    /* refusals */
+    to_speculators(sf, bad, NULL, 0);
+    json_t *j = load_cfg(bad);
+    json_object_set_new(j, "fc_norm", json_true()); /* a norm per aux row: not built */
+    save_cfg(bad, j);
+    expect_fail(bad, EG_ERR_UNSUPPORTED, "fc_norm", "config.json");
+    to_speculators(sf, bad, NULL, 0);
+    j = load_cfg(bad);
+    json_object_set_new(j, "norm_before_fc", json_true()); /* without its weight */
+    save_cfg(bad, j);
+    expect_fail(bad, EG_ERR_FORMAT, "input_norm.weight is missing", NULL);
+    to_speculators(sf, bad, NULL, 0);
+    j = load_cfg(bad);
+    json_object_set_new(j, "norm_output", json_string("yes"));
+    save_cfg(bad, j);
+    expect_fail(bad, EG_ERR_CONFIG, "\"norm_output\" must be a boolean", NULL);
+    /* sliding-window attention: the same as full up to the window, refused past it */
+    to_speculators(sf, bad, NULL, 0);
+    j = load_cfg(bad);
+    json_t *tl = json_object_get(j, "transformer_layer_config");
+    json_object_set_new(tl, "layer_types", json_pack("[s]", "sliding_attention"));
+    json_object_set_new(tl, "sliding_window", json_integer(32));
+    save_cfg(bad, j);
+    eg_drafter *w32 = NULL;
+    CHECK_OK(load(bad, 1, 32, &w32, &e), &e);
+    eg_drafter_free(w32);
+    {
+        eg_drafter *w33 = (eg_drafter *)1;
+        eg_status st = load(bad, 1, 33, &w33, &e);
+        CHECKF(st == EG_ERR_UNSUPPORTED && !w33 && strstr(e.msg, "sliding-window attention over 32 positions") &&
+                   strstr(e.msg, "--max-seq-len 32"),
+               "window 32, max_seq_len 33: %s", e.msg);
+    }
+    to_speculators(sf, bad, NULL, 0);
+    j = load_cfg(bad);
+    json_object_set_new(json_object_get(j, "transformer_layer_config"), "model_type", json_string("qwen3"));
+    save_cfg(bad, j);
+    expect_fail(bad, EG_ERR_UNSUPPORTED, "transformer_layer_config.model_type \"qwen3\"", NULL);
+    to_speculators(sf, bad, NULL, 0);
+    j = load_cfg(bad);
+    json_object_set_new(j, "speculators_model_type", json_string("mlp"));
+    save_cfg(bad, j);
+    expect_fail(bad, EG_ERR_UNSUPPORTED, "speculators_model_type \"mlp\"", NULL);
+    to_speculators(sf, bad, NULL, 0);
+    j = load_cfg(bad);
+    json_object_del(j, "transformer_layer_config");
+    save_cfg(bad, j);
+    expect_fail(bad, EG_ERR_CONFIG, "transformer_layer_config", NULL);
+    to_speculators(sf, bad, "layers.0.self_attn.o_proj.weight", 0);
+    expect_fail(bad, EG_ERR_FORMAT, "midlayer.self_attn.o_proj.weight (or layers.0.self_attn.o_proj.weight) is missing",
+                NULL);
+}
+
 static void test_bad_checkpoints(void) {
     const char *good = tmpdir("good"), *bad = tmpdir("bad");
     make_drafter(good, 0, NULL);
@@ -702,6 +856,7 @@ int main(int argc, char **argv) {
     static const eg_test tests[] = {
         {"reference_own_embed", test_reference_own_embed},
         {"reference_target_embed_nbr", test_reference_target_embed_nbr},
+        {"reference_speculators", test_reference_speculators},
         {"truncate_extend", test_truncate_extend},
         {"reference_backend_cpu", test_reference_backend_cpu},
         {"truncate_extend_backend_cpu", test_truncate_extend_backend_cpu},
@@ -711,6 +866,7 @@ int main(int argc, char **argv) {
         {"draws_follow_q", test_draws_follow_q},
         {"aux_conventions", test_aux_conventions},
         {"torchspec_kimi_config", test_torchspec_kimi_config},
+        {"speculators_layout", test_speculators_layout},
         {"bad_checkpoints", test_bad_checkpoints},
         {"bad_calls", test_bad_calls},
     };

@@ -16,8 +16,15 @@
 #     a drafter (greedy is lossless), and the trained drafter's mean accepted drafts per verify
 #     step (the "phase":"speculative" line of --log-json) is at least 0.02 and 5x the random
 #     one's. Prints every number (accept lengths, tokens per target pass, the loss curve).
-# Exit status: 0 ok, 1 fail, 77 when the SpecForge venv cannot be had (skip).
-# Environment: TRAINER_VENV (default build/trainer-venv; tests/trainer_check_specforge.sh
+# With BOOTSTRAP_TRAINER=speculators (`make trainer-check-bootstrap-speculators`) steps 2-3
+# use speculators 0.9 instead: `export --to speculators`, its Eagle3 drafter built from the
+# export's printed command and trained on the CPU (tests/trainer_check_bootstrap_speculators.py),
+# saved with its own save_pretrained (speculators' config and layers.0.* names), loaded by
+# `generate --draft-model` as saved.
+# Exit status: 0 ok, 1 fail, 77 when the trainer's venv cannot be had (skip).
+# Environment: BOOTSTRAP_TRAINER (specforge, the default, or speculators), TRAINER_VENV
+# (default build/trainer-venv; tests/trainer_check_specforge.sh installs it),
+# SPECULATORS_VENV (default build/trainer-venv-speculators; tests/trainer_check_speculators.sh
 # installs it), BOOTSTRAP_STEPS (default 300), BOOTSTRAP_SLICE (default 200 of 240 prompts),
 # BOOTSTRAP_KEEP=DIR (keep the work directory there).
 set -eu
@@ -32,12 +39,25 @@ K=3
 case "$STEPS" in ''|*[!0-9]*|0) echo "trainer-check-bootstrap: BOOTSTRAP_STEPS must be a positive integer, not '$STEPS'"; exit 1;; esac
 case "$SLICE" in ''|*[!0-9]*|0) echo "trainer-check-bootstrap: BOOTSTRAP_SLICE must be a positive integer, not '$SLICE'"; exit 1;; esac
 [ "$SLICE" -lt $NPROMPTS ] || { echo "trainer-check-bootstrap: BOOTSTRAP_SLICE must be below $NPROMPTS"; exit 1; }
+TRAINER=${BOOTSTRAP_TRAINER:-specforge}
 T0=$(date +%s)
-if ! "$VENV/bin/python" -c "import torch, transformers, specforge.data.preprocessing, safetensors" 2>/dev/null; then
-    if [ -z "${TRAINER_VENV:-}" ]; then
-        bash "$root/tests/trainer_check_specforge.sh" >/dev/null || { echo "SKIP: no SpecForge venv"; exit 77; }
+if [ "$TRAINER" = speculators ]; then
+    VENV=${SPECULATORS_VENV:-$root/build/trainer-venv-speculators}
+    if ! "$VENV/bin/python" -c "import speculators, datasets, torch" 2>/dev/null; then
+        if [ -z "${SPECULATORS_VENV:-}" ]; then
+            bash "$root/tests/trainer_check_speculators.sh" >/dev/null || { echo "SKIP: no speculators venv"; exit 77; }
+        fi
+        "$VENV/bin/python" -c "import speculators, torch" 2>/dev/null || { echo "SKIP: no speculators venv at $VENV"; exit 77; }
     fi
-    "$VENV/bin/python" -c "import torch, specforge.data.preprocessing" 2>/dev/null || { echo "SKIP: no SpecForge venv at $VENV"; exit 77; }
+elif [ "$TRAINER" = specforge ]; then
+    if ! "$VENV/bin/python" -c "import torch, transformers, specforge.data.preprocessing, safetensors" 2>/dev/null; then
+        if [ -z "${TRAINER_VENV:-}" ]; then
+            bash "$root/tests/trainer_check_specforge.sh" >/dev/null || { echo "SKIP: no SpecForge venv"; exit 77; }
+        fi
+        "$VENV/bin/python" -c "import torch, specforge.data.preprocessing" 2>/dev/null || { echo "SKIP: no SpecForge venv at $VENV"; exit 77; }
+    fi
+else
+    echo "trainer-check-bootstrap: BOOTSTRAP_TRAINER must be specforge or speculators, not '$TRAINER'"; exit 1
 fi
 [ -x "$EAGLEGEN" ] || { echo "trainer-check-bootstrap: $EAGLEGEN not built"; exit 1; }
 if [ -n "${BOOTSTRAP_KEEP:-}" ]; then
@@ -62,15 +82,23 @@ open("rest.jsonl", "w").write("\n".join(rows[s:]) + "\n")
 PY
 GEN=(--model model --max-new-tokens 96 --max-seq-len 256 --batch 8 --seed 5 --temperature 0)
 
-echo "-- 1. generate the slice ($SLICE prompts, greedy) and export it --to specforge"
+echo "-- 1. generate the slice ($SLICE prompts, greedy) and export it --to $TRAINER"
 "$EAGLEGEN" generate "${GEN[@]}" --prompts slice.jsonl --out ds >/dev/null 2>gen.log || { cat gen.log; fail "generate"; }
-"$EAGLEGEN" export ds --to specforge --out sf --model model --draft-vocab 256 2>/dev/null | head -3 | sed 's/^/   /'
-
-echo "-- 2. train SpecForge's LlamaForCausalLMEagle3 on it ($STEPS CPU steps)"
-TORCHDYNAMO_DISABLE=1 "$VENV/bin/python" "$root/tests/trainer_check_bootstrap.py" sf drafter "$STEPS" 3 8 1e-2 >train.log 2>&1 ||
-    { cat train.log; fail "training"; }
+if [ "$TRAINER" = speculators ]; then
+    . "$root/tests/trainer_check_lib.sh"
+    trainer_check_verifier model verifier
+    "$EAGLEGEN" export ds --to speculators --out sp --draft-vocab 256 2>/dev/null | head -3 | sed 's/^/   /'
+    echo "-- 2. train speculators' Eagle3 drafter on it ($STEPS CPU steps)"
+    TORCHDYNAMO_DISABLE=1 "$VENV/bin/python" "$root/tests/trainer_check_bootstrap_speculators.py" sp verifier drafter \
+        "$STEPS" 3e-3 >train.log 2>&1 || { cat train.log; fail "training"; }
+else
+    "$EAGLEGEN" export ds --to specforge --out sf --model model --draft-vocab 256 2>/dev/null | head -3 | sed 's/^/   /'
+    echo "-- 2. train SpecForge's LlamaForCausalLMEagle3 on it ($STEPS CPU steps)"
+    TORCHDYNAMO_DISABLE=1 "$VENV/bin/python" "$root/tests/trainer_check_bootstrap.py" sf drafter "$STEPS" 3 8 1e-2 \
+        >train.log 2>&1 || { cat train.log; fail "training"; }
+fi
 grep '^\[bootstrap\]' train.log | sed 's/^/   /'
-[ -f drafter/config.json ] && [ -f drafter/model.safetensors ] || fail "SpecForge's save wrote no config.json + model.safetensors"
+[ -f drafter/config.json ] && [ -f drafter/model.safetensors ] || fail "the $TRAINER save wrote no config.json + model.safetensors"
 
 echo "-- 3. regenerate the other $(( NPROMPTS - SLICE )) prompts: no drafter, the trained one, a random one (K = $K)"
 "$EAGLEGEN" mkmodel --drafter-for model --out random --seed 1 --draft-vocab 256 >/dev/null 2>&1 || fail "mkmodel --drafter-for"
@@ -135,4 +163,4 @@ if not (at >= 0.02 and at >= 5 * ar):
     sys.exit(f"trainer-check-bootstrap: FAIL: the trained drafter's accept length {at:.3f} is not clearly above "
              f"the random one's {ar:.3f} (wanted >= 0.02 and >= 5x)")
 PY
-echo "-- trainer-check bootstrap: OK in $(( $(date +%s) - T0 )) s"
+echo "-- trainer-check bootstrap ($TRAINER): OK in $(( $(date +%s) - T0 )) s"

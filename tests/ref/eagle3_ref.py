@@ -14,6 +14,12 @@ Eagle3 Llama drafter), not from eaglegen's C code:
   x = residual + o_proj(attn);  out = x + down(silu(gate(y)) * up(y)), y = rmsnorm(x)
   logits = lm_head(rmsnorm(out, norm)) over the draft vocabulary; target = d + d2t[d].
 
+speculators' Eagle3 layout too (speculators_model_type "eagle3": the layer's config in
+transformer_layer_config, tensors layers.0.* for midlayer.*) with its options, written from
+speculators' description: norm_before_fc, h = fc(rmsnorm(concat aux, input_norm)) over the
+whole concatenated row; norm_output, the chained hidden input is rmsnorm(out, norm) instead
+of out.
+
 usage: eagle3_ref.py DRAFTER_DIR TARGET_DIR INPUTS.safetensors OUT.safetensors
 INPUTS: aux F32 [n, n_aux, Ht], next I32 [n] (token at position t+1 for each position t).
 OUT: pos_logits F32 [n, Vd] (after each committed position), chain_logits F32 [2, Vd]
@@ -89,19 +95,24 @@ def target_embedding(target_dir):
 
 
 class Drafter:
-    def __init__(self, ddir, tdir):
+    def __init__(self, ddir, tdir, kv_bf16=True):
         cfg = json.load(open(os.path.join(ddir, "config.json")))
         w = st_read(os.path.join(ddir, "model.safetensors"))
-        self.w = {k: (v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in w.items()}
-        self.H = cfg["hidden_size"]
-        self.NH = cfg["num_attention_heads"]
-        self.NKV = cfg.get("num_key_value_heads", self.NH)
-        self.HD = cfg.get("head_dim", self.H // self.NH)
-        self.eps = cfg.get("rms_norm_eps", 1e-6)
-        self.theta = cfg.get("rope_theta", 10000.0)
+        self.w = {("midlayer." + k[9:] if k.startswith("layers.0.") else k): (v.astype(np.float64) if v.dtype.kind == "f" else v)
+                  for k, v in w.items()}
+        lc = cfg["transformer_layer_config"] if cfg.get("speculators_model_type") == "eagle3" else cfg
+        self.H = lc["hidden_size"]
+        self.NH = lc["num_attention_heads"]
+        self.NKV = lc.get("num_key_value_heads", self.NH)
+        self.HD = lc.get("head_dim", self.H // self.NH)
+        self.eps = lc.get("rms_norm_eps", 1e-6)
+        self.theta = lc.get("rope_theta") or (lc.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         self.nbr = bool(cfg.get("norm_before_residual", False))
+        self.nbf = bool(cfg.get("norm_before_fc", False))
+        self.nout = bool(cfg.get("norm_output", False))
         self.emb = self.w["embed_tokens.weight"] if "embed_tokens.weight" in self.w else target_embedding(tdir)
         self.d2t = self.w["d2t"].astype(np.int64)
+        self.kv = bf16 if kv_bf16 else (lambda a: a)  # eaglegen keeps K and V in BF16
         self.K, self.V = [], []  # per position: [NKV, HD] bf16 values
 
     def rope(self, x, pos):
@@ -122,8 +133,8 @@ class Drafter:
         v = (w["midlayer.self_attn.v_proj.weight"] @ x).reshape(self.NKV, self.HD)
         q, k = self.rope(q, pos), self.rope(k, pos)
         assert len(self.K) == pos
-        self.K.append(bf16(k))
-        self.V.append(bf16(v))
+        self.K.append(self.kv(k))
+        self.V.append(self.kv(v))
         Ks, Vs = np.stack(self.K), np.stack(self.V)  # [pos+1, NKV, HD]
         grp = self.NH // self.NKV
         att = np.zeros((self.NH, self.HD))
@@ -141,6 +152,13 @@ class Drafter:
     def logits(self, pre):
         return self.w["lm_head.weight"] @ rmsnorm(pre, self.w["norm.weight"], self.eps)
 
+    def hidden_in(self, aux_row):
+        a = aux_row.reshape(-1)
+        return self.w["fc.weight"] @ (rmsnorm(a, self.w["input_norm.weight"], self.eps) if self.nbf else a)
+
+    def chained(self, pre):
+        return rmsnorm(pre, self.w["norm.weight"], self.eps) if self.nout else pre
+
 
 def main():
     ddir, tdir, inp, outp = sys.argv[1:5]
@@ -150,8 +168,7 @@ def main():
     n = aux.shape[0]
     pos_logits, pre = [], None
     for p in range(n):
-        h = d.w["fc.weight"] @ aux[p].reshape(-1)
-        pre = d.layer(nxt[p], h, p)
+        pre = d.layer(nxt[p], d.hidden_in(aux[p]), p)
         pos_logits.append(d.logits(pre))
     drafts, chain = [], []
     lg = pos_logits[-1]
@@ -160,7 +177,7 @@ def main():
         drafts.append(di + int(d.d2t[di]))
         if step == 2:
             break
-        pre = d.layer(drafts[-1], pre, n + step)
+        pre = d.layer(drafts[-1], d.chained(pre), n + step)
         lg = d.logits(pre)
         chain.append(lg)
     st_write(outp, {"pos_logits": np.array(pos_logits, dtype=np.float32),
