@@ -88,6 +88,8 @@ typedef struct eg_gqa_args {
     uint16_t *v_cache;          /* [S][L][NKV][HD] bf16 */
     const float *rope_inv_freq; /* [HD/2] */
     float softmax_scale;        /* 1/sqrt(HD) for Llama */
+    int window;                 /* > 0: sliding window, a row at position p attends to
+                                   positions (p - window, p] only; 0: to [0, p] */
     float *out;                 /* [T][NH][HD] */
 } eg_gqa_args;
 

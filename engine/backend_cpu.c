@@ -462,8 +462,9 @@ static void gqa_body(void *vc, int64_t i0, int64_t i1, int tid) {
         rope_half(qh, HD, p, a->rope_inv_freq);
         const uint16_t *K = a->k_cache + (int64_t)a->slot[t] * a->max_len * row + (int64_t)kvh * HD;
         const uint16_t *V = a->v_cache + (int64_t)a->slot[t] * a->max_len * row + (int64_t)kvh * HD;
+        const int lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
         float mx = -FLT_MAX;
-        for (int j = 0; j <= p; j++) {
+        for (int j = lo; j <= p; j++) {
             const uint16_t *kj = K + (int64_t)j * row;
             float acc = 0;
             for (int d = 0; d < HD; d++) acc += qh[d] * eg_bf16_to_f32(kj[d]);
@@ -471,13 +472,13 @@ static void gqa_body(void *vc, int64_t i0, int64_t i1, int tid) {
             if (sc[j] > mx) mx = sc[j];
         }
         float sum = 0;
-        for (int j = 0; j <= p; j++) {
+        for (int j = lo; j <= p; j++) {
             sc[j] = expf(sc[j] - mx);
             sum += sc[j];
         }
         float *o = a->out + ((int64_t)t * NH + h) * HD;
         for (int d = 0; d < HD; d++) o[d] = 0;
-        for (int j = 0; j <= p; j++) {
+        for (int j = lo; j <= p; j++) {
             const uint16_t *vj = V + (int64_t)j * row;
             const float w = sc[j] / sum;
             for (int d = 0; d < HD; d++) o[d] += w * eg_bf16_to_f32(vj[d]);
@@ -489,7 +490,7 @@ static eg_status cpu_gqa_attention(eg_backend *b, const eg_gqa_args *a, eg_error
     cpu_impl *im = impl_of(b);
     const int NH = a->n_heads, NKV = a->n_kv_heads, HD = a->head_dim;
     if (a->T <= 0) return EG_OK;
-    if (NH < 1 || NKV < 1 || NH % NKV || HD < 2 || HD % 2 || HD > im->max_cols || a->max_len < 1)
+    if (NH < 1 || NKV < 1 || NH % NKV || HD < 2 || HD % 2 || HD > im->max_cols || a->max_len < 1 || a->window < 0)
         return eg_fail(err, EG_ERR_INVALID, "cpu backend: gqa attention with %d heads, %d kv heads of %d (max_len %d)",
                        NH, NKV, HD, a->max_len);
     if (a->max_pos > im->max_seq_len || a->max_pos > a->max_len)

@@ -966,7 +966,7 @@ static eg_status cu_gqa_attention(eg_backend *b, const eg_gqa_args *a, eg_error 
     cuda_impl *im = impl_of(b);
     if (a->T <= 0) return EG_OK;
     if (a->n_heads < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads || a->head_dim < 2 || a->head_dim % 2 ||
-        a->max_len < 1 || a->max_pos < 1 || a->max_pos > a->max_len)
+        a->max_len < 1 || a->max_pos < 1 || a->max_pos > a->max_len || a->window < 0)
         return eg_fail(err, EG_ERR_INVALID,
                        "cuda backend: gqa attention with %d heads, %d kv heads of %d over %d of %d positions",
                        a->n_heads, a->n_kv_heads, a->head_dim, a->max_pos, a->max_len);
@@ -974,7 +974,7 @@ static eg_status cu_gqa_attention(eg_backend *b, const eg_gqa_args *a, eg_error 
         return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: gqa attention head dim %d exceeds shared memory",
                        a->head_dim);
     egk_gqa g = {a->T, a->n_heads, a->n_kv_heads, a->head_dim, a->max_len, a->pos, a->slot, a->q, a->k, a->v,
-                 a->k_cache, a->v_cache, a->rope_inv_freq, a->softmax_scale, a->out};
+                 a->k_cache, a->v_cache, a->rope_inv_freq, a->softmax_scale, a->window, a->out};
     KR("egk_gqa_attention", egk_gqa_attention(&g, im->stream));
     return EG_OK;
 }

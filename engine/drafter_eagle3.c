@@ -40,7 +40,7 @@ typedef struct e3 {
     int norm_before_residual;
     int norm_before_fc;        /* speculators: RMSNorm of the concatenated aux rows before fc */
     int norm_output;           /* speculators: the chain's hidden input is norm(out), not out */
-    int window;                /* speculators: sliding-window attention over this many positions (0: none) */
+    int window;                /* sliding-window attention: a position attends to its last `window` (0: all) */
     int monotone;              /* d2t strictly increasing target ids: draft-index order is
                                   target-id order, so q can be processed over Vd */
     int *aux_buf;              /* [n_aux] target layers, eaglegen convention, ascending */
@@ -194,7 +194,8 @@ static void layer(e3 *d, int s, int p) {
         const float *qh = d->q + (int64_t)h * HD;
         const int kvh = h / grp;
         float mx = -FLT_MAX;
-        for (int j = 0; j <= p; j++) {
+        const int lo = d->window > 0 && p - d->window + 1 > 0 ? p - d->window + 1 : 0; /* sliding window */
+        for (int j = lo; j <= p; j++) {
             const uint16_t *kj = K + (int64_t)j * row + (int64_t)kvh * HD;
             float acc = 0;
             for (int c = 0; c < HD; c++) acc += qh[c] * eg_bf16_to_f32(kj[c]);
@@ -202,13 +203,13 @@ static void layer(e3 *d, int s, int p) {
             if (d->scores[j] > mx) mx = d->scores[j];
         }
         float sum = 0;
-        for (int j = 0; j <= p; j++) {
+        for (int j = lo; j <= p; j++) {
             d->scores[j] = expf(d->scores[j] - mx);
             sum += d->scores[j];
         }
         float *ah = d->att + (int64_t)h * HD;
         for (int c = 0; c < HD; c++) ah[c] = 0;
-        for (int j = 0; j <= p; j++) {
+        for (int j = lo; j <= p; j++) {
             const uint16_t *vj = V + (int64_t)j * row + (int64_t)kvh * HD;
             const float w = d->scores[j] / sum;
             for (int c = 0; c < HD; c++) ah[c] += w * eg_bf16_to_f32(vj[c]);
@@ -258,7 +259,7 @@ static eg_status dev_layer(e3 *d, int s, int p0, int n, eg_error *err) {
     eg_gqa_args a = {.T = n, .n_heads = d->NH, .n_kv_heads = d->NKV, .head_dim = d->HD, .max_len = d->T,
                      .max_pos = p0 + n, .pos = g->pos, .slot = g->slot, .q = g->q, .k = g->k, .v = g->v,
                      .k_cache = g->kc, .v_cache = g->vc, .rope_inv_freq = g->inv_freq,
-                     .softmax_scale = 1.0f / sqrtf((float)d->HD), .out = g->att};
+                     .softmax_scale = 1.0f / sqrtf((float)d->HD), .window = d->window, .out = g->att};
     const int64_t nH = (int64_t)n * H;
     if ((st = o->gqa_attention(b, &a, err)) || (st = o->linear(b, g->att, n, &g->wo, g->x, err)) ||
         (st = o->add(b, g->x, d->norm_before_residual ? g->nh : g->hid, nH, err)) ||
@@ -1202,13 +1203,6 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     d->base.impl = d;
     eg_status st;
     if ((st = read_config(d, dir, opts, err))) goto fail;
-    if (d->window && d->T > d->window) {
-        /* up to the window the sliding attention is the full causal one */
-        st = eg_fail(err, EG_ERR_UNSUPPORTED, "eagle3 drafter %s: sliding-window attention over %d positions with "
-                     "max_seq_len %d: attending over a window is not built (use --max-seq-len %d or less)", dir,
-                     d->window, d->T, d->window);
-        goto fail;
-    }
     if ((st = open_files(d, dir, err)) || (st = read_weights(d, err))) goto fail;
     const int on_backend = opts->backend && opts->backend[0];
     const int64_t row = (int64_t)d->NKV * d->HD, cache = on_backend ? 1 : (int64_t)d->S * d->T * row;

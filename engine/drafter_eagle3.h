@@ -23,8 +23,8 @@
  * norm_before_fc (input_norm.weight [n_aux*Ht] over the concatenated aux row before fc)
  * and norm_output (the chain's hidden input is the final-normed output) are built.
  * Anything unsupported (rope_scaling, attention bias, more than one decoder layer, another
- * architecture, speculators' fc_norm, a sliding window shorter than max_seq_len) is
- * refused naming the key.
+ * architecture, speculators' fc_norm) is refused naming the key; a sliding-window layer
+ * (transformer_layer_config layer_types sliding_attention) attends over its window.
  *
  * State per slot: a BF16 KV cache [max_seq_len][NKV][HD] for K (after RoPE) and V, and
  * the pre-norm output [H] of the slot's last committed position (what the first draft's

@@ -50,7 +50,8 @@ static __device__ __forceinline__ float block_reduce(float *red, float v, int is
     return r;
 }
 
-/* Block (h, t): row t, head h over positions [0, pos[t]] of its slot, in tiles of
+/* Block (h, t): row t, head h over positions [lo, pos[t]] of its slot (lo 0, or
+ * pos[t] - window + 1 with a sliding window), in tiles of
  * GQA_THREADS positions (one score per thread), online softmax (running max and sum,
  * the accumulator rescaled per tile). Dynamic shared memory: q [HD], acc [HD],
  * p [GQA_THREADS], red [GQA_THREADS] floats. */
@@ -67,7 +68,8 @@ static __global__ void __launch_bounds__(GQA_THREADS) gqa_attend_kernel(egk_gqa 
     const uint16_t *K = a.k_cache + (int64_t)a.slot[t] * a.max_len * row + (int64_t)kvh * HD;
     const uint16_t *V = a.v_cache + (int64_t)a.slot[t] * a.max_len * row + (int64_t)kvh * HD;
     float m = -INFINITY, l = 0.0f;
-    for (int j0 = 0; j0 <= p; j0 += GQA_THREADS) {
+    const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+    for (int j0 = lo; j0 <= p; j0 += GQA_THREADS) {
         const int j = j0 + tid, n = min(GQA_THREADS, p - j0 + 1);
         float sc = -INFINITY;
         if (j <= p) {

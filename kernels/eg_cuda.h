@@ -169,11 +169,13 @@ typedef struct egk_gqa {
     uint16_t *k_cache, *v_cache; /* [S][L][NKV][HD] bf16 */
     const float *inv_freq;     /* [HD/2] */
     float scale;               /* softmax scale */
+    int window;                /* > 0: attend to positions (pos - window, pos] only */
     float *out;                /* [T][NH][HD] */
 } egk_gqa;
 /* Rotate-half RoPE on k (angle pos * inv_freq[i] in FP64, pairs i, i + HD/2), k and v
  * written to the caches as BF16 (RNE) at (slot[t], pos[t]); then, per (row, head),
- * the rotated q attends over positions [0, pos[t]] of its slot (online softmax over
+ * the rotated q attends over positions [0, pos[t]] of its slot, or its last `window`
+ * of them (pos[t] - window, pos[t]] with a sliding window (online softmax over
  * tiles of 64 positions, FP32). Two launches in stream order: all rows are written
  * before any attends. No scratch. */
 int egk_gqa_attention(const egk_gqa *a, void *stream);

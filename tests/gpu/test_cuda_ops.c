@@ -1571,7 +1571,7 @@ static void test_ep_group(void) {
 /* One gqa_attention call on both backends: rows (slot, pos); the caches must match bit
  * for bit (the same rotation, the same BF16 rounding), the outputs to 1e-5 (FP32 both
  * sides; the CUDA kernel's online softmax sums in another order). */
-static void gqa_call(pair *p, int NH, int NKV, int HD, int L, buf2 *kc, buf2 *vc, const buf2 *inv, int T,
+static void gqa_call(pair *p, int NH, int NKV, int HD, int L, int window, buf2 *kc, buf2 *vc, const buf2 *inv, int T,
                      const int32_t *slot, const int32_t *pos, const char *what, double *worst) {
     eg_error err = {0};
     int max_pos = 0;
@@ -1583,7 +1583,7 @@ static void gqa_call(pair *p, int NH, int NKV, int HD, int L, buf2 *kc, buf2 *vc
          bv = b2(p, v, sizeof(float) * (size_t)T * NKV * HD), bs = b2(p, slot, sizeof(int32_t) * (size_t)T),
          bp = b2(p, pos, sizeof(int32_t) * (size_t)T), bo = b2(p, NULL, sizeof(float) * (size_t)T * NH * HD);
     eg_gqa_args a = {.T = T, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_len = L, .max_pos = max_pos,
-                     .rope_inv_freq = inv->c, .softmax_scale = 1.0f / sqrtf((float)HD)};
+                     .rope_inv_freq = inv->c, .softmax_scale = 1.0f / sqrtf((float)HD), .window = window};
     a.pos = bp.c, a.slot = bs.c, a.q = bq.c, a.k = bk.c, a.v = bv.c, a.k_cache = kc->c, a.v_cache = vc->c, a.out = bo.c;
     CHECK_OK(p->cpu->ops->gqa_attention(p->cpu, &a, &err), &err);
     a.pos = bp.g, a.slot = bs.g, a.q = bq.g, a.k = bk.g, a.v = bv.g, a.k_cache = kc->g, a.v_cache = vc->g, a.out = bo.g;
@@ -1600,7 +1600,9 @@ static void gqa_call(pair *p, int NH, int NKV, int HD, int L, buf2 *kc, buf2 *vc
     free(q), free(k), free(v);
 }
 
-static void gqa_case(int NH, int NKV, int HD, double theta, const char *name) {
+/* window > 0: a sliding window (positions (p - window, p]); 70 starts the GPU's tiles of
+ * 64 off their boundary and cuts the early positions at 150. */
+static void gqa_case(int NH, int NKV, int HD, double theta, int window, const char *name) {
     seed(77 + NH + HD);
     eg_config c = small_cfg();
     pair p;
@@ -1621,30 +1623,31 @@ static void gqa_case(int NH, int NKV, int HD, double theta, const char *name) {
         slot[T] = 0, pos[T++] = i;
     }
     snprintf(what, sizeof what, "gqa %s: mixed prefill of 2 slots (T %d)", name, T);
-    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, T, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, T, slot, pos, what, &worst);
     /* decode: one row per slot */
     slot[0] = 0, pos[0] = 7, slot[1] = 1, pos[1] = 5;
     snprintf(what, sizeof what, "gqa %s: decode, 2 slots", name);
-    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, 2, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, 2, slot, pos, what, &worst);
     /* slot 0 to 150 positions in one call (three tiles of 64 on the GPU), then decode */
     for (int i = 0; i < 128; i++) slot[i] = 0, pos[i] = 8 + i;
     snprintf(what, sizeof what, "gqa %s: extend 128 rows, positions 8..135", name);
-    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, 128, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, 128, slot, pos, what, &worst);
     for (int i = 0; i < 14; i++) slot[i] = 0, pos[i] = 136 + i;
     snprintf(what, sizeof what, "gqa %s: extend 14 rows, positions 136..149", name);
-    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, 14, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, 14, slot, pos, what, &worst);
     slot[0] = 0, pos[0] = 150;
     snprintf(what, sizeof what, "gqa %s: decode at position 150", name);
-    gqa_call(&p, NH, NKV, HD, L, &kc, &vc, &bi, 1, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, 1, slot, pos, what, &worst);
     printf("    gqa %s: worst rel %.2e, caches bit-identical\n", name, worst);
     b2_free(&p, &kc), b2_free(&p, &vc), b2_free(&p, &bi);
     pair_free(&p);
 }
 
 static void test_gqa_attention(void) {
-    gqa_case(4, 2, 16, 10000.0, "4 heads / 2 kv of 16");
-    gqa_case(8, 1, 32, 500000.0, "8 heads / 1 kv of 32 (MQA)");
-    gqa_case(2, 2, 128, 50000.0, "2 heads of 128 (MHA)");
+    gqa_case(4, 2, 16, 10000.0, 0, "4 heads / 2 kv of 16");
+    gqa_case(8, 1, 32, 500000.0, 0, "8 heads / 1 kv of 32 (MQA)");
+    gqa_case(2, 2, 128, 50000.0, 0, "2 heads of 128 (MHA)");
+    gqa_case(4, 2, 16, 10000.0, 70, "4 heads / 2 kv of 16, sliding window 70");
 }
 
 static void test_copy_rows(void) {

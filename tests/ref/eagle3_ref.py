@@ -18,7 +18,8 @@ speculators' Eagle3 layout too (speculators_model_type "eagle3": the layer's con
 transformer_layer_config, tensors layers.0.* for midlayer.*) with its options, written from
 speculators' description: norm_before_fc, h = fc(rmsnorm(concat aux, input_norm)) over the
 whole concatenated row; norm_output, the chained hidden input is rmsnorm(out, norm) instead
-of out.
+of out; a sliding window (transformer_layer_config layer_types sliding_attention,
+sliding_window W): a position p attends to positions (p - W, p] only.
 
 usage: eagle3_ref.py DRAFTER_DIR TARGET_DIR INPUTS.safetensors OUT.safetensors
 INPUTS: aux F32 [n, n_aux, Ht], next I32 [n] (token at position t+1 for each position t).
@@ -110,6 +111,9 @@ class Drafter:
         self.nbr = bool(cfg.get("norm_before_residual", False))
         self.nbf = bool(cfg.get("norm_before_fc", False))
         self.nout = bool(cfg.get("norm_output", False))
+        lt = lc.get("layer_types") or []
+        sliding = lt[0] == "sliding_attention" if lt else bool(lc.get("use_sliding_window", False))
+        self.window = int(lc["sliding_window"]) if sliding else 0  # attend to the last `window` positions
         self.emb = self.w["embed_tokens.weight"] if "embed_tokens.weight" in self.w else target_embedding(tdir)
         self.d2t = self.w["d2t"].astype(np.int64)
         self.kv = bf16 if kv_bf16 else (lambda a: a)  # eaglegen keeps K and V in BF16
@@ -135,7 +139,8 @@ class Drafter:
         assert len(self.K) == pos
         self.K.append(self.kv(k))
         self.V.append(self.kv(v))
-        Ks, Vs = np.stack(self.K), np.stack(self.V)  # [pos+1, NKV, HD]
+        lo = max(0, pos - self.window + 1) if self.window else 0
+        Ks, Vs = np.stack(self.K[lo:]), np.stack(self.V[lo:])  # [pos+1-lo, NKV, HD]
         grp = self.NH // self.NKV
         att = np.zeros((self.NH, self.HD))
         for hh in range(self.NH):
