@@ -819,18 +819,20 @@ static eg_status parse_config(e3 *d, const char *text, size_t len, const char *p
                          "a Llama decoder layer (a %s layer has other norms)", path, mt, mt);
             goto done;
         }
-        /* speculators' variants: a norm over the concatenated aux rows before fc, the
-           normed output fed back along the chain (built); a norm per aux row (refused) */
-        if ((st = cfg_bool(root, path, "norm_before_fc", &d->norm_before_fc, err)) ||
-            (st = cfg_bool(root, path, "norm_output", &d->norm_output, err)) ||
-            (st = cfg_false(root, path, "fc_norm", err)))
-            goto done;
-        /* transformers' sliding window: layer_types[0] says, else use_sliding_window */
+    }
+    /* speculators' variants (read in either layout: the same architecture's options): a
+       norm over the concatenated aux rows before fc, the normed output fed back along the
+       chain (built); a norm per aux row (refused) */
+    if ((st = cfg_bool(root, path, "norm_before_fc", &d->norm_before_fc, err)) ||
+        (st = cfg_bool(root, path, "norm_output", &d->norm_output, err)) || (st = cfg_false(root, path, "fc_norm", err)))
+        goto done;
+    {   /* transformers' sliding window: layer_types[0] says, else use_sliding_window */
         json_t *lt = json_object_get(lc, "layer_types"), *usw = json_object_get(lc, "use_sliding_window");
         const char *t0 = json_is_array(lt) ? json_string_value(json_array_get(lt, 0)) : NULL;
         int sliding = t0 ? !strcmp(t0, "sliding_attention") : json_is_true(usw);
         if (t0 && strcmp(t0, "sliding_attention") && strcmp(t0, "full_attention")) {
-            st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: transformer_layer_config.layer_types[0] \"%s\"", path, t0);
+            st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: %slayer_types[0] \"%s\"", path,
+                         spec ? "transformer_layer_config." : "", t0);
             goto done;
         }
         if (sliding && (st = cfg_int(lc, path, "sliding_window", 1, 0, 1, &d->window, err))) goto done;

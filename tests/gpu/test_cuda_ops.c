@@ -9,6 +9,7 @@
  * in FP32 (dequantising GEMM, MoE, router logits; 1e-6 for norms),
  * exact for copies and for sampling (same logits and RNG states give the same tokens).
  * Needs a GPU: exits 2 with "no CUDA device" otherwise. Filter: argv[1] substring. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include "engine/collective.h"
 #include "engine/drafter_eagle3.h"
 #include "engine/mkmodel.h"
+#include "engine/safetensors.h"
 #include "engine/cuda_plan.h"
 #include "engine/transport.h"
 #include "tests/check.h"
@@ -1679,30 +1681,18 @@ static void test_copy_rows(void) {
 
 /* The EAGLE-3 drafter through the CUDA backend (eg_eagle3_opts.backend "cuda", extends in
  * passes of 4 rows) against the drafter's own CPU code, on a random drafter for the
- * tiny-a fixture: the draft-vocabulary logits of every proposal step (rel, bound as for
- * BF16 GEMMs), the greedy drafts, and q of sampled drafts. */
-static void test_drafter(void) {
-    const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
-    char tdir[512], ddir[512];
-    snprintf(tdir, sizeof tdir, "%s/models/tiny-a", fx);
-    struct stat sb;
-    CHECKF(stat(tdir, &sb) == 0, "no target model %s (set FIXTURES)", tdir);
-    if (stat(tdir, &sb)) return;
-    snprintf(ddir, sizeof ddir, "/tmp/eg_cuda_ops_drafter_%d", (int)getpid());
+ * tiny-a fixture and on the same with speculators' options and a sliding window: the
+ * draft-vocabulary logits of every proposal step (rel, bound as for BF16 GEMMs), the
+ * greedy drafts, and q of sampled drafts. */
+/* One drafter directory through both paths (the comparison above). */
+static void drafter_case(const char *ddir, eg_model *m, const char *what) {
     eg_error err = {0};
-    static const int aux_l[3] = {0, 2, 4};
-    eg_mkdrafter_opts mo = {.target_dir = tdir, .out_dir = ddir, .seed = 7, .draft_vocab = 200, .n_aux = 3,
-                            .aux_layers = aux_l};
-    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
-    eg_model m;
-    memset(&m, 0, sizeof m);
-    CHECK_OK(eg_model_load(tdir, &m, &err), &err);
     eg_drafter *dc = NULL, *dg = NULL;
     eg_eagle3_opts oc = {.threads = 2}, og = {.threads = 2, .backend = "cuda", .max_rows = 4};
-    CHECK_OK(eg_drafter_eagle3_load_opts(ddir, &m, 2, 32, &oc, &dc, &err), &err);
-    CHECK_OK(eg_drafter_eagle3_load_opts(ddir, &m, 2, 32, &og, &dg, &err), &err);
+    CHECK_OK(eg_drafter_eagle3_load_opts(ddir, m, 2, 32, &oc, &dc, &err), &err);
+    CHECK_OK(eg_drafter_eagle3_load_opts(ddir, m, 2, 32, &og, &dg, &err), &err);
     if (!dc || !dg) {
-        eg_drafter_free(dc), eg_drafter_free(dg), eg_model_free(&m);
+        eg_drafter_free(dc), eg_drafter_free(dg);
         return;
     }
     CHECK(!strcmp(eg_drafter_eagle3_backend(dg), "cuda") && dc->info.state_bytes == dg->info.state_bytes);
@@ -1723,7 +1713,7 @@ static void test_drafter(void) {
         CHECK_OK(eg_drafter_propose(dc, 1, seq, 7, k, &greedy, &ra, da, NULL, &err), &err);
         CHECK_OK(eg_drafter_propose(dg, 1, seq, 7, k, &greedy, &rb, db, NULL, &err), &err);
         double r = rel_err(eg_drafter_eagle3_last_logits(dg), eg_drafter_eagle3_last_logits(dc), Vd);
-        printf("    drafter via cuda: 6-row extend, draft %d: logits rel %.2e\n", k, r);
+        printf("    drafter%s via cuda: 6-row extend, draft %d: logits rel %.2e\n", what, k, r);
         if (r > worst) worst = r;
         drafts_same &= !memcmp(da, db, sizeof(int32_t) * (size_t)k);
         eg_drafter_truncate(dc, 1, 6);
@@ -1745,17 +1735,77 @@ static void test_drafter(void) {
         eg_drafter_truncate(dc, 0, t + 1);
         eg_drafter_truncate(dg, 0, t + 1);
     }
-    printf("    drafter via cuda vs own CPU code: logits rel <= %.2e over %d steps, q rel <= %.2e, drafts %s\n", worst,
-           K + N, worst_q, drafts_same ? "identical" : "DIFFERENT");
-    CHECKF(worst < bf16_bound(), "drafter logits rel %.3g", worst);
-    CHECKF(worst_q < bf16_bound(), "drafter q rel %.3g", worst_q);
+    printf("    drafter%s via cuda vs own CPU code: logits rel <= %.2e over %d steps, q rel <= %.2e, drafts %s\n", what,
+           worst, K + N, worst_q, drafts_same ? "identical" : "DIFFERENT");
+    CHECKF(worst < bf16_bound(), "drafter%s logits rel %.3g", what, worst);
+    CHECKF(worst_q < bf16_bound(), "drafter%s q rel %.3g", what, worst_q);
     CHECK(drafts_same && ra == rb);
     free(qa), free(qb), free(aux);
     eg_drafter_free(dc);
     eg_drafter_free(dg);
+}
+
+/* ddir's drafter with speculators' options on (norm_before_residual, norm_before_fc with
+ * an input_norm.weight over the 3 aux rows, norm_output, a sliding window of 4) into vdir. */
+static void drafter_variant(const char *ddir, const char *vdir) {
+    char p[1300];
+    mkdir(vdir, 0755);
+    snprintf(p, sizeof p, "%s/config.json", ddir);
+    json_t *c = json_load_file(p, 0, NULL);
+    EG_ASSERT(c);
+    json_object_set_new(c, "norm_before_residual", json_true());
+    json_object_set_new(c, "norm_before_fc", json_true());
+    json_object_set_new(c, "norm_output", json_true());
+    json_object_set_new(c, "use_sliding_window", json_true());
+    json_object_set_new(c, "sliding_window", json_integer(4));
+    snprintf(p, sizeof p, "%s/config.json", vdir);
+    EG_ASSERT(json_dump_file(c, p, JSON_INDENT(1)) == 0);
+    json_decref(c);
+    eg_error e = {0};
+    eg_st_file *f = NULL;
+    eg_st_writer *w = NULL;
+    snprintf(p, sizeof p, "%s/model.safetensors", ddir);
+    EG_ASSERT(eg_st_open(p, &f, &e) == EG_OK && eg_st_writer_new(&w, &e) == EG_OK);
+    for (int i = 0; i < eg_st_count(f); i++) {
+        const eg_st_tensor *t = eg_st_at(f, i);
+        EG_ASSERT(eg_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, &e) == EG_OK);
+    }
+    const eg_st_tensor *fc = eg_st_find(f, "fc.weight");
+    EG_ASSERT(fc);
+    int64_t n = fc->shape[1];
+    float *g = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) g[i] = 0.5f + (float)(next64() % 1000) / 1000.0f;
+    EG_ASSERT(eg_st_writer_add(w, "input_norm.weight", EG_ST_F32, 1, &n, g, &e) == EG_OK);
+    snprintf(p, sizeof p, "%s/model.safetensors", vdir);
+    EG_ASSERT(eg_st_writer_write(w, p, &e) == EG_OK);
+    eg_st_writer_free(w);
+    eg_st_close(f);
+    free(g);
+}
+
+static void test_drafter(void) {
+    const char *fx = getenv("FIXTURES") ? getenv("FIXTURES") : "../shared/fixtures";
+    char tdir[512], ddir[512], vdir[600];
+    snprintf(tdir, sizeof tdir, "%s/models/tiny-a", fx);
+    struct stat sb;
+    CHECKF(stat(tdir, &sb) == 0, "no target model %s (set FIXTURES)", tdir);
+    if (stat(tdir, &sb)) return;
+    snprintf(ddir, sizeof ddir, "/tmp/eg_cuda_ops_drafter_%d", (int)getpid());
+    snprintf(vdir, sizeof vdir, "%s_variant", ddir);
+    eg_error err = {0};
+    static const int aux_l[3] = {0, 2, 4};
+    eg_mkdrafter_opts mo = {.target_dir = tdir, .out_dir = ddir, .seed = 7, .draft_vocab = 200, .n_aux = 3,
+                            .aux_layers = aux_l};
+    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
+    eg_model m;
+    memset(&m, 0, sizeof m);
+    CHECK_OK(eg_model_load(tdir, &m, &err), &err);
+    drafter_case(ddir, &m, "");
+    drafter_variant(ddir, vdir);
+    drafter_case(vdir, &m, " (norm_before_residual, norm_before_fc, norm_output, window 4)");
     eg_model_free(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", ddir);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", ddir, vdir);
     if (system(cmd) != 0) fprintf(stderr, "    could not remove %s\n", ddir);
 }
 
