@@ -1047,15 +1047,22 @@ static const eg_st_tensor *find_exact(const e3 *d, const char *name, int *fi) {
     return NULL;
 }
 
-/* The decoder layer's tensors under SpecForge's name (midlayer.X) or, where it saved none,
- * speculators' and vLLM's (layers.0.X): the same layer either way. */
+/* A tensor under SpecForge's name, else the decoder layer's under speculators' and vLLM's
+ * (layers.0.X for midlayer.X), else either with vLLM's module prefix (model.X, as
+ * exporters that save vLLM's own parameter names write them): the same weight each way. */
 static const eg_st_tensor *find(const e3 *d, const char *name, int *fi) {
-    const eg_st_tensor *t = find_exact(d, name, fi);
     static const char mid[] = "midlayer.";
-    if (t || strncmp(name, mid, sizeof mid - 1)) return t;
-    char alt[256];
-    snprintf(alt, sizeof alt, "layers.0.%s", name + sizeof mid - 1);
-    return find_exact(d, alt, fi);
+    char layer0[256] = "", pre[256];
+    if (!strncmp(name, mid, sizeof mid - 1)) snprintf(layer0, sizeof layer0, "layers.0.%s", name + sizeof mid - 1);
+    const char *base[2] = {name, layer0};
+    for (int pass = 0; pass < 2; pass++) /* as named, then under model. */
+        for (int i = 0; i < 2; i++) {
+            if (!base[i][0]) continue;
+            if (pass) snprintf(pre, sizeof pre, "model.%.240s", base[i]);
+            const eg_st_tensor *t = find_exact(d, pass ? pre : base[i], fi);
+            if (t) return t;
+        }
+    return NULL;
 }
 
 /* A plain weight of shape [rows][cols] (cols 0: 1-D [rows]). optional: absent -> data NULL. */
@@ -1066,9 +1073,10 @@ static eg_status get_w(e3 *d, const char *name, int64_t rows, int64_t cols, int 
     if (!t) {
         if (optional) return EG_OK;
         if (!strncmp(name, "midlayer.", 9))
-            return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s (or layers.0.%s) is missing", eg_st_path(d->files[0]),
-                           name, name + 9);
-        return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s is missing", eg_st_path(d->files[0]), name);
+            return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s (or layers.0.%s, with or without model.) is missing",
+                           eg_st_path(d->files[0]), name, name + 9);
+        return eg_fail(err, EG_ERR_FORMAT, "%s: tensor %s (or model.%s) is missing", eg_st_path(d->files[0]), name,
+                       name);
     }
     const char *fp = eg_st_path(d->files[fi]);
     if (t->dtype != EG_ST_BF16 && t->dtype != EG_ST_F16 && t->dtype != EG_ST_F32)

@@ -3,7 +3,8 @@
  * through a backend's ops (eg_eagle3_opts.backend: "cpu" or "cuda").
  *
  * Checkpoint (DIR): config.json + model.safetensors (or model.safetensors.index.json and
- * its shards), tensor names without a `model.` prefix (the decoder layer's `midlayer.*` as
+ * its shards), tensor names without a `model.` prefix (or with it: vLLM's parameter names;
+ * the decoder layer's `midlayer.*` as
  * SpecForge saves them, or `layers.0.*` as speculators does; speculators' config, the
  * layer's Llama keys nested in transformer_layer_config, is read too, docs/ENGINE.md):
  *   fc.weight                                   [H][n_aux*Ht]  (Ht: target hidden)

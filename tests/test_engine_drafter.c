@@ -527,7 +527,8 @@ static void expect_fail(const char *dir, eg_status code, const char *w1, const c
     CHECKF(strstr(e.msg, w1) && (!w2 || strstr(e.msg, w2)), "message lacks '%s'/'%s': %s", w1, w2 ? w2 : "", e.msg);
 }
 
-/* The same drafter in speculators' layout (Eagle3SpeculatorConfig: the layer's Llama
+/* The same drafter in speculators' layout, also with vLLM's model. prefix on the names
+ * (Eagle3SpeculatorConfig: the layer's Llama
  * config nested in transformer_layer_config, aux ids counted as vLLM does, k + 1; the
  * decoder layer's tensors named layers.0.* instead of midlayer.*), as speculators 0.9's
  * save_pretrained writes it: loads to the same drafter (the same aux layers, logits bit for
@@ -588,41 +589,73 @@ static void to_speculators(const char *src, const char *dst, const char *drop_la
     eg_st_close(f);
 }
 
+/* src's tensors under vLLM's module prefix (model.X), lm_head and the vocabulary maps as
+ * they were. */
+static void with_model_prefix(const char *src, const char *dst) {
+    char p[600], cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/config.json", src, dst);
+    EG_ASSERT(system(cmd) == 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", src);
+    eg_error e = {0};
+    eg_st_file *f;
+    eg_st_writer *w;
+    EG_ASSERT(eg_st_open(p, &f, &e) == EG_OK && eg_st_writer_new(&w, &e) == EG_OK);
+    for (int i = 0; i < eg_st_count(f); i++) {
+        const eg_st_tensor *t = eg_st_at(f, i);
+        char name[300];
+        int keep = !strcmp(t->name, "lm_head.weight") || !strcmp(t->name, "d2t") || !strcmp(t->name, "t2d");
+        snprintf(name, sizeof name, "%s%s", keep ? "" : "model.", t->name);
+        EG_ASSERT(eg_st_writer_add(w, name, t->dtype, t->ndim, t->shape, t->data, &e) == EG_OK);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dst);
+    EG_ASSERT(eg_st_writer_write(w, p, &e) == EG_OK);
+    eg_st_writer_free(w);
+    eg_st_close(f);
+}
+
 static void test_speculators_layout(void) {
-    const char *sf = tmpdir("sf_layout"), *sp = tmpdir("sp_layout"), *bad = tmpdir("sp_bad");
+    const char *sf = tmpdir("sf_layout"), *sp = tmpdir("sp_layout"), *bad = tmpdir("sp_bad"), *mp = tmpdir("sp_model");
     make_drafter(sf, 0, NULL);
     to_speculators(sf, sp, NULL, 0);
-    eg_drafter *a = NULL, *b = NULL;
+    with_model_prefix(sp, mp); /* model.layers.0.*, model.fc.weight, ...: vLLM's parameter names */
+    eg_drafter *a = NULL, *b = NULL, *c = NULL;
     eg_error e = {0};
     CHECK_OK(load(sf, 1, 32, &a, &e), &e);
     CHECK_OK(load(sp, 1, 32, &b, &e), &e);
-    if (!a || !b) { eg_drafter_free(a); eg_drafter_free(b); return; }
+    CHECK_OK(load(mp, 1, 32, &c, &e), &e);
+    if (!a || !b || !c) { eg_drafter_free(a); eg_drafter_free(b); eg_drafter_free(c); return; }
     CHECK(b->info.n_aux == 3 && b->info.aux_layers[0] == 0 && b->info.aux_layers[1] == 2 && b->info.aux_layers[2] == 4);
     CHECKF(strstr(eg_drafter_eagle3_aux_source(b), "speculators"), "aux source: %s", eg_drafter_eagle3_aux_source(b));
     CHECK(b->info.weight_bytes == a->info.weight_bytes && b->info.state_bytes == a->info.state_bytes);
     enum { N = 5, NA = 3, H = 64 };
     static float aux[N][NA][H];
-    int32_t next[N], seq[64] = {0}, da[3], db[3];
+    int32_t next[N], seq[64] = {0}, da[3], db[3], dc[3];
     for (int t = 0; t < N; t++) {
         for (int k = 0; k < NA; k++)
             for (int c = 0; c < H; c++) aux[t][k][c] = (float)(4.0 * urand() - 2.0);
         next[t] = (int32_t)(urand() * 512);
     }
     int same = 1;
-    uint64_t ra = 3, rb = 3;
+    uint64_t ra = 3, rb = 3, rc = 3;
     for (int t = 0; t < N; t++) {
         CHECK_OK(eg_drafter_extend(a, 0, t, 1, &aux[t][0][0], &next[t], &e), &e);
         CHECK_OK(eg_drafter_extend(b, 0, t, 1, &aux[t][0][0], &next[t], &e), &e);
+        CHECK_OK(eg_drafter_extend(c, 0, t, 1, &aux[t][0][0], &next[t], &e), &e);
         CHECK_OK(eg_drafter_propose(a, 0, seq, t + 2, t == N - 1 ? 3 : 1, &greedy, &ra, da, NULL, &e), &e);
         CHECK_OK(eg_drafter_propose(b, 0, seq, t + 2, t == N - 1 ? 3 : 1, &greedy, &rb, db, NULL, &e), &e);
+        CHECK_OK(eg_drafter_propose(c, 0, seq, t + 2, t == N - 1 ? 3 : 1, &greedy, &rc, dc, NULL, &e), &e);
         same &= !memcmp(eg_drafter_eagle3_last_logits(a), eg_drafter_eagle3_last_logits(b), sizeof(float) * 200) &&
-                da[0] == db[0];
+                !memcmp(eg_drafter_eagle3_last_logits(a), eg_drafter_eagle3_last_logits(c), sizeof(float) * 200) &&
+                da[0] == db[0] && da[0] == dc[0];
         eg_drafter_truncate(a, 0, t + 1);
         eg_drafter_truncate(b, 0, t + 1);
+        eg_drafter_truncate(c, 0, t + 1);
     }
-    CHECKF(same && !memcmp(da, db, sizeof da), "speculators layout: logits or drafts differ from SpecForge layout's");
+    CHECKF(same && !memcmp(da, db, sizeof da) && !memcmp(da, dc, sizeof da),
+           "speculators layout (or with model. names): logits or drafts differ from SpecForge layout's");
     eg_drafter_free(a);
     eg_drafter_free(b);
+    eg_drafter_free(c);
     /* refusals */
     to_speculators(sf, bad, NULL, 0);
     json_t *j = load_cfg(bad);
@@ -633,7 +666,7 @@ static void test_speculators_layout(void) {
     j = load_cfg(bad);
     json_object_set_new(j, "norm_before_fc", json_true()); /* without its weight */
     save_cfg(bad, j);
-    expect_fail(bad, EG_ERR_FORMAT, "input_norm.weight is missing", NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "input_norm.weight (or model.input_norm.weight) is missing", NULL);
     to_speculators(sf, bad, NULL, 0);
     j = load_cfg(bad);
     json_object_set_new(j, "norm_output", json_string("yes"));
@@ -660,7 +693,8 @@ static void test_speculators_layout(void) {
     save_cfg(bad, j);
     expect_fail(bad, EG_ERR_CONFIG, "transformer_layer_config", NULL);
     to_speculators(sf, bad, "layers.0.self_attn.o_proj.weight", 0);
-    expect_fail(bad, EG_ERR_FORMAT, "midlayer.self_attn.o_proj.weight (or layers.0.self_attn.o_proj.weight) is missing",
+    expect_fail(bad, EG_ERR_FORMAT,
+                "midlayer.self_attn.o_proj.weight (or layers.0.self_attn.o_proj.weight, with or without model.) is missing",
                 NULL);
 }
 
