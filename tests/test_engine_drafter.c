@@ -490,13 +490,21 @@ static void test_aux_conventions(void) {
 
 /* ---------------------------------------------------------------- bad inputs */
 
-/* Copy src's model.safetensors to dst without `skip`, with `shrink` given one column
- * fewer, and with d2t/t2d replaced when given. */
-static void rewrite(const char *src, const char *dst, const char *skip, const char *shrink, const int64_t *d2t,
-                    const uint8_t *t2d) {
-    char p[600], cmd[1400];
-    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/config.json", src, dst);
-    EG_ASSERT(system(cmd) == 0);
+/* What copy_tensors changes on the way: each name through `rename` (NULL: kept), then the
+ * tensor named `skip` left out, `shrink` given one column fewer, d2t / t2d data replaced
+ * when given, and `add` ([add_n] F32) appended as `add_name`. */
+typedef struct st_edit {
+    void (*rename)(const char *in, char *out, size_t n);
+    const char *skip, *shrink;
+    const int64_t *d2t;
+    const uint8_t *t2d;
+    const char *add_name;
+    const float *add;
+    int64_t add_n;
+} st_edit;
+
+static void copy_tensors(const char *src, const char *dst, const st_edit *ed) {
+    char p[600];
     snprintf(p, sizeof p, "%s/model.safetensors", src);
     eg_error e = {0};
     eg_st_file *f;
@@ -504,19 +512,38 @@ static void rewrite(const char *src, const char *dst, const char *skip, const ch
     EG_ASSERT(eg_st_open(p, &f, &e) == EG_OK && eg_st_writer_new(&w, &e) == EG_OK);
     for (int i = 0; i < eg_st_count(f); i++) {
         const eg_st_tensor *t = eg_st_at(f, i);
-        if (skip && !strcmp(t->name, skip)) continue;
+        char name[300];
+        if (ed->rename) ed->rename(t->name, name, sizeof name);
+        else snprintf(name, sizeof name, "%s", t->name);
+        if (ed->skip && !strcmp(name, ed->skip)) continue;
         int64_t shape[EG_ST_MAX_DIMS];
         memcpy(shape, t->shape, sizeof shape);
-        if (shrink && !strcmp(t->name, shrink)) shape[t->ndim - 1]--;
+        if (ed->shrink && !strcmp(name, ed->shrink)) shape[t->ndim - 1]--;
         const void *data = t->data;
-        if (d2t && !strcmp(t->name, "d2t")) data = d2t;
-        if (t2d && !strcmp(t->name, "t2d")) data = t2d;
-        EG_ASSERT(eg_st_writer_add(w, t->name, t->dtype, t->ndim, shape, data, &e) == EG_OK);
+        if (ed->d2t && !strcmp(name, "d2t")) data = ed->d2t;
+        if (ed->t2d && !strcmp(name, "t2d")) data = ed->t2d;
+        EG_ASSERT(eg_st_writer_add(w, name, t->dtype, t->ndim, shape, data, &e) == EG_OK);
     }
+    if (ed->add) EG_ASSERT(eg_st_writer_add(w, ed->add_name, EG_ST_F32, 1, &ed->add_n, ed->add, &e) == EG_OK);
     snprintf(p, sizeof p, "%s/model.safetensors", dst);
     EG_ASSERT(eg_st_writer_write(w, p, &e) == EG_OK);
     eg_st_writer_free(w);
     eg_st_close(f);
+}
+
+static void copy_config(const char *src, const char *dst) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/config.json", src, dst);
+    EG_ASSERT(system(cmd) == 0);
+}
+
+/* Copy src to dst without `skip`, with `shrink` given one column fewer, and with d2t/t2d
+ * replaced when given. */
+static void rewrite(const char *src, const char *dst, const char *skip, const char *shrink, const int64_t *d2t,
+                    const uint8_t *t2d) {
+    copy_config(src, dst);
+    st_edit ed = {.skip = skip, .shrink = shrink, .d2t = d2t, .t2d = t2d};
+    copy_tensors(src, dst, &ed);
 }
 
 static void expect_fail(const char *dir, eg_status code, const char *w1, const char *w2) {
@@ -534,6 +561,11 @@ static void expect_fail(const char *dir, eg_status code, const char *w1, const c
  * save_pretrained writes it: loads to the same drafter (the same aux layers, logits bit for
  * bit at every position and along a chain). Its variants that change the math, another
  * layer type, and a missing layer tensor are refused, naming the key or both names. */
+static void layer0_name(const char *in, char *out, size_t n) {
+    if (!strncmp(in, "midlayer.", 9)) snprintf(out, n, "layers.0.%s", in + 9);
+    else snprintf(out, n, "%s", in);
+}
+
 static void to_speculators(const char *src, const char *dst, const char *drop_layer_tensor, int variants) {
     json_t *c = load_cfg(src), *ec = json_object_get(c, "eagle_config"), *ids = json_array();
     json_t *a = json_object_get(ec, "eagle_aux_hidden_state_layer_ids");
@@ -560,57 +592,28 @@ static void to_speculators(const char *src, const char *dst, const char *drop_la
                            "norm_output", variants, "eagle_aux_hidden_state_layer_ids", ids);
     EG_ASSERT(sp);
     save_cfg(dst, sp);
-    json_decref(c);
-    char p[600];
-    snprintf(p, sizeof p, "%s/model.safetensors", src);
-    eg_error e = {0};
-    eg_st_file *f;
-    eg_st_writer *w;
-    EG_ASSERT(eg_st_open(p, &f, &e) == EG_OK && eg_st_writer_new(&w, &e) == EG_OK);
-    for (int i = 0; i < eg_st_count(f); i++) {
-        const eg_st_tensor *t = eg_st_at(f, i);
-        char name[256];
-        if (!strncmp(t->name, "midlayer.", 9)) snprintf(name, sizeof name, "layers.0.%s", t->name + 9);
-        else snprintf(name, sizeof name, "%s", t->name);
-        if (drop_layer_tensor && !strcmp(name, drop_layer_tensor)) continue;
-        EG_ASSERT(eg_st_writer_add(w, name, t->dtype, t->ndim, t->shape, t->data, &e) == EG_OK);
-    }
     static float in_norm[3 * 64]; /* norm_before_fc's weight over the 3 aux rows of 64 */
-    if (variants) {
-        const eg_st_tensor *fc = eg_st_find(f, "fc.weight");
-        EG_ASSERT(fc && fc->shape[1] <= (int64_t)(sizeof in_norm / sizeof in_norm[0]));
-        for (int64_t i = 0; i < fc->shape[1]; i++) in_norm[i] = (float)(0.5 + urand());
-        int64_t sh = fc->shape[1];
-        EG_ASSERT(eg_st_writer_add(w, "input_norm.weight", EG_ST_F32, 1, &sh, in_norm, &e) == EG_OK);
-    }
-    snprintf(p, sizeof p, "%s/model.safetensors", dst);
-    EG_ASSERT(eg_st_writer_write(w, p, &e) == EG_OK);
-    eg_st_writer_free(w);
-    eg_st_close(f);
+    int64_t n_in = (int64_t)json_array_size(a) * json_integer_value(json_object_get(c, "target_hidden_size"));
+    json_decref(c);
+    EG_ASSERT(n_in <= (int64_t)(sizeof in_norm / sizeof in_norm[0]));
+    if (variants)
+        for (int64_t i = 0; i < n_in; i++) in_norm[i] = (float)(0.5 + urand());
+    st_edit ed = {.rename = layer0_name, .skip = drop_layer_tensor, .add_name = "input_norm.weight",
+                  .add = variants ? in_norm : NULL, .add_n = n_in};
+    copy_tensors(src, dst, &ed);
 }
 
 /* src's tensors under vLLM's module prefix (model.X), lm_head and the vocabulary maps as
  * they were. */
+static void model_prefixed(const char *in, char *out, size_t n) {
+    int keep = !strcmp(in, "lm_head.weight") || !strcmp(in, "d2t") || !strcmp(in, "t2d");
+    snprintf(out, n, "%s%s", keep ? "" : "model.", in);
+}
+
 static void with_model_prefix(const char *src, const char *dst) {
-    char p[600], cmd[1400];
-    snprintf(cmd, sizeof cmd, "cp %s/config.json %s/config.json", src, dst);
-    EG_ASSERT(system(cmd) == 0);
-    snprintf(p, sizeof p, "%s/model.safetensors", src);
-    eg_error e = {0};
-    eg_st_file *f;
-    eg_st_writer *w;
-    EG_ASSERT(eg_st_open(p, &f, &e) == EG_OK && eg_st_writer_new(&w, &e) == EG_OK);
-    for (int i = 0; i < eg_st_count(f); i++) {
-        const eg_st_tensor *t = eg_st_at(f, i);
-        char name[300];
-        int keep = !strcmp(t->name, "lm_head.weight") || !strcmp(t->name, "d2t") || !strcmp(t->name, "t2d");
-        snprintf(name, sizeof name, "%s%s", keep ? "" : "model.", t->name);
-        EG_ASSERT(eg_st_writer_add(w, name, t->dtype, t->ndim, t->shape, t->data, &e) == EG_OK);
-    }
-    snprintf(p, sizeof p, "%s/model.safetensors", dst);
-    EG_ASSERT(eg_st_writer_write(w, p, &e) == EG_OK);
-    eg_st_writer_free(w);
-    eg_st_close(f);
+    copy_config(src, dst);
+    st_edit ed = {.rename = model_prefixed};
+    copy_tensors(src, dst, &ed);
 }
 
 static void test_speculators_layout(void) {

@@ -1174,6 +1174,34 @@ static void *ep_rank_thread(void *v) {
     return NULL;
 }
 
+/* A reference backend on GPU 0 and R rank backends on GPUs r mod the device count (the
+ * devices that exist, up to R), each for calls of max_tokens rows. 0 (all freed): one
+ * failed, the failure reported. */
+static int ep_backends(const eg_config *c, int R, int max_tokens, eg_backend **ref, eg_backend ***be, int *ndev) {
+    eg_error err = {0};
+    *ref = NULL;
+    *be = calloc((size_t)R, sizeof **be);
+    eg_backend_opts o = {.name = "cuda", .max_tokens = max_tokens, .max_seq_len = 16, .device = 0};
+    CHECK_OK(eg_backend_cuda_create(c, &o, ref, &err), &err);
+    for (*ndev = 1; *ndev < R; ++*ndev) {
+        eg_backend *t = NULL;
+        eg_error probe = {0};
+        o.device = *ndev;
+        if (eg_backend_cuda_create(c, &o, &t, &probe)) break;
+        eg_backend_free(t);
+    }
+    for (int r = 0; r < R; r++) {
+        o.device = r % *ndev;
+        CHECK_OK(eg_backend_cuda_create(c, &o, &(*be)[r], &err), &err);
+    }
+    if (*ref && !err.msg[0]) return 1;
+    eg_backend_free(*ref);
+    for (int r = 0; r < R; r++) eg_backend_free((*be)[r]);
+    free(*be);
+    *ref = NULL, *be = NULL;
+    return 0;
+}
+
 /* R ranks on GPUs r mod the device count (nccl when each has its own, cuda-local when
  * they share), two MoE layers, rank r with T[r] tokens: every rank's y must equal, bit
  * for bit, one backend's moe over all experts of its tokens. Rank 0 leaves after layer 0
@@ -1185,21 +1213,8 @@ static void ep_group_case(eg_wfmt fmt, int R, const int *T, int skew) {
     for (int r = 0; r < R; r++) Tmax = T[r] > Tmax ? T[r] : Tmax;
     eg_error err = {0};
     int ndev = 0;
-    eg_backend *ref = NULL, **be = calloc((size_t)R, sizeof *be);
-    eg_backend_opts o = {.name = "cuda", .max_tokens = Tmax, .max_seq_len = 16, .device = 0};
-    CHECK_OK(eg_backend_cuda_create(&c, &o, &ref, &err), &err);
-    for (ndev = 1; ndev < R; ndev++) { /* devices that exist, up to R */
-        eg_backend *t = NULL;
-        eg_error probe = {0};
-        o.device = ndev;
-        if (eg_backend_cuda_create(&c, &o, &t, &probe)) break;
-        eg_backend_free(t);
-    }
-    for (int r = 0; r < R; r++) {
-        o.device = r % ndev;
-        CHECK_OK(eg_backend_cuda_create(&c, &o, &be[r], &err), &err);
-    }
-    if (!ref || err.msg[0]) { eg_backend_free(ref); for (int r = 0; r < R; r++) eg_backend_free(be[r]); free(be); return; }
+    eg_backend *ref = NULL, **be = NULL;
+    if (R < 1 || !ep_backends(&c, R, Tmax, &ref, &be, &ndev)) return;
     /* experts of both layers: host data, the reference's copies, each owner's copies */
     hw *ex = calloc((size_t)(L * E * 3), sizeof(hw));
     eg_expert_w *xr = calloc((size_t)(L * E), sizeof *xr), *xo = calloc((size_t)(R * L * E), sizeof *xo);
@@ -1377,21 +1392,8 @@ static void ep_vocab_case(int R, int V, int Tmax, const int (*T)[2], const int (
     int H = c.hidden;
     eg_error err = {0};
     int ndev = 0;
-    eg_backend *ref = NULL, **be = calloc((size_t)R, sizeof *be);
-    eg_backend_opts o = {.name = "cuda", .max_tokens = Tmax, .max_seq_len = 16, .device = 0};
-    CHECK_OK(eg_backend_cuda_create(&c, &o, &ref, &err), &err);
-    for (ndev = 1; ndev < R; ndev++) {
-        eg_backend *t = NULL;
-        eg_error probe = {0};
-        o.device = ndev;
-        if (eg_backend_cuda_create(&c, &o, &t, &probe)) break;
-        eg_backend_free(t);
-    }
-    for (int r = 0; r < R; r++) {
-        o.device = r % ndev;
-        CHECK_OK(eg_backend_cuda_create(&c, &o, &be[r], &err), &err);
-    }
-    if (!ref || err.msg[0]) { eg_backend_free(ref); for (int r = 0; r < R; r++) eg_backend_free(be[r]); free(be); return; }
+    eg_backend *ref = NULL, **be = NULL;
+    if (R < 1 || !ep_backends(&c, R, Tmax, &ref, &be, &ndev)) return;
     hw emb = make_w(EG_W_BF16, V, H, 1.0f), head = make_w(EG_W_BF16, V, H, 1.0f / sqrtf((float)H));
     eg_weight rh[3], ref_slice[3], full_e = {0}, full_h = {0}, se[3], sh[3];
     memset(se, 0, sizeof se); memset(sh, 0, sizeof sh); memset(ref_slice, 0, sizeof ref_slice);
