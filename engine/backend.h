@@ -9,7 +9,7 @@
  * Dimension legend: T tokens in the step, H hidden, NH heads, DN/DR/DV nope/rope/value
  * head dims, C kv_lora_rank, E experts, K experts per token, F expert width, V vocab,
  * S sequence slots, MB max blocks per sequence, BS cache block size (tokens); for the
- * plain GQA op: NKV kv heads, HD head dim, L cache positions per slot.
+ * plain GQA op: NKV kv heads, HD head dim, MB blocks per slot of its paged cache.
  *
  * Ordering: ops on one backend run in issue order (a CUDA stream); to_host may be
  * asynchronous and is complete after sync.
@@ -65,27 +65,33 @@ typedef struct eg_mla_args {
     float *out;                 /* [T][NH][DV]: rows for heads h0..h1 written */
 } eg_mla_args;
 
-/* Ordinary multi-head / grouped-query attention over a plain BF16 cache (the EAGLE-3
- * drafter's decoder layer; engine/drafter_eagle3.c). Per slot the K and V caches are
- * [L][NKV][HD] bf16 (L = max_len positions), slot s at offset s * L * NKV * HD. The op
- * first applies rotate-half RoPE (Llama's: pairs (i, i + HD/2), angle pos * inv_freq[i]
- * in FP64, cos/sin rounded to FP32) to every row's k and writes k, v as BF16 (round to
- * nearest even) at (slot[t], pos[t]); then each row t attends, per head h (kv head
- * h / (NH/NKV)), with its rotated q over positions [0, pos[t]] of its slot, keys and
- * values read back from the cache (so rows of one call see each other causally):
- * out = softmax(softmax_scale * q . K) V, FP32. Positions/slots live in backend memory. */
+/* Ordinary multi-head / grouped-query attention over a paged BF16 cache (the EAGLE-3
+ * drafter's decoder layer; engine/drafter_eagle3.c). The K and V caches are
+ * [n_blocks][BS][NKV][HD] bf16; position p of slot s lives in physical block
+ * block_table[s][p / BS], row p % BS, so a slot holds only the blocks its positions
+ * fill (mapped by the caller). The op first applies rotate-half RoPE (Llama's: pairs
+ * (i, i + HD/2), angle pos * inv_freq[i] in FP64, cos/sin rounded to FP32) to every
+ * row's k and writes k, v as BF16 (round to nearest even) at (slot[t], pos[t]); then
+ * each row t attends, per head h (kv head h / (NH/NKV)), with its rotated q over
+ * positions [0, pos[t]] of its slot, keys and values read back from the cache (so rows
+ * of one call see each other causally): out = softmax(softmax_scale * q . K) V, FP32.
+ * Positions, slots and the table live in backend memory; every block a row reads or
+ * writes must be mapped. */
 typedef struct eg_gqa_args {
     int T;
     int n_heads, n_kv_heads, head_dim; /* NH, NKV (divides NH), HD (even) */
-    int max_len;                /* L: cache positions per slot */
-    int max_pos;                /* max over pos[] + 1 in this call (<= L, host-known) */
+    int block_size;             /* BS: positions per cache block */
+    int max_blocks;             /* MB: blocks per slot (positions < MB * BS) */
+    int64_t n_blocks;           /* physical blocks in each cache (bounds the table's entries) */
+    int max_pos;                /* max over pos[] + 1 in this call (<= MB * BS, host-known) */
     const int32_t *pos;         /* [T] position of each row in its slot */
     const int32_t *slot;        /* [T] cache slot of each row */
+    const int32_t *block_table; /* [S][MB] physical block of each logical block; -1 unmapped */
     const float *q;             /* [T][NH][HD] unrotated */
     const float *k;             /* [T][NKV][HD] unrotated */
     const float *v;             /* [T][NKV][HD] */
-    uint16_t *k_cache;          /* [S][L][NKV][HD] bf16, rotated keys */
-    uint16_t *v_cache;          /* [S][L][NKV][HD] bf16 */
+    uint16_t *k_cache;          /* [n_blocks][BS][NKV][HD] bf16, rotated keys */
+    uint16_t *v_cache;          /* [n_blocks][BS][NKV][HD] bf16 */
     const float *rope_inv_freq; /* [HD/2] */
     float softmax_scale;        /* 1/sqrt(HD) for Llama */
     int window;                 /* > 0: sliding window, a row at position p attends to

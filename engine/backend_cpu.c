@@ -448,6 +448,11 @@ typedef struct {
     const eg_gqa_args *a;
 } gqa_ctx;
 
+/* The cache row (token index into [n_blocks][BS]) of position j of slot s. */
+static inline int64_t gqa_row(const eg_gqa_args *a, int s, int j) {
+    return (int64_t)a->block_table[(int64_t)s * a->max_blocks + j / a->block_size] * a->block_size + j % a->block_size;
+}
+
 /* One (row, head) per item: scores in a fixed order (c, then j), two-pass softmax. */
 static void gqa_body(void *vc, int64_t i0, int64_t i1, int tid) {
     gqa_ctx *c = vc;
@@ -457,15 +462,14 @@ static void gqa_body(void *vc, int64_t i0, int64_t i1, int tid) {
     float *qh = c->im->row_scratch + (int64_t)tid * c->im->max_cols;
     float *sc = c->im->gqa_scores + (int64_t)tid * c->im->max_seq_len;
     for (int64_t i = i0; i < i1; i++) {
-        const int t = (int)(i / NH), h = (int)(i % NH), kvh = h / grp, p = a->pos[t];
+        const int t = (int)(i / NH), h = (int)(i % NH), kvh = h / grp, p = a->pos[t], s = a->slot[t];
         memcpy(qh, a->q + ((int64_t)t * NH + h) * HD, sizeof(float) * (size_t)HD);
         rope_half(qh, HD, p, a->rope_inv_freq);
-        const uint16_t *K = a->k_cache + (int64_t)a->slot[t] * a->max_len * row + (int64_t)kvh * HD;
-        const uint16_t *V = a->v_cache + (int64_t)a->slot[t] * a->max_len * row + (int64_t)kvh * HD;
+        const uint16_t *K = a->k_cache + (int64_t)kvh * HD, *V = a->v_cache + (int64_t)kvh * HD;
         const int lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
         float mx = -FLT_MAX;
         for (int j = lo; j <= p; j++) {
-            const uint16_t *kj = K + (int64_t)j * row;
+            const uint16_t *kj = K + gqa_row(a, s, j) * row;
             float acc = 0;
             for (int d = 0; d < HD; d++) acc += qh[d] * eg_bf16_to_f32(kj[d]);
             sc[j] = acc * a->softmax_scale;
@@ -479,7 +483,7 @@ static void gqa_body(void *vc, int64_t i0, int64_t i1, int tid) {
         float *o = a->out + ((int64_t)t * NH + h) * HD;
         for (int d = 0; d < HD; d++) o[d] = 0;
         for (int j = lo; j <= p; j++) {
-            const uint16_t *vj = V + (int64_t)j * row;
+            const uint16_t *vj = V + gqa_row(a, s, j) * row;
             const float w = sc[j] / sum;
             for (int d = 0; d < HD; d++) o[d] += w * eg_bf16_to_f32(vj[d]);
         }
@@ -490,20 +494,32 @@ static eg_status cpu_gqa_attention(eg_backend *b, const eg_gqa_args *a, eg_error
     cpu_impl *im = impl_of(b);
     const int NH = a->n_heads, NKV = a->n_kv_heads, HD = a->head_dim;
     if (a->T <= 0) return EG_OK;
-    if (NH < 1 || NKV < 1 || NH % NKV || HD < 2 || HD % 2 || HD > im->max_cols || a->max_len < 1 || a->window < 0)
-        return eg_fail(err, EG_ERR_INVALID, "cpu backend: gqa attention with %d heads, %d kv heads of %d (max_len %d)",
-                       NH, NKV, HD, a->max_len);
-    if (a->max_pos > im->max_seq_len || a->max_pos > a->max_len)
-        return eg_fail(err, EG_ERR_INVALID, "cpu backend: gqa attention over %d positions, scratch holds %d, cache %d",
-                       a->max_pos, im->max_seq_len, a->max_len);
+    if (NH < 1 || NKV < 1 || NH % NKV || HD < 2 || HD % 2 || HD > im->max_cols || a->block_size < 1 ||
+        a->max_blocks < 1 || a->n_blocks < 1 || a->window < 0 || !a->block_table)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "cpu backend: gqa attention with %d heads, %d kv heads of %d (blocks of %d, %d per slot, %lld)",
+                       NH, NKV, HD, a->block_size, a->max_blocks, (long long)a->n_blocks);
+    const int64_t max_len = (int64_t)a->max_blocks * a->block_size;
+    if (a->max_pos > im->max_seq_len || a->max_pos > max_len)
+        return eg_fail(err, EG_ERR_INVALID, "cpu backend: gqa attention over %d positions, scratch holds %d, slots %lld",
+                       a->max_pos, im->max_seq_len, (long long)max_len);
     const int64_t row = (int64_t)NKV * HD;
     for (int t = 0; t < a->T; t++) {
-        const int p = a->pos[t];
-        if (p < 0 || p >= a->max_pos || a->slot[t] < 0)
+        const int p = a->pos[t], s = a->slot[t];
+        if (p < 0 || p >= a->max_pos || s < 0)
             return eg_fail(err, EG_ERR_INVALID, "cpu backend: gqa attention row %d: position %d (max_pos %d), slot %d", t,
-                           p, a->max_pos, a->slot[t]);
-        uint16_t *kc = a->k_cache + ((int64_t)a->slot[t] * a->max_len + p) * row;
-        uint16_t *vc = a->v_cache + ((int64_t)a->slot[t] * a->max_len + p) * row;
+                           p, a->max_pos, s);
+        /* every block the row reads (its window) must be mapped: a -1 would read outside the cache */
+        const int lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        for (int j = lo / a->block_size; j <= p / a->block_size; j++) {
+            const int32_t blk = a->block_table[(int64_t)s * a->max_blocks + j];
+            if (blk < 0 || blk >= a->n_blocks)
+                return eg_fail(err, EG_ERR_INVALID,
+                               "cpu backend: gqa attention row %d: block %d of slot %d is %s (physical %d of %lld)", t, j,
+                               s, blk < 0 ? "unmapped" : "out of range", blk, (long long)a->n_blocks);
+        }
+        uint16_t *kc = a->k_cache + gqa_row(a, s, p) * row;
+        uint16_t *vc = a->v_cache + gqa_row(a, s, p) * row;
         float *kr = im->row_scratch;
         for (int h = 0; h < NKV; h++) {
             memcpy(kr, a->k + (int64_t)t * row + (int64_t)h * HD, sizeof(float) * (size_t)HD);

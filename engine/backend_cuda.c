@@ -33,12 +33,15 @@
 
 void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_t n) {
     const double G = 1024.0 * 1024.0 * 1024.0;
+    char extra[96] = ""; /* a drafter's paged cache grows with the target's */
+    if (p->extra_per_token > 0)
+        snprintf(extra, sizeof extra, ", %lld of them the drafter's cache", (long long)p->extra_per_token);
     snprintf(buf, n,
              "GPU %d: %.1f GiB total, %.1f GiB free, budget %.1f GiB (fraction %.2f); weights %.2f GiB, "
-             "activations %.2f GiB, backend scratch %.2f GiB; KV capacity %lld tokens (%lld blocks, %lld bytes/token)",
+             "activations %.2f GiB, backend scratch %.2f GiB; KV capacity %lld tokens (%lld blocks, %lld bytes/token%s)",
              device, (double)p->total_bytes / G, (double)p->free_bytes / G, (double)p->budget_bytes / G,
              p->fraction, (double)p->weight_bytes / G, (double)p->act_bytes / G, (double)p->scratch_bytes / G,
-             (long long)p->kv_tokens, (long long)p->kv_blocks, (long long)p->kv_bytes_per_token);
+             (long long)p->kv_tokens, (long long)p->kv_blocks, (long long)p->kv_bytes_per_token, extra);
 }
 
 int eg_cuda_graphs_enabled(void) {
@@ -48,14 +51,15 @@ int eg_cuda_graphs_enabled(void) {
 
 /* The plan from given memory figures (both builds: the runtime's tests plan without a GPU). */
 eg_status eg_cuda_plan_mem(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t total_bytes,
-                           int64_t free_bytes, int64_t weight_bytes, int64_t act_bytes, int n_layers, int block_size,
-                           eg_cuda_mem_plan *out, eg_error *err) {
+                           int64_t free_bytes, int64_t weight_bytes, int64_t act_bytes, int n_layers,
+                           int64_t extra_per_token, int block_size, eg_cuda_mem_plan *out, eg_error *err) {
     memset(out, 0, sizeof *out);
     if (!(fraction > 0.0 && fraction <= 1.0))
         return eg_fail(err, EG_ERR_INVALID, "gpu memory fraction %g must be in (0, 1]", fraction);
-    if (block_size <= 0 || n_layers <= 0)
-        return eg_fail(err, EG_ERR_INVALID, "planner: block_size %d and n_layers %d must be positive", block_size,
-                       n_layers);
+    if (block_size <= 0 || n_layers <= 0 || extra_per_token < 0)
+        return eg_fail(err, EG_ERR_INVALID,
+                       "planner: block_size %d and n_layers %d must be positive, extra bytes per token %lld not negative",
+                       block_size, n_layers, (long long)extra_per_token);
     out->free_bytes = free_bytes;
     out->total_bytes = total_bytes;
     out->fraction = fraction;
@@ -66,7 +70,8 @@ eg_status eg_cuda_plan_mem(const eg_config *cfg, const eg_backend_opts *o, doubl
     /* What others (and this process so far) hold counts against the budget. */
     out->budget_bytes = (int64_t)((double)out->total_bytes * fraction) - (out->total_bytes - out->free_bytes) -
                         out->headroom_bytes;
-    out->kv_bytes_per_token = (int64_t)n_layers * (cfg->kv_lora_rank + cfg->qk_rope) * 2;
+    out->extra_per_token = extra_per_token;
+    out->kv_bytes_per_token = (int64_t)n_layers * (cfg->kv_lora_rank + cfg->qk_rope) * 2 + extra_per_token;
     int64_t left = out->budget_bytes - weight_bytes - act_bytes - out->scratch_bytes;
     int64_t per_block = out->kv_bytes_per_token * block_size;
     out->kv_blocks = left > 0 && per_block > 0 ? left / per_block : 0;
@@ -101,8 +106,10 @@ int64_t eg_cuda_scratch_bytes(const eg_config *cfg, const eg_backend_opts *o) {
 }
 
 eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t weight_bytes,
-                       int64_t act_bytes, int n_layers, int block_size, eg_cuda_mem_plan *out, eg_error *err) {
+                       int64_t act_bytes, int n_layers, int64_t extra_per_token, int block_size,
+                       eg_cuda_mem_plan *out, eg_error *err) {
     (void)cfg; (void)o; (void)fraction; (void)weight_bytes; (void)act_bytes; (void)n_layers; (void)block_size;
+    (void)extra_per_token;
     memset(out, 0, sizeof *out);
     return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
 }
@@ -966,15 +973,18 @@ static eg_status cu_gqa_attention(eg_backend *b, const eg_gqa_args *a, eg_error 
     cuda_impl *im = impl_of(b);
     if (a->T <= 0) return EG_OK;
     if (a->n_heads < 1 || a->n_kv_heads < 1 || a->n_heads % a->n_kv_heads || a->head_dim < 2 || a->head_dim % 2 ||
-        a->max_len < 1 || a->max_pos < 1 || a->max_pos > a->max_len || a->window < 0)
+        a->block_size < 1 || a->max_blocks < 1 || a->n_blocks < 1 || !a->block_table || a->max_pos < 1 ||
+        a->max_pos > (int64_t)a->max_blocks * a->block_size || a->window < 0)
         return eg_fail(err, EG_ERR_INVALID,
-                       "cuda backend: gqa attention with %d heads, %d kv heads of %d over %d of %d positions",
-                       a->n_heads, a->n_kv_heads, a->head_dim, a->max_pos, a->max_len);
-    if ((size_t)a->head_dim * 8 + 512 > 48 * 1024)
+                       "cuda backend: gqa attention with %d heads, %d kv heads of %d over %d positions (blocks of %d, "
+                       "%d per slot)",
+                       a->n_heads, a->n_kv_heads, a->head_dim, a->max_pos, a->block_size, a->max_blocks);
+    if ((size_t)a->head_dim * 8 + 1024 > 48 * 1024)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: gqa attention head dim %d exceeds shared memory",
                        a->head_dim);
-    egk_gqa g = {a->T, a->n_heads, a->n_kv_heads, a->head_dim, a->max_len, a->pos, a->slot, a->q, a->k, a->v,
-                 a->k_cache, a->v_cache, a->rope_inv_freq, a->softmax_scale, a->window, a->out};
+    egk_gqa g = {a->T, a->n_heads, a->n_kv_heads, a->head_dim, a->block_size, a->max_blocks, a->pos, a->slot,
+                 a->block_table, a->q, a->k, a->v, a->k_cache, a->v_cache, a->rope_inv_freq, a->softmax_scale,
+                 a->window, a->out};
     KR("egk_gqa_attention", egk_gqa_attention(&g, im->stream));
     return EG_OK;
 }
@@ -1472,12 +1482,14 @@ eg_status eg_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes
 }
 
 eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t weight_bytes,
-                       int64_t act_bytes, int n_layers, int block_size, eg_cuda_mem_plan *out, eg_error *err) {
+                       int64_t act_bytes, int n_layers, int64_t extra_per_token, int block_size,
+                       eg_cuda_mem_plan *out, eg_error *err) {
     memset(out, 0, sizeof *out);
     int64_t free_b = 0, total_b = 0;
     eg_status st = eg_cuda_mem_info(o->device, &free_b, &total_b, err);
     if (st) return st;
-    return eg_cuda_plan_mem(cfg, o, fraction, total_b, free_b, weight_bytes, act_bytes, n_layers, block_size, out, err);
+    return eg_cuda_plan_mem(cfg, o, fraction, total_b, free_b, weight_bytes, act_bytes, n_layers, extra_per_token,
+                            block_size, out, err);
 }
 
 /* A 64-byte header records how the block was allocated, so free needs no lookup. */

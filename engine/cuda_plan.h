@@ -22,7 +22,9 @@ typedef struct eg_cuda_mem_plan {
     int64_t act_bytes;               /* as passed in (the forward pass's own buffers) */
     int64_t scratch_bytes;           /* the CUDA backend's scratch for these options */
     int64_t headroom_bytes;          /* kept back for cuBLAS workspaces and fragmentation */
-    int64_t kv_bytes_per_token;      /* n_layers * (C + DR) * 2 */
+    int64_t kv_bytes_per_token;      /* n_layers * (C + DR) * 2, plus extra_per_token (a
+                                        drafter's paged cache held beside these layers) */
+    int64_t extra_per_token;         /* as passed in */
     int64_t kv_blocks;               /* of block_size tokens */
     int64_t kv_tokens;               /* kv_blocks * block_size: the KV capacity */
 } eg_cuda_mem_plan;
@@ -38,16 +40,19 @@ int64_t eg_cuda_scratch_bytes(const eg_config *cfg, const eg_backend_opts *o);
  * no staging buffer for captured rows; see eg_forward_act_bytes). */
 int eg_cuda_graphs_enabled(void);
 
-/* Plan: n_layers = layers held on this device; block_size = cache block tokens.
+/* Plan: n_layers = layers held on this device; extra_per_token = bytes per cached token
+ * besides those layers' (a drafter's paged cache on this device, which grows with the
+ * target's; 0 for none); block_size = cache block tokens.
  * Fails with EG_ERR_NOMEM (message giving the numbers) when not even one block fits. */
 eg_status eg_cuda_plan(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t weight_bytes,
-                       int64_t act_bytes, int n_layers, int block_size, eg_cuda_mem_plan *out, eg_error *err);
+                       int64_t act_bytes, int n_layers, int64_t extra_per_token, int block_size,
+                       eg_cuda_mem_plan *out, eg_error *err);
 
 /* The same plan from given figures of a device's memory (total_bytes, free_bytes) instead of
  * asking the device: eg_cuda_plan is eg_cuda_mem_info + this. Both builds (no GPU needed). */
 eg_status eg_cuda_plan_mem(const eg_config *cfg, const eg_backend_opts *o, double fraction, int64_t total_bytes,
-                           int64_t free_bytes, int64_t weight_bytes, int64_t act_bytes, int n_layers, int block_size,
-                           eg_cuda_mem_plan *out, eg_error *err);
+                           int64_t free_bytes, int64_t weight_bytes, int64_t act_bytes, int n_layers,
+                           int64_t extra_per_token, int block_size, eg_cuda_mem_plan *out, eg_error *err);
 
 /* One line: "GPU 0: 139.8 GiB total, ... KV capacity 1234567 tokens (19290 blocks of 64)". */
 void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_t n);

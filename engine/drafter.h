@@ -38,6 +38,9 @@ typedef struct eg_drafter_info {
     int n_slots;            /* slots the drafter holds state for */
     int max_seq_len;        /* positions per slot */
     int64_t state_bytes;    /* memory held for all slots (its caches), for the planner */
+    int64_t cache_bytes_per_token; /* of its cache per position a slot holds (0: none) */
+    int block_size;         /* positions per block of a paged cache (0: not paged) */
+    int64_t pool_blocks;    /* blocks in that cache's pool */
     int64_t weight_bytes;   /* its weights as stored (the planner counts them once per
                                drafter; 0 = none of its own) */
 } eg_drafter_info;

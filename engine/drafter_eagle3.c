@@ -7,6 +7,7 @@
  *   c   = concat(input_layernorm(e), hidden_norm(h))                 [2H]
  *   q,k,v = Wq c, Wk c, Wv c;  RoPE (rotate-half, rope_theta) on q and k at p
  *   K[p], V[p] = bf16(k), bf16(v)  (the cache; attention reads every key from it)
+ *                                  (paged: blocks of BS positions mapped as a slot grows)
  *   a   = softmax(q . K[0..p] / sqrt(HD)) V[0..p] per head (GQA: head h reads kv head
  *         h / (NH/NKV))
  *   x   = r + Wo a;  out = x + Wdown(silu(Wgate y) * Wup y), y = post_attention_layernorm(x)
@@ -57,8 +58,17 @@ typedef struct e3 {
     /* files */
     int n_files;
     eg_st_file **files;
+    /* the paged cache's blocks (both paths): position p of slot s is row p % BS of
+       block table[s][p / BS]; a slot maps blocks as it grows and returns them on truncate */
+    int BS, MB;                /* positions per block, blocks per slot (ceil(T / BS)) */
+    int64_t n_blocks;          /* the pool */
+    int32_t *table;            /* [S][MB] physical block; -1 unmapped */
+    int32_t *n_mapped;         /* [S] */
+    int32_t *free_list;        /* [n_blocks] stack of free blocks */
+    int64_t n_free;
+    uint8_t *dirty;            /* [S] the row changed since the backend's copy was written */
     /* state */
-    uint16_t *kc, *vc;         /* [S][T][NKV][HD] bf16 */
+    uint16_t *kc, *vc;         /* [n_blocks][BS][NKV][HD] bf16 (own path) */
     float *last;               /* [S][H] pre-norm output of each slot's last position */
     int *len;                  /* [S] */
     int *last_pos;             /* [S] position `last` belongs to (-1: none) */
@@ -80,7 +90,8 @@ typedef struct e3_dev {
     int R;
     eg_weight fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head;
     eg_weight input_norm;      /* [n_aux*Ht] norm_before_fc only */
-    uint16_t *kc, *vc;         /* [S][T][NKV][HD] bf16 */
+    uint16_t *kc, *vc;         /* [n_blocks][BS][NKV][HD] bf16 */
+    int32_t *table;            /* [S][MB] the block table's copy */
     float *last;               /* [S][H] */
     float *inv_freq;           /* [HD/2] */
     int32_t *pos, *slot;       /* [R] */
@@ -168,6 +179,45 @@ static void rope(const e3 *d, float *v, int p) {
     }
 }
 
+/* ------------------------------------------------------------------ the paged cache */
+
+/* The cache row (token index into [n_blocks][BS]) of position p of slot s (mapped). */
+static inline int64_t cache_row(const e3 *d, int s, int p) {
+    return (int64_t)d->table[(int64_t)s * d->MB + p / d->BS] * d->BS + p % d->BS;
+}
+
+static void cache_unmap(e3 *d, int s, int64_t len);
+
+/* Map blocks so slot s holds positions [0, n). EG_ERR_NOMEM, the slot as it was (its
+ * length's blocks), when the pool runs out. */
+static eg_status cache_map(e3 *d, int s, int64_t n, eg_error *err) {
+    const int64_t need = (n + d->BS - 1) / d->BS;
+    while (d->n_mapped[s] < need) {
+        if (d->n_free == 0) {
+            cache_unmap(d, s, d->len[s]);
+            return eg_fail(err, EG_ERR_NOMEM,
+                           "eagle3 drafter: its cache pool (%lld blocks of %d positions) is full: slot %d needs %lld "
+                           "positions (the pool is sized to the target's KV pool, which bounds it; a larger "
+                           "eg_eagle3_opts.pool_blocks lifts it)",
+                           (long long)d->n_blocks, d->BS, s, (long long)n);
+        }
+        d->table[(int64_t)s * d->MB + d->n_mapped[s]++] = d->free_list[--d->n_free];
+        d->dirty[s] = 1;
+    }
+    return EG_OK;
+}
+
+/* Return slot s's blocks past those holding positions [0, len). */
+static void cache_unmap(e3 *d, int s, int64_t len) {
+    const int64_t keep = (len + d->BS - 1) / d->BS;
+    while (d->n_mapped[s] > keep) {
+        int32_t *e = &d->table[(int64_t)s * d->MB + --d->n_mapped[s]];
+        d->free_list[d->n_free++] = *e;
+        *e = -1;
+        d->dirty[s] = 1;
+    }
+}
+
 /* The decoder layer at position p of slot s: reads d->emb and d->hid, writes the cache
  * row p and d->out (pre-norm output). */
 static void layer(e3 *d, int s, int p) {
@@ -182,12 +232,12 @@ static void layer(e3 *d, int s, int p) {
     for (int h = 0; h < NH; h++) rope(d, d->q + (int64_t)h * HD, p);
     for (int h = 0; h < NKV; h++) rope(d, d->k + (int64_t)h * HD, p);
     const int64_t row = (int64_t)NKV * HD;
-    uint16_t *kc = d->kc + ((int64_t)s * d->T + p) * row, *vc = d->vc + ((int64_t)s * d->T + p) * row;
+    uint16_t *kc = d->kc + cache_row(d, s, p) * row, *vc = d->vc + cache_row(d, s, p) * row;
     for (int64_t i = 0; i < row; i++) {
         kc[i] = eg_f32_to_bf16(d->k[i]);
         vc[i] = eg_f32_to_bf16(d->v[i]);
     }
-    const uint16_t *K = d->kc + (int64_t)s * d->T * row, *V = d->vc + (int64_t)s * d->T * row;
+    const uint16_t *K = d->kc, *V = d->vc;
     const float scale = 1.0f / sqrtf((float)HD);
     const int grp = NH / NKV;
     for (int h = 0; h < NH; h++) {
@@ -196,7 +246,7 @@ static void layer(e3 *d, int s, int p) {
         float mx = -FLT_MAX;
         const int lo = d->window > 0 && p - d->window + 1 > 0 ? p - d->window + 1 : 0; /* sliding window */
         for (int j = lo; j <= p; j++) {
-            const uint16_t *kj = K + (int64_t)j * row + (int64_t)kvh * HD;
+            const uint16_t *kj = K + cache_row(d, s, j) * row + (int64_t)kvh * HD;
             float acc = 0;
             for (int c = 0; c < HD; c++) acc += qh[c] * eg_bf16_to_f32(kj[c]);
             d->scores[j] = acc * scale;
@@ -210,7 +260,7 @@ static void layer(e3 *d, int s, int p) {
         float *ah = d->att + (int64_t)h * HD;
         for (int c = 0; c < HD; c++) ah[c] = 0;
         for (int j = lo; j <= p; j++) {
-            const uint16_t *vj = V + (int64_t)j * row + (int64_t)kvh * HD;
+            const uint16_t *vj = V + cache_row(d, s, j) * row + (int64_t)kvh * HD;
             const float w = d->scores[j] / sum;
             for (int c = 0; c < HD; c++) ah[c] += w * eg_bf16_to_f32(vj[c]);
         }
@@ -247,6 +297,12 @@ static eg_status dev_layer(e3 *d, int s, int p0, int n, eg_error *err) {
         g->h_slot[i] = s;
     }
     eg_status st;
+    if (d->dirty[s]) { /* the slot's blocks changed: its row of the table's copy */
+        if ((st = o->to_device(b, g->table + (int64_t)s * d->MB, d->table + (int64_t)s * d->MB,
+                               sizeof(int32_t) * (size_t)d->MB, err)))
+            return st;
+        d->dirty[s] = 0;
+    }
     if ((st = o->to_device(b, g->pos, g->h_pos, sizeof(int32_t) * (size_t)n, err)) ||
         (st = o->to_device(b, g->slot, g->h_slot, sizeof(int32_t) * (size_t)n, err)) ||
         (st = o->rmsnorm(b, g->emb, &g->in_norm, n, H, d->eps, g->ne, err)) ||
@@ -256,8 +312,9 @@ static eg_status dev_layer(e3 *d, int s, int p0, int n, eg_error *err) {
         (st = o->linear(b, g->cat, n, &g->wq, g->q, err)) || (st = o->linear(b, g->cat, n, &g->wk, g->k, err)) ||
         (st = o->linear(b, g->cat, n, &g->wv, g->v, err)))
         return st;
-    eg_gqa_args a = {.T = n, .n_heads = d->NH, .n_kv_heads = d->NKV, .head_dim = d->HD, .max_len = d->T,
-                     .max_pos = p0 + n, .pos = g->pos, .slot = g->slot, .q = g->q, .k = g->k, .v = g->v,
+    eg_gqa_args a = {.T = n, .n_heads = d->NH, .n_kv_heads = d->NKV, .head_dim = d->HD, .block_size = d->BS,
+                     .max_blocks = d->MB, .n_blocks = d->n_blocks, .max_pos = p0 + n, .pos = g->pos,
+                     .slot = g->slot, .block_table = g->table, .q = g->q, .k = g->k, .v = g->v,
                      .k_cache = g->kc, .v_cache = g->vc, .rope_inv_freq = g->inv_freq,
                      .softmax_scale = 1.0f / sqrtf((float)d->HD), .window = d->window, .out = g->att};
     const int64_t nH = (int64_t)n * H;
@@ -346,8 +403,8 @@ static void dev_free(e3_dev *g) {
                            &g->post_norm, &g->wg, &g->wu, &g->wd, &g->norm, &g->lm_head, &g->input_norm};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) b->ops->weight_release(b, ws[i]);
-        void *bufs[] = {g->kc, g->vc, g->last, g->inv_freq, g->pos, g->slot, g->emb, g->aux, g->hid, g->ne,
-                        g->nh, g->cat, g->q, g->k, g->v, g->att, g->x, g->y, g->out, g->logits, g->auxn};
+        void *bufs[] = {g->kc, g->vc, g->table, g->last, g->inv_freq, g->pos, g->slot, g->emb, g->aux, g->hid,
+                        g->ne, g->nh, g->cat, g->q, g->k, g->v, g->att, g->x, g->y, g->out, g->logits, g->auxn};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) b->ops->release(b, bufs[i]);
         eg_backend_free(b);
@@ -421,9 +478,10 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
         (st = dev_upload(d, &d->lm_head, "lm_head.weight", &g->lm_head, err)) ||
         (d->norm_before_fc && (st = dev_upload(d, &d->input_norm, "input_norm.weight", &g->input_norm, err))))
         return st;
-    const int64_t R = g->R, H = d->H, row = (int64_t)d->NKV * d->HD, cache = (int64_t)d->S * d->T * row;
+    const int64_t R = g->R, H = d->H, row = (int64_t)d->NKV * d->HD, cache = d->n_blocks * d->BS * row;
     struct { void **p; size_t bytes; } al[] = {
         {(void **)&g->kc, 2 * (size_t)cache}, {(void **)&g->vc, 2 * (size_t)cache},
+        {(void **)&g->table, 4 * (size_t)d->S * (size_t)d->MB},
         {(void **)&g->last, 4 * (size_t)(d->S * H)}, {(void **)&g->inv_freq, 4 * (size_t)(d->HD / 2)},
         {(void **)&g->pos, 4 * (size_t)R}, {(void **)&g->slot, 4 * (size_t)R},
         {(void **)&g->emb, 4 * (size_t)(R * H)}, {(void **)&g->aux, 4 * (size_t)(R * d->n_aux * d->Ht)},
@@ -444,6 +502,7 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
         (st = b->ops->memset0(b, g->kc, 2 * (size_t)cache, err)) ||
         (st = b->ops->memset0(b, g->vc, 2 * (size_t)cache, err)))
         return st;
+    for (int s = 0; s < d->S; s++) d->dirty[s] = 1; /* every row is written before its first use */
     return b->ops->sync(b, err);
 }
 
@@ -467,6 +526,8 @@ static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const floa
             return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d position %d: next token %d outside [0, %d)",
                            slot, pos0 + t, next[t], d->V);
     const int64_t arow = (int64_t)d->n_aux * d->Ht;
+    eg_status mst = cache_map(d, slot, (int64_t)pos0 + n, err);
+    if (mst) return mst;
     if (d->dev) {
         d->last_pos[slot] = -1; /* until the backend's rows are in */
         eg_status st = dev_extend(d, slot, pos0, n, aux, next, err);
@@ -537,6 +598,8 @@ static eg_status e3_propose(eg_drafter *dr, int slot, const int32_t *seq, int n_
     if ((int64_t)L0 + k - 1 > d->T)
         return eg_fail(err, EG_ERR_INVALID,
                        "eagle3 drafter: %d drafts after %d positions of slot %d pass max_seq_len %d", k, L0, slot, d->T);
+    eg_status mst = cache_map(d, slot, (int64_t)L0 + k - 1, err); /* the chain's k - 1 positions */
+    if (mst) return mst;
     if (d->dev) {
         eg_status st = dev_propose(d, slot, L0, k, sp, rng, draft, q, err);
         if (st) return st;
@@ -567,6 +630,7 @@ static void e3_truncate(eg_drafter *dr, int slot, int len) {
     EG_ASSERT(len >= 0 && len <= d->len[slot]);
     d->len[slot] = len;
     if (d->last_pos[slot] >= len) d->last_pos[slot] = -1;
+    cache_unmap(d, slot, len);
 }
 
 static void e3_destroy(eg_drafter *dr) {
@@ -578,6 +642,10 @@ static void e3_destroy(eg_drafter *dr) {
     free(d->inv_freq);
     free(d->kc);
     free(d->vc);
+    free(d->table);
+    free(d->n_mapped);
+    free(d->free_list);
+    free(d->dirty);
     free(d->last);
     free(d->len);
     free(d->last_pos);
@@ -1202,6 +1270,9 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     if (n_slots < 1 || max_seq_len < 1)
         return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter %s: %d slots of %d positions", dir, n_slots, max_seq_len);
     if (opts->threads < 0) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: %d threads", opts->threads);
+    if (opts->block_size < 0 || opts->pool_blocks < 0)
+        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: cache blocks of %d positions, a pool of %lld blocks",
+                       opts->block_size, (long long)opts->pool_blocks);
     e3 *d = eg_calloc(1, sizeof *d, err);
     if (!d) return EG_ERR_NOMEM;
     d->target = target;
@@ -1215,9 +1286,30 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     if ((st = read_config(d, dir, opts, err))) goto fail;
     if ((st = open_files(d, dir, err)) || (st = read_weights(d, err))) goto fail;
     const int on_backend = opts->backend && opts->backend[0];
-    const int64_t row = (int64_t)d->NKV * d->HD, cache = on_backend ? 1 : (int64_t)d->S * d->T * row;
+    /* the pool: by default every slot can reach max_seq_len; the runtime passes the
+       target's KV pool (the same blocks: the drafter never holds more positions of a
+       sequence than the target has mapped for it, see engine.c) */
+    d->BS = opts->block_size ? opts->block_size : 16;
+    d->MB = (int)((d->T + (int64_t)d->BS - 1) / d->BS);
+    d->n_blocks = opts->pool_blocks ? opts->pool_blocks : (int64_t)d->S * d->MB;
+    if (d->n_blocks > INT32_MAX) {
+        st = eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: a pool of %lld blocks", (long long)d->n_blocks);
+        goto fail;
+    }
+    const int64_t row = (int64_t)d->NKV * d->HD, cache = on_backend ? 1 : d->n_blocks * d->BS * row;
     d->kc = eg_malloc(sizeof(uint16_t) * (size_t)cache, err); /* the backend path keeps its caches there */
     d->vc = eg_malloc(sizeof(uint16_t) * (size_t)cache, err);
+    d->table = eg_malloc(sizeof(int32_t) * (size_t)d->S * (size_t)d->MB, err);
+    d->n_mapped = eg_calloc((size_t)d->S, sizeof(int32_t), err);
+    d->free_list = eg_malloc(sizeof(int32_t) * (size_t)d->n_blocks, err);
+    d->dirty = eg_calloc((size_t)d->S, 1, err);
+    if (!d->table || !d->n_mapped || !d->free_list || !d->dirty) {
+        st = EG_ERR_NOMEM;
+        goto fail;
+    }
+    for (int64_t i = 0; i < (int64_t)d->S * d->MB; i++) d->table[i] = -1;
+    for (int64_t i = 0; i < d->n_blocks; i++) d->free_list[i] = (int32_t)(d->n_blocks - 1 - i); /* block 0 first */
+    d->n_free = d->n_blocks;
     d->last = eg_calloc((size_t)d->S * (size_t)d->H, sizeof(float), err);
     d->len = eg_calloc((size_t)d->S, sizeof(int), err);
     d->last_pos = eg_malloc(sizeof(int) * (size_t)d->S, err);
@@ -1249,7 +1341,10 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     in->target_vocab = d->V;
     in->n_slots = d->S;
     in->max_seq_len = d->T;
-    in->state_bytes = (int64_t)d->S * (4 * (int64_t)d->T * row + 4 * H);
+    in->cache_bytes_per_token = 4 * row;
+    in->block_size = d->BS;
+    in->pool_blocks = d->n_blocks;
+    in->state_bytes = d->n_blocks * d->BS * in->cache_bytes_per_token + (int64_t)d->S * (4 * H + 4 * d->MB);
     {   /* as stored (the target's embedding, when borrowed, is not the drafter's), and d2t */
         const dw *ws[] = {&d->fc, &d->in_norm, &d->hid_norm, &d->wq, &d->wk, &d->wv, &d->wo, &d->post_norm,
                           &d->wg, &d->wu, &d->wd, &d->norm, &d->lm_head, &d->embed, &d->input_norm};

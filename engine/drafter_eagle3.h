@@ -27,12 +27,17 @@
  * architecture, speculators' fc_norm) is refused naming the key; a sliding-window layer
  * (transformer_layer_config layer_types sliding_attention) attends over its window.
  *
- * State per slot: a BF16 KV cache [max_seq_len][NKV][HD] for K (after RoPE) and V, and
- * the pre-norm output [H] of the slot's last committed position (what the first draft's
- * logits and the chain's first hidden input come from). state_bytes =
- * S * (4 * max_seq_len * NKV * HD + 4 * H) (K and V at 2 bytes each, the FP32 row): host
+ * State: a paged BF16 KV cache for K (after RoPE) and V, blocks of BS positions
+ * ([BS][NKV][HD] each) that a slot maps as it grows (extend, and propose's k - 1 chained
+ * positions) and returns on truncate, from a pool of pool_blocks (eg_eagle3_opts); and
+ * per slot the pre-norm output [H] of its last committed position (what the first
+ * draft's logits and the chain's first hidden input come from). So the cache holds the
+ * positions the slots hold, not max_seq_len per slot: cache_bytes_per_token =
+ * 4 * NKV * HD (K and V at 2 bytes each), state_bytes = pool_blocks * BS *
+ * cache_bytes_per_token + S * (4 * H + 4 * MB) (the FP32 rows, the block table). Host
  * memory on the own CPU path, backend memory (the GPU's for "cuda") on the backend path,
- * which also holds the uploaded weights there (embeddings stay on the host).
+ * which also holds the uploaded weights there (embeddings stay on the host). A slot that
+ * would pass the pool fails its extend or propose with EG_ERR_NOMEM.
  *
  * Ownership: eg_drafter_eagle3_load returns a drafter the caller frees with
  * eg_drafter_free (NULL ok); it borrows `target` (its config and, when the checkpoint has
@@ -72,6 +77,13 @@ typedef struct eg_eagle3_opts {
     const char *backend;
     int device;   /* CUDA device index for backend "cuda" */
     int max_rows; /* rows per backend pass of an extend; 0 = 64 */
+    /* The paged cache: positions per block (0 = 16) and blocks in the pool (0 = every
+     * slot can hold max_seq_len positions: n_slots * ceil(max_seq_len / block_size)). The
+     * runtime passes the target's block size and KV pool: the engine keeps a slot's
+     * drafter positions within the blocks the target has mapped for it, so the same
+     * count never runs out. */
+    int block_size;
+    int64_t pool_blocks;
 } eg_eagle3_opts;
 
 /* Load DIR as a drafter for `target` with state for n_slots slots of max_seq_len

@@ -607,8 +607,12 @@ static int grow(eg_engine *e, int i, int64_t n_tokens) {
     return 1;
 }
 
+/* The drafter's positions go with the target's blocks: its paged cache then never holds
+ * more of a slot than the target has mapped for it (a pool of the target's size cannot
+ * run out; drafter_eagle3.h). A parked sequence's drafter state is rebuilt on restore. */
 static void release_blocks(eg_engine *e, int i) {
     for (int k = 0; k < e->n_stages; k++) eg_kv_release(kv_of(e, k), i);
+    if (e->dr) eg_drafter_truncate(e->dr, i, 0);
 }
 
 /* The driving thread may issue ops on stage k's backend: no step is in flight. */

@@ -70,7 +70,8 @@ static double part(double bytes, double flops, double bw, double rate, double *h
 }
 
 double eg_layout_drafter_bytes(const eg_config *c, double *kv_token) {
-    double H = c->hidden, NKV = 8, D = 128, NQ = H / D, I = c->inter, VD = 32000;
+    /* the public Kimi-K2.5 drafters' shape: the target's head count, heads of 128, no GQA */
+    double H = c->hidden, NQ = c->n_heads, NKV = NQ, D = 128, I = c->inter, VD = 32000;
     if (kv_token) *kv_token = 2.0 * 2 * NKV * D;
     return 2 * (3 * H * H + 2 * H * NQ * D + 2 * 2 * H * NKV * D + NQ * D * H + 3 * H * I + VD * H + 4 * H);
 }
@@ -191,7 +192,10 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
     if (k < 0 || (k > 0 && (acc < 1 || acc > k + 1)))
         return eg_fail(err, EG_ERR_INVALID, "layout model: %d draft tokens with %g tokens per verify pass (1..k+1)", k,
                        acc);
+    if (o->draft_cache_bytes < 0)
+        return eg_fail(err, EG_ERR_INVALID, "layout model: a drafter cache of %g bytes per token", o->draft_cache_bytes);
     if (k > 0) dw = eg_layout_drafter_bytes(c, &dkv);
+    if (k > 0 && o->draft_cache_bytes > 0) dkv = o->draft_cache_bytes;
     layer_parts *lp = malloc(sizeof *lp * (size_t)L);
     double *cost = malloc(sizeof *cost * (size_t)L);
     int *ends = malloc(sizeof *ends * (size_t)(lay->stages > 0 ? lay->stages : 1));

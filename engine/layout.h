@@ -113,12 +113,19 @@ typedef struct eg_layout_opts {
      * per step on the GPU's own sequences, not overlapped. */
     int draft_tokens;
     double accept;
+    /* The drafter's cache per token (bytes; 0 = the modelled drafter's, 32,768 on Kimi-K2.5:
+     * 64 kv heads of 128). A GQA drafter of 8 kv heads caches 4,096, an MLA drafter
+     * (lightseekorg/kimi-k2.5-eagle3-mla: kv_lora 512 + rope 64) 1,152. */
+    double draft_cache_bytes;
 } eg_layout_opts;
 
-/* The modelled EAGLE-3 drafter: one Llama decoder layer of width H = the target's hidden
- * size with heads of 128 (H / 128 query heads, 8 KV heads), q/k/v over 2H inputs, fc over
- * 3 aux states, the target's dense MLP width, a 32,000-id draft lm_head, BF16 (the
- * embedding is the target's). Weights in bytes; *kv_token = its BF16 cache per token. */
+/* The modelled EAGLE-3 drafter, shaped as the public Kimi-K2.5 drafters (SpecForge's
+ * kimi-k25-eagle3 config, AQ-MedAI/Kimi-K25-eagle3, lightseekorg/kimi-k2.5-eagle3): one
+ * Llama decoder layer of width H = the target's hidden size with the target's head count
+ * of heads of 128 and as many KV heads (no GQA), q/k/v over 2H inputs, fc over 3 aux
+ * states, the target's dense MLP width, a 32,000-id draft lm_head, BF16 (the embedding is
+ * the target's). Weights in bytes; *kv_token = its BF16 cache per token (held per token
+ * of the KV pool: the drafter's cache is paged like the target's). */
 double eg_layout_drafter_bytes(const eg_config *c, double *kv_token);
 
 /* Room eg_layout_enumerate needs for a box of `gpus` GPUs. */

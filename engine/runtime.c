@@ -99,13 +99,15 @@ void eg_runtime_free(eg_runtime *rt) {
  * every stage on a GPU first (each stage backend has its own scratch), the KV pool from
  * what is left; every stage gets the same number of cache blocks, the smallest any GPU
  * allows. */
-/* With a drafter (draft_w its weights, draft_slot its cache per slot, plan_slots slots in
- * all; 0 while --batch auto is still being chosen) the GPU of the last stage (each rank's
- * with ep) also holds the drafter and its slots' caches (counted with the activations);
- * *draft_dev gets those bytes (per rank with ep). quiet: no notes (a first pass). */
+/* With a drafter (draft_w its weights, draft_slot its fixed bytes per slot, draft_tok its
+ * paged cache's bytes per token, plan_slots slots in all; 0 while --batch auto is still
+ * being chosen) the GPU of the last stage (each rank's with ep) also holds the drafter:
+ * its weights and slots' rows with the activations (*draft_dev gets those bytes, per rank
+ * with ep), its cache per token beside that GPU's layers' (it grows with the target's
+ * pool, block for block). quiet: no notes (a first pass). */
 static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_backend_opts *bo, int n_stages,
-                           int64_t draft_w, int64_t draft_slot, int plan_slots, int quiet, int64_t *kv_blocks,
-                           int64_t *draft_dev, eg_error *err) {
+                           int64_t draft_w, int64_t draft_slot, int64_t draft_tok, int plan_slots, int quiet,
+                           int64_t *kv_blocks, int64_t *draft_dev, eg_error *err) {
     const eg_model *m = rt->m;
     const eg_config *c = &m->cfg;
     /* --ep: every rank's GPU holds all stages and the same share (planned once, as GPU 0) */
@@ -158,16 +160,17 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
         so.device = o->device + d;
         eg_cuda_mem_plan mp;
         char line[512], note[900];
+        const int64_t extra = with_draft ? draft_tok : 0;
         eg_status st = o->plan_total_bytes > 0
                            ? eg_cuda_plan_mem(c, &so, o->gpu_mem_fraction, o->plan_total_bytes, o->plan_free_bytes,
-                                              wbytes, act, layers, 64, &mp, err)
-                           : eg_cuda_plan(c, &so, o->gpu_mem_fraction, wbytes, act, layers, 64, &mp, err);
+                                              wbytes, act, layers, extra, 64, &mp, err)
+                           : eg_cuda_plan(c, &so, o->gpu_mem_fraction, wbytes, act, layers, extra, 64, &mp, err);
         if (st) return eg_wrap(err, "memory plan for GPU %d", so.device), st;
         eg_cuda_plan_format(&mp, so.device, line, sizeof line);
         char dnote[200] = "";
         if (with_draft)
             snprintf(dnote, sizeof dnote, "; the activations include the drafter's %lld bytes (weights %lld, %d slots' "
-                     "cache of %lld%s)", (long long)*draft_dev, (long long)draft_w,
+                     "rows of %lld%s), its cache grows with the pool", (long long)*draft_dev, (long long)draft_w,
                      ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots, (long long)draft_slot,
                      ep > 1 ? ", per rank" : "");
         snprintf(note, sizeof note, "%s%s%s", line, on_dev > 1 ? " (shared by its stages)" : "", dnote);
@@ -236,21 +239,24 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     eg_backend_opts bo = {.name = backend, .max_tokens = max_tokens, .max_seq_len = o->max_seq_len,
                           .nthreads = o->threads, .device = o->device};
     /* the drafter's size (a probe of one slot: the checkpoint is mapped, not read), for the plan */
-    int64_t draft_w = 0, draft_slot = 0, draft_dev = 0;
+    int64_t draft_w = 0, draft_slot = 0, draft_tok = 0, draft_dev = 0;
+    const int64_t block = o->block_size > 0 ? o->block_size : 64;
     if (o->draft_model) {
         eg_drafter *probe = NULL;
-        eg_eagle3_opts po = {.threads = 1};
+        eg_eagle3_opts po = {.threads = 1, .block_size = (int)block};
         if ((st = eg_drafter_eagle3_load_opts(o->draft_model, m, 1, o->max_seq_len, &po, &probe, err))) {
             eg_wrap(err, "--draft-model %s", o->draft_model);
             goto fail;
         }
-        draft_w = probe->info.weight_bytes;
-        draft_slot = probe->info.state_bytes;
+        const eg_drafter_info *pi = &probe->info;
+        draft_w = pi->weight_bytes;
+        draft_tok = pi->cache_bytes_per_token;
+        /* the probe's one slot: its fixed rows, past its default pool of one slot's blocks */
+        draft_slot = pi->state_bytes - pi->pool_blocks * pi->block_size * pi->cache_bytes_per_token;
         eg_drafter_free(probe);
     }
     /* the KV pool, the slot count and the host budget */
     int64_t kv_blocks = 0;
-    const int64_t block = o->block_size > 0 ? o->block_size : 64;
     int n_slots = o->n_slots;
     int planned = cuda && o->gpu_mem_fraction > 0;
     int64_t seq_host =
@@ -261,8 +267,8 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
        as many as the smaller pool then chooses) */
     for (int pass = planned && o->draft_model && n_slots == 0 ? 0 : 1; pass < 2; pass++) {
         int plan_slots = pass ? (n_slots ? n_slots : 0) : 0;
-        if (planned && (st = plan_cuda(rt, o, &bo, n_stages, draft_w, draft_slot, plan_slots, !pass, &kv_blocks,
-                                       &draft_dev, err)))
+        if (planned && (st = plan_cuda(rt, o, &bo, n_stages, draft_w, draft_slot, draft_tok, plan_slots, !pass,
+                                       &kv_blocks, &draft_dev, err)))
             goto fail;
         if (o->kv_tokens > 0) {
             int64_t cap = o->kv_tokens / block > 0 ? o->kv_tokens / block : 1;
@@ -270,9 +276,10 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         }
         if (!rt->info.auto_slots) continue;
         if (!kv_blocks) kv_blocks = 16 * ((o->max_seq_len + block - 1) / block); /* cpu: what 16 slots hold */
-        /* on the cpu backend the drafter's cache of a slot is host memory like its rows */
+        /* on the cpu backend the drafter's cache is host memory like the rows: counted as
+           the most a slot can hold */
         int ns = eg_plan_auto_slots(kv_blocks * block, o->max_seq_len, max_tokens, o->ram_bytes,
-                                    seq_host + (cuda ? 0 : draft_slot));
+                                    seq_host + (cuda ? 0 : draft_slot + draft_tok * o->max_seq_len));
         if (!pass || !n_slots || ns < n_slots) n_slots = ns;
     }
     if (!o->forward_only && kv_blocks && kv_blocks < (o->max_seq_len + block - 1) / block) {
@@ -362,10 +369,13 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         int all = o->threads > 0 ? o->threads : eg_num_threads();
         /* on the GPU that reads its rows (the rank's, or the last stage's) when the target
            runs on CUDA, its ops through a CUDA backend of its own; else its own CPU code */
+        /* its paged cache in the target's blocks, its pool the engine's (a rank's share with
+           ep, as eg_ep_runtime_create splits it; 0 = the engine's default, every slot full) */
         eg_eagle3_opts dopt = {.threads = nd > 1 ? (all / nd > 0 ? all / nd : 1) : 0,
-                               .backend = cuda ? "cuda" : NULL};
+                               .backend = cuda ? "cuda" : NULL, .block_size = (int)block};
         for (int r = 0; r < nd; r++) {
             int slots = nd > 1 ? eg_ep_runtime_rank_slots(n_slots, nd, r) : n_slots;
+            dopt.pool_blocks = kv_blocks > 0 ? kv_blocks / nd + (r < kv_blocks % nd) : 0;
             dopt.device = nd > 1 ? eg_ep_runtime_rank_device(o->device, r) : rt->stage_device[n_stages - 1];
             if ((st = eg_drafter_eagle3_load_opts(o->draft_model, m, slots, o->max_seq_len, &dopt, &rt->drafters[r],
                                                   err))) {
@@ -413,6 +423,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     for (int r = 0; r < rt->n_drafters; r++) in->draft_state_bytes += rt->drafters[r]->info.state_bytes;
     in->draft_weight_bytes = draft_w;
     in->draft_slot_bytes = draft_slot;
+    in->draft_token_bytes = draft_tok;
     in->draft_device_bytes = draft_dev;
     in->n_drafters = rt->n_drafters; /* loaded here (a caller's drafter is not counted) */
     if (rt->n_drafters) {

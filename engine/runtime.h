@@ -111,10 +111,12 @@ typedef struct eg_runtime_info {
     eg_ep_split ep_split;       /* what the group splits besides the routed experts */
     int64_t draft_state_bytes;  /* the drafters' caches summed over the ranks (0 = no drafter) */
     int64_t draft_weight_bytes; /* one drafter's weights as stored (each rank holds one) */
-    int64_t draft_slot_bytes;   /* its cache per slot (max_seq_len positions) */
+    int64_t draft_slot_bytes;   /* its fixed state per slot (the FP32 row, the block table's row) */
+    int64_t draft_token_bytes;  /* its paged cache per position held (K and V, BF16) */
     int64_t draft_device_bytes; /* cuda plan: what it reserved for the drafter on the GPU of the
-                                   last stage (each rank's with ep): weights + slots * slot bytes;
-                                   the KV pool is smaller by that much. 0 without a plan */
+                                   last stage (each rank's with ep) besides its cache: weights +
+                                   slots * slot bytes; its cache is counted per token of the KV
+                                   pool (the plan line's bytes/token). 0 without a plan */
     int n_drafters;             /* 1, or ep with --ep (0 = no drafter) */
     int n_draft_aux;            /* the loaded drafter's aux layers (output-of-layer ids) */
     const int *draft_aux;       /* [n_draft_aux], owned by the drafter; NULL without one */

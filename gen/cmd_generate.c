@@ -1089,10 +1089,12 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "  host memory per in-flight sequence: up to %.1f MB (captured rows in BF16 and tokens at "
                         "--max-seq-len %d)\n", (double)seq_host / 1e6, a.max_seq_len);
         if (ri->n_drafters)
-            fprintf(stderr, "  drafter: %d (one per %s), weights %.1f MB each, cache %.2f MB per slot, %.1f MB in all%s\n",
+            fprintf(stderr,
+                    "  drafter: %d (one per %s), weights %.1f MB each, paged cache %lld bytes per token held in the "
+                    "KV pool's blocks, %.1f MB in all with the slots' rows%s\n",
                     ri->n_drafters, ri->n_drafters > 1 ? "rank" : "engine", (double)ri->draft_weight_bytes / 1e6,
-                    (double)ri->draft_slot_bytes / 1e6, (double)ri->draft_state_bytes / 1e6,
-                    ri->draft_device_bytes ? "; the GPU plan reserved it (see the plan line)" : "");
+                    (long long)ri->draft_token_bytes, (double)ri->draft_state_bytes / 1e6,
+                    ri->draft_device_bytes ? "; the GPU plan counted it (see the plan line)" : "");
         if (ri->n_drafters) {
             fprintf(stderr, "  drafter aux layers");
             for (int i = 0; i < ri->n_draft_aux; i++) fprintf(stderr, "%s%d", i ? "," : " ", ri->draft_aux[i]);

@@ -71,6 +71,9 @@ static void usage(FILE *f) {
             "                      (an EAGLE-3 drafter layer beside lm_head; needs --accept)\n"
             "  --accept A          tokens committed per verify pass (accepted drafts + 1, 1..K+1;\n"
             "                      generate --draft-model reports it)\n"
+            "  --draft-cache-bytes N  the drafter's cache per token (default: the modelled\n"
+            "                      drafter's, 64 kv heads of 128 = 32768 on Kimi-K2.5, as the public\n"
+            "                      Kimi-K2.5 EAGLE-3 drafters; 8 kv heads: 4096; an MLA drafter: 1152)\n"
             "  --json              the rows as JSON objects (layout, kv_tokens, concurrency,\n"
             "                      decode_tok_s, prefill_tok_s, dense_split none|ffn|all, ...)\n"
             "                      and the recommendations\n"
@@ -174,10 +177,13 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
            "efficiency %.2f, %s %.0f GB/s + %.0f us per collective; mean length %.0f (%s)\n\n",
            what, box->name, box->gpus, box->mem_gb, box->frac, box->act_gb, box->hbm_tbs, box->tflops, box->eff,
            box->link, box->link_gbs, box->link_us, lo->mean_len, len_from);
-    if (lo->draft_tokens)
+    if (lo->draft_tokens) {
+        double dkv = 0, dw = eg_layout_drafter_bytes(c, &dkv);
+        if (lo->draft_cache_bytes > 0) dkv = lo->draft_cache_bytes;
         printf("speculative decoding: %d drafted tokens per verify pass, %.2f committed per pass; drafter %.2f GB "
-               "(modelled EAGLE-3 layer) on the last stage's GPUs\n\n",
-               lo->draft_tokens, lo->accept, eg_layout_drafter_bytes(c, NULL) / 1e9);
+               "(modelled EAGLE-3 layer) on the last stage's GPUs, its cache %.0f bytes per token%s\n\n",
+               lo->draft_tokens, lo->accept, dw / 1e9, dkv, lo->draft_cache_bytes > 0 ? " (--draft-cache-bytes)" : "");
+    }
     printf("%-13s %10s %12s %8s %10s %-8s %6s %11s %-8s  %s\n", "layout", "weights GB", "KV tokens", "seqs",
            "decode t/s", "bound", "ms", "prefill t/s", "bound", "");
     for (int i = 0; i < n; i++) {
@@ -230,9 +236,9 @@ int cmd_plan(int argc, char **argv) {
         {"box", 1, 0, 'B'},        {"gpus", 1, 0, 'G'},         {"hbm-tbs", 1, 0, 'W'}, {"tflops", 1, 0, 'T'},
         {"eff", 1, 0, 'E'},        {"link", 1, 0, 'k'},         {"link-gbs", 1, 0, 'K'}, {"link-us", 1, 0, 'U'},
         {"prefill-chunk", 1, 0, 'c'}, {"json", 0, 0, 'j'},      {"draft-tokens", 1, 0, 'D'},
-        {"accept", 1, 0, 'A'},     {0, 0, 0, 0}};
+        {"accept", 1, 0, 'A'},     {"draft-cache-bytes", 1, 0, 'C'}, {0, 0, 0, 0}};
     int draft_tokens = 0;
-    double accept = 0;
+    double accept = 0, draft_cache = 0;
     const char *box_name = NULL, *link = NULL;
     int gpus = 0, json = 0, chunk = 8192, set_mem = 0, set_frac = 0, set_act = 0;
     double hbm = 0, tflops = 0, eff = 0, link_gbs = 0, link_us = -1;
@@ -266,6 +272,7 @@ int cmd_plan(int argc, char **argv) {
         case 'j': json = 1; break;
         case 'D': if (!gen_arg_int("plan", "--draft-tokens", optarg, 1, 64, &draft_tokens)) return 2; break;
         case 'A': if (!gen_arg_double("plan", "--accept", optarg, 1, 65, &accept)) return 2; break;
+        case 'C': if (!gen_arg_double("plan", "--draft-cache-bytes", optarg, 1, 1e12, &draft_cache)) return 2; break;
         case 'n': if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2; break;
         case 'w': workload = optarg; break;
         case 'P': if (!gen_arg_int("plan", "--prompt-len", optarg, 1, 1 << 30, &prompt_len)) return 2; break;
@@ -348,8 +355,13 @@ int cmd_plan(int argc, char **argv) {
             rc = 2;
             goto out;
         }
+        if (draft_cache > 0 && !draft_tokens) {
+            fprintf(stderr, "eaglegen plan: --draft-cache-bytes describes the drafter of --draft-tokens K --accept A\n");
+            rc = 2;
+            goto out;
+        }
         eg_layout_opts lo = {.mean_len = mean_len, .prefill_chunk = chunk, .draft_tokens = draft_tokens,
-                             .accept = accept};
+                             .accept = accept, .draft_cache_bytes = draft_cache};
         rc = print_layouts(model_dir ? model_dir : preset, c, &box, &lo, len_from, json, &err);
         goto out;
     }

@@ -1,4 +1,4 @@
-/* attn.cu — ordinary multi-head / grouped-query attention over a plain BF16 cache with
+/* attn.cu — ordinary multi-head / grouped-query attention over a paged BF16 cache with
  * rotate-half RoPE (what the EAGLE-3 drafter's decoder layer needs), and a strided row
  * copy. Shapes only, no model logic; see eg_cuda.h. */
 #include "kernels/common.cuh"
@@ -15,12 +15,17 @@ static __device__ __forceinline__ void rope_pair(float x0, float x1, int p, floa
     *o1 = __fadd_rn(__fmul_rn(x1, cs), __fmul_rn(x0, sn));
 }
 
+/* The cache row (token index into [n_blocks][BS]) of position j of slot s. */
+static __device__ __forceinline__ int64_t gqa_row(const egk_gqa &a, int s, int j) {
+    return (int64_t)a.table[(int64_t)s * a.MB + j / a.BS] * a.BS + j % a.BS;
+}
+
 /* One block per row: rotated k and v of every kv head to the cache as BF16 (RNE). */
 static __global__ void gqa_write_kernel(egk_gqa a) {
     const int t = blockIdx.x, half = a.HD / 2, p = a.pos[t];
-    const int64_t row = (int64_t)a.NKV * a.HD;
-    uint16_t *kc = a.k_cache + ((int64_t)a.slot[t] * a.max_len + p) * row;
-    uint16_t *vc = a.v_cache + ((int64_t)a.slot[t] * a.max_len + p) * row;
+    const int64_t row = (int64_t)a.NKV * a.HD, r = gqa_row(a, a.slot[t], p);
+    uint16_t *kc = a.k_cache + r * row;
+    uint16_t *vc = a.v_cache + r * row;
     const float *k = a.k + (int64_t)t * row, *v = a.v + (int64_t)t * row;
     for (int i = threadIdx.x; i < a.NKV * half; i += blockDim.x) {
         const int h = i / half, d = i % half;
@@ -54,26 +59,31 @@ static __device__ __forceinline__ float block_reduce(float *red, float v, int is
  * pos[t] - window + 1 with a sliding window), in tiles of
  * GQA_THREADS positions (one score per thread), online softmax (running max and sum,
  * the accumulator rescaled per tile). Dynamic shared memory: q [HD], acc [HD],
- * p [GQA_THREADS], red [GQA_THREADS] floats. */
+ * p [GQA_THREADS], red [GQA_THREADS] floats, then the tile's cache rows
+ * [GQA_THREADS] int64 (each thread looks up its position's block once). */
 static __global__ void __launch_bounds__(GQA_THREADS) gqa_attend_kernel(egk_gqa a) {
-    extern __shared__ float gqa_sh[];
+    extern __shared__ float gqa_sh[]; /* the dynamic buffer starts 16-byte aligned */
     const int h = blockIdx.x, t = blockIdx.y, HD = a.HD, half = HD / 2;
     const int kvh = h / (a.NH / a.NKV), p = a.pos[t], tid = threadIdx.x;
     float *sq = gqa_sh, *acc = sq + HD, *sp = acc + HD, *red = sp + GQA_THREADS;
+    int64_t *srow = (int64_t *)(red + GQA_THREADS); /* 8-byte aligned: 2 * HD + 128 floats, HD even */
     const float *q = a.q + ((int64_t)t * a.NH + h) * HD;
     for (int i = tid; i < half; i += GQA_THREADS) rope_pair(q[i], q[i + half], p, a.inv_freq[i], &sq[i], &sq[i + half]);
     for (int d = tid; d < HD; d += GQA_THREADS) acc[d] = 0.0f;
     __syncthreads();
     const int64_t row = (int64_t)a.NKV * HD;
-    const uint16_t *K = a.k_cache + (int64_t)a.slot[t] * a.max_len * row + (int64_t)kvh * HD;
-    const uint16_t *V = a.v_cache + (int64_t)a.slot[t] * a.max_len * row + (int64_t)kvh * HD;
+    const uint16_t *K = a.k_cache + (int64_t)kvh * HD;
+    const uint16_t *V = a.v_cache + (int64_t)kvh * HD;
+    const int sl = a.slot[t];
     float m = -INFINITY, l = 0.0f;
     const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
     for (int j0 = lo; j0 <= p; j0 += GQA_THREADS) {
         const int j = j0 + tid, n = min(GQA_THREADS, p - j0 + 1);
         float sc = -INFINITY;
         if (j <= p) {
-            const uint16_t *kj = K + (int64_t)j * row;
+            const int64_t rj = gqa_row(a, sl, j);
+            srow[tid] = rj; /* published by block_reduce's barriers */
+            const uint16_t *kj = K + rj * row;
             float s = 0.0f;
             for (int d = 0; d < HD; d++) s += sq[d] * egk_bf16_to_f32(kj[d]);
             sc = s * a.scale;
@@ -86,7 +96,7 @@ static __global__ void __launch_bounds__(GQA_THREADS) gqa_attend_kernel(egk_gqa 
         l = l * corr + ts;
         for (int d = tid; d < HD; d += GQA_THREADS) {
             float o = acc[d] * corr;
-            for (int jj = 0; jj < n; jj++) o += sp[jj] * egk_bf16_to_f32(V[(int64_t)(j0 + jj) * row + d]);
+            for (int jj = 0; jj < n; jj++) o += sp[jj] * egk_bf16_to_f32(V[srow[jj] * row + d]);
             acc[d] = o;
         }
         m = mn;
@@ -102,7 +112,7 @@ extern "C" int egk_gqa_attention(const egk_gqa *a, void *stream) {
     gqa_write_kernel<<<a->T, 128, 0, s>>>(*a);
     int rc = EGK_LAUNCH_RESULT();
     if (rc) return rc;
-    size_t shm = sizeof(float) * (size_t)(2 * a->HD + 2 * GQA_THREADS);
+    size_t shm = sizeof(float) * (size_t)(2 * a->HD + 2 * GQA_THREADS) + sizeof(int64_t) * GQA_THREADS;
     gqa_attend_kernel<<<dim3((unsigned)a->NH, (unsigned)a->T), GQA_THREADS, shm, s>>>(*a);
     return EGK_LAUNCH_RESULT();
 }

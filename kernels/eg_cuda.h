@@ -162,22 +162,24 @@ int egk_mla_splits(const egk_mla *a);
 /* ---- plain MHA/GQA attention (kernels/attn.cu) ---------------------------------- */
 typedef struct egk_gqa {
     int T, NH, NKV, HD;        /* rows, heads, kv heads (divides NH), head dim (even) */
-    int max_len;               /* L: cache positions per slot */
+    int BS, MB;                /* positions per cache block, blocks per slot */
     const int32_t *pos, *slot; /* [T] */
+    const int32_t *table;      /* [S][MB] physical block of each logical block (mapped) */
     const float *q;            /* [T][NH][HD] unrotated */
     const float *k, *v;        /* [T][NKV][HD], k unrotated */
-    uint16_t *k_cache, *v_cache; /* [S][L][NKV][HD] bf16 */
+    uint16_t *k_cache, *v_cache; /* [n_blocks][BS][NKV][HD] bf16 */
     const float *inv_freq;     /* [HD/2] */
     float scale;               /* softmax scale */
     int window;                /* > 0: attend to positions (pos - window, pos] only */
     float *out;                /* [T][NH][HD] */
 } egk_gqa;
 /* Rotate-half RoPE on k (angle pos * inv_freq[i] in FP64, pairs i, i + HD/2), k and v
- * written to the caches as BF16 (RNE) at (slot[t], pos[t]); then, per (row, head),
- * the rotated q attends over positions [0, pos[t]] of its slot, or its last `window`
- * of them (pos[t] - window, pos[t]] with a sliding window (online softmax over
- * tiles of 64 positions, FP32). Two launches in stream order: all rows are written
- * before any attends. No scratch. */
+ * written to the caches as BF16 (RNE) at (slot[t], pos[t]), that is row
+ * table[slot][pos / BS] * BS + pos % BS; then, per (row, head), the rotated q attends
+ * over positions [0, pos[t]] of its slot, or its last `window` of them
+ * (pos[t] - window, pos[t]] with a sliding window (online softmax over tiles of 64
+ * positions, FP32). Two launches in stream order: all rows are written before any
+ * attends. No scratch. */
 int egk_gqa_attention(const egk_gqa *a, void *stream);
 /* dst[r][0..width) = src[r][0..width), row strides in floats, r < rows. */
 int egk_copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int rows, int64_t width,

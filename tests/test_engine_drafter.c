@@ -82,9 +82,12 @@ static void save_cfg(const char *dir, json_t *j) {
  * CPU backend's ops (eg_eagle3_opts.backend), g_rows rows per pass. */
 static const char *g_backend;
 static int g_rows;
+static int g_block;         /* eg_eagle3_opts.block_size (0: its default) */
+static int64_t g_pool;      /* eg_eagle3_opts.pool_blocks (0: its default) */
 
 static eg_status load(const char *dir, int S, int T, eg_drafter **d, eg_error *e) {
-    eg_eagle3_opts o = {.threads = 2, .backend = g_backend, .max_rows = g_rows};
+    eg_eagle3_opts o = {.threads = 2, .backend = g_backend, .max_rows = g_rows, .block_size = g_block,
+                        .pool_blocks = g_pool};
     return eg_drafter_eagle3_load_opts(dir, target(), S, T, &o, d, e);
 }
 
@@ -153,8 +156,11 @@ static void ref_case(int no_embed, int nbr, int spec) {
     if (!d) return;
     CHECK(!strcmp(d->info.kind, "eagle3") && d->info.n_aux == 3 && d->info.hidden == 64 && d->info.target_vocab == 512);
     CHECK(d->info.aux_layers[0] == 0 && d->info.aux_layers[1] == 2 && d->info.aux_layers[2] == 4);
-    /* state_bytes = S * (4 * T * NKV * HD + 4 * H): NKV 2, HD 16 */
-    CHECK(d->info.state_bytes == 2 * (4 * 32 * 2 * 16 + 4 * 64));
+    /* the default pool holds every slot full: 2 slots of 2 blocks of 16 positions at
+       4 * NKV * HD bytes (NKV 2, HD 16), and per slot its FP32 row (H 64) and table row */
+    CHECK(d->info.block_size == 16 && d->info.pool_blocks == 4 && d->info.cache_bytes_per_token == 4 * 2 * 16);
+    CHECKF(d->info.state_bytes == 4 * 16 * (4 * 2 * 16) + 2 * (4 * 64 + 4 * 2), "state %lld bytes",
+           (long long)d->info.state_bytes);
     double worst = 0;
     int32_t seq[64], dr[3];
     uint64_t rng = 1;
@@ -266,6 +272,92 @@ static void test_truncate_extend_backend_cpu(void) {
     g_backend = NULL;
     g_rows = 0;
 }
+
+/* The paged cache: blocks of 3 positions, slots growing in turn so their blocks
+ * interleave in the pool, a pool with no block to spare, speculation, truncation and
+ * reuse: logits and drafts bit-identical to a drafter whose slots each sit in one block.
+ * Then the pool running out: the extend fails naming the pool, the slot as it was, and
+ * the blocks a truncate returns serve it. Own code and the CPU backend's op. */
+static void paged_case(const char *backend) {
+    const char *dir = tmpdir(backend ? "paged_backend" : "paged");
+    make_drafter(dir, 0, NULL);
+    g_backend = backend;
+    g_rows = backend ? 2 : 0;
+    eg_error e = {0};
+    enum { N = 8 };
+    static float aux[N][3][64];
+    int32_t next[N], seq[32], want[2][4], got[4];
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < 3 * 64; i++) aux[t][i / 64][i % 64] = (float)(2.0 * urand() - 1.0);
+        next[t] = (int32_t)(urand() * 512);
+    }
+    static float ref[2][200];
+    uint64_t rng = 0;
+    eg_drafter *d = NULL;
+    CHECK_OK(load(dir, 3, 16, &d, &e), &e); /* one block of 16 per slot */
+    if (!d) return;
+    CHECK_OK(eg_drafter_extend(d, 0, 0, 5, &aux[0][0][0], next, &e), &e);
+    CHECK_OK(eg_drafter_propose(d, 0, seq, 6, 3, &greedy, &rng, want[0], NULL, &e), &e);
+    memcpy(ref[0], eg_drafter_eagle3_last_logits(d), sizeof ref[0]);
+    eg_drafter_truncate(d, 0, 5);
+    CHECK_OK(eg_drafter_extend(d, 0, 5, N - 5, &aux[5][0][0], next + 5, &e), &e);
+    CHECK_OK(eg_drafter_propose(d, 0, seq, N + 1, 4, &greedy, &rng, want[1], NULL, &e), &e);
+    memcpy(ref[1], eg_drafter_eagle3_last_logits(d), sizeof ref[1]);
+    eg_drafter_free(d);
+    /* three slots of at most N + 3 = 11 positions in blocks of 3: 4 blocks each, 12 in all */
+    g_block = 3;
+    g_pool = 12;
+    CHECK_OK(load(dir, 3, 16, &d, &e), &e);
+    if (!d) goto out;
+    CHECK(d->info.block_size == 3 && d->info.pool_blocks == 12);
+    for (int s = 0; s < 3; s++) /* interleaved growth: 2 positions per slot per round */
+        for (int t = 0; t < 5; t += 2) {
+            int n = t + 2 <= 5 ? 2 : 5 - t;
+            CHECK_OK(eg_drafter_extend(d, s, t, n, &aux[t][0][0], next + t, &e), &e);
+        }
+    for (int s = 0; s < 3; s++) {
+        CHECK_OK(eg_drafter_propose(d, s, seq, 6, 3, &greedy, &rng, got, NULL, &e), &e);
+        CHECKF(!memcmp(got, want[0], sizeof(int32_t) * 3) && !memcmp(ref[0], eg_drafter_eagle3_last_logits(d), sizeof ref[0]),
+               "slot %d: the paged cache's drafts or logits differ", s);
+    }
+    for (int s = 2; s >= 0; s--) {
+        eg_drafter_truncate(d, s, 5);
+        CHECK_OK(eg_drafter_extend(d, s, 5, N - 5, &aux[5][0][0], next + 5, &e), &e);
+    }
+    for (int s = 0; s < 3; s++) {
+        CHECK_OK(eg_drafter_propose(d, s, seq, N + 1, 4, &greedy, &rng, got, NULL, &e), &e);
+        CHECKF(!memcmp(got, want[1], sizeof got) && !memcmp(ref[1], eg_drafter_eagle3_last_logits(d), sizeof ref[1]),
+               "slot %d after truncation: drafts or logits differ", s);
+    }
+    eg_drafter_free(d);
+    d = NULL;
+    /* a pool of 5 blocks: slot 0 takes 3 (8 positions), slot 1 2 (5); slot 1's chain of 3
+       drafts needs a third and is refused, the slot as it was; the block slot 0's
+       truncate returns serves it */
+    g_pool = 5;
+    CHECK_OK(load(dir, 3, 16, &d, &e), &e);
+    if (!d) goto out;
+    CHECK_OK(eg_drafter_extend(d, 0, 0, N, &aux[0][0][0], next, &e), &e);
+    CHECK_OK(eg_drafter_extend(d, 1, 0, 5, &aux[0][0][0], next, &e), &e);
+    eg_status st = eg_drafter_propose(d, 1, seq, 6, 3, &greedy, &rng, got, NULL, &e);
+    CHECKF(st == EG_ERR_NOMEM && strstr(e.msg, "cache pool (5 blocks of 3 positions) is full"), "%d: %s", (int)st, e.msg);
+    CHECK(eg_drafter_eagle3_slot_len(d, 1) == 5);
+    st = eg_drafter_extend(d, 2, 0, 1, &aux[0][0][0], next, &e); /* nothing left for slot 2 either */
+    CHECK(st == EG_ERR_NOMEM && eg_drafter_eagle3_slot_len(d, 2) == 0);
+    eg_drafter_truncate(d, 0, 5);
+    CHECK_OK(eg_drafter_propose(d, 1, seq, 6, 3, &greedy, &rng, got, NULL, &e), &e);
+    CHECKF(!memcmp(got, want[0], sizeof(int32_t) * 3) && !memcmp(ref[0], eg_drafter_eagle3_last_logits(d), sizeof ref[0]),
+           "slot 1 after the pool ran out: drafts or logits differ");
+    eg_drafter_free(d);
+out:
+    g_block = 0;
+    g_pool = 0;
+    g_backend = NULL;
+    g_rows = 0;
+}
+
+static void test_paged_cache(void) { paged_case(NULL); }
+static void test_paged_cache_backend_cpu(void) { paged_case("cpu"); }
 
 /* The backend path on the CPU backend against the drafter's own code: the same
  * products in the same order (BF16 weights, row lengths multiples of 8), so the same
@@ -890,6 +982,8 @@ int main(int argc, char **argv) {
         {"truncate_extend", test_truncate_extend},
         {"reference_backend_cpu", test_reference_backend_cpu},
         {"truncate_extend_backend_cpu", test_truncate_extend_backend_cpu},
+        {"paged_cache", test_paged_cache},
+        {"paged_cache_backend_cpu", test_paged_cache_backend_cpu},
         {"backend_cpu_bits", test_backend_cpu_bits},
         {"q_monotone", test_q_monotone},
         {"q_permuted", test_q_permuted},

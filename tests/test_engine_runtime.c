@@ -389,8 +389,12 @@ static void test_spec_layouts(void) {
     o.draft_model = draft_dir;
     o.draft_tokens = 3;
     CHECK_OK(run(&o, &spec1, &info, &err), &err);
-    CHECK(info.n_drafters == 1 && info.draft_weight_bytes > 0 && info.draft_slot_bytes > 0);
-    CHECK(info.draft_state_bytes == 4 * info.draft_slot_bytes && info.draft_device_bytes == 0);
+    CHECK(info.n_drafters == 1 && info.draft_weight_bytes > 0 && info.draft_slot_bytes > 0 && info.draft_token_bytes > 0);
+    /* the drafter's paged cache is the engine's KV pool, block for block, plus the slots' rows */
+    CHECKF(info.draft_state_bytes == info.kv_capacity_all * info.draft_token_bytes + 4 * info.draft_slot_bytes &&
+               info.draft_device_bytes == 0,
+           "drafter state %lld bytes, pool %lld tokens of %lld, 4 slots of %lld", (long long)info.draft_state_bytes,
+           (long long)info.kv_capacity_all, (long long)info.draft_token_bytes, (long long)info.draft_slot_bytes);
     CHECKF(last_stats.verify_steps > 0, "no verify step with a drafter");
     for (int i = 0; i < NREQ; i += 2) CHECKF(same_req(&plain, &spec1, i, H), "request %d: greedy with a drafter differs", i);
     struct {
@@ -439,7 +443,10 @@ static void test_spec_layouts(void) {
                    i % 2 ? "sampled, from the one-engine spec run" : "greedy, from the run without a drafter");
         int ranks = v[k].ep > 1 ? v[k].ep : 1;
         CHECKF(info.n_drafters == ranks, "%s: %d drafters", v[k].name, info.n_drafters);
-        CHECK(info.draft_state_bytes == 4 * info.draft_slot_bytes); /* the 4 slots over the ranks */
+        /* each rank's drafter pool is its engine's (the 4 slots over the ranks) */
+        CHECKF(info.draft_state_bytes == info.kv_capacity_all * info.draft_token_bytes + 4 * info.draft_slot_bytes,
+               "%s: drafter state %lld bytes, pools %lld tokens", v[k].name, (long long)info.draft_state_bytes,
+               (long long)info.kv_capacity_all);
         if (v[k].kv_tokens) CHECKF(last_stats.preemptions > 0, "%s: no preemption", v[k].name);
         CHECK(info.ep == ranks);
         free_results(&r);
@@ -450,9 +457,10 @@ static void test_spec_layouts(void) {
 }
 
 /* The GPU plan (as if on a device of given memory; no GPU needed: the plan comes before
- * any backend) reserves the drafter's weights and the cache of every slot on the GPU
- * of the last stage, so the pool is smaller by exactly those bytes: checked against
- * eg_cuda_plan_mem with the same figures, and the plan line says so. */
+ * any backend) counts, on the GPU of the last stage, the drafter's weights and slots'
+ * rows with the activations and its paged cache per token of the KV pool: the pool of
+ * that GPU is smaller by exactly those bytes (checked against the plan's own figures),
+ * the other GPUs' pools are not, and the plan line says so. */
 typedef struct { char lines[8][1024]; int n; } notes;
 static void keep_note(void *ctx, const char *line) {
     notes *n = ctx;
@@ -506,15 +514,18 @@ static void test_spec_plan(void) {
         int gpus = v[k].stages ? 2 : 1;
         CHECKF(without.n == gpus && with.n == gpus, "%s: %d and %d plan lines", v[k].name, without.n, with.n);
         if (without.n != gpus || with.n != gpus) continue;
-        /* the drafter's bytes as its loader counts them */
+        /* the drafter's bytes as its loader counts them: the probe's one slot, its
+           default pool of one slot's blocks at the runtime's block size */
         eg_drafter *probe = NULL;
         eg_error err = {0};
-        eg_eagle3_opts po = {.threads = 1};
+        eg_eagle3_opts po = {.threads = 1, .block_size = 64};
         CHECK_OK(eg_drafter_eagle3_load_opts(draft_dir, &model, 1, 4096, &po, &probe, &err), &err);
         if (!probe) continue;
-        int64_t w = probe->info.weight_bytes, slot = probe->info.state_bytes;
+        const int64_t w = probe->info.weight_bytes, tok = probe->info.cache_bytes_per_token,
+                      slot = probe->info.state_bytes - probe->info.pool_blocks * 64 * tok;
+        CHECK(probe->info.pool_blocks == 4096 / 64 && probe->info.block_size == 64);
         eg_drafter_free(probe);
-        CHECK(w > 0 && slot > 0);
+        CHECK(w > 0 && slot > 0 && tok > 0);
         int last = gpus - 1;
         for (int g = 0; g < last; g++)
             CHECKF(plan_tokens(&without, g) == plan_tokens(&with, g), "%s: GPU %d's pool changed (%lld -> %lld)",
@@ -523,7 +534,7 @@ static void test_spec_plan(void) {
         const char *p = strstr(with.lines[last], "the activations include the drafter's ");
         long long got = 0, got_w = 0, got_slot = 0;
         int got_slots = 0;
-        CHECKF(p && sscanf(p, "the activations include the drafter's %lld bytes (weights %lld, %d slots' cache of %lld",
+        CHECKF(p && sscanf(p, "the activations include the drafter's %lld bytes (weights %lld, %d slots' rows of %lld",
                            &got, &got_w, &got_slots, &got_slot) == 4,
                "%s: no drafter in '%s'", v[k].name, with.lines[last]);
         int slots = v[k].n_slots ? (v[k].ep > 1 ? (v[k].n_slots + v[k].ep - 1) / v[k].ep : v[k].n_slots) : got_slots;
@@ -532,33 +543,48 @@ static void test_spec_plan(void) {
                "%s: the plan reserved %lld (weights %lld, %d slots of %lld), the drafter takes %lld (%lld, %d of %lld)",
                v[k].name, got, got_w, got_slots, got_slot, (long long)draft, (long long)w, slots, (long long)slot);
         if (!v[k].n_slots) CHECKF(got_slots >= 1, "%s: %d slots", v[k].name, got_slots);
-        /* the pool shrinks by the drafter's bytes in whole blocks: the bytes left for it
-           were in [B0, B0 + 1) blocks, so B0 - B1 is floor or ceil of draft / block bytes */
-        int64_t t0 = plan_tokens(&without, last), t1 = plan_tokens(&with, last), per_tok = 0;
-        const char *q = strstr(without.lines[last], "blocks, ");
-        per_tok = q ? strtoll(q + strlen("blocks, "), NULL, 10) : 0;
-        CHECKF(per_tok > 0 && t0 > 0 && t1 > 0, "%s: no capacity in '%s'", v[k].name, without.lines[last]);
-        if (per_tok > 0 && t0 > 0 && t1 > 0) {
-            int64_t pb = per_tok * 64, lost = (t0 - t1) / 64;
-            CHECKF((t0 - t1) % 64 == 0 && (lost == draft / pb || lost == (draft + pb - 1) / pb),
-                   "%s: the pool lost %lld blocks of %lld bytes for a drafter of %lld bytes", v[k].name,
-                   (long long)lost, (long long)pb, (long long)draft);
+        /* bytes per token: the target's layers' plus the drafter's cache, on its GPU only */
+        int64_t t0 = plan_tokens(&without, last), t1 = plan_tokens(&with, last), pt0 = 0, pt1 = 0;
+        const char *q0 = strstr(without.lines[last], "blocks, "), *q1 = strstr(with.lines[last], "blocks, ");
+        pt0 = q0 ? strtoll(q0 + strlen("blocks, "), NULL, 10) : 0;
+        pt1 = q1 ? strtoll(q1 + strlen("blocks, "), NULL, 10) : 0;
+        CHECKF(pt0 > 0 && t0 > 0 && t1 > 0, "%s: no capacity in '%s'", v[k].name, without.lines[last]);
+        CHECKF(pt1 == pt0 + tok, "%s: %lld bytes/token with the drafter, %lld without, its cache %lld", v[k].name,
+               (long long)pt1, (long long)pt0, (long long)tok);
+        char want[96];
+        snprintf(want, sizeof want, "%lld of them the drafter's cache", (long long)tok);
+        CHECKF(strstr(with.lines[last], want), "%s: '%s' lacks '%s'", v[k].name, with.lines[last], want);
+        if (pt0 > 0 && t0 > 0 && t1 > 0) {
+            /* the bytes left for the pool without it were in [B0, B0 + 1) blocks of pb0; with
+               it `draft` fewer, in blocks of pb1: B1 lies between the two ends */
+            int64_t pb0 = pt0 * 64, pb1 = (pt0 + tok) * 64, B0 = t0 / 64, B1 = t1 / 64;
+            int64_t lo = (B0 * pb0 - draft) / pb1, hi = ((B0 + 1) * pb0 - 1 - draft) / pb1;
+            CHECKF(t1 % 64 == 0 && B1 >= lo && B1 <= hi,
+                   "%s: the pool has %lld blocks with the drafter, %lld without; expected %lld..%lld", v[k].name,
+                   (long long)B1, (long long)B0, (long long)lo, (long long)hi);
         }
         if (ia.n_slots && ib.n_slots) CHECK(ib.draft_device_bytes == draft && ia.draft_device_bytes == 0);
     }
     /* eg_cuda_plan_mem directly: the drafter's bytes among the activations take exactly
-       their whole blocks from the pool */
+       their whole blocks from the pool; bytes per token beside the layers' make every block
+       dearer by that much */
     {
         const eg_config *c = &model.cfg;
         eg_backend_opts bo = {.name = "cuda", .max_tokens = 64, .max_seq_len = 4096};
-        eg_cuda_mem_plan a, b;
+        eg_cuda_mem_plan a, b, x;
         eg_error err = {0};
-        const int64_t per_block = (int64_t)c->n_layers * (c->kv_lora_rank + c->qk_rope) * 2 * 64;
-        CHECK_OK(eg_cuda_plan_mem(c, &bo, 0.5, 2 * G, 2 * G, 1000, 5000, c->n_layers, 64, &a, &err), &err);
+        const int64_t per_tok = (int64_t)c->n_layers * (c->kv_lora_rank + c->qk_rope) * 2, per_block = per_tok * 64;
+        CHECK_OK(eg_cuda_plan_mem(c, &bo, 0.5, 2 * G, 2 * G, 1000, 5000, c->n_layers, 0, 64, &a, &err), &err);
         int64_t draft = 7 * per_block; /* a whole number of blocks */
-        CHECK_OK(eg_cuda_plan_mem(c, &bo, 0.5, 2 * G, 2 * G, 1000, 5000 + draft, c->n_layers, 64, &b, &err), &err);
+        CHECK_OK(eg_cuda_plan_mem(c, &bo, 0.5, 2 * G, 2 * G, 1000, 5000 + draft, c->n_layers, 0, 64, &b, &err), &err);
         CHECKF(a.kv_blocks - b.kv_blocks == 7 && a.kv_tokens - b.kv_tokens == 7 * 64, "%lld -> %lld blocks",
                (long long)a.kv_blocks, (long long)b.kv_blocks);
+        /* as many bytes again per token: half the blocks (the budget's remainder aside) */
+        CHECK_OK(eg_cuda_plan_mem(c, &bo, 0.5, 2 * G, 2 * G, 1000, 5000, c->n_layers, per_tok, 64, &x, &err), &err);
+        CHECKF(x.kv_bytes_per_token == 2 * per_tok && x.extra_per_token == per_tok && x.kv_blocks == a.kv_blocks / 2,
+               "%lld blocks of %lld bytes/token with the extra, %lld without", (long long)x.kv_blocks,
+               (long long)x.kv_bytes_per_token, (long long)a.kv_blocks);
+        CHECK(eg_cuda_plan_mem(c, &bo, 0.5, 2 * G, 2 * G, 1000, 5000, c->n_layers, -1, 64, &x, &err) == EG_ERR_INVALID);
     }
 }
 

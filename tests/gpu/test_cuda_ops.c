@@ -1078,13 +1078,13 @@ static void test_errors_and_plan(void) {
     CHECK_OK(eg_cuda_mem_info(0, &fr, &to, &err), &err);
     CHECK(fr > 0 && to >= fr);
     eg_cuda_mem_plan plan;
-    CHECK_OK(eg_cuda_plan(&c, &o, 0.9, (int64_t)20 << 30, (int64_t)1 << 30, c.n_layers, 64, &plan, &err), &err);
+    CHECK_OK(eg_cuda_plan(&c, &o, 0.9, (int64_t)20 << 30, (int64_t)1 << 30, c.n_layers, 0, 64, &plan, &err), &err);
     char line[512];
     eg_cuda_plan_format(&plan, 0, line, sizeof line);
     printf("    plan: %s\n", line);
     CHECK(plan.kv_tokens > 0 && plan.kv_tokens % 64 == 0);
     CHECK(plan.kv_bytes_per_token == (int64_t)c.n_layers * 576 * 2);
-    st = eg_cuda_plan(&c, &o, 0.9, (int64_t)1 << 50, 0, c.n_layers, 64, &plan, &err);
+    st = eg_cuda_plan(&c, &o, 0.9, (int64_t)1 << 50, 0, c.n_layers, 0, 64, &plan, &err);
     CHECK(st == EG_ERR_NOMEM);
     void *h = eg_cuda_host_alloc(1 << 20, &err);
     CHECK(h != NULL);
@@ -1572,11 +1572,19 @@ static void test_ep_group(void) {
 
 /* ---- plain MHA/GQA attention (the EAGLE-3 drafter's layer) and copy_rows ------------- */
 
+/* The paged cache of the gqa tests: BS positions per block, MB blocks per slot, the
+ * slots' blocks shuffled over the pool (and one slot row ending unmapped). */
+typedef struct gqa_cache {
+    int BS, MB;
+    int64_t n_blocks;
+    buf2 table; /* [S][MB] */
+} gqa_cache;
+
 /* One gqa_attention call on both backends: rows (slot, pos); the caches must match bit
  * for bit (the same rotation, the same BF16 rounding), the outputs to 1e-5 (FP32 both
  * sides; the CUDA kernel's online softmax sums in another order). */
-static void gqa_call(pair *p, int NH, int NKV, int HD, int L, int window, buf2 *kc, buf2 *vc, const buf2 *inv, int T,
-                     const int32_t *slot, const int32_t *pos, const char *what, double *worst) {
+static void gqa_call(pair *p, int NH, int NKV, int HD, const gqa_cache *gc, int window, buf2 *kc, buf2 *vc,
+                     const buf2 *inv, int T, const int32_t *slot, const int32_t *pos, const char *what, double *worst) {
     eg_error err = {0};
     int max_pos = 0;
     for (int t = 0; t < T; t++)
@@ -1586,11 +1594,14 @@ static void gqa_call(pair *p, int NH, int NKV, int HD, int L, int window, buf2 *
     buf2 bq = b2(p, q, sizeof(float) * (size_t)T * NH * HD), bk = b2(p, k, sizeof(float) * (size_t)T * NKV * HD),
          bv = b2(p, v, sizeof(float) * (size_t)T * NKV * HD), bs = b2(p, slot, sizeof(int32_t) * (size_t)T),
          bp = b2(p, pos, sizeof(int32_t) * (size_t)T), bo = b2(p, NULL, sizeof(float) * (size_t)T * NH * HD);
-    eg_gqa_args a = {.T = T, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .max_len = L, .max_pos = max_pos,
-                     .rope_inv_freq = inv->c, .softmax_scale = 1.0f / sqrtf((float)HD), .window = window};
+    eg_gqa_args a = {.T = T, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .block_size = gc->BS,
+                     .max_blocks = gc->MB, .n_blocks = gc->n_blocks, .max_pos = max_pos, .rope_inv_freq = inv->c,
+                     .softmax_scale = 1.0f / sqrtf((float)HD), .window = window};
     a.pos = bp.c, a.slot = bs.c, a.q = bq.c, a.k = bk.c, a.v = bv.c, a.k_cache = kc->c, a.v_cache = vc->c, a.out = bo.c;
+    a.block_table = gc->table.c;
     CHECK_OK(p->cpu->ops->gqa_attention(p->cpu, &a, &err), &err);
     a.pos = bp.g, a.slot = bs.g, a.q = bq.g, a.k = bk.g, a.v = bv.g, a.k_cache = kc->g, a.v_cache = vc->g, a.out = bo.g;
+    a.block_table = gc->table.g;
     a.rope_inv_freq = inv->g;
     CHECK_OK(p->gpu->ops->gqa_attention(p->gpu, &a, &err), &err);
     double r = cmp_f32(p, &bo, what, 1e-5);
@@ -1605,14 +1616,29 @@ static void gqa_call(pair *p, int NH, int NKV, int HD, int L, int window, buf2 *
 }
 
 /* window > 0: a sliding window (positions (p - window, p]); 70 starts the GPU's tiles of
- * 64 off their boundary and cuts the early positions at 150. */
-static void gqa_case(int NH, int NKV, int HD, double theta, int window, const char *name) {
-    seed(77 + NH + HD);
+ * 64 off their boundary and cuts the early positions at 150. BS: the cache's block size
+ * (the slots' blocks shuffled over a pool with spare blocks; 160 = one block per slot). */
+static void gqa_case(int NH, int NKV, int HD, double theta, int window, int BS, const char *name) {
+    seed(77 + NH + HD + BS);
     eg_config c = small_cfg();
     pair p;
     if (!pair_make(&c, 128, &p)) return;
     enum { S = 2, L = 160 };
-    size_t cb = sizeof(uint16_t) * (size_t)S * L * NKV * HD;
+    gqa_cache gc = {.BS = BS, .MB = (L + BS - 1) / BS};
+    gc.n_blocks = (int64_t)S * gc.MB + 3;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)gc.n_blocks), *tab = malloc(sizeof(int32_t) * (size_t)S * gc.MB);
+    for (int64_t i = 0; i < gc.n_blocks; i++) perm[i] = (int32_t)i;
+    for (int64_t i = gc.n_blocks - 1; i > 0; i--) { /* Fisher-Yates on the test's seeded stream */
+        int64_t j = (int64_t)(urand() * (double)(i + 1));
+        if (j > i) j = i;
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int64_t i = 0; i < (int64_t)S * gc.MB; i++) tab[i] = perm[i]; /* slot s block b: perm[s * MB + b] */
+    if (gc.MB > 1) tab[2 * gc.MB - 1] = -1; /* slot 1 never reaches its last block */
+    gc.table = b2(&p, tab, sizeof(int32_t) * (size_t)S * gc.MB);
+    size_t cb = sizeof(uint16_t) * (size_t)gc.n_blocks * gc.BS * NKV * HD;
     buf2 kc = b2(&p, NULL, cb), vc = b2(&p, NULL, cb);
     float inv[256];
     for (int i = 0; i < HD / 2; i++) inv[i] = (float)(1.0 / pow(theta, (2.0 * i) / HD));
@@ -1627,31 +1653,34 @@ static void gqa_case(int NH, int NKV, int HD, double theta, int window, const ch
         slot[T] = 0, pos[T++] = i;
     }
     snprintf(what, sizeof what, "gqa %s: mixed prefill of 2 slots (T %d)", name, T);
-    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, T, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, &gc, window, &kc, &vc, &bi, T, slot, pos, what, &worst);
     /* decode: one row per slot */
     slot[0] = 0, pos[0] = 7, slot[1] = 1, pos[1] = 5;
     snprintf(what, sizeof what, "gqa %s: decode, 2 slots", name);
-    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, 2, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, &gc, window, &kc, &vc, &bi, 2, slot, pos, what, &worst);
     /* slot 0 to 150 positions in one call (three tiles of 64 on the GPU), then decode */
     for (int i = 0; i < 128; i++) slot[i] = 0, pos[i] = 8 + i;
     snprintf(what, sizeof what, "gqa %s: extend 128 rows, positions 8..135", name);
-    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, 128, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, &gc, window, &kc, &vc, &bi, 128, slot, pos, what, &worst);
     for (int i = 0; i < 14; i++) slot[i] = 0, pos[i] = 136 + i;
     snprintf(what, sizeof what, "gqa %s: extend 14 rows, positions 136..149", name);
-    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, 14, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, &gc, window, &kc, &vc, &bi, 14, slot, pos, what, &worst);
     slot[0] = 0, pos[0] = 150;
     snprintf(what, sizeof what, "gqa %s: decode at position 150", name);
-    gqa_call(&p, NH, NKV, HD, L, window, &kc, &vc, &bi, 1, slot, pos, what, &worst);
+    gqa_call(&p, NH, NKV, HD, &gc, window, &kc, &vc, &bi, 1, slot, pos, what, &worst);
     printf("    gqa %s: worst rel %.2e, caches bit-identical\n", name, worst);
-    b2_free(&p, &kc), b2_free(&p, &vc), b2_free(&p, &bi);
+    b2_free(&p, &kc), b2_free(&p, &vc), b2_free(&p, &bi), b2_free(&p, &gc.table);
+    free(perm);
+    free(tab);
     pair_free(&p);
 }
 
 static void test_gqa_attention(void) {
-    gqa_case(4, 2, 16, 10000.0, 0, "4 heads / 2 kv of 16");
-    gqa_case(8, 1, 32, 500000.0, 0, "8 heads / 1 kv of 32 (MQA)");
-    gqa_case(2, 2, 128, 50000.0, 0, "2 heads of 128 (MHA)");
-    gqa_case(4, 2, 16, 10000.0, 70, "4 heads / 2 kv of 16, sliding window 70");
+    gqa_case(4, 2, 16, 10000.0, 0, 160, "4 heads / 2 kv of 16, one block per slot");
+    gqa_case(4, 2, 16, 10000.0, 0, 16, "4 heads / 2 kv of 16, shuffled blocks of 16");
+    gqa_case(8, 1, 32, 500000.0, 0, 7, "8 heads / 1 kv of 32 (MQA), shuffled blocks of 7");
+    gqa_case(2, 2, 128, 50000.0, 0, 64, "2 heads of 128 (MHA), shuffled blocks of 64");
+    gqa_case(4, 2, 16, 10000.0, 70, 5, "4 heads / 2 kv of 16, sliding window 70, shuffled blocks of 5");
 }
 
 static void test_copy_rows(void) {
@@ -1681,8 +1710,9 @@ static void test_copy_rows(void) {
     pair_free(&p);
 }
 
-/* The EAGLE-3 drafter through the CUDA backend (eg_eagle3_opts.backend "cuda", extends in
- * passes of 4 rows) against the drafter's own CPU code, on a random drafter for the
+/* The EAGLE-3 drafter through the CUDA backend (eg_eagle3_opts.backend "cuda", its paged
+ * cache in blocks of 3, extends in passes of 4 rows) against the drafter's own CPU code
+ * (one block of 16 per slot), on a random drafter for the
  * tiny-a fixture and on the same with speculators' options and a sliding window: the
  * draft-vocabulary logits of every proposal step (rel, bound as for BF16 GEMMs), the
  * greedy drafts, and q of sampled drafts. */
@@ -1690,14 +1720,17 @@ static void test_copy_rows(void) {
 static void drafter_case(const char *ddir, eg_model *m, const char *what) {
     eg_error err = {0};
     eg_drafter *dc = NULL, *dg = NULL;
-    eg_eagle3_opts oc = {.threads = 2}, og = {.threads = 2, .backend = "cuda", .max_rows = 4};
+    /* the CUDA drafter's cache in blocks of 3 (slots spanning several, taken in turn) */
+    eg_eagle3_opts oc = {.threads = 2}, og = {.threads = 2, .backend = "cuda", .max_rows = 4, .block_size = 3};
     CHECK_OK(eg_drafter_eagle3_load_opts(ddir, m, 2, 32, &oc, &dc, &err), &err);
     CHECK_OK(eg_drafter_eagle3_load_opts(ddir, m, 2, 32, &og, &dg, &err), &err);
     if (!dc || !dg) {
         eg_drafter_free(dc), eg_drafter_free(dg);
         return;
     }
-    CHECK(!strcmp(eg_drafter_eagle3_backend(dg), "cuda") && dc->info.state_bytes == dg->info.state_bytes);
+    CHECK(!strcmp(eg_drafter_eagle3_backend(dg), "cuda") &&
+          dc->info.cache_bytes_per_token == dg->info.cache_bytes_per_token && dg->info.block_size == 3 &&
+          dg->info.pool_blocks == 2 * ((32 + 2) / 3));
     const int H = dc->info.hidden, V = dc->info.target_vocab, Vd = eg_drafter_eagle3_draft_vocab(dc);
     enum { N = 7, K = 3 };
     seed(123);
