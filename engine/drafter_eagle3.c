@@ -47,9 +47,19 @@ typedef struct e3 {
     int *aux_buf;              /* [n_aux] target layers, eaglegen convention, ascending */
     const char *aux_source;    /* how the convention was decided (static string) */
     double theta;              /* rope_theta */
+    /* MLA (vLLM's Eagle3DeepseekV2ForCausalLM): the layer's attention is DeepSeek's MLA,
+       run by the backend's mla_attention op (the target's, YaRN RoPE included) over the
+       drafter's own paged latent cache; backend path only */
+    int mla;
+    int QL, C, DN, DR, DV;     /* q_lora_rank (0: q_proj), kv_lora_rank, nope / rope / value head dims */
+    eg_config mcfg;            /* the layer's config as a DeepSeek model's (dimensions, RoPE / YaRN) */
+    float attn_factor, mla_scale; /* eg_config_rope_attn_factor / eg_config_softmax_scale of mcfg */
     /* weights */
     dw fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head, embed;
     dw input_norm;             /* [n_aux*Ht] norm_before_fc only */
+    /* MLA: q_a [QL][2H], q_a_norm [QL], q_b [NH*(DN+DR)][QL] (or q_full [NH*(DN+DR)][2H]),
+       kv_a [C+DR][2H], kv_a_norm [C], kv_b [NH*(DN+DV)][C]; wo is then [H][NH*DV] */
+    dw q_a, q_a_norm, q_b, q_full, kv_a, kv_a_norm, kv_b;
     int own_embed;             /* 0: the target's embedding */
     const eg_model *target;
     const eg_config *tcfg;     /* the target's config (config parsing reads only this) */
@@ -90,7 +100,10 @@ typedef struct e3_dev {
     int R;
     eg_weight fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head;
     eg_weight input_norm;      /* [n_aux*Ht] norm_before_fc only */
-    uint16_t *kc, *vc;         /* [n_blocks][BS][NKV][HD] bf16 */
+    eg_weight q_a, q_a_norm, q_b, q_full, kv_a, kv_a_norm, kv_b; /* MLA */
+    float *qa, *qan, *kvb;     /* MLA: [R][QL] x2, [R][C+DR] */
+    uint16_t *kc, *vc;         /* [n_blocks][BS][NKV][HD] bf16 (MLA: kc the latent
+                                  [n_blocks][BS][C+DR], vc unused) */
     int32_t *table;            /* [S][MB] the block table's copy */
     float *last;               /* [S][H] */
     float *inv_freq;           /* [HD/2] */
@@ -308,8 +321,27 @@ static eg_status dev_layer(e3 *d, int s, int p0, int n, eg_error *err) {
         (st = o->rmsnorm(b, g->emb, &g->in_norm, n, H, d->eps, g->ne, err)) ||
         (st = o->rmsnorm(b, g->hid, &g->hid_norm, n, H, d->eps, g->nh, err)) ||
         (st = o->copy_rows(b, g->cat, 2 * (int64_t)H, g->ne, H, n, H, err)) ||
-        (st = o->copy_rows(b, g->cat + H, 2 * (int64_t)H, g->nh, H, n, H, err)) ||
-        (st = o->linear(b, g->cat, n, &g->wq, g->q, err)) || (st = o->linear(b, g->cat, n, &g->wk, g->k, err)) ||
+        (st = o->copy_rows(b, g->cat + H, 2 * (int64_t)H, g->nh, H, n, H, err)))
+        return st;
+    if (d->mla) {
+        /* DeepSeek's MLA over the concat: q through its LoRA (or q_proj), the latent and
+           k_pe from kv_a; the op normalises the latent, rotates k_pe and q_pe (YaRN), caches
+           both in BF16 and attends with kv_b's absorbed halves */
+        if ((d->QL ? (st = o->linear(b, g->cat, n, &g->q_a, g->qa, err)) ||
+                         (st = o->rmsnorm(b, g->qa, &g->q_a_norm, n, d->QL, d->eps, g->qan, err)) ||
+                         (st = o->linear(b, g->qan, n, &g->q_b, g->q, err))
+                   : (st = o->linear(b, g->cat, n, &g->q_full, g->q, err))) ||
+            (st = o->linear(b, g->cat, n, &g->kv_a, g->kvb, err)))
+            return st;
+        eg_mla_args m = {.T = n, .pos = g->pos, .slot = g->slot, .block_table = g->table, .max_blocks = d->MB,
+                         .block_size = d->BS, .max_pos = p0 + n, .q = g->q, .kv = g->kvb, .kv_a_norm = &g->kv_a_norm,
+                         .kv_b = &g->kv_b, .cache = {.data = g->kc, .dtype = EG_KV_BF16, .row_bytes = 2 * (d->C + d->DR)},
+                         .rope_inv_freq = g->inv_freq, .rope_attn_factor = d->attn_factor,
+                         .softmax_scale = d->mla_scale, .eps = d->eps, .h0 = 0, .h1 = d->NH, .out = g->att};
+        if ((st = o->mla_attention(b, &m, err))) return st;
+        goto attended;
+    }
+    if ((st = o->linear(b, g->cat, n, &g->wq, g->q, err)) || (st = o->linear(b, g->cat, n, &g->wk, g->k, err)) ||
         (st = o->linear(b, g->cat, n, &g->wv, g->v, err)))
         return st;
     eg_gqa_args a = {.T = n, .n_heads = d->NH, .n_kv_heads = d->NKV, .head_dim = d->HD, .block_size = d->BS,
@@ -317,8 +349,10 @@ static eg_status dev_layer(e3 *d, int s, int p0, int n, eg_error *err) {
                      .slot = g->slot, .block_table = g->table, .q = g->q, .k = g->k, .v = g->v,
                      .k_cache = g->kc, .v_cache = g->vc, .rope_inv_freq = g->inv_freq,
                      .softmax_scale = 1.0f / sqrtf((float)d->HD), .window = d->window, .out = g->att};
+    if ((st = o->gqa_attention(b, &a, err))) return st;
+attended:;
     const int64_t nH = (int64_t)n * H;
-    if ((st = o->gqa_attention(b, &a, err)) || (st = o->linear(b, g->att, n, &g->wo, g->x, err)) ||
+    if ((st = o->linear(b, g->att, n, &g->wo, g->x, err)) ||
         (st = o->add(b, g->x, d->norm_before_residual ? g->nh : g->hid, nH, err)) ||
         (st = o->rmsnorm(b, g->x, &g->post_norm, n, H, d->eps, g->y, err)) ||
         (st = o->swiglu_mlp(b, g->y, n, &g->wg, &g->wu, &g->wd, g->out, 0, err)) ||
@@ -399,12 +433,14 @@ static void dev_free(e3_dev *g) {
         eg_backend *b = g->be;
         eg_error e = {0};
         (void)eg_backend_bind(b, &e);
-        eg_weight *ws[] = {&g->fc, &g->in_norm, &g->hid_norm, &g->wq, &g->wk, &g->wv, &g->wo,
-                           &g->post_norm, &g->wg, &g->wu, &g->wd, &g->norm, &g->lm_head, &g->input_norm};
+        eg_weight *ws[] = {&g->fc, &g->in_norm, &g->hid_norm, &g->wq, &g->wk, &g->wv, &g->wo, &g->post_norm,
+                           &g->wg, &g->wu, &g->wd, &g->norm, &g->lm_head, &g->input_norm, &g->q_a, &g->q_a_norm,
+                           &g->q_b, &g->q_full, &g->kv_a, &g->kv_a_norm, &g->kv_b};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) b->ops->weight_release(b, ws[i]);
         void *bufs[] = {g->kc, g->vc, g->table, g->last, g->inv_freq, g->pos, g->slot, g->emb, g->aux, g->hid,
-                        g->ne, g->nh, g->cat, g->q, g->k, g->v, g->att, g->x, g->y, g->out, g->logits, g->auxn};
+                        g->ne, g->nh, g->cat, g->q, g->k, g->v, g->att, g->x, g->y, g->out, g->logits, g->auxn,
+                        g->qa, g->qan, g->kvb};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) b->ops->release(b, bufs[i]);
         eg_backend_free(b);
@@ -440,17 +476,26 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
     /* A config shaped like the drafter's layer, so the backend's scratch covers its
      * products: widest input n_aux*Ht / 2H / NH*HD in q_lora_rank (the field only sizes
      * scratch here), the MLP width in inter, the draft vocabulary as vocab. */
+    /* MLA: the layer's own DeepSeek config, whose head and latent dims the backend's
+     * mla_attention op reads (q_lora_rank then only sizes scratch, as above) */
     eg_config c;
     memset(&c, 0, sizeof c);
+    if (d->mla) {
+        c = d->mcfg;
+        c.n_eos = 0;
+        c.eos_ids = NULL;
+    }
     snprintf(c.model_type, sizeof c.model_type, "eagle3_drafter");
     const int64_t wide = (int64_t)d->n_aux * d->Ht > 2 * (int64_t)d->H ? (int64_t)d->n_aux * d->Ht : 2 * (int64_t)d->H;
-    const int64_t qd = (int64_t)d->NH * d->HD;
-    if ((wide > qd ? wide : qd) > (1 << 30))
+    const int64_t qd = d->mla ? (int64_t)d->NH * (d->DN + d->DR > d->DV ? d->DN + d->DR : d->DV)
+                              : (int64_t)d->NH * d->HD;
+    if ((wide > qd ? wide : qd) > (1 << 30) || (int64_t)d->QL > (1 << 30))
         return eg_fail(err, EG_ERR_UNSUPPORTED, "eagle3 drafter: %lld input columns", (long long)wide);
     c.hidden = d->H;
     c.n_layers = 1;
     c.n_heads = d->NH;
     c.q_lora_rank = (int)(wide > qd ? wide : qd);
+    if (d->QL > c.q_lora_rank) c.q_lora_rank = d->QL;
     c.inter = d->I;
     c.vocab = d->Vd;
     c.rms_eps = d->eps;
@@ -461,14 +506,23 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
     eg_status st = eg_backend_create(&c, &bo, &g->be, err);
     if (st) return st;
     eg_backend *b = g->be;
-    if (!b->ops->gqa_attention || !b->ops->copy_rows)
-        return eg_fail(err, EG_ERR_UNSUPPORTED, "eagle3 drafter: backend %s has no gqa_attention/copy_rows", name);
+    if (!b->ops->gqa_attention || !b->ops->copy_rows || !b->ops->mla_attention)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "eagle3 drafter: backend %s has no gqa/mla_attention or copy_rows", name);
     if ((st = dev_upload(d, &d->fc, "fc.weight", &g->fc, err)) ||
         (st = dev_upload(d, &d->in_norm, "midlayer.input_layernorm.weight", &g->in_norm, err)) ||
         (st = dev_upload(d, &d->hid_norm, "midlayer.hidden_norm.weight", &g->hid_norm, err)) ||
-        (st = dev_upload(d, &d->wq, "midlayer.self_attn.q_proj.weight", &g->wq, err)) ||
-        (st = dev_upload(d, &d->wk, "midlayer.self_attn.k_proj.weight", &g->wk, err)) ||
-        (st = dev_upload(d, &d->wv, "midlayer.self_attn.v_proj.weight", &g->wv, err)) ||
+        (!d->mla && ((st = dev_upload(d, &d->wq, "midlayer.self_attn.q_proj.weight", &g->wq, err)) ||
+                     (st = dev_upload(d, &d->wk, "midlayer.self_attn.k_proj.weight", &g->wk, err)) ||
+                     (st = dev_upload(d, &d->wv, "midlayer.self_attn.v_proj.weight", &g->wv, err)))) ||
+        (d->mla && d->QL &&
+         ((st = dev_upload(d, &d->q_a, "midlayer.self_attn.q_a_proj.weight", &g->q_a, err)) ||
+          (st = dev_upload(d, &d->q_a_norm, "midlayer.self_attn.q_a_layernorm.weight", &g->q_a_norm, err)) ||
+          (st = dev_upload(d, &d->q_b, "midlayer.self_attn.q_b_proj.weight", &g->q_b, err)))) ||
+        (d->mla && !d->QL && (st = dev_upload(d, &d->q_full, "midlayer.self_attn.q_proj.weight", &g->q_full, err))) ||
+        (d->mla &&
+         ((st = dev_upload(d, &d->kv_a, "midlayer.self_attn.kv_a_proj_with_mqa.weight", &g->kv_a, err)) ||
+          (st = dev_upload(d, &d->kv_a_norm, "midlayer.self_attn.kv_a_layernorm.weight", &g->kv_a_norm, err)) ||
+          (st = dev_upload(d, &d->kv_b, "midlayer.self_attn.kv_b_proj.weight", &g->kv_b, err)))) ||
         (st = dev_upload(d, &d->wo, "midlayer.self_attn.o_proj.weight", &g->wo, err)) ||
         (st = dev_upload(d, &d->post_norm, "midlayer.post_attention_layernorm.weight", &g->post_norm, err)) ||
         (st = dev_upload(d, &d->wg, "midlayer.mlp.gate_proj.weight", &g->wg, err)) ||
@@ -478,17 +532,23 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
         (st = dev_upload(d, &d->lm_head, "lm_head.weight", &g->lm_head, err)) ||
         (d->norm_before_fc && (st = dev_upload(d, &d->input_norm, "input_norm.weight", &g->input_norm, err))))
         return st;
-    const int64_t R = g->R, H = d->H, row = (int64_t)d->NKV * d->HD, cache = d->n_blocks * d->BS * row;
+    /* the cache: K and V rows of NKV * HD, or one latent row of C + DR (MLA) */
+    const int64_t R = g->R, H = d->H, row = d->mla ? (int64_t)d->C + d->DR : (int64_t)d->NKV * d->HD,
+                  cache = d->n_blocks * d->BS * row, vcache = d->mla ? 1 : cache, half = d->mla ? d->DR / 2 : d->HD / 2,
+                  kvw = d->mla ? 1 : row;
     struct { void **p; size_t bytes; } al[] = {
-        {(void **)&g->kc, 2 * (size_t)cache}, {(void **)&g->vc, 2 * (size_t)cache},
+        {(void **)&g->kc, 2 * (size_t)cache}, {(void **)&g->vc, 2 * (size_t)vcache},
         {(void **)&g->table, 4 * (size_t)d->S * (size_t)d->MB},
-        {(void **)&g->last, 4 * (size_t)(d->S * H)}, {(void **)&g->inv_freq, 4 * (size_t)(d->HD / 2)},
+        {(void **)&g->last, 4 * (size_t)(d->S * H)}, {(void **)&g->inv_freq, 4 * (size_t)half},
+        {(void **)&g->qa, d->mla && d->QL ? 4 * (size_t)(R * d->QL) : 4},
+        {(void **)&g->qan, d->mla && d->QL ? 4 * (size_t)(R * d->QL) : 4},
+        {(void **)&g->kvb, d->mla ? 4 * (size_t)(R * row) : 4},
         {(void **)&g->pos, 4 * (size_t)R}, {(void **)&g->slot, 4 * (size_t)R},
         {(void **)&g->emb, 4 * (size_t)(R * H)}, {(void **)&g->aux, 4 * (size_t)(R * d->n_aux * d->Ht)},
         {(void **)&g->hid, 4 * (size_t)(R * H)}, {(void **)&g->ne, 4 * (size_t)(R * H)},
         {(void **)&g->nh, 4 * (size_t)(R * H)}, {(void **)&g->cat, 4 * (size_t)(R * 2 * H)},
-        {(void **)&g->q, 4 * (size_t)(R * qd)}, {(void **)&g->k, 4 * (size_t)(R * row)},
-        {(void **)&g->v, 4 * (size_t)(R * row)}, {(void **)&g->att, 4 * (size_t)(R * qd)},
+        {(void **)&g->q, 4 * (size_t)(R * qd)}, {(void **)&g->k, 4 * (size_t)(R * kvw)},
+        {(void **)&g->v, 4 * (size_t)(R * kvw)}, {(void **)&g->att, 4 * (size_t)(R * qd)},
         {(void **)&g->x, 4 * (size_t)(R * H)}, {(void **)&g->y, 4 * (size_t)(R * H)},
         {(void **)&g->out, 4 * (size_t)(R * H)}, {(void **)&g->logits, 4 * (size_t)d->Vd},
         {(void **)&g->auxn, d->norm_before_fc ? 4 * (size_t)(R * d->n_aux * d->Ht) : 4}};
@@ -498,9 +558,9 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
     g->h_pos = eg_malloc(sizeof(int32_t) * (size_t)R, err);
     g->h_slot = eg_malloc(sizeof(int32_t) * (size_t)R, err);
     if (!g->h_emb || !g->h_pos || !g->h_slot) return EG_ERR_NOMEM;
-    if ((st = b->ops->to_device(b, g->inv_freq, d->inv_freq, sizeof(float) * (size_t)(d->HD / 2), err)) ||
+    if ((st = b->ops->to_device(b, g->inv_freq, d->inv_freq, sizeof(float) * (size_t)half, err)) ||
         (st = b->ops->memset0(b, g->kc, 2 * (size_t)cache, err)) ||
-        (st = b->ops->memset0(b, g->vc, 2 * (size_t)cache, err)))
+        (st = b->ops->memset0(b, g->vc, 2 * (size_t)vcache, err)))
         return st;
     for (int s = 0; s < d->S; s++) d->dirty[s] = 1; /* every row is written before its first use */
     return b->ops->sync(b, err);
@@ -658,6 +718,7 @@ static void e3_destroy(eg_drafter *dr) {
     eg_spec_scratch_free(d->sc);
     eg_pool_free(d->pool);
     dev_free(d->dev);
+    eg_config_free(&d->mcfg);
     free(d);
 }
 
@@ -840,6 +901,62 @@ static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3
     return EG_OK;
 }
 
+/* vLLM's Eagle3DeepseekV2ForCausalLM (Eagle3DeepseekV3ForCausalLM): one DeepSeek decoder
+ * layer whose MLA attention reads the 2H concat and whose MLP is dense; its keys are a
+ * DeepSeek model's (MLA dims, YaRN RoPE), read by the target's own config parser. Only
+ * vLLM runs this layout, so the aux ids count as vLLM counts (hidden-states indices). */
+static eg_status parse_mla(e3 *d, json_t *root, const char *text, size_t len, const char *path,
+                           const eg_eagle3_opts *o, eg_error *err) {
+    eg_status st = eg_config_parse(text, len, path, &d->mcfg, err);
+    if (st) return eg_wrap(err, "the MLA drafter's layer (Eagle3DeepseekV2ForCausalLM)"), st;
+    const eg_config *mc = &d->mcfg, *tc = d->tcfg;
+    if (mc->n_layers != 1)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: num_hidden_layers %d: the EAGLE-3 drafter has one decoder layer",
+                       path, mc->n_layers);
+    if (mc->n_experts > 0)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: n_routed_experts %d: the MLA drafter's layer has a dense MLP", path,
+                       mc->n_experts);
+    if (mc->kv_lora_rank < 1 || mc->qk_rope < 2 || mc->qk_rope % 2 || mc->qk_nope < 1 || mc->v_head < 1 ||
+        mc->n_heads < 1 || mc->inter < 1)
+        return eg_fail(err, EG_ERR_CONFIG,
+                       "%s: an MLA layer needs kv_lora_rank, an even qk_rope_head_dim, qk_nope_head_dim, v_head_dim, "
+                       "heads and intermediate_size (got %d, %d, %d, %d, %d, %d)",
+                       path, mc->kv_lora_rank, mc->qk_rope, mc->qk_nope, mc->v_head, mc->n_heads, mc->inter);
+    d->mla = 1;
+    d->H = mc->hidden;
+    d->NH = d->NKV = mc->n_heads;
+    d->I = mc->inter;
+    d->V = mc->vocab;
+    d->QL = mc->q_lora_rank;
+    d->C = mc->kv_lora_rank;
+    d->DN = mc->qk_nope;
+    d->DR = mc->qk_rope;
+    d->DV = mc->v_head;
+    d->HD = d->DN + d->DR + (d->DN + d->DR) % 2; /* sizes the own path's unused scratch */
+    if ((st = cfg_int(root, path, "draft_vocab_size", 0, d->V, 1, &d->Vd, err)) ||
+        (st = cfg_int(root, path, "target_hidden_size", 0, d->H, 1, &d->Ht, err)) ||
+        (st = cfg_false(root, path, "attention_bias", err)) || (st = cfg_false(root, path, "mlp_bias", err)))
+        return st;
+    if (d->window)
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: a sliding window on the MLA drafter's layer is not supported", path);
+    if (d->V != tc->vocab)
+        return eg_fail(err, EG_ERR_CONFIG, "%s: vocab_size %d but the target's vocabulary is %d", path, d->V, tc->vocab);
+    if (d->Vd > d->V)
+        return eg_fail(err, EG_ERR_CONFIG, "%s: draft_vocab_size %d exceeds vocab_size %d", path, d->Vd, d->V);
+    if (d->Ht != tc->hidden)
+        return eg_fail(err, EG_ERR_CONFIG, "%s: target_hidden_size %d but the target's hidden size is %d", path, d->Ht,
+                       tc->hidden);
+    d->eps = mc->rms_eps;
+    d->theta = mc->rope_theta;
+    d->attn_factor = (float)eg_config_rope_attn_factor(mc);
+    d->mla_scale = (float)eg_config_softmax_scale(mc);
+    json_t *nbr = json_object_get(root, "norm_before_residual");
+    if (nbr && !json_is_null(nbr) && !json_is_boolean(nbr))
+        return eg_fail(err, EG_ERR_CONFIG, "%s: norm_before_residual must be a boolean", path);
+    d->norm_before_residual = nbr && json_is_true(nbr);
+    return read_aux(d, root, path, o, 1, err);
+}
+
 static eg_status parse_config(e3 *d, const char *text, size_t len, const char *path, const eg_eagle3_opts *o,
                               eg_error *err) {
     json_error_t je;
@@ -851,11 +968,13 @@ static eg_status parse_config(e3 *d, const char *text, size_t len, const char *p
         goto done;
     }
     json_t *ar = json_object_get(root, "architectures");
-    int arch_ok = 0, spec = 0;
+    int arch_ok = 0, spec = 0, mla = 0;
     for (size_t i = 0; json_is_array(ar) && i < json_array_size(ar); i++) {
         const char *s = json_string_value(json_array_get(ar, i));
         if (s && (!strcmp(s, "LlamaForCausalLMEagle3") || !strcmp(s, "Eagle3LlamaForCausalLM"))) arch_ok = 1;
         if (s && !strcmp(s, "Eagle3Speculator")) arch_ok = spec = 1;
+        if (s && (!strcmp(s, "Eagle3DeepseekV2ForCausalLM") || !strcmp(s, "Eagle3DeepseekV3ForCausalLM")))
+            arch_ok = mla = 1;
     }
     json_t *smt = json_object_get(root, "speculators_model_type");
     if (smt && !json_is_null(smt)) {
@@ -868,8 +987,12 @@ static eg_status parse_config(e3 *d, const char *text, size_t len, const char *p
     }
     if (!arch_ok) {
         st = eg_fail(err, EG_ERR_UNSUPPORTED,
-                     "%s: \"architectures\" must name LlamaForCausalLMEagle3 (SpecForge's EAGLE-3 Llama drafter) or "
-                     "Eagle3Speculator (speculators' eagle3)", path);
+                     "%s: \"architectures\" must name LlamaForCausalLMEagle3 (SpecForge's EAGLE-3 Llama drafter), "
+                     "Eagle3Speculator (speculators' eagle3) or Eagle3DeepseekV2ForCausalLM (vLLM's MLA drafter)", path);
+        goto done;
+    }
+    if (mla && spec) {
+        st = eg_fail(err, EG_ERR_UNSUPPORTED, "%s: an MLA drafter in speculators' layout is not supported", path);
         goto done;
     }
     /* speculators (Eagle3SpeculatorConfig): the decoder layer's Llama config nested in
@@ -904,6 +1027,10 @@ static eg_status parse_config(e3 *d, const char *text, size_t len, const char *p
             goto done;
         }
         if (sliding && (st = cfg_int(lc, path, "sliding_window", 1, 0, 1, &d->window, err))) goto done;
+    }
+    if (mla) {
+        st = parse_mla(d, root, text, len, path, o, err);
+        goto done;
     }
     const eg_config *tc = d->tcfg;
     int nl;
@@ -1030,12 +1157,14 @@ eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const cha
     d.tcfg = target;
     d.L_target = target->n_layers;
     eg_status st = parse_config(&d, json, len, what, opts, err);
+    eg_config_free(&d.mcfg);
     if (st) {
         free(d.aux_buf);
         return st;
     }
     *out = (eg_eagle3_config){d.H, d.Ht, d.NH, d.NKV, d.HD, d.I, d.V, d.Vd, d.n_aux, d.aux_buf, d.aux_source,
-                              d.eps, d.theta, d.norm_before_residual};
+                              d.eps, d.theta, d.norm_before_residual, d.mla, d.C, d.DR,
+                              d.mla ? 2 * ((int64_t)d.C + d.DR) : 4 * (int64_t)d.NKV * d.HD};
     return EG_OK;
 }
 
@@ -1219,16 +1348,35 @@ static eg_status read_vocab_map(e3 *d, eg_error *err) {
     return st;
 }
 
+static eg_status read_mla_weights(e3 *d, eg_error *err) {
+    const int64_t H = d->H, QH = (int64_t)d->NH * (d->DN + d->DR);
+    eg_status st;
+    if (d->QL ? (st = get_w(d, "midlayer.self_attn.q_a_proj.weight", d->QL, 2 * H, 0, &d->q_a, err)) ||
+                    (st = get_w(d, "midlayer.self_attn.q_a_layernorm.weight", d->QL, 0, 0, &d->q_a_norm, err)) ||
+                    (st = get_w(d, "midlayer.self_attn.q_b_proj.weight", QH, d->QL, 0, &d->q_b, err))
+              : (st = get_w(d, "midlayer.self_attn.q_proj.weight", QH, 2 * H, 0, &d->q_full, err)))
+        return st;
+    return (st = get_w(d, "midlayer.self_attn.kv_a_proj_with_mqa.weight", (int64_t)d->C + d->DR, 2 * H, 0, &d->kv_a,
+                       err)) ||
+                   (st = get_w(d, "midlayer.self_attn.kv_a_layernorm.weight", d->C, 0, 0, &d->kv_a_norm, err)) ||
+                   (st = get_w(d, "midlayer.self_attn.kv_b_proj.weight", (int64_t)d->NH * (d->DN + d->DV), d->C, 0,
+                               &d->kv_b, err))
+               ? st
+               : EG_OK;
+}
+
 static eg_status read_weights(e3 *d, eg_error *err) {
-    const int64_t H = d->H, q = (int64_t)d->NH * d->HD, kv = (int64_t)d->NKV * d->HD;
+    const int64_t H = d->H, q = (int64_t)d->NH * d->HD, kv = (int64_t)d->NKV * d->HD,
+                  o_in = d->mla ? (int64_t)d->NH * d->DV : q;
     eg_status st;
     if ((st = get_w(d, "fc.weight", H, (int64_t)d->n_aux * d->Ht, 0, &d->fc, err)) ||
         (st = get_w(d, "midlayer.input_layernorm.weight", H, 0, 0, &d->in_norm, err)) ||
         (st = get_w(d, "midlayer.hidden_norm.weight", H, 0, 0, &d->hid_norm, err)) ||
-        (st = get_w(d, "midlayer.self_attn.q_proj.weight", q, 2 * H, 0, &d->wq, err)) ||
-        (st = get_w(d, "midlayer.self_attn.k_proj.weight", kv, 2 * H, 0, &d->wk, err)) ||
-        (st = get_w(d, "midlayer.self_attn.v_proj.weight", kv, 2 * H, 0, &d->wv, err)) ||
-        (st = get_w(d, "midlayer.self_attn.o_proj.weight", H, q, 0, &d->wo, err)) ||
+        (d->mla && (st = read_mla_weights(d, err))) ||
+        (!d->mla && ((st = get_w(d, "midlayer.self_attn.q_proj.weight", q, 2 * H, 0, &d->wq, err)) ||
+                     (st = get_w(d, "midlayer.self_attn.k_proj.weight", kv, 2 * H, 0, &d->wk, err)) ||
+                     (st = get_w(d, "midlayer.self_attn.v_proj.weight", kv, 2 * H, 0, &d->wv, err)))) ||
+        (st = get_w(d, "midlayer.self_attn.o_proj.weight", H, o_in, 0, &d->wo, err)) ||
         (st = get_w(d, "midlayer.post_attention_layernorm.weight", H, 0, 0, &d->post_norm, err)) ||
         (st = get_w(d, "midlayer.mlp.gate_proj.weight", d->I, H, 0, &d->wg, err)) ||
         (st = get_w(d, "midlayer.mlp.up_proj.weight", d->I, H, 0, &d->wu, err)) ||
@@ -1239,7 +1387,8 @@ static eg_status read_weights(e3 *d, eg_error *err) {
         (d->norm_before_fc && (st = get_w(d, "input_norm.weight", (int64_t)d->n_aux * d->Ht, 0, 0, &d->input_norm, err))))
         return st;
     static const char *const biases[] = {"midlayer.self_attn.q_proj.bias", "midlayer.self_attn.k_proj.bias",
-                                         "midlayer.self_attn.v_proj.bias", "midlayer.self_attn.o_proj.bias", "fc.bias"};
+                                         "midlayer.self_attn.v_proj.bias", "midlayer.self_attn.o_proj.bias", "fc.bias",
+                                         "midlayer.self_attn.q_a_proj.bias", "midlayer.self_attn.kv_a_proj_with_mqa.bias"};
     for (size_t i = 0; i < sizeof biases / sizeof biases[0]; i++)
         if (find(d, biases[i], NULL))
             return eg_fail(err, EG_ERR_UNSUPPORTED, "%s: tensor %s: biases are not supported", eg_st_path(d->files[0]),
@@ -1285,6 +1434,10 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     eg_status st;
     if ((st = read_config(d, dir, opts, err))) goto fail;
     if ((st = open_files(d, dir, err)) || (st = read_weights(d, err))) goto fail;
+    /* an MLA drafter runs through a backend's ops (the target's MLA op): "cpu" unless told */
+    eg_eagle3_opts mopts = *opts;
+    if (d->mla && !(opts->backend && opts->backend[0])) mopts.backend = "cpu";
+    opts = &mopts;
     const int on_backend = opts->backend && opts->backend[0];
     /* the pool: by default every slot can reach max_seq_len; the runtime passes the
        target's KV pool (the same blocks: the drafter never holds more positions of a
@@ -1331,7 +1484,18 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     if ((st = eg_spec_scratch_create(d->monotone ? d->Vd : d->V, &d->sc, err))) goto fail;
     if ((st = eg_pool_create(opts->threads ? opts->threads : eg_num_threads(), &d->pool, err))) goto fail;
     for (int s = 0; s < d->S; s++) d->last_pos[s] = -1;
-    for (int i = 0; i < d->HD / 2; i++) d->inv_freq[i] = (float)(1.0 / pow(d->theta, (2.0 * i) / d->HD));
+    if (d->mla) { /* DeepSeek's (YaRN-blended) frequencies of the rope dims, as the target's */
+        double *fr = eg_malloc(sizeof(double) * (size_t)(d->DR / 2), err);
+        if (!fr) {
+            st = EG_ERR_NOMEM;
+            goto fail;
+        }
+        eg_config_rope_inv_freq(&d->mcfg, fr);
+        for (int i = 0; i < d->DR / 2; i++) d->inv_freq[i] = (float)fr[i];
+        free(fr);
+    } else {
+        for (int i = 0; i < d->HD / 2; i++) d->inv_freq[i] = (float)(1.0 / pow(d->theta, (2.0 * i) / d->HD));
+    }
     if (on_backend && (st = dev_create(d, opts, err))) goto fail;
     eg_drafter_info *in = &d->base.info;
     in->kind = "eagle3";
@@ -1341,13 +1505,14 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     in->target_vocab = d->V;
     in->n_slots = d->S;
     in->max_seq_len = d->T;
-    in->cache_bytes_per_token = 4 * row;
+    in->cache_bytes_per_token = d->mla ? 2 * ((int64_t)d->C + d->DR) : 4 * row;
     in->block_size = d->BS;
     in->pool_blocks = d->n_blocks;
     in->state_bytes = d->n_blocks * d->BS * in->cache_bytes_per_token + (int64_t)d->S * (4 * H + 4 * d->MB);
     {   /* as stored (the target's embedding, when borrowed, is not the drafter's), and d2t */
         const dw *ws[] = {&d->fc, &d->in_norm, &d->hid_norm, &d->wq, &d->wk, &d->wv, &d->wo, &d->post_norm,
-                          &d->wg, &d->wu, &d->wd, &d->norm, &d->lm_head, &d->embed, &d->input_norm};
+                          &d->wg, &d->wu, &d->wd, &d->norm, &d->lm_head, &d->embed, &d->input_norm, &d->q_a,
+                          &d->q_a_norm, &d->q_b, &d->q_full, &d->kv_a, &d->kv_a_norm, &d->kv_b};
         in->weight_bytes = (int64_t)sizeof(int64_t) * d->Vd;
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) in->weight_bytes += ws[i]->rows * ws[i]->cols * (ws[i]->dt == EG_ST_F32 ? 4 : 2);

@@ -27,6 +27,19 @@
  * architecture, speculators' fc_norm) is refused naming the key; a sliding-window layer
  * (transformer_layer_config layer_types sliding_attention) attends over its window.
  *
+ * MLA drafters (vLLM's Eagle3DeepseekV2ForCausalLM, as TorchSpec's
+ * lightseekorg/kimi-k2.5-eagle3-mla): the decoder layer's attention is DeepSeek's MLA over
+ * the 2H concat, its keys a DeepSeek model's (q_lora_rank, kv_lora_rank, qk_nope/rope/v head
+ * dims, rope_theta and YaRN rope_scaling, read by eg_config_parse), its MLP dense:
+ *   midlayer.self_attn.q_a_proj.weight [QL][2H], q_a_layernorm [QL], q_b_proj
+ *   [NH*(DN+DR)][QL] (or q_proj [NH*(DN+DR)][2H] without q LoRA);
+ *   midlayer.self_attn.kv_a_proj_with_mqa.weight [C+DR][2H], kv_a_layernorm [C],
+ *   kv_b_proj [NH*(DN+DV)][C]; o_proj [H][NH*DV]; the rest as above.
+ * It runs through the backend's mla_attention op (the target's, YaRN included: the same
+ * op the target's layers use) over the drafter's own paged latent cache, (C + DR) BF16
+ * values per position, so always on a backend ("cpu" when none is named). Its aux ids count
+ * as vLLM counts (hidden-states indices), the only engine that runs this layout.
+ *
  * State: a paged BF16 KV cache for K (after RoPE) and V, blocks of BS positions
  * ([BS][NKV][HD] each) that a slot maps as it grows (extend, and propose's k - 1 chained
  * positions) and returns on truncate, from a pool of pool_blocks (eg_eagle3_opts); and
@@ -104,6 +117,11 @@ typedef struct eg_eagle3_config {
     float eps;
     double rope_theta;
     int norm_before_residual;
+    int mla;                /* Eagle3DeepseekV2ForCausalLM: kv_lora and qk_rope below; heads and
+                               head_dim then describe q (head_dim = nope + rope) */
+    int kv_lora, qk_rope;
+    int64_t cache_bytes_per_token; /* its paged cache per position: 4 * kv_heads * head_dim,
+                                      MLA 2 * (kv_lora + qk_rope) */
 } eg_eagle3_config;
 eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const char *what, const eg_config *target,
                                          const eg_eagle3_opts *opts, eg_eagle3_config *out, eg_error *err);

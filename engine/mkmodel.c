@@ -830,6 +830,34 @@ eg_status eg_mkmodel_drafter(const eg_mkdrafter_opts *o, eg_error *err) {
         d2t[i] = t - i;
     }
     if ((st = mkdir_p(o->out_dir, err)) || (st = eg_st_writer_new(&w, err))) goto done;
+    if (o->mla && (tc.kv_lora_rank < 1 || tc.qk_rope < 2 || tc.qk_nope < 1 || tc.v_head < 1)) {
+        st = eg_fail(err, EG_ERR_INVALID, "mkmodel drafter: --mla needs an MLA target (kv_lora_rank and head dims)");
+        goto done;
+    }
+    /* MLA: the target's dims; 0 rows skip a tensor (q_a/q_b without q LoRA, q_proj with it) */
+    const int64_t QL = tc.q_lora_rank, C = tc.kv_lora_rank, DR = tc.qk_rope, QH = (int64_t)NH * (tc.qk_nope + DR),
+                  KVB = (int64_t)NH * (tc.qk_nope + tc.v_head), OV = (int64_t)NH * tc.v_head;
+    struct { const char *name; int64_t rows, cols; float scale, base; } mla_ts[] = {
+        {"midlayer.self_attn.q_a_proj.weight", QL, 2 * H, 0, 0},
+        {"midlayer.self_attn.q_a_layernorm.weight", QL, 0, 0.05f, 1},
+        {"midlayer.self_attn.q_b_proj.weight", QL ? QH : 0, QL, 0, 0},
+        {"midlayer.self_attn.q_proj.weight", QL ? 0 : QH, 2 * H, 0, 0},
+        {"midlayer.self_attn.kv_a_proj_with_mqa.weight", C + DR, 2 * H, 0, 0},
+        {"midlayer.self_attn.kv_a_layernorm.weight", C, 0, 0.05f, 1},
+        {"midlayer.self_attn.kv_b_proj.weight", KVB, C, 0, 0},
+        {"midlayer.self_attn.o_proj.weight", H, OV, 0, 0},
+    };
+    dr_fill mla_fills[8];
+    for (size_t i = 0; o->mla && i < sizeof mla_ts / sizeof mla_ts[0]; i++) {
+        if (!mla_ts[i].rows) continue;
+        mla_fills[i].key = name_key(o->seed, mla_ts[i].name);
+        mla_fills[i].scale = mla_ts[i].scale > 0 ? mla_ts[i].scale : 1.0f / sqrtf((float)mla_ts[i].cols);
+        mla_fills[i].base = mla_ts[i].base;
+        int64_t shape[2] = {mla_ts[i].rows, mla_ts[i].cols};
+        if ((st = eg_st_writer_add_fill(w, mla_ts[i].name, EG_ST_BF16, mla_ts[i].cols ? 2 : 1, shape, dr_fill_fn,
+                                        &mla_fills[i], err)))
+            goto done;
+    }
     struct { const char *name; int64_t rows, cols; float scale, base; } ts[] = {
         {"fc.weight", H, (int64_t)n_aux * H, 0, 0},
         {"midlayer.input_layernorm.weight", H, 0, 0.05f, 1},
@@ -848,6 +876,7 @@ eg_status eg_mkmodel_drafter(const eg_mkdrafter_opts *o, eg_error *err) {
     };
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
         if (o->no_embed && !strcmp(ts[i].name, "embed_tokens.weight")) continue;
+        if (o->mla && strstr(ts[i].name, ".self_attn.")) continue; /* the MLA layer's above */
         fills[i].key = name_key(o->seed, ts[i].name);
         fills[i].scale = ts[i].scale > 0 ? ts[i].scale : 1.0f / sqrtf((float)ts[i].cols);
         fills[i].base = ts[i].base;
@@ -879,6 +908,25 @@ eg_status eg_mkmodel_drafter(const eg_mkdrafter_opts *o, eg_error *err) {
     if (!root) {
         st = eg_fail(err, EG_ERR_NOMEM, "mkmodel drafter: building config.json");
         goto done;
+    }
+    if (o->mla) { /* vLLM's DeepSeek EAGLE-3 layout: the target's model_type and MLA keys */
+        json_object_set_new(root, "architectures", json_pack("[s]", "Eagle3DeepseekV2ForCausalLM"));
+        json_object_set_new(root, "model_type", json_string(tc.model_type));
+        json_object_del(root, "num_key_value_heads");
+        json_object_del(root, "head_dim");
+        json_object_set_new(root, "q_lora_rank", QL ? json_integer(QL) : json_null());
+        json_object_set_new(root, "kv_lora_rank", json_integer(C));
+        json_object_set_new(root, "qk_nope_head_dim", json_integer(tc.qk_nope));
+        json_object_set_new(root, "qk_rope_head_dim", json_integer(DR));
+        json_object_set_new(root, "v_head_dim", json_integer(tc.v_head));
+        json_object_set_new(root, "first_k_dense_replace", json_integer(1));
+        json_object_set_new(root, "moe_layer_freq", json_integer(1));
+        json_object_set_new(root, "rope_scaling",
+                            tc.yarn ? json_pack("{s:s, s:f, s:i, s:f, s:f, s:f, s:f}", "type", "yarn", "factor",
+                                                tc.yarn_factor, "original_max_position_embeddings", tc.orig_max_pos,
+                                                "beta_fast", tc.beta_fast, "beta_slow", tc.beta_slow, "mscale",
+                                                tc.mscale, "mscale_all_dim", tc.mscale_all_dim)
+                                    : json_null());
     }
     st = write_json(o->out_dir, "config.json", root, err);
 done:

@@ -80,6 +80,10 @@ typedef struct eg_mkdrafter_opts {
     int n_aux;                /* 0 = the target's default aux layers [1, L/2-1, L-4] */
     const int *aux_layers;    /* [n_aux] output-of-layer ids, ascending, distinct */
     int no_embed;             /* omit embed_tokens.weight (the loader then uses the target's) */
+    int mla;                  /* vLLM's Eagle3DeepseekV2ForCausalLM layout: the decoder layer's
+                                 attention is MLA with the target's q_lora / kv_lora / head
+                                 dims and RoPE (YaRN included), as TorchSpec's
+                                 lightseekorg/kimi-k2.5-eagle3-mla */
 } eg_mkdrafter_opts;
 
 eg_status eg_mkmodel_drafter(const eg_mkdrafter_opts *o, eg_error *err);

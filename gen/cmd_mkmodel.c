@@ -62,7 +62,11 @@ static void mk_usage(FILE *f) {
             "  --aux-layers LIST   comma-separated aux layers (output-of-layer ids, ascending;\n"
             "                      default the model's default [1, L/2-1, L-4])\n"
             "  --no-embed          leave out embed_tokens.weight (the drafter then uses the\n"
-            "                      target's embedding, as trainers that freeze it may ship)\n");
+            "                      target's embedding, as trainers that freeze it may ship)\n"
+            "  --mla               vLLM's Eagle3DeepseekV2ForCausalLM layout instead: the layer's\n"
+            "                      attention is MLA with the model's q_lora / kv_lora / head dims\n"
+            "                      and RoPE (as lightseekorg/kimi-k2.5-eagle3-mla); its cache is\n"
+            "                      the latent, (kv_lora + rope) BF16 values per position\n");
 }
 
 static int parse_i64(const char *s, int64_t *out) {
@@ -122,6 +126,10 @@ static int mk_drafter(int argc, char **argv) {
         int64_t x;
         if (!strcmp(a, "--no-embed")) {
             o.no_embed = 1;
+            continue;
+        }
+        if (!strcmp(a, "--mla")) {
+            o.mla = 1;
             continue;
         }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

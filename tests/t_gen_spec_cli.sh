@@ -58,6 +58,18 @@ for lay in "--ep 2" "--ep 4 --batch 4" "--stages 2" "--ep 2 --stages 2"; do
     grep -q "drafter: " "$tmp/err" || fail "$lay: no drafter line"
     "$PYTHON" "$here/gen_check.py" same g0 "$d" >/dev/null || fail "greedy with a drafter, $lay, differs from greedy"
 done
+# vLLM's MLA drafter layout (mkmodel --mla): its latent cache paged in the KV pool's blocks,
+# greedy equal to greedy without a drafter, one engine and a drafter per rank
+$E mkmodel --drafter-for model --out drafter_mla --seed 6 --mla >/dev/null 2>"$tmp/err" || fail "mkmodel --drafter-for --mla"
+grep -q '"Eagle3DeepseekV2ForCausalLM"' drafter_mla/config.json || fail "mkmodel --mla: not the MLA layout"
+for lay in "" "--ep 2"; do
+    d="m_$(echo "$lay" | tr -d ' -')"
+    # shellcheck disable=SC2086
+    $E generate "${run[@]}" --temperature 0 --out "$d" --draft-model drafter_mla --draft-tokens 3 $lay 2>"$tmp/err" ||
+        fail "greedy with the MLA drafter $lay: $(tail -2 "$tmp/err")"
+    grep -q "paged cache 80 bytes per token" "$tmp/err" || fail "MLA drafter $lay: its cache is not the latent's"
+    "$PYTHON" "$here/gen_check.py" same g0 "$d" >/dev/null || fail "greedy with the MLA drafter $lay differs from greedy"
+done
 sp=("${run[@]}" --temperature 1.0 --draft-model drafter --draft-tokens 2)
 $E generate "${sp[@]}" --out s_ref 2>/dev/null || fail "sampled with drafter"
 $E generate "${sp[@]}" --out s_ep --ep 2 2>/dev/null || fail "sampled with drafter, --ep 2"

@@ -53,13 +53,16 @@ static const char *tmpdir(const char *sub) {
 static uint64_t g_rng = 12345;
 static double urand(void) { return eg_rng_uniform(&g_rng); }
 
+static int g_mla; /* make_drafter writes vLLM's MLA layout (Eagle3DeepseekV2ForCausalLM) */
+
 /* A drafter for tiny-a: aux [0,2,4], draft vocab 200 at target ids 2d+50 (monotone). */
 static void make_drafter(const char *dir, int no_embed, const int64_t *d2t) {
     static const int aux[3] = {0, 2, 4};
     int64_t def[200];
     for (int i = 0; i < 200; i++) def[i] = i + 50; /* target = 2i + 50 */
     eg_mkdrafter_opts o = {.target_dir = TARGET, .out_dir = dir, .seed = 7, .draft_vocab = 200,
-                           .d2t = d2t ? d2t : def, .n_aux = 3, .aux_layers = aux, .no_embed = no_embed};
+                           .d2t = d2t ? d2t : def, .n_aux = 3, .aux_layers = aux, .no_embed = no_embed,
+                           .mla = g_mla};
     eg_error e = {0};
     CHECK_OK(eg_mkmodel_drafter(&o, &e), &e);
 }
@@ -157,9 +160,11 @@ static void ref_case(int no_embed, int nbr, int spec) {
     CHECK(!strcmp(d->info.kind, "eagle3") && d->info.n_aux == 3 && d->info.hidden == 64 && d->info.target_vocab == 512);
     CHECK(d->info.aux_layers[0] == 0 && d->info.aux_layers[1] == 2 && d->info.aux_layers[2] == 4);
     /* the default pool holds every slot full: 2 slots of 2 blocks of 16 positions at
-       4 * NKV * HD bytes (NKV 2, HD 16), and per slot its FP32 row (H 64) and table row */
-    CHECK(d->info.block_size == 16 && d->info.pool_blocks == 4 && d->info.cache_bytes_per_token == 4 * 2 * 16);
-    CHECKF(d->info.state_bytes == 4 * 16 * (4 * 2 * 16) + 2 * (4 * 64 + 4 * 2), "state %lld bytes",
+       4 * NKV * HD bytes (NKV 2, HD 16; MLA: the latent, 2 * (C 32 + DR 8)), and per slot
+       its FP32 row (H 64) and table row */
+    const int64_t per_tok = g_mla ? 2 * (32 + 8) : 4 * 2 * 16;
+    CHECK(d->info.block_size == 16 && d->info.pool_blocks == 4 && d->info.cache_bytes_per_token == per_tok);
+    CHECKF(d->info.state_bytes == 4 * 16 * per_tok + 2 * (4 * 64 + 4 * 2), "state %lld bytes",
            (long long)d->info.state_bytes);
     double worst = 0;
     int32_t seq[64], dr[3];
@@ -192,12 +197,13 @@ static void ref_case(int no_embed, int nbr, int spec) {
     CHECK(dr0[0] == D[0] && dr0[1] == D[1] && dr0[2] == D[2]);
     CHECK(!memcmp(keep3, eg_drafter_eagle3_last_logits(d), sizeof keep3));
     CHECK(rng == 1); /* greedy draws nothing */
-    printf("    %s embedding%s%s%s%s: max rel err %.2e over %d positions + 2 chained steps (bound 1e-4)\n",
-           no_embed ? "target" : "own", nbr ? ", norm_before_residual" : "",
+    printf("    %s%s embedding%s%s%s%s: max rel err %.2e over %d positions + 2 chained steps (bound 1e-4)\n",
+           g_mla ? "MLA, " : "", no_embed ? "target" : "own", nbr ? ", norm_before_residual" : "",
            spec ? ", speculators layout with norm_before_fc, norm_output and a sliding window of 3" : "", g_backend ? ", backend " : "",
            g_backend ? g_backend : "", worst, N);
-    CHECK(g_backend ? eg_drafter_eagle3_backend(d) && !strcmp(eg_drafter_eagle3_backend(d), g_backend)
-                    : eg_drafter_eagle3_backend(d) == NULL);
+    const char *want_be = g_backend ? g_backend : g_mla ? "cpu" : NULL; /* MLA: always through a backend */
+    CHECK(want_be ? eg_drafter_eagle3_backend(d) && !strcmp(eg_drafter_eagle3_backend(d), want_be)
+                  : eg_drafter_eagle3_backend(d) == NULL);
     eg_drafter_free(d);
     eg_st_close(rf);
 }
@@ -207,6 +213,21 @@ static void test_reference_target_embed_nbr(void) { ref_case(1, 1, 0); }
 static void test_reference_speculators(void) { ref_case(0, 1, 1); }
 /* The same reference through the CPU backend's ops (gqa_attention, copy_rows, linear,
  * ...), extends in passes of 4 rows (the 6-position extend is 4 + 2). */
+/* vLLM's MLA drafter (mkmodel --mla: tiny-a's q LoRA 48, kv_lora 32, nope 16 / rope 8 /
+ * v 12, YaRN factor 64) through the CPU backend's mla_attention op, against the numpy
+ * reference's DeepSeek MLA; in passes of one call and of 4 rows. */
+static void test_reference_mla(void) {
+    g_mla = 1;
+    ref_case(0, 0, 0);
+    ref_case(1, 1, 0);
+    g_backend = "cpu";
+    g_rows = 4;
+    ref_case(0, 1, 0);
+    g_backend = NULL;
+    g_rows = 0;
+    g_mla = 0;
+}
+
 static void test_reference_backend_cpu(void) {
     g_backend = "cpu";
     g_rows = 4;
@@ -358,6 +379,11 @@ out:
 
 static void test_paged_cache(void) { paged_case(NULL); }
 static void test_paged_cache_backend_cpu(void) { paged_case("cpu"); }
+static void test_paged_cache_mla(void) {
+    g_mla = 1;
+    paged_case(NULL);
+    g_mla = 0;
+}
 
 /* The backend path on the CPU backend against the drafter's own code: the same
  * products in the same order (BF16 weights, row lengths multiples of 8), so the same
@@ -793,6 +819,60 @@ static void test_speculators_layout(void) {
                 NULL);
 }
 
+/* The MLA layout's own rules: its aux ids count as vLLM counts (the only engine that runs
+ * it) without eaglegen's key; refusals name the tensor or key (a MoE layer, a sliding
+ * window, two layers, kv_b of the wrong shape or missing, no kv_lora_rank). */
+static void test_mla_layout(void) {
+    const char *good = tmpdir("mla_good"), *bad = tmpdir("mla_bad");
+    g_mla = 1;
+    make_drafter(good, 0, NULL);
+    g_mla = 0;
+    eg_error e = {0};
+    eg_drafter *d = NULL;
+    rewrite(good, bad, NULL, NULL, NULL, NULL);
+    json_t *j = load_cfg(bad);
+    json_t *ec = json_object_get(j, "eagle_config");
+    json_object_del(ec, "eaglegen_aux_convention");
+    json_object_set_new(ec, "eagle_aux_hidden_state_layer_ids", json_pack("[i,i,i]", 1, 3, 5));
+    save_cfg(bad, j);
+    CHECK_OK(load(bad, 1, 8, &d, &e), &e);
+    if (d) {
+        CHECKF(d->info.aux_layers[0] == 0 && d->info.aux_layers[1] == 2 && d->info.aux_layers[2] == 4 &&
+                   strstr(eg_drafter_eagle3_aux_source(d), "vLLM"),
+               "ids [1, 3, 5] read as layers %d %d %d (%s)", d->info.aux_layers[0], d->info.aux_layers[1],
+               d->info.aux_layers[2], eg_drafter_eagle3_aux_source(d));
+        CHECK(!strcmp(eg_drafter_eagle3_backend(d), "cpu") && d->info.cache_bytes_per_token == 2 * (32 + 8));
+        eg_drafter_free(d);
+    }
+    rewrite(good, bad, "midlayer.self_attn.kv_b_proj.weight", NULL, NULL, NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "midlayer.self_attn.kv_b_proj.weight", "model.safetensors");
+    rewrite(good, bad, NULL, "midlayer.self_attn.kv_b_proj.weight", NULL, NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "midlayer.self_attn.kv_b_proj.weight", "shape");
+    rewrite(good, bad, NULL, "midlayer.self_attn.q_a_proj.weight", NULL, NULL);
+    expect_fail(bad, EG_ERR_FORMAT, "midlayer.self_attn.q_a_proj.weight", "shape");
+    struct { const char *key; json_t *val; eg_status code; const char *want; } cases[] = {
+        {"n_routed_experts", json_integer(4), EG_ERR_UNSUPPORTED, "dense MLP"},
+        {"use_sliding_window", json_true(), EG_ERR_UNSUPPORTED, "sliding window"},
+        {"num_hidden_layers", json_integer(2), EG_ERR_UNSUPPORTED, "num_hidden_layers"},
+        {"kv_lora_rank", json_integer(0), EG_ERR_CONFIG, "kv_lora_rank"},
+        {"vocab_size", json_integer(1000), EG_ERR_CONFIG, "vocab_size 1000"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rewrite(good, bad, NULL, NULL, NULL, NULL);
+        j = load_cfg(bad);
+        json_object_set_new(j, cases[i].key, cases[i].val);
+        if (!strcmp(cases[i].key, "use_sliding_window")) json_object_set_new(j, "sliding_window", json_integer(4));
+        if (!strcmp(cases[i].key, "n_routed_experts")) { /* a whole MoE layer, as DeepSeek's config spells it */
+            json_object_set_new(j, "moe_intermediate_size", json_integer(32));
+            json_object_set_new(j, "num_experts_per_tok", json_integer(2));
+            json_object_set_new(j, "n_shared_experts", json_integer(1));
+            json_object_set_new(j, "first_k_dense_replace", json_integer(0));
+        }
+        save_cfg(bad, j);
+        expect_fail(bad, cases[i].code, cases[i].want, "config.json");
+    }
+}
+
 static void test_bad_checkpoints(void) {
     const char *good = tmpdir("good"), *bad = tmpdir("bad");
     make_drafter(good, 0, NULL);
@@ -984,6 +1064,9 @@ int main(int argc, char **argv) {
         {"truncate_extend_backend_cpu", test_truncate_extend_backend_cpu},
         {"paged_cache", test_paged_cache},
         {"paged_cache_backend_cpu", test_paged_cache_backend_cpu},
+        {"paged_cache_mla", test_paged_cache_mla},
+        {"reference_mla", test_reference_mla},
+        {"mla_layout", test_mla_layout},
         {"backend_cpu_bits", test_backend_cpu_bits},
         {"q_monotone", test_q_monotone},
         {"q_permuted", test_q_permuted},

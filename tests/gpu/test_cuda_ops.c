@@ -1838,9 +1838,18 @@ static void test_drafter(void) {
     drafter_case(ddir, &m, "");
     drafter_variant(ddir, vdir);
     drafter_case(vdir, &m, " (norm_before_residual, norm_before_fc, norm_output, window 4)");
+    /* vLLM's MLA drafter: the CUDA backend's mla_attention over its paged latent cache
+       against the CPU backend's (the MLA drafter's "own" path) */
+    char mdir[600];
+    snprintf(mdir, sizeof mdir, "%s_mla", ddir);
+    eg_mkdrafter_opts mm = mo;
+    mm.out_dir = mdir;
+    mm.mla = 1;
+    CHECK_OK(eg_mkmodel_drafter(&mm, &err), &err);
+    drafter_case(mdir, &m, " (MLA)");
     eg_model_free(&m);
-    char cmd[1400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s %s", ddir, vdir);
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s %s", ddir, vdir, mdir);
     if (system(cmd) != 0) fprintf(stderr, "    could not remove %s\n", ddir);
 }
 

@@ -21,6 +21,17 @@ whole concatenated row; norm_output, the chained hidden input is rmsnorm(out, no
 of out; a sliding window (transformer_layer_config layer_types sliding_attention,
 sliding_window W): a position p attends to positions (p - W, p] only.
 
+vLLM's MLA drafter too (architectures Eagle3DeepseekV2ForCausalLM), written from DeepSeek-V3's
+attention (inference/model.py and the Hugging Face DeepseekV3 description): the same layer with
+MLA over the 2H concat x: q = q_b(rmsnorm(q_a x, q_a_layernorm)) (or q_proj x), [NH][DN + DR];
+latent, k_pe = kv_a x ([C], [DR]); latent = rmsnorm(latent, kv_a_layernorm); q_pe and k_pe
+rotated in interleaved pairs (x[2i], x[2i+1]) at angle pos * inv_freq[i], inv_freq YaRN-blended
+when max_position_embeddings > original_max_position_embeddings, cos and sin times
+mscale(factor, mscale) / mscale(factor, mscale_all_dim); the latent and k_pe cached in BF16;
+per head k_nope = W_UK latent, v = W_UV latent (kv_b viewed [NH][DN + DV][C]), scores
+(q_nope . k_nope + q_pe . k_pe) * (DN + DR)^-0.5 * mscale(factor, mscale_all_dim)^2;
+o_proj over the [NH][DV] outputs.
+
 usage: eagle3_ref.py DRAFTER_DIR TARGET_DIR INPUTS.safetensors OUT.safetensors
 INPUTS: aux F32 [n, n_aux, Ht], next I32 [n] (token at position t+1 for each position t).
 OUT: pos_logits F32 [n, Vd] (after each committed position), chain_logits F32 [2, Vd]
@@ -28,6 +39,7 @@ OUT: pos_logits F32 [n, Vd] (after each committed position), chain_logits F32 [2
 Only /usr/bin/python3 + numpy.
 """
 import json
+import math
 import os
 import struct
 import sys
@@ -95,6 +107,78 @@ def target_embedding(target_dir):
     raise SystemExit("no embedding in " + target_dir)
 
 
+def yarn_mscale(factor, m):
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
+class MLA:
+    """DeepSeek-V3 multi-head latent attention of the drafter's layer (see the module text)."""
+
+    def __init__(self, cfg, w, kv):
+        self.w, self.kv = w, kv
+        self.NH = cfg["num_attention_heads"]
+        self.QL = cfg.get("q_lora_rank") or 0
+        self.C, self.DN, self.DR, self.DV = (cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
+                                             cfg["v_head_dim"])
+        self.eps = cfg.get("rms_norm_eps", 1e-6)
+        base, dim = cfg.get("rope_theta", 10000.0), self.DR
+        inv = 1.0 / base ** (np.arange(0, dim, 2) / dim)
+        rs = cfg.get("rope_scaling") or {}
+        yarn = (rs.get("type") or rs.get("rope_type")) == "yarn" and \
+            cfg.get("max_position_embeddings", 0) > rs.get("original_max_position_embeddings", 0)
+        self.scale, self.factor = (self.DN + self.DR) ** -0.5, 1.0
+        if yarn:
+            f, orig = rs["factor"], rs["original_max_position_embeddings"]
+
+            def corr(rot):
+                return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+            lo, hi = max(math.floor(corr(rs.get("beta_fast", 32))), 0), min(math.ceil(corr(rs.get("beta_slow", 1))), dim - 1)
+            if lo == hi:
+                hi += 0.001
+            ramp = np.clip((np.arange(dim // 2) - lo) / (hi - lo), 0, 1)
+            smooth = 1 - ramp
+            inv = inv / f * (1 - smooth) + inv * smooth
+            m_all = yarn_mscale(f, rs.get("mscale_all_dim", 0))
+            self.scale *= m_all * m_all
+            self.factor = yarn_mscale(f, rs.get("mscale", 1)) / m_all
+        self.inv = inv
+        self.lat, self.kpe = [], []  # per position: the normed latent [C], rotated k_pe [DR], BF16
+
+    def rope(self, x, pos):  # interleaved pairs
+        a = pos * self.inv
+        c, s = np.cos(a) * self.factor, np.sin(a) * self.factor
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x0 * c - x1 * s
+        out[..., 1::2] = x0 * s + x1 * c
+        return out
+
+    def __call__(self, x, pos):
+        w, NH, DN, DR, DV, C = self.w, self.NH, self.DN, self.DR, self.DV, self.C
+        if self.QL:
+            qa = rmsnorm(w["midlayer.self_attn.q_a_proj.weight"] @ x, w["midlayer.self_attn.q_a_layernorm.weight"],
+                         self.eps)
+            q = (w["midlayer.self_attn.q_b_proj.weight"] @ qa).reshape(NH, DN + DR)
+        else:
+            q = (w["midlayer.self_attn.q_proj.weight"] @ x).reshape(NH, DN + DR)
+        kv = w["midlayer.self_attn.kv_a_proj_with_mqa.weight"] @ x
+        lat = rmsnorm(kv[:C], w["midlayer.self_attn.kv_a_layernorm.weight"], self.eps)
+        assert len(self.lat) == pos
+        self.lat.append(self.kv(lat))
+        self.kpe.append(self.kv(self.rope(kv[C:], pos)))
+        qn, qp = q[:, :DN], self.rope(q[:, DN:], pos)
+        L, P = np.stack(self.lat), np.stack(self.kpe)  # [pos+1, C], [pos+1, DR]
+        kvb = w["midlayer.self_attn.kv_b_proj.weight"].reshape(NH, DN + DV, C)
+        att = np.zeros((NH, DV))
+        for h in range(NH):
+            kn, v = L @ kvb[h, :DN].T, L @ kvb[h, DN:].T  # [pos+1, DN], [pos+1, DV]
+            sc = (kn @ qn[h] + P @ qp[h]) * self.scale
+            p = np.exp(sc - sc.max())
+            p /= p.sum()
+            att[h] = p @ v
+        return att.reshape(-1)
+
+
 class Drafter:
     def __init__(self, ddir, tdir, kv_bf16=True):
         cfg = json.load(open(os.path.join(ddir, "config.json")))
@@ -118,6 +202,8 @@ class Drafter:
         self.d2t = self.w["d2t"].astype(np.int64)
         self.kv = bf16 if kv_bf16 else (lambda a: a)  # eaglegen keeps K and V in BF16
         self.K, self.V = [], []  # per position: [NKV, HD] bf16 values
+        arch = cfg.get("architectures") or []
+        self.mla = MLA(cfg, self.w, self.kv) if any(a.startswith("Eagle3Deepseek") for a in arch) else None
 
     def rope(self, x, pos):
         half = self.HD // 2
@@ -132,6 +218,8 @@ class Drafter:
         res = rmsnorm(h, w["midlayer.hidden_norm.weight"], self.eps) if self.nbr else h
         x = np.concatenate([rmsnorm(self.emb[token], w["midlayer.input_layernorm.weight"], self.eps),
                             rmsnorm(h, w["midlayer.hidden_norm.weight"], self.eps)])
+        if self.mla:
+            return self.mlp(res + w["midlayer.self_attn.o_proj.weight"] @ self.mla(x, pos))
         q = (w["midlayer.self_attn.q_proj.weight"] @ x).reshape(self.NH, self.HD)
         k = (w["midlayer.self_attn.k_proj.weight"] @ x).reshape(self.NKV, self.HD)
         v = (w["midlayer.self_attn.v_proj.weight"] @ x).reshape(self.NKV, self.HD)
@@ -148,7 +236,10 @@ class Drafter:
             p = np.exp(sc - sc.max())
             p /= p.sum()
             att[hh] = p @ Vs[:, hh // grp, :]
-        x1 = res + w["midlayer.self_attn.o_proj.weight"] @ att.reshape(-1)
+        return self.mlp(res + w["midlayer.self_attn.o_proj.weight"] @ att.reshape(-1))
+
+    def mlp(self, x1):
+        w = self.w
         y = rmsnorm(x1, w["midlayer.post_attention_layernorm.weight"], self.eps)
         g = w["midlayer.mlp.gate_proj.weight"] @ y
         u = w["midlayer.mlp.up_proj.weight"] @ y
