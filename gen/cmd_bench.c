@@ -89,13 +89,14 @@ static void usage(FILE *f) {
             "  --seed N           draws of lengths and prompts (default 1)\n"
             "  --json             one JSON object per row instead of the table\n"
             "  --draft-model DIR  speculative decoding: every row runs without, then with this EAGLE-3\n"
-            "                     drafter (SpecForge layout; generate --draft-model) on the same requests,\n"
+            "                     drafter (the layouts generate --draft-model reads) on the same requests,\n"
             "                     and reports accepted drafts and the accept length A (tokens committed per\n"
             "                     verify step: accepted + 1), target passes (engine steps) and generated\n"
             "                     tokens per pass against the plain run, draft / verify time shares,\n"
             "                     generated tok/s with and without, whether greedy tokens are identical,\n"
             "                     and Kimi-K2.5's modelled decode tok/s on rtx-pro-6000x8 and h200x8 at\n"
-            "                     that A (the layout model of eaglegen plan --draft-tokens K --accept A)\n"
+            "                     that A (the layout model of eaglegen plan --draft-tokens K --accept A,\n"
+            "                     with --draft-cache-bytes of Kimi-K2.5's latent for an MLA drafter)\n"
             "  --draft-tokens K   drafts per verify step (default 3; --chunk or --batch >= K + 1)\n"
             "  --replay-drafter RATE\n"
             "                     instead of --draft-model, for tests: an oracle that proposes the plain\n"
@@ -137,6 +138,8 @@ typedef struct bench_opts {
     double replay_rate;        /* < 0 = off; else the replay proposer (drafter_replay.h) */
     int draft_tokens;          /* K */
     double plan_mean_len;      /* mean length the modelled boxes are planned at */
+    int draft_mla;             /* the drafter is an MLA one: modelled with Kimi-K2.5's latent
+                                  cache per token, not the MHA drafters' (set by check_drafter) */
 } bench_opts;
 
 static int imax(const int *v, int n) {
@@ -355,7 +358,14 @@ static void wl_print_row(const bench_opts *o, const char *name, const char *run,
 typedef struct box_model {
     char box[48], plain_layout[48], spec_layout[48];
     double plain_tok_s, spec_tok_s;
+    double draft_cache;        /* the modelled drafter's cache per token (0: the layout model's default) */
 } box_model;
+
+/* The modelled drafter's cache per token on Kimi-K2.5: an MLA drafter's latent, else the
+ * layout model's default (the public MHA drafters'). */
+static double draft_cache_kimi(const eg_config *kimi, const bench_opts *o) {
+    return o->draft_mla ? 2.0 * (kimi->kv_lora_rank + kimi->qk_rope) : 0.0;
+}
 
 static eg_status model_boxes(const bench_opts *o, double accept, box_model *out, int *n_out, eg_error *err) {
     static const char *const boxes[] = {"rtx-pro-6000x8", "h200x8"};
@@ -377,9 +387,11 @@ static eg_status model_boxes(const bench_opts *o, double accept, box_model *out,
         box_model *bm = &out[b];
         memset(bm, 0, sizeof *bm);
         snprintf(bm->box, sizeof bm->box, "%s", box.name);
+        bm->draft_cache = draft_cache_kimi(&cfg, o);
         for (int spec = 0; spec < 2 && !st; spec++) {
             eg_layout_opts lo = {.mean_len = o->plan_mean_len, .draft_tokens = spec ? o->draft_tokens : 0,
-                                 .accept = spec ? accept : 0};
+                                 .accept = spec ? accept : 0,
+                                 .draft_cache_bytes = spec && o->draft_mla ? draft_cache_kimi(&cfg, o) : 0};
             int n = eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err);
             if (n < 0) { st = EG_ERR_INVALID; break; }
             int best = eg_layout_recommend(rows, n, 0);
@@ -448,9 +460,13 @@ static eg_status wl_report_spec(const bench_opts *o, const char *name, int M, do
     if (compared) printf("; greedy tokens identical to the plain run: %d of %d requests", identical, compared);
     printf("\n");
     if (n_bm) {
-        printf("  modelled Kimi-K2.5 decode at mean length %.0f, K %d, A %.2f (eaglegen plan --preset kimi-k2.5 --box "
-               "BOX --mean-len %.0f --draft-tokens %d --accept %.2f):",
-               o->plan_mean_len, o->draft_tokens, A, o->plan_mean_len, o->draft_tokens, A);
+        char dflag[64] = "";
+        if (bm[0].draft_cache > 0) /* Kimi-K2.5's latent */
+            snprintf(dflag, sizeof dflag, " --draft-cache-bytes %.0f", bm[0].draft_cache);
+        printf("  modelled Kimi-K2.5 decode at mean length %.0f, K %d, A %.2f, %s drafter (eaglegen plan --preset "
+               "kimi-k2.5 --box BOX --mean-len %.0f --draft-tokens %d --accept %.2f%s):",
+               o->plan_mean_len, o->draft_tokens, A, o->draft_mla ? "an MLA" : "a 64-kv-head", o->plan_mean_len,
+               o->draft_tokens, A, dflag);
         for (int b = 0; b < n_bm; b++)
             printf("%s %s %s %.0f -> %s %.0f tok/s (%.2fx)", b ? ";" : "", bm[b].box,
                    *bm[b].plain_layout ? bm[b].plain_layout : "(none fits)", bm[b].plain_tok_s,
@@ -464,7 +480,7 @@ static eg_status wl_report_spec(const bench_opts *o, const char *name, int M, do
 
 /* --draft-model's config.json against the model, before any row runs (the runtime loads
  * the drafter itself for each speculative row, as generate's does). */
-static eg_status check_drafter(const char *dir, const eg_model *m, eg_error *err) {
+static eg_status check_drafter(const char *dir, const eg_model *m, int *mla, eg_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "rb");
@@ -483,6 +499,7 @@ static eg_status check_drafter(const char *dir, const eg_model *m, eg_error *err
     eg_eagle3_opts eo = {0};
     eg_status st = eg_drafter_eagle3_parse_config(buf, (size_t)n, path, &m->cfg, &eo, &dc, err);
     free(buf);
+    *mla = dc.mla;
     eg_eagle3_config_free(&dc);
     return st ? eg_wrap(err, "--draft-model %s", dir), st : EG_OK;
 }
@@ -504,7 +521,7 @@ static eg_status run_workload(const eg_model *m, bench_opts *o, eg_error *err) {
             if (!out[k] || !n_out[k]) st = eg_fail(err, EG_ERR_NOMEM, "out of memory for %d requests' tokens", o->requests);
         }
     if (!len || !prompt) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
-    if (!st && o->draft_model) st = check_drafter(o->draft_model, m, err);
+    if (!st && o->draft_model) st = check_drafter(o->draft_model, m, &o->draft_mla, err);
     if (st) goto out;
     for (int i = 0; i < o->requests; i++) len[i] = wl_length(o, i);
     int aux[64], n_aux = eg_config_default_aux_layers(c, aux);

@@ -135,6 +135,27 @@ for p, greedy in (("d.json", True), ("ds.json", False)):
     assert abs(sp["accept_length"] - sp["spec_tokens"] / sp["verify_steps"]) < 1e-4, sp
     assert sp["target_passes"] == sp["steps"] and sp["plain_target_passes"] == plain["steps"], sp
 PY
+echo "-- an MLA drafter (vLLM's layout): greedy unchanged, the boxes modelled with Kimi-K2.5's latent cache"
+$E mkmodel --drafter-for model --out drafter_mla --seed 5 --mla >/dev/null 2>&1 || fail "mkmodel --drafter-for --mla"
+$E bench "${wl[@]}" --draft-model drafter_mla --draft-tokens 2 --kv-policy on-demand --json >dm.json 2>"$tmp/err" \
+    || fail "bench --draft-model (MLA)"
+acc=$("$PYTHON" -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][1]; print(r['accept_length'])" dm.json)
+for b in rtx-pro-6000x8 h200x8; do
+    $E plan --preset kimi-k2.5 --box $b --mean-len 4096 --draft-tokens 2 --accept "$acc" --draft-cache-bytes 1152 \
+        --json >"plan_mla_$b.json" || fail "plan --draft-cache-bytes"
+done
+"$PYTHON" - <<'PY' || fail "MLA drafter report"
+import json
+plain, sp = [json.loads(l) for l in open("dm.json") if l.startswith("{")]
+assert sp["drafter"] == "eagle3" and sp["greedy_identical"] is True, sp
+for m in sp["modelled"]:
+    dr = json.load(open("plan_mla_%s.json" % m["box"]))
+    want = [x["decode_tok_s"] for x in dr["layouts"] if x["layout"] == m["spec_layout"]][0]
+    assert m["spec_layout"] == dr["recommended_decode"], (m, dr["recommended_decode"])
+    assert abs(m["spec_decode_tok_s"] - want) < 0.1 * max(1, sp["accept_length"]), (m, want)
+PY
+$E bench "${wl[@]}" --draft-model drafter_mla --kv-policy on-demand >tm.txt 2>"$tmp/err" || fail "text report (MLA)"
+grep -q "an MLA drafter (eaglegen plan .* --draft-cache-bytes 1152)" tm.txt || { cat tm.txt; fail "MLA modelled line"; }
 $E bench "${wl[@]}" --replay-drafter 0.5 --kv-policy on-demand >t.txt 2>"$tmp/err" || fail "text report"
 grep -q "^+drafter" t.txt && grep -q "accept length A" t.txt && grep -q "target passes .* -> " t.txt &&
     grep -q "greedy tokens identical to the plain run: 4 of 4 requests" t.txt &&

@@ -518,6 +518,8 @@ static void test_mla_small(void) {
     mla_call(&m, 2, s2, p2, 0, c.n_heads, 1.0f, "mla small: decode T=2");
     int32_t s3[3] = {1, 0, 1}, p3[3] = {7, 11, 8};
     mla_call(&m, 3, s3, p3, 1, 3, 1.3f, "mla small: decode heads [1,3), attn_factor 1.3");
+    int32_t s1[1] = {0}, p1[1] = {12}; /* one row alone (a drafter's chained step, a batch's last sequence) */
+    mla_call(&m, 1, s1, p1, 0, c.n_heads, 1.0f, "mla small: decode T=1");
     mla_free(&m);
     pair_free(&p);
 }
