@@ -407,7 +407,12 @@ else
         '$E' ${SPA[*]} --out '$TMP/spec3' --draft-model '$TMP/drafter' --draft-tokens 3 2> '$TMP/spec3.log' &&
         cat '$TMP/spec3.log' && grep 'speculative:' '$TMP/spec3.log' && '$E' inspect '$TMP/spec3' --verify &&
         { '$PYTHON' tests/gen_check.py same '$TMP/spec0' '$TMP/spec3' && echo 'greedy with drafter == without' ||
-          echo 'greedy with drafter differs from without (see above; not a failure on the GPU)'; }"
+          echo 'greedy with drafter differs from without (see above; not a failure on the GPU)'; } &&
+        '$E' mkmodel --drafter-for '$TMP/tiny' --out '$TMP/drafter_mla' --seed 5 --mla &&
+        '$E' ${SPA[*]} --out '$TMP/spec3m' --draft-model '$TMP/drafter_mla' --draft-tokens 3 2> '$TMP/spec3m.log' &&
+        grep 'speculative:' '$TMP/spec3m.log' && '$E' inspect '$TMP/spec3m' --verify &&
+        { '$PYTHON' tests/gen_check.py same '$TMP/spec0' '$TMP/spec3m' && echo 'greedy with the MLA drafter == without' ||
+          echo 'greedy with the MLA drafter differs from without (see above; not a failure on the GPU)'; }"
 fi
 
 # 4c. issue 6's step 4: an independent reference at real widths, transformers'

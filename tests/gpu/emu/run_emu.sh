@@ -19,8 +19,9 @@
 #        tests/gpu/emu/run_emu.sh ep_vocab    (the vocab split's op test: nccl and cuda-local, ~2 min)
 #        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
 #        tests/gpu/emu/run_emu.sh --spec      (generate --draft-model with target and drafter on the
-#                                              emulated GPU, and with --ep 2 on 2 emulated GPUs over
-#                                              emulated NCCL: greedy == greedy without the drafter)
+#                                              emulated GPU (an MHA and an MLA drafter), and with --ep 2
+#                                              on 2 emulated GPUs over emulated NCCL: greedy == greedy
+#                                              without the drafter)
 #        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
@@ -208,6 +209,14 @@ if [ "${1:-}" = --spec ]; then
     grep "speculative:" "$W/spec.log" || { echo "no speculative report"; cat "$W/spec.log"; exit 1; }
     grep -E "gqa_attention +[0-9]+" "$W/spec.log" || { echo "the drafter did not run on the GPU"; cat "$W/spec.log"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec"
+    # vLLM's MLA drafter layout: its layer through the drafter's CUDA backend's mla_attention
+    # over its paged latent cache; greedy stays the plain samples
+    "$B/emu/eaglegen_emu" mkmodel --drafter-for "$W/model" --out "$W/drafter_mla" --seed 5 --mla >/dev/null
+    nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/spec_mla" --draft-model "$W/drafter_mla" \
+        --draft-tokens 3 2> "$W/spec_mla.log" || { cat "$W/spec_mla.log"; exit 1; }
+    grep "speculative:" "$W/spec_mla.log" || { echo "no speculative report (MLA)"; cat "$W/spec_mla.log"; exit 1; }
+    grep -q "paged cache 80 bytes per token" "$W/spec_mla.log" || { echo "not the latent cache"; cat "$W/spec_mla.log"; exit 1; }
+    /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec_mla"
     # --ep 2 on 2 emulated GPUs: each rank drives its own drafter on its own device while
     # the target's expert rows cross the emulated NCCL; greedy stays the plain samples
     EMU_DEVICES=2 EMU_NCCL_TIMEOUT=${EMU_NCCL_TIMEOUT:-900} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
