@@ -362,6 +362,11 @@ static void test_linear_small(void) {
     pair p;
     if (!pair_make(&c, 64, &p)) return;
     linear_case(&p, EG_W_BF16, 77, 130, 5, bf16_bound());
+    /* one row (a drafter's chained step, a batch's last sequence) on the MLA drafter's
+       q_a / kv_a / q_b shapes */
+    linear_case(&p, EG_W_BF16, 40, 128, 1, bf16_bound());
+    linear_case(&p, EG_W_BF16, 48, 128, 1, bf16_bound());
+    linear_case(&p, EG_W_BF16, 96, 48, 1, bf16_bound());
     linear_case(&p, EG_W_INT4, 100, 96, 3, 1e-4);   /* cols not a multiple of the tile */
     linear_case(&p, EG_W_INT4, 130, 256, 40, 1e-4); /* rows and T past one tile */
     linear_case(&p, EG_W_FP8, 300, 544, 7, 1e-4);   /* partial 128-blocks both ways */
