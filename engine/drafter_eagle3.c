@@ -40,6 +40,8 @@ typedef struct e3 {
     float eps;
     int norm_before_residual;
     int norm_before_fc;        /* speculators: RMSNorm of the concatenated aux rows before fc */
+    int fc_norm;               /* vLLM / speculators: an RMSNorm per aux row before fc (after
+                                  norm_before_fc when both are on) */
     int norm_output;           /* speculators: the chain's hidden input is norm(out), not out */
     int window;                /* sliding-window attention: a position attends to its last `window` (0: all) */
     int monotone;              /* d2t strictly increasing target ids: draft-index order is
@@ -57,6 +59,7 @@ typedef struct e3 {
     /* weights */
     dw fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head, embed;
     dw input_norm;             /* [n_aux*Ht] norm_before_fc only */
+    dw *fcn;                   /* [n_aux] of [Ht]: fc_norm only (fc_norm.{i}.weight) */
     /* MLA: q_a [QL][2H], q_a_norm [QL], q_b [NH*(DN+DR)][QL] (or q_full [NH*(DN+DR)][2H]),
        kv_a [C+DR][2H], kv_a_norm [C], kv_b [NH*(DN+DV)][C]; wo is then [H][NH*DV] */
     dw q_a, q_a_norm, q_b, q_full, kv_a, kv_a_norm, kv_b;
@@ -84,7 +87,7 @@ typedef struct e3 {
     int *last_pos;             /* [S] position `last` belongs to (-1: none) */
     /* scratch */
     float *emb, *hid, *res, *cat, *q, *k, *v, *att, *x, *y, *g, *u, *out, *scores, *logits, *logits_t;
-    float *auxn;               /* [n_aux*Ht] norm_before_fc: the normed aux row */
+    float *auxn;               /* [n_aux*Ht] norm_before_fc / fc_norm: the normed aux row */
     double *pd;                /* [Vd] processed distribution over the draft vocabulary */
     double *pt;                /* [V] the same over the target vocabulary (non-monotone d2t) */
     eg_spec_scratch *sc;       /* over Vd (monotone) or V */
@@ -100,6 +103,9 @@ typedef struct e3_dev {
     int R;
     eg_weight fc, in_norm, hid_norm, wq, wk, wv, wo, post_norm, wg, wu, wd, norm, lm_head;
     eg_weight input_norm;      /* [n_aux*Ht] norm_before_fc only */
+    eg_weight *fcn;            /* [n_fcn] fc_norm only */
+    int n_fcn;
+    float *fa, *fb;            /* [R][Ht] x2: fc_norm's gathered chunk and its norm */
     eg_weight q_a, q_a_norm, q_b, q_full, kv_a, kv_a_norm, kv_b; /* MLA */
     float *qa, *qan, *kvb;     /* MLA: [R][QL] x2, [R][C+DR] */
     uint16_t *kc, *vc;         /* [n_blocks][BS][NKV][HD] bf16 (MLA: kc the latent
@@ -109,7 +115,7 @@ typedef struct e3_dev {
     float *inv_freq;           /* [HD/2] */
     int32_t *pos, *slot;       /* [R] */
     float *emb, *aux, *hid, *ne, *nh, *cat, *q, *k, *v, *att, *x, *y, *out, *logits;
-    float *auxn;               /* [R][n_aux*Ht] norm_before_fc only */
+    float *auxn;               /* [R][n_aux*Ht] norm_before_fc / fc_norm only */
     /* [R][H] x5 (emb, hid, ne, nh, x, y, out), [R][n_aux*Ht], [R][2H], [R][NH*HD] (q, att),
        [R][NKV*HD] (k, v), [Vd] */
     float *h_emb;              /* host [R][H] */
@@ -383,6 +389,20 @@ static eg_status dev_embed(e3 *d, const int32_t *tokens, int n, eg_error *err) {
     return g->be->ops->to_device(g->be, g->emb, g->h_emb, sizeof(float) * (size_t)n * (size_t)d->H, err);
 }
 
+/* fc_norm on m rows [m][n_aux][Ht] of src into g->auxn: chunk i of every row gathered
+ * (copy_rows, stride n_aux * Ht), normalised with fc_norm.{i}, scattered back. */
+static eg_status dev_fc_norm(e3 *d, int m, const float *src, eg_error *err) {
+    e3_dev *g = d->dev;
+    eg_backend *b = g->be;
+    const int64_t Ht = d->Ht, arow = (int64_t)d->n_aux * Ht;
+    eg_status st = EG_OK;
+    for (int i = 0; i < d->n_aux && !st; i++)
+        if (!(st = b->ops->copy_rows(b, g->fa, Ht, src + i * Ht, arow, m, Ht, err)) &&
+            !(st = b->ops->rmsnorm(b, g->fa, &g->fcn[i], m, (int)Ht, d->eps, g->fb, err)))
+            st = b->ops->copy_rows(b, g->auxn + i * Ht, arow, g->fb, Ht, m, Ht, err);
+    return st;
+}
+
 static eg_status dev_extend(e3 *d, int slot, int pos0, int n, const float *aux, const int32_t *next, eg_error *err) {
     e3_dev *g = d->dev;
     eg_backend *b = g->be;
@@ -394,7 +414,8 @@ static eg_status dev_extend(e3 *d, int slot, int pos0, int n, const float *aux, 
             (st = b->ops->to_device(b, g->aux, aux + t0 * arow, sizeof(float) * (size_t)(m * arow), err)) ||
             (d->norm_before_fc &&
              (st = b->ops->rmsnorm(b, g->aux, &g->input_norm, m, (int)arow, d->eps, g->auxn, err))) ||
-            (st = b->ops->linear(b, d->norm_before_fc ? g->auxn : g->aux, m, &g->fc, g->hid, err)) ||
+            (d->fc_norm && (st = dev_fc_norm(d, m, d->norm_before_fc ? g->auxn : g->aux, err))) ||
+            (st = b->ops->linear(b, d->norm_before_fc || d->fc_norm ? g->auxn : g->aux, m, &g->fc, g->hid, err)) ||
             (st = dev_layer(d, slot, pos0 + t0, m, err)))
             break;
         if (t0 + m == n)
@@ -438,9 +459,11 @@ static void dev_free(e3_dev *g) {
                            &g->q_b, &g->q_full, &g->kv_a, &g->kv_a_norm, &g->kv_b};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) b->ops->weight_release(b, ws[i]);
+        for (int i = 0; g->fcn && i < g->n_fcn; i++)
+            if (g->fcn[i].data) b->ops->weight_release(b, &g->fcn[i]);
         void *bufs[] = {g->kc, g->vc, g->table, g->last, g->inv_freq, g->pos, g->slot, g->emb, g->aux, g->hid,
                         g->ne, g->nh, g->cat, g->q, g->k, g->v, g->att, g->x, g->y, g->out, g->logits, g->auxn,
-                        g->qa, g->qan, g->kvb};
+                        g->qa, g->qan, g->kvb, g->fa, g->fb};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) b->ops->release(b, bufs[i]);
         eg_backend_free(b);
@@ -448,6 +471,7 @@ static void dev_free(e3_dev *g) {
     free(g->h_emb);
     free(g->h_pos);
     free(g->h_slot);
+    free(g->fcn);
     free(g);
 }
 
@@ -532,6 +556,12 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
         (st = dev_upload(d, &d->lm_head, "lm_head.weight", &g->lm_head, err)) ||
         (d->norm_before_fc && (st = dev_upload(d, &d->input_norm, "input_norm.weight", &g->input_norm, err))))
         return st;
+    if (d->fc_norm) {
+        if (!(g->fcn = eg_calloc((size_t)d->n_aux, sizeof *g->fcn, err))) return EG_ERR_NOMEM;
+        g->n_fcn = d->n_aux;
+        for (int i = 0; i < d->n_aux; i++)
+            if ((st = dev_upload(d, &d->fcn[i], "fc_norm.weight", &g->fcn[i], err))) return st;
+    }
     /* the cache: K and V rows of NKV * HD, or one latent row of C + DR (MLA) */
     const int64_t R = g->R, H = d->H, row = d->mla ? (int64_t)d->C + d->DR : (int64_t)d->NKV * d->HD,
                   cache = d->n_blocks * d->BS * row, vcache = d->mla ? 1 : cache, half = d->mla ? d->DR / 2 : d->HD / 2,
@@ -551,7 +581,9 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
         {(void **)&g->v, 4 * (size_t)(R * kvw)}, {(void **)&g->att, 4 * (size_t)(R * qd)},
         {(void **)&g->x, 4 * (size_t)(R * H)}, {(void **)&g->y, 4 * (size_t)(R * H)},
         {(void **)&g->out, 4 * (size_t)(R * H)}, {(void **)&g->logits, 4 * (size_t)d->Vd},
-        {(void **)&g->auxn, d->norm_before_fc ? 4 * (size_t)(R * d->n_aux * d->Ht) : 4}};
+        {(void **)&g->auxn, d->norm_before_fc || d->fc_norm ? 4 * (size_t)(R * d->n_aux * d->Ht) : 4},
+        {(void **)&g->fa, d->fc_norm ? 4 * (size_t)(R * d->Ht) : 4},
+        {(void **)&g->fb, d->fc_norm ? 4 * (size_t)(R * d->Ht) : 4}};
     for (size_t i = 0; i < sizeof al / sizeof al[0]; i++)
         if ((st = b->ops->alloc(b, al[i].bytes, al[i].p, err))) return st;
     g->h_emb = eg_malloc(sizeof(float) * (size_t)(R * H), err);
@@ -595,8 +627,12 @@ static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const floa
     } else {
         for (int t = 0; t < n; t++) {
             embed_row(d, next[t], d->emb);
-            if (d->norm_before_fc) rmsnorm(aux + t * arow, &d->input_norm, (int)arow, d->eps, d->auxn);
-            matvec(d, &d->fc, d->norm_before_fc ? d->auxn : aux + t * arow, d->hid);
+            const float *a = aux + t * arow;
+            if (d->norm_before_fc) rmsnorm(a, &d->input_norm, (int)arow, d->eps, d->auxn);
+            for (int i = 0; d->fc_norm && i < d->n_aux; i++) /* in place on auxn: each chunk read before written */
+                rmsnorm((d->norm_before_fc ? d->auxn : a) + (int64_t)i * d->Ht, &d->fcn[i], d->Ht, d->eps,
+                        d->auxn + (int64_t)i * d->Ht);
+            matvec(d, &d->fc, d->norm_before_fc || d->fc_norm ? d->auxn : a, d->hid);
             layer(d, slot, pos0 + t);
         }
         memcpy(d->last + (int64_t)slot * d->H, d->out, sizeof(float) * (size_t)d->H);
@@ -710,6 +746,7 @@ static void e3_destroy(eg_drafter *dr) {
     free(d->len);
     free(d->last_pos);
     free(d->auxn);
+    free(d->fcn);
     float *bufs[] = {d->emb, d->hid, d->res, d->cat, d->q, d->k, d->v, d->att, d->x, d->y, d->g, d->u, d->out,
                      d->scores, d->logits, d->logits_t};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -1015,7 +1052,8 @@ static eg_status parse_config(e3 *d, const char *text, size_t len, const char *p
        norm over the concatenated aux rows before fc, the normed output fed back along the
        chain (built); a norm per aux row (refused) */
     if ((st = cfg_bool(root, path, "norm_before_fc", &d->norm_before_fc, err)) ||
-        (st = cfg_bool(root, path, "norm_output", &d->norm_output, err)) || (st = cfg_false(root, path, "fc_norm", err)))
+        (st = cfg_bool(root, path, "norm_output", &d->norm_output, err)) ||
+        (st = cfg_bool(root, path, "fc_norm", &d->fc_norm, err)))
         goto done;
     {   /* transformers' sliding window: layer_types[0] says, else use_sliding_window */
         json_t *lt = json_object_get(lc, "layer_types"), *usw = json_object_get(lc, "use_sliding_window");
@@ -1365,6 +1403,18 @@ static eg_status read_mla_weights(e3 *d, eg_error *err) {
                : EG_OK;
 }
 
+/* fc_norm.{i}.weight [Ht], one per aux row (vLLM's ModuleList). */
+static eg_status read_fc_norm(e3 *d, eg_error *err) {
+    if (!(d->fcn = eg_calloc((size_t)d->n_aux, sizeof *d->fcn, err))) return EG_ERR_NOMEM;
+    for (int i = 0; i < d->n_aux; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "fc_norm.%d.weight", i);
+        eg_status st = get_w(d, name, d->Ht, 0, 0, &d->fcn[i], err);
+        if (st) return st;
+    }
+    return EG_OK;
+}
+
 static eg_status read_weights(e3 *d, eg_error *err) {
     const int64_t H = d->H, q = (int64_t)d->NH * d->HD, kv = (int64_t)d->NKV * d->HD,
                   o_in = d->mla ? (int64_t)d->NH * d->DV : q;
@@ -1384,7 +1434,8 @@ static eg_status read_weights(e3 *d, eg_error *err) {
         (st = get_w(d, "norm.weight", H, 0, 0, &d->norm, err)) ||
         (st = get_w(d, "lm_head.weight", d->Vd, H, 0, &d->lm_head, err)) ||
         (st = get_w(d, "embed_tokens.weight", d->V, H, 1, &d->embed, err)) ||
-        (d->norm_before_fc && (st = get_w(d, "input_norm.weight", (int64_t)d->n_aux * d->Ht, 0, 0, &d->input_norm, err))))
+        (d->norm_before_fc && (st = get_w(d, "input_norm.weight", (int64_t)d->n_aux * d->Ht, 0, 0, &d->input_norm, err))) ||
+        (d->fc_norm && (st = read_fc_norm(d, err))))
         return st;
     static const char *const biases[] = {"midlayer.self_attn.q_proj.bias", "midlayer.self_attn.k_proj.bias",
                                          "midlayer.self_attn.v_proj.bias", "midlayer.self_attn.o_proj.bias", "fc.bias",
@@ -1477,7 +1528,7 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     d->pt = eg_malloc(sizeof(double) * (size_t)(d->monotone ? 1 : d->V), err);
     for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
         if (!*sz[i].p) st = EG_ERR_NOMEM;
-    if (d->norm_before_fc && !(d->auxn = eg_malloc(sizeof(float) * (size_t)d->n_aux * (size_t)d->Ht, err)))
+    if ((d->norm_before_fc || d->fc_norm) && !(d->auxn = eg_malloc(sizeof(float) * (size_t)d->n_aux * (size_t)d->Ht, err)))
         st = EG_ERR_NOMEM;
     if (!d->kc || !d->vc || !d->last || !d->len || !d->last_pos || !d->inv_freq || !d->pd || !d->pt) st = EG_ERR_NOMEM;
     if (st) goto fail;
@@ -1516,6 +1567,8 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
         in->weight_bytes = (int64_t)sizeof(int64_t) * d->Vd;
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) in->weight_bytes += ws[i]->rows * ws[i]->cols * (ws[i]->dt == EG_ST_F32 ? 4 : 2);
+        for (int i = 0; d->fcn && i < d->n_aux; i++)
+            in->weight_bytes += d->fcn[i].cols * (d->fcn[i].dt == EG_ST_F32 ? 4 : 2);
     }
     *out = &d->base;
     return EG_OK;

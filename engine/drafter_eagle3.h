@@ -22,9 +22,11 @@
  * top level) and are converted to eaglegen's convention (output of decoder layer k,
  * 0-based); see eg_aux_convention. speculators' options norm_before_residual,
  * norm_before_fc (input_norm.weight [n_aux*Ht] over the concatenated aux row before fc)
- * and norm_output (the chain's hidden input is the final-normed output) are built.
+ * and norm_output (the chain's hidden input is the final-normed output) are built, and
+ * vLLM's fc_norm (fc_norm.{i}.weight [Ht]: an RMSNorm per aux row before fc, after
+ * norm_before_fc when both are on).
  * Anything unsupported (rope_scaling, attention bias, more than one decoder layer, another
- * architecture, speculators' fc_norm) is refused naming the key; a sliding-window layer
+ * architecture) is refused naming the key; a sliding-window layer
  * (transformer_layer_config layer_types sliding_attention) attends over its window.
  *
  * MLA drafters (vLLM's Eagle3DeepseekV2ForCausalLM, as TorchSpec's

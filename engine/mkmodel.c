@@ -798,7 +798,7 @@ eg_status eg_mkmodel_drafter(const eg_mkdrafter_opts *o, eg_error *err) {
     uint8_t *t2d = NULL;
     eg_st_writer *w = NULL;
     json_t *root = NULL;
-    dr_fill *fills = NULL;
+    dr_fill *fills = NULL, *fcn_fill = NULL; /* fcn_fill: [n_aux], fc_norm only */
     if (Vd < 1 || Vd > V) {
         st = eg_fail(err, EG_ERR_INVALID, "mkmodel drafter: draft vocabulary %d outside [1, %d] (the target's vocabulary)", Vd, V);
         goto done;
@@ -884,6 +884,17 @@ eg_status eg_mkmodel_drafter(const eg_mkdrafter_opts *o, eg_error *err) {
         if ((st = eg_st_writer_add_fill(w, ts[i].name, EG_ST_BF16, ts[i].cols ? 2 : 1, shape, dr_fill_fn, &fills[i], err)))
             goto done;
     }
+    if (o->fc_norm && !(fcn_fill = eg_calloc((size_t)n_aux, sizeof *fcn_fill, err))) {
+        st = EG_ERR_NOMEM;
+        goto done;
+    }
+    for (int i = 0; o->fc_norm && i < n_aux; i++) {
+        char name[48];
+        snprintf(name, sizeof name, "fc_norm.%d.weight", i);
+        fcn_fill[i] = (dr_fill){name_key(o->seed, name), 0.05f, 1.0f};
+        int64_t shape[1] = {H};
+        if ((st = eg_st_writer_add_fill(w, name, EG_ST_BF16, 1, shape, dr_fill_fn, &fcn_fill[i], err))) goto done;
+    }
     int64_t sd = Vd, sv = V;
     if ((st = eg_st_writer_add(w, "d2t", EG_ST_I64, 1, &sd, d2t, err)) ||
         (st = eg_st_writer_add(w, "t2d", EG_ST_BOOL, 1, &sv, t2d, err)) ||
@@ -909,6 +920,7 @@ eg_status eg_mkmodel_drafter(const eg_mkdrafter_opts *o, eg_error *err) {
         st = eg_fail(err, EG_ERR_NOMEM, "mkmodel drafter: building config.json");
         goto done;
     }
+    if (o->fc_norm) json_object_set_new(root, "fc_norm", json_true());
     if (o->mla) { /* vLLM's DeepSeek EAGLE-3 layout: the target's model_type and MLA keys */
         json_object_set_new(root, "architectures", json_pack("[s]", "Eagle3DeepseekV2ForCausalLM"));
         json_object_set_new(root, "model_type", json_string(tc.model_type));
@@ -933,6 +945,7 @@ done:
     json_decref(root);
     eg_st_writer_free(w);
     free(fills);
+    free(fcn_fill);
     free(d2t);
     free(t2d);
     eg_config_free(&tc);

@@ -80,6 +80,8 @@ typedef struct eg_mkdrafter_opts {
     int n_aux;                /* 0 = the target's default aux layers [1, L/2-1, L-4] */
     const int *aux_layers;    /* [n_aux] output-of-layer ids, ascending, distinct */
     int no_embed;             /* omit embed_tokens.weight (the loader then uses the target's) */
+    int fc_norm;              /* write vLLM's fc_norm: an RMSNorm per aux row before fc
+                                 (fc_norm.{i}.weight) and "fc_norm": true */
     int mla;                  /* vLLM's Eagle3DeepseekV2ForCausalLM layout: the decoder layer's
                                  attention is MLA with the target's q_lora / kv_lora / head
                                  dims and RoPE (YaRN included), as TorchSpec's

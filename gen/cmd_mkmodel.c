@@ -66,7 +66,9 @@ static void mk_usage(FILE *f) {
             "  --mla               vLLM's Eagle3DeepseekV2ForCausalLM layout instead: the layer's\n"
             "                      attention is MLA with the model's q_lora / kv_lora / head dims\n"
             "                      and RoPE (as lightseekorg/kimi-k2.5-eagle3-mla); its cache is\n"
-            "                      the latent, (kv_lora + rope) BF16 values per position\n");
+            "                      the latent, (kv_lora + rope) BF16 values per position\n"
+            "  --fc-norm           with vLLM's fc_norm: an RMSNorm per aux row before fc\n"
+            "                      (fc_norm.{i}.weight, \"fc_norm\": true)\n");
 }
 
 static int parse_i64(const char *s, int64_t *out) {
@@ -130,6 +132,10 @@ static int mk_drafter(int argc, char **argv) {
         }
         if (!strcmp(a, "--mla")) {
             o.mla = 1;
+            continue;
+        }
+        if (!strcmp(a, "--fc-norm")) {
+            o.fc_norm = 1;
             continue;
         }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

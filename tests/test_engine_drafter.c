@@ -54,6 +54,7 @@ static uint64_t g_rng = 12345;
 static double urand(void) { return eg_rng_uniform(&g_rng); }
 
 static int g_mla; /* make_drafter writes vLLM's MLA layout (Eagle3DeepseekV2ForCausalLM) */
+static int g_fcn; /* make_drafter writes vLLM's fc_norm (a norm per aux row before fc) */
 
 /* A drafter for tiny-a: aux [0,2,4], draft vocab 200 at target ids 2d+50 (monotone). */
 static void make_drafter(const char *dir, int no_embed, const int64_t *d2t) {
@@ -62,7 +63,7 @@ static void make_drafter(const char *dir, int no_embed, const int64_t *d2t) {
     for (int i = 0; i < 200; i++) def[i] = i + 50; /* target = 2i + 50 */
     eg_mkdrafter_opts o = {.target_dir = TARGET, .out_dir = dir, .seed = 7, .draft_vocab = 200,
                            .d2t = d2t ? d2t : def, .n_aux = 3, .aux_layers = aux, .no_embed = no_embed,
-                           .mla = g_mla};
+                           .mla = g_mla, .fc_norm = g_fcn};
     eg_error e = {0};
     CHECK_OK(eg_mkmodel_drafter(&o, &e), &e);
 }
@@ -197,8 +198,8 @@ static void ref_case(int no_embed, int nbr, int spec) {
     CHECK(dr0[0] == D[0] && dr0[1] == D[1] && dr0[2] == D[2]);
     CHECK(!memcmp(keep3, eg_drafter_eagle3_last_logits(d), sizeof keep3));
     CHECK(rng == 1); /* greedy draws nothing */
-    printf("    %s%s embedding%s%s%s%s: max rel err %.2e over %d positions + 2 chained steps (bound 1e-4)\n",
-           g_mla ? "MLA, " : "", no_embed ? "target" : "own", nbr ? ", norm_before_residual" : "",
+    printf("    %s%s%s embedding%s%s%s%s: max rel err %.2e over %d positions + 2 chained steps (bound 1e-4)\n",
+           g_mla ? "MLA, " : "", g_fcn ? "fc_norm, " : "", no_embed ? "target" : "own", nbr ? ", norm_before_residual" : "",
            spec ? ", speculators layout with norm_before_fc, norm_output and a sliding window of 3" : "", g_backend ? ", backend " : "",
            g_backend ? g_backend : "", worst, N);
     const char *want_be = g_backend ? g_backend : g_mla ? "cpu" : NULL; /* MLA: always through a backend */
@@ -213,6 +214,25 @@ static void test_reference_target_embed_nbr(void) { ref_case(1, 1, 0); }
 static void test_reference_speculators(void) { ref_case(0, 1, 1); }
 /* The same reference through the CPU backend's ops (gqa_attention, copy_rows, linear,
  * ...), extends in passes of 4 rows (the 6-position extend is 4 + 2). */
+/* vLLM's fc_norm (an RMSNorm per aux row before fc): alone, with speculators' options
+ * (norm_before_fc first, then fc_norm), through the CPU backend's ops (gathered chunks),
+ * and on an MLA drafter. */
+static void test_reference_fc_norm(void) {
+    g_fcn = 1;
+    ref_case(0, 0, 0);
+    ref_case(0, 1, 1);
+    g_backend = "cpu";
+    g_rows = 4;
+    ref_case(1, 0, 0);
+    ref_case(0, 1, 1);
+    g_backend = NULL;
+    g_rows = 0;
+    g_mla = 1;
+    ref_case(0, 0, 0);
+    g_mla = 0;
+    g_fcn = 0;
+}
+
 /* vLLM's MLA drafter (mkmodel --mla: tiny-a's q LoRA 48, kv_lora 32, nope 16 / rope 8 /
  * v 12, YaRN factor 64) through the CPU backend's mla_attention op, against the numpy
  * reference's DeepSeek MLA; in passes of one call and of 4 rows. */
@@ -706,7 +726,8 @@ static void to_speculators(const char *src, const char *dst, const char *drop_la
                            "speculators_model_type", "eagle3", "transformer_layer_config", lc, "draft_vocab_size",
                            json_object_get(c, "draft_vocab_size"), "target_hidden_size",
                            json_object_get(c, "target_hidden_size"), "norm_before_residual",
-                           json_object_get(c, "norm_before_residual"), "norm_before_fc", variants, "fc_norm", 0,
+                           json_object_get(c, "norm_before_residual"), "norm_before_fc", variants, "fc_norm",
+                           json_is_true(json_object_get(c, "fc_norm")),
                            "norm_output", variants, "eagle_aux_hidden_state_layer_ids", ids);
     EG_ASSERT(sp);
     save_cfg(dst, sp);
@@ -780,9 +801,9 @@ static void test_speculators_layout(void) {
     /* refusals */
     to_speculators(sf, bad, NULL, 0);
     json_t *j = load_cfg(bad);
-    json_object_set_new(j, "fc_norm", json_true()); /* a norm per aux row: not built */
+    json_object_set_new(j, "fc_norm", json_true()); /* a norm per aux row, without its weights */
     save_cfg(bad, j);
-    expect_fail(bad, EG_ERR_UNSUPPORTED, "fc_norm", "config.json");
+    expect_fail(bad, EG_ERR_FORMAT, "fc_norm.0.weight (or model.fc_norm.0.weight) is missing", NULL);
     to_speculators(sf, bad, NULL, 0);
     j = load_cfg(bad);
     json_object_set_new(j, "norm_before_fc", json_true()); /* without its weight */
@@ -1067,6 +1088,7 @@ int main(int argc, char **argv) {
         {"paged_cache_mla", test_paged_cache_mla},
         {"reference_mla", test_reference_mla},
         {"mla_layout", test_mla_layout},
+        {"reference_fc_norm", test_reference_fc_norm},
         {"backend_cpu_bits", test_backend_cpu_bits},
         {"q_monotone", test_q_monotone},
         {"q_permuted", test_q_permuted},

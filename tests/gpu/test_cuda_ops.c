@@ -1798,6 +1798,7 @@ static void drafter_variant(const char *ddir, const char *vdir) {
     json_object_set_new(c, "norm_before_residual", json_true());
     json_object_set_new(c, "norm_before_fc", json_true());
     json_object_set_new(c, "norm_output", json_true());
+    json_object_set_new(c, "fc_norm", json_true());
     json_object_set_new(c, "use_sliding_window", json_true());
     json_object_set_new(c, "sliding_window", json_integer(4));
     snprintf(p, sizeof p, "%s/config.json", vdir);
@@ -1818,11 +1819,20 @@ static void drafter_variant(const char *ddir, const char *vdir) {
     float *g = malloc(sizeof(float) * (size_t)n);
     for (int64_t i = 0; i < n; i++) g[i] = 0.5f + (float)(next64() % 1000) / 1000.0f;
     EG_ASSERT(eg_st_writer_add(w, "input_norm.weight", EG_ST_F32, 1, &n, g, &e) == EG_OK);
+    int64_t ht = n / 3; /* fc_norm: one weight per aux row (the test's 3) */
+    float *fcn = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) fcn[i] = 0.7f + (float)(next64() % 600) / 1000.0f;
+    char nm[3][32];
+    for (int i = 0; i < 3; i++) {
+        snprintf(nm[i], sizeof nm[i], "fc_norm.%d.weight", i);
+        EG_ASSERT(eg_st_writer_add(w, nm[i], EG_ST_F32, 1, &ht, fcn + i * ht, &e) == EG_OK);
+    }
     snprintf(p, sizeof p, "%s/model.safetensors", vdir);
     EG_ASSERT(eg_st_writer_write(w, p, &e) == EG_OK);
     eg_st_writer_free(w);
     eg_st_close(f);
     free(g);
+    free(fcn);
 }
 
 static void test_drafter(void) {
@@ -1844,7 +1854,7 @@ static void test_drafter(void) {
     CHECK_OK(eg_model_load(tdir, &m, &err), &err);
     drafter_case(ddir, &m, "");
     drafter_variant(ddir, vdir);
-    drafter_case(vdir, &m, " (norm_before_residual, norm_before_fc, norm_output, window 4)");
+    drafter_case(vdir, &m, " (norm_before_residual, norm_before_fc, fc_norm, norm_output, window 4)");
     /* vLLM's MLA drafter: the CUDA backend's mla_attention over its paged latent cache
        against the CPU backend's (the MLA drafter's "own" path) */
     char mdir[600];

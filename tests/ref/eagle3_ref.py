@@ -19,7 +19,8 @@ transformer_layer_config, tensors layers.0.* for midlayer.*) with its options, w
 speculators' description: norm_before_fc, h = fc(rmsnorm(concat aux, input_norm)) over the
 whole concatenated row; norm_output, the chained hidden input is rmsnorm(out, norm) instead
 of out; a sliding window (transformer_layer_config layer_types sliding_attention,
-sliding_window W): a position p attends to positions (p - W, p] only.
+sliding_window W): a position p attends to positions (p - W, p] only. fc_norm (vLLM's): after
+norm_before_fc, each aux row of the concatenation normalised by its own RMSNorm (fc_norm.{i}).
 
 vLLM's MLA drafter too (architectures Eagle3DeepseekV2ForCausalLM), written from DeepSeek-V3's
 attention (inference/model.py and the Hugging Face DeepseekV3 description): the same layer with
@@ -195,6 +196,7 @@ class Drafter:
         self.nbr = bool(cfg.get("norm_before_residual", False))
         self.nbf = bool(cfg.get("norm_before_fc", False))
         self.nout = bool(cfg.get("norm_output", False))
+        self.fcn = bool(cfg.get("fc_norm", False))
         lt = lc.get("layer_types") or []
         sliding = lt[0] == "sliding_attention" if lt else bool(lc.get("use_sliding_window", False))
         self.window = int(lc["sliding_window"]) if sliding else 0  # attend to the last `window` positions
@@ -250,7 +252,13 @@ class Drafter:
 
     def hidden_in(self, aux_row):
         a = aux_row.reshape(-1)
-        return self.w["fc.weight"] @ (rmsnorm(a, self.w["input_norm.weight"], self.eps) if self.nbf else a)
+        if self.nbf:
+            a = rmsnorm(a, self.w["input_norm.weight"], self.eps)
+        if self.fcn:  # vLLM's fc_norm: one RMSNorm per aux row, after norm_before_fc
+            n = aux_row.shape[0]
+            a = np.concatenate([rmsnorm(c, self.w["fc_norm.%d.weight" % i], self.eps)
+                                for i, c in enumerate(np.split(a, n))])
+        return self.w["fc.weight"] @ a
 
     def chained(self, pre):
         return rmsnorm(pre, self.w["norm.weight"], self.eps) if self.nout else pre
