@@ -130,7 +130,46 @@ PY
 done
 $E plan --preset kimi-k2.5 --box h200x8 --draft-tokens 3 --accept 3 --draft-cache-bytes 1152 > out 2> err ||
     fail "plan --draft-cache-bytes: $(cat err)"
-grep -q "its cache 1152 bytes per token (--draft-cache-bytes)" out || fail "the plan does not say the drafter's cache: $(head -3 out)"
+grep -q "its cache 1152 bytes per token (from the options)" out || fail "the plan does not say the drafter's cache: $(head -3 out)"
+# --draft-model DIR: the cache per token from a drafter's config (an MLA one in vLLM's layout
+# at Kimi-K2.5's dims, and SpecForge's Kimi-K2.5 MHA config): the same rows as the number
+mkdir -p dmla dmha
+cat > dmla/config.json <<'JSON'
+{"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
+ "num_attention_heads": 64, "num_hidden_layers": 1, "intermediate_size": 18432, "vocab_size": 163840,
+ "draft_vocab_size": 163840, "rms_norm_eps": 1e-05, "rope_theta": 50000.0, "max_position_embeddings": 262144,
+ "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                  "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+ "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+ "first_k_dense_replace": 1, "moe_layer_freq": 1, "hidden_act": "silu",
+ "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58], "use_aux_hidden_state": true}}
+JSON
+cat > dmha/config.json <<'JSON'
+{"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 7168, "head_dim": 128,
+ "num_attention_heads": 64, "num_key_value_heads": 64, "num_hidden_layers": 1, "intermediate_size": 18432,
+ "vocab_size": 163840, "draft_vocab_size": 32000, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+ "rope_scaling": null, "hidden_act": "silu",
+ "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58], "use_aux_hidden_state": true}}
+JSON
+for box in rtx-pro-6000x8 h200x8; do
+    $E plan --preset kimi-k2.5 --box $box --draft-tokens 3 --accept 3 --draft-model dmla --json > a.json 2> err ||
+        fail "plan --draft-model (MLA) $box: $(cat err)"
+    $E plan --preset kimi-k2.5 --box $box --draft-tokens 3 --accept 3 --draft-cache-bytes 1152 --json > b.json ||
+        fail "plan --draft-cache-bytes 1152 $box"
+    $E plan --preset kimi-k2.5 --box $box --draft-tokens 3 --accept 3 --draft-model dmha --json > c.json 2> err ||
+        fail "plan --draft-model (MHA) $box: $(cat err)"
+    $E plan --preset kimi-k2.5 --box $box --draft-tokens 3 --accept 3 --json > d.json || fail "plan $box"
+    cmp -s a.json b.json || fail "plan --draft-model (MLA) differs from --draft-cache-bytes 1152 on $box"
+    cmp -s c.json d.json || fail "plan --draft-model (64 kv heads) differs from the modelled drafter on $box"
+done
+$E plan --preset kimi-k2.5 --box h200x8 --draft-tokens 3 --accept 3 --draft-model dmla > out 2> err || fail "plan --draft-model text"
+grep -q "its cache 1152 bytes per token (from the options)" out || fail "plan --draft-model: $(head -3 out)"
+! $E plan --preset kimi-k2.5 --box h200x8 --draft-tokens 3 --accept 3 --draft-model dmla --draft-cache-bytes 9 \
+    > out 2> err || fail "--draft-model with --draft-cache-bytes accepted"
+grep -q "not both" err || fail "--draft-model with --draft-cache-bytes: $(cat err)"
+! $E plan --preset moonlight-16b --box h200x8 --draft-tokens 3 --accept 3 --draft-model dmla > out 2> err ||
+    fail "a Kimi drafter accepted for moonlight-16b"
+grep -q "dmla" err && grep -q "hidden size\|vocab" err || fail "a drafter for another model: $(cat err)"
 ! $E plan --preset kimi-k2.5 --box h200x8 --draft-cache-bytes 1152 > out 2> err || fail "--draft-cache-bytes alone accepted"
 ! $E plan --preset kimi-k2.5 --box h200x8 --draft-tokens 3 > out 2> err || fail "--draft-tokens without --accept accepted"
 grep -q -- '--accept' err || fail "--draft-tokens alone: $(cat err)"
