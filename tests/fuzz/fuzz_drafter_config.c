@@ -2,7 +2,8 @@
  * Kimi-K2.5-sized target (hidden 7168, vocabulary 163840, 61 layers), under each aux-layer
  * convention. What it accepts must describe a drafter the loader can size: positive
  * dimensions that divide, a draft vocabulary inside the target's, aux layers ascending
- * inside the target, and the same answer twice. */
+ * inside the target, the cache per position its layout implies (MLA: the latent), and the
+ * same answer twice. */
 #include "engine/drafter_eagle3.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -34,6 +35,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
             FUZZ_CHECK(c.aux_layers[i] == c2.aux_layers[i]);
         }
         FUZZ_CHECK(c.n_aux == c2.n_aux && c.hidden == c2.hidden && c.draft_vocab == c2.draft_vocab);
+        /* the paged cache per position: K and V of the kv heads, or an MLA layer's latent */
+        FUZZ_CHECK(c.cache_bytes_per_token == (c.mla ? 2 * ((int64_t)c.kv_lora + c.qk_rope)
+                                                     : 4 * (int64_t)c.kv_heads * c.head_dim));
+        FUZZ_CHECK(!c.mla || (c.kv_lora > 0 && c.qk_rope >= 2 && c.qk_rope % 2 == 0));
         eg_eagle3_config_free(&c);
         eg_eagle3_config_free(&c2);
     }
