@@ -88,6 +88,11 @@ static void usage(FILE *f) {
             "  --host-kv-gb F     host memory for preempted caches (default: a quarter of free RAM)\n"
             "  --seed N           draws of lengths and prompts (default 1)\n"
             "  --json             one JSON object per row instead of the table\n"
+            "  --ep E             every row on an expert-parallel group of E ranks (generate --ep:\n"
+            "                     the routed experts split, each rank its own sequences and cache);\n"
+            "                     --kv-tokens is then split over the ranks. The JSON rows add ep,\n"
+            "                     ep_split and the exchange (exchange_pairs, exchange_bytes)\n"
+            "  --ep-split S       with --ep: none (default), ffn or all, as generate --ep-split\n"
             "  --draft-model DIR  speculative decoding: every row runs without, then with this EAGLE-3\n"
             "                     drafter (the layouts generate --draft-model reads) on the same requests,\n"
             "                     and reports accepted drafts and the accept length A (tokens committed per\n"
@@ -140,6 +145,8 @@ typedef struct bench_opts {
     double plan_mean_len;      /* mean length the modelled boxes are planned at */
     int draft_mla;             /* the drafter is an MLA one: modelled with Kimi-K2.5's latent
                                   cache per token, not the MHA drafters' (set by check_drafter) */
+    int ep;                    /* workload mode: expert-parallel ranks (generate --ep; 0/1 = none) */
+    eg_ep_split ep_split;      /* with ep: generate --ep-split */
 } bench_opts;
 
 static int imax(const int *v, int n) {
@@ -298,6 +305,7 @@ typedef struct wl_result {
     eg_engine_stats es;
     double secs;
     int64_t generated; /* tokens generated over the requests (from done()) */
+    int64_t ex_pairs, ex_bytes; /* with --ep: the group's exchange (eg_runtime_traffic) */
 } wl_result;
 
 static eg_status wl_run(const eg_model *m, const bench_opts *o, wl_ctx *w, int pol, const int *aux, int n_aux,
@@ -309,7 +317,8 @@ static eg_status wl_run(const eg_model *m, const bench_opts *o, wl_ctx *w, int p
                           .block_size = 64, .kv_policy = pol ? EG_KV_RESERVE : EG_KV_ON_DEMAND,
                           .kv_tokens = o->kv_tokens, .host_kv_bytes = o->host_kv_bytes, .aux_layers = aux,
                           .n_aux = n_aux, .capture_bf16 = 1, .draft_model = draft_dir, .drafter = dr,
-                          .draft_tokens = draft_dir || dr ? o->draft_tokens : 0};
+                          .draft_tokens = draft_dir || dr ? o->draft_tokens : 0, .ep = o->ep,
+                          .ep_split = o->ep > 1 ? o->ep_split : EG_EP_SPLIT_NONE};
     w->next = 0;
     w->generated = 0;
     if (w->n_out) memset(w->n_out, 0, sizeof(int) * (size_t)o->requests);
@@ -318,6 +327,7 @@ static eg_status wl_run(const eg_model *m, const bench_opts *o, wl_ctx *w, int p
     if (!st) st = eg_runtime_run(rt, wl_next, wl_done, w, err);
     r->secs = eg_now() - t0;
     if (!st) eg_runtime_stats(rt, &r->es);
+    if (!st) eg_runtime_traffic(rt, &r->ex_pairs, &r->ex_bytes);
     r->generated = w->generated;
     eg_runtime_free(rt);
     return st;
@@ -342,6 +352,10 @@ static void wl_print_row(const bench_opts *o, const char *name, const char *run,
                (long long)es->preemptions, (long long)es->swap_bytes, (long long)es->recomputed_tokens, rows / steps,
                es->backlog_steps ? es->backlog_concurrency / (double)es->backlog_steps : 0.0,
                (long long)es->backlog_steps, (long long)es->decode_tokens, r->secs);
+        if (o->ep > 1)
+            printf(", \"ep\": %d, \"ep_split\": \"%s\", \"exchange_pairs\": %lld, \"exchange_bytes\": %lld", o->ep,
+                   o->ep_split == EG_EP_SPLIT_ALL ? "all" : o->ep_split == EG_EP_SPLIT_FFN ? "ffn" : "none",
+                   (long long)r->ex_pairs, (long long)r->ex_bytes);
         if (!run) printf("}\n");
     } else {
         printf("%-9s %7d %8.0f %7lld %8.2f %9d %8.2f %4.0f%% %7lld %8.1f %10lld %11.2f %9.0f %8.1f\n", name, M, mean,
@@ -618,10 +632,11 @@ int cmd_bench(int argc, char **argv) {
         {"seed", required_argument, 0, 'x'},       {"json", no_argument, 0, 'j'},
         {"draft-model", required_argument, 0, 0x100}, {"draft-tokens", required_argument, 0, 0x101},
         {"replay-drafter", required_argument, 0, 0x102}, {"plan-mean-len", required_argument, 0, 0x103},
+        {"ep", required_argument, 0, 0x104},        {"ep-split", required_argument, 0, 0x105},
         {0, 0, 0, 0}};
     const char *workload = "lognormal:1500:1.0", *max_new = "4096";
     double host_gb = -1;
-    int kv_tokens = 0, batch_given = 0, plan_mean_len = 4096;
+    int kv_tokens = 0, batch_given = 0, plan_mean_len = 4096, ep_split_given = 0;
     o.policies = 3;
     o.replay_rate = -1;
     o.seed = 1;
@@ -638,6 +653,17 @@ int cmd_bench(int argc, char **argv) {
         case 'K': if (!gen_arg_int("bench", "--kv-tokens", optarg, 64, 2000000000, &kv_tokens)) return 2; break;
         case 'H': if (!gen_arg_double("bench", "--host-kv-gb", optarg, 0, 1e9, &host_gb)) return 2; break;
         case 'j': o.json = 1; break;
+        case 0x104: if (!gen_arg_int("bench", "--ep", optarg, 1, 4096, &o.ep)) return 2; break;
+        case 0x105:
+            if (!strcmp(optarg, "none")) o.ep_split = EG_EP_SPLIT_NONE;
+            else if (!strcmp(optarg, "ffn")) o.ep_split = EG_EP_SPLIT_FFN;
+            else if (!strcmp(optarg, "all")) o.ep_split = EG_EP_SPLIT_ALL;
+            else {
+                fprintf(stderr, "eaglegen bench: --ep-split expects none, ffn or all\n");
+                return 2;
+            }
+            ep_split_given = 1;
+            break;
         case 0x100: o.draft_model = optarg; break;
         case 0x101: if (!gen_arg_int("bench", "--draft-tokens", optarg, 1, 64, &o.draft_tokens)) return 2; break;
         case 0x102: if (!gen_arg_double("bench", "--replay-drafter", optarg, 0, 1, &o.replay_rate)) return 2; break;
@@ -716,6 +742,20 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     if (spec && !o.draft_tokens) o.draft_tokens = 3;
+    if ((o.ep > 1 || ep_split_given) && !o.requests) {
+        fprintf(stderr, "eaglegen bench: --ep and --ep-split run in workload mode (--requests N): the prefill and "
+                        "decode rows time one backend's forward\n");
+        return 2;
+    }
+    if (ep_split_given && o.ep_split != EG_EP_SPLIT_NONE && o.ep < 2) {
+        fprintf(stderr, "eaglegen bench: --ep-split needs an expert-parallel group (--ep E with E > 1)\n");
+        return 2;
+    }
+    if (o.ep > 1 && o.replay_rate >= 0) {
+        fprintf(stderr, "eaglegen bench: --replay-drafter drives one engine; with --ep give --draft-model DIR (a "
+                        "drafter per rank)\n");
+        return 2;
+    }
     if (o.requests) {
         eg_error werr = {0};
         if (eg_plan_workload_parse(workload, &o.wl_median, &o.wl_sigma, &werr)) {
@@ -797,6 +837,9 @@ int cmd_bench(int argc, char **argv) {
             printf("workload: %d requests, prompt %d tokens, responses lognormal median %g sigma %g; KV pool %lld tokens, "
                    "%d slots at most\n", o.requests, o.plen, o.wl_median, o.wl_sigma, (long long)(o.kv_tokens / 64 * 64),
                    o.slots);
+        if (!o.json && o.ep > 1)
+            printf("expert parallel: %d ranks (--ep-split %s), the pool and the slots split over them\n", o.ep,
+                   o.ep_split == EG_EP_SPLIT_ALL ? "all" : o.ep_split == EG_EP_SPLIT_FFN ? "ffn" : "none");
         if (run_workload(&m, &o, &err)) {
             fprintf(stderr, "eaglegen bench: %s\n", err.msg);
             rc = 1;

@@ -156,6 +156,30 @@ for m in sp["modelled"]:
 PY
 $E bench "${wl[@]}" --draft-model drafter_mla --kv-policy on-demand >tm.txt 2>"$tmp/err" || fail "text report (MLA)"
 grep -q "an MLA drafter (eaglegen plan .* --draft-cache-bytes 1152)" tm.txt || { cat tm.txt; fail "MLA modelled line"; }
+echo "-- --ep: the workload rows on an expert-parallel group (the same tokens, the exchange counted)"
+refused 2 "--ep and --ep-split run in workload mode" $E bench --model model --ep 2
+refused 2 "--ep-split needs an expert-parallel group" $E bench "${wl[@]}" --ep-split ffn
+refused 2 "--replay-drafter drives one engine" $E bench "${wl[@]}" --ep 2 --replay-drafter 1
+refused 2 "--ep-split expects none, ffn or all" $E bench "${wl[@]}" --ep 2 --ep-split some
+$E bench "${wl[@]}" --kv-policy on-demand --json >e1.json 2>"$tmp/err" || fail "bench (one engine)"
+$E bench "${wl[@]}" --kv-policy on-demand --ep 2 --json >e2.json 2>"$tmp/err" || fail "bench --ep 2"
+$E bench "${wl[@]}" --kv-policy on-demand --ep 2 --ep-split all --json >e3.json 2>"$tmp/err" || fail "bench --ep 2 all"
+$E bench "${wl[@]}" --kv-policy on-demand --ep 2 --draft-model drafter_mla --json >e4.json 2>"$tmp/err" ||
+    fail "bench --ep 2 --draft-model"
+"$PYTHON" - <<'PY' || fail "bench --ep rows"
+import json
+def rows(p):
+    return [json.loads(l) for l in open(p) if l.startswith("{")]
+one, two, split = rows("e1.json")[0], rows("e2.json")[0], rows("e3.json")[0]
+assert "ep" not in one and two["ep"] == 2 and two["ep_split"] == "none" and split["ep_split"] == "all", (one, two, split)
+assert one["decode_tokens"] == two["decode_tokens"] == split["decode_tokens"] == 4 * 21, (one, two, split)
+assert two["exchange_pairs"] > 0 and two["exchange_bytes"] > 0, two
+assert split["exchange_bytes"] > two["exchange_bytes"], ("the vocab split moves more", two, split)
+plain, sp = rows("e4.json")
+assert sp["run"] == "speculative" and sp["greedy_identical"] is True and sp["ep"] == 2, sp
+PY
+$E bench "${wl[@]}" --kv-policy on-demand --ep 2 >t2.txt 2>"$tmp/err" || fail "bench --ep 2 text"
+grep -q "expert parallel: 2 ranks (--ep-split none)" t2.txt || { cat t2.txt; fail "bench --ep 2: no group line"; }
 $E bench "${wl[@]}" --replay-drafter 0.5 --kv-policy on-demand >t.txt 2>"$tmp/err" || fail "text report"
 grep -q "^+drafter" t.txt && grep -q "accept length A" t.txt && grep -q "target passes .* -> " t.txt &&
     grep -q "greedy tokens identical to the plain run: 4 of 4 requests" t.txt &&
