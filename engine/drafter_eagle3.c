@@ -824,7 +824,8 @@ static eg_status cfg_false(json_t *root, const char *path, const char *key, eg_e
     return EG_OK;
 }
 
-/* aux ids -> eaglegen convention into d->aux_buf. */
+/* aux ids -> eaglegen convention into d->aux_buf. speculators: 1 speculators' layout, 2
+ * vLLM's MLA layout (both count as vLLM does), 0 SpecForge's. */
 static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3_opts *o, int speculators,
                           eg_error *err) {
     json_t *ec = json_object_get(root, "eagle_config");
@@ -897,9 +898,12 @@ static eg_status read_aux(e3 *d, json_t *root, const char *path, const eg_eagle3
     }
     const int L = d->L_target;
     if (conv == EG_AUX_CONV_AUTO && speculators) {
-        /* speculators counts as vLLM does: the state entering decoder layer k + 1 */
+        /* speculators counts as vLLM does: the state entering decoder layer k + 1; vLLM's
+           MLA drafter layout runs only there */
         conv = EG_AUX_CONV_HF_INDEX;
-        why = "speculators' convention (vLLM hidden_states index: output of layer k is k + 1)";
+        why = speculators == 2 ? "vLLM's convention, the only engine running its MLA drafter layout (hidden_states "
+                                 "index: output of layer k is k + 1)"
+                               : "speculators' convention (vLLM hidden_states index: output of layer k is k + 1)";
     }
     if (conv == EG_AUX_CONV_AUTO) {
         /* the default set [1, L/2-1, L-4] (deduplicated for tiny models, as generate's
@@ -991,7 +995,7 @@ static eg_status parse_mla(e3 *d, json_t *root, const char *text, size_t len, co
     if (nbr && !json_is_null(nbr) && !json_is_boolean(nbr))
         return eg_fail(err, EG_ERR_CONFIG, "%s: norm_before_residual must be a boolean", path);
     d->norm_before_residual = nbr && json_is_true(nbr);
-    return read_aux(d, root, path, o, 1, err);
+    return read_aux(d, root, path, o, 2, err);
 }
 
 static eg_status parse_config(e3 *d, const char *text, size_t len, const char *path, const eg_eagle3_opts *o,

@@ -844,6 +844,40 @@ static void test_speculators_layout(void) {
  * it) without eaglegen's key; refusals name the tensor or key (a MoE layer, a sliding
  * window, two layers, kv_b of the wrong shape or missing, no kv_lora_rank). */
 static void test_mla_layout(void) {
+    /* a public Kimi-K2.5 MLA drafter's config.json as published (k-l-lambda/Kimi-K2.5-Eagle3,
+       the layout of lightseekorg/kimi-k2.5-eagle3-mla), against Kimi-K2.5's shape */
+    static const char kimi_mla[] =
+        "{\"architectures\": [\"Eagle3DeepseekV2ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+        " \"bos_token_id\": 163584, \"draft_vocab_size\": 163840, \"dtype\": \"bfloat16\", \"eagle_config\":"
+        " {\"eagle_aux_hidden_state_layer_ids\": [2, 30, 58], \"use_aux_hidden_state\": true}, \"eos_token_id\": 163585,"
+        " \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 7168, \"initializer_range\": 0.02,"
+        " \"intermediate_size\": 18432, \"max_position_embeddings\": 262144, \"max_window_layers\": 48, \"mlp_bias\": false,"
+        " \"model_type\": \"kimi_k2\", \"num_attention_heads\": 64, \"num_hidden_layers\": 1, \"num_key_value_heads\": 64,"
+        " \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"beta_fast\": 32.0, \"beta_slow\": 1.0,"
+        " \"factor\": 64.0, \"mscale\": 1.0, \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4096,"
+        " \"type\": \"yarn\"}, \"rope_theta\": 50000.0, \"sliding_window\": null, \"tie_word_embeddings\": false,"
+        " \"transformers_version\": \"4.57.1\", \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 163840,"
+        " \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"q_lora_rank\": 1536, \"kv_lora_rank\": 512,"
+        " \"v_head_dim\": 128, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1}";
+    {
+        eg_config kt;
+        memset(&kt, 0, sizeof kt);
+        kt.hidden = 7168;
+        kt.vocab = 163840;
+        kt.n_layers = 61;
+        eg_eagle3_config kc;
+        eg_eagle3_opts ko = {0};
+        eg_error ke = {0};
+        CHECK_OK(eg_drafter_eagle3_parse_config(kimi_mla, sizeof kimi_mla - 1, "kimi-k2.5-eagle3-mla", &kt, &ko, &kc, &ke),
+                 &ke);
+        CHECKF(kc.mla && kc.heads == 64 && kc.kv_lora == 512 && kc.qk_rope == 64 && kc.cache_bytes_per_token == 1152 &&
+                   kc.draft_vocab == 163840 && kc.n_aux == 3 && kc.aux_layers[0] == 1 && kc.aux_layers[1] == 29 &&
+                   kc.aux_layers[2] == 57,
+               "the public MLA config: mla %d, cache %lld, aux %d %d %d", kc.mla, (long long)kc.cache_bytes_per_token,
+               kc.n_aux > 0 ? kc.aux_layers[0] : -1, kc.n_aux > 1 ? kc.aux_layers[1] : -1,
+               kc.n_aux > 2 ? kc.aux_layers[2] : -1);
+        eg_eagle3_config_free(&kc);
+    }
     const char *good = tmpdir("mla_good"), *bad = tmpdir("mla_bad");
     g_mla = 1;
     make_drafter(good, 0, NULL);
