@@ -46,12 +46,14 @@ kernels reach, an input until `eaglegen bench --backend cuda` measures it.
 
 usage: python3 docs/perf_model.py [--box NAME] [--config config.json] [--eff F]
        [--mean-len N] [--held-len N] [--gpu-mem-gb F] [--link-gbs F] [--link-us F]
-       [--prefill-chunk N] [--draft-tokens K --accept A [--draft-cache-bytes N]] [--json]
+       [--prefill-chunk N] [--draft-tokens K --accept A [--draft-cache-bytes N] [--draft-weight-bytes N]]
+       [--json]
 --draft-tokens K --accept A: speculative decoding, K drafts verified per target pass of K + 1 rows
 committing A tokens on average (generate --draft-model reports A); the drafter (drafter_bytes)
 sits beside lm_head on the last stage, runs K times per step on its micro-batch, not overlapped.
 --draft-cache-bytes: its paged cache per token (default the modelled drafter's: 64 kv heads of
-128, 32,768 bytes, as the public Kimi-K2.5 drafters; 8 kv heads 4,096; an MLA drafter 1,152).
+128, 32,768 bytes, as the public Kimi-K2.5 drafters; 8 kv heads 4,096; an MLA drafter 1,152);
+--draft-weight-bytes: its weights on a GPU (default the modelled drafter's, 2.38 GB on Kimi-K2.5).
 --held-len: cache tokens each sequence holds, for concurrency (default: --mean-len; with
 --kv-policy reserve a sequence holds prompt + max_new whatever it generates).
 """
@@ -170,6 +172,7 @@ def split_layers(cost, first, last, n):
 
 
 DRAFT_CACHE_BYTES = None  # --draft-cache-bytes: the drafter's cache per token instead of the modelled one's
+DRAFT_WEIGHT_BYTES = None  # --draft-weight-bytes: its weights on a GPU instead of the modelled one's
 
 
 def drafter_bytes(c):
@@ -179,7 +182,8 @@ def drafter_bytes(c):
     draft lm_head, BF16. Returns (weight bytes, cache bytes per token; the cache is paged, held per token)."""
     H, D, I, VD = c["hidden_size"], 128, c["intermediate_size"], 32000
     NQ = NKV = c["num_attention_heads"]
-    return (2 * (3 * H * H + 2 * H * NQ * D + 2 * 2 * H * NKV * D + NQ * D * H + 3 * H * I + VD * H + 4 * H),
+    w = 2 * (3 * H * H + 2 * H * NQ * D + 2 * 2 * H * NKV * D + NQ * D * H + 3 * H * I + VD * H + 4 * H)
+    return (DRAFT_WEIGHT_BYTES if DRAFT_WEIGHT_BYTES else w,
             DRAFT_CACHE_BYTES if DRAFT_CACHE_BYTES else 2.0 * 2 * NKV * D)
 
 
@@ -403,10 +407,13 @@ def main():
     chunk = arg(a, "--prefill-chunk", int, 8192)
     draft = arg(a, "--draft-tokens", int, 0)
     accept = arg(a, "--accept", float, 1.0 if not draft else None)
-    global DRAFT_CACHE_BYTES
+    global DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES
     DRAFT_CACHE_BYTES = arg(a, "--draft-cache-bytes", float, None)
-    if DRAFT_CACHE_BYTES is not None and (not draft or DRAFT_CACHE_BYTES <= 0):
-        sys.exit("perf_model.py: --draft-cache-bytes N > 0 describes the drafter of --draft-tokens K --accept A")
+    DRAFT_WEIGHT_BYTES = arg(a, "--draft-weight-bytes", float, None)
+    for v in (DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES):
+        if v is not None and (not draft or v <= 0):
+            sys.exit("perf_model.py: --draft-cache-bytes / --draft-weight-bytes N > 0 describe the drafter of "
+                     "--draft-tokens K --accept A")
     if draft and (accept is None or not 1 <= accept <= draft + 1):
         sys.exit("perf_model.py: --draft-tokens K needs --accept A with 1 <= A <= K + 1")
     names = [arg(a, "--box", str, None)] if "--box" in a else list(BOXES)

@@ -1204,9 +1204,19 @@ eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const cha
         free(d.aux_buf);
         return st;
     }
+    /* the weights a backend holds, BF16 (the embedding stays on the host) */
+    const int64_t H = d.H, A = (int64_t)d.n_aux * d.Ht;
+    int64_t el = H * A + 4 * H + 3 * H * d.I + (int64_t)d.Vd * H + (d.norm_before_fc ? A : 0) + (d.fc_norm ? A : 0);
+    if (d.mla) {
+        const int64_t QH = (int64_t)d.NH * (d.DN + d.DR);
+        el += (d.QL ? (int64_t)d.QL * 2 * H + d.QL + QH * d.QL : QH * 2 * H) + ((int64_t)d.C + d.DR) * 2 * H + d.C +
+              (int64_t)d.NH * (d.DN + d.DV) * d.C + H * (int64_t)d.NH * d.DV;
+    } else {
+        el += ((int64_t)d.NH + 2 * (int64_t)d.NKV) * d.HD * 2 * H + H * (int64_t)d.NH * d.HD;
+    }
     *out = (eg_eagle3_config){d.H, d.Ht, d.NH, d.NKV, d.HD, d.I, d.V, d.Vd, d.n_aux, d.aux_buf, d.aux_source,
                               d.eps, d.theta, d.norm_before_residual, d.mla, d.C, d.DR,
-                              d.mla ? 2 * ((int64_t)d.C + d.DR) : 4 * (int64_t)d.NKV * d.HD};
+                              d.mla ? 2 * ((int64_t)d.C + d.DR) : 4 * (int64_t)d.NKV * d.HD, 2 * el};
     return EG_OK;
 }
 

@@ -124,6 +124,8 @@ typedef struct eg_eagle3_config {
     int kv_lora, qk_rope;
     int64_t cache_bytes_per_token; /* its paged cache per position: 4 * kv_heads * head_dim,
                                       MLA 2 * (kv_lora + qk_rope) */
+    int64_t weight_bytes;   /* the weights a backend holds for it in BF16 (every matrix and
+                               norm of its config; the embedding stays on the host) */
 } eg_eagle3_config;
 eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const char *what, const eg_config *target,
                                          const eg_eagle3_opts *opts, eg_eagle3_config *out, eg_error *err);

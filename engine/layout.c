@@ -192,10 +192,12 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
     if (k < 0 || (k > 0 && (acc < 1 || acc > k + 1)))
         return eg_fail(err, EG_ERR_INVALID, "layout model: %d draft tokens with %g tokens per verify pass (1..k+1)", k,
                        acc);
-    if (o->draft_cache_bytes < 0)
-        return eg_fail(err, EG_ERR_INVALID, "layout model: a drafter cache of %g bytes per token", o->draft_cache_bytes);
+    if (o->draft_cache_bytes < 0 || o->draft_weight_bytes < 0)
+        return eg_fail(err, EG_ERR_INVALID, "layout model: a drafter cache of %g bytes per token, weights of %g bytes",
+                       o->draft_cache_bytes, o->draft_weight_bytes);
     if (k > 0) dw = eg_layout_drafter_bytes(c, &dkv);
     if (k > 0 && o->draft_cache_bytes > 0) dkv = o->draft_cache_bytes;
+    if (k > 0 && o->draft_weight_bytes > 0) dw = o->draft_weight_bytes;
     layer_parts *lp = malloc(sizeof *lp * (size_t)L);
     double *cost = malloc(sizeof *cost * (size_t)L);
     int *ends = malloc(sizeof *ends * (size_t)(lay->stages > 0 ? lay->stages : 1));

@@ -117,6 +117,9 @@ typedef struct eg_layout_opts {
      * 64 kv heads of 128). A GQA drafter of 8 kv heads caches 4,096, an MLA drafter
      * (lightseekorg/kimi-k2.5-eagle3-mla: kv_lora 512 + rope 64) 1,152. */
     double draft_cache_bytes;
+    /* The drafter's weights on a GPU (bytes; 0 = the modelled drafter's): what it reads per
+     * draft step and holds beside the pool (the embedding stays on the host). */
+    double draft_weight_bytes;
 } eg_layout_opts;
 
 /* The modelled EAGLE-3 drafter, shaped as the public Kimi-K2.5 drafters (SpecForge's

@@ -75,8 +75,9 @@ static void usage(FILE *f) {
             "  --draft-cache-bytes N  the drafter's cache per token (default: the modelled\n"
             "                      drafter's, 64 kv heads of 128 = 32768 on Kimi-K2.5, as the public\n"
             "                      Kimi-K2.5 EAGLE-3 drafters; 8 kv heads: 4096; an MLA drafter: 1152)\n"
-            "  --draft-model DIR   take that cache per token from a drafter's config.json (any\n"
-            "                      layout generate --draft-model reads), checked against the model\n"
+            "  --draft-weight-bytes N  the drafter's weights on a GPU (default: the modelled one's)\n"
+            "  --draft-model DIR   take both from a drafter's config.json (any layout generate\n"
+            "                      --draft-model reads), checked against the model\n"
             "  --json              the rows as JSON objects (layout, kv_tokens, concurrency,\n"
             "                      decode_tok_s, prefill_tok_s, dense_split none|ffn|all, ...)\n"
             "                      and the recommendations\n"
@@ -148,8 +149,9 @@ static void print_split_choice(const eg_layout_row *rows, int n, const eg_layout
 }
 
 /* The layout table (or its JSON) and the recommendation per mode. */
-/* A drafter's paged cache per token, from DIR/config.json read as generate reads it. */
-static eg_status drafter_cache_bytes(const char *dir, const eg_config *target, double *out, eg_error *err) {
+/* A drafter's paged cache per token and weights, from DIR/config.json read as generate reads it. */
+static eg_status drafter_bytes(const char *dir, const eg_config *target, double *cache, double *weights,
+                               eg_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_error_t je;
@@ -163,7 +165,8 @@ static eg_status drafter_cache_bytes(const char *dir, const eg_config *target, d
     eg_status st = eg_drafter_eagle3_parse_config(txt, strlen(txt), path, target, &eo, &dc, err);
     free(txt);
     if (st) return eg_wrap(err, "--draft-model %s", dir), st;
-    *out = (double)dc.cache_bytes_per_token;
+    *cache = (double)dc.cache_bytes_per_token;
+    *weights = (double)dc.weight_bytes;
     eg_eagle3_config_free(&dc);
     return EG_OK;
 }
@@ -203,9 +206,11 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
     if (lo->draft_tokens) {
         double dkv = 0, dw = eg_layout_drafter_bytes(c, &dkv);
         if (lo->draft_cache_bytes > 0) dkv = lo->draft_cache_bytes;
+        if (lo->draft_weight_bytes > 0) dw = lo->draft_weight_bytes;
         printf("speculative decoding: %d drafted tokens per verify pass, %.2f committed per pass; drafter %.2f GB "
                "(modelled EAGLE-3 layer) on the last stage's GPUs, its cache %.0f bytes per token%s\n\n",
-               lo->draft_tokens, lo->accept, dw / 1e9, dkv, lo->draft_cache_bytes > 0 ? " (from the options)" : "");
+               lo->draft_tokens, lo->accept, dw / 1e9, dkv,
+               lo->draft_cache_bytes > 0 || lo->draft_weight_bytes > 0 ? " (from the options)" : "");
     }
     printf("%-13s %10s %12s %8s %10s %-8s %6s %11s %-8s  %s\n", "layout", "weights GB", "KV tokens", "seqs",
            "decode t/s", "bound", "ms", "prefill t/s", "bound", "");
@@ -259,10 +264,11 @@ int cmd_plan(int argc, char **argv) {
         {"box", 1, 0, 'B'},        {"gpus", 1, 0, 'G'},         {"hbm-tbs", 1, 0, 'W'}, {"tflops", 1, 0, 'T'},
         {"eff", 1, 0, 'E'},        {"link", 1, 0, 'k'},         {"link-gbs", 1, 0, 'K'}, {"link-us", 1, 0, 'U'},
         {"prefill-chunk", 1, 0, 'c'}, {"json", 0, 0, 'j'},      {"draft-tokens", 1, 0, 'D'},
-        {"accept", 1, 0, 'A'},     {"draft-cache-bytes", 1, 0, 'C'}, {"draft-model", 1, 0, 'R'}, {0, 0, 0, 0}};
+        {"accept", 1, 0, 'A'},     {"draft-cache-bytes", 1, 0, 'C'}, {"draft-model", 1, 0, 'R'},
+        {"draft-weight-bytes", 1, 0, 'X'}, {0, 0, 0, 0}};
     const char *draft_dir = NULL;
     int draft_tokens = 0;
-    double accept = 0, draft_cache = 0;
+    double accept = 0, draft_cache = 0, draft_weight = 0;
     const char *box_name = NULL, *link = NULL;
     int gpus = 0, json = 0, chunk = 8192, set_mem = 0, set_frac = 0, set_act = 0;
     double hbm = 0, tflops = 0, eff = 0, link_gbs = 0, link_us = -1;
@@ -298,6 +304,7 @@ int cmd_plan(int argc, char **argv) {
         case 'A': if (!gen_arg_double("plan", "--accept", optarg, 1, 65, &accept)) return 2; break;
         case 'C': if (!gen_arg_double("plan", "--draft-cache-bytes", optarg, 1, 1e12, &draft_cache)) return 2; break;
         case 'R': draft_dir = optarg; break;
+        case 'X': if (!gen_arg_double("plan", "--draft-weight-bytes", optarg, 1, 1e15, &draft_weight)) return 2; break;
         case 'n': if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2; break;
         case 'w': workload = optarg; break;
         case 'P': if (!gen_arg_int("plan", "--prompt-len", optarg, 1, 1 << 30, &prompt_len)) return 2; break;
@@ -386,14 +393,19 @@ int cmd_plan(int argc, char **argv) {
             rc = 2;
             goto out;
         }
-        if (draft_cache > 0 && draft_dir) {
-            fprintf(stderr, "eaglegen plan: give --draft-cache-bytes or --draft-model, not both\n");
+        if ((draft_cache > 0 || draft_weight > 0) && draft_dir) {
+            fprintf(stderr, "eaglegen plan: give --draft-cache-bytes / --draft-weight-bytes or --draft-model, not both\n");
             rc = 2;
             goto out;
         }
-        if (draft_dir && drafter_cache_bytes(draft_dir, c, &draft_cache, &err)) goto out;
+        if (draft_weight > 0 && !draft_tokens) {
+            fprintf(stderr, "eaglegen plan: --draft-weight-bytes describes the drafter of --draft-tokens K --accept A\n");
+            rc = 2;
+            goto out;
+        }
+        if (draft_dir && drafter_bytes(draft_dir, c, &draft_cache, &draft_weight, &err)) goto out;
         eg_layout_opts lo = {.mean_len = mean_len, .prefill_chunk = chunk, .draft_tokens = draft_tokens,
-                             .accept = accept, .draft_cache_bytes = draft_cache};
+                             .accept = accept, .draft_cache_bytes = draft_cache, .draft_weight_bytes = draft_weight};
         rc = print_layouts(model_dir ? model_dir : preset, c, &box, &lo, len_from, json, &err);
         goto out;
     }

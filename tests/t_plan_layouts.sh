@@ -151,11 +151,28 @@ cat > dmha/config.json <<'JSON'
  "rope_scaling": null, "hidden_act": "silu",
  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58], "use_aux_hidden_state": true}}
 JSON
+# the MLA drafter's weights on a GPU, counted from its config here (BF16, no embedding): fc,
+# 4 norms, q_a + q_a_layernorm + q_b, kv_a, kv_a_layernorm, kv_b, o, the MLP, lm_head
+mla_w=$("$PYTHON" -c "
+H, A, I, V, NH, QL, C, DN, DR, DV = 7168, 3 * 7168, 18432, 163840, 64, 1536, 512, 128, 64, 128
+el = H * A + 4 * H + QL * 2 * H + QL + NH * (DN + DR) * QL + (C + DR) * 2 * H + C + NH * (DN + DV) * C
+el += H * NH * DV + 3 * H * I + V * H
+print(2 * el)")
 for box in rtx-pro-6000x8 h200x8; do
     $E plan --preset kimi-k2.5 --box $box --draft-tokens 3 --accept 3 --draft-model dmla --json > a.json 2> err ||
         fail "plan --draft-model (MLA) $box: $(cat err)"
-    $E plan --preset kimi-k2.5 --box $box --draft-tokens 3 --accept 3 --draft-cache-bytes 1152 --json > b.json ||
-        fail "plan --draft-cache-bytes 1152 $box"
+    $E plan --preset kimi-k2.5 --box $box --draft-tokens 3 --accept 3 --draft-cache-bytes 1152 \
+        --draft-weight-bytes "$mla_w" --json > b.json || fail "plan --draft-cache-bytes 1152 --draft-weight-bytes $box"
+    "$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box $box --draft-tokens 3 --accept 3 \
+        --draft-cache-bytes 1152 --draft-weight-bytes "$mla_w" --json > p.json || fail "perf_model.py, MLA weights"
+    "$PYTHON" - <<'PY' || fail "plan and perf_model.py disagree on the MLA drafter ($box)"
+import json
+c, p = json.load(open("b.json")), json.load(open("p.json"))
+for a, b in zip(c["layouts"], p["layouts"]):
+    for key in ("kv_tokens", "decode_tok_s", "draft_ms"):
+        x, y = float(a[key]), float(b[key])
+        assert abs(x - y) <= 1e-9 * max(abs(x), abs(y), 1e-30), (a["layout"], key, x, y)
+PY
     $E plan --preset kimi-k2.5 --box $box --draft-tokens 3 --accept 3 --draft-model dmha --json > c.json 2> err ||
         fail "plan --draft-model (MHA) $box: $(cat err)"
     $E plan --preset kimi-k2.5 --box $box --draft-tokens 3 --accept 3 --json > d.json || fail "plan $box"
