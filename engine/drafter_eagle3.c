@@ -200,6 +200,11 @@ static void rope(const e3 *d, float *v, int p) {
 
 /* ------------------------------------------------------------------ the paged cache */
 
+/* Bytes per cached position: K and V of the kv heads, or an MLA layer's latent. */
+static int64_t cache_bytes(const e3 *d) {
+    return d->mla ? 2 * ((int64_t)d->C + d->DR) : 4 * (int64_t)d->NKV * d->HD;
+}
+
 /* The cache row (token index into [n_blocks][BS]) of position p of slot s (mapped). */
 static inline int64_t cache_row(const e3 *d, int s, int p) {
     return (int64_t)d->table[(int64_t)s * d->MB + p / d->BS] * d->BS + p % d->BS;
@@ -1162,11 +1167,14 @@ done:
     return st;
 }
 
-static eg_status read_config(e3 *d, const char *dir, const eg_eagle3_opts *o, eg_error *err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+/* DIR/config.json into *buf (malloc'd) of *n bytes; path gets its name. */
+static eg_status read_config_text(const char *dir, char *path, size_t path_n, char **out, size_t *out_n,
+                                  eg_error *err) {
+    *out = NULL;
+    *out_n = 0;
+    snprintf(path, path_n, "%s/config.json", dir);
     FILE *f = fopen(path, "rb");
-    if (!f) return eg_fail(err, EG_ERR_CONFIG, "%s: %s", path, strerror(errno));
+    if (!f) return eg_fail(err, EG_ERR_CONFIG, "cannot open %s: %s", path, strerror(errno));
     char *buf = NULL;
     size_t n = 0, cap = 0;
     eg_status st = EG_OK;
@@ -1186,7 +1194,31 @@ static eg_status read_config(e3 *d, const char *dir, const eg_eagle3_opts *o, eg
     }
     if (!st && ferror(f)) st = eg_fail(err, EG_ERR_IO, "%s: read error", path);
     fclose(f);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    *out = buf;
+    *out_n = n;
+    return EG_OK;
+}
+
+static eg_status read_config(e3 *d, const char *dir, const eg_eagle3_opts *o, eg_error *err) {
+    char path[4096], *buf;
+    size_t n;
+    eg_status st = read_config_text(dir, path, sizeof path, &buf, &n, err);
     if (!st) st = parse_config(d, buf, n, path, o, err);
+    free(buf);
+    return st;
+}
+
+eg_status eg_drafter_eagle3_read_config(const char *dir, const eg_config *target, const eg_eagle3_opts *opts,
+                                        eg_eagle3_config *out, eg_error *err) {
+    char path[4096], *buf;
+    size_t n;
+    memset(out, 0, sizeof *out);
+    eg_status st = read_config_text(dir, path, sizeof path, &buf, &n, err);
+    if (!st) st = eg_drafter_eagle3_parse_config(buf, n, path, target, opts, out, err);
     free(buf);
     return st;
 }
@@ -1216,7 +1248,7 @@ eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const cha
     }
     *out = (eg_eagle3_config){d.H, d.Ht, d.NH, d.NKV, d.HD, d.I, d.V, d.Vd, d.n_aux, d.aux_buf, d.aux_source,
                               d.eps, d.theta, d.norm_before_residual, d.mla, d.C, d.DR,
-                              d.mla ? 2 * ((int64_t)d.C + d.DR) : 4 * (int64_t)d.NKV * d.HD, 2 * el};
+                              cache_bytes(&d), 2 * el};
     return EG_OK;
 }
 
@@ -1570,7 +1602,7 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     in->target_vocab = d->V;
     in->n_slots = d->S;
     in->max_seq_len = d->T;
-    in->cache_bytes_per_token = d->mla ? 2 * ((int64_t)d->C + d->DR) : 4 * row;
+    in->cache_bytes_per_token = cache_bytes(d);
     in->block_size = d->BS;
     in->pool_blocks = d->n_blocks;
     in->state_bytes = d->n_blocks * d->BS * in->cache_bytes_per_token + (int64_t)d->S * (4 * H + 4 * d->MB);

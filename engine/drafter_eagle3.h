@@ -130,6 +130,10 @@ typedef struct eg_eagle3_config {
 eg_status eg_drafter_eagle3_parse_config(const char *json, size_t len, const char *what, const eg_config *target,
                                          const eg_eagle3_opts *opts, eg_eagle3_config *out, eg_error *err);
 void eg_eagle3_config_free(eg_eagle3_config *c);
+/* The same from DIR/config.json (what the loader reads), for tools that size a drafter
+ * before loading it (bench's check, plan --draft-model). */
+eg_status eg_drafter_eagle3_read_config(const char *dir, const eg_config *target, const eg_eagle3_opts *opts,
+                                        eg_eagle3_config *out, eg_error *err);
 
 /* For tests and diagnostics (d must be an eagle3 drafter). */
 int eg_drafter_eagle3_draft_vocab(const eg_drafter *d);                 /* Vd */

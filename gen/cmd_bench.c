@@ -495,24 +495,9 @@ static eg_status wl_report_spec(const bench_opts *o, const char *name, int M, do
 /* --draft-model's config.json against the model, before any row runs (the runtime loads
  * the drafter itself for each speculative row, as generate's does). */
 static eg_status check_drafter(const char *dir, const eg_model *m, int *mla, eg_error *err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return eg_fail(err, EG_ERR_IO, "--draft-model %s: cannot open %s: %s", dir, path, strerror(errno));
-    char *buf = NULL;
-    long n = fseek(f, 0, SEEK_END) ? -1 : ftell(f);
-    if (n >= 0 && !fseek(f, 0, SEEK_SET) && (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (!buf) return eg_fail(err, EG_ERR_IO, "--draft-model %s: cannot read %s", dir, path);
-    buf[n] = 0;
     eg_eagle3_config dc;
-    memset(&dc, 0, sizeof dc);
     eg_eagle3_opts eo = {0};
-    eg_status st = eg_drafter_eagle3_parse_config(buf, (size_t)n, path, &m->cfg, &eo, &dc, err);
-    free(buf);
+    eg_status st = eg_drafter_eagle3_read_config(dir, &m->cfg, &eo, &dc, err);
     *mla = dc.mla;
     eg_eagle3_config_free(&dc);
     return st ? eg_wrap(err, "--draft-model %s", dir), st : EG_OK;

@@ -152,18 +152,9 @@ static void print_split_choice(const eg_layout_row *rows, int n, const eg_layout
 /* A drafter's paged cache per token and weights, from DIR/config.json read as generate reads it. */
 static eg_status drafter_bytes(const char *dir, const eg_config *target, double *cache, double *weights,
                                eg_error *err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
-    if (!j) return eg_fail(err, EG_ERR_CONFIG, "--draft-model: %s: %s (line %d)", path, je.text, je.line);
-    char *txt = json_dumps(j, 0);
-    json_decref(j);
-    if (!txt) return eg_fail(err, EG_ERR_NOMEM, "--draft-model: out of memory");
     eg_eagle3_config dc;
     eg_eagle3_opts eo = {0};
-    eg_status st = eg_drafter_eagle3_parse_config(txt, strlen(txt), path, target, &eo, &dc, err);
-    free(txt);
+    eg_status st = eg_drafter_eagle3_read_config(dir, target, &eo, &dc, err);
     if (st) return eg_wrap(err, "--draft-model %s", dir), st;
     *cache = (double)dc.cache_bytes_per_token;
     *weights = (double)dc.weight_bytes;

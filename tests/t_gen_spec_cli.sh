@@ -49,27 +49,22 @@ $E generate "${run[@]}" --temperature 0 --out g3 --draft-model drafter --draft-t
 grep -q "speculative: .* verify steps" "$tmp/err" || fail "no speculative report"
 grep -q '"phase":"speculative"' g3.log || fail "no speculative --log-json line"
 "$PYTHON" "$here/gen_check.py" same g0 g3 >/dev/null || fail "greedy with a drafter differs from greedy without"
-# expert-parallel ranks (a drafter per rank) and threaded pipeline stages: the same samples
-for lay in "--ep 2" "--ep 4 --batch 4" "--stages 2" "--ep 2 --stages 2"; do
-    d="g_$(echo "$lay" | tr -d ' -')"
+# greedy_same DRAFTER PREFIX STDERR_PATTERN LAYOUT: greedy with the drafter under LAYOUT writes g0's samples
+greedy_same() {
+    local d="$2_$(echo "$4" | tr -d ' -')"
     # shellcheck disable=SC2086
-    $E generate "${run[@]}" --temperature 0 --out "$d" --draft-model drafter --draft-tokens 3 $lay 2>"$tmp/err" ||
-        fail "greedy with drafter, $lay: $(tail -2 "$tmp/err")"
-    grep -q "drafter: " "$tmp/err" || fail "$lay: no drafter line"
-    "$PYTHON" "$here/gen_check.py" same g0 "$d" >/dev/null || fail "greedy with a drafter, $lay, differs from greedy"
-done
+    $E generate "${run[@]}" --temperature 0 --out "$d" --draft-model "$1" --draft-tokens 3 $4 2>"$tmp/err" ||
+        fail "greedy with $1, $4: $(tail -2 "$tmp/err")"
+    grep -q "$3" "$tmp/err" || fail "$1, $4: no '$3' on stderr"
+    "$PYTHON" "$here/gen_check.py" same g0 "$d" >/dev/null || fail "greedy with $1, $4, differs from greedy"
+}
+# expert-parallel ranks (a drafter per rank) and threaded pipeline stages: the same samples
+for lay in "--ep 2" "--ep 4 --batch 4" "--stages 2" "--ep 2 --stages 2"; do greedy_same drafter g "drafter: " "$lay"; done
 # vLLM's MLA drafter layout (mkmodel --mla): its latent cache paged in the KV pool's blocks,
 # greedy equal to greedy without a drafter, one engine and a drafter per rank
 $E mkmodel --drafter-for model --out drafter_mla --seed 6 --mla >/dev/null 2>"$tmp/err" || fail "mkmodel --drafter-for --mla"
 grep -q '"Eagle3DeepseekV2ForCausalLM"' drafter_mla/config.json || fail "mkmodel --mla: not the MLA layout"
-for lay in "" "--ep 2"; do
-    d="m_$(echo "$lay" | tr -d ' -')"
-    # shellcheck disable=SC2086
-    $E generate "${run[@]}" --temperature 0 --out "$d" --draft-model drafter_mla --draft-tokens 3 $lay 2>"$tmp/err" ||
-        fail "greedy with the MLA drafter $lay: $(tail -2 "$tmp/err")"
-    grep -q "paged cache 80 bytes per token" "$tmp/err" || fail "MLA drafter $lay: its cache is not the latent's"
-    "$PYTHON" "$here/gen_check.py" same g0 "$d" >/dev/null || fail "greedy with the MLA drafter $lay differs from greedy"
-done
+for lay in "" "--ep 2"; do greedy_same drafter_mla m "paged cache 80 bytes per token" "$lay"; done
 sp=("${run[@]}" --temperature 1.0 --draft-model drafter --draft-tokens 2)
 $E generate "${sp[@]}" --out s_ref 2>/dev/null || fail "sampled with drafter"
 $E generate "${sp[@]}" --out s_ep --ep 2 2>/dev/null || fail "sampled with drafter, --ep 2"

@@ -798,42 +798,25 @@ static void test_speculators_layout(void) {
     eg_drafter_free(a);
     eg_drafter_free(b);
     eg_drafter_free(c);
-    /* refusals */
-    to_speculators(sf, bad, NULL, 0);
-    json_t *j = load_cfg(bad);
-    json_object_set_new(j, "fc_norm", json_true()); /* a norm per aux row, without its weights */
-    save_cfg(bad, j);
-    expect_fail(bad, EG_ERR_FORMAT, "fc_norm.0.weight (or model.fc_norm.0.weight) is missing", NULL);
-    to_speculators(sf, bad, NULL, 0);
-    j = load_cfg(bad);
-    json_object_set_new(j, "norm_before_fc", json_true()); /* without its weight */
-    save_cfg(bad, j);
-    expect_fail(bad, EG_ERR_FORMAT, "input_norm.weight (or model.input_norm.weight) is missing", NULL);
-    to_speculators(sf, bad, NULL, 0);
-    j = load_cfg(bad);
-    json_object_set_new(j, "norm_output", json_string("yes"));
-    save_cfg(bad, j);
-    expect_fail(bad, EG_ERR_CONFIG, "\"norm_output\" must be a boolean", NULL);
-    to_speculators(sf, bad, NULL, 0);
-    j = load_cfg(bad);
-    json_object_set_new(json_object_get(j, "transformer_layer_config"), "layer_types", json_pack("[s]", "chunked"));
-    save_cfg(bad, j);
-    expect_fail(bad, EG_ERR_UNSUPPORTED, "layer_types[0] \"chunked\"", NULL);
-    to_speculators(sf, bad, NULL, 0);
-    j = load_cfg(bad);
-    json_object_set_new(json_object_get(j, "transformer_layer_config"), "model_type", json_string("qwen3"));
-    save_cfg(bad, j);
-    expect_fail(bad, EG_ERR_UNSUPPORTED, "transformer_layer_config.model_type \"qwen3\"", NULL);
-    to_speculators(sf, bad, NULL, 0);
-    j = load_cfg(bad);
-    json_object_set_new(j, "speculators_model_type", json_string("mlp"));
-    save_cfg(bad, j);
-    expect_fail(bad, EG_ERR_UNSUPPORTED, "speculators_model_type \"mlp\"", NULL);
-    to_speculators(sf, bad, NULL, 0);
-    j = load_cfg(bad);
-    json_object_del(j, "transformer_layer_config");
-    save_cfg(bad, j);
-    expect_fail(bad, EG_ERR_CONFIG, "transformer_layer_config", NULL);
+    /* refusals: one config key set (val) or removed (NULL), at the top or in the layer's
+       transformer_layer_config */
+    struct { int in_layer; const char *key; json_t *val; eg_status code; const char *want; } rf[] = {
+        {0, "fc_norm", json_true(), EG_ERR_FORMAT, "fc_norm.0.weight (or model.fc_norm.0.weight) is missing"},
+        {0, "norm_before_fc", json_true(), EG_ERR_FORMAT, "input_norm.weight (or model.input_norm.weight) is missing"},
+        {0, "norm_output", json_string("yes"), EG_ERR_CONFIG, "\"norm_output\" must be a boolean"},
+        {1, "layer_types", json_pack("[s]", "chunked"), EG_ERR_UNSUPPORTED, "layer_types[0] \"chunked\""},
+        {1, "model_type", json_string("qwen3"), EG_ERR_UNSUPPORTED, "transformer_layer_config.model_type \"qwen3\""},
+        {0, "speculators_model_type", json_string("mlp"), EG_ERR_UNSUPPORTED, "speculators_model_type \"mlp\""},
+        {0, "transformer_layer_config", NULL, EG_ERR_CONFIG, "transformer_layer_config"},
+    };
+    for (size_t i = 0; i < sizeof rf / sizeof rf[0]; i++) {
+        to_speculators(sf, bad, NULL, 0);
+        json_t *j = load_cfg(bad), *at = rf[i].in_layer ? json_object_get(j, "transformer_layer_config") : j;
+        if (rf[i].val) json_object_set_new(at, rf[i].key, rf[i].val);
+        else json_object_del(at, rf[i].key);
+        save_cfg(bad, j);
+        expect_fail(bad, rf[i].code, rf[i].want, NULL);
+    }
     to_speculators(sf, bad, "layers.0.self_attn.o_proj.weight", 0);
     expect_fail(bad, EG_ERR_FORMAT,
                 "midlayer.self_attn.o_proj.weight (or layers.0.self_attn.o_proj.weight, with or without model.) is missing",
