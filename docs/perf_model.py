@@ -46,7 +46,7 @@ kernels reach, an input until `eaglegen bench --backend cuda` measures it.
 
 usage: python3 docs/perf_model.py [--box NAME] [--config config.json] [--eff F]
        [--mean-len N] [--held-len N] [--gpu-mem-gb F] [--link-gbs F] [--link-us F]
-       [--prefill-chunk N] [--draft-tokens K --accept A [--draft-cache-bytes N] [--draft-weight-bytes N]]
+       [--prefill-chunk N] [--balance-memory] [--draft-tokens K --accept A [--draft-cache-bytes N] [--draft-weight-bytes N]]
        [--json]
 --draft-tokens K --accept A: speculative decoding, K drafts verified per target pass of K + 1 rows
 committing A tokens on average (generate --draft-model reports A); the drafter (drafter_bytes)
@@ -54,6 +54,11 @@ sits beside lm_head on the last stage, runs K times per step on its micro-batch,
 --draft-cache-bytes: its paged cache per token (default the modelled drafter's: 64 kv heads of
 128, 32,768 bytes, as the public Kimi-K2.5 drafters; 8 kv heads 4,096; an MLA drafter 1,152);
 --draft-weight-bytes: its weights on a GPU (default the modelled drafter's, 2.38 GB on Kimi-K2.5).
+--balance-memory: what-if, not built: a pipeline's pool as if the stages' free memory were pooled
+(box-wide free bytes over box-wide cache bytes per token), as a split of the boundary layers' routed
+experts between adjacent stages would allow. The pool is otherwise bound by the stage with the least
+free memory per cached token: on 8x RTX PRO 6000, pp8's four 8-layer stages keep 6.9 GB free
+against 13-17 GB on the others. Those rows are marked modelled only.
 --held-len: cache tokens each sequence holds, for concurrency (default: --mean-len; with
 --kv-policy reserve a sequence holds prompt + max_new whatever it generates).
 """
@@ -171,6 +176,7 @@ def split_layers(cost, first, last, n):
     return ends
 
 
+BALANCE_MEMORY = False  # --balance-memory: pipelines as if every stage's free memory held cache
 DRAFT_CACHE_BYTES = None  # --draft-cache-bytes: the drafter's cache per token instead of the modelled one's
 DRAFT_WEIGHT_BYTES = None  # --draft-weight-bytes: its weights on a GPU instead of the modelled one's
 
@@ -320,8 +326,8 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
     head_w = emb_b * vshare
     tail_w = 2 * H + (0 if c["tie_word_embeddings"] else emb_b * vshare)
     cost = [p["attn_b"] + p["router_b"] + p["mlp_b"] * fshare + NE * p["expert_b"] / E for p in lp]
-    ends = split_layers(cost, head_w, tail_w, P)
-    min_tok, wmax, b0 = None, 0.0, 0
+    ends = split_layers(cost, head_w, tail_w + dw, P)  # a drafter beside lm_head counts in the last stage's share
+    min_tok, wmax, b0, free_sum, per_sum = None, 0.0, 0, 0.0, 0.0
     for s in range(P):
         w = (head_w if s == 0 else 0) + (tail_w if s == P - 1 else 0)
         for l in range(b0, ends[s]):
@@ -339,11 +345,15 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
         tok = math.floor(free / ((ends[s] - b0) * kvb + (dkv if hold else 0))) if free > 0 else 0
         wmax = max(wmax, w)
         min_tok = tok if min_tok is None or tok < min_tok else min_tok
+        free_sum, per_sum = free_sum + free, per_sum + (ends[s] - b0) * kvb + (dkv if hold else 0)
         b0 = ends[s]
+    if BALANCE_MEMORY and P > 1:  # every stage's free memory holding cache: not built (docstring)
+        min_tok = math.floor(free_sum / per_sum) if free_sum > 0 else 0
     row["weights_gb"] = wmax / 1e9
     row["kv_tokens"] = int(E * min_tok)
     S = row["kv_tokens"] * (1 - wm) / held
-    row["concurrency"], row["fits"], row["runnable"] = S, S >= 1, split_runnable(split)
+    row["concurrency"], row["fits"] = S, S >= 1
+    row["runnable"] = split_runnable(split) and not (BALANCE_MEMORY and P > 1)
     row["comm_bytes_token_layer"] = (H * 4 * ((E - 1) * (1 - (1 - 1.0 / E) ** K) + K * (E - 1.0) / E
                                               + (2 * (E - 1.0) / E if own else 0)) if E > 1 else 0.0)
     for pf in (0, 1):
@@ -407,7 +417,8 @@ def main():
     chunk = arg(a, "--prefill-chunk", int, 8192)
     draft = arg(a, "--draft-tokens", int, 0)
     accept = arg(a, "--accept", float, 1.0 if not draft else None)
-    global DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES
+    global DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES, BALANCE_MEMORY
+    BALANCE_MEMORY = "--balance-memory" in a
     DRAFT_CACHE_BYTES = arg(a, "--draft-cache-bytes", float, None)
     DRAFT_WEIGHT_BYTES = arg(a, "--draft-weight-bytes", float, None)
     for v in (DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES):

@@ -265,7 +265,8 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
     /* the split balances the average rank; the memory below is each rank's own */
     for (int l = 0; l < L; l++)
         cost[l] = lp[l].attn_b + lp[l].router_b + lp[l].mlp_b * fshare + c->n_experts * lp[l].expert_b / E;
-    if ((st = eg_plan_split(cost, L, head_w, tail_w, P, ends, err))) goto out;
+    /* a drafter sits on the last stage's GPUs (below): its weights count in that stage's share */
+    if ((st = eg_plan_split(cost, L, head_w, tail_w + dw, P, ends, err))) goto out;
     double min_tok = -1, wmax = 0;
     for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
         double w = (s == 0 ? head_w : 0) + (s == P - 1 ? tail_w : 0), ffn_max = 0;

@@ -31,7 +31,8 @@ struct eg_runtime {
     eg_runtime_info info;
 };
 
-eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int *ends, int *n, eg_error *err) {
+eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int64_t tail_extra, int *ends, int *n,
+                                  eg_error *err) {
     const eg_config *c = &m->cfg;
     int cap = 1;
     for (const char *p = stages; *p; p++) cap += *p == ',';
@@ -60,7 +61,7 @@ eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int *en
         int64_t tail, head = eg_plan_head_bytes(m, &tail);
         for (int l = 0; l < c->n_layers; l++) cost[l] = (double)eg_plan_layer_bytes(m, l);
         *n = vals[0];
-        st = eg_plan_split(cost, c->n_layers, (double)head, (double)tail, *n, ends, err);
+        st = eg_plan_split(cost, c->n_layers, (double)head, (double)(tail + tail_extra), *n, ends, err);
         free(cost);
         free(vals);
         return st;
@@ -218,23 +219,6 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         if (!(rt->aux = eg_calloc((size_t)o->n_aux, sizeof *rt->aux, err))) { st = EG_ERR_NOMEM; goto fail; }
         memcpy(rt->aux, o->aux_layers, sizeof(int) * (size_t)o->n_aux);
     }
-    /* the stage split */
-    int n_stages = 1, explicit_ends = 0;
-    rt->stage_ends = eg_calloc((size_t)(c->n_layers > o->n_stages ? c->n_layers : o->n_stages) + 1, sizeof(int), err);
-    if (!rt->stage_ends) { st = EG_ERR_NOMEM; goto fail; }
-    rt->stage_ends[0] = c->n_layers;
-    if (o->stages) {
-        if ((st = eg_runtime_parse_stages(o->stages, m, rt->stage_ends, &n_stages, err))) goto fail;
-        if (n_stages < 1) { /* "--stages ''": one stage */
-            n_stages = 1;
-            rt->stage_ends[0] = c->n_layers;
-        }
-    } else if (o->stage_ends && o->n_stages > 0) {
-        memcpy(rt->stage_ends, o->stage_ends, sizeof(int) * (size_t)o->n_stages);
-        n_stages = o->n_stages;
-        explicit_ends = 1;
-    }
-    rt->info.n_stages = n_stages;
     int max_tokens = o->max_tokens;
     eg_backend_opts bo = {.name = backend, .max_tokens = max_tokens, .max_seq_len = o->max_seq_len,
                           .nthreads = o->threads, .device = o->device};
@@ -255,6 +239,26 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         draft_slot = pi->state_bytes - pi->pool_blocks * pi->block_size * pi->cache_bytes_per_token;
         eg_drafter_free(probe);
     }
+    /* the stage split */
+    int n_stages = 1, explicit_ends = 0;
+    rt->stage_ends = eg_calloc((size_t)(c->n_layers > o->n_stages ? c->n_layers : o->n_stages) + 1, sizeof(int), err);
+    if (!rt->stage_ends) { st = EG_ERR_NOMEM; goto fail; }
+    rt->stage_ends[0] = c->n_layers;
+    if (o->stages) {
+        /* on CUDA the drafter sits on the last stage's GPU (each rank's with ep, where the
+         * split weighs whole layers): its weights count in that stage's share */
+        int64_t tail_extra = cuda ? draft_w * (o->ep > 1 ? o->ep : 1) : 0;
+        if ((st = eg_runtime_parse_stages(o->stages, m, tail_extra, rt->stage_ends, &n_stages, err))) goto fail;
+        if (n_stages < 1) { /* "--stages ''": one stage */
+            n_stages = 1;
+            rt->stage_ends[0] = c->n_layers;
+        }
+    } else if (o->stage_ends && o->n_stages > 0) {
+        memcpy(rt->stage_ends, o->stage_ends, sizeof(int) * (size_t)o->n_stages);
+        n_stages = o->n_stages;
+        explicit_ends = 1;
+    }
+    rt->info.n_stages = n_stages;
     /* the KV pool, the slot count and the host budget */
     int64_t kv_blocks = 0;
     int n_slots = o->n_slots;

@@ -148,8 +148,10 @@ eg_backend *eg_runtime_backend(const eg_runtime *rt);
 eg_forward *eg_runtime_forward(const eg_runtime *rt);
 
 /* --stages text: "N" = N stages balanced by weight bytes (eg_plan_split), or explicit
- * end layers (ascending, the last = L). ends: [L] at least. */
-eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int *ends, int *n, eg_error *err);
+ * end layers (ascending, the last = L). ends: [L] at least. tail_extra: bytes the last
+ * stage holds beside its layers and lm_head (the drafter on its GPU), counted in its share. */
+eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int64_t tail_extra, int *ends, int *n,
+                                  eg_error *err);
 
 /* --layout: an explicit "ppP", "epE", "ppPxepE", "epE+ffn" / "ppPxepE+ffn" or "epE+split" /
  * "ppPxepE+split", or "auto":

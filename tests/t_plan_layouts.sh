@@ -232,6 +232,45 @@ names = [r["layout"] for r in json.load(open("t.json"))["layouts"]]
 assert "pp3xep2" in names and "tp6" in names and "pp6" not in names, names
 assert not any("ep3" in n or "ep6" in n for n in names), names
 PY
+# the drafter's weights count in the last stage's share of the layer split: a 10 GB one
+# beside pp8's 7-layer last stage leaves the 8-layer stages binding the pool (as without a
+# drafter), and pp4xep2 fits (with the target's bytes alone its last stage kept 15 layers
+# and the drafter did not fit beside them)
+$E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --json > d0.json 2> err || fail "plan rtx plain"
+$E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --draft-tokens 3 --accept 3 --draft-cache-bytes 1152 \
+    --draft-weight-bytes 10e9 --json > d1.json 2> err || fail "plan rtx, a 10 GB drafter"
+"$PYTHON" - <<'PY' || fail "the split does not count the drafter's weights"
+import json
+a = {r["layout"]: r for r in json.load(open("d0.json"))["layouts"]}
+b = {r["layout"]: r for r in json.load(open("d1.json"))["layouts"]}
+assert b["pp8"]["kv_tokens"] == a["pp8"]["kv_tokens"], (a["pp8"], b["pp8"])
+assert b["pp4xep2"]["fits"] and b["pp4xep2"]["kv_tokens"] > 0, b["pp4xep2"]
+PY
+# perf_model.py --balance-memory (a what-if, not built): a pipeline's pool as if its stages'
+# free memory were pooled. Single-stage rows are unchanged, no pipeline row loses slots, the
+# pipelines are marked modelled only, and pp8's pool is the box's free memory (the per-stage
+# free GB that `plan --stages 8`, the C memory plan, prints) over the cache bytes per token
+$E plan --preset kimi-k2.5 --stages 8 > st.txt 2> err || fail "plan --stages 8"
+"$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box rtx-pro-6000x8 --json > p0.json ||
+    fail "perf_model.py rtx"
+"$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box rtx-pro-6000x8 --balance-memory --json \
+    > p1.json || fail "perf_model.py --balance-memory"
+"$PYTHON" - <<'PY' || fail "--balance-memory"
+import json
+a = {r["layout"]: r for r in json.load(open("p0.json"))["layouts"]}
+b = {r["layout"]: r for r in json.load(open("p1.json"))["layouts"]}
+assert set(a) == set(b)
+for n in a:
+    if a[n]["stages"] == 1 or n.startswith("tp"):
+        assert a[n] == b[n], n
+    else:
+        assert b[n]["kv_tokens"] >= a[n]["kv_tokens"] and not b[n]["runnable"], (n, a[n], b[n])
+free = [float(l.split()[4]) for l in open("st.txt") if l[:1].isdigit()]
+assert len(free) == 8 and min(free) < 0.6 * max(free), free
+want = sum(free) * 1e9 / (61 * 1152)
+got = b["pp8"]["kv_tokens"]
+assert abs(got - want) <= 1e-3 * want and got > 1.6 * a["pp8"]["kv_tokens"], (got, want, a["pp8"]["kv_tokens"])
+PY
 # refusals, each naming what is wrong
 ! $E plan --preset kimi-k2.5 --gpus 0 > out 2> err || fail "--gpus 0 accepted"
 grep -q -- '--gpus' err || fail "--gpus 0 message: $(cat err)"

@@ -11,6 +11,7 @@
 #include "engine/cuda_plan.h"
 #include "engine/drafter_eagle3.h"
 #include "engine/mkmodel.h"
+#include "engine/plan.h"
 #include "engine/runtime.h"
 #include "engine/runtime_bench.h"
 #include "tests/check.h"
@@ -456,6 +457,44 @@ static void test_spec_layouts(void) {
     free_results(&spec1);
 }
 
+
+/* --stages N with bytes beside the last stage (on CUDA the drafter on its GPU): they count
+ * in its share, so the last stage gives up layers as they grow and never gains one; with
+ * none the split is the weight-balanced one of eg_plan_split. */
+static void test_stage_split_tail(void) {
+    load_model();
+    if (!have_model) return;
+    const int L = model.cfg.n_layers;
+    int *e0 = calloc((size_t)L, sizeof *e0), *e1 = calloc((size_t)L, sizeof *e1), *ref = calloc((size_t)L, sizeof *ref);
+    double *cost = calloc((size_t)L, sizeof *cost);
+    eg_error err = {0};
+    int n = 0;
+    int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), total = head + tail;
+    for (int l = 0; l < L; l++) total += (int64_t)(cost[l] = (double)eg_plan_layer_bytes(&model, l));
+    CHECK(L >= 3 && e0 && e1 && ref && cost);
+    if (!(L >= 3 && e0 && e1 && ref && cost)) goto out;
+    CHECK_OK(eg_runtime_parse_stages("2", &model, 0, e0, &n, &err), &err);
+    CHECK_OK(eg_plan_split(cost, L, (double)head, (double)tail, 2, ref, &err), &err);
+    CHECKF(n == 2 && e0[0] == ref[0] && e0[1] == L, "without extra bytes: ends %d,%d, eg_plan_split %d", e0[0], e0[1],
+           ref[0]);
+    int prev = L - e0[0], moved = 0;
+    for (int64_t x = (int64_t)cost[L - 1] / 4; x <= 2 * total; x *= 2) {
+        CHECK_OK(eg_runtime_parse_stages("2", &model, x, e1, &n, &err), &err);
+        int last = L - e1[0];
+        CHECKF(n == 2 && last >= 1 && last <= prev, "%lld bytes beside the last stage: %d layers there, %d before",
+               (long long)x, last, prev);
+        moved |= last < L - e0[0];
+        prev = last;
+    }
+    CHECKF(prev == 1, "twice the model's bytes beside the last stage leave it %d layers", prev);
+    CHECK(moved || L - e0[0] == 1);
+out:
+    free(e0);
+    free(e1);
+    free(ref);
+    free(cost);
+}
+
 /* The GPU plan (as if on a device of given memory; no GPU needed: the plan comes before
  * any backend) counts, on the GPU of the last stage, the drafter's weights and slots'
  * rows with the activations and its paged cache per token of the KV pool: the pool of
@@ -649,6 +688,7 @@ static const eg_test tests[] = {
     {"refusals", test_refusals},
     {"spec_layouts", test_spec_layouts},
     {"spec_plan", test_spec_plan},
+    {"stage_split_tail", test_stage_split_tail},
     {"cleanup", test_cleanup},
     {"forward_only", test_forward_only},
 };
