@@ -108,6 +108,7 @@ static __global__ void __launch_bounds__(GQA_THREADS) gqa_attend_kernel(egk_gqa 
 
 extern "C" int egk_gqa_attention(const egk_gqa *a, void *stream) {
     if (a->T <= 0) return 0;
+    if (a->T > 65535 || a->NH > 65535) return (int)cudaErrorInvalidValue; /* the grid's y (and x) */
     cudaStream_t s = (cudaStream_t)stream;
     gqa_write_kernel<<<a->T, 128, 0, s>>>(*a);
     int rc = EGK_LAUNCH_RESULT();

@@ -12,6 +12,23 @@
 
 #define EGK_LAUNCH_RESULT() ((int)cudaGetLastError())
 
+/* Kernel k's opt-in above 48 KB of dynamic shared memory, raised to shm where it is below:
+ * a per-device attribute, so read back at each launch (a host-side query, no
+ * synchronisation) rather than cached, and only ever raised (setting each call's exact
+ * size would lower it for a later, larger call, which a recorded launch cannot raise
+ * again). Not touched while the stream is recorded: the same shape ran, and raised it,
+ * before any recording; were it still short, the launch reports it. */
+template <class F> static inline cudaError_t egk_smem_opt_in(F k, size_t shm, cudaStream_t s) {
+    if (shm <= 48 * 1024) return cudaSuccess;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(s, &cs);
+    if (e != cudaSuccess || cs != cudaStreamCaptureStatusNone) return e;
+    cudaFuncAttributes fa;
+    e = cudaFuncGetAttributes(&fa, k);
+    if (e != cudaSuccess || (size_t)fa.maxDynamicSharedSizeBytes >= shm) return e;
+    return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+}
+
 static __device__ __forceinline__ float egk_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
 /* Round to nearest even; NaN kept quiet (same bits as eg_f32_to_bf16 on the host). */

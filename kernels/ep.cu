@@ -100,6 +100,7 @@ static __global__ void ep_combine_kernel(const float *back, const int32_t *tk2pa
 extern "C" int egk_ep_combine(const float *back, const int32_t *tk2pair, int T, int K, int H, float *y,
                               void *stream) {
     if (T <= 0) return 0;
+    if (T > 65535) return (int)cudaErrorInvalidValue; /* the grid's y */
     ep_combine_kernel<<<dim3(egk_blocks(H, 128), (unsigned)T), 128, 0, (cudaStream_t)stream>>>(back, tk2pair, K, H, y);
     return EGK_LAUNCH_RESULT();
 }

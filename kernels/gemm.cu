@@ -647,7 +647,7 @@ extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, 
                        int e1, const egk_expert_ptrs *tab, int fmt, int group, const egk_moe_ws *ws, int path,
                        float *y, void *stream) {
     int TK = T * K, nl = e1 - e0;
-    if (T <= 0 || nl <= 0) return 0;
+    if (T <= 0 || K <= 0 || nl <= 0) return 0; /* no rows: a zero grid would be refused */
     /* The grid's tile bound. At most m = min(nl, TK) local experts have rows, and an
      * expert with c rows has ceil(c / BM) tiles, so the list holds at most
      * floor((TK + m (BM - 1)) / BM) tiles (the sum of the ceilings is at most the ceiling

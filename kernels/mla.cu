@@ -442,14 +442,8 @@ extern "C" int egk_mla_attend(const egk_mla *a, void *stream) {
     if (re != cudaSuccess) return (int)re;
     if (rows > 0) {
         size_t shm = tc_smem_bytes(W, rows);
-        /* the opt-in above 48 KB of shared memory: per device, so set at every launch (a
-         * host-side attribute write, no synchronisation) rather than cached; not while the
-         * stream is recorded (the same shape ran, and set it, before any recording) */
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        cudaError_t e = cudaStreamIsCapturing(s, &cs);
-        if (e == cudaSuccess && cs == cudaStreamCaptureStatusNone)
-            e = rows == 32 ? cudaFuncSetAttribute(mla_attn_tc_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm)
-                           : cudaFuncSetAttribute(mla_attn_tc_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
+        cudaError_t e = rows == 32 ? egk_smem_opt_in(mla_attn_tc_kernel<32>, shm, s)
+                                    : egk_smem_opt_in(mla_attn_tc_kernel<16>, shm, s);
         if (e != cudaSuccess) return (int)e;
         dim3 grid((unsigned)((nhl + TC_HEADS - 1) / TC_HEADS), (unsigned)nsplit, (unsigned)a->T);
         if (rows == 32) mla_attn_tc_kernel<32><<<grid, TC_WARPS * 32, shm, s>>>(*a, nsplit, split_len);

@@ -98,6 +98,9 @@ extern "C" int egk_router_select(const float *logits, int T, int E, egk_weight b
     int G = n_group > 0 ? n_group : 1;
     if (E % G || topk > E) return (int)cudaErrorInvalidValue;
     size_t shm = sizeof(float) * (2 * (size_t)E + (size_t)G) + sizeof(int) * (size_t)E;
+    /* past 48 KB from about 4,090 experts */
+    cudaError_t e = egk_smem_opt_in(router_kernel, shm, (cudaStream_t)stream);
+    if (e != cudaSuccess) return (int)e;
     router_kernel<<<T, 32, shm, (cudaStream_t)stream>>>(logits, E, bias.data ? bias.fmt : 0, bias.data, G,
                                                         topk_group, topk, norm_topk, routed_scale, ids, weights);
     return EGK_LAUNCH_RESULT();

@@ -421,6 +421,7 @@ typedef struct mla_setup {
     int64_t nblocks;
     buf2 cache, table, inv_freq;
     hw norm, kvb;
+    int record; /* the CUDA call recorded as a graph and replayed */
 } mla_setup;
 
 static void mla_init(mla_setup *m, pair *p, const eg_config *c, int S, int MB, int BS) {
@@ -485,7 +486,18 @@ static void mla_call(mla_setup *m, int T, const int32_t *slot, const int32_t *po
     a.pos = bpos.g; a.slot = bslot.g; a.block_table = m->table.g; a.q = bq.g; a.kv = bkv.g;
     a.kv_a_norm = &m->norm.dg; a.kv_b = &m->kvb.dg; a.cache.data = m->cache.g; a.rope_inv_freq = m->inv_freq.g;
     a.out = out.g;
-    CHECK_OK(p->gpu->ops->mla_attention(p->gpu, &a, &err), &err);
+    if (m->record) {
+        void *graph = NULL;
+        int ran = 0;
+        CHECK_OK(p->gpu->ops->graph_begin(p->gpu, &err), &err);
+        CHECK_OK(p->gpu->ops->mla_attention(p->gpu, &a, &err), &err);
+        CHECK_OK(p->gpu->ops->graph_end(p->gpu, &graph, &err), &err);
+        CHECK_OK(p->gpu->ops->graph_launch(p->gpu, graph, &ran, &err), &err);
+        CHECK(ran == 1);
+        p->gpu->ops->graph_free(p->gpu, graph);
+    } else {
+        CHECK_OK(p->gpu->ops->mla_attention(p->gpu, &a, &err), &err);
+    }
     cmp_f32(p, &out, what, bf16_bound());
     /* the cache rows written by this call: identical bits expected */
     uint16_t *gc = fetch(p, &m->cache);
@@ -606,6 +618,38 @@ static void test_mla_kimi(void) {
     pair_free(&p);
 }
 
+/* The tensor-core kernel's shared-memory opt-in is only ever raised: Kimi's rows (W 576,
+ * ~75 KB with 32-row tiles), then a narrow call (W 72, under 48 KB) on the same kernel,
+ * then Kimi's again recorded as a graph, where the opt-in cannot be raised. Setting each
+ * call's exact size lowered it, and the recorded launch was refused. */
+static void test_mla_graph(void) {
+    seed(7);
+    eg_config ck = kimi_cfg(), cs = small_cfg();
+    cs.n_heads = 20;
+    cs.kv_lora_rank = 64;
+    setenv("EG_CUDA_MLA", "tc32", 1); /* the same kernel for both on sm_90 and sm_120 */
+    pair pk, ps;
+    int ok = pair_make(&ck, 8, &pk);
+    if (ok && !pair_make(&cs, 8, &ps)) {
+        pair_free(&pk);
+        ok = 0;
+    }
+    unsetenv("EG_CUDA_MLA");
+    if (!ok) return;
+    mla_setup mk, ms;
+    mla_init(&mk, &pk, &ck, 2, 4, 64);
+    mla_init(&ms, &ps, &cs, 2, 8, 8);
+    int32_t sl[2] = {0, 1}, pa[2] = {100, 28}, pb[2] = {40, 20}, pc[2] = {101, 29};
+    mla_call(&mk, 2, sl, pa, 0, 64, 1.0f, "mla graph: Kimi decode T=2");
+    mla_call(&ms, 2, sl, pb, 0, 20, 1.0f, "mla graph: then W 72, T=2");
+    mk.record = 1;
+    mla_call(&mk, 2, sl, pc, 0, 64, 1.0f, "mla graph: then Kimi recorded and replayed");
+    mla_free(&mk);
+    mla_free(&ms);
+    pair_free(&pk);
+    pair_free(&ps);
+}
+
 /* 4K-position history in a shuffled paged cache: the decode splits the sequence. */
 static void test_mla_long(void) {
     seed(6);
@@ -678,6 +722,7 @@ static void test_router(void) {
     router_case(16, 4, 2, 4, 256, 50, 1, 2.5f);     /* tiny-a: group-limited */
     router_case(256, 8, 4, 8, 7168, 20, 1, 2.5f);   /* DeepSeek-V3 */
     router_case(64, 8, 3, 6, 512, 30, 0, 1.0f);     /* no normalisation */
+    router_case(5000, 1, 1, 8, 256, 6, 1, 2.5f);    /* 60 KB of shared memory: the opt-in */
 }
 
 /* ---- MoE ---------------------------------------------------------------------------------------- */
@@ -1882,6 +1927,7 @@ static const eg_test tests[] = {
     {"mla_paths", test_mla_paths},
     {"mla_kimi", test_mla_kimi},
     {"mla_long", test_mla_long},
+    {"mla_graph", test_mla_graph},
     {"router", test_router},
     {"moe_small", test_moe_small},
     {"moe_kimi", test_moe_kimi},

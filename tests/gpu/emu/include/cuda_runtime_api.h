@@ -77,6 +77,16 @@ int emu_func_smem(const void *k);
 int emu_smem_limit(int per_sm);
 void emu_set_last_error(cudaError_t e);
 }
+/* the one field the kernels read: the kernel's dynamic shared memory limit (48 KB until
+ * raised) */
+struct cudaFuncAttributes {
+    int maxDynamicSharedSizeBytes;
+};
+template <class F> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, F f) {
+    if (!a) return cudaErrorInvalidValue;
+    a->maxDynamicSharedSizeBytes = emu_func_smem(reinterpret_cast<const void *>(f));
+    return cudaSuccess;
+}
 template <class F> static inline cudaError_t cudaFuncSetAttribute(F f, enum cudaFuncAttribute, int v) {
     if (v < 0 || v > emu_smem_limit(0)) return cudaErrorInvalidValue;
     emu_func_set_smem(reinterpret_cast<const void *>(f), v);
