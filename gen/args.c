@@ -20,6 +20,35 @@ int gen_arg_int(const char *cmd, const char *flag, const char *v, long lo, long 
     return 1;
 }
 
+int gen_arg_int64(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out) {
+    char *e;
+    errno = 0;
+    long long x = strtoll(v, &e, 10);
+    if (errno || e == v || *e || x < lo || x > hi) {
+        fprintf(stderr, "eaglegen %s: %s expects an integer in [%lld, %lld], got '%s'\n", cmd, flag, (long long)lo,
+                (long long)hi, v);
+        return 0;
+    }
+    *out = (int64_t)x;
+    return 1;
+}
+
+int gen_arg_required(const char *cmd, const char *required, int n_pos, char **pos, int n, const char *const *names,
+                     const int *have) {
+    if (n_pos > 1) {
+        fprintf(stderr, "eaglegen %s: unexpected argument '%s' (usage: eaglegen %s %s)\n", cmd, pos[1], cmd, required);
+        return 0;
+    }
+    int missing = 0;
+    for (int i = 0; i < n; i++) missing += !have[i];
+    if (!missing) return 1;
+    fprintf(stderr, "eaglegen %s: missing", cmd);
+    for (int i = 0, k = 0; i < n; i++)
+        if (!have[i]) fprintf(stderr, "%s %s", k++ ? "," : "", names[i]);
+    fprintf(stderr, " (usage: eaglegen %s %s)\n", cmd, required);
+    return 0;
+}
+
 int gen_arg_double(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out) {
     char *e;
     errno = 0;
@@ -91,6 +120,15 @@ static void bad_option(const char *cmd, const char *arg, int missing, int short_
     size_t n = strcspn(name, "=");
     int matches = 0;
     for (const struct option *o = opts; o->name; o++) matches += !strncmp(o->name, name, n);
+    /* "--flag=value" for a flag that takes none: getopt reports it as unknown */
+    const struct option *exact = NULL;
+    for (const struct option *o = opts; o->name; o++)
+        if (!strncmp(o->name, name, n) && (matches == 1 || strlen(o->name) == n)) exact = o;
+    if (name[n] == '=' && exact && exact->has_arg == no_argument) {
+        fprintf(stderr, "eaglegen %s: --%s takes no value, got '%s' (see eaglegen %s --help)\n", cmd, exact->name, arg,
+                cmd);
+        return;
+    }
     if (n && matches > 1) {
         fprintf(stderr, "eaglegen %s: option '%.*s' is ambiguous:", cmd, (int)(n + (size_t)(name - arg)), arg);
         for (const struct option *o = opts; o->name; o++)

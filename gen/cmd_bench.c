@@ -627,7 +627,16 @@ int cmd_bench(int argc, char **argv) {
     o.seed = 1;
     optind = 1;
     int ch;
+    /* the first option given of workload mode, and of --preset (reported if the mode is not on) */
+    const char *workload_only = NULL, *preset_only = NULL;
+    static const int workload_ch[] = {'W', 'n', 'K', 'y', 'H', 'x', 'j', 0x103};
     while ((ch = gen_getopt(argc, argv, "bench", "h", opts)) != -1) {
+        for (const struct option *o2 = opts; ch > 0 && o2->name; o2++) {
+            if (o2->val != ch) continue;
+            for (size_t i = 0; i < sizeof workload_ch / sizeof workload_ch[0]; i++)
+                if (ch == workload_ch[i] && !workload_only) workload_only = o2->name;
+            if ((ch == 'L' || ch == 'E' || ch == 'S') && !preset_only) preset_only = o2->name;
+        }
         switch (ch) {
         case 'm': model_dir = optarg; break;
         case 'b': o.backend = optarg; break;
@@ -704,6 +713,14 @@ int cmd_bench(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (model_dir && preset_only) {
+        fprintf(stderr, "eaglegen bench: --%s applies to --preset (a checkpoint's config says it)\n", preset_only);
+        return 2;
+    }
+    if (!o.requests && workload_only) {
+        fprintf(stderr, "eaglegen bench: --%s applies to workload mode (--requests N)\n", workload_only);
+        return 2;
+    }
     if (!gen_arg_int_list("bench", "--batch", batches, 1, o.batch, 64, &o.n_batch) ||
         !gen_arg_int_list("bench", "--context", contexts, 0, o.ctx, 64, &o.n_ctx))
         return 2;
@@ -759,6 +776,11 @@ int cmd_bench(int argc, char **argv) {
                         kv_tokens, o.plen, o.max_new[i]);
                 return 2;
             }
+        if (batch_given && o.n_batch > 1) {
+            fprintf(stderr, "eaglegen bench: in workload mode --batch is one number (slots at most), got '%s'\n",
+                    batches);
+            return 2;
+        }
         o.slots = batch_given ? o.batch[0] : 256;
         if (spec && (o.chunk > o.slots ? o.chunk : o.slots) < o.draft_tokens + 1) { /* the engine's rows per step */
             fprintf(stderr, "eaglegen bench: --chunk %d cannot hold a verify step of --draft-tokens %d + 1 rows\n",

@@ -96,19 +96,16 @@ int cmd_export(int argc, char **argv) {
     optind = 1;
     int c;
     while ((c = gen_getopt(argc, argv, "export", "h", opts)) != -1) {
-        char *end;
-        long long v;
+        int64_t v;
         switch (c) {
         case 't': to = optarg; break;
         case 'o': o.out_dir = optarg; break;
         case 'n':
-            v = strtoll(optarg, &end, 10);
-            if (*end || v < 1) { fprintf(stderr, "eaglegen export: bad --draft-vocab '%s' (a positive count)\n", optarg); return 2; }
+            if (!gen_arg_int64("export", "--draft-vocab", optarg, 1, INT32_MAX, &v)) return 2;
             o.draft_vocab = v;
             break;
         case 'm':
-            v = strtoll(optarg, &end, 10);
-            if (*end || v < 1) { fprintf(stderr, "eaglegen export: bad --max-len '%s' (a positive count)\n", optarg); return 2; }
+            if (!gen_arg_int64("export", "--max-len", optarg, 1, INT64_MAX, &v)) return 2;
             o.max_len = v;
             break;
         case 'M': model = optarg; break;
@@ -124,10 +121,10 @@ int cmd_export(int argc, char **argv) {
         default: return 2; /* gen_getopt said why */
         }
     }
-    if (optind != argc - 1 || !to || !o.out_dir) {
-        usage(stderr);
+    static const char *const need[] = {"DATASET", "--to", "--out"};
+    if (!gen_arg_required("export", "DATASET --to specforge|speculators --out DIR [options]", argc - optind, argv + optind, 3, need,
+                          (int[]){optind < argc, !!to, !!o.out_dir}))
         return 2;
-    }
     eg_status (*fn)(eg_ds_reader *, const eg_export_opts *, eg_export_report *, eg_error *);
     if (!strcmp(to, "specforge")) fn = eg_export_specforge;
     else if (!strcmp(to, "speculators")) fn = eg_export_speculators;

@@ -462,6 +462,7 @@ typedef struct fid_args {
     const char *model, *prompts, *compare, *audit, *json_path, *kv, *tokenizer, *mode;
     int json, steps, samples, threads, chunk, device, thinking, limit;
     double fail_above;
+    int fail_set;             /* --fail-above given (0 is a bound: any error fails) */
 } fid_args;
 
 static int ends_with(const char *s, const char *suf) {
@@ -858,7 +859,7 @@ static int run_audit(const fid_args *a) {
                     "worst", worst, "samples", samples);
     audit_ctx ac = {.path = a->audit, .precision = info->precision_json, .kv = kv == EG_KV_FP32 ? "FP32" : "BF16", .n = n, .worst = worst};
     rc = emit(a, out, audit_table, &ac);
-    if (!rc && a->fail_above > 0 && !(worst <= a->fail_above)) {
+    if (!rc && a->fail_set && !(worst <= a->fail_above)) {
         fprintf(stderr, "eaglegen fidelity: stored states are %.2e from the reference, above --fail-above %.2e\n",
                 worst, a->fail_above);
         rc = 1;
@@ -892,7 +893,11 @@ int cmd_fidelity(int argc, char **argv) {
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     optind = 1;
     int ch;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    const char *compare_only = NULL, *audit_only = NULL; /* the first option of each mode given */
+    while ((ch = gen_getopt(argc, argv, "fidelity", "h", opts)) != -1) {
+        for (const struct option *o = opts; ch > 0 && o->name; o++)
+            if (o->val == ch && strchr("CTMHnld", ch) && !compare_only) compare_only = o->name;
+            else if (o->val == ch && strchr("SkF", ch) && !audit_only) audit_only = o->name;
         switch (ch) {
         case 'm': a.model = optarg; break;
         case 'p': a.prompts = optarg; break;
@@ -921,9 +926,12 @@ int cmd_fidelity(int argc, char **argv) {
         case 't': if (!gen_arg_int("fidelity", "--threads", optarg, 1, 4096, &a.threads)) return 2; break;
         case 'c': if (!gen_arg_int("fidelity", "--chunk", optarg, 1, 1 << 20, &a.chunk)) return 2; break;
         case 'd': if (!gen_arg_int("fidelity", "--device", optarg, 0, 1024, &a.device)) return 2; break;
-        case 'F': if (!gen_arg_double("fidelity", "--fail-above", optarg, 0, 1e30, &a.fail_above)) return 2; break;
+        case 'F':
+            if (!gen_arg_double("fidelity", "--fail-above", optarg, 0, 1e30, &a.fail_above)) return 2;
+            a.fail_set = 1;
+            break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default: return 2; /* gen_getopt said why */
         }
     }
     if (optind < argc) { fprintf(stderr, "eaglegen fidelity: unexpected argument '%s'\n", argv[optind]); return 2; }
@@ -932,9 +940,12 @@ int cmd_fidelity(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (a.audit && a.compare) { fprintf(stderr, "eaglegen fidelity: --compare applies to --prompts, not --audit\n"); return 2; }
-    if (a.prompts && (a.kv || a.fail_above > 0)) {
-        fprintf(stderr, "eaglegen fidelity: --kv and --fail-above apply to --audit\n");
+    if (a.audit && compare_only) {
+        fprintf(stderr, "eaglegen fidelity: --%s applies to --prompts (compare), not --audit\n", compare_only);
+        return 2;
+    }
+    if (a.prompts && audit_only) {
+        fprintf(stderr, "eaglegen fidelity: --%s applies to --audit, not --prompts (compare)\n", audit_only);
         return 2;
     }
     return a.audit ? run_audit(&a) : run_compare(&a);

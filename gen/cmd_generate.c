@@ -5,6 +5,7 @@
  * crash-safe shards, records that give no sample in rejects.jsonl. Rerunning the same
  * command resumes; each sample's RNG is seeded from (--seed, sample id), so a sample's
  * tokens do not depend on batch order or interruptions. */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -418,10 +419,30 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     if (!shard_size_set) a->shard_bytes = a->shard_samples ? 0 : 2000000000; /* 2 GB by default */
     if (!a->model || (!a->out && !a->dry_run) || !a->n_prompts) {
         fprintf(stderr, "eaglegen generate: missing %s%s%s%s%s (required: --model DIR, --prompts PATH..., --out DIR)\n",
-                !a->model ? "--model" : "", !a->model && (!a->n_prompts || !a->out) ? ", " : "",
+                !a->model ? "--model" : "", !a->model && (!a->n_prompts || (!a->out && !a->dry_run)) ? ", " : "",
                 !a->n_prompts ? "--prompts" : "", !a->n_prompts && !a->out && !a->dry_run ? ", " : "",
                 !a->out && !a->dry_run ? "--out" : "");
         return 2;
+    }
+    if (a->box && (!a->layout || strcmp(a->layout, "auto"))) {
+        fprintf(stderr, "eaglegen generate: --box applies to --layout auto\n");
+        return 2;
+    }
+    /* --stages' syntax here (a usage error); its layers against the model in the runtime */
+    if (a->stages) {
+        const char *p = a->stages;
+        int ok = 1;
+        while (*p && ok) {
+            if (!isdigit((unsigned char)*p)) ok = 0;
+            while (isdigit((unsigned char)*p)) p++;
+            if (*p == ',' && !*++p) ok = 0;
+            else if (*p && *p != ',' && !isdigit((unsigned char)*p)) ok = 0;
+        }
+        if (!ok) {
+            fprintf(stderr, "eaglegen generate: --stages expects N or ascending end layers e0,e1,...,L, got '%s'\n",
+                    a->stages);
+            return 2;
+        }
     }
     if (a->layout && resolve_layout(a)) return 2;
     if (a->ep_split != EG_EP_SPLIT_NONE && a->ep < 2) {

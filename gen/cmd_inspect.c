@@ -458,10 +458,10 @@ int cmd_inspect(int argc, char **argv) {
         default: return 2; /* gen_getopt said why */
         }
     }
-    if (optind != argc - 1) {
-        usage(stderr);
+    static const char *const need[] = {"PATH (a dataset directory or a shard file)"};
+    if (!gen_arg_required("inspect", "PATH [options]", argc - optind, argv + optind, 1, need,
+                          (int[]){optind < argc}))
         return 2;
-    }
     const char *path = argv[optind];
     eg_error err = {0};
     eg_ds_reader *r;

@@ -38,7 +38,7 @@ static void mk_usage(FILE *f) {
             "  --layers N          num_hidden_layers (default: the preset's)\n"
             "  --experts int4|bf16 routed expert format (default int4: compressed-tensors\n"
             "                      pack-quantized, group 32, as Kimi-K2.5 ships)\n"
-            "  --shard-mb N        start a new shard above N MB (default 4096)\n"
+            "  --shard-mb N        start a new shard above N MiB (N x 2^20 bytes; default 4096)\n"
             "  --threads N         worker threads (default: $EG_THREADS or all CPUs)\n"
             "  --no-weights        write config.json and the tokenizer files only\n"
             "  --sparse            all-zero weights stored as file holes: the full layout\n"
@@ -274,7 +274,7 @@ int cmd_mkmodel(int argc, char **argv) {
                 fprintf(stderr, "eaglegen mkmodel: bad --shard-mb '%s'\n", v);
                 return 2;
             }
-            o.shard_bytes = x * 1000 * 1000, i++;
+            o.shard_bytes = x << 20, i++; /* MiB: the default (0) is 4 GiB */
         } else if (!strcmp(a, "--threads")) {
             if (parse_i64(v, &x) || x < 1 || x > 4096) {
                 fprintf(stderr, "eaglegen mkmodel: bad --threads '%s'\n", v);

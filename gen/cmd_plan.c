@@ -265,9 +265,13 @@ int cmd_plan(int argc, char **argv) {
     double hbm = 0, tflops = 0, eff = 0, link_gbs = 0, link_us = -1;
     const char *workload = NULL;
     int prompt_len = 1024, max_new = 32768;
+    const char *layout_only = NULL, *preset_only = NULL; /* an option of the other mode, as given */
     optind = 1;
     int ch;
     while ((ch = gen_getopt(argc, argv, "plan", "h", opts)) != -1) {
+        for (const struct option *o = opts; ch > 0 && o->name; o++)
+            if (o->val == ch && strchr("WTEkKUcjDACRX", ch) && !layout_only) layout_only = o->name;
+            else if (o->val == ch && strchr("le", ch) && !preset_only) preset_only = o->name;
         switch (ch) {
         case 'm': model_dir = optarg; break;
         case 'p': preset = optarg; break;
@@ -311,6 +315,14 @@ int cmd_plan(int argc, char **argv) {
     }
     if (stages > 0 && layouts) {
         fprintf(stderr, "eaglegen plan: --stages plans one pipeline; --gpus/--box lists every layout: give one of them\n");
+        return 2;
+    }
+    if (stages > 0 && layout_only) {
+        fprintf(stderr, "eaglegen plan: --%s applies to the layout table (--gpus/--box), not to --stages\n", layout_only);
+        return 2;
+    }
+    if (model_dir && preset_only) {
+        fprintf(stderr, "eaglegen plan: --%s applies to --preset (a checkpoint's config says it)\n", preset_only);
         return 2;
     }
     eg_error err = {0};
@@ -453,7 +465,7 @@ int cmd_plan(int argc, char **argv) {
             rc = 1;
         }
 out:
-    if (rc) fprintf(stderr, "eaglegen plan: %s\n", err.msg);
+    if (rc && err.msg[0]) fprintf(stderr, "eaglegen plan: %s\n", err.msg); /* else said already */
     free(lb); free(cost); free(ends); free(sm);
     eg_model_free(&m);
     eg_config_free(&cfg);

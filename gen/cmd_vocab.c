@@ -47,25 +47,28 @@ int cmd_vocab(int argc, char **argv) {
     optind = 1;
     int c;
     while ((c = gen_getopt(argc, argv, "vocab", "h", opts)) != -1) {
-        char *end;
         switch (c) {
-        case 'n':
-            N = strtoll(optarg, &end, 10);
-            if (*end || N < 1) { fprintf(stderr, "eaglegen vocab: bad --draft-vocab '%s'\n", optarg); return 2; }
+        case 'n': {
+            int64_t x;
+            if (!gen_arg_int64("vocab", "--draft-vocab", optarg, 1, INT32_MAX, &x)) return 2;
+            N = x;
             break;
-        case 'V':
-            V = strtoll(optarg, &end, 10);
-            if (*end || V < 1 || V > INT32_MAX) { fprintf(stderr, "eaglegen vocab: bad --target-vocab '%s'\n", optarg); return 2; }
+        }
+        case 'V': {
+            int64_t x;
+            if (!gen_arg_int64("vocab", "--target-vocab", optarg, 1, INT32_MAX, &x)) return 2;
+            V = x;
             break;
+        }
         case 'o': out = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return 2; /* gen_getopt said why */
         }
     }
-    if (optind != argc - 1 || N < 1 || !out) {
-        usage(stderr);
+    static const char *const need[] = {"DATASET", "--draft-vocab", "--out"};
+    if (!gen_arg_required("vocab", "DATASET --draft-vocab N --out DIR [--target-vocab V]", argc - optind, argv + optind, 3, need,
+                          (int[]){optind < argc, N >= 1, !!out}))
         return 2;
-    }
     const char *path = argv[optind];
     eg_error err = {0};
     eg_ds_reader *r;

@@ -83,7 +83,7 @@ PY
 refuse "does not record the model's layer count" v1 --to speculators --out r2
 refuse "needs the dataset's manifest" "both/$(ls both | grep '\.tar$' | head -n 1)" --to speculators --out r3
 refuse "is not empty" both --to speculators --out sp
-refuse "a positive count" both --to speculators --out r4 --draft-vocab 0
+refuse "--draft-vocab expects an integer" both --to speculators --out r4 --draft-vocab 0
 EG_EXPORT_SHARD_BYTES=x refuse "EG_EXPORT_SHARD_BYTES='x'" both --to speculators --out r5
 refuse "larger than the target vocabulary" both --to speculators --out r6 --draft-vocab 513
 refuse "no sample has a supervised (loss-masked) token within --max-len" both --to speculators --out r7 --max-len 5

@@ -31,6 +31,32 @@ one_line "unknown option '--allow-partail'; did you mean --allow-partial?" $E me
 one_line "missing --out" $E merge a
 one_line "unknown option '--verfy'; did you mean --verify?" $E inspect d --verfy
 one_line "unknown option '-q'" $E plan -q
+# a value for a flag that takes none is said so (getopt calls it unknown)
+one_line "--allow-partial takes no value, got '--allow-partial=1'" $E merge a --out b --allow-partial=1
+# the missing pieces named (not the whole usage), no stray separator, no empty line
+one_line "missing --model (required: --model DIR" $E generate --dry-run --prompts p
+one_line "missing PATH (a dataset directory or a shard file)" $E inspect
+one_line "unexpected argument 'b'" $E inspect a b
+one_line "missing --draft-vocab, --out (usage: eaglegen vocab" $E vocab d
+one_line "missing --to (usage: eaglegen export" $E export d --out e
+one_line "--draft-vocab expects an integer in [1, 2147483647], got '99999999999999999999'" \
+    $E vocab d --out v --draft-vocab 99999999999999999999
+one_line "--max-len expects an integer" $E export d --to specforge --out e --max-len 99999999999999999999
+one_line "--draft-tokens K and --accept A go together" $E plan --preset tiny --gpus 2 --draft-tokens 3
+one_line "unknown option '--stpes'; did you mean --steps? (see eaglegen fidelity --help)" $E fidelity --stpes 3
+one_line "--stages expects N or ascending end layers" $E generate --model m --prompts p --out o --stages abc
+one_line "--stages expects N or ascending end layers" $E generate --model m --prompts p --out o --stages 2,
+# an option of another mode is refused, not ignored
+one_line "--box applies to --layout auto" $E generate --model m --prompts p --out o --box h200x8
+one_line "--json applies to the layout table (--gpus/--box), not to --stages" $E plan --preset tiny --stages 2 --json
+one_line "--link applies to the layout table" $E plan --preset tiny --stages 2 --link foo
+one_line "--layers applies to --preset" $E plan --model m --stages 2 --layers 2
+one_line "--kv-policy applies to workload mode (--requests N)" $E bench --preset tiny --kv-policy reserve
+one_line "--layers applies to --preset" $E bench --model m --layers 3
+one_line "in workload mode --batch is one number" \
+    $E bench --preset tiny --requests 2 --kv-tokens 8192 --prompt-len 16 --max-new 32 --batch 1,8
+one_line "--steps applies to --prompts (compare), not --audit" $E fidelity --model m --audit d --steps 5
+one_line "--samples applies to --audit, not --prompts (compare)" $E fidelity --model m --prompts p --samples 3
 
 $E --version >"$tmp/out" 2>"$tmp/err" || fail "--version"
 grep -qE '^eaglegen [0-9]+\.[0-9]+\.[0-9]+ \(git [^)]+\)$' "$tmp/out" || fail "version line: $(cat "$tmp/out")"

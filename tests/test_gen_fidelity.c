@@ -331,6 +331,9 @@ static void t_audit_altered(void) {
     const char *av2[] = {"fidelity", "--audit", (char *)dataset_dir(), "--model", model_dir(), "--threads", "2",
                          "--fail-above", "1e-4"};
     CHECK(run_cmd(cmd_fidelity, 9, av2) == 0);
+    /* 0 is a bound too (any error fails), not "off" */
+    const char *av3[] = {"fidelity", "--audit", dst, "--model", model_dir(), "--threads", "2", "--fail-above", "0"};
+    CHECK(run_cmd(cmd_fidelity, 9, av3) == 1);
 }
 
 /* generate records its precision in the manifest: always the BF16 cache */
@@ -368,6 +371,13 @@ static void t_cli_refuses(void) {
     CHECK(run_cmd(cmd_fidelity, 7, a4) == 2);
     const char *a5[] = {"fidelity", "--model", "x", "--audit", "d", "--kv", "fp8"};
     CHECK(run_cmd(cmd_fidelity, 7, a5) == 2);
+    /* an option of the other mode is refused, not ignored */
+    const char *a6[] = {"fidelity", "--model", "x", "--prompts", "p.json", "--fail-above", "0"};
+    CHECK(run_cmd(cmd_fidelity, 7, a6) == 2);
+    const char *a7[] = {"fidelity", "--model", "x", "--audit", "d", "--steps", "5"};
+    CHECK(run_cmd(cmd_fidelity, 7, a7) == 2);
+    const char *a8[] = {"fidelity", "--model", "x", "--prompts", "p.json", "--samples", "3"};
+    CHECK(run_cmd(cmd_fidelity, 7, a8) == 2);
 }
 
 int main(int argc, char **argv) {
