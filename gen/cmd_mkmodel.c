@@ -158,7 +158,7 @@ static int mk_drafter(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) {
             char *end;
             errno = 0;
-            o.seed = strtoull(v, &end, 0);
+            o.seed = strtoull(v, &end, 10); /* decimal, as generate --seed: "010" is ten */
             if (errno || *end || end == v || !(*v >= '0' && *v <= '9')) {
                 fprintf(stderr, "eaglegen mkmodel: bad --seed '%s'\n", v);
                 return 2;
@@ -249,7 +249,7 @@ int cmd_mkmodel(int argc, char **argv) {
         } else if (!strcmp(a, "--seed")) {
             char *end;
             errno = 0;
-            o.seed = strtoull(v, &end, 0);
+            o.seed = strtoull(v, &end, 10); /* decimal, as generate --seed: "010" is ten */
             if (errno || *end || end == v || !(*v >= '0' && *v <= '9')) { /* strtoull takes "-1" and wraps */
                 fprintf(stderr, "eaglegen mkmodel: bad --seed '%s'\n", v);
                 return 2;

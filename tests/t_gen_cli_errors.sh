@@ -58,6 +58,11 @@ one_line "in workload mode --batch is one number" \
 one_line "--steps applies to --prompts (compare), not --audit" $E fidelity --model m --audit d --steps 5
 one_line "--samples applies to --audit, not --prompts (compare)" $E fidelity --model m --prompts p --samples 3
 
+# numbers are decimal everywhere: mkmodel --seed 010 is ten, as generate's (not octal eight)
+$E mkmodel --preset tiny --out "$tmp/s1" --seed 010 >/dev/null 2>&1 || fail "mkmodel --seed 010"
+$E mkmodel --preset tiny --out "$tmp/s2" --seed 10 >/dev/null 2>&1 || fail "mkmodel --seed 10"
+cmp -s "$tmp/s1/model-00001-of-00001.safetensors" "$tmp/s2/model-00001-of-00001.safetensors" ||
+    fail "mkmodel --seed 010 and --seed 10 differ"
 $E --version >"$tmp/out" 2>"$tmp/err" || fail "--version"
 grep -qE '^eaglegen [0-9]+\.[0-9]+\.[0-9]+ \(git [^)]+\)$' "$tmp/out" || fail "version line: $(cat "$tmp/out")"
 $E version | cmp - "$tmp/out" || fail "eaglegen version differs from --version"
