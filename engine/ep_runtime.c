@@ -40,6 +40,7 @@ struct eg_ep_runtime {
     eg_next_fn next;
     eg_done_fn done;
     void *ctx;
+    int stop_requested; /* eg_ep_runtime_request_stop (sticky, as the engines'): atomic accesses only */
 };
 
 void eg_ep_runtime_free(eg_ep_runtime *rt) {
@@ -129,6 +130,9 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
         x->sizes = eg_calloc((size_t)x->cap, sizeof *x->sizes, err);
         if (!x->ids || !x->sizes) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
         if (o->kv_blocks > 0) ro.kv_blocks = o->kv_blocks / ep + (r < o->kv_blocks % ep);
+        /* the host budget for preempted caches is the group's: each rank keeps its swap
+           buffers for the next victim, so E whole budgets would all be held at once */
+        if (o->host_kv_bytes > 0) ro.host_kv_bytes = o->host_kv_bytes / ep + (r < o->host_kv_bytes % ep);
         if (o->micro_batches > ro.n_slots) ro.micro_batches = ro.n_slots;
         ro.ep = rt->group;
         ro.ep_rank = r;
@@ -146,6 +150,11 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank) { return rt->eng[rank]; }
 int eg_ep_runtime_rank_slots(int n_slots, int ep, int rank) { return n_slots / ep + (rank < n_slots % ep); }
 int eg_ep_runtime_ranks(const eg_ep_runtime *rt) { return rt->ep; }
+void eg_ep_runtime_request_stop(eg_ep_runtime *rt) {
+    if (rt) __atomic_store_n(&rt->stop_requested, 1, __ATOMIC_RELAXED);
+    for (int r = 0; rt && rt->eng && r < rt->ep; r++)
+        if (rt->eng[r]) eg_engine_request_stop(rt->eng[r]);
+}
 int64_t eg_ep_runtime_rank_weight_bytes(const eg_ep_runtime *rt, int rank) {
     return eg_engine_weight_bytes(rt->eng[rank]);
 }
@@ -296,7 +305,16 @@ eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done,
     rank_thread(&rt->runs[0]);
     for (int r = 1; r < rt->ep; r++)
         if (rt->runs[r].started) pthread_join(rt->runs[r].th, NULL);
-    /* the first real failure (not the "another rank failed" echo) */
+    /* the first real failure (not the "another rank failed" echo); a stop asked of the
+       group is reported as one engine reports it, whichever rank saw it first */
+    for (int r = 0; r < rt->ep; r++)
+        if (rt->runs[r].st && rt->runs[r].st != EG_ERR_INTERRUPTED) {
+            *err = rt->runs[r].err;
+            return rt->runs[r].st;
+        }
+    if (__atomic_load_n(&rt->stop_requested, __ATOMIC_RELAXED))
+        for (int r = 0; r < rt->ep; r++)
+            if (rt->runs[r].st) return eg_fail(err, EG_ERR_INTERRUPTED, "stopped on request");
     for (int pass = 0; pass < 2; pass++)
         for (int r = 0; r < rt->ep; r++)
             if (rt->runs[r].st && (pass || rt->runs[r].st != EG_ERR_INTERRUPTED)) {

@@ -24,8 +24,8 @@
 
 typedef struct eg_ep_runtime eg_ep_runtime;
 
-/* o: the engine options of the whole group (n_slots and kv_blocks are split over the
- * ranks; stage_backends and drafter must be NULL). bo: the backend of one rank (nthreads
+/* o: the engine options of the whole group (n_slots, kv_blocks and host_kv_bytes are
+ * split over the ranks; stage_backends and drafter must be NULL). bo: the backend of one rank (nthreads
  * split). drafters: NULL, or [ep] one drafter per rank (borrowed, freed after the
  * runtime): rank r's engine drives drafters[r] on its own thread for its own slots
  * (eg_ep_runtime_rank_slots of them), with o->draft_tokens; verify rows go through the
@@ -54,6 +54,10 @@ int eg_ep_runtime_rank_device(int first, int rank);
 /* The group's exchange: "local", "nccl" or "cuda-local". */
 const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt);
 eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
+/* Asks every rank's engine to stop (eg_engine_request_stop: a relaxed store each, safe
+ * from a signal handler). Every rank, not the first: a rank that has run out of work
+ * only serves the others' exchanges, and a stop left with it would reach nobody. */
+void eg_ep_runtime_request_stop(eg_ep_runtime *rt);
 /* Stats summed over the ranks (seconds and peaks: the largest; the drafter's and verify
  * seconds: summed, rank-seconds). */
 void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s);

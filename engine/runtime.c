@@ -24,6 +24,7 @@ struct eg_runtime {
     int n_drafters;
     eg_forward *fwd;          /* opts.forward_only */
     eg_engine *volatile stop_engine; /* what eg_runtime_request_stop stops */
+    eg_ep_runtime *volatile stop_ep;  /* or, with ep ranks, every rank of this */
     int *aux;                 /* [n_aux] copy */
     int *stage_ends;          /* [n_stages] */
     int *stage_device;        /* [n_stages] */
@@ -396,6 +397,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         rt->engine = eg_ep_runtime_engine(rt->ep_rt, 0);
     } else if ((st = eg_engine_create(m, rt->be, &eo, &rt->engine, err))) goto fail;
     rt->stop_engine = rt->engine;
+    rt->stop_ep = rt->ep_rt;
     /* what was chosen */
     eg_runtime_info *in = &rt->info;
     in->backend = backend;
@@ -448,7 +450,8 @@ eg_status eg_runtime_run(eg_runtime *rt, eg_next_fn next, eg_done_fn done, void 
 }
 
 void eg_runtime_request_stop(eg_runtime *rt) {
-    if (rt && rt->stop_engine) eg_engine_request_stop(rt->stop_engine);
+    if (rt && rt->stop_ep) eg_ep_runtime_request_stop(rt->stop_ep); /* every rank: see ep_runtime.h */
+    else if (rt && rt->stop_engine) eg_engine_request_stop(rt->stop_engine);
 }
 
 void eg_runtime_stats(const eg_runtime *rt, eg_engine_stats *s) {

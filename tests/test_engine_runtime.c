@@ -4,12 +4,15 @@
  * enough to preempt all give bit-identical tokens and captured rows for the same
  * requests; describe() reports what was chosen; bad combinations are refused with a
  * message naming them, before anything is run. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "engine/cuda_plan.h"
 #include "engine/drafter_eagle3.h"
+#include "engine/ep_runtime.h"
 #include "engine/mkmodel.h"
 #include "engine/plan.h"
 #include "engine/runtime.h"
@@ -275,6 +278,138 @@ static void test_stop(void) {
         free_results(&r);
     }
     eg_runtime_request_stop(NULL);
+}
+
+/* A stop reaches every rank of a group: rank 0 (the caller's thread) takes one short
+ * request and then runs out of work, so it only serves the others' exchanges; rank 1
+ * runs two long ones. A stop asked then (what generate's signal handler does) must end
+ * the run as "stopped on request" with neither long request finished, as on one engine;
+ * it used to reach rank 0's engine only, and the group ran every request to its end. */
+typedef struct {
+    pthread_t rank0;
+    int handed, short_given, rank0_out, stop, full_long, ep1;
+    int32_t buf[8];
+} stop_ctx;
+static int stop_next(void *vc, eg_request *q, eg_error *err) {
+    (void)err;
+    stop_ctx *c = vc;
+    if (__atomic_load_n(&c->stop, __ATOMIC_SEQ_CST)) return 0; /* as generate's next after a signal */
+    int on0 = c->ep1 ? !c->short_given : pthread_equal(pthread_self(), c->rank0);
+    if (on0 && c->short_given) {
+        __atomic_store_n(&c->rank0_out, 1, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    if (!on0 && c->handed >= 2) return 0;
+    int id = on0 ? 1000 : c->handed++;
+    if (on0) c->short_given = 1;
+    memset(q, 0, sizeof *q);
+    for (int i = 0; i < 8; i++) c->buf[i] = (int32_t)((id * 131 + i * 37 + 11) % 500);
+    q->id = (uint64_t)id;
+    q->tokens = c->buf;
+    q->n_tokens = 8;
+    q->max_new = on0 ? 1 : 480;
+    q->rng = eg_rng_seed(7, (uint64_t)id);
+    return 1;
+}
+static eg_status stop_done(void *vc, const eg_result *r, eg_error *err) {
+    (void)err;
+    stop_ctx *c = vc;
+    if (r->id == 1000 && c->ep1) __atomic_store_n(&c->rank0_out, 1, __ATOMIC_SEQ_CST);
+    if (r->id != 1000 && r->n_generated == 480) c->full_long++;
+    return EG_OK;
+}
+typedef struct { eg_runtime *rt; stop_ctx *c; } stop_mon;
+static void *stop_monitor(void *v) {
+    stop_mon *m = v;
+    while (!__atomic_load_n(&m->c->rank0_out, __ATOMIC_SEQ_CST)) usleep(100);
+    usleep(2000);
+    __atomic_store_n(&m->c->stop, 1, __ATOMIC_SEQ_CST);
+    eg_runtime_request_stop(m->rt);
+    return NULL;
+}
+static void test_stop_idle_rank(void) {
+    load_model();
+    if (!have_model) return;
+    for (int ep = 1; ep <= 2; ep++) {
+        eg_error err = {0};
+        eg_runtime_opts o = base_opts();
+        o.ep = ep;
+        o.n_slots = 2 * ep;
+        o.max_seq_len = 512;
+        o.n_aux = 0;
+        o.aux_layers = NULL;
+        eg_runtime *rt = NULL;
+        CHECK_OK(eg_runtime_create(&o, &rt, &err), &err);
+        if (!rt) continue;
+        stop_ctx c = {.rank0 = pthread_self(), .ep1 = ep == 1};
+        stop_mon m = {rt, &c};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, stop_monitor, &m) == 0);
+        eg_status st = eg_runtime_run(rt, stop_next, stop_done, &c, &err);
+        __atomic_store_n(&c.rank0_out, 1, __ATOMIC_SEQ_CST); /* the monitor ends either way */
+        pthread_join(th, NULL);
+        printf("    ep %d: %s, %d of 2 long requests ran to the end\n", ep, st ? err.msg : "ok", c.full_long);
+        CHECKF(st == EG_ERR_INTERRUPTED && strstr(err.msg, "stopped on request"), "ep %d: status %d (%s)", ep, (int)st,
+               err.msg);
+        CHECKF(c.full_long == 0, "ep %d: %d long requests ran to the end after the stop", ep, c.full_long);
+        eg_runtime_free(rt);
+    }
+}
+
+/* The host budget for preempted caches is the group's, split over the ranks: a pool of
+ * 96 tokens per rank under 16 requests swaps, and the ranks' peaks together stay within
+ * it (each rank used to get the whole budget: 2 x 16,000 bytes held against 20,000). */
+typedef struct { int next; int32_t buf[20]; } budget_ctx;
+static int budget_next(void *vc, eg_request *q, eg_error *err) {
+    (void)err;
+    budget_ctx *c = vc;
+    if (c->next >= 16) return 0;
+    int r = c->next++;
+    memset(q, 0, sizeof *q);
+    for (int i = 0; i < 20; i++) c->buf[i] = (int32_t)((r * 131 + i * 37 + 11) % 500);
+    q->id = (uint64_t)r;
+    q->tokens = c->buf;
+    q->n_tokens = 20;
+    q->max_new = 40;
+    q->rng = eg_rng_seed(7, (uint64_t)r);
+    return 1;
+}
+static eg_status budget_done(void *vc, const eg_result *r, eg_error *err) {
+    (void)vc; (void)r; (void)err;
+    return EG_OK;
+}
+static void test_ep_host_budget(void) {
+    load_model();
+    if (!have_model) return;
+    const int64_t budget = 20000;
+    eg_error err = {0};
+    eg_runtime_opts o = base_opts();
+    o.ep = 2;
+    o.n_slots = 8;
+    o.max_seq_len = 64;
+    o.kv_tokens = 192;
+    o.host_kv_bytes = budget;
+    o.n_aux = 0;
+    o.aux_layers = NULL;
+    eg_runtime *rt = NULL;
+    CHECK_OK(eg_runtime_create(&o, &rt, &err), &err);
+    if (!rt) return;
+    budget_ctx c = {0};
+    CHECK_OK(eg_runtime_run(rt, budget_next, budget_done, &c, &err), &err);
+    eg_engine_stats s;
+    eg_runtime_stats(rt, &s);
+    int64_t sum = 0;
+    for (int r = 0; r < 2; r++) {
+        eg_engine_stats q;
+        eg_ep_runtime_rank_stats(eg_runtime_ep_ranks(rt), r, &q);
+        sum += q.host_kv_peak;
+    }
+    printf("    %lld swap-outs; host peaks of the ranks together %lld bytes, budget %lld\n", (long long)s.swap_outs,
+           (long long)sum, (long long)budget);
+    CHECKF(s.swap_outs > 0, "no swap-out: the test does not reach the budget");
+    CHECKF(sum <= budget, "the ranks held %lld bytes of preempted caches, over the budget of %lld", (long long)sum,
+           (long long)budget);
+    eg_runtime_free(rt);
 }
 
 /* A refused combination returns an error naming it and no runtime. */
@@ -685,6 +820,8 @@ static const eg_test tests[] = {
     {"layouts_identical", test_layouts_identical},
     {"model_dir", test_model_dir},
     {"stop", test_stop},
+    {"stop_idle_rank", test_stop_idle_rank},
+    {"ep_host_budget", test_ep_host_budget},
     {"refusals", test_refusals},
     {"spec_layouts", test_spec_layouts},
     {"spec_plan", test_spec_plan},
