@@ -266,6 +266,11 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     int planned = cuda && o->gpu_mem_fraction > 0;
     int64_t seq_host =
         eg_plan_seq_host_bytes(c, o->n_aux + (o->final_both != 0), o->max_seq_len, o->capture_bf16 ? 2 : 4);
+    /* with a drafter a sampled slot keeps the draft distributions, K x V doubles (engine.c
+       slot buffers; they travel with a preempted sequence): 3.1 MB at K 3 on Kimi's vocab,
+       66 MB at K 64. Counted for every slot, as any may sample. */
+    if ((o->draft_model || o->drafter) && o->draft_tokens > 0)
+        seq_host += (int64_t)sizeof(double) * o->draft_tokens * c->vocab;
     rt->info.auto_slots = n_slots == 0;
     /* --batch auto with a drafter on a planned GPU: a first pass without the slots' caches
        chooses a slot count, the second reserves the caches of that many slots (at least

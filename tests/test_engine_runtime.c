@@ -522,10 +522,15 @@ static void test_spec_layouts(void) {
     eg_runtime_info info;
     eg_runtime_opts o = base_opts();
     CHECK_OK(run(&o, &plain, &info, &err), &err);
+    const int64_t plain_seq_host = info.seq_host_bytes;
     o.draft_model = draft_dir;
     o.draft_tokens = 3;
     CHECK_OK(run(&o, &spec1, &info, &err), &err);
     CHECK(info.n_drafters == 1 && info.draft_weight_bytes > 0 && info.draft_slot_bytes > 0 && info.draft_token_bytes > 0);
+    /* a sampled slot's draft distributions (K x V doubles) count in its host bytes */
+    CHECKF(info.seq_host_bytes == plain_seq_host + (int64_t)sizeof(double) * 3 * model.cfg.vocab,
+           "host bytes per sequence %lld with a drafter, %lld without", (long long)info.seq_host_bytes,
+           (long long)plain_seq_host);
     /* the drafter's paged cache is the engine's KV pool, block for block, plus the slots' rows */
     CHECKF(info.draft_state_bytes == info.kv_capacity_all * info.draft_token_bytes + 4 * info.draft_slot_bytes &&
                info.draft_device_bytes == 0,
