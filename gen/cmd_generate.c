@@ -1073,6 +1073,16 @@ int cmd_generate(int argc, char **argv) {
         }
         goto done;
     }
+    if (rs.inputs == GEN_INPUTS_CHANGED) {
+        /* the ledger names records by index, which the new inputs renumber: rebuilt. Before
+         * job.json takes the new inputs: that rewrite is what a later run compares with, so
+         * a run killed between the two would keep the stale ledger and skip good records */
+        char aside[160];
+        int moved;
+        if (gen_set_aside(a.out, rej_name, aside, sizeof aside, &moved, &err)) goto done;
+        if (moved) fprintf(stderr, "eaglegen generate: the inputs changed: %s set aside as %s; bad records are "
+                                   "checked again\n", rej_name, aside);
+    }
     if (rs.rewrite && gen_job_write(a.out, job_name, ident, &err)) goto done;
     {
         eg_shard_writer_stats rws;
@@ -1081,14 +1091,6 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "eaglegen generate: resuming: %lld committed shard%s intact (%lld hashed, the others "
                             "unchanged since they were hashed)\n", (long long)rws.resume_checked,
                     rws.resume_checked == 1 ? "" : "s", (long long)rws.resume_hashed);
-    }
-    if (rs.inputs == GEN_INPUTS_CHANGED) {
-        /* the ledger names records by index, which the new inputs renumber: rebuilt */
-        char aside[160];
-        int moved;
-        if (gen_set_aside(a.out, rej_name, aside, sizeof aside, &moved, &err)) goto done;
-        if (moved) fprintf(stderr, "eaglegen generate: the inputs changed: %s set aside as %s; bad records are "
-                                   "checked again\n", rej_name, aside);
     }
     if (gen_ledger_open(a.out, rej_name, &g.ledger, &err)) goto done;
     if (gen_donelog_open(a.out, done_name, &g.donelog, &err)) goto done;
