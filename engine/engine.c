@@ -615,6 +615,17 @@ static void release_blocks(eg_engine *e, int i) {
     if (e->dr) eg_drafter_truncate(e->dr, i, 0);
 }
 
+/* Positions of slot i mapped on every stage (the least over the stages). */
+static int64_t mapped_tokens(eg_engine *e, int i) {
+    int64_t have = -1;
+    for (int k = 0; k < e->n_stages; k++) {
+        eg_kv_cache *kv = kv_of(e, k);
+        int64_t hk = (int64_t)eg_kv_slot_blocks(kv, i) * kv->block_size;
+        if (have < 0 || hk < have) have = hk;
+    }
+    return have < 0 ? 0 : have;
+}
+
 /* The driving thread may issue ops on stage k's backend: no step is in flight. */
 static eg_status drive_stage(eg_engine *e, int k, eg_error *err) {
     return e->threaded ? eg_backend_bind(e->stage_be[k], err) : EG_OK;
@@ -911,6 +922,10 @@ static eg_status drafter_catch_up(eg_engine *e, int i, eg_error *err) {
     const int na = e->o.n_aux, nd = e->n_daux;
     int have = s->n_done > s->recompute_to ? s->n_done : s->recompute_to;
     int end = have < s->n_total - 1 ? have : s->n_total - 1;
+    /* no further than the target's blocks (release_blocks): a sequence restored in the
+     * middle of a recompute holds fewer blocks than the rows it captured before */
+    int64_t mapped = mapped_tokens(e, i);
+    if (end > mapped) end = (int)mapped;
     while (s->dlen < end) {
         int n = end - s->dlen < e->o.max_tokens ? end - s->dlen : e->o.max_tokens;
         for (int t = 0; t < n; t++) {
@@ -982,11 +997,7 @@ static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
             if (e->o.kv_policy == EG_KV_ON_DEMAND && !grow(e, i, (int64_t)s->n_done + n)) {
                 /* a prefill takes what is mapped (its blocks came at admission); the
                  * rest stalls and asks for a preemption pass */
-                int have = eg_kv_slot_blocks(kv_of(e, 0), i) * kv_of(e, 0)->block_size - s->n_done;
-                for (int k = 1; k < e->n_stages; k++) {
-                    int hk = eg_kv_slot_blocks(kv_of(e, k), i) * kv_of(e, k)->block_size - s->n_done;
-                    if (hk < have) have = hk;
-                }
+                int have = (int)(mapped_tokens(e, i) - s->n_done);
                 if (is_decode || have <= 0) {
                     s->want = s->n_done + n;
                     e->starved++;

@@ -7,7 +7,8 @@
 # --limit and resumed (another --batch) equals an uninterrupted one; a resume with another
 # K or without the drafter is refused, naming the difference. With --ep 2/4 (a drafter per
 # rank) and threaded --stages 2 greedy equals greedy without a drafter, and sampled equals
-# sampled spec unsplit.
+# sampled spec unsplit. Preempted under a small cache and host budget (some swapped out in
+# the middle of a recompute), greedy and sampled with a drafter equal runs with room.
 set -eu
 : "${EAGLEGEN:?}"
 E=$EAGLEGEN
@@ -78,4 +79,22 @@ set +e; $E generate "${sp[@]}" --out s_part --draft-tokens 3 >"$tmp/out" 2>"$tmp
 [ $rc = 1 ] && grep -qF "draft_tokens: 2 -> 3" "$tmp/err" || fail "a resume with another K was not refused ($rc)"
 set +e; $E generate "${run[@]}" --temperature 1.0 --out s_part >"$tmp/out" 2>"$tmp/err"; rc=$?; set -e
 [ $rc = 1 ] && grep -qF "draft_model" "$tmp/err" || fail "a resume without the drafter was not refused ($rc)"
+# a small cache and a host budget of a few blocks: sequences are preempted, some swapped
+# out in the middle of a recompute (holding fewer blocks than the rows they captured
+# before). The drafter must not run past the target's blocks (its pool is the target's
+# size and ran out): greedy equals greedy without a drafter, sampled equals sampled with
+# room for everything
+$E mkmodel --preset tiny --out m21 --seed 21 >/dev/null 2>&1
+$E mkmodel --drafter-for m21 --out d21 --seed 5 >/dev/null 2>"$tmp/err" || fail "mkmodel --drafter-for m21"
+pre=(--model m21 --prompts c.jsonl --max-new-tokens 400 --max-seq-len 512 --batch 4 --chunk 8 --threads 1)
+tight=(--kv-tokens 704 --host-kv-gb 0.00003)
+$E generate "${pre[@]}" --temperature 0 --out p0 2>/dev/null || fail "greedy, m21"
+$E generate "${pre[@]}" "${tight[@]}" --temperature 0 --out p1 --draft-model d21 --draft-tokens 2 2>"$tmp/err" ||
+    fail "greedy with a drafter, preempted: $(tail -2 "$tmp/err")"
+grep -qE "preemptions \([1-9][0-9]* swapped to host" "$tmp/err" || fail "no sequence was swapped out: the case is not covered"
+"$PYTHON" "$here/gen_check.py" same p0 p1 >/dev/null || fail "greedy with a drafter, preempted, differs from greedy"
+sp21=("${pre[@]}" --temperature 1.0 --draft-model d21 --draft-tokens 2)
+$E generate "${sp21[@]}" --out q0 2>/dev/null || fail "sampled with a drafter, m21"
+$E generate "${sp21[@]}" "${tight[@]}" --out q1 2>"$tmp/err" || fail "sampled with a drafter, preempted"
+"$PYTHON" "$here/gen_check.py" same q0 q1 >/dev/null || fail "sampled with a drafter, preempted, differs"
 echo "t_gen_spec_cli: ok"
