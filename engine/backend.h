@@ -119,8 +119,22 @@ typedef struct eg_moe_args {
     int topk;
     const eg_expert_w *experts;   /* [E] */
     int e0, e1;                   /* experts [e0, e1) computed here; others skipped */
-    float *y;                     /* [T][H]: y += sum_k w * expert_k(x) */
+    float *y;                     /* [T][H]: y += sum_k w * expert_k(x), in ascending expert id */
 } eg_moe_args;
+
+/* The order every backend and every expert-parallel combine adds one token's K routed
+ * contributions in: ascending expert id (ties, which a router never makes, by k). That
+ * is DeepSeek-V3's reference order (inference/model.py MoE.forward loops over the
+ * experts), and it makes a split by expert range one left fold: the sum over [0, x)
+ * continued over [x, E) gives the bits of the sum over [0, E). ids: [K]; ord: [K] out,
+ * ord[j] the k added j-th. */
+static inline void eg_moe_order(const int32_t *ids, int K, int *ord) {
+    for (int j = 0; j < K; j++) {
+        int k = j, i = j;
+        for (; i > 0 && ids[ord[i - 1]] > ids[k]; i--) ord[i] = ord[i - 1];
+        ord[i] = k;
+    }
+}
 
 /* How weight_random draws a weight in place of uploading one (benchmarks of a preset:
  * no checkpoint bytes are read or written). Values are mean + std * U with U uniform of

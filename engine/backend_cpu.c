@@ -30,6 +30,7 @@ typedef struct cpu_impl {
     float *moe_act;         /* [nthreads][max_tokens][F] */
     int32_t *moe_tok;       /* [E][max_tokens*K]: (t*K+k) routed to e */
     int32_t *moe_cnt;       /* [E] */
+    int *moe_ord;           /* [K] one token's combine order (eg_moe_order) */
     float *sample_scratch;  /* [2*V] */
     float *gqa_scores;      /* [nthreads][max_seq_len] attention weights of one (row, head) */
     int max_seq_len;        /* bound on eg_gqa_args.max_pos */
@@ -663,15 +664,20 @@ static eg_status cpu_moe(eg_backend *b, const eg_moe_args *a, eg_error *err) {
     }
     moe_ctx c = {im, a, H, F};
     eg_pool_for(im->pool, a->e1 - a->e0, 1, moe_expert_body, &c);
-    /* combine in k order for every token: deterministic whatever the thread split */
-    for (int t = 0; t < a->T; t++)
-        for (int k = 0; k < K; k++) {
+    /* combine in ascending expert id for every token (eg_moe_order): deterministic
+       whatever the thread split, and a split by expert range continues the same fold */
+    int *ord = im->moe_ord;
+    for (int t = 0; t < a->T; t++) {
+        eg_moe_order(a->ids + (int64_t)t * K, K, ord);
+        for (int j = 0; j < K; j++) {
+            int k = ord[j];
             int e = a->ids[(int64_t)t * K + k];
             if (e < a->e0 || e >= a->e1) continue;
             const float *o = im->moe_out + ((int64_t)t * K + k) * H;
             float *y = a->y + (int64_t)t * H;
             for (int64_t h = 0; h < H; h++) y[h] += o[h];
         }
+    }
     return EG_OK;
 }
 
@@ -700,6 +706,7 @@ static void cpu_destroy(eg_backend *b) {
         free(im->moe_act);
         free(im->moe_tok);
         free(im->moe_cnt);
+        free(im->moe_ord);
         free(im->sample_scratch);
         free(im->gqa_scores);
         free(im);
@@ -766,11 +773,12 @@ eg_status eg_backend_cpu_create(const eg_config *cfg, const eg_backend_opts *o, 
     im->moe_act = eg_malloc(sizeof(float) * nt * (size_t)(T * F * 2 + 1), err);
     im->moe_tok = eg_malloc(sizeof(int32_t) * (size_t)(E * T * K), err);
     im->moe_cnt = eg_malloc(sizeof(int32_t) * (size_t)E, err);
+    im->moe_ord = eg_malloc(sizeof(int) * (size_t)(K + 1), err);
     im->sample_scratch = eg_malloc(sizeof(float) * 2 * (size_t)(cfg->vocab + 1), err);
     im->max_seq_len = o->max_seq_len > 0 ? o->max_seq_len : 1;
     im->gqa_scores = eg_malloc(sizeof(float) * nt * (size_t)im->max_seq_len, err);
     if (!im->row_scratch || !im->mla_scratch || !im->mlp_g || !im->mlp_u || !im->moe_out || !im->moe_act ||
-        !im->moe_tok || !im->moe_cnt || !im->sample_scratch || !im->gqa_scores) {
+        !im->moe_tok || !im->moe_cnt || !im->moe_ord || !im->sample_scratch || !im->gqa_scores) {
         cpu_destroy(b);
         return EG_ERR_NOMEM;
     }

@@ -140,9 +140,10 @@ eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weight
     (void)counts; (void)sendtok; (void)meta; (void)tk2pair;
     return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
 }
-eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk2pair, int T, int K, int H, float *y,
+eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk2pair, const int32_t *ids, int T,
+                             int K, int H, float *y,
                              eg_error *err) {
-    (void)b; (void)back; (void)tk2pair; (void)T; (void)K; (void)H; (void)y;
+    (void)b; (void)back; (void)tk2pair; (void)ids; (void)T; (void)K; (void)H; (void)y;
     return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
 }
 
@@ -1526,10 +1527,11 @@ eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weight
     return EG_OK;
 }
 
-eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk2pair, int T, int K, int H, float *y,
+eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk2pair, const int32_t *ids, int T,
+                             int K, int H, float *y,
                              eg_error *err) {
     if (!is_cuda(b)) return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: ep combine on a non-CUDA backend");
-    KR("egk_ep_combine", egk_ep_combine(back, tk2pair, T, K, H, y, impl_of(b)->stream));
+    KR("egk_ep_combine", egk_ep_combine(back, tk2pair, ids, T, K, H, y, impl_of(b)->stream));
     return EG_OK;
 }
 

@@ -34,6 +34,7 @@ typedef struct ep_rank {
     int32_t *ids1;  /* [max_tokens] */
     float *w1;      /* [max_tokens] */
     int32_t *dst;   /* [max_tokens] pair index in the owner */
+    int *ord;       /* [K] one token's combine order (eg_moe_order) */
     float *ffn_y;   /* [max_tokens][H] ffn_split: this rank's rows' outputs, written by the owner */
     float *vlog;    /* [max_tokens][V/R + 1] vocab_split: its lm_head slice's logits of one rank's rows */
     const eg_weight *vembed, *vhead; /* vocab_split: its [v1-v0][H] slices (borrowed; NULL until registered) */
@@ -59,7 +60,7 @@ void eg_ep_group_free(eg_ep_group *g) {
     if (!g) return;
     for (int r = 0; g->rk && r < g->o.n_ranks; r++) {
         free(g->rk[r].contrib); free(g->rk[r].xs); free(g->rk[r].ys);
-        free(g->rk[r].ids1); free(g->rk[r].w1); free(g->rk[r].dst); free(g->rk[r].ffn_y); free(g->rk[r].vlog);
+        free(g->rk[r].ids1); free(g->rk[r].w1); free(g->rk[r].dst); free(g->rk[r].ord); free(g->rk[r].ffn_y); free(g->rk[r].vlog);
     }
     free(g->rk);
     free(g->post);
@@ -119,9 +120,10 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
         k->ids1 = eg_malloc(sizeof(int32_t) * T, err);
         k->w1 = eg_malloc(sizeof(float) * T, err);
         k->dst = eg_malloc(sizeof(int32_t) * T, err);
+        k->ord = eg_malloc(sizeof(int) * ((size_t)o->topk + 1), err);
         if (o->ffn_split) k->ffn_y = eg_malloc(sizeof(float) * T * H, err);
         if (o->vocab_split) k->vlog = eg_malloc(sizeof(float) * T * ((size_t)o->vocab / (size_t)o->n_ranks + 1), err);
-        if (!k->contrib || !k->xs || !k->ys || !k->ids1 || !k->w1 || !k->dst || (o->ffn_split && !k->ffn_y) ||
+        if (!k->contrib || !k->xs || !k->ys || !k->ids1 || !k->w1 || !k->dst || !k->ord || (o->ffn_split && !k->ffn_y) ||
             (o->vocab_split && !k->vlog)) {
             eg_ep_group_free(g);
             return EG_ERR_NOMEM;
@@ -416,14 +418,17 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const e
     ep_post p = {.kind = EP_MOE, .T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .layer = layer};
     eg_status st = exchange(g, rank, be, &p, err);
     if (st) return st;
-    /* Phase 3: add the contributions in k order, as the unsplit op does */
+    /* Phase 3: add the contributions in ascending expert id, as the unsplit op does */
     const float *c = g->rk[rank].contrib;
-    for (int t = 0; t < a->T; t++)
-        for (int k = 0; k < K; k++) {
-            const float *o = c + ((size_t)t * (size_t)K + (size_t)k) * H;
+    int *ord = g->rk[rank].ord;
+    for (int t = 0; t < a->T; t++) {
+        eg_moe_order(a->ids + (size_t)t * (size_t)K, K, ord);
+        for (int j = 0; j < K; j++) {
+            const float *o = c + ((size_t)t * (size_t)K + (size_t)ord[j]) * H;
             float *y = a->y + (size_t)t * H;
             for (size_t h = 0; h < H; h++) y[h] += o[h];
         }
+    }
     return EG_OK;
 }
 

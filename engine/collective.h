@@ -4,8 +4,9 @@
  * Per MoE layer every rank calls eg_ep_moe with its own tokens' normed rows, router ids
  * and weights. Rank r owns experts [r*E/ep, (r+1)*E/ep). Each (token, k) pair is computed
  * by the rank owning its expert, as w * expert(x) in FP32, and the contribution comes back
- * to the token's owner, which adds the K contributions in k order into y (exactly the
- * order of the unsplit CPU moe op, so the bits match the unsplit run). Bytes moved per
+ * to the token's owner, which adds the K contributions in ascending expert id into y
+ * (eg_moe_order: exactly the order of the unsplit moe op, so the bits match the unsplit
+ * run). Bytes moved per
  * token and MoE layer: H*4 out to each remote owning rank, H*4 back per remote (t,k).
  * A rank whose engine finished calls eg_ep_leave: it keeps serving its experts for the
  * others until every rank has left. Calls pair up in order (the i-th call of every rank

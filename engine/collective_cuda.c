@@ -15,7 +15,7 @@
  *      the backend's moe op with topk 1 over r's experts: 0 + w * expert(x), the bits the
  *      unsplit op adds for that pair.
  *   5. the contributions back to their token's owner (one group); eg_cuda_ep_combine adds
- *      each token's K contributions in k order into y.
+ *      each token's K contributions in ascending expert id into y.
  * A shared-expert / dense-MLP call (ffn_split, eg_ep_cuda_ffn) shares step 2 and the
  * posts: counts {rows to q, 0, layer, flags} written from the host (flags bit 0: left,
  * bit 1: an ffn call; a rank that left learns the call's kind from the counts), every
@@ -763,7 +763,7 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
            cudaMemcpyAsync(k->back + (size_t)k->so_p[rank] * H, k->res + (size_t)k->ro_p[rank] * H,
                            sizeof(float) * (size_t)self_p * H, cudaMemcpyDeviceToDevice, s));
     if ((st = post(n, rank, 2, err))) return st;
-    if (T && (st = eg_cuda_ep_combine(be, k->back, k->tk2pair, T, K, n->H, a->y, err))) return st;
+    if (T && (st = eg_cuda_ep_combine(be, k->back, k->tk2pair, a->ids, T, K, n->H, a->y, err))) return st;
     int64_t remote_r = k->so_r[R] - self_r, remote_p = k->so_p[R] - self_p;
     k->remote_pairs += remote_p;
     k->bytes += remote_r * (int64_t)H * 4 + remote_p * (12 + (int64_t)H * 4);

@@ -105,7 +105,8 @@ typedef struct egk_moe_ws {
 
 /* y[t] += sum_k weights[t][k] * expert_{ids[t][k]}(x[t]) for experts in [e0, e1).
  * tab: device array [e1-e0] of egk_expert_ptrs (local index e - e0). fmt/group: the
- * experts' format. Deterministic: the k-sum is in k order and rows never race. */
+ * experts' format. Deterministic: each token's sum goes in ascending expert id (the
+ * reference's order; engine/backend.h eg_moe_order) and rows never race. */
 /* path: EGK_MOE_AUTO takes the tensor-core path (mma.sync, W4A16/W16A16 with the
  * activations as BF16 hi + lo pairs, so products stay near FP32) for INT4 experts with
  * group 32 and BF16 experts, when H and F are multiples of 64; EGK_MOE_SIMT forces the
@@ -237,8 +238,10 @@ int egk_sample(const float *logits, int N, int V, const egk_sample_row *rows, in
  * position over all segments. T = 0 writes the counts only. */
 int egk_ep_pack(const int32_t *ids, const float *weights, int T, int K, int R, int per, int rank, int layer,
                 int left, int32_t *counts, int32_t *sendtok, int32_t *meta, int32_t *tk2pair, void *stream);
-/* y[t] += back[tk2pair[t*K+k]] (rows of H) for k in order: the unsplit moe's sum. */
-int egk_ep_combine(const float *back, const int32_t *tk2pair, int T, int K, int H, float *y, void *stream);
+/* y[t] += back[tk2pair[t*K+k]] (rows of H) over the token's k in ascending expert id
+ * (ids [T][K], the router's): the unsplit moe's sum. */
+int egk_ep_combine(const float *back, const int32_t *tk2pair, const int32_t *ids, int T, int K, int H, float *y,
+                   void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /* ep.cu — index work of the expert-parallel row exchange (engine/collective_nccl.c):
  * group a rank's (token, k) pairs by the rank owning their expert, and add the returned
- * contributions in k order. No model logic: ids, weights and rows only. See eg_cuda.h. */
+ * contributions in ascending expert id. No model logic: ids, weights and rows only. See eg_cuda.h. */
 #include "kernels/common.cuh"
 
 #define EP_NT 64 /* threads per block; each takes a contiguous run of tokens */
@@ -87,20 +87,25 @@ extern "C" int egk_ep_pack(const int32_t *ids, const float *weights, int T, int 
     return EGK_LAUNCH_RESULT();
 }
 
-/* y[t] += back[tk2pair[t*K+k]] for k = 0..K-1 in order (every pair has an owner). */
-static __global__ void ep_combine_kernel(const float *back, const int32_t *tk2pair, int K, int H, float *y) {
+/* y[t] += back[tk2pair[t*K+k]] over the token's k in ascending expert id (every pair
+ * has an owner), the unsplit combine's order. */
+static __global__ void ep_combine_kernel(const float *back, const int32_t *tk2pair, const int32_t *ids, int K, int H,
+                                         float *y) {
     int t = blockIdx.y;
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= H) return;
+    const int32_t *id = ids + (int64_t)t * K;
     float v = y[(int64_t)t * H + n];
-    for (int k = 0; k < K; k++) v += back[(int64_t)tk2pair[t * K + k] * H + n];
+    for (int k = egk_moe_next(id, K, -1); k >= 0; k = egk_moe_next(id, K, k))
+        v += back[(int64_t)tk2pair[t * K + k] * H + n];
     y[(int64_t)t * H + n] = v;
 }
 
-extern "C" int egk_ep_combine(const float *back, const int32_t *tk2pair, int T, int K, int H, float *y,
-                              void *stream) {
+extern "C" int egk_ep_combine(const float *back, const int32_t *tk2pair, const int32_t *ids, int T, int K, int H,
+                              float *y, void *stream) {
     if (T <= 0) return 0;
     if (T > 65535) return (int)cudaErrorInvalidValue; /* the grid's y */
-    ep_combine_kernel<<<dim3(egk_blocks(H, 128), (unsigned)T), 128, 0, (cudaStream_t)stream>>>(back, tk2pair, K, H, y);
+    ep_combine_kernel<<<dim3(egk_blocks(H, 128), (unsigned)T), 128, 0, (cudaStream_t)stream>>>(back, tk2pair, ids, K,
+                                                                                               H, y);
     return EGK_LAUNCH_RESULT();
 }

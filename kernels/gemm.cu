@@ -223,13 +223,16 @@ static __global__ void __launch_bounds__(NTHREADS)
     }
 }
 
-/* y[t][n] += o[rowmap[t*K+k]][n] for k = 0..K-1 in order (like the CPU backend). */
-static __global__ void moe_combine_kernel(const float *o, const int32_t *rowmap, int K, int H, float *y) {
+/* y[t][n] += o[rowmap[t*K+k]][n] over the token's k in ascending expert id (like the
+ * CPU backend: a split by expert range continues the same fold). */
+static __global__ void moe_combine_kernel(const float *o, const int32_t *rowmap, const int32_t *ids, int K, int H,
+                                          float *y) {
     int t = blockIdx.y;
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= H) return;
+    const int32_t *id = ids + (int64_t)t * K;
     float v = y[(int64_t)t * H + n];
-    for (int k = 0; k < K; k++) {
+    for (int k = egk_moe_next(id, K, -1); k >= 0; k = egk_moe_next(id, K, k)) {
         int r = rowmap[t * K + k];
         if (r >= 0) v += o[(int64_t)r * H + n];
     }
@@ -680,6 +683,6 @@ extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, 
     }
     rc = EGK_LAUNCH_RESULT();
     if (rc) return rc;
-    moe_combine_kernel<<<dim3(egk_blocks(H, 256), (unsigned)T), 256, 0, s>>>(ws->o, ws->rowmap, K, H, y);
+    moe_combine_kernel<<<dim3(egk_blocks(H, 256), (unsigned)T), 256, 0, s>>>(ws->o, ws->rowmap, ids, K, H, y);
     return EGK_LAUNCH_RESULT();
 }

@@ -459,6 +459,82 @@ static void test_router_moe(void) {
     eg_backend_free(b);
 }
 
+/* The routed combine's order (engine/backend.h eg_moe_order): each token's contributions
+ * are added in ascending expert id, whatever the order of its router slots, so a sum over
+ * experts [0, x) continued over [x, E) on the same y is bit-identical to the full call
+ * (what a split of one layer's experts over two pipeline stages relies on). The pairs'
+ * contributions come from the op itself at top-1 (0 + w * expert(x), the bits it adds
+ * inside the full call: what the expert-parallel exchange relies on); the ids are given
+ * in descending and mixed order, and the weights span six decades so the order shows. */
+static void test_moe_order_fold(void) {
+    rs = eg_test_seed() + 11;
+    eg_config c = small_cfg();
+    enum { T = 6, K = 3, E = 8 };
+    c.topk = K;
+    eg_backend *b = mk_backend(&c, T * K);
+    if (!b) return;
+    int H = c.hidden, F = c.moe_inter;
+    owned_w ex[E][3];
+    eg_expert_w experts[E];
+    for (int e = 0; e < E; e++) {
+        ex[e][0] = make_w(EG_W_BF16, F, H, 0.2f); ex[e][1] = make_w(EG_W_BF16, F, H, 0.2f);
+        ex[e][2] = make_w(EG_W_BF16, H, F, 0.2f);
+        experts[e].gate = ex[e][0].w; experts[e].up = ex[e][1].w; experts[e].down = ex[e][2].w;
+    }
+    static const int32_t ids[T * K] = {7, 4, 1, 6, 0, 3, 5, 2, 7, 1, 0, 6, 3, 7, 5, 2, 6, 4};
+    float x[T * 48], wts[T * K], y[T * 48], got[T * 48], want[T * 48], kord[T * 48], pair[T * K * 48], w1[T * K];
+    int32_t id1[T * K];
+    static const float mag[3] = {1e3f, 1.0f, 1e-3f};
+    for (int i = 0; i < T * H; i++) x[i] = nrand();
+    for (int i = 0; i < T * K; i++) wts[i] = mag[(i + i / K) % 3] * (float)(0.5 + urand());
+    eg_error err = {0};
+    memset(y, 0, sizeof y);
+    eg_moe_args m = {.T = T, .x = x, .ids = ids, .weights = wts, .topk = K, .experts = experts, .e0 = 0, .e1 = E, .y = y};
+    CHECK_OK(b->ops->moe(b, &m, &err), &err);
+    /* each pair alone: its row, its expert, its weight, top-1 */
+    float xs[T * K * 48];
+    for (int i = 0; i < T * K; i++) {
+        memcpy(xs + (size_t)i * H, x + (size_t)(i / K) * H, sizeof(float) * (size_t)H);
+        id1[i] = ids[i];
+        w1[i] = wts[i];
+    }
+    memset(pair, 0, sizeof pair);
+    eg_moe_args p1 = {.T = T * K, .x = xs, .ids = id1, .weights = w1, .topk = 1, .experts = experts, .e0 = 0, .e1 = E,
+                      .y = pair};
+    CHECK_OK(b->ops->moe(b, &p1, &err), &err);
+    memset(want, 0, sizeof want);
+    memset(kord, 0, sizeof kord);
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) /* ascending expert id, by hand */
+            for (int k = 0; k < K; k++)
+                if (ids[t * K + k] == e)
+                    for (int h = 0; h < H; h++) want[t * H + h] += pair[(size_t)(t * K + k) * H + h];
+        for (int k = 0; k < K; k++)
+            for (int h = 0; h < H; h++) kord[t * H + h] += pair[(size_t)(t * K + k) * H + h];
+    }
+    int diff = 0, seen = 0;
+    for (int i = 0; i < T * H; i++) {
+        diff += memcmp(&y[i], &want[i], sizeof(float)) != 0;
+        seen += memcmp(&kord[i], &want[i], sizeof(float)) != 0;
+    }
+    CHECKF(diff == 0, "moe combine: %d of %d elements differ from the ascending-id fold", diff, T * H);
+    CHECKF(seen > 0, "the k-order fold equals the ascending one everywhere: the test cannot see the order");
+    for (int cut = 1; cut < E; cut++) {
+        memset(got, 0, sizeof got);
+        eg_moe_args lo = m, hi = m;
+        lo.e1 = cut; lo.y = got;
+        hi.e0 = cut; hi.y = got;
+        CHECK_OK(b->ops->moe(b, &lo, &err), &err);
+        CHECK_OK(b->ops->moe(b, &hi, &err), &err);
+        diff = 0;
+        for (int i = 0; i < T * H; i++) diff += memcmp(&got[i], &y[i], sizeof(float)) != 0;
+        CHECKF(diff == 0, "experts [0,%d) then [%d,%d): %d of %d elements differ from the full call", cut, cut, E, diff,
+               T * H);
+    }
+    for (int e = 0; e < E; e++) for (int i = 0; i < 3; i++) free_w(&ex[e][i]);
+    eg_backend_free(b);
+}
+
 static void test_sampler(void) {
     rs = eg_test_seed() + 4;
     int V = 6;
@@ -559,6 +635,7 @@ static const eg_test tests[] = {
     {"linear_formats", test_linear_formats}, {"rmsnorm_swiglu", test_rmsnorm_swiglu},
     {"swiglu_split_exact", test_swiglu_split_exact},
     {"mla_paged", test_mla_paged},         {"router_moe", test_router_moe},
+    {"moe_order_fold", test_moe_order_fold},
     {"sampler", test_sampler},             {"kv_manager", test_kv_manager},
 };
 EG_TEST_MAIN("engine_ops", tests)

@@ -844,6 +844,94 @@ static void test_moe_small(void) {
     moe_int4_paths(16, 4, 1024, 512, 2, 32); /* split K */
 }
 
+/* The combine's order on the GPU: each token's contributions go in ascending expert id
+ * (engine/backend.h eg_moe_order), so experts [0, x) then [x, E) into the same y give the
+ * full call's bits at every cut (what a layer split between two pipeline stages needs),
+ * with router slots in random order and weights over six decades so that an order shows.
+ * The full call is also checked against the CPU backend (bound 1e-4). */
+static void moe_fold_case(eg_wfmt fmt, int E, int K, int H, int F, int T) {
+    eg_config c = kimi_cfg();
+    c.n_experts = E; c.topk = K; c.hidden = H; c.moe_inter = F; c.inter = F;
+    pair p;
+    if (!pair_make(&c, T, &p)) return;
+    eg_error err = {0};
+    hw *ex = calloc((size_t)E, 3 * sizeof(hw));
+    eg_expert_w *xc = calloc((size_t)E, sizeof *xc), *xg = calloc((size_t)E, sizeof *xg);
+    for (int e = 0; e < E; e++) {
+        hw *w3 = ex + 3 * e;
+        w3[0] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
+        w3[1] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
+        w3[2] = make_w(fmt, H, F, 1.0f / sqrtf((float)F));
+        for (int j = 0; j < 3; j++) hw_up(&p, &w3[j]);
+        xc[e].gate = w3[0].dc; xc[e].up = w3[1].dc; xc[e].down = w3[2].dc;
+        xg[e].gate = w3[0].dg; xg[e].up = w3[1].dg; xg[e].down = w3[2].dg;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * K);
+    float *wts = malloc(sizeof(float) * (size_t)T * K);
+    static const float mag[3] = {1e3f, 1.0f, 1e-3f};
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e, dup;
+            do {
+                e = (int)(urand() * E);
+                dup = 0;
+                for (int j = 0; j < k; j++) dup |= ids[t * K + j] == e;
+            } while (dup);
+            ids[t * K + k] = e;
+            wts[t * K + k] = mag[(t + k) % 3] * (0.5f + (float)urand());
+        }
+    float *xv = randv((int64_t)T * H, 1.0f);
+    size_t yb = 4 * (size_t)T * H;
+    buf2 x = b2(&p, xv, 4 * (size_t)T * H), y = b2(&p, NULL, yb), y2 = b2(&p, NULL, yb);
+    buf2 bi = b2(&p, ids, 4 * (size_t)T * K), bw = b2(&p, wts, 4 * (size_t)T * K);
+    eg_moe_args a = {.T = T, .topk = K, .e0 = 0, .e1 = E};
+    a.x = x.c; a.ids = bi.c; a.weights = bw.c; a.experts = xc; a.y = y.c;
+    CHECK_OK(p.cpu->ops->moe(p.cpu, &a, &err), &err);
+    a.x = x.g; a.ids = bi.g; a.weights = bw.g; a.experts = xg; a.y = y.g;
+    CHECK_OK(p.gpu->ops->moe(p.gpu, &a, &err), &err);
+    char what[160];
+    snprintf(what, sizeof what, "moe fold %s E=%d top-%d H=%d F=%d T=%d, the full call", fmt_name(fmt), E, K, H, F, T);
+    cmp_f32(&p, &y, what, 1e-4);
+    float *full = fetch(&p, &y);
+    int cuts[3] = {1, E / 2, E - 1}, bad = 0;
+    for (int i = 0; i < 3 && full; i++) {
+        CHECK_OK(p.gpu->ops->memset0(p.gpu, y2.g, yb, &err), &err);
+        eg_moe_args lo = a, hi = a;
+        lo.e1 = cuts[i]; lo.y = y2.g;
+        hi.e0 = cuts[i]; hi.y = y2.g;
+        CHECK_OK(p.gpu->ops->moe(p.gpu, &lo, &err), &err);
+        CHECK_OK(p.gpu->ops->moe(p.gpu, &hi, &err), &err);
+        float *got = fetch(&p, &y2);
+        int diff = 0;
+        for (size_t j = 0; got && j < (size_t)T * H; j++) diff += memcmp(&got[j], &full[j], 4) != 0;
+        printf("    %s: experts [0,%d) then [%d,%d): %d of %d elements differ\n", fmt_name(fmt), cuts[i], cuts[i], E,
+               diff, T * H);
+        bad += diff != 0;
+        free(got);
+    }
+    CHECK(bad == 0);
+    free(full);
+    free(ids);
+    free(wts);
+    free(xv);
+    buf2 *bs[] = {&x, &y, &y2, &bi, &bw};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) b2_free(&p, bs[i]);
+    for (int i = 0; i < 3 * E; i++) hw_free(&p, &ex[i]);
+    free(ex);
+    free(xc);
+    free(xg);
+    pair_free(&p);
+}
+
+static void test_moe_fold(void) {
+    seed(12);
+    moe_fold_case(EG_W_BF16, 8, 3, 256, 128, 40);  /* tensor-core tiles */
+    moe_fold_case(EG_W_INT4, 16, 4, 512, 192, 3);  /* decode-sized: split K */
+    setenv("EG_CUDA_MOE", "simt", 1);
+    moe_fold_case(EG_W_INT4, 16, 4, 512, 192, 20); /* the FP32 CUDA-core tiles */
+    unsetenv("EG_CUDA_MOE");
+}
+
 static void test_moe_kimi(void) {
     seed(9);
     moe_case(EG_W_INT4, 384, 8, 7168, 2048, 37, 0, 384, 1e-4);
@@ -1930,6 +2018,7 @@ static const eg_test tests[] = {
     {"mla_graph", test_mla_graph},
     {"router", test_router},
     {"moe_small", test_moe_small},
+    {"moe_fold", test_moe_fold},
     {"moe_kimi", test_moe_kimi},
     {"moe_kimi_range", test_moe_kimi_range},
     {"sample_small", test_sample_small},
