@@ -500,6 +500,7 @@ typedef struct gen_meta {
     uint8_t *mask;  /* capture mode: [T] */
     uint64_t seed;
     uint64_t hash;  /* gen_record_hash of the record's token ids */
+    uint64_t line_hash; /* gen_line_hash of its line, for a ledger entry made at its end */
     struct gen_meta *prev, *next;
 } gen_meta;
 
@@ -561,6 +562,7 @@ typedef struct gen_run {
     int64_t records_total;
     gen_donelog *donelog;   /* ids made with their records' hashes */
     int64_t changed;        /* done ids whose record has changed since */
+    int64_t relogged;       /* ledger entries cleared: their record's line changed */
     int corpus_ended;       /* the reader reached the end of the inputs */
     int64_t ledger_at_open; /* records in the ledger before this run */
     uint8_t *mask_buf;
@@ -643,11 +645,19 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
         corpus_record *r = &g->rec;
         progress(g, 0);
         eg_status sst = EG_OK;
-        if (gen_ledger_has(g->ledger, r->index)) { /* handled by an earlier run */
+        uint64_t lh = gen_line_hash(r->raw, r->raw_len);
+        int lc = gen_ledger_check(g->ledger, r->index, lh);
+        if (lc == GEN_LEDGER_SAME) { /* handled by an earlier run */
             /* a dropped sample's id still counts as met, as in an uninterrupted run */
             if (r->ok && r->id) seen_find_or_add(&g->seen, r->id, r->file, r->line, err, &sst);
             if (sst) return -1;
             continue;
+        }
+        if (lc == GEN_LEDGER_CHANGED) { /* edited since it was logged: its entry no longer holds */
+            if (gen_ledger_clear(g->ledger, r->index, r->file, r->line, r->id, lh, err)) return -1;
+            if (g->relogged++ < 10)
+                fprintf(stderr, "eaglegen generate: %s:%llu: record \"%.200s\" changed since the ledger logged it; "
+                                "reading it again\n", r->file, (unsigned long long)r->line, r->id);
         }
         if (!r->ok) {
             if (!a->skip_bad) {
@@ -655,7 +665,7 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
                         r->file, (unsigned long long)r->line, r->reason);
                 return -1;
             }
-            if (gen_ledger_add(g->ledger, r->index, r->file, r->line, r->id, GEN_OUT_REJECTED, r->reason, r->raw, err))
+            if (gen_ledger_add(g->ledger, r->index, r->file, r->line, r->id, GEN_OUT_REJECTED, r->reason, lh, r->raw, err))
                 return -1;
             continue;
         }
@@ -670,7 +680,7 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
                         r->file, (unsigned long long)r->line, why);
                 return -1;
             }
-            if (gen_ledger_add(g->ledger, r->index, r->file, r->line, r->id, GEN_OUT_DUPLICATE, why, r->raw, err))
+            if (gen_ledger_add(g->ledger, r->index, r->file, r->line, r->id, GEN_OUT_DUPLICATE, why, lh, r->raw, err))
                 return -1;
             continue;
         }
@@ -691,7 +701,7 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
                     return -1;
                 }
                 if (gen_ledger_add(g->ledger, r->index, r->file, r->line, r->id, GEN_OUT_REJECTED,
-                                   "no assistant turn to capture", r->raw, err))
+                                   "no assistant turn to capture", lh, r->raw, err))
                     return -1;
                 continue;
             }
@@ -703,6 +713,7 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
         m->index = r->index;
         m->seed = id_seed(a->seed, r->id);
         m->hash = gen_record_hash(r->ids.ids, r->ids.n);
+        m->line_hash = lh;
         if (a->capture) {
             m->mask = malloc((size_t)n);
             if (!m->mask) { meta_free(m); return eg_fail(err, EG_ERR_NOMEM, "out of memory"), -1; }
@@ -735,13 +746,13 @@ static eg_status on_done(void *vc, const eg_result *res, eg_error *err) {
     eg_status st = EG_OK;
     if (!a->capture && a->drop_truncated && res->finish == EG_FINISH_LENGTH) {
         st = gen_ledger_add(g->ledger, m->index, m->file, m->line, m->id, GEN_OUT_DROPPED,
-                            "reached --max-new-tokens (--drop-truncated)", NULL, err);
+                            "reached --max-new-tokens (--drop-truncated)", m->line_hash, NULL, err);
         meta_free(m);
         return st;
     }
     if (shard_writer_has_id(g->w, m->id)) { /* a repeated id in flight at the same time */
         st = gen_ledger_add(g->ledger, m->index, m->file, m->line, m->id, GEN_OUT_DUPLICATE, "id already in the dataset",
-                            NULL, err);
+                            m->line_hash, NULL, err);
         meta_free(m);
         return st;
     }
@@ -1237,6 +1248,9 @@ int cmd_generate(int argc, char **argv) {
     if (g.changed)
         fprintf(stderr, "eaglegen generate: %lld record%s with a done id changed since the sample was made (old samples "
                         "kept)\n", (long long)g.changed, g.changed == 1 ? "" : "s");
+    if (g.relogged)
+        fprintf(stderr, "eaglegen generate: %lld record%s logged in %s changed since and %s read again\n",
+                (long long)g.relogged, g.relogged == 1 ? "" : "s", rej_name, g.relogged == 1 ? "was" : "were");
     eg_forward_graph_stats gs;
     eg_runtime_graph_stats(g.rt, &gs);
     if (gs.recorded || gs.failed)

@@ -162,32 +162,85 @@ eg_status gen_job_write(const char *dir, const char *name, json_t *want, eg_erro
 
 /* ---- ledger ---------------------------------------------------------------- */
 
+/* One ledger line that names a record (not a "cleared" line). */
+typedef struct ledger_entry {
+    uint64_t index;
+    uint64_t hash;    /* gen_line_hash of the record's line, if has_hash */
+    uint64_t seq;     /* line order in the file, then append order */
+    uint8_t outcome;  /* gen_outcome */
+    uint8_t has_hash; /* 0: a line from before line hashes were logged */
+    uint8_t live;     /* 0: cleared by a later "cleared" line */
+} ledger_entry;
+
 struct gen_ledger {
     FILE *f;
     char path[4096];
-    uint64_t *idx; /* sorted after load; appended after */
+    ledger_entry *e; /* [0, n_sorted) sorted by (index, seq) after load; then appended */
     size_t n, cap;
     size_t n_sorted;
+    uint64_t seq;
     int64_t counts[GEN_NOUTCOMES];
 };
 
 static const char *const outcome_names[GEN_NOUTCOMES] = {"rejected", "dropped", "duplicate"};
+static const char cleared_name[] = "cleared";
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
+uint64_t gen_line_hash(const char *raw, size_t n) {
+    uint8_t d[32];
+    eg_sha256 c;
+    eg_sha256_init(&c);
+    eg_sha256_update(&c, raw ? raw : "", raw ? n : 0);
+    eg_sha256_final(&c, d);
+    uint64_t h = 0;
+    for (int i = 0; i < 8; i++) h = h << 8 | d[i];
+    return h;
 }
 
-static eg_status push(gen_ledger *l, uint64_t i, eg_error *err) {
+static int cmp_entry(const void *a, const void *b) {
+    const ledger_entry *x = a, *y = b;
+    if (x->index != y->index) return x->index < y->index ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static eg_status push(gen_ledger *l, ledger_entry en, eg_error *err) {
     if (l->n == l->cap) {
         size_t nc = l->cap ? 2 * l->cap : 256;
-        uint64_t *p = realloc(l->idx, nc * sizeof *p);
+        ledger_entry *p = realloc(l->e, nc * sizeof *p);
         if (!p) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
-        l->idx = p;
+        l->e = p;
         l->cap = nc;
     }
-    l->idx[l->n++] = i;
+    en.seq = l->seq++;
+    l->e[l->n++] = en;
     return EG_OK;
+}
+
+/* The live entry for index, or NULL. At most one is live per index: an index is logged
+ * again only after its entry was cleared. */
+static ledger_entry *find_live(const gen_ledger *l, uint64_t index) {
+    size_t lo = 0, hi = l->n_sorted;
+    while (lo < hi) { /* the first sorted entry with an index >= index */
+        size_t mid = lo + (hi - lo) / 2;
+        if (l->e[mid].index < index) lo = mid + 1;
+        else hi = mid;
+    }
+    for (size_t i = lo; i < l->n_sorted && l->e[i].index == index; i++)
+        if (l->e[i].live) return &l->e[i];
+    for (size_t i = l->n_sorted; i < l->n; i++)
+        if (l->e[i].index == index && l->e[i].live) return &l->e[i];
+    return NULL;
+}
+
+static int parse_hash(const char *s, uint64_t *h) {
+    if (!s || strlen(s) != 16) return 0;
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        int c = s[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v << 4 | (uint64_t)d;
+    }
+    *h = v;
+    return 1;
 }
 
 eg_status gen_ledger_open(const char *dir, const char *name, gen_ledger **out, eg_error *err) {
@@ -197,6 +250,9 @@ eg_status gen_ledger_open(const char *dir, const char *name, gen_ledger **out, e
     snprintf(l->path, sizeof l->path, "%s/%s", dir, name);
     FILE *r = fopen(l->path, "r");
     off_t good = 0;
+    /* "cleared" lines, applied after the sort: [n_clear] (index, seq) */
+    ledger_entry *clr = NULL;
+    size_t n_clr = 0, cap_clr = 0;
     if (r) {
         char *line = NULL;
         size_t cap = 0;
@@ -208,35 +264,70 @@ eg_status gen_ledger_open(const char *dir, const char *name, gen_ledger **out, e
             json_t *j = json_loadb(line, (size_t)len, 0, NULL);
             json_t *ix = j ? json_object_get(j, "index") : NULL;
             const char *oc = j ? json_string_value(json_object_get(j, "outcome")) : NULL;
+            json_t *hv = j ? json_object_get(j, "line_hash") : NULL;
             int o = 0;
             while (oc && o < GEN_NOUTCOMES && strcmp(oc, outcome_names[o])) o++;
-            if (!json_is_integer(ix) || json_integer_value(ix) < 0 || !oc || o == GEN_NOUTCOMES) {
+            int clear = oc && o == GEN_NOUTCOMES && !strcmp(oc, cleared_name);
+            ledger_entry en = {.outcome = (uint8_t)o, .live = 1};
+            int bad_hash = hv && !parse_hash(json_string_value(hv), &en.hash);
+            en.has_hash = hv && !bad_hash;
+            if (!json_is_integer(ix) || json_integer_value(ix) < 0 || !oc || (o == GEN_NOUTCOMES && !clear) ||
+                bad_hash) {
                 json_decref(j);
                 free(line);
+                free(clr);
                 fclose(r);
                 eg_fail(err, EG_ERR_FORMAT,
-                        "%s:%llu: damaged ledger line (want an object with an integer \"index\" and an \"outcome\" "
-                        "of rejected, dropped or duplicate); fix or remove the line",
+                        "%s:%llu: damaged ledger line (want an object with an integer \"index\", an \"outcome\" "
+                        "of rejected, dropped, duplicate or cleared, and a \"line_hash\" of 16 hex digits if any); "
+                        "fix or remove the line",
                         l->path, (unsigned long long)lineno);
                 gen_ledger_close(l);
                 return EG_ERR_FORMAT;
             }
-            eg_status st = push(l, (uint64_t)json_integer_value(ix), err);
-            l->counts[o]++;
+            en.index = (uint64_t)json_integer_value(ix);
             json_decref(j);
-            if (st) { free(line); fclose(r); gen_ledger_close(l); return st; }
+            eg_status st = EG_OK;
+            if (clear) {
+                if (n_clr == cap_clr) {
+                    size_t nc = cap_clr ? 2 * cap_clr : 16;
+                    ledger_entry *p = realloc(clr, nc * sizeof *p);
+                    if (!p) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+                    else clr = p, cap_clr = nc;
+                }
+                if (!st) clr[n_clr++] = (ledger_entry){.index = en.index, .seq = l->seq++};
+            } else {
+                st = push(l, en, err);
+            }
+            if (st) { free(line); free(clr); fclose(r); gen_ledger_close(l); return st; }
             good += len;
         }
         free(line);
         fclose(r);
         if (truncate(l->path, good)) { /* drop a torn tail */
             eg_fail(err, EG_ERR_IO, "%s: %s", l->path, strerror(errno));
+            free(clr);
             gen_ledger_close(l);
             return EG_ERR_IO;
         }
     }
-    if (l->n > 0) qsort(l->idx, l->n, sizeof *l->idx, cmp_u64);
+    if (l->n > 0) qsort(l->e, l->n, sizeof *l->e, cmp_entry);
     l->n_sorted = l->n;
+    /* a "cleared" line retires the entry of its index logged last before it */
+    for (size_t c = 0; c < n_clr; c++) {
+        ledger_entry *best = NULL;
+        size_t lo = 0, hi = l->n;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (l->e[mid].index < clr[c].index) lo = mid + 1;
+            else hi = mid;
+        }
+        for (size_t i = lo; i < l->n && l->e[i].index == clr[c].index && l->e[i].seq < clr[c].seq; i++) best = &l->e[i];
+        if (best) best->live = 0;
+    }
+    free(clr);
+    for (size_t i = 0; i < l->n; i++)
+        if (l->e[i].live) l->counts[l->e[i].outcome]++;
     l->f = fopen(l->path, "a");
     if (!l->f) {
         eg_fail(err, EG_ERR_IO, "%s: %s", l->path, strerror(errno));
@@ -250,31 +341,41 @@ eg_status gen_ledger_open(const char *dir, const char *name, gen_ledger **out, e
 void gen_ledger_close(gen_ledger *l) {
     if (!l) return;
     if (l->f) { fflush(l->f); fsync(fileno(l->f)); fclose(l->f); }
-    free(l->idx);
+    free(l->e);
     free(l);
 }
 
-int gen_ledger_has(const gen_ledger *l, uint64_t index) {
-    if (l->n_sorted > 0 && bsearch(&index, l->idx, l->n_sorted, sizeof *l->idx, cmp_u64)) return 1;
-    for (size_t i = l->n_sorted; i < l->n; i++)
-        if (l->idx[i] == index) return 1;
-    return 0;
+int gen_ledger_has(const gen_ledger *l, uint64_t index) { return find_live(l, index) != NULL; }
+
+int gen_ledger_check(const gen_ledger *l, uint64_t index, uint64_t line_hash) {
+    const ledger_entry *en = find_live(l, index);
+    if (!en) return GEN_LEDGER_NONE;
+    return en->has_hash && en->hash != line_hash ? GEN_LEDGER_CHANGED : GEN_LEDGER_SAME;
 }
 
 int64_t gen_ledger_count(const gen_ledger *l, gen_outcome o) { return l->counts[o]; }
 
-eg_status gen_ledger_add(gen_ledger *l, uint64_t index, const char *file, uint64_t line, const char *id,
-                         gen_outcome o, const char *reason, const char *raw, eg_error *err) {
+/* Write one line: {index, outcome, file, line, id, reason[, line_hash][, raw]}. */
+static eg_status write_line(gen_ledger *l, uint64_t index, const char *outcome, const char *file, uint64_t line,
+                            const char *id, const char *reason, const uint64_t *line_hash, const char *raw,
+                            eg_error *err) {
     char *sf = eg_utf8_escape(file ? file : ""), *si = eg_utf8_escape(id ? id : ""),
          *sr = eg_utf8_escape(reason ? reason : "");
     json_t *j = sf && si && sr ? json_pack("{s:I, s:s, s:s, s:I, s:s, s:s}", "index", (json_int_t)index, "outcome",
-                                           outcome_names[o], "file", sf, "line", (json_int_t)line, "id", si,
-                                           "reason", sr)
+                                           outcome, "file", sf, "line", (json_int_t)line, "id", si, "reason", sr)
                                : NULL;
     free(sf);
     free(si);
     free(sr);
     if (!j) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    if (line_hash) {
+        char hx[17];
+        snprintf(hx, sizeof hx, "%016llx", (unsigned long long)*line_hash);
+        if (json_object_set_new(j, "line_hash", json_string(hx))) {
+            json_decref(j);
+            return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        }
+    }
     if (raw) {
         /* binary or mis-encoded lines can still be logged */
         char *safe = eg_utf8_escape(raw);
@@ -288,8 +389,28 @@ eg_status gen_ledger_add(gen_ledger *l, uint64_t index, const char *file, uint64
     int bad = fprintf(l->f, "%s\n", s) < 0 || fflush(l->f);
     free(s);
     if (bad) return eg_fail(err, EG_ERR_IO, "%s: %s", l->path, strerror(errno));
+    return EG_OK;
+}
+
+eg_status gen_ledger_add(gen_ledger *l, uint64_t index, const char *file, uint64_t line, const char *id,
+                         gen_outcome o, const char *reason, uint64_t line_hash, const char *raw, eg_error *err) {
+    eg_status st = write_line(l, index, outcome_names[o], file, line, id, reason, &line_hash, raw, err);
+    if (st) return st;
     l->counts[o]++;
-    return push(l, index, err);
+    return push(l, (ledger_entry){.index = index, .hash = line_hash, .outcome = (uint8_t)o, .has_hash = 1, .live = 1},
+                err);
+}
+
+eg_status gen_ledger_clear(gen_ledger *l, uint64_t index, const char *file, uint64_t line, const char *id,
+                           uint64_t line_hash, eg_error *err) {
+    ledger_entry *en = find_live(l, index);
+    if (!en) return EG_OK;
+    eg_status st = write_line(l, index, cleared_name, file, line, id,
+                              "the record's line changed since it was logged; it is read again", &line_hash, NULL, err);
+    if (st) return st;
+    en->live = 0;
+    l->counts[en->outcome]--;
+    return EG_OK;
 }
 
 eg_status gen_ledger_sync(gen_ledger *l, eg_error *err) {

@@ -8,9 +8,11 @@
  *  - rejects.jsonl (rejects.w{I}of{N}.jsonl): an append-only ledger of records that
  *    produced no sample — bad records skipped under --on-bad-record=skip, truncated
  *    samples left out by --drop-truncated, duplicate ids — one JSON line each with the
- *    record index, file, line, id, outcome and reason (and the raw line for bad ones).
- *    A resumed run skips the indices listed there, so nothing is counted twice; samples
- *    themselves are tracked by the shard writer's committed ids.
+ *    record index, file, line, id, outcome and reason, a hash of the record's line (and
+ *    the raw line for bad ones). A resumed run skips the indices listed there whose line
+ *    is unchanged, so nothing is counted twice; an entry whose record's line changed is
+ *    cleared (a "cleared" line) and the record read again. Samples themselves are
+ *    tracked by the shard writer's committed ids.
  * Ownership: gen_ledger is freed with gen_ledger_close (NULL ok).
  * Thread safety: one thread. */
 #ifndef EG_GEN_JOB_H
@@ -45,15 +47,34 @@ typedef enum { GEN_OUT_REJECTED = 0, GEN_OUT_DROPPED, GEN_OUT_DUPLICATE, GEN_NOU
 
 typedef struct gen_ledger gen_ledger;
 
-/* Open (creating) DIR/NAME, load the indices already there. A torn last line (crash
+/* The hash a ledger line keeps of its record: the first 64 bits of the SHA-256 of the
+ * line as read (corpus_record raw, raw_len), written as 16 hex digits ("line_hash"). It
+ * is what tells a resumed run that a logged record was edited, whatever the input's
+ * fingerprint (size, first and last MiB) saw. */
+uint64_t gen_line_hash(const char *raw, size_t n);
+
+/* Open (creating) DIR/NAME, load the entries already there. A torn last line (crash
  * mid-write) is ignored and truncated away. */
 eg_status gen_ledger_open(const char *dir, const char *name, gen_ledger **out, eg_error *err);
 void gen_ledger_close(gen_ledger *l);
+/* 1 when index has a live entry (logged, not cleared since). */
 int gen_ledger_has(const gen_ledger *l, uint64_t index);
+/* What the ledger says of record index whose line now hashes to line_hash: NONE (no live
+ * entry: new work), SAME (handled by an earlier run: skip it; also an entry from before
+ * line hashes were logged, which cannot be checked), CHANGED (the line differs from the
+ * one logged: gen_ledger_clear it and read the record again). */
+enum { GEN_LEDGER_NONE = 0, GEN_LEDGER_SAME, GEN_LEDGER_CHANGED };
+int gen_ledger_check(const gen_ledger *l, uint64_t index, uint64_t line_hash);
+/* Live entries per outcome. */
 int64_t gen_ledger_count(const gen_ledger *l, gen_outcome o);
 /* Append one line (fflush'd; fsync'd by gen_ledger_sync). raw may be NULL. */
 eg_status gen_ledger_add(gen_ledger *l, uint64_t index, const char *file, uint64_t line, const char *id,
-                         gen_outcome o, const char *reason, const char *raw, eg_error *err);
+                         gen_outcome o, const char *reason, uint64_t line_hash, const char *raw, eg_error *err);
+/* Retire index's live entry (its record changed): appends a "cleared" line (with the new
+ * line_hash) and takes the entry out of the counts; a reopen applies the line the same
+ * way. No live entry: nothing is written. */
+eg_status gen_ledger_clear(gen_ledger *l, uint64_t index, const char *file, uint64_t line, const char *id,
+                           uint64_t line_hash, eg_error *err);
 eg_status gen_ledger_sync(gen_ledger *l, eg_error *err);
 
 #endif

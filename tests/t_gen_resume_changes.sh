@@ -22,6 +22,21 @@ write("c.jsonl", 10)
 write("e.jsonl", 4, start=100)
 write("bad.jsonl", 8, bad=5)
 write("fixed.jsonl", 8)
+# over 2 MiB, the bad line in neither the first nor the last MiB (what the input's
+# fingerprint hashes), and fixed in place at the same size: only the ledger's line hash
+# can see the fix (DS-2)
+pad = "p" * (1200 * 1024)
+def write_big(name, fixed):
+    with open(name, "w") as f:
+        f.write(json.dumps({"id": "head", "prompt": "Head record.", "meta": pad}) + "\n")
+        for i in range(1, 4): f.write(json.dumps({"prompt": f"Record {i}: about {i * 7}."}) + "\n")
+        f.write('{"prompt": "1234"}\n' if fixed else '{"prompt": "12345"\n')
+        for i in range(5, 7): f.write(json.dumps({"prompt": f"Record {i}: about {i * 7}."}) + "\n")
+        f.write(json.dumps({"id": "tail", "prompt": "Tail record.", "meta": pad}) + "\n")
+write_big("bigbad.jsonl", False)
+write_big("bigfixed.jsonl", True)
+import os
+assert os.path.getsize("bigbad.jsonl") == os.path.getsize("bigfixed.jsonl") > 2 << 20
 PY
 mkdir sub && cp c.jsonl sub/
 args=(--model model --max-new-tokens 6 --max-seq-len 128 --batch 3 --chunk 8 --aux-layers 1,2,3 --threads 1)
@@ -67,6 +82,28 @@ cp fixed.jsonl in2.jsonl
 gen --prompts in2.jsonl --out sj 2>err || fail "fixed after skip"
 grep -q "set aside as rejects.jsonl.1" err || fail "the ledger was not set aside"
 "$PYTHON" "$here/gen_check.py" count sj 8
+
+echo "-- a bad line fixed in place, same size, mid-file in a corpus over 2 MiB (DS-2)"
+cp bigbad.jsonl in3.jsonl
+gen --prompts in3.jsonl --out bj --on-bad-record skip 2>/dev/null
+grep -q '"outcome":"rejected".*"line_hash":"[0-9a-f]\{16\}"' bj/rejects.jsonl || fail "no line hash logged"
+cp bigfixed.jsonl in3.jsonl
+gen --prompts in3.jsonl --out bj 2>err || fail "fixed in place refused"
+grep -q 'in3.jsonl:5: record "in3.jsonl:5" changed since the ledger logged it' err &&
+    grep -q "1 record logged in rejects.jsonl changed since and was read again" err || fail "the fix was not seen"
+grep -q '"outcome":"cleared"' bj/rejects.jsonl || fail "no cleared line"
+cp bigfixed.jsonl in3.jsonl
+mkdir b && cp bigfixed.jsonl b/in3.jsonl && (cd b && $E generate "${args[@]}" --model ../model --prompts in3.jsonl \
+    --out ../bref 2>/dev/null)
+"$PYTHON" "$here/gen_check.py" same bref bj
+# a resume reads the cleared line back: nothing new, nothing rejected
+gen --prompts in3.jsonl --out bj 2>err || fail "second resume"
+grep -q "0 samples written, 8 already done.*rejected 0," err || fail "second resume counts"
+! grep -q "changed since the ledger" err || fail "a cleared entry came back"
+# broken again, differently: logged again, once
+sed -i 's/{"prompt": "1234"}/{"prompt": "1234"]/' in3.jsonl
+gen --prompts in3.jsonl --out bj --on-bad-record skip 2>err || fail "broken again"
+[ "$(grep -c '"outcome":"rejected"' bj/rejects.jsonl)" = 2 ] && grep -q "rejected 1," err || fail "re-broken line not logged once"
 
 echo "-- what changes samples is refused, floats as typed"
 set +e; gen --prompts c.jsonl --out j --temperature 0.7 --seed 3 2>err; rc=$?; set -e
