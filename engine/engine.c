@@ -226,9 +226,9 @@ void eg_engine_free(eg_engine *e) {
 static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
     eg_step s = {.T = mb->T, .tokens = mb->tok, .pos = mb->pos, .slot = mb->slt,
                  .capture = e->o.n_aux ? mb->cap : NULL, .x_device = 1};
-    size_t n = (size_t)mb->T * (size_t)e->m->cfg.hidden;
     eg_status st = EG_OK;
-    if (k > 0 && (st = e->transport->ops->recv(e->transport, k - 1, mb->index, eg_forward_x(e->stages[k]), n, &mb->err)))
+    if (k > 0 && (st = e->transport->ops->recv(e->transport, k - 1, mb->index, eg_forward_in(e->stages[k]),
+                                               (size_t)mb->T * (size_t)eg_forward_in_floats(e->stages[k]), &mb->err)))
         return eg_wrap(&mb->err, "pipeline stage %d", k);
     if (k < e->n_stages - 1) {
         s.async = 1;
@@ -248,7 +248,8 @@ static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
     }
     st = eg_forward_step(e->stages[k], &s, &mb->err);
     if (!st && k < e->n_stages - 1) {
-        st = e->transport->ops->send(e->transport, k, mb->index, eg_forward_x(e->stages[k]), n, &mb->err);
+        st = e->transport->ops->send(e->transport, k, mb->index, eg_forward_out(e->stages[k]),
+                                     (size_t)mb->T * (size_t)eg_forward_out_floats(e->stages[k]), &mb->err);
         if (!st) mb->sent_to = k + 1;
     }
     if (st && e->n_stages > 1) eg_wrap(&mb->err, "pipeline stage %d", k);
@@ -274,8 +275,8 @@ static void *stage_thread(void *vp) {
             /* stage k-1 sent before this stage failed (its bind, say): take the rows
              * anyway, or the sender's stream (NCCL) holds a transfer nobody completes */
             eg_error ignored;
-            e->transport->ops->recv(e->transport, k - 1, mb->index, eg_forward_x(e->stages[k]),
-                                    (size_t)mb->T * (size_t)e->m->cfg.hidden, &ignored);
+            e->transport->ops->recv(e->transport, k - 1, mb->index, eg_forward_in(e->stages[k]),
+                                    (size_t)mb->T * (size_t)eg_forward_in_floats(e->stages[k]), &ignored);
         }
         mb->sent_to = -1;
         if (!mb->status) mb->status = run_stage(e, k, mb);
@@ -388,6 +389,7 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     e->o.aux_layers = e->aux_layers;
     e->n_stages = o->stage_ends && o->n_stages > 0 ? o->n_stages : 1;
     e->o.stage_ends = NULL;
+    e->o.stage_cuts = NULL;
     e->o.stage_backends = NULL;
     e->threaded = e->n_stages > 1 && o->stage_backends;
     eg_status st = EG_OK;
@@ -431,23 +433,38 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
      * each) every stage uploads its own layers from the mmapped shards in parallel */
     stage_build *sbs = eg_calloc((size_t)e->n_stages, sizeof *sbs, err);
     if (!sbs) { eg_engine_free(e); return EG_ERR_NOMEM; }
-    int begin = 0;
+    int begin = 0, prev_end = 0, head = 0, any_cut = 0;
     for (int i = 0; i < e->n_stages; i++) {
         int end = o->stage_ends && o->n_stages > 0 ? o->stage_ends[i] : c->n_layers;
-        if (end <= begin || end > c->n_layers || (i == e->n_stages - 1 && end != c->n_layers)) {
+        int cut = o->stage_cuts && i < e->n_stages - 1 ? o->stage_cuts[i] : 0;
+        if (end <= prev_end || end > c->n_layers || (i == e->n_stages - 1 && end != c->n_layers)) {
             free(sbs);
             eg_engine_free(e);
             return eg_fail(err, EG_ERR_INVALID, "pipeline stages: stage %d ends at layer %d (must increase and end at %d)",
                            i, end, c->n_layers);
         }
+        const char *why = cut < 0 || (cut && cut >= c->n_experts) ? "the cut must be in 1..routed experts - 1"
+                          : cut && !m->layers[end - 1].is_moe             ? "the layer is dense (no routed experts)"
+                          : cut && o->ep                                  ? "not with expert-parallel ranks"
+                                                                          : NULL;
+        if (why) {
+            free(sbs);
+            eg_engine_free(e);
+            return eg_fail(err, EG_ERR_INVALID, "pipeline stages: stage %d splits layer %d at expert %d of %d: %s", i,
+                           end - 1, cut, c->n_experts, why);
+        }
+        any_cut |= cut > 0;
         e->stage_be[i] = e->threaded ? o->stage_backends[i] : be;
         sbs[i] = (stage_build){.m = m, .be = e->stage_be[i], .out = &e->stages[i],
                                .fo = {.layer_begin = begin, .layer_end = end, .max_tokens = o->max_tokens,
                                       .n_slots = o->n_slots, .max_seq_len = o->max_seq_len, .block_size = o->block_size,
                                       .kv_blocks = o->kv_blocks, .capture = e->aux_layers, .n_capture = o->n_aux,
                                       .final_pre_norm = o->final_pre_norm, .ep = o->ep,
-                                      .ep_rank = o->ep_rank}};
-        begin = end;
+                                      .ep_rank = o->ep_rank, .head_cut = head, .tail_cut = cut}};
+        /* after a cut the next stage starts with the same layer's remaining experts */
+        prev_end = end;
+        begin = cut ? end - 1 : end;
+        head = cut;
     }
     for (int i = 1; i < e->n_stages; i++) /* a thread each (inline if none can start) */
         if (!e->threaded || eg_thread_start(&sbs[i].th, stage_build_thread, &sbs[i])) stage_build_thread(&sbs[i]);
@@ -468,7 +485,8 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     if (e->n_stages > 1) {
         eg_transport_opts to = {.name = o->transport, .stages = e->stage_be, .n_stages = e->n_stages,
                                 .n_micro_batches = e->n_mb,
-                                .max_floats = (size_t)o->max_tokens * (size_t)c->hidden};
+                                .max_floats = (size_t)o->max_tokens *
+                                              (size_t)(any_cut ? eg_forward_handover_floats(c) : c->hidden)};
         if ((st = eg_transport_create(&to, &e->transport, err))) { eg_engine_free(e); return st; }
     }
     if (e->threaded) {

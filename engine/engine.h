@@ -32,8 +32,9 @@
  * (the CPU backend reduces in a fixed order per row, and prefill and decode write the
  * same cache bytes).
  * Pipeline split: opts.stage_ends cuts the layers into stages run one after another
- * with the hidden rows handed over between them by a transport (transport.h); the
- * output equals the unsplit engine. Preemption and swap-in run while no micro-batch is
+ * with the hidden rows handed over between them by a transport (transport.h), and
+ * opts.stage_cuts may split a boundary layer's routed experts between two stages (the
+ * hand-over then carries 3H + 2K floats per row); the output equals the unsplit engine. Preemption and swap-in run while no micro-batch is
  * in flight, on the driving thread (bound to each stage's backend in turn).
  * Ownership: the engine borrows model and backend(s); result buffers passed to the
  * done callback are valid only during the call.
@@ -114,6 +115,9 @@ typedef struct eg_engine_opts {
                                 final stays post-norm (final_pre_norm must be 0) */
     int want_logits;         /* keep logits for every position (small vocabularies only) */
     const int *stage_ends;   /* pipeline: end layer of each stage (ascending, last = L); NULL = one stage */
+    const int *stage_cuts;   /* [n_stages] or NULL: > 0 splits stage k's last layer at that routed
+                                expert (forward.h tail_cut): stage k + 1 starts with the same
+                                layer's experts [cut, E) (head_cut); 0 = whole layers */
     int n_stages;
     /* Pipeline execution. With stage_backends (one backend per stage, [n_stages]; the
      * `be` argument is then unused) every stage runs on its own thread and

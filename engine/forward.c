@@ -53,6 +53,8 @@ struct eg_forward {
     float *rw;      /* [T][K] */
     float *g;       /* [T][H] gathered rows for lm_head; in a layer, the shared expert's rows */
     float *logits;  /* [T][V] */
+    float *hand;    /* head_cut or tail_cut: [max_tokens][3H+2K], holding x, xn, dx, ids and rw as
+                       planes of the step's T rows (bind_planes): the hand-over in place */
     int32_t *tok_d, *pos_d, *slot_d, *rows_d; /* [T] */
     float *inv_freq_d;                          /* [DR/2] */
     float rope_attn_factor, softmax_scale;
@@ -108,7 +110,31 @@ static int ffn_elsewhere(const eg_forward *f, int layer) {
     return owner >= 0 && owner != f->o.ep_rank;
 }
 
-static eg_status upload_layer(eg_forward *f, int layer, const eg_layer_w *h, eg_layer_w *d, eg_error *err) {
+/* side: 0 the whole layer; 1 the attention side of a split layer (all but the routed
+ * experts [cut, E) and the shared expert); 2 the expert side (only those). */
+/* The captured layer ids whose rows this stage produces: the embedding on the first
+ * stage; a layer's output where its residual add runs (a split layer's on the stage
+ * after the cut). */
+static int owns_capture(const eg_forward *f, int layer) {
+    if (layer == -1) return f->l0 == 0 && !f->o.head_cut;
+    return layer >= f->l0 && layer < f->l1 - (f->o.tail_cut > 0);
+}
+
+/* A stage beside a cut: x, xn, dx, ids and rw are the planes of T rows in hand, so the
+ * rows a transport brings (or takes) are the stage's working buffers, no copy. The
+ * pointers depend on T, which every recorded step's shape includes. */
+static void bind_planes(eg_forward *f, int T) {
+    if (!f->hand) return;
+    size_t H = (size_t)f->m->cfg.hidden, K = (size_t)(f->m->cfg.topk > 0 ? f->m->cfg.topk : 1), t = (size_t)T;
+    f->x = f->hand;
+    f->xn = f->hand + t * H;
+    f->dx = f->hand + 2 * t * H;
+    f->ids = (int32_t *)(f->hand + 3 * t * H);
+    f->rw = f->hand + 3 * t * H + t * K;
+}
+
+static eg_status upload_layer(eg_forward *f, int layer, const eg_layer_w *h, eg_layer_w *d, int side, int cut,
+                              eg_error *err) {
     eg_status st;
     memset(d, 0, sizeof *d);
     d->is_moe = h->is_moe;
@@ -125,6 +151,7 @@ static eg_status upload_layer(eg_forward *f, int layer, const eg_layer_w *h, eg_
         int dense_mlp = hs[i] == &h->mlp_gate || hs[i] == &h->mlp_up || hs[i] == &h->mlp_down;
         int shared = hs[i] == &h->sh_gate || hs[i] == &h->sh_up || hs[i] == &h->sh_down;
         if (skip_ffn && (h->is_moe ? shared : dense_mlp)) continue;
+        if ((side == 1 && shared) || (side == 2 && !shared)) continue;
         if ((st = up(f, hs[i], ds[i], err))) return st;
     }
     if (h->is_moe && h->experts) {
@@ -132,6 +159,8 @@ static eg_status upload_layer(eg_forward *f, int layer, const eg_layer_w *h, eg_
         /* an expert-parallel rank holds only its own routed experts (the others stay
            EG_W_NONE: computed by their owners) */
         if (f->o.ep) eg_ep_range(f->o.ep, f->o.ep_rank, &e0, &e1);
+        if (side == 1) e1 = cut;
+        if (side == 2) e0 = cut;
         d->experts = eg_calloc((size_t)E, sizeof *d->experts, err);
         if (!d->experts) return EG_ERR_NOMEM;
         for (int e = e0; e < e1; e++)
@@ -170,8 +199,9 @@ void eg_forward_free(eg_forward *f) {
     down(f, &f->final_norm);
     if (!(f->m->cfg.tie_embeddings && f->lm_head.data == f->embed.data)) down(f, &f->lm_head);
     eg_kv_free(f->kv);
+    if (f->hand) f->x = f->xn = f->dx = f->rw = NULL, f->ids = NULL; /* views of hand */
     void *bufs[] = {f->x, f->xn, f->dx, f->qa, f->qan, f->q, f->kvbuf, f->attn, f->ids, f->rw,
-                    f->g, f->logits, f->tok_d, f->pos_d, f->slot_d, f->rows_d, f->inv_freq_d, f->cap_d};
+                    f->g, f->logits, f->tok_d, f->pos_d, f->slot_d, f->rows_d, f->inv_freq_d, f->cap_d, f->hand};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) f->ops->release(f->be, bufs[i]);
     free(f->capture);
@@ -201,6 +231,25 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         return eg_fail(err, EG_ERR_INVALID, "layer range [%d, %d) invalid for a %d-layer model", o->layer_begin,
                        o->layer_end, c->n_layers);
     }
+    if (o->head_cut || o->tail_cut) {
+        const char *why = NULL;
+        int hl = f->l0, tl = f->l1 - 1;
+        if (o->ep) why = "not with expert-parallel ranks";
+        else if (!be->ops->copy) why = "the backend has no device copy for the hand-over";
+        else if (o->head_cut && (o->head_cut < 1 || o->head_cut >= c->n_experts || !m->layers[hl].is_moe))
+            why = "the head cut needs a MoE first layer and 0 < cut < the routed expert count";
+        else if (o->tail_cut && (o->tail_cut < 1 || o->tail_cut >= c->n_experts || !m->layers[tl].is_moe ||
+                                 f->l1 == c->n_layers))
+            why = "the tail cut needs a MoE last layer before the model's end and 0 < cut < the routed expert count";
+        else if (o->head_cut && o->tail_cut && f->l1 - f->l0 < 2)
+            why = "a stage that finishes one split layer and splits another needs two layers";
+        if (why) {
+            eg_status fst = eg_fail(err, EG_ERR_INVALID, "stage over layers [%d, %d) with cuts %d / %d: %s", f->l0,
+                                    f->l1, o->head_cut, o->tail_cut, why);
+            free(f);
+            return fst;
+        }
+    }
     if (o->n_capture > 0) {
         f->capture = eg_malloc(sizeof(int) * (size_t)o->n_capture, err);
         if (!f->capture) { free(f); return EG_ERR_NOMEM; }
@@ -223,7 +272,7 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
             goto fail;
         }
     }
-    if (f->l0 == 0) {
+    if (f->l0 == 0 && !o->head_cut) {
         eg_weight e = m->embed;
         if ((vsplit && (st = eg_weight_rows(&m->embed, v0, v1, &e, err))) || (st = up(f, &e, &f->embed, err))) goto fail;
     }
@@ -235,10 +284,12 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
             goto fail;
     }
     if (vsplit)
-        eg_ep_register_vocab(o->ep, o->ep_rank, f->l0 == 0 ? &f->embed : NULL,
+        eg_ep_register_vocab(o->ep, o->ep_rank, f->l0 == 0 && !o->head_cut ? &f->embed : NULL,
                              f->l1 == c->n_layers ? &f->lm_head : NULL);
     for (int l = 0; l < nl; l++) {
-        if ((st = upload_layer(f, f->l0 + l, &m->layers[f->l0 + l], &f->layers[l], err))) goto fail;
+        int side = l == 0 && o->head_cut ? 2 : l == nl - 1 && o->tail_cut ? 1 : 0;
+        int cut = side == 2 ? o->head_cut : o->tail_cut;
+        if ((st = upload_layer(f, f->l0 + l, &m->layers[f->l0 + l], &f->layers[l], side, cut, err))) goto fail;
         /* a rank that ran out of work serves its experts for the others: it finds them here */
         const eg_layer_w *d = &f->layers[l];
         if (o->ep && d->experts) eg_ep_register(o->ep, o->ep_rank, f->l0 + l, d->experts);
@@ -254,12 +305,16 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
     size_t H = (size_t)c->hidden, NH = (size_t)c->n_heads, QL = (size_t)c->q_lora_rank;
     size_t DQ = NH * (size_t)(c->qk_nope + c->qk_rope), W = (size_t)(c->kv_lora_rank + c->qk_rope);
     size_t K = (size_t)(c->topk > 0 ? c->topk : 1), V = (size_t)c->vocab;
-    if ((st = alloc(f, (void **)&f->x, 4 * T * H, err)) || (st = alloc(f, (void **)&f->xn, 4 * T * H, err)) ||
-        (st = alloc(f, (void **)&f->dx, 4 * T * H, err)) || (st = alloc(f, (void **)&f->qa, 4 * T * QL, err)) ||
+    int cut = o->head_cut || o->tail_cut;
+    if ((cut && (st = alloc(f, (void **)&f->hand, 4 * T * (3 * H + 2 * K), err)))) goto fail;
+    if (cut) bind_planes(f, (int)T);
+    if ((!cut && ((st = alloc(f, (void **)&f->x, 4 * T * H, err)) || (st = alloc(f, (void **)&f->xn, 4 * T * H, err)) ||
+                  (st = alloc(f, (void **)&f->dx, 4 * T * H, err)) || (st = alloc(f, (void **)&f->ids, 4 * T * K, err)) ||
+                  (st = alloc(f, (void **)&f->rw, 4 * T * K, err)))) ||
+        (st = alloc(f, (void **)&f->qa, 4 * T * QL, err)) ||
         (st = alloc(f, (void **)&f->qan, 4 * T * QL, err)) || (st = alloc(f, (void **)&f->q, 4 * T * DQ, err)) ||
         (st = alloc(f, (void **)&f->kvbuf, 4 * T * W, err)) ||
         (st = alloc(f, (void **)&f->attn, 4 * T * NH * (size_t)c->v_head, err)) ||
-        (st = alloc(f, (void **)&f->ids, 4 * T * K, err)) || (st = alloc(f, (void **)&f->rw, 4 * T * K, err)) ||
         (st = alloc(f, (void **)&f->g, 4 * T * H, err)) || (st = alloc(f, (void **)&f->logits, 4 * T * V, err)) ||
         (st = alloc(f, (void **)&f->tok_d, 4 * T, err)) || (st = alloc(f, (void **)&f->pos_d, 4 * T, err)) ||
         (st = alloc(f, (void **)&f->slot_d, 4 * T, err)) || (st = alloc(f, (void **)&f->rows_d, 4 * T, err)) ||
@@ -286,7 +341,7 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
             f->cap_slot = eg_malloc(sizeof(int) * (size_t)o->n_capture, err);
             if (!f->cap_slot) { st = EG_ERR_NOMEM; goto fail; }
             for (int i = 0; i < o->n_capture; i++)
-                f->cap_slot[i] = eg_forward_staged_captures(&o->capture[i], 1, f->l0, f->l1) ? n_here++ : -1;
+                f->cap_slot[i] = owns_capture(f, o->capture[i]) ? n_here++ : -1;
         }
         if (n_here > 0 && (st = alloc(f, (void **)&f->cap_d, 4 * (size_t)n_here * (size_t)f->graph_T * H, err)))
             goto fail;
@@ -297,7 +352,9 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         int bs = f->o.block_size;
         int64_t per_seq = (o->max_seq_len + bs - 1) / bs;
         int64_t nb = o->kv_blocks > 0 ? o->kv_blocks : per_seq * (o->n_slots > 0 ? o->n_slots : 1);
-        st = eg_kv_create(be, nl, (int)W, bs, nb, o->n_slots > 0 ? o->n_slots : 1, o->max_seq_len, &f->kv, err);
+        /* a head-cut stage runs no attention for its first layer: no cache for it */
+        st = eg_kv_create(be, nl - (o->head_cut > 0), (int)W, bs, nb, o->n_slots > 0 ? o->n_slots : 1, o->max_seq_len,
+                          &f->kv, err);
         if (st) goto fail;
     }
     if (o->kv_dtype != EG_KV_BF16) { /* a measurement cache (eaglegen fidelity) */
@@ -345,7 +402,16 @@ void eg_forward_get_graph_stats(const eg_forward *f, eg_forward_graph_stats *out
 
 eg_kv_cache *eg_forward_kv(eg_forward *f) { return f->kv; }
 float *eg_forward_x(eg_forward *f) { return f->x; }
-int eg_forward_is_first(const eg_forward *f) { return f->l0 == 0; }
+float *eg_forward_in(eg_forward *f) { return f->o.head_cut ? f->hand : f->x; }
+float *eg_forward_out(eg_forward *f) { return f->o.tail_cut ? f->hand : f->x; }
+int64_t eg_forward_handover_floats(const eg_config *c) { return 3 * (int64_t)c->hidden + 2 * (int64_t)(c->topk > 0 ? c->topk : 1); }
+int64_t eg_forward_in_floats(const eg_forward *f) {
+    return f->o.head_cut ? eg_forward_handover_floats(&f->m->cfg) : f->m->cfg.hidden;
+}
+int64_t eg_forward_out_floats(const eg_forward *f) {
+    return f->o.tail_cut ? eg_forward_handover_floats(&f->m->cfg) : f->m->cfg.hidden;
+}
+int eg_forward_is_first(const eg_forward *f) { return f->l0 == 0 && !f->o.head_cut; }
 int eg_forward_is_last(const eg_forward *f) { return f->l1 == f->m->cfg.n_layers; }
 int64_t eg_forward_weight_bytes(const eg_forward *f) { return f->weight_bytes; }
 
@@ -440,6 +506,39 @@ static eg_status ffn(eg_forward *f, const eg_layer_w *L, int layer, int T, eg_er
     return EG_OK;
 }
 
+/* Tail of a stage whose last layer is split (tail_cut): after its attention (x holds the
+ * residual, xn the normed row) the router and the routed experts [0, cut) into dx from
+ * zero, then the hand-over. The next stage continues the same fold. */
+static eg_status split_start(eg_forward *f, const eg_layer_w *L, int T, eg_error *err) {
+    const eg_config *c = &f->m->cfg;
+    eg_router_args r = {.T = T, .x = f->xn, .gate = &L->router, .bias = &L->router_bias, .n_group = c->n_group,
+                        .topk_group = c->topk_group, .topk = c->topk, .norm_topk = c->norm_topk,
+                        .routed_scale = c->routed_scale, .ids = f->ids, .weights = f->rw};
+    TRY(f->ops->router(f->be, &r, err));
+    TRY(f->ops->memset0(f->be, f->dx, sizeof(float) * (size_t)T * (size_t)c->hidden, err));
+    eg_moe_args a = {.T = T, .x = f->xn, .ids = f->ids, .weights = f->rw, .topk = c->topk,
+                     .experts = L->experts, .e0 = 0, .e1 = f->o.tail_cut, .y = f->dx};
+    return f->ops->moe(f->be, &a, err); /* the planes are the hand-over (bind_planes) */
+}
+
+/* Head of a stage after a cut (head_cut): on the hand-over's planes, the routed experts
+ * [cut, E) added to the partial sum, then the shared expert and the residual add, in
+ * ffn()'s order; the layer's output is captured here. */
+static eg_status split_finish(eg_forward *f, const eg_step *s, int staged, eg_error *err) {
+    const eg_config *c = &f->m->cfg;
+    const eg_layer_w *L = &f->layers[0];
+    int T = s->T;
+    eg_moe_args a = {.T = T, .x = f->xn, .ids = f->ids, .weights = f->rw, .topk = c->topk,
+                     .experts = L->experts, .e0 = f->o.head_cut, .e1 = c->n_experts, .y = f->dx};
+    TRY(f->ops->moe(f->be, &a, err));
+    if (L->sh_gate.fmt != EG_W_NONE) {
+        TRY(f->ops->swiglu_mlp(f->be, f->xn, T, &L->sh_gate, &L->sh_up, &L->sh_down, f->g, 0, err));
+        TRY(f->ops->add(f->be, f->dx, f->g, (int64_t)T * c->hidden, err));
+    }
+    TRY(f->ops->add(f->be, f->x, f->dx, (int64_t)T * c->hidden, err));
+    return capture_rows(f, s, staged, f->l0, f->x, err);
+}
+
 /* The ops of a step on backend memory only (recordable): embedding, the layers, the
  * final norm and the logits of the gathered rows. Inputs are on the device already. */
 static eg_status step_ops(eg_forward *f, const eg_step *s, int max_pos, int staged, eg_error *err) {
@@ -448,18 +547,32 @@ static eg_status step_ops(eg_forward *f, const eg_step *s, int max_pos, int stag
     eg_backend *be = f->be;
     int T = s->T;
     int vsplit = eg_ep_vocab_split(f->o.ep); /* tok_d, x, g and logits in the rank backend's memory */
-    if (f->l0 == 0) {
+    int l_first = f->l0;
+    if (f->l0 == 0 && !f->o.head_cut) {
         if (vsplit) TRY(eg_ep_embed(f->o.ep, f->o.ep_rank, be, f->tok_d, T, f->x, err));
         else TRY(ops->embed(be, f->tok_d, T, &f->embed, f->x, err));
         TRY(capture_rows(f, s, staged, -1, f->x, err));
     }
-    for (int l = f->l0; l < f->l1; l++) {
+    if (f->o.head_cut) {
+        eg_status st = split_finish(f, s, staged, err);
+        if (st) return eg_wrap(err, "layer %d (experts %d..%d, after the cut)", f->l0, f->o.head_cut,
+                               c->n_experts - 1);
+        l_first++;
+    }
+    int kv0 = f->l0 + (f->o.head_cut > 0); /* the first layer with a cache here */
+    for (int l = l_first; l < f->l1; l++) {
         const eg_layer_w *L = &f->layers[l - f->l0];
         eg_status st;
         if ((st = ops->rmsnorm(be, f->x, &L->attn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
-            (st = attention(f, L, T, max_pos, f->kv->layers[l - f->l0], err)) ||
-            (st = ops->add_rmsnorm(be, f->x, f->dx, &L->ffn_norm, T, c->hidden, c->rms_eps, f->xn, err)) ||
-            (st = ffn(f, L, l, T, err)) || (st = ops->add(be, f->x, f->dx, (int64_t)T * c->hidden, err)) ||
+            (st = attention(f, L, T, max_pos, f->kv->layers[l - kv0], err)) ||
+            (st = ops->add_rmsnorm(be, f->x, f->dx, &L->ffn_norm, T, c->hidden, c->rms_eps, f->xn, err)))
+            return eg_wrap(err, "layer %d", l);
+        if (f->o.tail_cut && l == f->l1 - 1) {
+            if ((st = split_start(f, L, T, err)))
+                return eg_wrap(err, "layer %d (experts 0..%d, before the cut)", l, f->o.tail_cut - 1);
+            break;
+        }
+        if ((st = ffn(f, L, l, T, err)) || (st = ops->add(be, f->x, f->dx, (int64_t)T * c->hidden, err)) ||
             (st = capture_rows(f, s, staged, l, f->x, err)))
             return eg_wrap(err, "layer %d", l);
     }
@@ -579,12 +692,13 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
     /* max_pos only bounds work (kernels read each token's own position); rounding it up
      * keeps the step's shape, and a recorded replay of it, for hundreds of steps */
     max_pos = eg_forward_pos_bucket(max_pos, f->kv->max_blocks * f->kv->block_size);
+    bind_planes(f, T);
     int last = eg_forward_is_last(f);
     if (last && s->n_logits > T) return eg_fail(err, EG_ERR_INVALID, "more logit rows than tokens");
     TRY(ops->to_device(be, f->pos_d, s->pos, sizeof(int32_t) * (size_t)T, err));
     TRY(ops->to_device(be, f->slot_d, s->slot, sizeof(int32_t) * (size_t)T, err));
     TRY(eg_kv_sync_table(f->kv, err));
-    if (f->l0 == 0) {
+    if (f->l0 == 0 && !f->o.head_cut) {
         /* checked here, on the host: a device embedding cannot report a bad id without a sync */
         for (int t = 0; t < T; t++)
             if (s->tokens[t] < 0 || s->tokens[t] >= c->vocab)
@@ -592,7 +706,8 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
         TRY(ops->to_device(be, f->tok_d, s->tokens, sizeof(int32_t) * (size_t)T, err));
     } else if (!s->x_device) {
         if (!s->x_in) return eg_fail(err, EG_ERR_INVALID, "pipeline stage starting at layer %d needs x_in", f->l0);
-        TRY(ops->to_device(be, f->x, s->x_in, sizeof(float) * (size_t)T * H, err));
+        TRY(ops->to_device(be, eg_forward_in(f), s->x_in, sizeof(float) * (size_t)T * (size_t)eg_forward_in_floats(f),
+                           err));
     }
     if (last && s->n_logits > 0)
         TRY(ops->to_device(be, f->rows_d, s->logit_rows, sizeof(int32_t) * (size_t)s->n_logits, err));
@@ -611,7 +726,9 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
                 TRY(ops->sample(be, f->logits, s->n_logits, c->vocab, s->sp, s->rng, s->sampled, err));
         }
     } else {
-        if (s->x_out && !s->x_device) TRY(ops->to_host(be, s->x_out, f->x, sizeof(float) * (size_t)T * H, err));
+        if (s->x_out && !s->x_device)
+            TRY(ops->to_host(be, s->x_out, eg_forward_out(f), sizeof(float) * (size_t)T * (size_t)eg_forward_out_floats(f),
+                             err));
         if (s->async) return EG_OK;
     }
     return ops->sync(be, err);

@@ -39,6 +39,17 @@ typedef struct eg_forward_opts {
     struct eg_ep_group *ep;     /* expert-parallel group (collective.h): the routed experts of
                                    every MoE layer run over the group; NULL = all here */
     int ep_rank;                /* this forward's rank in ep */
+    /* A layer split between two stages (a boundary layer's routed experts on both sides
+     * of it, so the stages' memory can balance finer than whole layers). The routed sum
+     * goes in ascending expert id (backend.h eg_moe_order), so the two halves are one left
+     * fold and the split changes no bit. Not with ep. */
+    int tail_cut;               /* > 0: layer_end - 1 is split at this expert: its attention,
+                                   router and routed experts [0, tail_cut) run here, and the
+                                   stage gives the hand-over (eg_forward_out) instead of x */
+    int head_cut;               /* > 0: layer_begin is the previous stage's split layer: only its
+                                   routed experts [head_cut, E), its shared expert and the
+                                   residual add run here, on the hand-over it takes in (no
+                                   attention, no cache for that layer) */
     eg_kv_dtype kv_dtype;       /* latent cache element type. 0 = EG_KV_BF16, the only one
                                    eaglegen makes data with (eg_engine_opts cannot set it,
                                    so `generate` never runs another); the others are
@@ -51,11 +62,13 @@ typedef struct eg_step {
     const int32_t *tokens;  /* [T] host; first stage */
     const int32_t *pos;     /* [T] host */
     const int32_t *slot;    /* [T] host */
-    const float *x_in;      /* [T][H] host; stages after the first (unless x_device) */
-    float *x_out;           /* [T][H] host; stages before the last (NULL otherwise) */
-    int x_device;           /* the rows are in eg_forward_x() already (a transport put them
-                               there) and stay there for a transport to take: x_in and
-                               x_out unused */
+    const float *x_in;      /* [T][eg_forward_in_floats] host; stages after the first (unless
+                               x_device) */
+    float *x_out;           /* [T][eg_forward_out_floats] host; stages before the last (NULL
+                               otherwise) */
+    int x_device;           /* the rows are in eg_forward_in() already (a transport put them
+                               there) and the stage leaves its own in eg_forward_out() for a
+                               transport to take: x_in and x_out unused */
     int async;              /* return without waiting for the backend: capture and x_out
                                copies complete later (the caller orders them, e.g. by a
                                transport send or a sync); only for stages before the last */
@@ -82,6 +95,16 @@ eg_kv_cache *eg_forward_kv(eg_forward *f);
  * stage before the last it holds the rows for the next stage; a stage after the first
  * takes its input from it when eg_step.x_device is set. */
 float *eg_forward_x(eg_forward *f);
+/* What a stage takes in and gives out, in backend memory: [T][H] rows (eg_forward_x), or
+ * across a split layer the hand-over of T rows, planes of [T][H] residual, [T][H] normed
+ * row, [T][H] partial routed sum, [T][K] router ids (int32 bits) and [T][K] weights:
+ * 3H + 2K floats per row. *_floats: floats per row. */
+float *eg_forward_in(eg_forward *f);
+float *eg_forward_out(eg_forward *f);
+int64_t eg_forward_in_floats(const eg_forward *f);
+int64_t eg_forward_out_floats(const eg_forward *f);
+/* 3H + 2K: floats per row of a split layer's hand-over. */
+int64_t eg_forward_handover_floats(const eg_config *c);
 int eg_forward_is_first(const eg_forward *f);
 int eg_forward_is_last(const eg_forward *f);
 /* Backend bytes a forward object allocates for activations at max_tokens rows (for

@@ -2,6 +2,7 @@
 #include "engine/plan.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,16 @@ int64_t eg_plan_layer_bytes(const eg_model *m, int l) {
             b += eg_weight_bytes(&L->experts[e].gate) + eg_weight_bytes(&L->experts[e].up) +
                  eg_weight_bytes(&L->experts[e].down);
     return b;
+}
+
+int64_t eg_plan_split_layer_bytes(const eg_model *m, int l, int cut, int side) {
+    const eg_layer_w *L = &m->layers[l];
+    int64_t side1 = eg_weight_bytes(&L->sh_gate) + eg_weight_bytes(&L->sh_up) + eg_weight_bytes(&L->sh_down);
+    if (L->sh_gate.fmt == EG_W_NONE) side1 = 0;
+    for (int e = cut; L->is_moe && L->experts && e < m->cfg.n_experts; e++)
+        side1 += eg_weight_bytes(&L->experts[e].gate) + eg_weight_bytes(&L->experts[e].up) +
+                 eg_weight_bytes(&L->experts[e].down);
+    return side ? side1 : eg_plan_layer_bytes(m, l) - side1;
 }
 
 int64_t eg_plan_head_bytes(const eg_model *m, int64_t *tail) {
@@ -101,6 +112,229 @@ eg_status eg_plan_split(const double *cost, int L, double first, double last, in
     free(best);
     free(cut);
     return EG_OK;
+}
+
+void eg_plan_layer_parts_of(const eg_model *m, int l, eg_plan_layer_parts *out) {
+    const eg_layer_w *L = &m->layers[l];
+    memset(out, 0, sizeof *out);
+    if (L->is_moe && L->experts && m->cfg.n_experts > 0) {
+        out->n_experts = m->cfg.n_experts;
+        out->expert = eg_weight_bytes(&L->experts[0].gate) + eg_weight_bytes(&L->experts[0].up) +
+                      eg_weight_bytes(&L->experts[0].down);
+        out->shared = eg_plan_split_layer_bytes(m, l, out->n_experts, 1);
+    }
+    out->attn = eg_plan_layer_bytes(m, l) - out->shared - (int64_t)out->n_experts * out->expert;
+}
+
+void eg_plan_layer_parts_cfg(const eg_config *c, int l, eg_plan_layer_parts *out) {
+    memset(out, 0, sizeof *out);
+    if (eg_config_layer_is_moe(c, l) && c->n_experts > 0) {
+        out->n_experts = c->n_experts;
+        out->expert = eg_plan_expert_bytes_cfg(c);
+        out->shared = 2 * 3 * (int64_t)c->hidden * c->moe_inter * c->n_shared;
+    }
+    out->attn = eg_plan_layer_bytes_cfg(c, l) - out->shared - (int64_t)out->n_experts * out->expert;
+}
+
+/* The units of a split in layer order: per layer its attention part, then (MoE) each
+ * routed expert, then its shared expert. A stage may begin before a layer's attention
+ * unit, or before expert c of a MoE layer (0 < c < E). */
+typedef struct split_units {
+    int64_t *bytes;  /* [U] */
+    int *layer;      /* [U] */
+    int *kind;       /* [U] 0 attention, 1 + e routed expert e, -1 shared */
+    int64_t *pre;    /* [U + 1] prefix of bytes */
+    int *pre_attn;   /* [U + 1] prefix of attention units */
+    int *attn_at;    /* [L + 1] unit index of layer l's attention unit (L: U) */
+    int U, L;
+} split_units;
+
+static void units_free(split_units *u) {
+    free(u->bytes); free(u->layer); free(u->kind); free(u->pre); free(u->pre_attn); free(u->attn_at);
+}
+
+static int units_make(const eg_plan_layer_parts *p, int L, split_units *u) {
+    memset(u, 0, sizeof *u);
+    int64_t U = 0;
+    for (int l = 0; l < L; l++) U += 1 + (p[l].n_experts > 0 ? p[l].n_experts + 1 : 0);
+    u->bytes = malloc(sizeof(int64_t) * (size_t)U);
+    u->layer = malloc(sizeof(int) * (size_t)U);
+    u->kind = malloc(sizeof(int) * (size_t)U);
+    u->pre = malloc(sizeof(int64_t) * (size_t)(U + 1));
+    u->pre_attn = malloc(sizeof(int) * (size_t)(U + 1));
+    u->attn_at = malloc(sizeof(int) * (size_t)(L + 1));
+    if (!u->bytes || !u->layer || !u->kind || !u->pre || !u->pre_attn || !u->attn_at) { units_free(u); return 0; }
+    int i = 0;
+    for (int l = 0; l < L; l++) {
+        u->attn_at[l] = i;
+        u->bytes[i] = p[l].attn, u->layer[i] = l, u->kind[i++] = 0;
+        if (p[l].n_experts <= 0) continue;
+        for (int e = 0; e < p[l].n_experts; e++) u->bytes[i] = p[l].expert, u->layer[i] = l, u->kind[i++] = 1 + e;
+        u->bytes[i] = p[l].shared, u->layer[i] = l, u->kind[i++] = -1;
+    }
+    u->U = i;
+    u->L = L;
+    u->attn_at[L] = i;
+    u->pre[0] = 0;
+    u->pre_attn[0] = 0;
+    for (int j = 0; j < i; j++) {
+        u->pre[j + 1] = u->pre[j] + u->bytes[j];
+        u->pre_attn[j + 1] = u->pre_attn[j] + (u->kind[j] == 0);
+    }
+    return 1;
+}
+
+/* 1: a stage may begin at unit b. */
+static int may_begin(const split_units *u, const eg_plan_layer_parts *p, int b, int allow_cuts) {
+    if (b <= 0 || b >= u->U) return 0;
+    if (u->kind[b] == 0) return 1;
+    /* experts c in 1..E-1, and a layer after this one for the next stage's attention */
+    return allow_cuts && u->kind[b] >= 2 && u->kind[b] - 1 < p[u->layer[b]].n_experts && u->layer[b] + 1 < u->L;
+}
+
+/* Stage cost of units [b0, b1) at X tokens. */
+static double unit_cost(const split_units *u, int b0, int b1, double per_tok_x) {
+    return (double)(u->pre[b1] - u->pre[b0]) + per_tok_x * (double)(u->pre_attn[b1] - u->pre_attn[b0]);
+}
+
+/* The least end of a stage beginning at unit s: one unit on, and after a cut inside layer
+ * l past layer l+1's attention (the next stage runs one; stage ends stay increasing). */
+static int least_end(const split_units *u, int s) {
+    return s == 0 || u->kind[s] == 0 ? s + 1 : u->attn_at[u->layer[s] + 1] + 1;
+}
+
+/* The last end e <= U of a stage beginning at s whose cost fits cap (s when none). */
+static int last_end(const split_units *u, int s, double kvx, double cap) {
+    int lo = s, hi = u->U; /* cost(s, lo) fits (0 units); find the last e that fits */
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (unit_cost(u, s, mid, kvx) <= cap) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Whether n stages can hold every unit at X (kvx = X * bytes per token and layer): the
+ * units where stage k may begin, stage by stage (reach[k][b]); a stage from s may end at
+ * any e in [least_end(s), last_end(s)] where the next stage may begin (or at U, the
+ * last). Stage costs grow with their end, so these are intervals, marked by differences.
+ * begin[k]: a split found, traced back from U. Budgets differ per stage (the head, the
+ * drafter), which is why a greedy fill would not do. */
+static int split_fits(const split_units *u, const eg_plan_layer_parts *p, const int64_t *budget, int n, double kvx,
+                      double extra_x, int allow_cuts, int *begin, unsigned char *reach, int *diff) {
+    int U = u->U;
+    memset(reach, 0, (size_t)n * (size_t)(U + 1));
+    reach[0] = 1;
+    for (int k = 0; k + 1 < n; k++) {
+        memset(diff, 0, sizeof(int) * (size_t)(U + 2));
+        const unsigned char *r = reach + (size_t)k * (size_t)(U + 1);
+        double cap = (double)budget[k];
+        for (int s0 = 0; s0 < U; s0++) {
+            if (!r[s0]) continue;
+            int lo = least_end(u, s0), hi = last_end(u, s0, kvx, cap);
+            if (hi > U - 1) hi = U - 1; /* a later stage needs a unit */
+            if (lo <= hi) { diff[lo]++; diff[hi + 1]--; }
+        }
+        unsigned char *nx = reach + (size_t)(k + 1) * (size_t)(U + 1);
+        for (int b = 0, run = 0; b < U; b++) {
+            run += diff[b];
+            nx[b] = run > 0 && may_begin(u, p, b, allow_cuts);
+        }
+    }
+    /* the last stage ends at U; trace back a split */
+    int e = U;
+    for (int k = n - 1; k >= 0; k--) {
+        const unsigned char *r = reach + (size_t)k * (size_t)(U + 1);
+        double cap = (double)budget[k] - (k == n - 1 ? extra_x : 0);
+        int found = -1;
+        for (int s0 = 0; s0 < e && found < 0; s0++)
+            if (r[s0] && least_end(u, s0) <= e && unit_cost(u, s0, e, kvx) <= cap) found = s0;
+        if (found < 0) return 0;
+        begin[k] = found;
+        e = found;
+    }
+    return e == 0;
+}
+
+static void begins_to_ends(const split_units *u, const int *begin, int n, int *ends, int *cuts) {
+    for (int k = 0; k < n; k++) {
+        if (k == n - 1) { ends[k] = u->layer[u->U - 1] + 1; cuts[k] = 0; continue; }
+        int b = begin[k + 1];
+        if (u->kind[b] == 0) { ends[k] = u->layer[b]; cuts[k] = 0; }
+        else { ends[k] = u->layer[b] + 1; cuts[k] = u->kind[b] - 1; }
+    }
+}
+
+eg_status eg_plan_split_kv(const eg_plan_layer_parts *parts, int L, const int64_t *budget, int n,
+                           int64_t kv_per_token_layer, int64_t extra_last_per_token, int allow_cuts, int *ends,
+                           int *cuts, int64_t *tokens, eg_error *err) {
+    *tokens = 0;
+    if (n < 1 || L < 1) return eg_fail(err, EG_ERR_INVALID, "cannot split %d layers into %d stages", L, n);
+    split_units u;
+    int *begin = malloc(sizeof(int) * (size_t)n), *best = malloc(sizeof(int) * (size_t)n), *diff = NULL;
+    unsigned char *reach = NULL;
+    if (!begin || !best || !units_make(parts, L, &u)) {
+        free(begin);
+        free(best);
+        return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    }
+    reach = malloc((size_t)n * (size_t)(u.U + 1));
+    diff = malloc(sizeof(int) * (size_t)(u.U + 2));
+    if (!reach || !diff) {
+        free(reach); free(diff); free(begin); free(best); units_free(&u);
+        return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    }
+    eg_status st = EG_OK;
+    if (!split_fits(&u, parts, budget, n, 0, 0, allow_cuts, begin, reach, diff)) {
+        st = eg_fail(err, EG_ERR_NOMEM, "the weights of %d layers do not fit %d stages' memory, even without a cache",
+                     L, n);
+    } else {
+        memcpy(best, begin, sizeof(int) * (size_t)n);
+        int64_t lo = 0, hi = 1;
+        for (int k = 0; k < n; k++) hi += budget[k] > 0 ? budget[k] : 0;
+        hi = hi / (kv_per_token_layer > 0 ? kv_per_token_layer : 1) + 1;
+        while (lo + 1 < hi) { /* lo fits, hi does not */
+            int64_t mid = lo + (hi - lo) / 2;
+            if (split_fits(&u, parts, budget, n, (double)mid * (double)kv_per_token_layer,
+                           (double)mid * (double)extra_last_per_token, allow_cuts, begin, reach, diff)) {
+                lo = mid;
+                memcpy(best, begin, sizeof(int) * (size_t)n);
+            } else {
+                hi = mid;
+            }
+        }
+        begins_to_ends(&u, best, n, ends, cuts);
+        *tokens = lo;
+    }
+    units_free(&u);
+    free(reach);
+    free(diff);
+    free(begin);
+    free(best);
+    return st;
+}
+
+int64_t eg_plan_split_kv_tokens(const eg_plan_layer_parts *parts, int L, const int64_t *budget, int n,
+                                int64_t kv_per_token_layer, int64_t extra_last_per_token, const int *ends,
+                                const int *cuts) {
+    int64_t best = -1;
+    for (int k = 0, b0 = 0; k < n; b0 = ends[k++]) {
+        int head = k && cuts && cuts[k - 1] ? cuts[k - 1] : 0, tail = k < n - 1 && cuts ? cuts[k] : 0;
+        int64_t w = 0, layers = 0;
+        if (head) w += (int64_t)(parts[b0 - 1].n_experts - head) * parts[b0 - 1].expert + parts[b0 - 1].shared;
+        for (int l = b0; l < ends[k] && l < L; l++) {
+            const eg_plan_layer_parts *q = &parts[l];
+            layers++;
+            if (tail && l == ends[k] - 1) w += q->attn + (int64_t)tail * q->expert;
+            else w += q->attn + (int64_t)q->n_experts * q->expert + q->shared;
+        }
+        int64_t per = kv_per_token_layer * layers + (k == n - 1 ? extra_last_per_token : 0);
+        int64_t left = budget[k] - w;
+        if (left < 0) return -1;
+        int64_t x = per > 0 ? left / per : INT64_MAX;
+        if (best < 0 || x < best) best = x;
+    }
+    return best;
 }
 
 void eg_plan_memory(const eg_config *c, const int64_t *layer_bytes, int64_t head, int64_t tail, const int *ends, int n,

@@ -16,6 +16,10 @@
 
 /* Bytes of layer l's weights as stored in a loaded model. */
 int64_t eg_plan_layer_bytes(const eg_model *m, int layer);
+/* Bytes of a layer split between two stages at expert cut (forward.h tail_cut/head_cut),
+ * on one side: side 0 everything but the routed experts [cut, E) and the shared expert
+ * (the stage that runs its attention), side 1 those. The sides sum to eg_plan_layer_bytes. */
+int64_t eg_plan_split_layer_bytes(const eg_model *m, int layer, int cut, int side);
 /* Bytes of the embedding (stage 0) and of final norm + lm_head (last stage). */
 int64_t eg_plan_head_bytes(const eg_model *m, int64_t *tail);
 /* The same from the config alone: BF16 dense weights, experts as the config's format
@@ -32,6 +36,37 @@ int64_t eg_plan_kv_bytes_per_token_layer(const eg_config *c);
 /* Split L layers into n stages minimising the largest stage cost. cost[l] is layer l's
  * cost; first/last add to stage 0 / stage n-1. ends[i] = end layer (exclusive) of stage i. */
 eg_status eg_plan_split(const double *cost, int L, double first, double last, int n, int *ends, eg_error *err);
+
+/* A split that may end a stage inside a MoE layer (engine.h stage_cuts), chosen for the
+ * largest common KV pool. Per layer: attn its bytes besides the routed and shared experts
+ * (norms, attention, router, or a dense MLP), expert one routed expert's bytes and
+ * n_experts their count (0 for a dense layer), shared the shared expert's bytes. */
+typedef struct eg_plan_layer_parts {
+    int64_t attn, expert, shared;
+    int n_experts;
+} eg_plan_layer_parts;
+/* parts[l] from a loaded model (exact bytes; every routed expert of a layer the same size),
+ * or from the config alone (eg_plan_layer_bytes_cfg's parts). */
+void eg_plan_layer_parts_of(const eg_model *m, int layer, eg_plan_layer_parts *out);
+void eg_plan_layer_parts_cfg(const eg_config *c, int layer, eg_plan_layer_parts *out);
+/* Split L layers into n stages for the largest X such that every stage k fits
+ *   budget[k] >= its weights + X * (kv_per_token_layer * the layers whose attention it runs
+ *                                   + (k == n - 1 ? extra_last_per_token : 0)),
+ * budget[k] being what its device holds for weights and cache (with the embedding and head
+ * already taken off stage 0 and the last). A stage ends at a layer boundary or, with
+ * allow_cuts, inside a MoE layer between experts c-1 and c (cuts[k] = c, 0 < c < E; the
+ * next stage then holds experts [c, E), the shared expert, and at least the next layer's
+ * attention). ends/cuts: [n]; *tokens: X. EG_ERR_NOMEM (the message says so) when even X
+ * = 0 does not fit, or the layers cannot fill n stages. Greedy fill per X (optimal for a
+ * contiguous split), binary search over X. */
+eg_status eg_plan_split_kv(const eg_plan_layer_parts *parts, int L, const int64_t *budget, int n,
+                           int64_t kv_per_token_layer, int64_t extra_last_per_token, int allow_cuts, int *ends,
+                           int *cuts, int64_t *tokens, eg_error *err);
+/* X of a given split (ends, cuts as above; cuts NULL = whole layers): min over stages of
+ * (budget - weights) / per-token bytes; -1 when some stage's weights do not fit. */
+int64_t eg_plan_split_kv_tokens(const eg_plan_layer_parts *parts, int L, const int64_t *budget, int n,
+                                int64_t kv_per_token_layer, int64_t extra_last_per_token, const int *ends,
+                                const int *cuts);
 
 typedef struct eg_stage_mem {
     int begin, end;          /* layers [begin, end) */

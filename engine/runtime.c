@@ -27,6 +27,7 @@ struct eg_runtime {
     eg_ep_runtime *volatile stop_ep;  /* or, with ep ranks, every rank of this */
     int *aux;                 /* [n_aux] copy */
     int *stage_ends;          /* [n_stages] */
+    int *stage_cuts;          /* [n_stages] 0, or the expert stage k's last layer is split at */
     int *stage_device;        /* [n_stages] */
     int64_t *stage_bytes;     /* [n_stages] */
     eg_runtime_info info;
@@ -34,23 +35,55 @@ struct eg_runtime {
 
 eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int64_t tail_extra, int *ends, int *n,
                                   eg_error *err) {
+    return eg_runtime_parse_stages_cuts(stages, m, tail_extra, ends, NULL, n, err);
+}
+
+eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, int64_t tail_extra, int *ends, int *cuts,
+                                       int *n, eg_error *err) {
     const eg_config *c = &m->cfg;
     int cap = 1;
     for (const char *p = stages; *p; p++) cap += *p == ',';
-    int *vals = eg_calloc((size_t)cap, sizeof *vals, err), nv = 0;
-    if (!vals) return EG_ERR_NOMEM;
+    int *vals = eg_calloc((size_t)cap, sizeof *vals, err), *vcut = eg_calloc((size_t)cap, sizeof *vcut, err), nv = 0;
+    if (!vals || !vcut) { free(vals); free(vcut); return EG_ERR_NOMEM; }
     eg_status st = EG_OK;
     const char *s = stages;
     while (*s) {
         char *e;
-        long v = strtol(s, &e, 10);
-        if (e == s || v < 1 || nv >= cap || (*e && *e != ',')) {
-            free(vals);
-            return eg_fail(err, EG_ERR_INVALID, "--stages: expected N or comma-separated end layers, got '%s'", stages);
+        long v = strtol(s, &e, 10), x = 0;
+        int bad = e == s || v < 1 || nv >= cap;
+        if (!bad && *e == ':') { /* END:CUT, the last layer split at expert CUT */
+            const char *q = e + 1;
+            x = strtol(q, &e, 10);
+            bad = e == q || x < 1;
         }
-        vals[nv++] = (int)v;
+        if (bad || (*e && *e != ',')) {
+            free(vals);
+            free(vcut);
+            return eg_fail(err, EG_ERR_INVALID, "--stages: expected N or comma-separated end layers, got '%s' (an end is "
+                           "END, or END:CUT to split layer END-1's routed experts)", stages);
+        }
+        vals[nv] = (int)v;
+        vcut[nv++] = (int)x;
         s = *e ? e + 1 : e;
     }
+    for (int i = 0; i < nv; i++) {
+        if (!vcut[i]) continue;
+        const char *why = !cuts ? "a layer split (END:CUT) is not taken here"
+                          : i == nv - 1 ? "the last stage ends the model and has no layer to split"
+                          : vals[i] > c->n_layers ? "END is past the model's layers"
+                          : !m->layers[vals[i] - 1].is_moe ? "layer END-1 is dense (no routed experts to split)"
+                          : vcut[i] >= c->n_experts ? "CUT must be below the routed expert count"
+                                                    : NULL;
+        if (why) {
+            st = eg_fail(err, EG_ERR_INVALID, "--stages %s: stage %d's end %d:%d (layer %d of %d, %d routed experts): %s",
+                         stages, i, vals[i], vcut[i], vals[i] - 1, c->n_layers, c->n_experts, why);
+            free(vals);
+            free(vcut);
+            return st;
+        }
+    }
+    if (cuts) memcpy(cuts, vcut, sizeof(int) * (size_t)nv);
+    free(vcut);
     if (nv == 1) {
         if (vals[0] > c->n_layers) {
             st = eg_fail(err, EG_ERR_INVALID, "--stages %d: the model has %d layers", vals[0], c->n_layers);
@@ -92,9 +125,80 @@ void eg_runtime_free(eg_runtime *rt) {
     if (rt->owns_model) eg_model_free(&rt->own_model);
     free(rt->aux);
     free(rt->stage_ends);
+    free(rt->stage_cuts);
     free(rt->stage_device);
     free(rt->stage_bytes);
     free(rt);
+}
+
+/* Stage k's layer bytes (no embedding or head): its whole layers, and each side of a split
+ * layer it holds (stage_cuts: its own last layer's attention side, the previous stage's
+ * last layer's expert side). */
+static int64_t stage_layer_bytes(const eg_model *m, const int *ends, const int *cuts, int n_stages, int k) {
+    int b0 = k ? ends[k - 1] : 0, end = n_stages > 1 ? ends[k] : m->cfg.n_layers;
+    int head = k && cuts[k - 1] ? cuts[k - 1] : 0, tail = k < n_stages - 1 ? cuts[k] : 0;
+    int64_t b = head ? eg_plan_split_layer_bytes(m, b0 - 1, head, 1) : 0;
+    for (int l = b0; l < end && l < m->cfg.n_layers; l++)
+        b += tail && l == end - 1 ? eg_plan_split_layer_bytes(m, l, tail, 0) : eg_plan_layer_bytes(m, l);
+    return b;
+}
+
+/* --stages N on planned GPUs, one stage per GPU, no ranks: the split with the largest
+ * common KV pool (eg_plan_split_kv), layers cut inside where that holds more than the
+ * byte-balanced whole-layer split already in rt->stage_ends; the output is the same
+ * either way (the routed sum continues across a cut). Each stage's budget is what its
+ * GPU's plan leaves for weights and cache, less the embedding (stage 0), the head and
+ * the drafter's weights (the last, whose cache also grows by the drafter's per token);
+ * activations are counted with every capture staged (an upper bound). Notes the choice. */
+static eg_status balance_stages(eg_runtime *rt, const eg_runtime_opts *o, const eg_backend_opts *bo, int n,
+                                int64_t tail_extra, int64_t draft_tok, eg_error *err) {
+    const eg_model *m = rt->m;
+    const eg_config *c = &m->cfg;
+    int L = c->n_layers;
+    eg_plan_layer_parts *parts = eg_calloc((size_t)L, sizeof *parts, err);
+    int64_t *budget = eg_calloc((size_t)n, sizeof *budget, err);
+    int *ends = eg_calloc((size_t)n, sizeof *ends, err), *cuts = eg_calloc((size_t)n, sizeof *cuts, err);
+    eg_status st = EG_OK;
+    if (!parts || !budget || !ends || !cuts) { st = EG_ERR_NOMEM; goto out; }
+    for (int l = 0; l < L; l++) eg_plan_layer_parts_of(m, l, &parts[l]);
+    int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
+    int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(rt->aux, o->n_aux, 0, L) : 0;
+    int64_t act = eg_forward_act_bytes(c, o->max_tokens, staged);
+    for (int k = 0; k < n; k++) {
+        eg_backend_opts so = *bo;
+        so.device = o->device + k;
+        eg_cuda_mem_plan mp;
+        eg_error ignored;
+        st = o->plan_total_bytes > 0 ? eg_cuda_plan_mem(c, &so, o->gpu_mem_fraction, o->plan_total_bytes,
+                                                        o->plan_free_bytes, 0, act, 1, 0, 64, &mp, &ignored)
+                                     : eg_cuda_plan(c, &so, o->gpu_mem_fraction, 0, act, 1, 0, 64, &mp, &ignored);
+        if (st) { st = EG_OK; goto out; } /* no plan for this GPU: the whole-layer split stays (plan_cuda says why) */
+        budget[k] = mp.budget_bytes - act - mp.scratch_bytes - (k == 0 ? head : 0) - (k == n - 1 ? tail + tail_extra : 0);
+    }
+    int64_t kvb = eg_plan_kv_bytes_per_token_layer(c), x_cut = 0;
+    int64_t x_whole = eg_plan_split_kv_tokens(parts, L, budget, n, kvb, draft_tok, rt->stage_ends, NULL);
+    eg_error ignored;
+    if (eg_plan_split_kv(parts, L, budget, n, kvb, draft_tok, 1, ends, cuts, &x_cut, &ignored) || x_cut <= x_whole)
+        goto out;
+    memcpy(rt->stage_ends, ends, sizeof(int) * (size_t)n);
+    memcpy(rt->stage_cuts, cuts, sizeof(int) * (size_t)n);
+    if (o->note) {
+        char line[1024];
+        int at = snprintf(line, sizeof line, "stage split: --stages");
+        for (int k = 0; k < n && at < (int)sizeof line - 24; k++)
+            at += snprintf(line + at, sizeof line - (size_t)at, cuts[k] ? "%s%d:%d" : "%s%d", k ? "," : " ", ends[k],
+                           cuts[k]);
+        snprintf(line + at, sizeof line - (size_t)at, ", layers split between stages for the largest common KV pool "
+                 "(about %lld tokens; %lld at whole layers; the same samples either way)", (long long)x_cut,
+                 (long long)(x_whole > 0 ? x_whole : 0));
+        o->note(o->note_ctx, line);
+    }
+out:
+    free(parts);
+    free(budget);
+    free(ends);
+    free(cuts);
+    return st;
 }
 
 /* The per-GPU memory plan (cuda, gpu_mem_fraction > 0): weights and activations of
@@ -138,12 +242,19 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
                     if (mine > most) most = mine;
                 }
                 wbytes += most;
+            } else if (ep > 1) {
+                for (int l = b0; l < end; l++) wbytes += eg_ep_runtime_layer_bytes(m, l, ep, -1);
             } else {
-                for (int l = b0; l < end; l++)
-                    wbytes += ep > 1 ? eg_ep_runtime_layer_bytes(m, l, ep, -1) : eg_plan_layer_bytes(m, l);
+                /* (a stage beside a cut holds its working rows as the hand-over's planes:
+                   the same activation bytes) */
+                wbytes += stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k);
             }
             wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
-            int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(rt->aux, o->n_aux, b0, end) : 0;
+            /* a split layer's output is captured on the stage after the cut */
+            int hcut = k && rt->stage_cuts[k - 1], tcut = k < n_stages - 1 && rt->stage_cuts[k];
+            int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(rt->aux, o->n_aux, b0 - hcut, end - tcut) -
+                                                        (hcut && b0 == 1 ? eg_forward_staged_captures(rt->aux, o->n_aux, 0, 0) : 0)
+                                                  : 0;
             act += eg_forward_act_bytes(c, o->max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, bo) : 0);
             layers += end - b0;
         }
@@ -243,21 +354,36 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     /* the stage split */
     int n_stages = 1, explicit_ends = 0;
     rt->stage_ends = eg_calloc((size_t)(c->n_layers > o->n_stages ? c->n_layers : o->n_stages) + 1, sizeof(int), err);
-    if (!rt->stage_ends) { st = EG_ERR_NOMEM; goto fail; }
+    rt->stage_cuts = eg_calloc((size_t)(c->n_layers > o->n_stages ? c->n_layers : o->n_stages) + 1, sizeof(int), err);
+    if (!rt->stage_ends || !rt->stage_cuts) { st = EG_ERR_NOMEM; goto fail; }
     rt->stage_ends[0] = c->n_layers;
     if (o->stages) {
         /* on CUDA the drafter sits on the last stage's GPU (each rank's with ep, where the
          * split weighs whole layers): its weights count in that stage's share */
         int64_t tail_extra = cuda ? draft_w * (o->ep > 1 ? o->ep : 1) : 0;
-        if ((st = eg_runtime_parse_stages(o->stages, m, tail_extra, rt->stage_ends, &n_stages, err))) goto fail;
+        if ((st = eg_runtime_parse_stages_cuts(o->stages, m, tail_extra, rt->stage_ends, rt->stage_cuts, &n_stages, err)))
+            goto fail;
+        /* "N" on planned GPUs, one each, no ranks: layers may be split for a larger pool */
+        if (n_stages > 1 && !strchr(o->stages, ',') && cuda && o->gpu_mem_fraction > 0 && o->ep <= 1 &&
+            (o->gpus <= 0 || o->gpus >= n_stages) && !o->whole_layers &&
+            (st = balance_stages(rt, o, &bo, n_stages, tail_extra, draft_tok, err)))
+            goto fail;
         if (n_stages < 1) { /* "--stages ''": one stage */
             n_stages = 1;
             rt->stage_ends[0] = c->n_layers;
         }
     } else if (o->stage_ends && o->n_stages > 0) {
         memcpy(rt->stage_ends, o->stage_ends, sizeof(int) * (size_t)o->n_stages);
+        if (o->stage_cuts) memcpy(rt->stage_cuts, o->stage_cuts, sizeof(int) * (size_t)o->n_stages);
         n_stages = o->n_stages;
         explicit_ends = 1;
+    }
+    int any_cut = 0;
+    for (int k = 0; k < n_stages; k++) any_cut |= rt->stage_cuts[k] > 0;
+    if (any_cut && o->ep > 1) {
+        st = eg_fail(err, EG_ERR_INVALID, "--stages with a layer split (END:CUT) and --ep %d: a split layer's experts "
+                     "over expert-parallel ranks is not built; use whole-layer ends with --ep", o->ep);
+        goto fail;
     }
     rt->info.n_stages = n_stages;
     /* the KV pool, the slot count and the host budget */
@@ -308,8 +434,9 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         goto fail;
     }
     for (int k = 0, b0 = 0; k < n_stages; b0 = rt->stage_ends[k++]) {
-        int64_t bytes = 0, tail = 0, head = eg_plan_head_bytes(m, &tail);
-        for (int l = b0; l < rt->stage_ends[k] && l < c->n_layers; l++) bytes += eg_plan_layer_bytes(m, l);
+        int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
+        int64_t bytes = stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k);
+        (void)b0;
         rt->stage_bytes[k] = bytes + (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
         rt->stage_device[k] = cuda ? o->device + (o->gpus > 0 ? k % o->gpus : k) : k;
     }
@@ -339,6 +466,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         in->kv_blocks = eg_forward_kv(rt->fwd)->n_blocks;
         in->kv_capacity = in->kv_capacity_all = in->kv_blocks * block;
         in->stage_ends = rt->stage_ends;
+        in->stage_cuts = rt->stage_cuts;
         in->stage_device = rt->stage_device;
         in->stage_weight_bytes = rt->stage_bytes;
         in->transport = "none";
@@ -352,6 +480,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
                          .block_size = (int)block, .kv_blocks = kv_blocks, .aux_layers = rt->aux, .n_aux = o->n_aux,
                          .final_pre_norm = o->final_pre_norm, .final_both = o->final_both,
                          .want_logits = o->want_logits, .stage_ends = pass_ends ? rt->stage_ends : NULL,
+                         .stage_cuts = pass_ends && any_cut ? rt->stage_cuts : NULL,
                          .n_stages = pass_ends ? n_stages : 0, .stage_backends = threaded ? rt->stage_be : NULL,
                          .micro_batches = o->micro_batches, .transport = o->transport, .kv_policy = o->kv_policy,
                          .host_kv_bytes = host_kv, .capture_bf16 = o->capture_bf16,
@@ -420,6 +549,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     in->host_kv_bytes = host_kv;
     in->seq_host_bytes = seq_host;
     in->stage_ends = rt->stage_ends;
+    in->stage_cuts = rt->stage_cuts;
     in->stage_device = rt->stage_device;
     in->stage_weight_bytes = rt->stage_bytes;
     in->transport = eg_engine_transport(rt->engine);

@@ -17,7 +17,7 @@
  * Errors are values naming the option at fault; nothing here prints or exits.
  * Ownership: the runtime owns its backends and engines, and the model when it loaded
  * it (opts.model_dir); a borrowed opts.model must outlive it. The option arrays
- * (aux_layers, stage_ends) are copied. eg_runtime_free accepts NULL.
+ * (aux_layers, stage_ends, stage_cuts) are copied. eg_runtime_free accepts NULL.
  * Thread safety: one thread creates, runs and frees a runtime; eg_runtime_request_stop
  * is safe from a signal handler; eg_runtime_stats may be called from next()/done(). */
 #ifndef EG_RUNTIME_H
@@ -39,8 +39,12 @@ typedef struct eg_runtime_opts {
     double gpu_mem_fraction;    /* cuda: plan the KV pool from this share of each GPU's memory;
                                    0 = no plan (the pool is kv_tokens, or the engine's default) */
     /* layout */
-    const char *stages;         /* "N" (balanced by bytes) or "e0,e1,...,L"; NULL = one stage */
+    const char *stages;         /* "N" (balanced by bytes) or "e0,e1,...,L", an end as END:CUT to
+                                   split layer END-1 between two stages; NULL = one stage */
     const int *stage_ends;      /* instead of stages: [n_stages] end layers, passed as given */
+    const int *stage_cuts;      /* with stage_ends: [n_stages] 0 or a layer split (engine.h), or NULL */
+    int whole_layers;           /* "N" on planned GPUs: keep the byte-balanced whole-layer split
+                                   (else layers may be split for the largest KV pool) */
     int n_stages;
     int stage_threads;          /* 1: a backend and a thread per stage (generate); 0: stages one
                                    after another on one backend (forward) */
@@ -102,6 +106,8 @@ typedef struct eg_runtime_info {
                                    rows in BF16 with capture_bf16, else F32, and its tokens) */
     int n_stages;               /* 1 = no split */
     const int *stage_ends;      /* [n_stages] */
+    const int *stage_cuts;      /* [n_stages] 0, or the routed expert stage k's last layer is split
+                                   at (the next stage runs experts [cut, E) of that layer) */
     const int *stage_device;    /* [n_stages] GPU (cuda) or stage thread (cpu) */
     const int64_t *stage_weight_bytes; /* [n_stages] as stored, with embedding / head */
     const char *transport;      /* between stages ("none" for one stage) */
@@ -152,6 +158,12 @@ eg_forward *eg_runtime_forward(const eg_runtime *rt);
  * stage holds beside its layers and lm_head (the drafter on its GPU), counted in its share. */
 eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int64_t tail_extra, int *ends, int *n,
                                   eg_error *err);
+/* The same, where an end may split its stage's last layer: "END:CUT" runs layer END-1's
+ * attention and routed experts [0, CUT) on that stage and its experts [CUT, E), shared
+ * expert and residual add on the next (engine.h stage_cuts; a MoE layer, not the last
+ * stage's). cuts: [L] at least, 0 for a whole-layer end; NULL refuses the syntax. */
+eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, int64_t tail_extra, int *ends, int *cuts,
+                                       int *n, eg_error *err);
 
 /* --layout: an explicit "ppP", "epE", "ppPxepE", "epE+ffn" / "ppPxepE+ffn" or "epE+split" /
  * "ppPxepE+split", or "auto":

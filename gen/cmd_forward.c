@@ -1,6 +1,7 @@
 /* eaglegen forward — teacher-forced hidden states and logits for token prompts, in the
  * fixtures' golden layout. A user's tool for validating a deployment against a
  * reference, and the engine's test harness. */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -34,7 +35,9 @@ static void usage(FILE *f) {
             "  --threads N        CPU threads (default: all cores, or $EG_THREADS)\n"
             "  --chunk N          rows per forward step, i.e. the prefill chunk (default 256)\n"
             "  --block-size N     KV cache block size in tokens (default 64)\n"
-            "  --stages a,b,...   run the layers as pipeline stages ending at these layers\n"
+            "  --stages a,b,...   run the layers as pipeline stages ending at these layers; an\n"
+            "                     end a:CUT splits layer a-1's routed experts at CUT between\n"
+            "                     two stages (the same bytes either way)\n"
             "  -h, --help         this text\n");
 }
 
@@ -154,7 +157,7 @@ int cmd_forward(int argc, char **argv) {
     memset(&model, 0, sizeof model);
     eg_runtime *rt = NULL;
     eg_st_writer *w = NULL;
-    int rc = 1, *aux = NULL, stage_ends[256], n_stages = 0;
+    int rc = 1, *aux = NULL, stage_ends[256], stage_cuts[256] = {0}, n_stages = 0, any_cut = 0;
     fwd_ctx ctx = {0};
     if (eg_model_load(model_dir, &model, &err)) goto fail;
     const eg_config *c = &model.cfg;
@@ -174,9 +177,31 @@ int cmd_forward(int argc, char **argv) {
         }
         if ((int)json_array_size(p) > max_len) max_len = (int)json_array_size(p);
     }
-    if (stages_arg && !gen_arg_int_list("forward", "--stages", stages_arg, 1, stage_ends, 256, &n_stages)) {
-        rc = 2;
-        goto fail;
+    if (stages_arg) { /* END or END:CUT, comma-separated */
+        const char *p = stages_arg;
+        int ok = *p != 0;
+        while (ok && *p) {
+            char *e;
+            long v = strtol(p, &e, 10), x = 0;
+            ok = e != p && v >= 1 && v <= 1 << 20 && n_stages < 256 && isdigit((unsigned char)*p);
+            if (ok && *e == ':') {
+                const char *q = e + 1;
+                x = strtol(q, &e, 10);
+                ok = e != q && x >= 1 && x <= 1 << 20 && isdigit((unsigned char)*q);
+            }
+            ok = ok && (!*e || (*e == ',' && e[1]));
+            if (ok) {
+                stage_ends[n_stages] = (int)v;
+                any_cut |= (stage_cuts[n_stages++] = (int)x) > 0;
+                p = *e ? e + 1 : e;
+            }
+        }
+        if (!ok) {
+            fprintf(stderr, "eaglegen forward: --stages expects ascending end layers a,b,... (an end as a:CUT), got "
+                            "'%s'\n", stages_arg);
+            rc = 2;
+            goto fail;
+        }
     }
     aux = malloc(sizeof(int) * (size_t)(c->n_layers + 1));
     if (!aux) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto fail; }
@@ -185,7 +210,8 @@ int cmd_forward(int argc, char **argv) {
     /* one backend; --stages run one after another on it (engine/runtime.h) */
     eg_runtime_opts ro = {.model = &model, .backend = backend, .threads = threads, .n_slots = n_slots,
                           .max_seq_len = max_len + generate + 1, .max_tokens = chunk, .block_size = block,
-                          .stage_ends = n_stages ? stage_ends : NULL, .n_stages = n_stages, .aux_layers = aux,
+                          .stage_ends = n_stages ? stage_ends : NULL, .stage_cuts = any_cut ? stage_cuts : NULL,
+                          .n_stages = n_stages, .aux_layers = aux,
                           .n_aux = c->n_layers + 1, .want_logits = 1};
     if (eg_runtime_create(&ro, &rt, &err)) goto fail;
     if (eg_st_writer_new(&w, &err)) goto fail;

@@ -61,6 +61,7 @@ typedef struct gen_args {
     int skip_bad;
     const char *stages;       /* --stages: "N" (balanced) or "e0,e1,...,L" */
     int micro_batches;
+    int whole_layers;         /* --whole-layers: --stages N on cuda keeps whole layers per stage */
     int ep;                   /* --ep: expert-parallel ranks (0 = off) */
     int ep_split;             /* --ep-split: eg_ep_split (none, ffn, all) */
     const char *layout;       /* --layout: ppP, epE, ppPxepE or auto (sets stages and ep) */
@@ -136,9 +137,16 @@ static void usage(FILE *f) {
             "  --shard-samples N       a shard ends after N samples (default: no sample limit)\n"
             "  --threads N             CPU threads (default: all cores, or $EG_THREADS)\n"
             "  --stages N|e0,e1,...    pipeline: split the layers into N stages balanced by bytes (on\n"
-            "                          cuda a --draft-model's weights count on the last stage), or\n"
-            "                          stages ending at the given layers; stage k runs on GPU k\n"
-            "                          (cuda) or its own thread (cpu) (default: one stage)\n"
+            "                          cuda a --draft-model's weights count on the last stage; with a\n"
+            "                          memory plan, one GPU per stage and no --ep, by the KV pool, which\n"
+            "                          may split layers: --whole-layers), or\n"
+            "                          stages ending at the given layers; an end END:CUT splits layer\n"
+            "                          END-1: its attention and routed experts 0..CUT-1 on that stage,\n"
+            "                          the rest on the next (exact; not with --ep); stage k runs on\n"
+            "                          GPU k (cuda) or its own thread (cpu) (default: one stage)\n"
+            "  --whole-layers          --stages N on cuda: whole layers per stage (by default a layer's\n"
+            "                          experts may be split between two stages where that gives every\n"
+            "                          stage a larger KV pool; the samples are the same either way)\n"
             "  --micro-batches M       micro-batches in flight with --stages (default: the stage count)\n"
             "  --ep E                  expert parallelism: E ranks (cpu: threads; cuda: rank r on GPU r,\n"
             "                          rows over NCCL), each with its own\n"
@@ -285,7 +293,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"shard-size", 1, 0, 'Z'},     {"kv-policy", 1, 0, 'K'},      {"kv-tokens", 1, 0, 'V'},
         {"host-kv-gb", 1, 0, 'W'},     {"ep", 1, 0, 'E'},             {"layout", 1, 0, 0x100},
         {"box", 1, 0, 0x101},          {"draft-model", 1, 0, 0x102},  {"draft-tokens", 1, 0, 0x103},
-        {"ep-split", 1, 0, 0x104},
+        {"ep-split", 1, 0, 0x104},     {"whole-layers", 0, 0, 0x105},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -409,6 +417,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             }
             break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
+        case 0x105: a->whole_layers = 1; break;
         case 'R': a->restart = 1; break;
         case 'D': a->dry_run = 1; break;
         case 'Z': if (!gen_arg_size("generate", "--shard-size", optarg, 1, &a->shard_bytes)) return 2; shard_size_set = 1; break;
@@ -436,11 +445,16 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         while (*p && ok) {
             if (!isdigit((unsigned char)*p)) ok = 0;
             while (isdigit((unsigned char)*p)) p++;
+            if (*p == ':') { /* END:CUT */
+                if (!isdigit((unsigned char)*++p)) ok = 0;
+                while (isdigit((unsigned char)*p)) p++;
+            }
             if (*p == ',' && !*++p) ok = 0;
             else if (*p && *p != ',' && !isdigit((unsigned char)*p)) ok = 0;
         }
         if (!ok) {
-            fprintf(stderr, "eaglegen generate: --stages expects N or ascending end layers e0,e1,...,L, got '%s'\n",
+            fprintf(stderr, "eaglegen generate: --stages expects N or ascending end layers e0,e1,...,L (an end as "
+                            "END:CUT splits layer END-1's experts at CUT), got '%s'\n",
                     a->stages);
             return 2;
         }
@@ -451,9 +465,9 @@ static int parse_args(int argc, char **argv, gen_args *a) {
                         "with E > 1 (got %d)\n", a->ep_split == EG_EP_SPLIT_ALL ? "all" : "ffn", a->ep > 0 ? a->ep : 1);
         return 2;
     }
-    if (!a->stages && (a->micro_batches || a->gpus || (a->transport && strcmp(a->transport, "auto")))) {
-        fprintf(stderr, "eaglegen generate: --micro-batches, --gpus and --transport apply to pipeline stages; "
-                        "add --stages (see --help)\n");
+    if (!a->stages && (a->micro_batches || a->gpus || a->whole_layers || (a->transport && strcmp(a->transport, "auto")))) {
+        fprintf(stderr, "eaglegen generate: --micro-batches, --gpus, --whole-layers and --transport apply to pipeline "
+                        "stages; add --stages (see --help)\n");
         return 2;
     }
     if (a->draft_tokens && !a->draft_model) {
@@ -1028,6 +1042,7 @@ int cmd_generate(int argc, char **argv) {
         .model = &model, .backend = a.backend, .threads = a.threads, .gpus = a.gpus,
         .gpu_mem_fraction = a.gpu_mem_fraction, .stages = a.stages, .stage_threads = 1,
         .micro_batches = a.micro_batches, .transport = a.transport, .ep = a.ep, .ep_split = a.ep_split,
+        .whole_layers = a.whole_layers,
         .n_slots = a.batch, .max_seq_len = a.max_seq_len, .max_tokens = max_tokens,
         .kv_policy = a.kv_reserve ? EG_KV_RESERVE : EG_KV_ON_DEMAND, .kv_tokens = a.kv_tokens,
         .host_kv_bytes = a.host_kv_gb >= 0 ? (int64_t)(a.host_kv_gb * 1e9) : -1, .ram_bytes = mem_avail,
@@ -1138,10 +1153,16 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, " (%s)\n", ri->draft_aux_source);
         }
     }
-    for (int k = 0, b0 = 0; n_stages > 1 && k < n_stages; b0 = stage_ends[k++])
-        fprintf(stderr, "  stage %d: layers %d-%d, %.3f GB of weights, %s %d\n", k, b0, stage_ends[k] - 1,
+    for (int k = 0, b0 = 0; n_stages > 1 && k < n_stages; b0 = stage_ends[k++]) {
+        /* a split layer: its attention and experts [0, cut) end one stage, the rest opens the next */
+        char head[96] = "", tail[96] = "";
+        int hc = k ? ri->stage_cuts[k - 1] : 0, tc = k < n_stages - 1 ? ri->stage_cuts[k] : 0;
+        if (hc) snprintf(head, sizeof head, "layer %d's experts %d-%d, then ", b0 - 1, hc, c->n_experts - 1);
+        if (tc) snprintf(tail, sizeof tail, " (layer %d: attention and experts 0-%d)", stage_ends[k] - 1, tc - 1);
+        fprintf(stderr, "  stage %d: %slayers %d-%d%s, %.3f GB of weights, %s %d\n", k, head, b0, stage_ends[k] - 1, tail,
                 (double)ri->stage_weight_bytes[k] / 1e9, strcmp(a.backend, "cuda") ? "thread" : "GPU",
                 ri->stage_device[k]);
+    }
     if (n_stages > 1)
         fprintf(stderr, "  transport between stages: %s, %d micro-batches\n", ri->transport, ri->micro_batches);
 

@@ -449,6 +449,30 @@ int cmd_plan(int argc, char **argv) {
            "demand); reserving prompt %d + max_new %d each: %.0f\n",
            n, (long long)min_tokens, eg_plan_concurrency_on_demand(min_tokens, mean_len, wm), mean_len, len_from,
            prompt_len, max_new, eg_plan_concurrency_reserve(min_tokens, prompt_len, max_new));
+    if (n > 1) { /* what generate --stages N does on planned GPUs (engine/runtime.c): split layers if that holds more */
+        eg_plan_layer_parts *parts = malloc(sizeof *parts * (size_t)L);
+        int64_t *budget = malloc(sizeof *budget * (size_t)n);
+        int *ce = malloc(sizeof *ce * (size_t)n), *cc = malloc(sizeof *cc * (size_t)n);
+        eg_error perr = {0};
+        int64_t x = 0;
+        if (parts && budget && ce && cc) {
+            for (int l = 0; l < L; l++) {
+                if (model_dir) eg_plan_layer_parts_of(&m, l, &parts[l]);
+                else eg_plan_layer_parts_cfg(c, l, &parts[l]);
+            }
+            for (int k = 0; k < n; k++)
+                budget[k] = (int64_t)(dev * frac) - (int64_t)(act_gb * 1e9) - (k == 0 ? head : 0) - (k == n - 1 ? tail : 0);
+            if (!eg_plan_split_kv(parts, L, budget, n, kv_layer, 0, 1, ce, cc, &x, &perr) && x > min_tokens) {
+                printf("\nwith layers split between stages (generate --stages %d on planned GPUs; --whole-layers keeps the "
+                       "split above): --stages ", n);
+                for (int k = 0; k < n; k++) printf(cc[k] ? "%s%d:%d" : "%s%d", k ? "," : "", ce[k], cc[k]);
+                printf("\n  %lld token slots box-wide (%+.0f%%), %.0f concurrent sequences at mean length %.0f (on demand)\n",
+                       (long long)x, 100.0 * ((double)x / (double)(min_tokens > 0 ? min_tokens : 1) - 1),
+                       eg_plan_concurrency_on_demand(x, mean_len, wm), mean_len);
+            }
+        }
+        free(parts); free(budget); free(ce); free(cc);
+    }
     double tp_free = dev * frac - (double)total / n - act_gb * 1e9;
     double tp_tokens = tp_free > 0 ? tp_free / (double)(kv_layer * L) : 0;
     printf("tensor parallel (%d GPUs, latent cache on every GPU): %.0f token slots, %.0f concurrent sequences (on "

@@ -107,6 +107,11 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
         while (*p) {
             char *e;
             long v = strtol(p, &e, 10);
+            if (e != p && *e == ':') { /* END:CUT, a layer split between two stages (checked by the runtime) */
+                const char *q = e + 1;
+                long x = strtol(q, &e, 10);
+                if (e == q || x < 1) e = (char *)q - 1;
+            }
             if (e == p || v < 1 || v <= last || (*e && *e != ',')) {
                 eg_fail(&err, EG_ERR_INVALID, "--stages: expected N or increasing end layers, got '%s'", o->stages);
                 goto done;

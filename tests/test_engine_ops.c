@@ -629,8 +629,98 @@ static void test_plan_split(void) {
     CHECK(sm[0].free_bytes == 3400 && sm[0].kv_tokens == 3400 / (2 * (c.kv_lora_rank + c.qk_rope)));
 }
 
+/* All valid splits of n stages (ends ascending, a cut c in 1..E-1 inside a MoE layer that
+ * is not the last, the stage after a cut reaching past the next layer's start), the best X
+ * by eg_plan_split_kv_tokens: the brute force the greedy search must match. */
+static int64_t brute_kv(const eg_plan_layer_parts *p, int L, const int64_t *budget, int n, int64_t kvb, int64_t extra,
+                        int k, int *ends, int *cuts, int allow_cuts) {
+    if (k == n - 1) {
+        ends[k] = L;
+        cuts[k] = 0;
+        if (k && ends[k] <= ends[k - 1]) return -1;
+        return eg_plan_split_kv_tokens(p, L, budget, n, kvb, extra, ends, cuts);
+    }
+    int64_t best = -1;
+    int lo = k ? ends[k - 1] + 1 : 1;
+    for (int e = lo; e < L; e++)
+        for (int c = 0; c < (allow_cuts && p[e - 1].n_experts > 0 && e < L ? p[e - 1].n_experts : 1); c++) {
+            ends[k] = e;
+            cuts[k] = c;
+            int64_t x = brute_kv(p, L, budget, n, kvb, extra, k + 1, ends, cuts, allow_cuts);
+            if (x > best) best = x;
+        }
+    return best;
+}
+
+static void test_plan_split_kv(void) {
+    rs = eg_test_seed() + 13;
+    eg_error err = {0};
+    /* small random cases against the brute force, with and without cuts */
+    for (int trial = 0; trial < 300; trial++) {
+        int L = 2 + (int)(urand() * 4), n = 1 + (int)(urand() * (L < 4 ? L : 4)), E = 2 + (int)(urand() * 4);
+        eg_plan_layer_parts p[6];
+        int64_t budget[4], wsum = 0;
+        for (int l = 0; l < L; l++) {
+            int moe = l > 0 || urand() < 0.3;
+            p[l] = (eg_plan_layer_parts){.attn = 50 + (int64_t)(urand() * 100), .n_experts = moe ? E : 0,
+                                         .expert = moe ? 20 + (int64_t)(urand() * 60) : 0,
+                                         .shared = moe ? (int64_t)(urand() * 40) : 0};
+            wsum += p[l].attn + (int64_t)p[l].n_experts * p[l].expert + p[l].shared;
+        }
+        for (int k = 0; k < n; k++) budget[k] = wsum / n + (int64_t)(urand() * (double)wsum);
+        int64_t kvb = 1 + (int64_t)(urand() * 5), extra = urand() < 0.5 ? 0 : (int64_t)(urand() * 4);
+        for (int cutsok = 0; cutsok < 2; cutsok++) {
+            int ends[4], cuts[4], be[4], bc[4];
+            int64_t want = brute_kv(p, L, budget, n, kvb, extra, 0, be, bc, cutsok), got = -1;
+            eg_status st = eg_plan_split_kv(p, L, budget, n, kvb, extra, cutsok, ends, cuts, &got, &err);
+            if (want < 0) {
+                CHECKF(st != EG_OK, "trial %d (cuts %d): no split fits, yet the search found X %lld", trial, cutsok,
+                       (long long)got);
+                continue;
+            }
+            CHECKF(st == EG_OK, "trial %d (cuts %d): %s (the brute force fits X %lld)", trial, cutsok, err.msg,
+                   (long long)want);
+            if (st) continue;
+            int64_t again = eg_plan_split_kv_tokens(p, L, budget, n, kvb, extra, ends, cuts);
+            CHECKF(got == want && again == got, "trial %d (L %d, n %d, E %d, cuts %d): X %lld, its split holds %lld, "
+                   "the brute force %lld", trial, L, n, E, cutsok, (long long)got, (long long)again, (long long)want);
+            for (int k = 0; k < n; k++) CHECK(cutsok || cuts[k] == 0);
+        }
+    }
+    /* Kimi-K2.5's shape on 8 stages of 86 GB each (head / tail taken off stages 0 and 7):
+       with cuts the pool comes within 3% of the free bytes pooled (what is left is the
+       granularity of a layer's attention with its cache, ~2.7 GB, which a stage takes whole)
+       and 20% above whole layers */
+    enum { KL = 61, KN = 8 };
+    eg_plan_layer_parts kp[KL];
+    int64_t kb[KN], total = 0;
+    for (int l = 0; l < KL; l++) {
+        int moe = l >= 1;
+        kp[l] = (eg_plan_layer_parts){.attn = 380000000, .n_experts = moe ? 384 : 0, .expert = moe ? 22118400 : 0,
+                                      .shared = moe ? 88080384 : 0};
+        if (!moe) kp[l].attn += 396361728; /* the dense MLP */
+        total += kp[l].attn + (int64_t)kp[l].n_experts * kp[l].expert + kp[l].shared;
+    }
+    for (int k = 0; k < KN; k++) kb[k] = 86000000000ll - (k == 0 ? 2348810240ll : 0) - (k == KN - 1 ? 2348810240ll : 0);
+    int ends[KN], cuts[KN];
+    int64_t xc = 0, xw = 0, kvb = 1152, sum = 0;
+    CHECK_OK(eg_plan_split_kv(kp, KL, kb, KN, kvb, 0, 1, ends, cuts, &xc, &err), &err);
+    CHECK_OK(eg_plan_split_kv(kp, KL, kb, KN, kvb, 0, 0, ends, cuts, &xw, &err), &err);
+    for (int k = 0; k < KN; k++) sum += kb[k];
+    double pooled = (double)(sum - total) / (double)(kvb * KL);
+    printf("    kimi-k2.5 shape, 8 x 86 GB: %lld tokens with cuts, %lld with whole layers, %.0f pooled\n", (long long)xc,
+           (long long)xw, pooled);
+    CHECKF(xc >= 0.97 * pooled && xc > 1.2 * (double)xw, "with cuts %lld, whole layers %lld, pooled %.0f", (long long)xc,
+           (long long)xw, pooled);
+    /* nothing fits: refused with a reason */
+    int64_t tiny[KN] = {1, 1, 1, 1, 1, 1, 1, 1};
+    CHECK(eg_plan_split_kv(kp, KL, tiny, KN, kvb, 0, 1, ends, cuts, &xc, &err) == EG_ERR_NOMEM &&
+          strstr(err.msg, "do not fit"));
+}
+
 static const eg_test tests[] = {
     {"plan_split", test_plan_split},
+    {"plan_split_kv", test_plan_split_kv},
     {"int4_layout", test_int4_layout},     {"fp8_block", test_fp8_block},
     {"linear_formats", test_linear_formats}, {"rmsnorm_swiglu", test_rmsnorm_swiglu},
     {"swiglu_split_exact", test_swiglu_split_exact},

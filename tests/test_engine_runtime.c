@@ -161,7 +161,7 @@ static void test_layouts_identical(void) {
     CHECKF(gen > 0, "nothing generated");
     CHECK(last_stats.decode_tokens == gen && last_stats.sequences == NREQ);
 
-    static const int ends25[2] = {2, 5};
+    static const int ends25[2] = {2, 5}, ends345[3] = {3, 4, 5}, cuts345[3] = {11, 3, 0};
     struct {
         const char *name;
         const char *stages;
@@ -170,21 +170,30 @@ static void test_layouts_identical(void) {
         int64_t kv_tokens, host_kv_bytes;
         int max_seq_len;
         int auto_slots;
+        const int *cuts; /* with ends: stage_cuts */
     } v[] = {
-        {"two balanced stages, threaded", "2", NULL, 0, 1, 0, 2, 0, 0, 128, 0},
-        {"stages 1,3,5 one after another", "1,3,5", NULL, 0, 0, 0, 3, 0, 0, 128, 0},
-        {"explicit ends {2,5}, threaded", NULL, ends25, 2, 1, 0, 2, 0, 0, 128, 0},
-        {"--ep 2", NULL, NULL, 0, 1, 2, 1, 0, 0, 128, 0},
-        {"--ep 2 with two stages", "2", NULL, 0, 1, 2, 2, 0, 0, 128, 0},
-        {"--batch auto", NULL, NULL, 0, 1, 0, 1, 0, 0, 128, 1},
-        {"a pool that preempts (host copies)", NULL, NULL, 0, 1, 0, 1, 80, -1, 64, 0},
-        {"--ep 2 with two stages, a pool that preempts (recomputed)", "2", NULL, 0, 1, 2, 2, 144, 0, 64, 0},
+        {"two balanced stages, threaded", "2", NULL, 0, 1, 0, 2, 0, 0, 128, 0, NULL},
+        {"stages 1,3,5 one after another", "1,3,5", NULL, 0, 0, 0, 3, 0, 0, 128, 0, NULL},
+        {"explicit ends {2,5}, threaded", NULL, ends25, 2, 1, 0, 2, 0, 0, 128, 0, NULL},
+        {"--ep 2", NULL, NULL, 0, 1, 2, 1, 0, 0, 128, 0, NULL},
+        {"--ep 2 with two stages", "2", NULL, 0, 1, 2, 2, 0, 0, 128, 0, NULL},
+        {"--batch auto", NULL, NULL, 0, 1, 0, 1, 0, 0, 128, 1, NULL},
+        {"a pool that preempts (host copies)", NULL, NULL, 0, 1, 0, 1, 80, -1, 64, 0, NULL},
+        {"--ep 2 with two stages, a pool that preempts (recomputed)", "2", NULL, 0, 1, 2, 2, 144, 0, 64, 0, NULL},
+        /* a layer's routed experts split between two stages (END:CUT), the sum continued */
+        {"layer 1 split at expert 5, threaded", "2:5,5", NULL, 0, 1, 0, 2, 0, 0, 128, 0, NULL},
+        {"three splits (one of expert 0 alone, one of expert 15 alone), one after another", "2:1,3:8,4:15,5", NULL,
+         0, 0, 0, 4, 0, 0, 128, 0, NULL},
+        {"explicit ends {3,4,5} with cuts {11,3,0}, threaded", NULL, ends345, 3, 1, 0, 3, 0, 0, 128, 0, cuts345},
+        {"layer 2 split, a pool that preempts (host copies)", "3:7,5", NULL, 0, 1, 0, 2, 80, -1, 64, 0, NULL},
+        {"layer 2 split, a pool that preempts (recomputed)", "3:7,5", NULL, 0, 0, 0, 2, 80, 0, 64, 0, NULL},
     };
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
         results r = {0};
         o = base_opts();
         o.stages = v[k].stages;
         o.stage_ends = v[k].ends;
+        o.stage_cuts = v[k].cuts;
         o.n_stages = v[k].n_ends;
         o.stage_threads = v[k].threaded;
         o.ep = v[k].ep;
@@ -551,6 +560,9 @@ static void test_spec_layouts(void) {
         {"--ep 2 with two stages", "2", 2, 1, 3, 0, EG_EP_SPLIT_NONE},
         {"--ep 2, a pool that preempts", NULL, 2, 1, 3, 144, EG_EP_SPLIT_NONE},
         {"two threaded stages, a pool that preempts", "2", 0, 1, 3, 80, EG_EP_SPLIT_NONE},
+        {"a layer split between two threaded stages (3:6,5), a pool that preempts", "3:6,5", 0, 1, 3, 80,
+         EG_EP_SPLIT_NONE},
+        {"three threaded stages over two split layers (2:9,4:2,5), k 2", "2:9,4:2,5", 0, 1, 2, 0, EG_EP_SPLIT_NONE},
         {"--ep 4 --ep-split ffn", NULL, 4, 1, 3, 0, EG_EP_SPLIT_FFN},
         {"--ep 2 --ep-split ffn with two stages, a pool that preempts", "2", 2, 1, 3, 144, EG_EP_SPLIT_FFN},
         {"--ep 4 --ep-split all", NULL, 4, 1, 3, 0, EG_EP_SPLIT_ALL},
@@ -670,6 +682,7 @@ static void test_spec_plan(void) {
             o.plan_total_bytes = 2 * G;
             o.plan_free_bytes = 2 * G;
             o.stages = v[k].stages;
+            o.whole_layers = 1; /* the same split with and without the drafter (stage_balance) */
             o.stage_threads = 1;
             o.ep = v[k].ep;
             o.n_slots = v[k].n_slots;
@@ -821,6 +834,87 @@ static void test_forward_only(void) {
     eg_runtime_free(rt);
 }
 
+/* --stages N on planned GPUs (as if on devices of given memory: no GPU needed, the plan
+ * comes before any backend): where the memory is tight enough for the layer sizes to
+ * matter, the runtime splits layers between stages for a larger common KV pool than whole
+ * layers give (its note names the --stages it chose), never a smaller one, and the split
+ * it names runs on the CPU backend to the one-stage results. whole_layers keeps the
+ * byte-balanced split. */
+static void test_stage_balance(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    const int64_t G = (int64_t)1 << 30;
+    int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), layers = 0;
+    for (int l = 0; l < model.cfg.n_layers; l++) layers += eg_plan_layer_bytes(&model, l);
+    results ref = {0};
+    eg_runtime_info info;
+    eg_runtime_opts o = base_opts();
+    CHECK_OK(run(&o, &ref, &info, &err), &err);
+    int chose = 0, better = 0;
+    char chosen[128] = "";
+    for (int step = 0; step <= 24; step++) {
+        int64_t pool[2] = {0, 0};
+        char split[128] = "";
+        for (int whole = 0; whole < 2; whole++) {
+            notes nt = {0};
+            o = base_opts();
+            o.backend = "cuda";
+            o.stages = "2";
+            o.stage_threads = 1;
+            o.whole_layers = whole;
+            o.gpu_mem_fraction = 0.5;
+            o.plan_total_bytes = 2 * G;
+            /* the budget for weights and cache: free - 1.5 GiB (the fraction, the 512 MiB
+               headroom) less activations and scratch; swept over half to twice the layers */
+            eg_backend_opts bo = {.name = "cuda", .max_tokens = o.max_tokens, .max_seq_len = o.max_seq_len,
+                                  .nthreads = o.threads};
+            int64_t act = eg_forward_act_bytes(&model.cfg, o.max_tokens, NAUX), scratch = eg_cuda_scratch_bytes(&model.cfg, &bo);
+            o.plan_free_bytes = 3 * G / 2 + act + scratch + head + tail + layers / 2 + layers * step / 16;
+            o.note = keep_note;
+            o.note_ctx = &nt;
+            eg_runtime *rt = NULL;
+            eg_status st = eg_runtime_create(&o, &rt, &err);
+            eg_runtime_free(rt);
+            if (st && !strstr(err.msg, "cuda") && !strstr(err.msg, "CUDA")) continue; /* e.g. too little memory */
+            int first = 0;
+            if (nt.n > 0 && !strncmp(nt.lines[0], "stage split: --stages ", 22)) {
+                CHECKF(!whole, "whole_layers split layers: %s", nt.lines[0]);
+                sscanf(nt.lines[0] + 22, "%127[0-9:,]", split);
+                size_t sl = strlen(split);
+                if (sl && split[sl - 1] == ',') split[sl - 1] = 0; /* the note's own comma */
+                first = 1;
+            }
+            pool[whole] = -1;
+            for (int g = first; g < nt.n; g++) {
+                int64_t t = plan_tokens(&nt, g);
+                if (t >= 0 && (pool[whole] < 0 || t < pool[whole])) pool[whole] = t;
+            }
+        }
+        if (!pool[0] && !pool[1]) continue;
+        CHECKF(pool[0] >= pool[1], "step %d: a pool of %lld tokens with the split, %lld with whole layers", step,
+               (long long)pool[0], (long long)pool[1]);
+        if (split[0]) {
+            chose++;
+            better += pool[0] > pool[1];
+            snprintf(chosen, sizeof chosen, "%s", split);
+        }
+    }
+    printf("    %d of 25 budgets split layers, %d with a larger pool; last: --stages %s\n", chose, better, chosen);
+    CHECKF(chose > 0 && better > 0, "no budget split layers for a larger pool (%d, %d)", chose, better);
+    CHECKF(strchr(chosen, ':') != NULL, "the chosen split '%s' cuts no layer", chosen);
+    if (chosen[0]) { /* the split it names, on the CPU backend: the one-stage results */
+        results r = {0};
+        o = base_opts();
+        o.stages = chosen;
+        o.stage_threads = 1;
+        CHECK_OK(run(&o, &r, &info, &err), &err);
+        CHECKF(same(&ref, &r, model.cfg.hidden), "--stages %s: results differ from one stage", chosen);
+        free_results(&r);
+    }
+    free_results(&ref);
+}
+
 static const eg_test tests[] = {
     {"layouts_identical", test_layouts_identical},
     {"model_dir", test_model_dir},
@@ -831,6 +925,7 @@ static const eg_test tests[] = {
     {"spec_layouts", test_spec_layouts},
     {"spec_plan", test_spec_plan},
     {"stage_split_tail", test_stage_split_tail},
+    {"stage_balance", test_stage_balance},
     {"cleanup", test_cleanup},
     {"forward_only", test_forward_only},
 };

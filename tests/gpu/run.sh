@@ -10,7 +10,8 @@
 #             greedy --generate 16 (tests/gpu/golden_gpu.py)
 #   4. e2e:   mkmodel tiny -> generate --backend cuda -> inspect --verify; the same run
 #             with EG_CUDA_GRAPHS=0 must write the same samples bit for bit
-#   4b. pipeline: 2 and 4 stages on the one GPU equal the unsplit run (forward, generate)
+#   4b. pipeline: 2 and 4 stages on the one GPU equal the unsplit run (forward, generate), and
+#             3 stages with layers split between them (--stages 2:3,4:13,5)
 #   4d. ep: generate --ep 2 (and --ep-split ffn, all) on the one GPU (cuda-local; nccl where 2 GPUs) equals
 #             the unsplit run at --batch 1
 #   4e. drafter: the EAGLE-3 drafter's ops and logits through the CUDA backend vs its CPU
@@ -324,7 +325,9 @@ else
         '$E' forward --backend cuda --model '$M' --prompts '$P' --out '$TMP/p1.st' &&
         '$E' forward --backend cuda --model '$M' --prompts '$P' --out '$TMP/p2.st' --stages 2,5 &&
         '$E' forward --backend cuda --model '$M' --prompts '$P' --out '$TMP/p4.st' --stages 1,2,4,5 &&
-        cmp '$TMP/p1.st' '$TMP/p2.st' && cmp '$TMP/p1.st' '$TMP/p4.st' && echo 'split outputs identical'"
+        '$E' forward --backend cuda --model '$M' --prompts '$P' --out '$TMP/pc.st' --stages 2:3,4:13,5 &&
+        cmp '$TMP/p1.st' '$TMP/p2.st' && cmp '$TMP/p1.st' '$TMP/p4.st' && cmp '$TMP/p1.st' '$TMP/pc.st' &&
+        echo 'split outputs identical (layers 1 and 3 split between stages too)'"
     if [ -d "$TMP/tiny" ] && [ -f "${CORPUS:-}" ]; then
         SUMMARY="" run pipeline-generate 180 pipeline-gen.log bash -c "
             '$E' generate --backend cuda --model '$TMP/tiny' --prompts '$CORPUS' --out '$TMP/ds2' \

@@ -10,7 +10,7 @@
 # between blocks, not device math libraries. Slow (minutes: thread creation).
 # usage: tests/gpu/emu/run_emu.sh [test-name filters...]
 #        tests/gpu/emu/run_emu.sh --forward   (tiny-a forward vs golden-a-bf16kv)
-#        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL)
+#        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL; layers split too)
 #        tests/gpu/emu/run_emu.sh --ep        (--ep 4 on 4 emulated GPUs and --ep 2 --stages 2 on 2,
 #                                              expert rows over emulated NCCL; --ep 2 on one GPU,
 #                                              cuda-local; --ep 2 --ep-split ffn and all on both
@@ -22,7 +22,7 @@
 #                                              emulated GPU (an MHA and an MLA drafter), and with --ep 2
 #                                              on 2 emulated GPUs over emulated NCCL: greedy == greedy
 #                                              without the drafter)
-#        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit;
+#        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit, a split layer too;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
 cd "$(dirname "$0")/../../.."
@@ -79,7 +79,16 @@ if [ "${1:-}" = --pipeline ]; then
     EMU_DEVICES=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/local" --stages 1,2,4 --micro-batches 4 \
         --gpus 1 --transport local 2> "$W/local.log" || { cat "$W/local.log"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/nccl" "$W/local"
-    exec /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/nccl"
+    /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/nccl"
+    # layers 1 and 2 split between stages (2:9, 3:2): each hand-over is 3H + 2K floats a
+    # row (the residual, the normed row, the partial routed sum, the routing) over NCCL;
+    # the stage after a cut continues the routed sum in ascending expert id
+    EMU_DEVICES=3 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
+        --out "$W/cut" --stages 2:9,3:2,4 --micro-batches 4 --transport nccl 2> "$W/cut.log" ||
+        { cat "$W/cut.log"; exit 1; }
+    grep -q "layer 1's experts 9-15, then layers 2-2 (layer 2: attention and experts 0-1)" "$W/cut.log" ||
+        { cat "$W/cut.log"; exit 1; }
+    exec /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/cut"
 fi
 if [ "${1:-}" = --ep ]; then
     # issue 17's NCCL expert exchange without GPUs: a tiny model (16 routed experts, top-4)
@@ -171,9 +180,12 @@ if [ "${1:-}" = --graphs ]; then
     nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/on" 2> "$W/on.log" || { cat "$W/on.log"; exit 1; }
     nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/on2" --stages 1,3 --gpus 1 --transport local \
         2> "$W/on2.log" || { cat "$W/on2.log"; exit 1; }
-    grep "graphs:" "$W/on.log" "$W/on2.log"
+    # layer 1 split between two stages: the hand-over's packing copies are recorded too
+    nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/on3" --stages 2:5,3 --gpus 1 --transport local \
+        2> "$W/on3.log" || { cat "$W/on3.log"; exit 1; }
+    grep "graphs:" "$W/on.log" "$W/on2.log" "$W/on3.log"
     if grep -q "graphs:" "$W/off.log"; then echo "graphs recorded with EG_CUDA_GRAPHS=0"; exit 1; fi
-    for l in on on2; do
+    for l in on on2 on3; do
         grep -Eq "graphs: [1-9][0-9]* step shapes recorded, [1-9][0-9]* replays, 0 recordings fell back" "$W/$l.log" ||
             { echo "no replays without fallbacks in $l"; cat "$W/$l.log"; exit 1; }
     done
@@ -185,6 +197,7 @@ if [ "${1:-}" = --graphs ]; then
     if grep -q "graphs:" "$W/prof.log"; then echo "graphs recorded while profiling"; exit 1; fi
     /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on"
     /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/prof"
+    /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on3"
     exec /usr/bin/python3 tests/gen_check.py same "$W/off" "$W/on2"
 fi
 if [ "${1:-}" = --spec ]; then
