@@ -60,3 +60,12 @@ eg_status eg_ds_idset_put(eg_ds_idset *s, const char *key, int64_t val, eg_error
     s->n++;
     return EG_OK;
 }
+
+eg_status eg_ds_idset_set(eg_ds_idset *s, const char *key, int64_t val, eg_error *err) {
+    for (size_t i = s->cap ? fnv(key) & (s->cap - 1) : 0; s->cap && s->keys[i]; i = (i + 1) & (s->cap - 1))
+        if (!strcmp(s->keys[i], key)) {
+            s->vals[i] = val;
+            return EG_OK;
+        }
+    return eg_ds_idset_put(s, key, val, err);
+}

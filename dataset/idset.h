@@ -19,5 +19,7 @@ void eg_ds_idset_clear(eg_ds_idset *s);
 int eg_ds_idset_get(const eg_ds_idset *s, const char *key, int64_t *val);
 /* Insert (no-op if present, returns EG_OK). */
 eg_status eg_ds_idset_put(eg_ds_idset *s, const char *key, int64_t val, eg_error *err);
+/* Insert key with val, or give a key already there the new val (the last one wins). */
+eg_status eg_ds_idset_set(eg_ds_idset *s, const char *key, int64_t val, eg_error *err);
 
 #endif

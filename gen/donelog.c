@@ -58,7 +58,7 @@ eg_status gen_donelog_open(const char *dir, const char *name, gen_donelog **out,
                              "%s:%" PRIu64 ": damaged line (want {\"id\": ..., \"tokens_hash\": 16 hex digits}); "
                              "fix or remove the line",
                              d->path, lineno);
-            else st = eg_ds_idset_put(&d->ids, id, (int64_t)h, err);
+            else st = eg_ds_idset_set(&d->ids, id, (int64_t)h, err); /* a sample made again: its last line */
             json_decref(j);
             good += len;
         }
@@ -100,7 +100,7 @@ eg_status gen_donelog_add(gen_donelog *d, const char *id, uint64_t hash, eg_erro
     int bad = fprintf(d->f, "%s\n", s) < 0 || fflush(d->f);
     free(s);
     if (bad) return eg_fail(err, EG_ERR_IO, "%s: %s", d->path, strerror(errno));
-    return eg_ds_idset_put(&d->ids, id, (int64_t)hash, err);
+    return eg_ds_idset_set(&d->ids, id, (int64_t)hash, err);
 }
 
 eg_status gen_donelog_sync(gen_donelog *d, eg_error *err) {

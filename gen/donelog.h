@@ -6,7 +6,9 @@
  * One JSON line per sample, appended (and flushed) when the sample is handed to the
  * writer; a torn last line (a crash mid-write) is ignored and cut off. An id with no line
  * (jobs made before this file existed, or a power loss between the line and its shard's
- * commit) is simply not checked. Ownership: gen_donelog_close frees (NULL ok).
+ * commit) is simply not checked. An id with several lines (a sample made again after
+ * `eaglegen repair` set its shard aside) is checked against its last. Ownership:
+ * gen_donelog_close frees (NULL ok).
  * Thread safety: one thread. */
 #ifndef EG_GEN_DONELOG_H
 #define EG_GEN_DONELOG_H

@@ -130,4 +130,18 @@ $E generate "${args[@]}" --out shared --worker 1/2 2>/dev/null
 $E merge shared --out shared 2>/dev/null
 "$PYTHON" "$here/gen_check.py" same ref shared
 $E inspect shared --verify >/dev/null
+echo "-- a record edited, then its shard repaired and remade: later resumes check the remade sample"
+cp corpus.jsonl ed.jsonl
+eargs=(--model model --prompts ed.jsonl --max-new-tokens 12 --max-seq-len 128 --batch 4 --chunk 8 --shard-samples 4
+       --aux-layers 1,2 --threads 1)
+$E generate "${eargs[@]}" --out ed 2>/dev/null
+sed -i 's/Record 5: say something about 15/Record 5: say something else about 15/' ed.jsonl
+$E generate "${eargs[@]}" --out ed 2>err.txt
+grep -q 'record "r5" differs' err.txt || { echo "the edit was not reported"; cat err.txt; exit 1; }
+for f in ed/shard-*.tar; do flip "$f"; done
+$E repair ed >/dev/null
+$E generate "${eargs[@]}" --out ed 2>err.txt # every sample remade, r5 from the edited line
+grep -q "this run: 24 samples written" err.txt || { cat err.txt; exit 1; }
+$E generate "${eargs[@]}" --out ed 2>err.txt
+! grep -q "differs" err.txt || { echo "a remade sample was reported as changed (the done log's first line won)"; cat err.txt; exit 1; }
 echo "t_gen_repair: ok"
