@@ -254,6 +254,13 @@ def split_runnable(split):
     return {"none": True, "ffn": True, "all": True}[split]
 
 
+def layout_runnable(P, E, split):
+    """eg_layout_runnable for the GPU box: ppPxepE with P > 1 and E > 1 is not, because an
+    expert-parallel rank runs all its stages on its one GPU (E GPUs each holding every stage's
+    share), not on the P x E GPUs of stage groups modelled here."""
+    return split_runnable(split) and not (P > 1 and E > 1)
+
+
 def bound_of(hbm, fl, comm):
     return "link" if comm >= hbm and comm >= fl else ("compute" if fl > hbm else "hbm")
 
@@ -353,7 +360,7 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
     row["kv_tokens"] = int(E * min_tok)
     S = row["kv_tokens"] * (1 - wm) / held
     row["concurrency"], row["fits"] = S, S >= 1
-    row["runnable"] = split_runnable(split) and not (BALANCE_MEMORY and P > 1)
+    row["runnable"] = layout_runnable(P, E, split) and not (BALANCE_MEMORY and P > 1)
     row["comm_bytes_token_layer"] = (H * 4 * ((E - 1) * (1 - (1 - 1.0 / E) ** K) + K * (E - 1.0) / E
                                               + (2 * (E - 1.0) / E if own else 0)) if E > 1 else 0.0)
     for pf in (0, 1):

@@ -166,6 +166,12 @@ int eg_layout_split_runnable(eg_dense_split s, const char *backend) {
     return 0;
 }
 
+int eg_layout_runnable(const eg_layout *lay, const char *backend) {
+    if (lay->kind == EG_LAYOUT_TP) return 0;
+    if (lay->stages > 1 && lay->ep > 1) return backend && !strcmp(backend, "cpu");
+    return eg_layout_split_runnable(lay->dense_split, backend);
+}
+
 int eg_layout_max_rows(int gpus) { return 3 * (gpus > 0 ? gpus : 0) + 2; }
 
 static void layout_name(const eg_layout *l, int gpus, char *out, size_t n) {
@@ -318,7 +324,7 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
             row->decode_bound = bound_of(worst.hbm, worst.fl, worst.comm);
         }
     }
-    row->runnable = eg_layout_split_runnable(split, NULL);
+    row->runnable = eg_layout_runnable(lay, NULL);
 out:
     free(lp); free(cost); free(ends);
     return st;

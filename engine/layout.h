@@ -85,6 +85,13 @@ typedef struct eg_layout {
     eg_dense_split dense_split; /* what of the dense parts the group splits (NONE when ep = 1) */
 } eg_layout;
 
+/* Whether eaglegen runs the layout as it is modelled on `backend` (NULL: plan's view of a
+ * GPU box): tensor parallel never (modelled for comparison); ppPxepE with P > 1 and E > 1
+ * only on CPU ranks, because an expert-parallel rank runs all its stages on its one backend
+ * (ep_runtime.h): on GPUs that is E GPUs, each holding every stage's share, not the P x E
+ * GPUs of stage groups the model counts; the others as eg_layout_split_runnable says. */
+int eg_layout_runnable(const eg_layout *lay, const char *backend);
+
 typedef struct eg_layout_row {
     eg_layout lay;
     char name[48];        /* "pp8", "ep8", "ep8+ffn", "ep8+split", "pp2xep4+ffn", "tp8" */

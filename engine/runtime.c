@@ -623,6 +623,13 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
         if (!eg_layout_split_runnable(lay.dense_split, backend))
             return eg_fail(err, EG_ERR_UNSUPPORTED, "--layout %s: the %s backend does not run the %s split", layout,
                            backend, eg_dense_split_name(lay.dense_split));
+        if (!eg_layout_runnable(&lay, backend))
+            return eg_fail(err, EG_ERR_UNSUPPORTED,
+                           "--layout %s on %s: an expert-parallel rank runs its %d stages on its one GPU in this build, "
+                           "so this would use %d GPUs each holding every stage's share, not the %d GPUs of stage "
+                           "groups the layout means (not built); use a ppP or epE layout, or --stages %d --ep %d to "
+                           "run the stages that way", layout, backend, lay.stages, lay.ep, lay.stages * lay.ep,
+                           lay.stages, lay.ep);
     } else {
         eg_box box;
         eg_config cfg;
@@ -637,7 +644,7 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
         eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
         n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err) : -1;
         for (int i = 0; i < n; i++) /* what this backend runs (plan's rows: the GPU box's view) */
-            rows[i].runnable = rows[i].lay.kind != EG_LAYOUT_TP && eg_layout_split_runnable(rows[i].lay.dense_split, backend);
+            rows[i].runnable = eg_layout_runnable(&rows[i].lay, backend);
         if (n >= 0) best = eg_layout_recommend(rows, n, prefill);
         eg_config_free(&cfg);
         if (best < 0) {

@@ -169,8 +169,9 @@ eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, in
  * "ppPxepE+split", or "auto":
  * the layout engine/layout.h recommends for the box preset `box` and the config in
  * model_dir, for decode (or prefill with `prefill`) at a mean sequence length of
- * max_seq_len / 2, among the layouts that run on `backend` (eg_layout_split_runnable:
- * "+split" on cpu only). Sets *stages and *ep (1 = none) and *ep_split (may be NULL) to
+ * max_seq_len / 2, among the layouts that run as modelled on `backend` (eg_layout_runnable:
+ * on cuda no ppPxepE with P, E > 1, whose ranks would hold all their stages on one GPU each;
+ * an explicit one is refused there, saying so). Sets *stages and *ep (1 = none) and *ep_split (may be NULL) to
  * the layout's eg_dense_split (EG_SPLIT_FFN: each layer's shared expert / dense MLP on
  * one rank, what generate --ep-split ffn runs; EG_SPLIT_ALL: that and the vocab split,
  * --ep-split all; EG_SPLIT_NONE without a group). With auto, why (may be NULL) gets
