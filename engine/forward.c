@@ -110,8 +110,6 @@ static int ffn_elsewhere(const eg_forward *f, int layer) {
     return owner >= 0 && owner != f->o.ep_rank;
 }
 
-/* side: 0 the whole layer; 1 the attention side of a split layer (all but the routed
- * experts [cut, E) and the shared expert); 2 the expert side (only those). */
 /* The captured layer ids whose rows this stage produces: the embedding on the first
  * stage; a layer's output where its residual add runs (a split layer's on the stage
  * after the cut). */
@@ -133,6 +131,8 @@ static void bind_planes(eg_forward *f, int T) {
     f->rw = f->hand + 3 * t * H + t * K;
 }
 
+/* side: 0 the whole layer; 1 the attention side of a split layer (all but the routed
+ * experts [cut, E) and the shared expert); 2 the expert side (only those). */
 static eg_status upload_layer(eg_forward *f, int layer, const eg_layer_w *h, eg_layer_w *d, int side, int cut,
                               eg_error *err) {
     eg_status st;
@@ -235,7 +235,6 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         const char *why = NULL;
         int hl = f->l0, tl = f->l1 - 1;
         if (o->ep) why = "not with expert-parallel ranks";
-        else if (!be->ops->copy) why = "the backend has no device copy for the hand-over";
         else if (o->head_cut && (o->head_cut < 1 || o->head_cut >= c->n_experts || !m->layers[hl].is_moe))
             why = "the head cut needs a MoE first layer and 0 < cut < the routed expert count";
         else if (o->tail_cut && (o->tail_cut < 1 || o->tail_cut >= c->n_experts || !m->layers[tl].is_moe ||

@@ -578,6 +578,7 @@ typedef struct gen_run {
     int64_t changed;        /* done ids whose record has changed since */
     int64_t relogged;       /* ledger entries cleared: their record's line changed */
     int corpus_ended;       /* the reader reached the end of the inputs */
+    int limit_peeked;       /* --limit reached: looked once whether any record is left */
     int64_t ledger_at_open; /* records in the ledger before this run */
     uint8_t *mask_buf;
     size_t mask_cap;
@@ -648,7 +649,19 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
     gen_args *a = g->a;
     for (;;) {
         if (g_interrupted) return 0;
-        if (a->limit >= 0 && g->records_read >= a->limit) return 0;
+        if (a->limit >= 0 && g->records_read >= a->limit) {
+            /* a --limit that covers the rest of the share: the share is complete (merge
+               checks it). Only regular files are looked at: a pipe could block. */
+            int64_t done, total;
+            corpus_input_bytes(g->corpus, &done, &total);
+            if (!g->limit_peeked && total >= 0) {
+                bool more = true;
+                eg_error ignored; /* a damaged line past the limit is not this run's */
+                if (!corpus_next(g->corpus, &g->rec, &more, &ignored) && !more) g->corpus_ended = 1;
+            }
+            g->limit_peeked = 1;
+            return 0;
+        }
         bool got = false;
         if (corpus_next(g->corpus, &g->rec, &got, err)) {
             if (g_interrupted) return 0; /* a read Ctrl-C cut short: finish what is in flight */

@@ -63,6 +63,15 @@ gen --prompts c.jsonl e.jsonl --out j 2>err || fail "an added input was refused"
 grep -q "1 file added at the end" err && grep -q "4 samples written, 10 already done" err || fail "added input"
 "$PYTHON" "$here/gen_check.py" same ref2 j
 
+echo "-- a --limit that covers the whole corpus leaves the job complete, one short of it does not"
+gen --prompts c.jsonl --out l10 --limit 10 2>/dev/null
+gen --prompts c.jsonl --out l9 --limit 9 2>/dev/null
+"$PYTHON" - <<'PY'
+import json
+s10, s9 = (json.load(open(d + "/manifest.json"))["job"]["state"] for d in ("l10", "l9"))
+assert (s10, s9) == ("complete", "limit"), (s10, s9)
+PY
+
 echo "-- a bad line fixed after an error stop"
 
 cp bad.jsonl in.jsonl
