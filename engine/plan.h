@@ -57,8 +57,9 @@ void eg_plan_layer_parts_cfg(const eg_config *c, int layer, eg_plan_layer_parts 
  * allow_cuts, inside a MoE layer between experts c-1 and c (cuts[k] = c, 0 < c < E; the
  * next stage then holds experts [c, E), the shared expert, and at least the next layer's
  * attention). ends/cuts: [n]; *tokens: X. EG_ERR_NOMEM (the message says so) when even X
- * = 0 does not fit, or the layers cannot fill n stages. Greedy fill per X (optimal for a
- * contiguous split), binary search over X. */
+ * = 0 does not fit, or the layers cannot fill n stages. A binary search over X; per X, the
+ * units where each stage may begin, stage by stage (exact: budgets differ per stage, which
+ * a greedy fill gets wrong; engine_ops.plan_split_kv checks it against a brute force). */
 eg_status eg_plan_split_kv(const eg_plan_layer_parts *parts, int L, const int64_t *budget, int n,
                            int64_t kv_per_token_layer, int64_t extra_last_per_token, int allow_cuts, int *ends,
                            int *cuts, int64_t *tokens, eg_error *err);

@@ -8,6 +8,7 @@
 #include "engine/layout.h"
 #include "engine/plan.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,30 @@ struct eg_runtime {
     eg_runtime_info info;
 };
 
+/* A decimal number of digits only at *p, 1 .. 1 << 20; advances *p. 0 when there is none. */
+static int stage_number(const char **p) {
+    long v = 0;
+    if (!isdigit((unsigned char)**p)) return 0;
+    for (; isdigit((unsigned char)**p); (*p)++)
+        if ((v = v * 10 + (**p - '0')) > 1 << 20) return 0;
+    return (int)v;
+}
+
+int eg_runtime_stages_syntax(const char *s, int *ends, int *cuts, int cap) {
+    int n = 0;
+    while (*s) {
+        int v = stage_number(&s), x = 0;
+        if (v < 1 || n >= cap) return -1;
+        if (*s == ':' && (s++, (x = stage_number(&s)) < 1)) return -1;
+        if (*s == ',' && !*++s) return -1; /* a trailing comma */
+        if (*s && !isdigit((unsigned char)*s)) return -1;
+        if (ends) ends[n] = v;
+        if (cuts) cuts[n] = x;
+        n++;
+    }
+    return n;
+}
+
 eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int64_t tail_extra, int *ends, int *n,
                                   eg_error *err) {
     return eg_runtime_parse_stages_cuts(stages, m, tail_extra, ends, NULL, n, err);
@@ -46,25 +71,11 @@ eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, in
     int *vals = eg_calloc((size_t)cap, sizeof *vals, err), *vcut = eg_calloc((size_t)cap, sizeof *vcut, err), nv = 0;
     if (!vals || !vcut) { free(vals); free(vcut); return EG_ERR_NOMEM; }
     eg_status st = EG_OK;
-    const char *s = stages;
-    while (*s) {
-        char *e;
-        long v = strtol(s, &e, 10), x = 0;
-        int bad = e == s || v < 1 || nv >= cap;
-        if (!bad && *e == ':') { /* END:CUT, the last layer split at expert CUT */
-            const char *q = e + 1;
-            x = strtol(q, &e, 10);
-            bad = e == q || x < 1;
-        }
-        if (bad || (*e && *e != ',')) {
-            free(vals);
-            free(vcut);
-            return eg_fail(err, EG_ERR_INVALID, "--stages: expected N or comma-separated end layers, got '%s' (an end is "
-                           "END, or END:CUT to split layer END-1's routed experts)", stages);
-        }
-        vals[nv] = (int)v;
-        vcut[nv++] = (int)x;
-        s = *e ? e + 1 : e;
+    if ((nv = eg_runtime_stages_syntax(stages, vals, vcut, cap)) < 0) {
+        free(vals);
+        free(vcut);
+        return eg_fail(err, EG_ERR_INVALID, "--stages: expected N or comma-separated end layers, got '%s' (an end is "
+                       "END, or END:CUT to split layer END-1's routed experts)", stages);
     }
     for (int i = 0; i < nv; i++) {
         if (!vcut[i]) continue;
@@ -141,6 +152,17 @@ static int64_t stage_layer_bytes(const eg_model *m, const int *ends, const int *
     for (int l = b0; l < end && l < m->cfg.n_layers; l++)
         b += tail && l == end - 1 ? eg_plan_split_layer_bytes(m, l, tail, 0) : eg_plan_layer_bytes(m, l);
     return b;
+}
+
+/* The captures stage k makes (eg_forward_staged_captures' count, forward.c owns_capture):
+ * the embedding on stage 0, a layer's output where its residual add runs, which for a
+ * split layer is the stage after the cut. */
+static int stage_captures(const eg_runtime *rt, int n_aux, int n_stages, int k) {
+    int b0 = k ? rt->stage_ends[k - 1] - (rt->stage_cuts[k - 1] > 0) : 0;
+    int end = n_stages > 1 ? rt->stage_ends[k] - (k < n_stages - 1 && rt->stage_cuts[k] > 0) : rt->m->cfg.n_layers;
+    int n = 0;
+    for (int i = 0; i < n_aux; i++) n += rt->aux[i] == -1 ? k == 0 : rt->aux[i] >= b0 && rt->aux[i] < end;
+    return n;
 }
 
 /* --stages N on planned GPUs, one stage per GPU, no ranks: the split with the largest
@@ -250,11 +272,7 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
                 wbytes += stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k);
             }
             wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
-            /* a split layer's output is captured on the stage after the cut */
-            int hcut = k && rt->stage_cuts[k - 1], tcut = k < n_stages - 1 && rt->stage_cuts[k];
-            int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(rt->aux, o->n_aux, b0 - hcut, end - tcut) -
-                                                        (hcut && b0 == 1 ? eg_forward_staged_captures(rt->aux, o->n_aux, 0, 0) : 0)
-                                                  : 0;
+            int staged = eg_cuda_graphs_enabled() ? stage_captures(rt, o->n_aux, n_stages, k) : 0;
             act += eg_forward_act_bytes(c, o->max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, bo) : 0);
             layers += end - b0;
         }
@@ -433,10 +451,9 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         st = EG_ERR_NOMEM;
         goto fail;
     }
-    for (int k = 0, b0 = 0; k < n_stages; b0 = rt->stage_ends[k++]) {
+    for (int k = 0; k < n_stages; k++) {
         int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
         int64_t bytes = stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k);
-        (void)b0;
         rt->stage_bytes[k] = bytes + (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
         rt->stage_device[k] = cuda ? o->device + (o->gpus > 0 ? k % o->gpus : k) : k;
     }

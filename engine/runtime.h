@@ -158,6 +158,12 @@ eg_forward *eg_runtime_forward(const eg_runtime *rt);
  * stage holds beside its layers and lm_head (the drafter on its GPU), counted in its share. */
 eg_status eg_runtime_parse_stages(const char *stages, const eg_model *m, int64_t tail_extra, int *ends, int *n,
                                   eg_error *err);
+/* The syntax of --stages, with no model: "" or comma-separated entries END or END:CUT,
+ * decimal digits only, both >= 1 (at most 1 << 20). Fills ends[i] and cuts[i] (0 for an
+ * END alone) when not NULL, up to cap entries. Returns the entry count, or -1 for bad
+ * syntax or more than cap entries. Ascending ends and the model's layers are checked by
+ * eg_runtime_parse_stages_cuts and the engine. */
+int eg_runtime_stages_syntax(const char *s, int *ends, int *cuts, int cap);
 /* The same, where an end may split its stage's last layer: "END:CUT" runs layer END-1's
  * attention and routed experts [0, CUT) on that stage and its experts [CUT, E), shared
  * expert and residual add on the next (engine.h stage_cuts; a MoE layer, not the last

@@ -1,7 +1,6 @@
 /* eaglegen forward — teacher-forced hidden states and logits for token prompts, in the
  * fixtures' golden layout. A user's tool for validating a deployment against a
  * reference, and the engine's test harness. */
-#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -178,25 +177,9 @@ int cmd_forward(int argc, char **argv) {
         if ((int)json_array_size(p) > max_len) max_len = (int)json_array_size(p);
     }
     if (stages_arg) { /* END or END:CUT, comma-separated */
-        const char *p = stages_arg;
-        int ok = *p != 0;
-        while (ok && *p) {
-            char *e;
-            long v = strtol(p, &e, 10), x = 0;
-            ok = e != p && v >= 1 && v <= 1 << 20 && n_stages < 256 && isdigit((unsigned char)*p);
-            if (ok && *e == ':') {
-                const char *q = e + 1;
-                x = strtol(q, &e, 10);
-                ok = e != q && x >= 1 && x <= 1 << 20 && isdigit((unsigned char)*q);
-            }
-            ok = ok && (!*e || (*e == ',' && e[1]));
-            if (ok) {
-                stage_ends[n_stages] = (int)v;
-                any_cut |= (stage_cuts[n_stages++] = (int)x) > 0;
-                p = *e ? e + 1 : e;
-            }
-        }
-        if (!ok) {
+        n_stages = eg_runtime_stages_syntax(stages_arg, stage_ends, stage_cuts, 256);
+        for (int k = 0; k < n_stages; k++) any_cut |= stage_cuts[k] > 0;
+        if (n_stages < 1) {
             fprintf(stderr, "eaglegen forward: --stages expects ascending end layers a,b,... (an end as a:CUT), got "
                             "'%s'\n", stages_arg);
             rc = 2;

@@ -440,18 +440,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     }
     /* --stages' syntax here (a usage error); its layers against the model in the runtime */
     if (a->stages) {
-        const char *p = a->stages;
-        int ok = 1;
-        while (*p && ok) {
-            if (!isdigit((unsigned char)*p)) ok = 0;
-            while (isdigit((unsigned char)*p)) p++;
-            if (*p == ':') { /* END:CUT */
-                if (!isdigit((unsigned char)*++p)) ok = 0;
-                while (isdigit((unsigned char)*p)) p++;
-            }
-            if (*p == ',' && !*++p) ok = 0;
-            else if (*p && *p != ',' && !isdigit((unsigned char)*p)) ok = 0;
-        }
+        int ok = eg_runtime_stages_syntax(a->stages, NULL, NULL, INT_MAX) >= 0;
         if (!ok) {
             fprintf(stderr, "eaglegen generate: --stages expects N or ascending end layers e0,e1,...,L (an end as "
                             "END:CUT splits layer END-1's experts at CUT), got '%s'\n",

@@ -2,6 +2,7 @@
 #include "gen/dry_run.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "dataset/manifest.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "engine/runtime.h"
 #include "gen/job.h"
 #include "prompts/corpus.h"
 
@@ -102,23 +104,23 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
     int n_stages = 1;
     if (o->stages) {
         /* "N" or increasing end layers, the last = the layer count (as generate checks) */
-        const char *p = o->stages;
-        int last = 0, n = 0, one = -1;
-        while (*p) {
-            char *e;
-            long v = strtol(p, &e, 10);
-            if (e != p && *e == ':') { /* END:CUT, a layer split between two stages (checked by the runtime) */
-                const char *q = e + 1;
-                long x = strtol(q, &e, 10);
-                if (e == q || x < 1) e = (char *)q - 1;
-            }
-            if (e == p || v < 1 || v <= last || (*e && *e != ',')) {
-                eg_fail(&err, EG_ERR_INVALID, "--stages: expected N or increasing end layers, got '%s'", o->stages);
-                goto done;
-            }
-            one = n++ ? -1 : (int)v;
-            last = (int)v;
-            p = *e ? e + 1 : e;
+        /* (an end's :CUT, a layer split between two stages, is checked by the runtime) */
+        int n = eg_runtime_stages_syntax(o->stages, NULL, NULL, INT_MAX), last = 0, one = -1, ok = n >= 0;
+        int *ends = n > 0 ? malloc(sizeof(int) * (size_t)n) : NULL;
+        if (n > 0 && !ends) {
+            eg_fail(&err, EG_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        if (n > 0) {
+            eg_runtime_stages_syntax(o->stages, ends, NULL, n);
+            for (int i = 0; i < n; i++) ok &= ends[i] > (i ? ends[i - 1] : 0);
+            one = n == 1 ? ends[0] : -1;
+            last = ends[n - 1];
+        }
+        free(ends);
+        if (!ok) {
+            eg_fail(&err, EG_ERR_INVALID, "--stages: expected N or increasing end layers, got '%s'", o->stages);
+            goto done;
         }
         n_stages = one > 0 ? one : n;
         if ((one > 0 && one > cfg.n_layers) || (one < 0 && last != cfg.n_layers)) {

@@ -1,6 +1,7 @@
 /* ep.cu — index work of the expert-parallel row exchange (engine/collective_nccl.c):
  * group a rank's (token, k) pairs by the rank owning their expert, and add the returned
- * contributions in ascending expert id. No model logic: ids, weights and rows only. See eg_cuda.h. */
+ * contributions in ascending expert id. No model logic: ids, weights and rows only. See
+ * eg_cuda.h. */
 #include "kernels/common.cuh"
 
 #define EP_NT 64 /* threads per block; each takes a contiguous run of tokens */
