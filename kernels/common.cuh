@@ -29,17 +29,17 @@ template <class F> static inline cudaError_t egk_smem_opt_in(F k, size_t shm, cu
     return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm);
 }
 
-/* The k after pk (pk = -1: the first) in one token's combine order over ids[K]:
- * ascending expert id, ties by k, the order of engine/backend.h eg_moe_order; -1 past
- * the last. O(K) per call, so a token's walk is O(K^2) with K a router's top-K. */
-static __device__ __forceinline__ int egk_moe_next(const int32_t *ids, int K, int pk) {
-    int pe = pk >= 0 ? ids[pk] : 0, best = -1, be = 0;
-    for (int k = 0; k < K; k++) {
-        int e = ids[k];
-        bool after = pk < 0 || e > pe || (e == pe && k > pk);
-        if (after && (best < 0 || e < be)) { best = k; be = e; }
+/* One token's combine order over ids[K], once per block into shared memory: ord[j] is
+ * the k added j-th, in ascending expert id, ties by k (engine/backend.h eg_moe_order).
+ * Each k finds its rank by counting; every thread of the block must call it (it ends
+ * with a barrier). ord: [K] ints of the kernel's dynamic shared memory. */
+static __device__ __forceinline__ void egk_moe_order_block(const int32_t *ids, int K, int *ord) {
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        int e = ids[k], r = 0;
+        for (int j = 0; j < K; j++) r += ids[j] < e || (ids[j] == e && j < k);
+        ord[r] = k;
     }
-    return best;
+    __syncthreads();
 }
 
 static __device__ __forceinline__ float egk_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }

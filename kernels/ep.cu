@@ -92,13 +92,13 @@ extern "C" int egk_ep_pack(const int32_t *ids, const float *weights, int T, int 
  * has an owner), the unsplit combine's order. */
 static __global__ void ep_combine_kernel(const float *back, const int32_t *tk2pair, const int32_t *ids, int K, int H,
                                          float *y) {
+    extern __shared__ int32_t ord[]; /* [K] the token's combine order */
     int t = blockIdx.y;
     int n = blockIdx.x * blockDim.x + threadIdx.x;
+    egk_moe_order_block(ids + (int64_t)t * K, K, ord);
     if (n >= H) return;
-    const int32_t *id = ids + (int64_t)t * K;
     float v = y[(int64_t)t * H + n];
-    for (int k = egk_moe_next(id, K, -1); k >= 0; k = egk_moe_next(id, K, k))
-        v += back[(int64_t)tk2pair[t * K + k] * H + n];
+    for (int j = 0; j < K; j++) v += back[(int64_t)tk2pair[t * K + ord[j]] * H + n];
     y[(int64_t)t * H + n] = v;
 }
 
@@ -106,7 +106,7 @@ extern "C" int egk_ep_combine(const float *back, const int32_t *tk2pair, const i
                               float *y, void *stream) {
     if (T <= 0) return 0;
     if (T > 65535) return (int)cudaErrorInvalidValue; /* the grid's y */
-    ep_combine_kernel<<<dim3(egk_blocks(H, 128), (unsigned)T), 128, 0, (cudaStream_t)stream>>>(back, tk2pair, ids, K,
-                                                                                               H, y);
+    ep_combine_kernel<<<dim3(egk_blocks(H, 128), (unsigned)T), 128, sizeof(int32_t) * (size_t)K, (cudaStream_t)stream>>>(
+        back, tk2pair, ids, K, H, y);
     return EGK_LAUNCH_RESULT();
 }

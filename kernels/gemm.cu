@@ -227,13 +227,14 @@ static __global__ void __launch_bounds__(NTHREADS)
  * CPU backend: a split by expert range continues the same fold). */
 static __global__ void moe_combine_kernel(const float *o, const int32_t *rowmap, const int32_t *ids, int K, int H,
                                           float *y) {
+    extern __shared__ int32_t sh[]; /* [K] the token's combine order */
     int t = blockIdx.y;
     int n = blockIdx.x * blockDim.x + threadIdx.x;
+    egk_moe_order_block(ids + (int64_t)t * K, K, sh);
     if (n >= H) return;
-    const int32_t *id = ids + (int64_t)t * K;
     float v = y[(int64_t)t * H + n];
-    for (int k = egk_moe_next(id, K, -1); k >= 0; k = egk_moe_next(id, K, k)) {
-        int r = rowmap[t * K + k];
+    for (int j = 0; j < K; j++) {
+        int r = rowmap[t * K + sh[j]];
         if (r >= 0) v += o[(int64_t)r * H + n];
     }
     y[(int64_t)t * H + n] = v;
@@ -683,6 +684,7 @@ extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, 
     }
     rc = EGK_LAUNCH_RESULT();
     if (rc) return rc;
-    moe_combine_kernel<<<dim3(egk_blocks(H, 256), (unsigned)T), 256, 0, s>>>(ws->o, ws->rowmap, ids, K, H, y);
+    moe_combine_kernel<<<dim3(egk_blocks(H, 256), (unsigned)T), 256, sizeof(int32_t) * (size_t)K, s>>>(ws->o, ws->rowmap,
+                                                                                                     ids, K, H, y);
     return EGK_LAUNCH_RESULT();
 }
