@@ -727,29 +727,40 @@ static void test_router(void) {
 
 /* ---- MoE ---------------------------------------------------------------------------------------- */
 
-/* out (optional): the GPU result, fetched (caller frees). */
-static void moe_case_out(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0, int e1, double bound, float **out) {
-    eg_config c = kimi_cfg();
-    c.n_experts = E; c.topk = K; c.hidden = H; c.moe_inter = F; c.inter = F;
-    pair p;
-    if (!pair_make(&c, T, &p)) return;
-    eg_error err = {0};
-    double t0 = eg_now();
-    hw *ex = calloc((size_t)E, 3 * sizeof(hw));
-    eg_expert_w *xc = calloc((size_t)E, sizeof *xc), *xg = calloc((size_t)E, sizeof *xg);
+/* E routed experts of fmt on both backends: gate and up [F][H], down [H][F]. */
+typedef struct moe_experts {
+    hw *w;              /* [E][3] */
+    eg_expert_w *c, *g; /* [E] views on the CPU and the GPU backend */
+    int E;
+} moe_experts;
+
+static moe_experts moe_experts_make(pair *p, eg_wfmt fmt, int E, int H, int F) {
+    moe_experts x = {calloc((size_t)E, 3 * sizeof(hw)), calloc((size_t)E, sizeof(eg_expert_w)),
+                     calloc((size_t)E, sizeof(eg_expert_w)), E};
     for (int e = 0; e < E; e++) {
-        hw *w3 = ex + 3 * e;
+        hw *w3 = x.w + 3 * e;
         w3[0] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
         w3[1] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
         w3[2] = make_w(fmt, H, F, 1.0f / sqrtf((float)F));
-        for (int j = 0; j < 3; j++) hw_up(&p, &w3[j]);
-        xc[e].gate = w3[0].dc; xc[e].up = w3[1].dc; xc[e].down = w3[2].dc;
-        xg[e].gate = w3[0].dg; xg[e].up = w3[1].dg; xg[e].down = w3[2].dg;
+        for (int j = 0; j < 3; j++) hw_up(p, &w3[j]);
+        x.c[e].gate = w3[0].dc; x.c[e].up = w3[1].dc; x.c[e].down = w3[2].dc;
+        x.g[e].gate = w3[0].dg; x.g[e].up = w3[1].dg; x.g[e].down = w3[2].dg;
     }
-    double t1 = eg_now();
-    /* routing: distinct experts per token, random weights */
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * K);
-    float *wts = malloc(sizeof(float) * (size_t)T * K);
+    return x;
+}
+
+static void moe_experts_free(pair *p, moe_experts *x) {
+    for (int i = 0; i < 3 * x->E; i++) hw_free(p, &x->w[i]);
+    free(x->w);
+    free(x->c);
+    free(x->g);
+}
+
+/* Routing of T tokens: K distinct experts each, in random slot order; weights 0.1 + u, or
+ * with spread over six decades (1e3, 1, 1e-3 times 0.5 + u), where an order of addition
+ * shows in the bits. ids, wts: [T][K]. */
+static void moe_routing(int T, int K, int E, int spread, int32_t *ids, float *wts) {
+    static const float mag[3] = {1e3f, 1.0f, 1e-3f};
     for (int t = 0; t < T; t++)
         for (int k = 0; k < K; k++) {
             int e, dup;
@@ -759,8 +770,25 @@ static void moe_case_out(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0,
                 for (int j = 0; j < k; j++) dup |= ids[t * K + j] == e;
             } while (dup);
             ids[t * K + k] = e;
-            wts[t * K + k] = 0.1f + (float)urand();
+            wts[t * K + k] = spread ? mag[(t + k) % 3] * (0.5f + (float)urand()) : 0.1f + (float)urand();
         }
+}
+
+/* out (optional): the GPU result, fetched (caller frees). */
+static void moe_case_out(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0, int e1, double bound, float **out) {
+    eg_config c = kimi_cfg();
+    c.n_experts = E; c.topk = K; c.hidden = H; c.moe_inter = F; c.inter = F;
+    pair p;
+    if (!pair_make(&c, T, &p)) return;
+    eg_error err = {0};
+    double t0 = eg_now();
+    moe_experts ex = moe_experts_make(&p, fmt, E, H, F);
+    eg_expert_w *xc = ex.c, *xg = ex.g;
+    double t1 = eg_now();
+    /* routing: distinct experts per token, random weights */
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * K);
+    float *wts = malloc(sizeof(float) * (size_t)T * K);
+    moe_routing(T, K, E, 0, ids, wts);
     float *xv = randv((int64_t)T * H, 1.0f), *yv = randv((int64_t)T * H, 0.1f);
     buf2 x = b2(&p, xv, 4 * (size_t)T * H), y = b2(&p, yv, 4 * (size_t)T * H);
     buf2 bi = b2(&p, ids, 4 * (size_t)T * K), bw = b2(&p, wts, 4 * (size_t)T * K);
@@ -791,10 +819,7 @@ static void moe_case_out(eg_wfmt fmt, int E, int K, int H, int F, int T, int e0,
     free(yv);
     buf2 *bs[] = {&x, &y, &bi, &bw};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) b2_free(&p, bs[i]);
-    for (int i = 0; i < 3 * E; i++) hw_free(&p, &ex[i]);
-    free(ex);
-    free(xc);
-    free(xg);
+    moe_experts_free(&p, &ex);
     pair_free(&p);
 }
 
@@ -855,39 +880,18 @@ static void moe_fold_case(eg_wfmt fmt, int E, int K, int H, int F, int T) {
     pair p;
     if (!pair_make(&c, T, &p)) return;
     eg_error err = {0};
-    hw *ex = calloc((size_t)E, 3 * sizeof(hw));
-    eg_expert_w *xc = calloc((size_t)E, sizeof *xc), *xg = calloc((size_t)E, sizeof *xg);
-    for (int e = 0; e < E; e++) {
-        hw *w3 = ex + 3 * e;
-        w3[0] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
-        w3[1] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
-        w3[2] = make_w(fmt, H, F, 1.0f / sqrtf((float)F));
-        for (int j = 0; j < 3; j++) hw_up(&p, &w3[j]);
-        xc[e].gate = w3[0].dc; xc[e].up = w3[1].dc; xc[e].down = w3[2].dc;
-        xg[e].gate = w3[0].dg; xg[e].up = w3[1].dg; xg[e].down = w3[2].dg;
-    }
+    moe_experts ex = moe_experts_make(&p, fmt, E, H, F);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * K);
     float *wts = malloc(sizeof(float) * (size_t)T * K);
-    static const float mag[3] = {1e3f, 1.0f, 1e-3f};
-    for (int t = 0; t < T; t++)
-        for (int k = 0; k < K; k++) {
-            int e, dup;
-            do {
-                e = (int)(urand() * E);
-                dup = 0;
-                for (int j = 0; j < k; j++) dup |= ids[t * K + j] == e;
-            } while (dup);
-            ids[t * K + k] = e;
-            wts[t * K + k] = mag[(t + k) % 3] * (0.5f + (float)urand());
-        }
+    moe_routing(T, K, E, 1, ids, wts);
     float *xv = randv((int64_t)T * H, 1.0f);
     size_t yb = 4 * (size_t)T * H;
     buf2 x = b2(&p, xv, 4 * (size_t)T * H), y = b2(&p, NULL, yb), y2 = b2(&p, NULL, yb);
     buf2 bi = b2(&p, ids, 4 * (size_t)T * K), bw = b2(&p, wts, 4 * (size_t)T * K);
     eg_moe_args a = {.T = T, .topk = K, .e0 = 0, .e1 = E};
-    a.x = x.c; a.ids = bi.c; a.weights = bw.c; a.experts = xc; a.y = y.c;
+    a.x = x.c; a.ids = bi.c; a.weights = bw.c; a.experts = ex.c; a.y = y.c;
     CHECK_OK(p.cpu->ops->moe(p.cpu, &a, &err), &err);
-    a.x = x.g; a.ids = bi.g; a.weights = bw.g; a.experts = xg; a.y = y.g;
+    a.x = x.g; a.ids = bi.g; a.weights = bw.g; a.experts = ex.g; a.y = y.g;
     CHECK_OK(p.gpu->ops->moe(p.gpu, &a, &err), &err);
     char what[160];
     snprintf(what, sizeof what, "moe fold %s E=%d top-%d H=%d F=%d T=%d, the full call", fmt_name(fmt), E, K, H, F, T);
@@ -916,10 +920,7 @@ static void moe_fold_case(eg_wfmt fmt, int E, int K, int H, int F, int T) {
     free(xv);
     buf2 *bs[] = {&x, &y, &y2, &bi, &bw};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) b2_free(&p, bs[i]);
-    for (int i = 0; i < 3 * E; i++) hw_free(&p, &ex[i]);
-    free(ex);
-    free(xc);
-    free(xg);
+    moe_experts_free(&p, &ex);
     pair_free(&p);
 }
 
