@@ -255,10 +255,10 @@ def split_runnable(split):
 
 
 def layout_runnable(P, E, split):
-    """eg_layout_runnable for the GPU box: ppPxepE with P > 1 and E > 1 is not, because an
-    expert-parallel rank runs all its stages on its one GPU (E GPUs each holding every stage's
-    share), not on the P x E GPUs of stage groups modelled here."""
-    return split_runnable(split) and not (P > 1 and E > 1)
+    """eg_layout_runnable for the GPU box: every stages x group layout runs as modelled, as stage
+    groups (rank r's stage k on GPU k*E + r, P x E GPUs); only the split decides."""
+    del P, E
+    return split_runnable(split)
 
 
 def bound_of(hbm, fl, comm):

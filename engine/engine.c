@@ -2,6 +2,7 @@
 #include "common/eg_thread.h"
 #include "engine/engine.h"
 
+#include "engine/collective.h"
 #include "engine/cuda_plan.h"
 #include "engine/transport.h"
 
@@ -67,6 +68,8 @@ typedef struct micro_batch {
     float *logits;                             /* [T][V] when want_logits; [rows][V] with a
                                                   drafter: the rows logit_rows lists */
     int n_spec;                                /* sequences verifying drafts in this step */
+    int leave;                                 /* a marker, not a step: stage k leaves its
+                                                  expert-parallel group (eg_engine_ep_leave) */
     struct micro_batch *qnext;
 } micro_batch;
 
@@ -94,6 +97,7 @@ struct eg_engine {
     int threaded;
     pthread_t *threads;
     mb_queue *queues;    /* [n_stages + 1]: input of each stage, then completions */
+    micro_batch *leave_mb; /* [n_stages] threaded expert-parallel rank: the leave markers */
     float *sample_scratch; /* [2V] host sampling when logits are kept */
     eg_request pending;
     int have_pending;
@@ -211,6 +215,7 @@ void eg_engine_free(eg_engine *e) {
     if (e->mbs)
         for (int j = 0; j < e->n_mb; j++) mb_free(&e->mbs[j]);
     free(e->mbs);
+    free(e->leave_mb);
     free(e->aux_layers);
     free(e->stage_count);
     free(e->sample_scratch);
@@ -267,6 +272,15 @@ static void *stage_thread(void *vp) {
     eg_error bind_err;
     eg_status bind_st = eg_backend_bind(e->stage_be[k], &bind_err);
     while ((mb = q_pop(&e->queues[k]))) {
+        if (mb->leave) {
+            /* pass the marker on first: the next stage must leave (serve) while this one
+             * waits in its group for ranks whose later stages still run their steps */
+            if (k + 1 < e->n_stages) q_push(&e->queues[k + 1], &e->leave_mb[k + 1]);
+            mb->status = bind_st ? (mb->err = bind_err, bind_st)
+                                 : eg_ep_leave(e->o.ep_stages[k], e->o.ep_rank, e->stage_be[k], &mb->err);
+            q_push(&e->queues[e->n_stages], mb);
+            continue;
+        }
         if (!mb->status && bind_st) {
             mb->status = bind_st;
             mb->err = bind_err;
@@ -393,11 +407,17 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     e->o.stage_backends = NULL;
     e->threaded = e->n_stages > 1 && o->stage_backends;
     eg_status st = EG_OK;
-    if (o->ep && e->threaded) {
+    if (o->ep && e->threaded && !o->ep_stages) {
         eg_engine_free(e);
-        return eg_fail(err, EG_ERR_INVALID, "an expert-parallel rank runs its %d stages on one thread (no stage_backends)",
-                       e->n_stages);
+        return eg_fail(err, EG_ERR_INVALID, "an expert-parallel rank with %d stage threads needs a group per stage "
+                       "(ep_stages)", e->n_stages);
     }
+    if (o->ep && e->threaded &&
+        !(e->leave_mb = eg_calloc((size_t)e->n_stages, sizeof *e->leave_mb, err))) {
+        eg_engine_free(e);
+        return EG_ERR_NOMEM;
+    }
+    for (int k = 0; e->leave_mb && k < e->n_stages; k++) e->leave_mb[k] = (micro_batch){.index = -1, .leave = 1, .sent_to = -1};
     if (o->drafter && (st = spec_setup(e, err))) {
         eg_engine_free(e);
         return st;
@@ -459,7 +479,8 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
                                .fo = {.layer_begin = begin, .layer_end = end, .max_tokens = o->max_tokens,
                                       .n_slots = o->n_slots, .max_seq_len = o->max_seq_len, .block_size = o->block_size,
                                       .kv_blocks = o->kv_blocks, .capture = e->aux_layers, .n_capture = o->n_aux,
-                                      .final_pre_norm = o->final_pre_norm, .ep = o->ep,
+                                      .final_pre_norm = o->final_pre_norm,
+                                      .ep = o->ep && e->threaded ? o->ep_stages[i] : o->ep,
                                       .ep_rank = o->ep_rank, .head_cut = head, .tail_cut = cut}};
         /* after a cut the next stage starts with the same layer's remaining experts */
         prev_end = end;
@@ -1357,6 +1378,28 @@ static eg_status engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void
         eg_status cst = complete_mb(e, mb, done, ctx, err);
         if (cst) st = cst;
     }
+}
+
+eg_status eg_engine_ep_leave(eg_engine *e, eg_error *err) {
+    if (!e->o.ep) return EG_OK;
+    if (!e->threaded) return eg_ep_leave(e->o.ep, e->o.ep_rank, e->be, err);
+    /* nothing is in flight once the run has returned: every completion is a marker */
+    for (int k = 0; k < e->n_stages; k++) e->leave_mb[k].status = EG_OK;
+    q_push(&e->queues[0], &e->leave_mb[0]);
+    eg_status st = EG_OK;
+    for (int k = 0; k < e->n_stages; k++) {
+        micro_batch *mb = q_pop(&e->queues[e->n_stages]);
+        if (!mb) return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: pipeline queue closed while leaving",
+                                e->o.ep_rank);
+        EG_ASSERT(mb->leave);
+        /* the first real failure; "another rank failed" only when there is nothing else */
+        if (mb->status && (!st || (st == EG_ERR_INTERRUPTED && mb->status != EG_ERR_INTERRUPTED))) {
+            st = mb->status;
+            *err = mb->err;
+            eg_wrap(err, "stage %d", (int)(mb - e->leave_mb));
+        }
+    }
+    return st;
 }
 
 eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {

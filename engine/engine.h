@@ -139,7 +139,11 @@ typedef struct eg_engine_opts {
                                 (bit for bit) and fail on a difference, instead of skipping them */
     struct eg_ep_group *ep;  /* expert-parallel group (collective.h) this engine is rank ep_rank
                                 of: its own slots and cache, the routed experts over the group.
-                                Requires stage_backends == NULL (stages on the calling thread) */
+                                Without stage_backends every stage calls this group (layers
+                                numbered 0..L-1, the stages one after another on one thread) */
+    struct eg_ep_group *const *ep_stages; /* [n_stages] with ep and stage_backends (required
+                                then): stage k's group, the ranks' stage-k backends; stage k's
+                                thread makes its calls there and leaves it (eg_engine_ep_leave) */
     int ep_rank;
     eg_ep_split ep_split;    /* read by eg_ep_runtime_create (it builds the group); the
                                 engine itself ignores it */
@@ -202,6 +206,10 @@ void eg_engine_free(eg_engine *e);
 /* Run until next() reports no more requests and every slot has finished. A done()
  * error stops the run and is returned. */
 eg_status eg_engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err);
+/* An expert-parallel rank whose run returned without error: keep serving the group(s)
+ * until every rank has left (eg_ep_leave; with ep_stages each stage's thread leaves its
+ * own group, stage 0 first, so a stage still serving never waits on a later one). */
+eg_status eg_engine_ep_leave(eg_engine *e, eg_error *err);
 /* Ask a running engine to stop (e.g. on SIGINT): at the next step boundary it returns
  * EG_ERR_INTERRUPTED; unfinished sequences are abandoned (done() is not called for
  * them). Safe from a signal handler. */

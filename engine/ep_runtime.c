@@ -32,8 +32,10 @@ typedef struct ep_rank_run {
 
 struct eg_ep_runtime {
     int ep;
-    eg_ep_group *group;
-    eg_backend **be;  /* [ep] */
+    int P;               /* stage groups: each rank's stages on threads and backends of their
+                            own, a group per stage; 1: a rank's stages on its one thread */
+    eg_ep_group **groups;/* [P] group k: the ranks' stage-k backends (P == 1: every stage) */
+    eg_backend **be;  /* [ep][P] rank r's stage k at r * P + k */
     eg_engine **eng;  /* [ep] */
     ep_rank_run *runs;/* [ep] */
     pthread_mutex_t mu;
@@ -46,9 +48,10 @@ struct eg_ep_runtime {
 void eg_ep_runtime_free(eg_ep_runtime *rt) {
     if (!rt) return;
     for (int r = 0; rt->eng && r < rt->ep; r++) eg_engine_free(rt->eng[r]);
-    eg_ep_group_free(rt->group); /* before the backends: the nccl group uses their streams */
-    rt->group = NULL;
-    for (int r = 0; rt->be && r < rt->ep; r++) eg_backend_free(rt->be[r]);
+    /* the groups before the backends: the nccl groups use their streams */
+    for (int k = 0; rt->groups && k < rt->P; k++) eg_ep_group_free(rt->groups[k]);
+    free(rt->groups);
+    for (int r = 0; rt->be && r < rt->ep * rt->P; r++) eg_backend_free(rt->be[r]);
     free(rt->eng);
     free(rt->be);
     for (int r = 0; rt->runs && r < rt->ep; r++) {
@@ -58,13 +61,20 @@ void eg_ep_runtime_free(eg_ep_runtime *rt) {
         free(rt->runs[r].sizes);
     }
     free(rt->runs);
-    eg_ep_group_free(rt->group);
     pthread_mutex_destroy(&rt->mu);
     free(rt);
 }
 
+int eg_ep_runtime_stage_device(int first, int ep, int stage_groups, int rank, int stage) {
+    return eg_ep_runtime_rank_device(first, (stage_groups ? stage : 0) * ep + rank);
+}
+
+static void fail_all(eg_ep_runtime *rt) {
+    for (int k = 0; k < rt->P; k++) eg_ep_fail(rt->groups[k]);
+}
+
 eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, const eg_engine_opts *o, int ep,
-                               eg_drafter *const *drafters, eg_ep_runtime **out, eg_error *err) {
+                               int stage_groups, eg_drafter *const *drafters, eg_ep_runtime **out, eg_error *err) {
     *out = NULL;
     const eg_config *c = &m->cfg;
     if (o->drafter)
@@ -74,8 +84,14 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     if (ep < 1) return eg_fail(err, EG_ERR_INVALID, "--ep %d: must be at least 1", ep);
     if (c->n_experts < 1 || c->n_experts % ep)
         return eg_fail(err, EG_ERR_INVALID, "--ep %d does not divide the model's %d routed experts", ep, c->n_experts);
-    if (o->stage_backends) return eg_fail(err, EG_ERR_INVALID, "expert-parallel ranks run their stages on one thread");
+    if (o->stage_backends || o->ep_stages)
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel ranks: the runtime builds the stages' backends and groups "
+                       "(stage_groups), not the caller");
     int cuda = bo->name && !strcmp(bo->name, "cuda");
+    int P = stage_groups && o->stage_ends && o->n_stages > 1 ? o->n_stages : 1;
+    if (cuda && P > 1 && eg_ep_cuda_devices() < P * ep)
+        return eg_fail(err, EG_ERR_INVALID, "--stages %d --ep %d as stage groups needs %d GPUs, one per rank and "
+                       "stage; %d found", P, ep, P * ep, eg_ep_cuda_devices());
     if (bo->name && strcmp(bo->name, "cpu") && !cuda)
         return eg_fail(err, EG_ERR_UNSUPPORTED, "--ep %d on the %s backend: the expert exchange runs CPU ranks (local) "
                        "or CUDA ranks (nccl)", ep, bo->name);
@@ -96,28 +112,47 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     eg_ep_runtime *rt = eg_calloc(1, sizeof *rt, err);
     if (!rt) return EG_ERR_NOMEM;
     rt->ep = ep;
+    rt->P = P;
     pthread_mutex_init(&rt->mu, NULL);
-    rt->be = eg_calloc((size_t)ep, sizeof *rt->be, err);
+    rt->be = eg_calloc((size_t)(ep * P), sizeof *rt->be, err);
+    rt->groups = eg_calloc((size_t)P, sizeof *rt->groups, err);
     rt->eng = eg_calloc((size_t)ep, sizeof *rt->eng, err);
     rt->runs = eg_calloc((size_t)ep, sizeof *rt->runs, err);
-    if (!rt->be || !rt->eng || !rt->runs) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
+    eg_backend **gbe = eg_calloc((size_t)ep, sizeof *gbe, err); /* one group's backends */
+    if (!rt->be || !rt->groups || !rt->eng || !rt->runs || !gbe) {
+        free(gbe);
+        eg_ep_runtime_free(rt);
+        return EG_ERR_NOMEM;
+    }
     int threads = bo->nthreads > 0 ? bo->nthreads : eg_num_threads();
     eg_status st = EG_OK;
-    for (int r = 0; r < ep; r++) {
-        eg_backend_opts so = *bo;
-        so.nthreads = threads / ep > 0 ? threads / ep : 1;
-        if (cuda) so.device = eg_ep_runtime_rank_device(bo->device, r);
-        if ((st = eg_backend_create(c, &so, &rt->be[r], err))) {
-            eg_wrap(err, "expert-parallel rank %d", r);
+    for (int r = 0; r < ep; r++)
+        for (int k = 0; k < P; k++) {
+            eg_backend_opts so = *bo;
+            so.nthreads = threads / (ep * P) > 0 ? threads / (ep * P) : 1;
+            if (cuda) so.device = eg_ep_runtime_stage_device(bo->device, ep, P > 1, r, k);
+            if ((st = eg_backend_create(c, &so, &rt->be[r * P + k], err))) {
+                if (P > 1) eg_wrap(err, "expert-parallel rank %d, stage %d", r, k);
+                else eg_wrap(err, "expert-parallel rank %d", r);
+                free(gbe);
+                eg_ep_runtime_free(rt);
+                return st;
+            }
+        }
+    for (int k = 0; k < P; k++) {
+        for (int r = 0; r < ep; r++) gbe[r] = rt->be[r * P + k];
+        eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
+                         .max_tokens = o->max_tokens, .n_layers = c->n_layers, .backends = gbe,
+                         .ffn_split = o->ep_split != EG_EP_SPLIT_NONE,
+                         .vocab_split = o->ep_split == EG_EP_SPLIT_ALL, .vocab = c->vocab};
+        if ((st = eg_ep_group_create(&go, &rt->groups[k], err))) {
+            if (P > 1) eg_wrap(err, "stage %d's expert-parallel group", k);
+            free(gbe);
             eg_ep_runtime_free(rt);
             return st;
         }
     }
-    eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
-                     .max_tokens = o->max_tokens, .n_layers = c->n_layers, .backends = rt->be,
-                     .ffn_split = o->ep_split != EG_EP_SPLIT_NONE,
-                     .vocab_split = o->ep_split == EG_EP_SPLIT_ALL, .vocab = c->vocab};
-    if ((st = eg_ep_group_create(&go, &rt->group, err))) { eg_ep_runtime_free(rt); return st; }
+    free(gbe);
     for (int r = 0; r < ep; r++) {
         eg_engine_opts ro = *o;
         /* slots and blocks split over the ranks, the remainder to the first ones */
@@ -134,10 +169,14 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
            buffers for the next victim, so E whole budgets would all be held at once */
         if (o->host_kv_bytes > 0) ro.host_kv_bytes = o->host_kv_bytes / ep + (r < o->host_kv_bytes % ep);
         if (o->micro_batches > ro.n_slots) ro.micro_batches = ro.n_slots;
-        ro.ep = rt->group;
+        ro.ep = rt->groups[0];
         ro.ep_rank = r;
-        if ((st = eg_backend_bind(rt->be[r], err)) || /* CUDA: this thread on the rank's GPU */
-            (st = eg_engine_create(m, rt->be[r], &ro, &rt->eng[r], err))) {
+        if (P > 1) { /* a thread and a backend per stage, stage k's calls in group k */
+            ro.stage_backends = &rt->be[r * P];
+            ro.ep_stages = rt->groups;
+        }
+        if ((st = eg_backend_bind(rt->be[r * P], err)) || /* CUDA: this thread on the rank's (first) GPU */
+            (st = eg_engine_create(m, rt->be[r * P], &ro, &rt->eng[r], err))) {
             eg_wrap(err, "expert-parallel rank %d", r);
             eg_ep_runtime_free(rt);
             return st;
@@ -158,9 +197,20 @@ void eg_ep_runtime_request_stop(eg_ep_runtime *rt) {
 int64_t eg_ep_runtime_rank_weight_bytes(const eg_ep_runtime *rt, int rank) {
     return eg_engine_weight_bytes(rt->eng[rank]);
 }
-int64_t eg_ep_runtime_ffn_rows(const eg_ep_runtime *rt) { return eg_ep_ffn_rows(rt->group); }
+int eg_ep_runtime_stages(const eg_ep_runtime *rt) { return rt->P; }
+int64_t eg_ep_runtime_ffn_rows(const eg_ep_runtime *rt) {
+    int64_t n = 0;
+    for (int k = 0; k < rt->P; k++) n += eg_ep_ffn_rows(rt->groups[k]);
+    return n;
+}
 void eg_ep_runtime_vocab_rows(const eg_ep_runtime *rt, int64_t *embed_rows, int64_t *logit_rows) {
-    eg_ep_vocab_rows(rt->group, embed_rows, logit_rows);
+    *embed_rows = *logit_rows = 0;
+    for (int k = 0; k < rt->P; k++) {
+        int64_t a, b;
+        eg_ep_vocab_rows(rt->groups[k], &a, &b);
+        *embed_rows += a;
+        *logit_rows += b;
+    }
 }
 int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens, int vocab_split) {
     eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
@@ -198,7 +248,7 @@ int eg_ep_runtime_ranks_per_gpu(int ep) {
     int n = eg_ep_cuda_devices();
     return n > 0 && ep > n ? (ep + n - 1) / n : 1;
 }
-const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt) { return eg_ep_kind(rt->group); }
+const char *eg_ep_runtime_exchange(const eg_ep_runtime *rt) { return eg_ep_kind(rt->groups[0]); }
 
 static int grow(int32_t **buf, int *cap, int n, eg_error *err) {
     if (n <= *cap) return 0;
@@ -268,13 +318,13 @@ static eg_status locked_done(void *vc, const eg_result *res, eg_error *err) {
 static void *rank_thread(void *v) {
     ep_rank_run *x = v;
     eg_ep_runtime *rt = x->rt;
-    x->st = eg_backend_bind(rt->be[x->rank], &x->err);
+    x->st = eg_backend_bind(rt->be[x->rank * rt->P], &x->err);
     if (!x->st) x->st = eg_engine_run(rt->eng[x->rank], locked_next, locked_done, x, &x->err);
     if (x->st) {
-        eg_ep_fail(rt->group); /* the others stop at their next exchange */
+        fail_all(rt); /* the others stop at their next exchange */
         for (int q = 0; q < rt->ep; q++) eg_engine_request_stop(rt->eng[q]);
-    } else {
-        x->st = eg_ep_leave(rt->group, x->rank, rt->be[x->rank], &x->err);
+    } else if ((x->st = eg_engine_ep_leave(rt->eng[x->rank], &x->err))) {
+        fail_all(rt);
     }
     return NULL;
 }
@@ -298,7 +348,7 @@ eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done,
     for (int r = 1; r < rt->ep; r++) {
         if (!eg_thread_start(&rt->runs[r].th, rank_thread, &rt->runs[r])) rt->runs[r].started = 1;
         else {
-            eg_ep_fail(rt->group);
+            fail_all(rt);
             rt->runs[r].st = eg_fail(&rt->runs[r].err, EG_ERR_NOMEM, "expert-parallel rank %d: no thread", r);
         }
     }
@@ -363,5 +413,11 @@ void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats
 }
 
 void eg_ep_runtime_traffic(const eg_ep_runtime *rt, int64_t *pairs, int64_t *bytes) {
-    eg_ep_traffic(rt->group, pairs, bytes);
+    *pairs = *bytes = 0;
+    for (int k = 0; k < rt->P; k++) {
+        int64_t a, b;
+        eg_ep_traffic(rt->groups[k], &a, &b);
+        *pairs += a;
+        *bytes += b;
+    }
 }

@@ -168,7 +168,7 @@ int eg_layout_split_runnable(eg_dense_split s, const char *backend) {
 
 int eg_layout_runnable(const eg_layout *lay, const char *backend) {
     if (lay->kind == EG_LAYOUT_TP) return 0;
-    if (lay->stages > 1 && lay->ep > 1) return backend && !strcmp(backend, "cpu");
+    /* ppPxepE runs as stage groups (ep_runtime.h): on CUDA one GPU per rank and stage */
     return eg_layout_split_runnable(lay->dense_split, backend);
 }
 

@@ -86,10 +86,9 @@ typedef struct eg_layout {
 } eg_layout;
 
 /* Whether eaglegen runs the layout as it is modelled on `backend` (NULL: plan's view of a
- * GPU box): tensor parallel never (modelled for comparison); ppPxepE with P > 1 and E > 1
- * only on CPU ranks, because an expert-parallel rank runs all its stages on its one backend
- * (ep_runtime.h): on GPUs that is E GPUs, each holding every stage's share, not the P x E
- * GPUs of stage groups the model counts; the others as eg_layout_split_runnable says. */
+ * GPU box): tensor parallel never (modelled for comparison); the others as
+ * eg_layout_split_runnable says. ppPxepE (P, E > 1) runs as stage groups (ep_runtime.h):
+ * rank r's stage k on GPU k*E + r, P x E GPUs, as the model counts them. */
 int eg_layout_runnable(const eg_layout *lay, const char *backend);
 
 typedef struct eg_layout_row {

@@ -3,6 +3,7 @@
 
 #include "engine/drafter_eagle3.h"
 
+#include "engine/collective_cuda.h"
 #include "engine/cuda_plan.h"
 #include "engine/ep_runtime.h"
 #include "engine/layout.h"
@@ -21,6 +22,8 @@ struct eg_runtime {
     eg_backend **stage_be;    /* [n_stages] with threaded stages */
     eg_engine *engine;        /* the engine, or rank 0's */
     eg_ep_runtime *ep_rt;     /* ep > 1 */
+    int ep_groups;            /* ep > 1 with stages: stage groups (ep_runtime.h), each rank's
+                                 stage k on a backend (GPU) and thread of its own */
     eg_drafter **drafters;    /* [n_drafters] opts.draft_model: one per engine (per rank with ep) */
     int n_drafters;
     eg_forward *fwd;          /* opts.forward_only */
@@ -238,9 +241,11 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
                            int64_t *kv_blocks, int64_t *draft_dev, eg_error *err) {
     const eg_model *m = rt->m;
     const eg_config *c = &m->cfg;
-    /* --ep: every rank's GPU holds all stages and the same share (planned once, as GPU 0) */
-    int ep = o->ep > 1 ? o->ep : 1;
-    int n_dev = ep > 1 ? 1 : o->gpus > 0 && o->gpus < n_stages ? o->gpus : n_stages;
+    /* --ep: every rank's GPU holds all stages and the same share (planned once, as GPU 0);
+       stage groups: rank r's stage k on GPU device + k*ep + r, planned once per stage (the
+       group's heaviest rank), as its first GPU */
+    int ep = o->ep > 1 ? o->ep : 1, groups = ep > 1 && rt->ep_groups;
+    int n_dev = groups ? n_stages : ep > 1 ? 1 : o->gpus > 0 && o->gpus < n_stages ? o->gpus : n_stages;
     *kv_blocks = 0;
     *draft_dev = 0;
     if (o->draft_model) /* the ranks' slots: rank 0 has the most */
@@ -282,13 +287,13 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
         if (with_draft) act += *draft_dev;
         /* ranks sharing a GPU (fewer GPUs than ranks): each holds its weights, buffers and
            backend scratch there, and the pool is split between them */
-        int rpg = ep > 1 ? eg_ep_runtime_ranks_per_gpu(ep) : 1;
+        int rpg = ep > 1 && !groups ? eg_ep_runtime_ranks_per_gpu(ep) : 1;
         if (rpg > 1) {
             wbytes *= rpg;
             act = act * rpg + (rpg - 1) * eg_cuda_scratch_bytes(c, bo);
         }
         eg_backend_opts so = *bo;
-        so.device = o->device + d;
+        so.device = o->device + (groups ? d * ep : d);
         eg_cuda_mem_plan mp;
         char line[512], note[900];
         const int64_t extra = with_draft ? draft_tok : 0;
@@ -304,12 +309,16 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
                      "rows of %lld%s), its cache grows with the pool", (long long)*draft_dev, (long long)draft_w,
                      ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots, (long long)draft_slot,
                      ep > 1 ? ", per rank" : "");
-        snprintf(note, sizeof note, "%s%s%s", line, on_dev > 1 ? " (shared by its stages)" : "", dnote);
+        char gnote[96] = "";
+        if (groups)
+            snprintf(gnote, sizeof gnote, " (stage %d of each rank: GPUs %d..%d, one per rank)", d, so.device,
+                     so.device + ep - 1);
+        snprintf(note, sizeof note, "%s%s%s%s", line, on_dev > 1 ? " (shared by its stages)" : "", gnote, dnote);
         if (o->note && !quiet) o->note(o->note_ctx, note);
         if (!*kv_blocks || mp.kv_blocks < *kv_blocks) *kv_blocks = mp.kv_blocks;
     }
     /* the runtime splits the pool over the ranks: each rank's GPU share times the ranks */
-    if (ep > 1) *kv_blocks = *kv_blocks / eg_ep_runtime_ranks_per_gpu(ep) * ep;
+    if (ep > 1) *kv_blocks = *kv_blocks / (groups ? 1 : eg_ep_runtime_ranks_per_gpu(ep)) * ep;
     return EG_OK;
 }
 
@@ -404,6 +413,13 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         goto fail;
     }
     rt->info.n_stages = n_stages;
+    /* --stages P --ep E with stage threads: stage groups (ep_runtime.h) on CPU ranks, and
+       on CUDA where P*E GPUs are there (--gpus, else the devices found); otherwise each
+       rank runs all its stages on its one GPU, one after another */
+    {
+        int gpus = o->gpus > 0 ? o->gpus : eg_ep_cuda_devices();
+        rt->ep_groups = o->ep > 1 && o->stage_threads && n_stages > 1 && (!cuda || gpus >= n_stages * o->ep);
+    }
     /* the KV pool, the slot count and the host budget */
     int64_t kv_blocks = 0;
     int n_slots = o->n_slots;
@@ -455,7 +471,9 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
         int64_t bytes = stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k);
         rt->stage_bytes[k] = bytes + (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
-        rt->stage_device[k] = cuda ? o->device + (o->gpus > 0 ? k % o->gpus : k) : k;
+        rt->stage_device[k] = cuda ? (rt->ep_groups ? eg_ep_runtime_stage_device(o->device, o->ep, 1, 0, k)
+                                                    : o->device + (o->gpus > 0 ? k % o->gpus : k))
+                                   : k;
     }
     if (o->ep > 1) {
         /* the ranks' backends are built by the expert-parallel runtime */
@@ -532,7 +550,8 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         for (int r = 0; r < nd; r++) {
             int slots = nd > 1 ? eg_ep_runtime_rank_slots(n_slots, nd, r) : n_slots;
             dopt.pool_blocks = kv_blocks > 0 ? kv_blocks / nd + (r < kv_blocks % nd) : 0;
-            dopt.device = nd > 1 ? eg_ep_runtime_rank_device(o->device, r) : rt->stage_device[n_stages - 1];
+            dopt.device = nd > 1 ? eg_ep_runtime_stage_device(o->device, nd, rt->ep_groups, r, n_stages - 1)
+                                 : rt->stage_device[n_stages - 1];
             if ((st = eg_drafter_eagle3_load_opts(o->draft_model, m, slots, o->max_seq_len, &dopt, &rt->drafters[r],
                                                   err))) {
                 eg_wrap(err, "--draft-model %s", o->draft_model);
@@ -544,7 +563,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     }
     if (o->ep > 1) {
         eo.stage_backends = NULL;
-        if ((st = eg_ep_runtime_create(m, &bo, &eo, o->ep, rt->drafters, &rt->ep_rt, err))) goto fail;
+        if ((st = eg_ep_runtime_create(m, &bo, &eo, o->ep, rt->ep_groups, rt->drafters, &rt->ep_rt, err))) goto fail;
         rt->engine = eg_ep_runtime_engine(rt->ep_rt, 0);
     } else if ((st = eg_engine_create(m, rt->be, &eo, &rt->engine, err))) goto fail;
     rt->stop_engine = rt->engine;
@@ -575,6 +594,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         in->micro_batches = mb < n_slots ? mb : n_slots;
     }
     in->ep = o->ep > 1 ? o->ep : 1;
+    in->ep_groups = rt->ep_groups;
     in->experts_per_rank = c->n_experts / in->ep;
     in->ep_split = eo.ep_split;
     in->draft_state_bytes = o->drafter ? o->drafter->info.state_bytes : 0;
@@ -641,12 +661,8 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
             return eg_fail(err, EG_ERR_UNSUPPORTED, "--layout %s: the %s backend does not run the %s split", layout,
                            backend, eg_dense_split_name(lay.dense_split));
         if (!eg_layout_runnable(&lay, backend))
-            return eg_fail(err, EG_ERR_UNSUPPORTED,
-                           "--layout %s on %s: an expert-parallel rank runs its %d stages on its one GPU in this build, "
-                           "so this would use %d GPUs each holding every stage's share, not the %d GPUs of stage "
-                           "groups the layout means (not built); use a ppP or epE layout, or --stages %d --ep %d to "
-                           "run the stages that way", layout, backend, lay.stages, lay.ep, lay.stages * lay.ep,
-                           lay.stages, lay.ep);
+            return eg_fail(err, EG_ERR_UNSUPPORTED, "--layout %s: modelled only, the %s backend does not run it", layout,
+                           backend);
     } else {
         eg_box box;
         eg_config cfg;

@@ -113,6 +113,10 @@ typedef struct eg_runtime_info {
     const char *transport;      /* between stages ("none" for one stage) */
     int micro_batches;          /* in flight with threaded stages: max(opts, n_stages), at most n_slots */
     int ep;                     /* ranks (1 = none) */
+    int ep_groups;              /* 1: stage groups (ep > 1, n_stages > 1: each rank's stage k on a
+                                   backend and thread of its own, GPU device + k*ep + r; the
+                                   stage's exchange among the ranks' stage-k GPUs); 0: each rank
+                                   runs its stages on its one backend */
     int experts_per_rank;
     eg_ep_split ep_split;       /* what the group splits besides the routed experts */
     int64_t draft_state_bytes;  /* the drafters' caches summed over the ranks (0 = no drafter) */
@@ -175,9 +179,9 @@ eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, in
  * "ppPxepE+split", or "auto":
  * the layout engine/layout.h recommends for the box preset `box` and the config in
  * model_dir, for decode (or prefill with `prefill`) at a mean sequence length of
- * max_seq_len / 2, among the layouts that run as modelled on `backend` (eg_layout_runnable:
- * on cuda no ppPxepE with P, E > 1, whose ranks would hold all their stages on one GPU each;
- * an explicit one is refused there, saying so). Sets *stages and *ep (1 = none) and *ep_split (may be NULL) to
+ * max_seq_len / 2, among the layouts that run as modelled on `backend` (eg_layout_runnable;
+ * an explicit one that does not is refused, saying so; ppPxepE runs as stage groups, P x E
+ * GPUs on cuda: generate needs that many). Sets *stages and *ep (1 = none) and *ep_split (may be NULL) to
  * the layout's eg_dense_split (EG_SPLIT_FFN: each layer's shared expert / dense MLP on
  * one rank, what generate --ep-split ffn runs; EG_SPLIT_ALL: that and the vocab split,
  * --ep-split all; EG_SPLIT_NONE without a group). With auto, why (may be NULL) gets

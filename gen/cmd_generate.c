@@ -154,7 +154,10 @@ static void usage(FILE *f) {
             "                          experts; rows are exchanged per MoE layer (FP32). Shared expert,\n"
             "                          dense MLP, embedding and lm_head are replicated on every rank\n"
             "                          unless --ep-split says otherwise.\n"
-            "                          Combines with --stages (a rank runs its stages on its thread).\n"
+            "                          With --stages P: stage groups, each rank's stage k on a thread\n"
+            "                          of its own (cuda: GPU k*E + r, so P*E GPUs; with fewer, a rank\n"
+            "                          runs its stages on its one GPU), stage k's rows exchanged among\n"
+            "                          the ranks' stage k; not with a layer split (END:CUT).\n"
             "                          E must divide the routed expert count\n"
             "                          (default 1: no split)\n"
             "  --ep-split S            with --ep: none (default), ffn or all. ffn: layer l's shared expert\n"
@@ -1189,6 +1192,19 @@ int cmd_generate(int argc, char **argv) {
         for (int r = 0; r < ri->ep; r++)
             fprintf(stderr, " %.3f", (double)eg_ep_runtime_rank_weight_bytes(eg_runtime_ep_ranks(g.rt), r) / 1e6);
         fprintf(stderr, " (split: %s)\n", vocab ? "all" : ffn ? "ffn" : "none");
+        int gpu = !strcmp(ri->backend, "cuda");
+        if (ri->ep_groups) {
+            fprintf(stderr, "  expert parallel: %d stage groups of %d ranks: each rank's stage k on a %s of its own, "
+                            "stage k's routed exchange among the ranks' stage-k %s",
+                    ri->n_stages, ri->ep, gpu ? "GPU" : "thread", gpu ? "GPUs" : "threads");
+            if (gpu)
+                for (int k = 0; k < ri->n_stages; k++)
+                    fprintf(stderr, "%s%d..%d", k ? ", " : " (GPUs ", ri->stage_device[k], ri->stage_device[k] + ri->ep - 1);
+            fprintf(stderr, "%s\n", gpu ? ")" : "");
+        } else if (ri->n_stages > 1) {
+            fprintf(stderr, "  expert parallel: each rank runs its %d stages one after another on its one %s\n",
+                    ri->n_stages, gpu ? "GPU" : "thread");
+        }
     }
     eg_status run_st = eg_runtime_run(g.rt, next_request, on_done, &g, &err);
     g_rt = NULL;

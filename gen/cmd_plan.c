@@ -99,8 +99,6 @@ static json_t *row_json(const eg_layout_row *r) {
 static const char *why_not(const eg_layout_row *r) {
     if (!r->fits) return "does not fit";
     if (r->lay.kind == EG_LAYOUT_TP) return "modelled only: eaglegen does not run tensor parallelism";
-    if (!r->runnable && r->lay.stages > 1 && r->lay.ep > 1)
-        return "modelled only: a rank's stages share its GPU in this build, not a GPU each";
     if (!r->runnable) return "modelled only";
     if (r->lay.dense_split == EG_SPLIT_FFN) return "--ep-split ffn (CPU and CUDA ranks)";
     if (r->lay.dense_split == EG_SPLIT_ALL) return "--ep-split all (CPU and CUDA ranks)";

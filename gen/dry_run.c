@@ -197,16 +197,23 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
     if (ep > 1) {
         int per = cfg.n_experts / ep;
         fprintf(out, "expert ranks:  --ep %d%s (%s): each rank holds %d of the %d routed experts per MoE layer (%s), "
-                     "its own sequences and their cache, and runs %s %d stage%s\n",
-                ep, o->ep_split == EG_EP_SPLIT_ALL ? "+split" : o->ep_split ? "+ffn" : "", strcmp(o->backend, "cuda") ? "rank r on its own thread, rows exchanged through host memory"
-                                               : "rank r on GPU r mod the GPU count, rows exchanged over NCCL",
+                     "its own sequences and their cache, and runs %s %d stage%s%s\n",
+                ep, o->ep_split == EG_EP_SPLIT_ALL ? "+split" : o->ep_split ? "+ffn" : "",
+                strcmp(o->backend, "cuda") ? "rank r on its own thread, rows exchanged through host memory"
+                : n_stages > 1             ? "rank r's stage k on GPU k*ranks + r, rows exchanged over NCCL"
+                                           : "rank r on GPU r mod the GPU count, rows exchanged over NCCL",
                 per, cfg.n_experts,
                 o->ep_split == EG_EP_SPLIT_ALL ? "layer l's shared expert / dense MLP on rank l mod ranks only; "
                                                  "embedding and lm_head split by vocab rows"
                 : o->ep_split ? "layer l's shared expert / dense MLP on rank l mod ranks only; embedding and lm_head "
                                 "replicated"
                               : "dense parts replicated",
-                n_stages > 1 ? "all" : "its", n_stages, n_stages > 1 ? "s" : "");
+                n_stages > 1 ? "all" : "its", n_stages, n_stages > 1 ? "s" : "",
+                n_stages <= 1 ? ""
+                : strcmp(o->backend, "cuda")
+                    ? " as stage groups (a thread per rank and stage; stage k's exchange among the ranks' stage k)"
+                    : " as stage groups (a GPU per rank and stage, stage k's exchange among GPUs k*ranks.."
+                      "(k+1)*ranks-1; with fewer GPUs each rank runs its stages on its one GPU)");
         for (int r = 0; r < ep; r++) {
             fprintf(out, "  rank %d: experts %d..%d", r, r * per, (r + 1) * per - 1);
             if (o->batch > 0) fprintf(out, ", %d of the %d slots", o->batch / ep + (r < o->batch % ep), o->batch);

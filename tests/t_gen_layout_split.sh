@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # generate --layout with dense splits (issue 17): `auto` takes plan's recommendation among the
-# layouts the backend runs as modelled. On the RTX box at 4K mean length that is pp8 on CUDA
-# (stages x EP groups are modelled only there: a rank's stages share its GPU), and on CPU ranks
-# pp2xep4+split (the shared experts and dense MLP owned whole by one rank per layer, and the
-# embedding and lm_head split by vocab rows). Kimi-K2.5's config without weights:
+# layouts the backend runs as modelled. On the RTX box at 4K mean length that is pp2xep4+split
+# on CUDA and CPU ranks alike (2 stage groups of 4 ranks; the shared experts and dense MLP
+# owned whole by one rank per layer, and the embedding and lm_head split by vocab rows).
+# Kimi-K2.5's config without weights:
 # the layout is resolved before the model loads, so each run stops at the missing weights (a
 # non-zero exit) after saying what it chose.
 set -eu
@@ -16,17 +16,21 @@ $E mkmodel --preset kimi-k2.5 --no-weights --out kimi >/dev/null 2>&1 || fail "m
 echo '{"prompt": "hi"}' > p.jsonl
 args=(--model kimi --prompts p.jsonl --out o --max-seq-len 8192)
 want=$($E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --mean-len 4096 | sed -n 's/^recommended for decode: \([^,]*\),.*/\1/p')
-[ "$want" = pp8 ] || fail "plan recommends '$want' on the RTX box, expected pp8 (what the GPUs run as modelled)"
-# on CUDA auto takes plan's recommendation; on CPU ranks stages x groups run (threads, no GPU
-# memory to fit), so auto there takes the fastest modelled row, pp2xep4+split
+[ "$want" = pp2xep4+split ] || fail "plan recommends '$want' on the RTX box, expected pp2xep4+split"
+# auto takes plan's recommendation on either backend
 for be in cpu cuda; do
-    if [ $be = cpu ]; then w=pp2xep4+split; else w=$want; fi
+    w=$want
     ! $E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 --backend $be > out 2> err ||
         fail "generate without weights ran ($be)"
     grep -q -- "--layout auto: $w on rtx-pro-6000x8 (modelled" err || fail "auto on $be did not take $w"
     $E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 --backend $be --dry-run > out 2> err ||
         fail "dry run of auto ($be)"
-    [ $be = cuda ] && continue
+    if [ $be = cuda ]; then
+        grep -q "as stage groups (a GPU per rank and stage, stage k's exchange among GPUs" out err ||
+            fail "auto on cuda: the dry run does not say stage groups"
+        continue
+    fi
+    grep -q "as stage groups (a thread per rank and stage" out err || fail "auto on cpu: the dry run does not say stage groups"
     # the +split choice reaches the runtime as --ep-split all (the dry run's rank plan)
     grep -q -- "--ep 4+split" out err || fail "auto on $be took $w but the dry run shows no vocab split"
     grep -q "the shared expert / dense MLP of layers 0, 4, .*embedding / lm_head vocab rows 0..40959" out err ||
@@ -37,10 +41,11 @@ grep -q -- "--ep 8+ffn" out err || fail "ep8+ffn on cuda: no ffn split in the dr
 grep -q "the shared expert / dense MLP of layers 0, 8, " out err || fail "ep8+ffn on cuda: no ffn owners"
 $E generate "${args[@]}" --layout pp4xep2+split --backend cpu --dry-run > out 2> err || fail "dry run of pp4xep2+split on cpu"
 grep -q "embedding / lm_head vocab rows 81920..163839" out err || fail "pp4xep2+split on cpu: no vocab rows"
-# on CUDA stages x groups would put a rank's stages on its one GPU: refused, saying so
-! $E generate "${args[@]}" --layout pp4xep2+split --backend cuda > out 2> err || fail "pp4xep2+split on cuda accepted"
-grep -q "runs its 4 stages on its one GPU in this build, so this would use 2 GPUs" err || fail "pp4xep2 on cuda: message"
+# on CUDA stages x groups are stage groups too: 4 x 2 GPUs, stage k's exchange among GPUs 2k, 2k+1
+$E generate "${args[@]}" --layout pp4xep2+split --backend cuda --dry-run > out 2> err || fail "dry run of pp4xep2+split on cuda"
+grep -q -- "--ep 2+split (rank r's stage k on GPU k\*ranks + r" out err || fail "pp4xep2+split on cuda: no stage groups"
+! $E generate "${args[@]}" --layout tp8 > out 2> err || fail "tp8 accepted"
 ! $E generate "${args[@]}" --layout ep8+halves > out 2> err || fail "ep8+halves accepted"
 grep -q "with +ffn or +split after an epE" err || fail "ep8+halves: message"
 ! $E generate "${args[@]}" --layout pp8+ffn > out 2> err || fail "pp8+ffn (no group) accepted"
-echo "t_gen_layout_split: ok (auto: $want on cuda, pp2xep4+split on cpu)"
+echo "t_gen_layout_split: ok (auto: $want on cuda and cpu)"

@@ -171,22 +171,27 @@ static void test_layouts_identical(void) {
         int max_seq_len;
         int auto_slots;
         const int *cuts; /* with ends: stage_cuts */
+        int n_slots;     /* 0: base_opts' */
     } v[] = {
-        {"two balanced stages, threaded", "2", NULL, 0, 1, 0, 2, 0, 0, 128, 0, NULL},
-        {"stages 1,3,5 one after another", "1,3,5", NULL, 0, 0, 0, 3, 0, 0, 128, 0, NULL},
-        {"explicit ends {2,5}, threaded", NULL, ends25, 2, 1, 0, 2, 0, 0, 128, 0, NULL},
-        {"--ep 2", NULL, NULL, 0, 1, 2, 1, 0, 0, 128, 0, NULL},
-        {"--ep 2 with two stages", "2", NULL, 0, 1, 2, 2, 0, 0, 128, 0, NULL},
-        {"--batch auto", NULL, NULL, 0, 1, 0, 1, 0, 0, 128, 1, NULL},
-        {"a pool that preempts (host copies)", NULL, NULL, 0, 1, 0, 1, 80, -1, 64, 0, NULL},
-        {"--ep 2 with two stages, a pool that preempts (recomputed)", "2", NULL, 0, 1, 2, 2, 144, 0, 64, 0, NULL},
+        {"two balanced stages, threaded", "2", NULL, 0, 1, 0, 2, 0, 0, 128, 0, NULL, 0},
+        {"stages 1,3,5 one after another", "1,3,5", NULL, 0, 0, 0, 3, 0, 0, 128, 0, NULL, 0},
+        {"explicit ends {2,5}, threaded", NULL, ends25, 2, 1, 0, 2, 0, 0, 128, 0, NULL, 0},
+        {"--ep 2", NULL, NULL, 0, 1, 2, 1, 0, 0, 128, 0, NULL, 0},
+        {"--ep 2 with two stages (stage groups)", "2", NULL, 0, 1, 2, 2, 0, 0, 128, 0, NULL, 0},
+        {"--ep 2 with two stages, one after another on each rank", "2", NULL, 0, 0, 2, 2, 0, 0, 128, 0, NULL, 0},
+        {"--ep 2 with three stage groups, 8 slots", "3", NULL, 0, 1, 2, 3, 0, 0, 128, 0, NULL, 8},
+        {"--ep 4 with two stage groups, 8 slots, a pool that preempts (host copies)", "2", NULL, 0, 1, 4, 2, 256, -1,
+         64, 0, NULL, 8},
+        {"--batch auto", NULL, NULL, 0, 1, 0, 1, 0, 0, 128, 1, NULL, 0},
+        {"a pool that preempts (host copies)", NULL, NULL, 0, 1, 0, 1, 80, -1, 64, 0, NULL, 0},
+        {"--ep 2 with two stages, a pool that preempts (recomputed)", "2", NULL, 0, 1, 2, 2, 144, 0, 64, 0, NULL, 0},
         /* a layer's routed experts split between two stages (END:CUT), the sum continued */
-        {"layer 1 split at expert 5, threaded", "2:5,5", NULL, 0, 1, 0, 2, 0, 0, 128, 0, NULL},
+        {"layer 1 split at expert 5, threaded", "2:5,5", NULL, 0, 1, 0, 2, 0, 0, 128, 0, NULL, 0},
         {"three splits (one of expert 0 alone, one of expert 15 alone), one after another", "2:1,3:8,4:15,5", NULL,
-         0, 0, 0, 4, 0, 0, 128, 0, NULL},
-        {"explicit ends {3,4,5} with cuts {11,3,0}, threaded", NULL, ends345, 3, 1, 0, 3, 0, 0, 128, 0, cuts345},
-        {"layer 2 split, a pool that preempts (host copies)", "3:7,5", NULL, 0, 1, 0, 2, 80, -1, 64, 0, NULL},
-        {"layer 2 split, a pool that preempts (recomputed)", "3:7,5", NULL, 0, 0, 0, 2, 80, 0, 64, 0, NULL},
+         0, 0, 0, 4, 0, 0, 128, 0, NULL, 0},
+        {"explicit ends {3,4,5} with cuts {11,3,0}, threaded", NULL, ends345, 3, 1, 0, 3, 0, 0, 128, 0, cuts345, 0},
+        {"layer 2 split, a pool that preempts (host copies)", "3:7,5", NULL, 0, 1, 0, 2, 80, -1, 64, 0, NULL, 0},
+        {"layer 2 split, a pool that preempts (recomputed)", "3:7,5", NULL, 0, 0, 0, 2, 80, 0, 64, 0, NULL, 0},
     };
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
         results r = {0};
@@ -201,6 +206,7 @@ static void test_layouts_identical(void) {
         o.host_kv_bytes = v[k].host_kv_bytes;
         o.max_seq_len = v[k].max_seq_len;
         if (v[k].auto_slots) o.n_slots = 0;
+        if (v[k].n_slots) o.n_slots = v[k].n_slots;
         eg_status st = run(&o, &r, &info, &err);
         CHECKF(st == EG_OK, "%s: %s", v[k].name, err.msg);
         CHECKF(same(&ref, &r, H), "%s: results differ from the one-stage runtime", v[k].name);
@@ -212,9 +218,14 @@ static void test_layouts_identical(void) {
         CHECKF(wsum == model.weight_bytes, "%s: stage weights %lld of %lld", v[k].name, (long long)wsum,
                (long long)model.weight_bytes);
         if (v[k].ep) {
-            CHECK(info.ep == 2 && info.experts_per_rank == 8);
+            CHECK(info.ep == v[k].ep && info.experts_per_rank == 16 / v[k].ep);
             CHECK(info.kv_capacity_all > info.kv_capacity);
         }
+        CHECKF(info.ep_groups == (v[k].ep > 1 && v[k].threaded && info.n_stages > 1), "%s: stage groups %d", v[k].name,
+               info.ep_groups);
+        /* stage groups: every rank's every stage ran steps (its own thread) */
+        if (info.ep_groups)
+            for (int s = 0; s < info.n_stages; s++) CHECKF(last_stats.stage_steps[s] > 0, "%s: stage %d ran nothing", v[k].name, s);
         if (info.n_stages > 1 && v[k].threaded && !v[k].ep) CHECK(!strcmp(info.transport, "local"));
         if (info.n_stages > 1) CHECK(info.micro_batches >= 1 && info.micro_batches <= info.n_slots);
         if (v[k].auto_slots) CHECKF(info.auto_slots && info.n_slots >= 1 && info.n_slots <= 16, "auto: %d slots", info.n_slots);
@@ -230,19 +241,20 @@ static void test_layouts_identical(void) {
     }
     /* --ep-split ffn: each layer's shared expert / dense MLP on one rank; --ep-split all:
        also the embedding and lm_head by vocab rows; the same results */
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 6; k++) { /* k % 3: one stage; two on each rank's thread; two stage groups */
         results r = {0};
         o = base_opts();
         o.ep = 2;
-        o.ep_split = k < 2 ? EG_EP_SPLIT_FFN : EG_EP_SPLIT_ALL;
-        const char *name = k < 2 ? "ffn" : "all";
-        if (k % 2) { o.stages = "2"; o.kv_tokens = 144; o.host_kv_bytes = 0; o.max_seq_len = 64; }
+        o.ep_split = k < 3 ? EG_EP_SPLIT_FFN : EG_EP_SPLIT_ALL;
+        const char *name = k < 3 ? "ffn" : "all";
+        if (k % 3) { o.stages = "2"; o.kv_tokens = 144; o.host_kv_bytes = 0; o.max_seq_len = 64; }
+        o.stage_threads = k % 3 == 2;
         eg_status st = run(&o, &r, &info, &err);
         CHECKF(st == EG_OK, "ep split %s %d: %s", name, k, err.msg);
         CHECKF(same(&ref, &r, H), "ep split %s%s: results differ from the one-stage runtime", name,
-               k % 2 ? ", two stages" : "");
-        CHECK(info.ep == 2 && info.ep_split == o.ep_split);
-        if (k % 2) CHECKF(last_stats.preemptions > 0, "ep split %s, small pool: no preemption", name);
+               k % 3 == 2 ? ", two stage groups" : k % 3 ? ", two stages" : "");
+        CHECK(info.ep == 2 && info.ep_split == o.ep_split && info.ep_groups == (k % 3 == 2));
+        if (k % 3) CHECKF(last_stats.preemptions > 0, "ep split %s, small pool: no preemption", name);
         free_results(&r);
     }
     free_results(&ref);
@@ -557,7 +569,9 @@ static void test_spec_layouts(void) {
         {"--ep 4", NULL, 4, 1, 3, 0, EG_EP_SPLIT_NONE},
         {"two threaded stages", "2", 0, 1, 3, 0, EG_EP_SPLIT_NONE},
         {"three threaded stages, k 2", "3", 0, 1, 2, 0, EG_EP_SPLIT_NONE},
-        {"--ep 2 with two stages", "2", 2, 1, 3, 0, EG_EP_SPLIT_NONE},
+        {"--ep 2 with two stage groups", "2", 2, 1, 3, 0, EG_EP_SPLIT_NONE},
+        {"--ep 2 with two stages one after another on each rank", "2", 2, 0, 3, 0, EG_EP_SPLIT_NONE},
+        {"--ep 2 with three stage groups, k 2", "3", 2, 1, 2, 0, EG_EP_SPLIT_NONE},
         {"--ep 2, a pool that preempts", NULL, 2, 1, 3, 144, EG_EP_SPLIT_NONE},
         {"two threaded stages, a pool that preempts", "2", 0, 1, 3, 80, EG_EP_SPLIT_NONE},
         {"a layer split between two threaded stages (3:6,5), a pool that preempts", "3:6,5", 0, 1, 3, 80,
@@ -602,6 +616,8 @@ static void test_spec_layouts(void) {
                (long long)info.kv_capacity_all);
         if (v[k].kv_tokens) CHECKF(last_stats.preemptions > 0, "%s: no preemption", v[k].name);
         CHECK(info.ep == ranks);
+        CHECKF(info.ep_groups == (ranks > 1 && v[k].threaded && info.n_stages > 1), "%s: stage groups %d", v[k].name,
+               info.ep_groups);
         free_results(&r);
         free_results(&ref);
     }
@@ -658,6 +674,15 @@ static void keep_note(void *ctx, const char *line) {
     if (n->n < 8) snprintf(n->lines[n->n++], sizeof n->lines[0], "%s", line);
 }
 
+/* base_opts on CUDA with a memory plan of 2 GiB GPUs, all free (no device asked) */
+static eg_runtime_opts planned_opts(void) {
+    eg_runtime_opts o = base_opts();
+    o.backend = "cuda";
+    o.gpu_mem_fraction = 0.5;
+    o.plan_total_bytes = o.plan_free_bytes = (int64_t)2 << 30;
+    return o;
+}
+
 static int64_t plan_tokens(const notes *n, int line) {
     const char *p = line < n->n ? strstr(n->lines[line], "KV capacity ") : NULL;
     return p ? strtoll(p + strlen("KV capacity "), NULL, 10) : -1;
@@ -676,11 +701,7 @@ static void test_spec_plan(void) {
         notes without = {0}, with = {0};
         eg_runtime_info ia = {0}, ib = {0};
         for (int d = 0; d < 2; d++) {
-            eg_runtime_opts o = base_opts();
-            o.backend = "cuda";
-            o.gpu_mem_fraction = 0.5;
-            o.plan_total_bytes = 2 * G;
-            o.plan_free_bytes = 2 * G;
+            eg_runtime_opts o = planned_opts();
             o.stages = v[k].stages;
             o.whole_layers = 1; /* the same split with and without the drafter (stage_balance) */
             o.stage_threads = 1;
@@ -840,6 +861,46 @@ static void test_forward_only(void) {
  * layers give (its note names the --stages it chose), never a smaller one, and the split
  * it names runs on the CPU backend to the one-stage results. whole_layers keeps the
  * byte-balanced split. */
+/* --stages 2 --ep 2 on 4 planned GPUs: stage groups, one plan per stage (the GPU of each
+ * rank's stage k holds that stage's share alone, so its cache per token is its layers'),
+ * against each rank's one GPU holding both stages (stage threads off). */
+static void test_ep_groups_plan(void) {
+    load_model();
+    if (!have_model) return;
+    notes nt[2];
+    memset(nt, 0, sizeof nt);
+    for (int groups = 0; groups < 2; groups++) {
+        eg_runtime_opts o = planned_opts();
+        o.stages = "2";
+        o.ep = 2;
+        o.gpus = 4;
+        o.stage_threads = groups;
+        o.note = keep_note;
+        o.note_ctx = &nt[groups];
+        eg_runtime *rt = NULL;
+        eg_error err = {0};
+        eg_status st = eg_runtime_create(&o, &rt, &err);
+        /* without 4 GPUs the backends cannot be made: the plan was made and noted first */
+        CHECKF(st == EG_OK || strstr(err.msg, "cuda") || strstr(err.msg, "CUDA") || strstr(err.msg, "GPU"), "%s: %s",
+               groups ? "stage groups" : "one GPU per rank", err.msg);
+        if (!st) CHECK(eg_runtime_describe(rt)->ep_groups == groups);
+        eg_runtime_free(rt);
+    }
+    int plans[2] = {0, 0};
+    for (int g = 0; g < 2; g++)
+        for (int i = 0; i < nt[g].n; i++) plans[g] += !strncmp(nt[g].lines[i], "GPU ", 4);
+    CHECKF(plans[0] == 1 && plans[1] == 2, "plan lines: %d one GPU per rank, %d stage groups", plans[0], plans[1]);
+    if (plans[0] != 1 || plans[1] != 2) return;
+    CHECKF(!strncmp(nt[1].lines[0], "GPU 0:", 6) && strstr(nt[1].lines[0], "(stage 0 of each rank: GPUs 0..1, one per rank)") &&
+               !strncmp(nt[1].lines[1], "GPU 2:", 6) && strstr(nt[1].lines[1], "(stage 1 of each rank: GPUs 2..3, one per rank)"),
+           "stage groups' plan lines: %s | %s", nt[1].lines[0], nt[1].lines[1]);
+    CHECKF(strstr(nt[0].lines[0], "(shared by its stages)") != NULL, "one GPU per rank: %s", nt[0].lines[0]);
+    /* a GPU holds one stage's layers (2 or 3 of 5): more tokens in the same memory */
+    int64_t one = plan_tokens(&nt[0], 0), g0 = plan_tokens(&nt[1], 0), g1 = plan_tokens(&nt[1], 1);
+    CHECKF(one > 0 && g0 > 3 * one / 2 && g1 > 3 * one / 2, "KV tokens: %lld on a rank's one GPU, %lld and %lld per stage GPU",
+           (long long)one, (long long)g0, (long long)g1);
+}
+
 static void test_stage_balance(void) {
     load_model();
     if (!have_model) return;
@@ -926,6 +987,7 @@ static const eg_test tests[] = {
     {"spec_plan", test_spec_plan},
     {"stage_split_tail", test_stage_split_tail},
     {"stage_balance", test_stage_balance},
+    {"ep_groups_plan", test_ep_groups_plan},
     {"cleanup", test_cleanup},
     {"forward_only", test_forward_only},
 };

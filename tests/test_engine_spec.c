@@ -174,7 +174,7 @@ static eg_status run(const run_cfg *c, results *out, eg_error *err) {
     run_ctx x = {.c = c, .out = out};
     if (c->ep > 1) {
         eo.drafter = NULL;
-        if (!(st = eg_ep_runtime_create(&model, &bo, &eo, c->ep, c->rank_drafters, &ep, err))) {
+        if (!(st = eg_ep_runtime_create(&model, &bo, &eo, c->ep, c->threaded, c->rank_drafters, &ep, err))) {
             st = eg_ep_runtime_run(ep, next_req, on_done, &x, err);
             eg_ep_runtime_stats(ep, &last_stats);
         }
