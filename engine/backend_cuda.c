@@ -133,10 +133,10 @@ int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
     return 0;
 }
 void eg_cuda_host_free(void *p) { free(p); }
-eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int per,
-                          int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
+eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int lo,
+                          int ne, int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
                           int32_t *tk2pair, eg_error *err) {
-    (void)b; (void)ids; (void)weights; (void)T; (void)K; (void)R; (void)per; (void)rank; (void)layer; (void)left;
+    (void)b; (void)ids; (void)weights; (void)T; (void)K; (void)R; (void)lo; (void)ne; (void)rank; (void)layer; (void)left;
     (void)counts; (void)sendtok; (void)meta; (void)tk2pair;
     return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
 }
@@ -1517,12 +1517,12 @@ void eg_cuda_host_free(void *q) {
     else free(p);
 }
 
-eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int per,
-                          int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
+eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int lo,
+                          int ne, int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
                           int32_t *tk2pair, eg_error *err) {
     if (!is_cuda(b)) return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: ep pack on a non-CUDA backend");
     cuda_impl *im = impl_of(b);
-    KR("egk_ep_pack", egk_ep_pack(ids, weights, T, K, R, per, rank, layer, left, counts, sendtok, meta, tk2pair,
+    KR("egk_ep_pack", egk_ep_pack(ids, weights, T, K, R, lo, ne, rank, layer, left, counts, sendtok, meta, tk2pair,
                                   im->stream));
     return EG_OK;
 }

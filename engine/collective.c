@@ -50,7 +50,9 @@ struct eg_ep_group {
     int arrived;
     uint64_t gen;
     int failed;
-    const eg_expert_w **layers; /* [n_ranks][n_layers] each rank's registered experts */
+    const eg_expert_w **layers; /* [n_ranks][2 n_layers] each rank's registered experts per
+                                   call id (eg_ep_head_id: a split layer's second half) */
+    int *cuts;                  /* [n_layers] copy of opts.layer_cuts (0 = whole), or NULL */
     const eg_weight **ffn_w;    /* [n_layers][3] ffn_split: the owner's gate, up, down (NULL
                                    until registered) */
     eg_ep_cuda *cuda;           /* CUDA ranks (nccl or cuda-local), or NULL: local CPU ranks */
@@ -65,6 +67,7 @@ void eg_ep_group_free(eg_ep_group *g) {
     free(g->rk);
     free(g->post);
     free(g->layers);
+    free(g->cuts);
     free(g->ffn_w);
     eg_ep_cuda_free(g->cuda);
     pthread_mutex_destroy(&g->mu);
@@ -90,20 +93,32 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
     if (o->vocab_split && (o->vocab < o->n_ranks || o->n_ranks < 2))
         return eg_fail(err, EG_ERR_INVALID, "--ep-split all: a vocabulary of %d rows over %d ranks (needs ep >= 2 and "
                        "at least one row per rank)", o->vocab, o->n_ranks);
+    for (int l = 0; o->layer_cuts && l < o->n_layers; l++)
+        if (o->layer_cuts[l] < 0 || o->layer_cuts[l] >= o->n_experts)
+            return eg_fail(err, EG_ERR_INVALID, "expert-parallel group: layer %d split at expert %d (0 < cut < %d)", l,
+                           o->layer_cuts[l], o->n_experts);
     eg_ep_group *g = eg_calloc(1, sizeof *g, err);
     if (!g) return EG_ERR_NOMEM;
     g->o = *o;
     g->o.backends = NULL; /* borrowed only for the duration of create */
+    g->o.layer_cuts = NULL;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
-    g->layers = eg_calloc((size_t)o->n_ranks * (size_t)o->n_layers, sizeof *g->layers, err);
+    g->layers = eg_calloc((size_t)o->n_ranks * 2 * (size_t)o->n_layers, sizeof *g->layers, err);
     if (!g->layers) { eg_ep_group_free(g); return EG_ERR_NOMEM; }
+    if (o->layer_cuts) {
+        if (!(g->cuts = eg_malloc(sizeof(int) * (size_t)o->n_layers, err))) { eg_ep_group_free(g); return EG_ERR_NOMEM; }
+        memcpy(g->cuts, o->layer_cuts, sizeof(int) * (size_t)o->n_layers);
+        g->o.layer_cuts = g->cuts;
+    }
     if (o->ffn_split && !(g->ffn_w = eg_calloc((size_t)o->n_layers * 3, sizeof *g->ffn_w, err))) {
         eg_ep_group_free(g);
         return EG_ERR_NOMEM;
     }
     if (n_cuda) {
-        eg_status st = eg_ep_cuda_create(o, &g->cuda, err);
+        eg_ep_opts co = *o;
+        co.layer_cuts = g->cuts; /* the group's copy: it outlives the cuda exchange */
+        eg_status st = eg_ep_cuda_create(&co, &g->cuda, err);
         if (st) { eg_ep_group_free(g); return st; }
         *out = g;
         return EG_OK;
@@ -133,10 +148,25 @@ eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *e
     return EG_OK;
 }
 
-void eg_ep_range(const eg_ep_group *g, int rank, int *e0, int *e1) {
-    int per = g->o.n_experts / g->o.n_ranks;
-    *e0 = rank * per;
-    *e1 = *e0 + per;
+void eg_ep_call_range(const eg_ep_opts *o, int id, int *lo, int *hi) {
+    int L = o->n_layers, l = id >= L ? id - L : id, cut = o->layer_cuts && l >= 0 && l < L ? o->layer_cuts[l] : 0;
+    *lo = id >= L && cut > 0 ? cut : 0;
+    *hi = id < L && cut > 0 ? cut : o->n_experts;
+}
+
+void eg_ep_share(const eg_ep_opts *o, int rank, int id, int *e0, int *e1) {
+    int lo, hi;
+    eg_ep_call_range(o, id, &lo, &hi);
+    int64_t n = hi - lo, R = o->n_ranks;
+    *e0 = lo + (int)(rank * n / R);
+    *e1 = lo + (int)((rank + 1) * n / R);
+}
+
+void eg_ep_range(const eg_ep_group *g, int rank, int id, int *e0, int *e1) { eg_ep_share(&g->o, rank, id, e0, e1); }
+
+int eg_ep_head_id(const eg_ep_group *g, int layer) { return g->o.n_layers + layer; }
+int eg_ep_layer_cut(const eg_ep_group *g, int layer) {
+    return g->cuts && layer >= 0 && layer < g->o.n_layers ? g->cuts[layer] : 0;
 }
 
 const char *eg_ep_kind(const eg_ep_group *g) { return g->cuda ? eg_ep_cuda_kind(g->cuda) : "local"; }
@@ -144,8 +174,8 @@ const char *eg_ep_kind(const eg_ep_group *g) { return g->cuda ? eg_ep_cuda_kind(
 int64_t eg_ep_device_bytes(const eg_ep_opts *o) { return eg_ep_cuda_bytes(o); }
 
 void eg_ep_register(eg_ep_group *g, int rank, int layer, const eg_expert_w *experts) {
-    if (rank >= 0 && rank < g->o.n_ranks && layer >= 0 && layer < g->o.n_layers)
-        g->layers[(size_t)rank * (size_t)g->o.n_layers + (size_t)layer] = experts;
+    if (rank >= 0 && rank < g->o.n_ranks && layer >= 0 && layer < 2 * g->o.n_layers)
+        g->layers[(size_t)rank * 2 * (size_t)g->o.n_layers + (size_t)layer] = experts;
 }
 
 int eg_ep_ffn_owner(const eg_ep_group *g, int layer) {
@@ -232,14 +262,12 @@ static int barrier(eg_ep_group *g) {
     return f;
 }
 
-static eg_status flush(eg_ep_group *g, int rank, eg_backend *be, const eg_expert_w *experts, int n, float *contrib,
-                       eg_error *err) {
+static eg_status flush(eg_ep_group *g, int rank, eg_backend *be, const eg_expert_w *experts, int e0, int e1, int n,
+                       float *contrib, eg_error *err) {
     ep_rank *k = &g->rk[rank];
     size_t H = (size_t)g->o.hidden;
     if (!n) return EG_OK;
     memset(k->ys, 0, sizeof(float) * (size_t)n * H);
-    int e0, e1;
-    eg_ep_range(g, rank, &e0, &e1);
     /* each pair as a one-expert token: 0 + w * expert(x), the bits the unsplit op adds */
     eg_moe_args a = {.T = n, .x = k->xs, .ids = k->ids1, .weights = k->w1, .topk = 1, .experts = experts,
                      .e0 = e0, .e1 = e1, .y = k->ys};
@@ -254,14 +282,14 @@ static eg_status serve(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) 
     ep_rank *k = &g->rk[rank];
     int K = g->o.topk, R = g->o.n_ranks;
     size_t H = (size_t)g->o.hidden;
-    int e0, e1;
-    eg_ep_range(g, rank, &e0, &e1);
     int layer = -1;
     for (int q = 0; q < R && layer < 0; q++)
         if (!g->post[q].left) layer = g->post[q].layer;
     if (layer < 0) return EG_OK;
+    int e0, e1;
+    eg_ep_range(g, rank, layer, &e0, &e1);
     /* this rank's own experts (a rank holds only its range: forward.c) */
-    const eg_expert_w *ex = g->layers[(size_t)rank * (size_t)g->o.n_layers + (size_t)layer];
+    const eg_expert_w *ex = g->layers[(size_t)rank * 2 * (size_t)g->o.n_layers + (size_t)layer];
     for (int q = 0; q < R; q++) {
         const ep_post *p = &g->post[q];
         if (p->left || !p->T) continue;
@@ -280,12 +308,12 @@ static eg_status serve(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) 
             k->dst[n] = i;
             if (q != rank) { k->remote_pairs++; k->bytes += (int64_t)(2 * H * sizeof(float)); }
             if (++n == g->o.max_tokens) {
-                eg_status st = flush(g, rank, be, ex, n, g->rk[q].contrib, err);
+                eg_status st = flush(g, rank, be, ex, e0, e1, n, g->rk[q].contrib, err);
                 if (st) return st;
                 n = 0;
             }
         }
-        eg_status st = flush(g, rank, be, ex, n, g->rk[q].contrib, err);
+        eg_status st = flush(g, rank, be, ex, e0, e1, n, g->rk[q].contrib, err);
         if (st) return st;
     }
     return EG_OK;
@@ -405,25 +433,29 @@ static eg_status exchange(eg_ep_group *g, int rank, eg_backend *be, const ep_pos
 eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const eg_moe_args *a, eg_error *err) {
     int K = g->o.topk;
     size_t H = (size_t)g->o.hidden;
-    if (a->T > g->o.max_tokens || a->topk != K || layer < 0 || layer >= g->o.n_layers) {
+    if (a->T > g->o.max_tokens || a->topk != K || layer < 0 || layer >= 2 * g->o.n_layers) {
         eg_ep_fail(g);
-        return eg_fail(err, EG_ERR_INVALID, "expert-parallel moe: T=%d topk=%d layer %d (group: max %d, topk %d, %d layers)",
+        return eg_fail(err, EG_ERR_INVALID, "expert-parallel moe: T=%d topk=%d call %d (group: max %d, topk %d, %d layers)",
                        a->T, a->topk, layer, g->o.max_tokens, K, g->o.n_layers);
     }
     if (g->cuda) {
-        eg_status st = eg_ep_cuda_moe(g->cuda, rank, layer, g->layers + (size_t)rank * (size_t)g->o.n_layers, be, a, err);
+        eg_status st = eg_ep_cuda_moe(g->cuda, rank, layer, g->layers + (size_t)rank * 2 * (size_t)g->o.n_layers, be, a, err);
         if (st) eg_ep_fail(g);
         return st;
     }
     ep_post p = {.kind = EP_MOE, .T = a->T, .x = a->x, .ids = a->ids, .w = a->weights, .layer = layer};
     eg_status st = exchange(g, rank, be, &p, err);
     if (st) return st;
-    /* Phase 3: add the contributions in ascending expert id, as the unsplit op does */
+    /* Phase 3: add the contributions in ascending expert id, as the unsplit op does (those
+       of the call's range: the rest of a split layer's fold is the other call's) */
     const float *c = g->rk[rank].contrib;
-    int *ord = g->rk[rank].ord;
+    int *ord = g->rk[rank].ord, lo, hi;
+    eg_ep_call_range(&g->o, layer, &lo, &hi);
     for (int t = 0; t < a->T; t++) {
         eg_moe_order(a->ids + (size_t)t * (size_t)K, K, ord);
         for (int j = 0; j < K; j++) {
+            int e = a->ids[(size_t)t * (size_t)K + (size_t)ord[j]];
+            if (e < lo || e >= hi) continue;
             const float *o = c + ((size_t)t * (size_t)K + (size_t)ord[j]) * H;
             float *y = a->y + (size_t)t * H;
             for (size_t h = 0; h < H; h++) y[h] += o[h];
@@ -434,7 +466,7 @@ eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const e
 
 eg_status eg_ep_leave(eg_ep_group *g, int rank, eg_backend *be, eg_error *err) {
     if (g->cuda) {
-        eg_status st = eg_ep_cuda_leave(g->cuda, rank, g->layers + (size_t)rank * (size_t)g->o.n_layers, g->ffn_w, be, err);
+        eg_status st = eg_ep_cuda_leave(g->cuda, rank, g->layers + (size_t)rank * 2 * (size_t)g->o.n_layers, g->ffn_w, be, err);
         if (st) eg_ep_fail(g);
         return st;
     }

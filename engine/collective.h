@@ -8,6 +8,12 @@
  * (eg_moe_order: exactly the order of the unsplit moe op, so the bits match the unsplit
  * run). Bytes moved per
  * token and MoE layer: H*4 out to each remote owning rank, H*4 back per remote (t,k).
+ * A layer split between two stages (opts.layer_cuts[l] = c > 0: forward.h tail_cut and
+ * head_cut) runs as two routed calls of its own ids: l over experts [0, c) and n_layers + l
+ * (eg_ep_head_id) over [c, E); each call's range is split evenly over the ranks
+ * (eg_ep_range), so every rank holds its share of both halves, and the token's owner adds
+ * the call's contributions in ascending expert id to y, which holds the fold so far: the
+ * two calls are one left fold, the bits of the unsplit sum.
  * A rank whose engine finished calls eg_ep_leave: it keeps serving its experts for the
  * others until every rank has left. Calls pair up in order (the i-th call of every rank
  * is the same layer), which holds when every rank runs the same layers per step.
@@ -68,7 +74,10 @@ typedef struct eg_ep_opts {
     int topk;        /* K */
     int hidden;      /* H */
     int max_tokens;  /* T bound of any rank's call (and of each rank backend's ops) */
-    int n_layers;    /* L: layers are numbered 0..L-1 in eg_ep_moe and eg_ep_register */
+    int n_layers;    /* L: layers are numbered 0..L-1 in eg_ep_moe and eg_ep_register (the
+                        second halves of split layers L..2L-1: eg_ep_head_id) */
+    const int *layer_cuts; /* [n_layers] or NULL: > 0 splits that MoE layer's routed experts
+                              at the cut, 0 < cut < E (copied at create) */
     int ffn_split;   /* 1: shared expert / dense MLP of layer l owned by rank l mod n_ranks
                         (eg_ep_ffn); 0: replicated, eg_ep_ffn unused */
     int vocab_split; /* 1: embedding and lm_head split over the ranks by vocab rows
@@ -80,13 +89,25 @@ typedef struct eg_ep_opts {
 
 eg_status eg_ep_group_create(const eg_ep_opts *o, eg_ep_group **out, eg_error *err);
 void eg_ep_group_free(eg_ep_group *g);
-/* The experts [*e0, *e1) rank owns. */
-void eg_ep_range(const eg_ep_group *g, int rank, int *e0, int *e1);
-/* Rank's thread: a->y += the routed experts' sum over the group (a->e0/e1 ignored) for
- * MoE layer `layer`. be is the rank's backend; a's arrays are in its memory. */
+/* The routed experts [*lo, *hi) call id `id` runs (0 <= id < 2 n_layers): a whole layer's
+ * [0, E), a split layer's [0, cut) for id l and [cut, E) for its head id. */
+void eg_ep_call_range(const eg_ep_opts *o, int id, int *lo, int *hi);
+/* The experts [*e0, *e1) rank owns of call id `id`: its even share of the call's range
+ * (lo + floor(rank n / R) up to lo + floor((rank + 1) n / R), n = hi - lo; may be empty).
+ * eg_ep_share: the same from the group's options. */
+void eg_ep_range(const eg_ep_group *g, int rank, int id, int *e0, int *e1);
+void eg_ep_share(const eg_ep_opts *o, int rank, int id, int *e0, int *e1);
+/* The call id of split layer `layer`'s second half (experts [cut, E)): n_layers + layer. */
+int eg_ep_head_id(const eg_ep_group *g, int layer);
+/* The expert layer `layer` is split at (layer_cuts), 0 for a whole layer. */
+int eg_ep_layer_cut(const eg_ep_group *g, int layer);
+/* Rank's thread: a->y += the routed experts' contributions over the group for call id
+ * `layer` (a layer, or eg_ep_head_id for a split layer's second half), those of the call's
+ * range only (a->e0/e1 ignored), one by one in ascending expert id onto what y holds. be
+ * is the rank's backend; a's arrays are in its memory. */
 eg_status eg_ep_moe(eg_ep_group *g, int rank, int layer, eg_backend *be, const eg_moe_args *a, eg_error *err);
-/* Rank's own expert array of MoE layer `layer` ([E], only [e0, e1) of eg_ep_range
- * used; borrowed, must outlive the group's calls). Before the first eg_ep_moe. */
+/* Rank's own expert array of call id `layer` ([E], only [e0, e1) of eg_ep_range used;
+ * borrowed, must outlive the group's calls). Before the first eg_ep_moe. */
 void eg_ep_register(eg_ep_group *g, int rank, int layer, const eg_expert_w *experts);
 /* ffn_split: the rank owning layer `layer`'s shared expert / dense MLP; -1 without it
  * (every rank holds its own copy). */

@@ -141,7 +141,7 @@ typedef struct ep_nrank {
 
 struct eg_ep_cuda {
     eg_ep_opts o; /* backends NULL */
-    int R, K, H, T, M, per;
+    int R, K, H, T, M;
     int64_t V; /* vocab_split: the vocabulary, else 0 */
     int VL;    /* vocab_split: the lm_head exchange's rows per source and round (vocab_rows) */
     int *dev;           /* [R] */
@@ -339,7 +339,6 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
     n->H = o->hidden;
     n->T = o->max_tokens;
     n->M = o->topk < R ? o->topk : R;
-    n->per = o->n_experts / R;
     n->V = o->vocab_split ? o->vocab : 0;
     n->VL = vocab_rows(o);
     n->dev = eg_calloc((size_t)R, sizeof *n->dev, err);
@@ -682,7 +681,9 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
         CU("cudaMemcpyAsync (ffn counts)",
            cudaMemcpyAsync(k->counts_d, h, sizeof(int32_t) * 8 * (size_t)R, cudaMemcpyHostToDevice, s));
     } else {
-        st = eg_cuda_ep_pack(be, a ? a->ids : NULL, a ? a->weights : NULL, T, K, R, n->per, rank, a ? layer : -1,
+        int lo = 0, hi = n->o.n_experts; /* the call's range (a leaving rank packs nothing) */
+        if (a) eg_ep_call_range(&n->o, layer, &lo, &hi);
+        st = eg_cuda_ep_pack(be, a ? a->ids : NULL, a ? a->weights : NULL, T, K, R, lo, hi - lo, rank, a ? layer : -1,
                              a ? 0 : EP_LEFT, k->counts_d, k->sendtok, k->sendmeta, k->tk2pair, err);
     }
     if (st || (st = post(n, rank, 0, err))) return st;
@@ -719,12 +720,12 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
         k->ro_r[q + 1] = k->ro_r[q] + rc[4 * q];
         k->ro_p[q + 1] = k->ro_p[q] + rc[4 * q + 1];
     }
-    if (k->so_p[R] != (int64_t)T * K || k->ro_r[R] > (int64_t)R * n->T * n->M || k->ro_p[R] > (int64_t)R * n->T * K)
+    if (k->so_p[R] > (int64_t)T * K || k->ro_r[R] > (int64_t)R * n->T * n->M || k->ro_p[R] > (int64_t)R * n->T * K)
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: %lld pairs packed of %lld, %lld rows / %lld "
                        "pairs received (bounds %lld / %lld)", rank, (long long)k->so_p[R], (long long)T * K,
                        (long long)k->ro_r[R], (long long)k->ro_p[R], (long long)R * n->T * n->M,
                        (long long)R * n->T * K);
-    const eg_expert_w *own = lay >= 0 && lay < n->o.n_layers ? layers[lay] : NULL;
+    const eg_expert_w *own = lay >= 0 && lay < 2 * n->o.n_layers ? layers[lay] : NULL;
     if (k->ro_p[R] && !own)
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: no experts registered for layer %d", rank, lay);
     /* rows out, own segment in place */
@@ -742,7 +743,8 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
     }
     if ((st = post(n, rank, 1, err))) return st;
     /* this rank's experts over every source's pairs */
-    int e0 = rank * n->per, e1 = e0 + n->per;
+    int e0, e1; /* this rank's share of the call's range */
+    eg_ep_share(&n->o, rank, lay, &e0, &e1);
     for (int q = 0; q < R; q++) {
         int64_t np = k->ro_p[q + 1] - k->ro_p[q];
         const float *rows = k->recvrows + (size_t)k->ro_r[q] * H;

@@ -28,7 +28,7 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
 void eg_ep_cuda_free(eg_ep_cuda *n);
 /* "nccl" or "cuda-local". */
 const char *eg_ep_cuda_kind(const eg_ep_cuda *n);
-/* layers: [n_layers] the rank's registered expert arrays. */
+/* layers: [2 n_layers] the rank's registered expert arrays per call id (collective.h). */
 eg_status eg_ep_cuda_moe(eg_ep_cuda *n, int rank, int layer, const eg_expert_w *const *layers, eg_backend *be,
                          const eg_moe_args *a, eg_error *err);
 /* ffn_split: y [T][H] = (accumulate 0) or += (1) layer `layer`'s shared expert / dense MLP

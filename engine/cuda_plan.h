@@ -70,10 +70,11 @@ eg_status eg_cuda_measure(int device, double *copy_bytes_per_s, double *bf16_flo
 
 /* The expert-parallel exchange's index kernels (kernels/ep.cu, engine/collective_cuda.c)
  * on a CUDA backend's stream: group the T*K pairs of ids/weights by destination rank
- * (ids / per, R ranks) into counts/sendtok/meta/tk2pair as egk_ep_pack documents, and
- * y[t] += back[tk2pair[t*K+k]] in ascending expert id (ids [T][K]). EG_ERR_UNSUPPORTED on another backend. */
-eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int per,
-                          int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
+ * (the owner of each expert in the call's range [lo, lo + ne), R ranks) into
+ * counts/sendtok/meta/tk2pair as egk_ep_pack documents, and
+ * y[t] += back[tk2pair[t*K+k]] in ascending expert id (ids [T][K]; pairs with tk2pair -1 skipped). EG_ERR_UNSUPPORTED on another backend. */
+eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int lo,
+                          int ne, int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
                           int32_t *tk2pair, eg_error *err);
 eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk2pair, const int32_t *ids, int T,
                              int K, int H, float *y,

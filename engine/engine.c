@@ -465,7 +465,6 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
         }
         const char *why = cut < 0 || (cut && cut >= c->n_experts) ? "the cut must be in 1..routed experts - 1"
                           : cut && !m->layers[end - 1].is_moe             ? "the layer is dense (no routed experts)"
-                          : cut && o->ep                                  ? "not with expert-parallel ranks"
                                                                           : NULL;
         if (why) {
             free(sbs);

@@ -140,7 +140,9 @@ typedef struct eg_engine_opts {
     struct eg_ep_group *ep;  /* expert-parallel group (collective.h) this engine is rank ep_rank
                                 of: its own slots and cache, the routed experts over the group.
                                 Without stage_backends every stage calls this group (layers
-                                numbered 0..L-1, the stages one after another on one thread) */
+                                numbered 0..L-1, the stages one after another on one thread).
+                                With stage_cuts the group(s) must split the same layers at the
+                                same experts (collective.h layer_cuts; ep_runtime.c builds them so) */
     struct eg_ep_group *const *ep_stages; /* [n_stages] with ep and stage_backends (required
                                 then): stage k's group, the ranks' stage-k backends; stage k's
                                 thread makes its calls there and leaves it (eg_engine_ep_leave) */

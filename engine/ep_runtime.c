@@ -139,19 +139,32 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
                 return st;
             }
         }
+    /* the layers split between stages (engine.h stage_cuts), per layer, as every group
+       splits them: each half a routed call of its own (collective.h) */
+    int *cuts = eg_calloc((size_t)c->n_layers, sizeof *cuts, err);
+    if (!cuts) {
+        free(gbe);
+        eg_ep_runtime_free(rt);
+        return EG_ERR_NOMEM;
+    }
+    for (int k = 0; o->stage_ends && o->stage_cuts && k + 1 < o->n_stages; k++)
+        if (o->stage_cuts[k] > 0 && o->stage_ends[k] >= 1 && o->stage_ends[k] <= c->n_layers)
+            cuts[o->stage_ends[k] - 1] = o->stage_cuts[k];
     for (int k = 0; k < P; k++) {
         for (int r = 0; r < ep; r++) gbe[r] = rt->be[r * P + k];
         eg_ep_opts go = {.n_ranks = ep, .n_experts = c->n_experts, .topk = c->topk, .hidden = c->hidden,
-                         .max_tokens = o->max_tokens, .n_layers = c->n_layers, .backends = gbe,
+                         .max_tokens = o->max_tokens, .n_layers = c->n_layers, .layer_cuts = cuts, .backends = gbe,
                          .ffn_split = o->ep_split != EG_EP_SPLIT_NONE,
                          .vocab_split = o->ep_split == EG_EP_SPLIT_ALL, .vocab = c->vocab};
         if ((st = eg_ep_group_create(&go, &rt->groups[k], err))) {
             if (P > 1) eg_wrap(err, "stage %d's expert-parallel group", k);
+            free(cuts);
             free(gbe);
             eg_ep_runtime_free(rt);
             return st;
         }
     }
+    free(cuts);
     free(gbe);
     for (int r = 0; r < ep; r++) {
         eg_engine_opts ro = *o;
@@ -217,20 +230,25 @@ int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens, i
                      .max_tokens = max_tokens, .vocab_split = vocab_split, .vocab = c->vocab};
     return eg_ep_device_bytes(&go);
 }
-int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep, int ffn_rank) {
-    int64_t all = eg_plan_layer_bytes(m, layer);
+int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep, int ffn_rank, int cut, int side) {
     const eg_layer_w *L = &m->layers[layer];
-    if (ffn_rank >= 0 && ep > 1 && layer % ep != ffn_rank) { /* forward.c's upload_layer skips them */
+    int E = m->cfg.n_experts;
+    if (cut <= 0 || cut >= E || !L->is_moe) cut = 0;
+    int64_t all = cut ? eg_plan_split_layer_bytes(m, layer, cut, side) : eg_plan_layer_bytes(m, layer);
+    if (ffn_rank >= 0 && ep > 1 && layer % ep != ffn_rank && (!cut || side)) { /* forward.c's upload_layer skips them */
         const eg_weight *f[] = {&L->mlp_gate, &L->mlp_up, &L->mlp_down, &L->sh_gate, &L->sh_up, &L->sh_down};
         for (size_t i = L->is_moe ? 3 : 0; i < (L->is_moe ? 6u : 3u); i++)
             if (f[i]->fmt != EG_W_NONE) all -= eg_weight_bytes(f[i]);
     }
-    int E = m->cfg.n_experts, per = ep > 0 && E % ep == 0 ? E / ep : E;
-    if (!L->is_moe || !L->experts || per == E) return all;
+    if (!L->is_moe || !L->experts || ep <= 1) return all;
+    /* the group's shares (collective.h): a one-layer group split where this layer is */
+    eg_ep_opts go = {.n_ranks = ep, .n_experts = E, .n_layers = 1, .layer_cuts = &cut};
     int64_t worst = 0, total = 0;
-    for (int r = 0; r < E / per; r++) {
+    for (int r = 0; r < ep; r++) {
         int64_t mine = 0;
-        for (int e = r * per; e < (r + 1) * per; e++)
+        int e0, e1;
+        eg_ep_share(&go, r, cut && side ? 1 : 0, &e0, &e1);
+        for (int e = e0; e < e1; e++)
             mine += eg_weight_bytes(&L->experts[e].gate) + eg_weight_bytes(&L->experts[e].up) +
                     eg_weight_bytes(&L->experts[e].down);
         total += mine;

@@ -61,8 +61,11 @@ int64_t eg_ep_runtime_device_bytes(const eg_config *c, int ep, int max_tokens, i
 /* Bytes of layer l's weights on the heaviest rank of an ep group (a rank holds its own
  * routed experts only): for the memory plan. ffn_rank >= 0 (--ep-split ffn): on that rank,
  * which holds the layer's shared expert / dense MLP only when it owns the layer (l mod
- * ep); -1: replicated on every rank. */
-int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep, int ffn_rank);
+ * ep); -1: replicated on every rank. cut > 0: one side of the layer split at that expert
+ * (plan.h eg_plan_split_layer_bytes' sides: 0 the attention, router and experts [0, cut),
+ * 1 the experts [cut, E) and the shared expert), each range shared out evenly over the
+ * ranks (collective.h eg_ep_range); cut 0: the whole layer (side ignored). */
+int64_t eg_ep_runtime_layer_bytes(const eg_model *m, int layer, int ep, int ffn_rank, int cut, int side);
 /* CUDA ranks per GPU when ep ranks go to GPU r mod the GPU count (1 without CUDA). */
 int eg_ep_runtime_ranks_per_gpu(int ep);
 /* The CUDA device rank `rank` runs on: one GPU per rank where there are enough (nccl),

@@ -156,11 +156,12 @@ static eg_status upload_layer(eg_forward *f, int layer, const eg_layer_w *h, eg_
     }
     if (h->is_moe && h->experts) {
         int E = f->m->cfg.n_experts, e0 = 0, e1 = E;
-        /* an expert-parallel rank holds only its own routed experts (the others stay
-           EG_W_NONE: computed by their owners) */
-        if (f->o.ep) eg_ep_range(f->o.ep, f->o.ep_rank, &e0, &e1);
         if (side == 1) e1 = cut;
         if (side == 2) e0 = cut;
+        /* an expert-parallel rank holds only its own routed experts of the layer's call
+           (the others stay EG_W_NONE: computed by their owners); a split layer's halves
+           are calls of their own, each split over the group (collective.h) */
+        if (f->o.ep) eg_ep_range(f->o.ep, f->o.ep_rank, side == 2 ? eg_ep_head_id(f->o.ep, layer) : layer, &e0, &e1);
         d->experts = eg_calloc((size_t)E, sizeof *d->experts, err);
         if (!d->experts) return EG_ERR_NOMEM;
         for (int e = e0; e < e1; e++)
@@ -234,14 +235,16 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
     if (o->head_cut || o->tail_cut) {
         const char *why = NULL;
         int hl = f->l0, tl = f->l1 - 1;
-        if (o->ep) why = "not with expert-parallel ranks";
-        else if (o->head_cut && (o->head_cut < 1 || o->head_cut >= c->n_experts || !m->layers[hl].is_moe))
+        if (o->head_cut && (o->head_cut < 1 || o->head_cut >= c->n_experts || !m->layers[hl].is_moe))
             why = "the head cut needs a MoE first layer and 0 < cut < the routed expert count";
         else if (o->tail_cut && (o->tail_cut < 1 || o->tail_cut >= c->n_experts || !m->layers[tl].is_moe ||
                                  f->l1 == c->n_layers))
             why = "the tail cut needs a MoE last layer before the model's end and 0 < cut < the routed expert count";
         else if (o->head_cut && o->tail_cut && f->l1 - f->l0 < 2)
             why = "a stage that finishes one split layer and splits another needs two layers";
+        else if (o->ep && ((o->head_cut && eg_ep_layer_cut(o->ep, hl) != o->head_cut) ||
+                           (o->tail_cut && eg_ep_layer_cut(o->ep, tl) != o->tail_cut)))
+            why = "the expert-parallel group splits the layer elsewhere (its layer_cuts)";
         if (why) {
             eg_status fst = eg_fail(err, EG_ERR_INVALID, "stage over layers [%d, %d) with cuts %d / %d: %s", f->l0,
                                     f->l1, o->head_cut, o->tail_cut, why);
@@ -291,9 +294,11 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         if ((st = upload_layer(f, f->l0 + l, &m->layers[f->l0 + l], &f->layers[l], side, cut, err))) goto fail;
         /* a rank that ran out of work serves its experts for the others: it finds them here */
         const eg_layer_w *d = &f->layers[l];
-        if (o->ep && d->experts) eg_ep_register(o->ep, o->ep_rank, f->l0 + l, d->experts);
-        /* and the shared expert / dense MLP of the layers it owns (ffn_split) */
-        if (o->ep && eg_ep_ffn_owner(o->ep, f->l0 + l) == o->ep_rank) {
+        if (o->ep && d->experts)
+            eg_ep_register(o->ep, o->ep_rank, side == 2 ? eg_ep_head_id(o->ep, f->l0 + l) : f->l0 + l, d->experts);
+        /* and the shared expert / dense MLP of the layers it owns (ffn_split; a split
+           layer's shared expert runs after the cut) */
+        if (o->ep && side != 1 && eg_ep_ffn_owner(o->ep, f->l0 + l) == o->ep_rank) {
             if (d->is_moe) eg_ep_register_ffn(o->ep, o->ep_rank, f->l0 + l, &d->sh_gate, &d->sh_up, &d->sh_down);
             else eg_ep_register_ffn(o->ep, o->ep_rank, f->l0 + l, &d->mlp_gate, &d->mlp_up, &d->mlp_down);
         }
@@ -517,7 +522,10 @@ static eg_status split_start(eg_forward *f, const eg_layer_w *L, int T, eg_error
     TRY(f->ops->memset0(f->be, f->dx, sizeof(float) * (size_t)T * (size_t)c->hidden, err));
     eg_moe_args a = {.T = T, .x = f->xn, .ids = f->ids, .weights = f->rw, .topk = c->topk,
                      .experts = L->experts, .e0 = 0, .e1 = f->o.tail_cut, .y = f->dx};
-    return f->ops->moe(f->be, &a, err); /* the planes are the hand-over (bind_planes) */
+    /* the planes are the hand-over (bind_planes); with ep the call's range is the group's
+       (collective.h layer_cuts), the same [0, cut) */
+    if (f->o.ep) return eg_ep_moe(f->o.ep, f->o.ep_rank, f->l1 - 1, f->be, &a, err);
+    return f->ops->moe(f->be, &a, err);
 }
 
 /* Head of a stage after a cut (head_cut): on the hand-over's planes, the routed experts
@@ -529,8 +537,13 @@ static eg_status split_finish(eg_forward *f, const eg_step *s, int staged, eg_er
     int T = s->T;
     eg_moe_args a = {.T = T, .x = f->xn, .ids = f->ids, .weights = f->rw, .topk = c->topk,
                      .experts = L->experts, .e0 = f->o.head_cut, .e1 = c->n_experts, .y = f->dx};
-    TRY(f->ops->moe(f->be, &a, err));
-    if (L->sh_gate.fmt != EG_W_NONE) {
+    if (f->o.ep) TRY(eg_ep_moe(f->o.ep, f->o.ep_rank, eg_ep_head_id(f->o.ep, f->l0), f->be, &a, err));
+    else TRY(f->ops->moe(f->be, &a, err));
+    /* the shared expert as ffn() runs it: on its owner where the group splits it */
+    int split = f->o.ep && eg_ep_ffn_owner(f->o.ep, f->l0) >= 0;
+    if (split && f->m->layers[f->l0].sh_gate.fmt != EG_W_NONE)
+        TRY(eg_ep_ffn(f->o.ep, f->o.ep_rank, f->l0, f->be, f->xn, T, f->dx, 1, err));
+    else if (!split && L->sh_gate.fmt != EG_W_NONE) {
         TRY(f->ops->swiglu_mlp(f->be, f->xn, T, &L->sh_gate, &L->sh_up, &L->sh_down, f->g, 0, err));
         TRY(f->ops->add(f->be, f->dx, f->g, (int64_t)T * c->hidden, err));
     }

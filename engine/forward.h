@@ -42,7 +42,8 @@ typedef struct eg_forward_opts {
     /* A layer split between two stages (a boundary layer's routed experts on both sides
      * of it, so the stages' memory can balance finer than whole layers). The routed sum
      * goes in ascending expert id (backend.h eg_moe_order), so the two halves are one left
-     * fold and the split changes no bit. Not with ep. */
+     * fold and the split changes no bit. With ep the group splits the same layer at the
+     * same expert (collective.h layer_cuts): each half is a routed call of its own. */
     int tail_cut;               /* > 0: layer_end - 1 is split at this expert: its attention,
                                    router and routed experts [0, tail_cut) run here, and the
                                    stage gives the hand-over (eg_forward_out) instead of x */

@@ -145,15 +145,23 @@ void eg_runtime_free(eg_runtime *rt) {
     free(rt);
 }
 
+/* One side of layer l split at cut (cut 0: the whole layer), on one GPU: alone, or with
+ * ep > 1 on the heaviest rank of the group (ep_runtime.h, ffn_rank as there). */
+static int64_t part_bytes(const eg_model *m, int l, int cut, int side, int ep, int ffn_rank) {
+    if (ep > 1) return eg_ep_runtime_layer_bytes(m, l, ep, ffn_rank, cut, side);
+    return cut ? eg_plan_split_layer_bytes(m, l, cut, side) : eg_plan_layer_bytes(m, l);
+}
+
 /* Stage k's layer bytes (no embedding or head): its whole layers, and each side of a split
  * layer it holds (stage_cuts: its own last layer's attention side, the previous stage's
- * last layer's expert side). */
-static int64_t stage_layer_bytes(const eg_model *m, const int *ends, const int *cuts, int n_stages, int k) {
+ * last layer's expert side); with ep > 1 a rank's share (part_bytes). */
+static int64_t stage_layer_bytes(const eg_model *m, const int *ends, const int *cuts, int n_stages, int k, int ep,
+                                 int ffn_rank) {
     int b0 = k ? ends[k - 1] : 0, end = n_stages > 1 ? ends[k] : m->cfg.n_layers;
     int head = k && cuts[k - 1] ? cuts[k - 1] : 0, tail = k < n_stages - 1 ? cuts[k] : 0;
-    int64_t b = head ? eg_plan_split_layer_bytes(m, b0 - 1, head, 1) : 0;
+    int64_t b = head ? part_bytes(m, b0 - 1, head, 1, ep, ffn_rank) : 0;
     for (int l = b0; l < end && l < m->cfg.n_layers; l++)
-        b += tail && l == end - 1 ? eg_plan_split_layer_bytes(m, l, tail, 0) : eg_plan_layer_bytes(m, l);
+        b += part_bytes(m, l, tail && l == end - 1 ? tail : 0, 0, ep, ffn_rank);
     return b;
 }
 
@@ -168,30 +176,56 @@ static int stage_captures(const eg_runtime *rt, int n_aux, int n_stages, int k) 
     return n;
 }
 
-/* --stages N on planned GPUs, one stage per GPU, no ranks: the split with the largest
- * common KV pool (eg_plan_split_kv), layers cut inside where that holds more than the
- * byte-balanced whole-layer split already in rt->stage_ends; the output is the same
- * either way (the routed sum continues across a cut). Each stage's budget is what its
- * GPU's plan leaves for weights and cache, less the embedding (stage 0), the head and
- * the drafter's weights (the last, whose cache also grows by the drafter's per token);
- * activations are counted with every capture staged (an upper bound). Notes the choice. */
-static eg_status balance_stages(eg_runtime *rt, const eg_runtime_opts *o, const eg_backend_opts *bo, int n,
+/* --stages N on planned GPUs, one stage per GPU (ep 1), or one per rank and stage (stage
+ * groups, ep > 1: stage k on GPUs device + k*ep ..): the split with the largest common KV
+ * pool (eg_plan_split_kv), layers cut inside where that holds more than the byte-balanced
+ * whole-layer split already in rt->stage_ends; the output is the same either way (the
+ * routed sum continues across a cut). Each stage's budget is what its (first) GPU's plan
+ * leaves for weights and cache, less the embedding (stage 0), the head and the drafter's
+ * weights (the last, whose cache also grows by the drafter's per token); activations are
+ * counted with every capture staged (an upper bound), with ep the exchange's buffers too.
+ * With ep the units are a rank's: 1/ep of each routed expert (each range is shared out),
+ * of the shared expert / dense MLP where the group splits them (the average rank, as the
+ * layout model balances), of the embedding and head with the vocab split; tail_extra is
+ * one rank's drafter. plan_cuda then plans the heaviest rank of the split chosen. Notes
+ * the choice. */
+static eg_status balance_stages(eg_runtime *rt, const eg_runtime_opts *o, const eg_backend_opts *bo, int n, int ep,
                                 int64_t tail_extra, int64_t draft_tok, eg_error *err) {
     const eg_model *m = rt->m;
     const eg_config *c = &m->cfg;
     int L = c->n_layers;
+    if (ep < 1) ep = 1;
     eg_plan_layer_parts *parts = eg_calloc((size_t)L, sizeof *parts, err);
     int64_t *budget = eg_calloc((size_t)n, sizeof *budget, err);
     int *ends = eg_calloc((size_t)n, sizeof *ends, err), *cuts = eg_calloc((size_t)n, sizeof *cuts, err);
     eg_status st = EG_OK;
     if (!parts || !budget || !ends || !cuts) { st = EG_ERR_NOMEM; goto out; }
-    for (int l = 0; l < L; l++) eg_plan_layer_parts_of(m, l, &parts[l]);
+    int ffn = ep > 1 && o->ep_split != EG_EP_SPLIT_NONE, vocab = ep > 1 && o->ep_split == EG_EP_SPLIT_ALL;
+    for (int l = 0; l < L; l++) {
+        eg_plan_layer_parts_of(m, l, &parts[l]);
+        if (ep > 1) {
+            parts[l].expert = (parts[l].expert + ep - 1) / ep;
+            if (ffn) { /* a dense layer's MLP is in its attn part: d, its bytes (the whole layer
+                          less what a rank not owning it holds), goes to 1/ep as well */
+                int64_t d = parts[l].n_experts ? 0 : eg_ep_runtime_layer_bytes(m, l, 1, -1, 0, 0) -
+                                                         eg_ep_runtime_layer_bytes(m, l, ep, (l + 1) % ep, 0, 0);
+                parts[l].attn -= d - (d + ep - 1) / ep;
+                parts[l].shared = (parts[l].shared + ep - 1) / ep;
+            }
+        }
+    }
     int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
+    if (vocab) {
+        int64_t nb = eg_weight_bytes(&m->final_norm);
+        head = (head + ep - 1) / ep;
+        tail = nb + (tail - nb + ep - 1) / ep;
+    }
     int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(rt->aux, o->n_aux, 0, L) : 0;
     int64_t act = eg_forward_act_bytes(c, o->max_tokens, staged);
+    if (ep > 1) act += eg_ep_runtime_device_bytes(c, ep, o->max_tokens, vocab);
     for (int k = 0; k < n; k++) {
         eg_backend_opts so = *bo;
-        so.device = o->device + k;
+        so.device = o->device + k * ep;
         eg_cuda_mem_plan mp;
         eg_error ignored;
         st = o->plan_total_bytes > 0 ? eg_cuda_plan_mem(c, &so, o->gpu_mem_fraction, o->plan_total_bytes,
@@ -261,20 +295,17 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
         for (int k = 0, b0 = 0; k < n_stages; b0 = rt->stage_ends[k++]) {
             int end = n_stages > 1 ? rt->stage_ends[k] : c->n_layers;
             if (k % n_dev != d) continue;
+            /* (a stage beside a cut holds its working rows as the hand-over's planes: the
+               same activation bytes) */
             if (ep > 1 && o->ep_split != EG_EP_SPLIT_NONE) { /* the heaviest rank: owners differ per layer */
                 int64_t most = 0;
                 for (int r = 0; r < ep; r++) {
-                    int64_t mine = 0;
-                    for (int l = b0; l < end; l++) mine += eg_ep_runtime_layer_bytes(m, l, ep, r);
+                    int64_t mine = stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k, ep, r);
                     if (mine > most) most = mine;
                 }
                 wbytes += most;
-            } else if (ep > 1) {
-                for (int l = b0; l < end; l++) wbytes += eg_ep_runtime_layer_bytes(m, l, ep, -1);
             } else {
-                /* (a stage beside a cut holds its working rows as the hand-over's planes:
-                   the same activation bytes) */
-                wbytes += stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k);
+                wbytes += stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k, ep, -1);
             }
             wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
             int staged = eg_cuda_graphs_enabled() ? stage_captures(rt, o->n_aux, n_stages, k) : 0;
@@ -390,10 +421,13 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         int64_t tail_extra = cuda ? draft_w * (o->ep > 1 ? o->ep : 1) : 0;
         if ((st = eg_runtime_parse_stages_cuts(o->stages, m, tail_extra, rt->stage_ends, rt->stage_cuts, &n_stages, err)))
             goto fail;
-        /* "N" on planned GPUs, one each, no ranks: layers may be split for a larger pool */
-        if (n_stages > 1 && !strchr(o->stages, ',') && cuda && o->gpu_mem_fraction > 0 && o->ep <= 1 &&
-            (o->gpus <= 0 || o->gpus >= n_stages) && !o->whole_layers &&
-            (st = balance_stages(rt, o, &bo, n_stages, tail_extra, draft_tok, err)))
+        /* "N" on planned GPUs, one each (no ranks) or one per rank and stage (stage groups,
+           below): layers may be split for a larger pool */
+        int gpus = o->gpus > 0 ? o->gpus : eg_ep_cuda_devices();
+        int groups = o->ep > 1 && o->stage_threads && gpus >= n_stages * o->ep;
+        if (n_stages > 1 && !strchr(o->stages, ',') && cuda && o->gpu_mem_fraction > 0 && (o->ep <= 1 || groups) &&
+            (o->ep > 1 || o->gpus <= 0 || o->gpus >= n_stages) && !o->whole_layers &&
+            (st = balance_stages(rt, o, &bo, n_stages, o->ep, o->ep > 1 ? draft_w : tail_extra, draft_tok, err)))
             goto fail;
         if (n_stages < 1) { /* "--stages ''": one stage */
             n_stages = 1;
@@ -407,11 +441,6 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     }
     int any_cut = 0;
     for (int k = 0; k < n_stages; k++) any_cut |= rt->stage_cuts[k] > 0;
-    if (any_cut && o->ep > 1) {
-        st = eg_fail(err, EG_ERR_INVALID, "--stages with a layer split (END:CUT) and --ep %d: a split layer's experts "
-                     "over expert-parallel ranks is not built; use whole-layer ends with --ep", o->ep);
-        goto fail;
-    }
     rt->info.n_stages = n_stages;
     /* --stages P --ep E with stage threads: stage groups (ep_runtime.h) on CPU ranks, and
        on CUDA where P*E GPUs are there (--gpus, else the devices found); otherwise each
@@ -469,7 +498,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     }
     for (int k = 0; k < n_stages; k++) {
         int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
-        int64_t bytes = stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k);
+        int64_t bytes = stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k, 1, -1);
         rt->stage_bytes[k] = bytes + (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
         rt->stage_device[k] = cuda ? (rt->ep_groups ? eg_ep_runtime_stage_device(o->device, o->ep, 1, 0, k)
                                                     : o->device + (o->gpus > 0 ? k % o->gpus : k))

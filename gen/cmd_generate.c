@@ -138,12 +138,13 @@ static void usage(FILE *f) {
             "  --threads N             CPU threads (default: all cores, or $EG_THREADS)\n"
             "  --stages N|e0,e1,...    pipeline: split the layers into N stages balanced by bytes (on\n"
             "                          cuda a --draft-model's weights count on the last stage; with a\n"
-            "                          memory plan, one GPU per stage and no --ep, by the KV pool, which\n"
-            "                          may split layers: --whole-layers), or\n"
+            "                          memory plan and one GPU per stage, or per rank and stage with\n"
+            "                          --ep, by the KV pool, which may split layers: --whole-layers), or\n"
             "                          stages ending at the given layers; an end END:CUT splits layer\n"
             "                          END-1: its attention and routed experts 0..CUT-1 on that stage,\n"
-            "                          the rest on the next (exact; not with --ep); stage k runs on\n"
-            "                          GPU k (cuda) or its own thread (cpu) (default: one stage)\n"
+            "                          the rest on the next (exact, with --ep too: each half's experts\n"
+            "                          shared out over the ranks); stage k runs on GPU k (cuda) or its\n"
+            "                          own thread (cpu) (default: one stage)\n"
             "  --whole-layers          --stages N on cuda: whole layers per stage (by default a layer's\n"
             "                          experts may be split between two stages where that gives every\n"
             "                          stage a larger KV pool; the samples are the same either way)\n"
@@ -157,7 +158,7 @@ static void usage(FILE *f) {
             "                          With --stages P: stage groups, each rank's stage k on a thread\n"
             "                          of its own (cuda: GPU k*E + r, so P*E GPUs; with fewer, a rank\n"
             "                          runs its stages on its one GPU), stage k's rows exchanged among\n"
-            "                          the ranks' stage k; not with a layer split (END:CUT).\n"
+            "                          the ranks' stage k.\n"
             "                          E must divide the routed expert count\n"
             "                          (default 1: no split)\n"
             "  --ep-split S            with --ep: none (default), ffn or all. ffn: layer l's shared expert\n"
@@ -1205,6 +1206,15 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "  expert parallel: each rank runs its %d stages one after another on its one %s\n",
                     ri->n_stages, gpu ? "GPU" : "thread");
         }
+        for (int k = 0; k + 1 < ri->n_stages; k++) /* each half a routed call of its own (collective.h) */
+            if (ri->stage_cuts[k] > 0) {
+                int l = ri->stage_ends[k] - 1, c = ri->stage_cuts[k], E = per * ri->ep, n0 = c / ri->ep;
+                char r0[48] = "none";
+                if (n0) snprintf(r0, sizeof r0, "0..%d", n0 - 1);
+                fprintf(stderr, "  expert parallel: layer %d split between stages %d and %d: its experts 0..%d shared out "
+                                "over the ranks (rank 0: %s), then %d..%d (rank 0: %d..%d)\n",
+                        l, k, k + 1, c - 1, r0, c, E - 1, c, c + (E - c) / ri->ep - 1);
+            }
     }
     eg_status run_st = eg_runtime_run(g.rt, next_request, on_done, &g, &err);
     g_rt = NULL;

@@ -229,17 +229,20 @@ int egk_sample(const float *logits, int N, int V, const egk_sample_row *rows, in
                void *stream);
 
 /* ---- expert-parallel exchange (kernels/ep.cu) ------------------------------------- */
-/* Group a rank's T*K (token, k) pairs by destination rank d = ids / per (R ranks).
+/* Group a rank's T*K (token, k) pairs by destination rank d, the owner of the pair's
+ * expert in the call's range [lo, lo + ne) split evenly over R ranks (rank d from
+ * lo + floor(d ne / R)); a pair outside the range goes nowhere (tk2pair -1).
  * counts [2][R][4]: counts[d] = {rows, pairs, layer, left} of what goes to d (row = a
  * token with at least one expert on d, sent once); counts[R + rank] = counts[rank].
  * Segments in destination order: sendtok [rows] token of each row; meta [3*pairs]:
  * destination d's segment at 3*(pairs before d) holds row-in-segment [n], expert id [n]
  * and weight (FP32 bits) [n] of its n pairs, in (t, k) order; tk2pair [T*K] the pair's
  * position over all segments. T = 0 writes the counts only. */
-int egk_ep_pack(const int32_t *ids, const float *weights, int T, int K, int R, int per, int rank, int layer,
+int egk_ep_pack(const int32_t *ids, const float *weights, int T, int K, int R, int lo, int ne, int rank, int layer,
                 int left, int32_t *counts, int32_t *sendtok, int32_t *meta, int32_t *tk2pair, void *stream);
 /* y[t] += back[tk2pair[t*K+k]] (rows of H) over the token's k in ascending expert id
- * (ids [T][K], the router's): the unsplit moe's sum. */
+ * (ids [T][K], the router's), pairs with tk2pair -1 skipped: the unsplit moe's sum, or
+ * its continuation over a range. */
 int egk_ep_combine(const float *back, const int32_t *tk2pair, const int32_t *ids, int T, int K, int H, float *y,
                    void *stream);
 

@@ -6,10 +6,18 @@
 
 #define EP_NT 64 /* threads per block; each takes a contiguous run of tokens */
 
+/* The rank owning expert e of a call over [lo, lo + n): the even split of the range
+ * (rank r from lo + floor(r n / R)), -1 outside the range. */
+static __device__ __forceinline__ int ep_owner(int e, int lo, int n, int R) {
+    if (e < lo || e >= lo + n) return -1;
+    return (int)(((int64_t)(e - lo + 1) * R - 1) / n);
+}
+
 /* Block q (one per destination rank): the rows (tokens with at least one expert in q's
  * range, in token order) and pairs ((t, k) with the expert in q's range, in (t, k) order)
- * that go to q, placed after those of ranks < q. */
-static __global__ void ep_pack_kernel(const int32_t *ids, const float *w, int T, int K, int R, int per, int rank,
+ * that go to q, placed after those of ranks < q. Block 0 also marks the pairs outside the
+ * call's range (tk2pair -1: no owner, not combined). */
+static __global__ void ep_pack_kernel(const int32_t *ids, const float *w, int T, int K, int R, int lo, int n, int rank,
                                       int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
                                       int32_t *tk2pair) {
     __shared__ int s_rb[EP_NT], s_pb[EP_NT], s_r[EP_NT], s_p[EP_NT];
@@ -20,12 +28,12 @@ static __global__ void ep_pack_kernel(const int32_t *ids, const float *w, int T,
     for (int t = t0; t < t1; t++) {
         int c = 0;
         for (int k = 0; k < K; k++) {
-            int d = ids[t * K + k] / per;
+            int d = ep_owner(ids[t * K + k], lo, n, R);
             if (d == q) c++;
-            if (d < q) {
+            if (d >= 0 && d < q) {
                 pb++;
                 int seen = 0;
-                for (int j = 0; j < k; j++) seen |= ids[t * K + j] / per == d;
+                for (int j = 0; j < k; j++) seen |= ep_owner(ids[t * K + j], lo, n, R) == d;
                 rb += !seen;
             }
         }
@@ -66,8 +74,9 @@ static __global__ void ep_pack_kernel(const int32_t *ids, const float *w, int T,
     for (int t = t0; t < t1; t++) {
         int any = 0;
         for (int k = 0; k < K; k++) {
-            int e = ids[t * K + k];
-            if (e / per != q) continue;
+            int e = ids[t * K + k], d = ep_owner(e, lo, n, R);
+            if (d < 0 && q == 0) tk2pair[t * K + k] = -1;
+            if (d != q) continue;
             any = 1;
             m_row[pp] = rp;
             m_id[pp] = e;
@@ -79,17 +88,18 @@ static __global__ void ep_pack_kernel(const int32_t *ids, const float *w, int T,
     }
 }
 
-extern "C" int egk_ep_pack(const int32_t *ids, const float *weights, int T, int K, int R, int per, int rank,
+extern "C" int egk_ep_pack(const int32_t *ids, const float *weights, int T, int K, int R, int lo, int n, int rank,
                            int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta, int32_t *tk2pair,
                            void *stream) {
-    if (R <= 0 || per <= 0 || K <= 0 || T < 0) return (int)cudaErrorInvalidValue;
-    ep_pack_kernel<<<R, EP_NT, 0, (cudaStream_t)stream>>>(ids, weights, T, K, R, per, rank, layer, left, counts,
+    if (R <= 0 || n <= 0 || lo < 0 || K <= 0 || T < 0) return (int)cudaErrorInvalidValue;
+    ep_pack_kernel<<<R, EP_NT, 0, (cudaStream_t)stream>>>(ids, weights, T, K, R, lo, n, rank, layer, left, counts,
                                                           sendtok, meta, tk2pair);
     return EGK_LAUNCH_RESULT();
 }
 
-/* y[t] += back[tk2pair[t*K+k]] over the token's k in ascending expert id (every pair
- * has an owner), the unsplit combine's order. */
+/* y[t] += back[tk2pair[t*K+k]] over the token's k in ascending expert id, the unsplit
+ * combine's order, skipping pairs outside the call's range (tk2pair -1): y holds the fold
+ * so far. */
 static __global__ void ep_combine_kernel(const float *back, const int32_t *tk2pair, const int32_t *ids, int K, int H,
                                          float *y) {
     extern __shared__ int32_t ord[]; /* [K] the token's combine order */
@@ -98,7 +108,10 @@ static __global__ void ep_combine_kernel(const float *back, const int32_t *tk2pa
     egk_moe_order_block(ids + (int64_t)t * K, K, ord);
     if (n >= H) return;
     float v = y[(int64_t)t * H + n];
-    for (int j = 0; j < K; j++) v += back[(int64_t)tk2pair[t * K + ord[j]] * H + n];
+    for (int j = 0; j < K; j++) {
+        int32_t p = tk2pair[t * K + ord[j]];
+        if (p >= 0) v += back[(int64_t)p * H + n];
+    }
     y[(int64_t)t * H + n] = v;
 }
 

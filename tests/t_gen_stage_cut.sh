@@ -4,7 +4,8 @@
 # and residual add on the next, which continues the routed sum in ascending expert id. The
 # samples, captured rows included, equal the unsplit run's byte for byte: sampled with
 # stops, capture mode, a pool that preempts, several cuts (expert 0 alone, expert 15 alone),
-# and `forward` over the reference fixture. `plan --stages 8` shows the cuts generate
+# and `forward` over the reference fixture; the same inside expert-parallel groups (--ep,
+# stage groups, +ffn / +split). `plan --stages 8` shows the cuts generate
 # chooses on planned GPUs. Bad cuts are refused naming the layer.
 set -eu
 : "${EAGLEGEN:?}" "${PYTHON:=/usr/bin/python3}"
@@ -48,12 +49,27 @@ gen --out q0 --max-new-tokens 60 --stages 3:7,5 --kv-tokens 192 --host-kv-gb 0 2
 grep -Eq "[1-9][0-9]* rows recomputed" err || fail "no recompute"
 "$PYTHON" "$here/gen_check.py" same r60 q0
 
+echo "-- inside expert-parallel groups: each half's experts shared out over the ranks"
+gen --out g1 --stages 2:5,5 --ep 2 2>err || fail "2:5,5 --ep 2"
+grep -q "2 stage groups of 2 ranks" err || fail "no stage groups"
+grep -q "layer 1 split between stages 0 and 1: its experts 0..4 shared out over the ranks (rank 0: 0..1), then 5..15 (rank 0: 5..9)" err ||
+    fail "the split line"
+"$PYTHON" "$here/gen_check.py" same ref g1
+gen --out g3 --stages 2:1,3:8,4:15,5 --ep 4 --batch 4 --ep-split ffn 2>err || fail "three cuts, --ep 4, +ffn"
+grep -q "its experts 0..0 shared out over the ranks (rank 0: none)" err || fail "an empty share"
+"$PYTHON" "$here/gen_check.py" same ref g3
+gen --out q2 --max-new-tokens 60 --stages 3:7,5 --ep 2 --ep-split all --batch 6 2>err || fail "--ep 2, +split"
+"$PYTHON" "$here/gen_check.py" same r60 q2
+
 echo "-- capture mode"
 $E generate --model model --prompts conv.jsonl --out cref --mode capture --max-seq-len 256 --aux-layers 1,2,3 \
     2>/dev/null
 $E generate --model model --prompts conv.jsonl --out ccut --mode capture --max-seq-len 256 --aux-layers 1,2,3 \
     --stages 2:11,4:4,5 2>/dev/null || fail "capture with cuts"
 "$PYTHON" "$here/gen_check.py" same cref ccut
+$E generate --model model --prompts conv.jsonl --out cep --mode capture --max-seq-len 256 --aux-layers 1,2,3 \
+    --stages 2:11,4:4,5 --ep 2 2>/dev/null || fail "capture with cuts and --ep 2"
+"$PYTHON" "$here/gen_check.py" same cref cep
 
 echo "-- forward over the fixture: the same bytes"
 if [ -d "${FIXTURES:-}/models/tiny-a" ]; then
@@ -83,7 +99,6 @@ expect() { # rc pattern args...
 expect 1 "layer 0 of 5, 16 routed experts): layer END-1 is dense" gen --out b1 --stages 1:3,5
 expect 1 "CUT must be below the routed expert count" gen --out b2 --stages 2:16,5
 expect 1 "the last stage ends the model" gen --out b3 --stages 2:3,5:4
-expect 1 "not built; use whole-layer ends with --ep" gen --out b4 --stages 2:3,5 --ep 2
 expect 2 "an end as END:CUT" gen --out b5 --stages 2:,5
 expect 2 "--whole-layers and --transport apply to pipeline stages" gen --out b6 --whole-layers
 echo '{"prompts": [[1, 2, 3]]}' > x.json

@@ -192,6 +192,17 @@ static void test_layouts_identical(void) {
         {"explicit ends {3,4,5} with cuts {11,3,0}, threaded", NULL, ends345, 3, 1, 0, 3, 0, 0, 128, 0, cuts345, 0},
         {"layer 2 split, a pool that preempts (host copies)", "3:7,5", NULL, 0, 1, 0, 2, 80, -1, 64, 0, NULL, 0},
         {"layer 2 split, a pool that preempts (recomputed)", "3:7,5", NULL, 0, 0, 0, 2, 80, 0, 64, 0, NULL, 0},
+        /* a split layer inside expert-parallel groups: each half a routed call of its own,
+           split over the ranks (stage groups: the two halves in two groups) */
+        {"--ep 2, stage groups, layer 1 split at expert 5", "2:5,5", NULL, 0, 1, 2, 2, 0, 0, 128, 0, NULL, 0},
+        {"--ep 2, stages one after another on each rank, three splits", "2:1,3:8,4:15,5", NULL, 0, 0, 2, 4, 0, 0,
+         128, 0, NULL, 0},
+        {"--ep 4, stage groups, layer 1 split at expert 1 (ranks with none of a half), 8 slots", "2:1,5", NULL, 0, 1,
+         4, 2, 0, 0, 128, 0, NULL, 8},
+        {"--ep 4, three stage groups, two splits, 8 slots, a pool that preempts (host copies)", "2:3,4:13,5", NULL, 0,
+         1, 4, 3, 256, -1, 64, 0, NULL, 8},
+        {"--ep 2, stage groups, explicit ends {3,4,5} with cuts {11,3,0}", NULL, ends345, 3, 1, 2, 3, 0, 0, 128, 0,
+         cuts345, 0},
     };
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
         results r = {0};
@@ -255,6 +266,22 @@ static void test_layouts_identical(void) {
                k % 3 == 2 ? ", two stage groups" : k % 3 ? ", two stages" : "");
         CHECK(info.ep == 2 && info.ep_split == o.ep_split && info.ep_groups == (k % 3 == 2));
         if (k % 3) CHECKF(last_stats.preemptions > 0, "ep split %s, small pool: no preemption", name);
+        free_results(&r);
+    }
+    /* the splits with a layer split between stages: the split layer's shared expert on
+       its owner after the cut; stage groups and one thread per rank */
+    for (int k = 0; k < 4; k++) {
+        results r = {0};
+        o = base_opts();
+        o.ep = 2;
+        o.ep_split = k < 2 ? EG_EP_SPLIT_FFN : EG_EP_SPLIT_ALL;
+        o.stages = k % 2 ? "2:9,5" : "3:7,5";
+        o.stage_threads = k % 2 == 0;
+        eg_status st = run(&o, &r, &info, &err);
+        CHECKF(st == EG_OK, "ep split %d with a layer split: %s", k, err.msg);
+        CHECKF(same(&ref, &r, H), "ep split %s, --stages %s%s: results differ from the one-stage runtime",
+               k < 2 ? "ffn" : "all", o.stages, k % 2 ? "" : " (stage groups)");
+        CHECK(info.ep_groups == (k % 2 == 0) && info.n_stages == 2);
         free_results(&r);
     }
     free_results(&ref);
@@ -855,15 +882,10 @@ static void test_forward_only(void) {
     eg_runtime_free(rt);
 }
 
-/* --stages N on planned GPUs (as if on devices of given memory: no GPU needed, the plan
- * comes before any backend): where the memory is tight enough for the layer sizes to
- * matter, the runtime splits layers between stages for a larger common KV pool than whole
- * layers give (its note names the --stages it chose), never a smaller one, and the split
- * it names runs on the CPU backend to the one-stage results. whole_layers keeps the
- * byte-balanced split. */
 /* --stages 2 --ep 2 on 4 planned GPUs: stage groups, one plan per stage (the GPU of each
  * rank's stage k holds that stage's share alone, so its cache per token is its layers'),
- * against each rank's one GPU holding both stages (stage threads off). */
+ * against each rank's one GPU holding both stages (stage threads off). Whole layers (the
+ * split chosen for the pool: stage_balance). */
 static void test_ep_groups_plan(void) {
     load_model();
     if (!have_model) return;
@@ -875,6 +897,7 @@ static void test_ep_groups_plan(void) {
         o.ep = 2;
         o.gpus = 4;
         o.stage_threads = groups;
+        o.whole_layers = 1;
         o.note = keep_note;
         o.note_ctx = &nt[groups];
         eg_runtime *rt = NULL;
@@ -901,9 +924,60 @@ static void test_ep_groups_plan(void) {
            (long long)one, (long long)g0, (long long)g1);
 }
 
-static void test_stage_balance(void) {
-    load_model();
-    if (!have_model) return;
+/* The common pool (the smallest stage's KV capacity in plan_cuda's notes) of a runtime over
+ * 2 planned GPUs (2 * ep with ranks) with free bytes `free_b`: 0 when the runtime refused
+ * the memory, -1 when no plan was noted; the split the runtime chose, if its note names
+ * one, into split ("" otherwise). */
+static int64_t planned_pool(const char *stages, int ep, int whole, int64_t free_b, char *split, size_t split_n) {
+    const int64_t G = (int64_t)1 << 30;
+    eg_error err = {0};
+    notes nt = {0};
+    if (split) split[0] = 0;
+    eg_runtime_opts o = base_opts();
+    o.backend = "cuda";
+    o.stages = stages;
+    o.stage_threads = 1;
+    o.whole_layers = whole;
+    o.ep = ep;
+    o.gpus = 2 * ep;
+    o.gpu_mem_fraction = 0.5;
+    o.plan_total_bytes = 2 * G;
+    o.plan_free_bytes = free_b;
+    o.note = keep_note;
+    o.note_ctx = &nt;
+    eg_runtime *rt = NULL;
+    eg_status st = eg_runtime_create(&o, &rt, &err);
+    eg_runtime_free(rt);
+    /* (no GPU here: the plan is made, then the backends or the ranks' GPUs are refused) */
+    if (st && !strstr(err.msg, "cuda") && !strstr(err.msg, "CUDA") && !strstr(err.msg, "GPUs found") &&
+        !strstr(err.msg, "GPUs, one per rank and stage"))
+        return 0; /* e.g. too little memory: no pool */
+    int first = 0;
+    if (nt.n > 0 && !strncmp(nt.lines[0], "stage split: --stages ", 22)) {
+        if (split) {
+            char fmt[32];
+            snprintf(fmt, sizeof fmt, "%%%zu[0-9:,]", split_n - 1);
+            sscanf(nt.lines[0] + 22, fmt, split);
+            size_t sl = strlen(split);
+            if (sl && split[sl - 1] == ',') split[sl - 1] = 0; /* the note's own comma */
+        }
+        first = 1;
+    }
+    int64_t pool = -1;
+    for (int g = first; g < nt.n; g++) {
+        int64_t t = plan_tokens(&nt, g);
+        if (t >= 0 && (pool < 0 || t < pool)) pool = t;
+    }
+    return pool;
+}
+
+/* --stages 2 on planned GPUs (as if on devices of given memory: no GPU needed, the plan
+ * comes before any backend), one per stage, or with ep one per rank and stage (stage
+ * groups); whole_layers keeps the byte-balanced split. Over a sweep of budgets the split generate chooses holds at least the pool of
+ * the whole-layer split, sometimes more, by cutting a layer, and no less than any split
+ * given by hand (with ep up to the rounding of a range's experts to the heaviest rank);
+ * the split it names gives the one-stage results on the CPU backend. */
+static void stage_balance_case(int ep) {
     eg_error err = {0};
     const int64_t G = (int64_t)1 << 30;
     int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), layers = 0;
@@ -913,55 +987,61 @@ static void test_stage_balance(void) {
     eg_runtime_opts o = base_opts();
     CHECK_OK(run(&o, &ref, &info, &err), &err);
     int chose = 0, better = 0;
+    double worst_ratio = 1;
+    /* with ep the split balances 1/ep of each expert while a rank holds whole experts: at
+       most one expert's bytes more on a stage than balanced, the cache of that many tokens
+       of one layer */
+    int64_t slack = 0;
+    if (ep > 1)
+        for (int l = 0; l < model.cfg.n_layers && !slack; l++) {
+            eg_plan_layer_parts pp;
+            eg_plan_layer_parts_of(&model, l, &pp);
+            if (pp.n_experts) slack = (pp.expert + eg_plan_kv_bytes_per_token_layer(&model.cfg) - 1) /
+                                      eg_plan_kv_bytes_per_token_layer(&model.cfg);
+        }
     char chosen[128] = "";
     for (int step = 0; step <= 24; step++) {
         int64_t pool[2] = {0, 0};
         char split[128] = "";
+        /* the budget for weights and cache: free - 1.5 GiB (the fraction, the 512 MiB headroom)
+           less activations and scratch; swept over half to twice the layers */
+        eg_backend_opts bo = {.name = "cuda", .max_tokens = o.max_tokens, .max_seq_len = o.max_seq_len,
+                              .nthreads = o.threads};
+        int64_t act = eg_forward_act_bytes(&model.cfg, o.max_tokens, NAUX), scratch = eg_cuda_scratch_bytes(&model.cfg, &bo);
+        int64_t free_b = 3 * G / 2 + act + scratch + head + tail + layers / 2 + layers * step / 16;
         for (int whole = 0; whole < 2; whole++) {
-            notes nt = {0};
-            o = base_opts();
-            o.backend = "cuda";
-            o.stages = "2";
-            o.stage_threads = 1;
-            o.whole_layers = whole;
-            o.gpu_mem_fraction = 0.5;
-            o.plan_total_bytes = 2 * G;
-            /* the budget for weights and cache: free - 1.5 GiB (the fraction, the 512 MiB
-               headroom) less activations and scratch; swept over half to twice the layers */
-            eg_backend_opts bo = {.name = "cuda", .max_tokens = o.max_tokens, .max_seq_len = o.max_seq_len,
-                                  .nthreads = o.threads};
-            int64_t act = eg_forward_act_bytes(&model.cfg, o.max_tokens, NAUX), scratch = eg_cuda_scratch_bytes(&model.cfg, &bo);
-            o.plan_free_bytes = 3 * G / 2 + act + scratch + head + tail + layers / 2 + layers * step / 16;
-            o.note = keep_note;
-            o.note_ctx = &nt;
-            eg_runtime *rt = NULL;
-            eg_status st = eg_runtime_create(&o, &rt, &err);
-            eg_runtime_free(rt);
-            if (st && !strstr(err.msg, "cuda") && !strstr(err.msg, "CUDA")) continue; /* e.g. too little memory */
-            int first = 0;
-            if (nt.n > 0 && !strncmp(nt.lines[0], "stage split: --stages ", 22)) {
-                CHECKF(!whole, "whole_layers split layers: %s", nt.lines[0]);
-                sscanf(nt.lines[0] + 22, "%127[0-9:,]", split);
-                size_t sl = strlen(split);
-                if (sl && split[sl - 1] == ',') split[sl - 1] = 0; /* the note's own comma */
-                first = 1;
-            }
-            pool[whole] = -1;
-            for (int g = first; g < nt.n; g++) {
-                int64_t t = plan_tokens(&nt, g);
-                if (t >= 0 && (pool[whole] < 0 || t < pool[whole])) pool[whole] = t;
-            }
+            char sp[128];
+            pool[whole] = planned_pool("2", ep, whole, free_b, sp, sizeof sp);
+            CHECKF(!whole || !sp[0], "whole_layers split layers: --stages %s", sp);
+            if (!whole) snprintf(split, sizeof split, "%s", sp);
         }
         if (!pool[0] && !pool[1]) continue;
         CHECKF(pool[0] >= pool[1], "step %d: a pool of %lld tokens with the split, %lld with whole layers", step,
                (long long)pool[0], (long long)pool[1]);
+        if (split[0]) { /* every two-stage split by hand: none holds more */
+            int64_t best = -1;
+            char best_s[32] = "";
+            for (int end = 1; end < model.cfg.n_layers; end++)
+                for (int cut = 0; cut < (model.layers[end - 1].is_moe ? model.cfg.n_experts : 1); cut++) {
+                    char st2[32];
+                    snprintf(st2, sizeof st2, cut ? "%d:%d,%d" : "%d,%d", end, cut, model.cfg.n_layers);
+                    int64_t t = planned_pool(st2, ep, 0, free_b, NULL, 0);
+                    if (t > best) best = t, snprintf(best_s, sizeof best_s, "%s", st2);
+                }
+            CHECKF(best > 0, "step %d: no split by hand was planned", step);
+            worst_ratio = best > 0 && (double)pool[0] / (double)best < worst_ratio ? (double)pool[0] / (double)best
+                                                                                  : worst_ratio;
+            CHECKF(pool[0] >= best - slack, "step %d: the chosen --stages %s holds %lld tokens, --stages %s %lld",
+                   step, split, (long long)pool[0], best_s, (long long)best);
+        }
         if (split[0]) {
             chose++;
             better += pool[0] > pool[1];
             snprintf(chosen, sizeof chosen, "%s", split);
         }
     }
-    printf("    %d of 25 budgets split layers, %d with a larger pool; last: --stages %s\n", chose, better, chosen);
+    printf("    ep %d: %d of 25 budgets split layers, %d with a larger pool; last: --stages %s; the chosen pool >= "
+           "%.4f x the best split by hand\n", ep, chose, better, chosen, worst_ratio);
     CHECKF(chose > 0 && better > 0, "no budget split layers for a larger pool (%d, %d)", chose, better);
     CHECKF(strchr(chosen, ':') != NULL, "the chosen split '%s' cuts no layer", chosen);
     if (chosen[0]) { /* the split it names, on the CPU backend: the one-stage results */
@@ -969,11 +1049,19 @@ static void test_stage_balance(void) {
         o = base_opts();
         o.stages = chosen;
         o.stage_threads = 1;
+        o.ep = ep;
         CHECK_OK(run(&o, &r, &info, &err), &err);
-        CHECKF(same(&ref, &r, model.cfg.hidden), "--stages %s: results differ from one stage", chosen);
+        CHECKF(same(&ref, &r, model.cfg.hidden), "--stages %s --ep %d: results differ from one stage", chosen, ep);
         free_results(&r);
     }
     free_results(&ref);
+}
+
+static void test_stage_balance(void) {
+    load_model();
+    if (!have_model) return;
+    stage_balance_case(1);
+    stage_balance_case(2);
 }
 
 static const eg_test tests[] = {

@@ -1300,6 +1300,7 @@ static void test_profiled_transport(void) {
 typedef struct ep_rank_case {
     eg_ep_group *g;
     int rank, n_calls; /* calls = layers 0..n_calls-1, then eg_ep_leave */
+    int cut;           /* > 0: layer 0 is split there: its calls 0 and eg_ep_head_id(0) on one y */
     eg_backend *be;
     eg_moe_args a[2];
     eg_status st;
@@ -1309,7 +1310,10 @@ typedef struct ep_rank_case {
 static void *ep_rank_thread(void *v) {
     ep_rank_case *x = v;
     x->st = eg_backend_bind(x->be, &x->err);
-    for (int l = 0; l < x->n_calls && !x->st; l++) x->st = eg_ep_moe(x->g, x->rank, l, x->be, &x->a[l], &x->err);
+    for (int l = 0; l < x->n_calls && !x->st; l++) {
+        x->st = eg_ep_moe(x->g, x->rank, l, x->be, &x->a[l], &x->err);
+        if (!x->st && l == 0 && x->cut) x->st = eg_ep_moe(x->g, x->rank, eg_ep_head_id(x->g, 0), x->be, &x->a[0], &x->err);
+    }
     if (!x->st) x->st = eg_ep_leave(x->g, x->rank, x->be, &x->err);
     if (x->st) eg_ep_fail(x->g);
     return NULL;
@@ -1343,14 +1347,31 @@ static int ep_backends(const eg_config *c, int R, int max_tokens, eg_backend **r
     return 0;
 }
 
+/* The rank of a group with options go that owns expert e of layer l (split at go's
+ * layer_cuts: each half shared out on its own, collective.h eg_ep_range). */
+static int ep_owner_of(const eg_ep_opts *go, int l, int e) {
+    int cut = go->layer_cuts ? go->layer_cuts[l] : 0, id = cut && e >= cut ? go->n_layers + l : l;
+    for (int r = 0; r < go->n_ranks; r++) {
+        int e0, e1;
+        eg_ep_share(go, r, id, &e0, &e1);
+        if (e >= e0 && e < e1) return r;
+    }
+    return -1;
+}
+
 /* R ranks on GPUs r mod the device count (nccl when each has its own, cuda-local when
  * they share), two MoE layers, rank r with T[r] tokens: every rank's y must equal, bit
  * for bit, one backend's moe over all experts of its tokens. Rank 0 leaves after layer 0
  * (it serves layer 1 from its registered experts); skew routes every pair of rank 1 to
- * rank 0's experts (the receive buffers' worst case); each rank holds only its experts. */
-static void ep_group_case(eg_wfmt fmt, int R, const int *T, int skew) {
+ * rank 0's experts (the receive buffers' worst case); each rank holds only its experts.
+ * cut > 0 splits layer 0 there (a layer between two stages): two calls, experts [0, cut)
+ * and [cut, E), each shared out over the ranks, onto the same y. */
+static void ep_group_case(eg_wfmt fmt, int R, const int *T, int skew, int cut) {
     eg_config c = small_cfg();
     int E = c.n_experts, K = c.topk, H = c.hidden, F = c.moe_inter, per = E / R, L = 2, Tmax = 0;
+    int cuts[2] = {cut, 0};
+    eg_ep_opts go = {.n_ranks = R, .n_experts = E, .topk = K, .hidden = H, .max_tokens = 1, .n_layers = L,
+                     .layer_cuts = cut ? cuts : NULL};
     for (int r = 0; r < R; r++) Tmax = T[r] > Tmax ? T[r] : Tmax;
     eg_error err = {0};
     int ndev = 0;
@@ -1366,7 +1387,7 @@ static void ep_group_case(eg_wfmt fmt, int R, const int *T, int skew) {
             w3[1] = make_w(fmt, F, H, 1.0f / sqrtf((float)H));
             w3[2] = make_w(fmt, H, F, 1.0f / sqrtf((float)F));
             eg_weight *dr[3] = {&xr[l * E + e].gate, &xr[l * E + e].up, &xr[l * E + e].down};
-            int r = e / per;
+            int r = ep_owner_of(&go, l, e);
             eg_expert_w *own = &xo[(r * L + l) * E + e];
             eg_weight *dw[3] = {&own->gate, &own->up, &own->down};
             for (int j = 0; j < 3; j++) {
@@ -1376,18 +1397,21 @@ static void ep_group_case(eg_wfmt fmt, int R, const int *T, int skew) {
                 CHECK_OK(eg_backend_bind(ref, &err), &err);
             }
         }
-    eg_ep_opts go = {.n_ranks = R, .n_experts = E, .topk = K, .hidden = H, .max_tokens = Tmax, .n_layers = L,
-                     .backends = be};
+    go.max_tokens = Tmax;
+    go.backends = be;
     eg_ep_group *g = NULL;
     CHECK_OK(eg_ep_group_create(&go, &g, &err), &err);
     if (!g) goto out;
     for (int r = 0; r < R; r++)
-        for (int l = 0; l < L; l++) eg_ep_register(g, r, l, &xo[(r * L + l) * E]);
+        for (int l = 0; l < L; l++) {
+            eg_ep_register(g, r, l, &xo[(r * L + l) * E]);
+            if (cuts[l]) eg_ep_register(g, r, eg_ep_head_id(g, l), &xo[(r * L + l) * E]); /* the same array: both halves */
+        }
     ep_rank_case *rc = calloc((size_t)R, sizeof *rc);
     float **want = calloc((size_t)R * (size_t)L, sizeof *want);
     void **devp = calloc((size_t)R * (size_t)L * 4, sizeof *devp);
     for (int r = 0; r < R; r++) {
-        rc[r] = (ep_rank_case){.g = g, .rank = r, .n_calls = r == 0 && R > 1 ? 1 : L, .be = be[r]};
+        rc[r] = (ep_rank_case){.g = g, .rank = r, .n_calls = r == 0 && R > 1 ? 1 : L, .cut = cut, .be = be[r]};
         for (int l = 0; l < rc[r].n_calls; l++) {
             int n = T[r];
             int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * K);
@@ -1463,12 +1487,14 @@ static void ep_group_case(eg_wfmt fmt, int R, const int *T, int skew) {
             free(got);
         }
     }
-    CHECKF(same, "ep %d (%s, %s): every rank's y equals the unsplit moe bit for bit", R, eg_ep_kind(g), fmt_name(fmt));
+    CHECKF(same, "ep %d (%s, %s, cut %d): every rank's y equals the unsplit moe bit for bit", R, eg_ep_kind(g),
+           fmt_name(fmt), cut);
     CHECKF(pairs > 0 && bytes > 0, "ep %d: pairs crossed ranks (%lld, %lld bytes)", R, (long long)pairs, (long long)bytes);
     printf("  ep %d over %d GPU(s), exchange %s, %s, tokens", R, ndev, eg_ep_kind(g), fmt_name(fmt));
     for (int r = 0; r < R; r++) printf(" %d", T[r]);
-    printf("%s: identical to the unsplit moe; %lld pairs crossed, %lld bytes\n", skew ? " (skewed)" : "",
-           (long long)pairs, (long long)bytes);
+    printf("%s%s: identical to the unsplit moe; %lld pairs crossed, %lld bytes\n", skew ? " (skewed)" : "",
+           cut ? ", layer 0 split between two calls" : "", (long long)pairs, (long long)bytes);
+    if (cut) printf("    (layer 0 split at expert %d)\n", cut);
     eg_ep_group_free(g);
     for (int i = 0; i < R * L; i++) {
         int r = i / L;
@@ -1479,7 +1505,7 @@ static void ep_group_case(eg_wfmt fmt, int R, const int *T, int skew) {
     free(devp); free(want); free(rc); free(th);
 out:
     for (int i = 0; i < L * E; i++) {
-        int r = (i % E) / per;
+        int r = ep_owner_of(&go, i / E, i % E);
         eg_weight *dr[3] = {&xr[i].gate, &xr[i].up, &xr[i].down};
         eg_expert_w *own = &xo[(r * L + i / E) * E + i % E];
         eg_weight *dw[3] = {&own->gate, &own->up, &own->down};
@@ -1706,8 +1732,12 @@ static void test_ep_vocab(void) {
 static void test_ep_group(void) {
     seed(12);
     int t2[2] = {5, 11}, t4[4] = {3, 9, 1, 16};
-    ep_group_case(EG_W_BF16, 2, t2, 0);
-    ep_group_case(EG_W_INT4, 4, t4, 1);
+    ep_group_case(EG_W_BF16, 2, t2, 0, 0);
+    ep_group_case(EG_W_INT4, 4, t4, 1, 0);
+    /* a layer split between two stages: each half a call of its own, shared out over the
+       ranks (cut 3 of 16 over 4 ranks: ranks with no expert of the first half) */
+    ep_group_case(EG_W_BF16, 2, t2, 0, 5);
+    ep_group_case(EG_W_INT4, 4, t4, 1, 3);
 }
 
 

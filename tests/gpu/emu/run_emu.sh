@@ -15,8 +15,9 @@
 #                                              expert rows over emulated NCCL; --ep 2 on one GPU,
 #                                              cuda-local; --ep 2 --ep-split ffn and all on both
 #                                              exchanges, --ep 4 --ep-split all; each == one GPU;
-#                                              --ep 2 --stages 2 as stage groups on 4 GPUs
-#                                              (EMU_EP_ONLY_GROUPS=1: that and the reference only);
+#                                              --ep 2 --stages 2 as stage groups on 4 GPUs, and
+#                                              --stages 2:5,3 (a layer split) +ffn there
+#                                              (EMU_EP_ONLY_GROUPS=1: those and the reference only);
 #                                              ~12-15 min)
 #        tests/gpu/emu/run_emu.sh ep_vocab    (the vocab split's op test: nccl and cuda-local, ~2 min)
 #        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
@@ -169,16 +170,21 @@ if [ "${1:-}" = --ep ]; then
     if [ "${EMU_EP_GROUPS:-1}" = 1 ]; then
         # stage groups: rank r's stage k on GPU 2k + r (4 emulated GPUs), the hand-over inside
         # a rank over the NCCL transport, stage k's exchange among GPUs 2k, 2k+1; micro-batches
-        # in flight through the stages, each stage thread leaving its group at the end
-        for split in none all; do
+        # in flight through the stages, each stage thread leaving its group at the end; and
+        # layer 1 split between the stages at expert 5 (2:5,3), each half's experts shared
+        # out over its group, the shared expert on its owner after the cut (+ffn)
+        for variant in none:2 all:2 ffn:2:5,3; do
+            split=${variant%%:*} stages=${variant#*:}
             EMU_DEVICES=4 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
-                --max-new-tokens 4 --out "$W/g22$split" --ep 2 --stages 2 --ep-split $split 2> "$W/g22$split.log" ||
+                --max-new-tokens 4 --out "$W/g22$split" --ep 2 --stages $stages --ep-split $split 2> "$W/g22$split.log" ||
+                { cat "$W/g22$split.log"; exit 1; }
+            [ "$stages" = 2 ] || grep -q "layer 1 split between stages 0 and 1" "$W/g22$split.log" ||
                 { cat "$W/g22$split.log"; exit 1; }
             grep -q "expert parallel: 2 stage groups of 2 ranks: .*(GPUs 0..1, 2..3)" "$W/g22$split.log" &&
                 grep -q "expert parallel: 2 ranks.*exchange nccl" "$W/g22$split.log" &&
                 grep -q "transport between stages: nccl" "$W/g22$split.log" || { cat "$W/g22$split.log"; exit 1; }
             /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/g22$split"
-            echo "ep2 x pp2 as stage groups on 4 GPUs (--ep-split $split) == one GPU ($(( $(date +%s) - t0 )) s)"
+            echo "ep2 x pp2 as stage groups on 4 GPUs (--stages $stages --ep-split $split) == one GPU ($(( $(date +%s) - t0 )) s)"
         done
     fi
     exit 0
