@@ -46,19 +46,24 @@ kernels reach, an input until `eaglegen bench --backend cuda` measures it.
 
 usage: python3 docs/perf_model.py [--box NAME] [--config config.json] [--eff F]
        [--mean-len N] [--held-len N] [--gpu-mem-gb F] [--link-gbs F] [--link-us F]
-       [--prefill-chunk N] [--balance-memory] [--draft-tokens K --accept A [--draft-cache-bytes N] [--draft-weight-bytes N]]
-       [--json]
+       [--prefill-chunk N] [--whole-layers | --balance-memory]
+       [--draft-tokens K --accept A [--draft-cache-bytes N] [--draft-weight-bytes N]] [--json]
 --draft-tokens K --accept A: speculative decoding, K drafts verified per target pass of K + 1 rows
 committing A tokens on average (generate --draft-model reports A); the drafter (drafter_bytes)
 sits beside lm_head on the last stage, runs K times per step on its micro-batch, not overlapped.
 --draft-cache-bytes: its paged cache per token (default the modelled drafter's: 64 kv heads of
 128, 32,768 bytes, as the public Kimi-K2.5 drafters; 8 kv heads 4,096; an MLA drafter 1,152);
 --draft-weight-bytes: its weights on a GPU (default the modelled drafter's, 2.38 GB on Kimi-K2.5).
---balance-memory: what-if, not built: a pipeline's pool as if the stages' free memory were pooled
-(box-wide free bytes over box-wide cache bytes per token), as a split of the boundary layers' routed
-experts between adjacent stages would allow. The pool is otherwise bound by the stage with the least
-free memory per cached token: on 8x RTX PRO 6000, pp8's four 8-layer stages keep 6.9 GB free
-against 13-17 GB on the others. Those rows are marked modelled only.
+A pipeline's pool (P > 1) is the stage with the least free memory per cached token times the
+stages. By default stages may end inside a MoE layer, a boundary layer's routed experts split
+between the two stages beside it, as `generate --stages N` does on planned GPUs (split_kv, the
+search of engine/plan.c, over a rank's units), where that holds more than whole layers: on
+8x RTX PRO 6000 pp8 at whole layers keeps 6.9 GB free on its four 8-layer stages against 13-17
+GB on the others. The step times stay those of the whole-layer stages. Needs numpy.
+--whole-layers: every stage holds whole layers (generate --whole-layers).
+--balance-memory: what-if, an upper bound: a pipeline's pool as if the stages' free memory were
+pooled (box-wide free bytes over box-wide cache bytes per token). Those rows are marked modelled
+only.
 --held-len: cache tokens each sequence holds, for concurrency (default: --mean-len; with
 --kv-policy reserve a sequence holds prompt + max_new whatever it generates).
 """
@@ -176,6 +181,135 @@ def split_layers(cost, first, last, n):
     return ends
 
 
+def split_kv(parts, budget, kvb, extra_last):
+    """eg_plan_split_kv (engine/plan.c), the same search in integers: the largest X such that the units
+    (per layer its attention part, then each routed expert, then the shared expert) fill len(budget)
+    stages in order, stage k holding its units' bytes + X * kvb per attention unit (+ X * extra_last
+    on the last) within budget[k]; a stage begins at a layer's attention or (a layer split) before
+    expert c of a MoE layer, 0 < c < E, with a later layer left for the next stage's attention, and a
+    stage beginning inside layer l runs past layer l + 1's attention. parts: (attn, expert, shared,
+    n_experts) ints per layer. Returns (X, ends, cuts) as the C function gives them (the same split
+    traced back), or None when even X = 0 does not fit. Vectorised (numpy): per stage the starts it
+    may have, and the interval of ends each start reaches."""
+    import numpy as np
+    n, L = len(budget), len(parts)
+    nbytes, layer, kind, attn_at = [], [], [], []
+    for l, (a, e, sh, ne) in enumerate(parts):
+        attn_at.append(len(nbytes))
+        nbytes.append(a), layer.append(l), kind.append(0)
+        if ne > 0:
+            nbytes += [e] * ne
+            layer += [l] * ne
+            kind += list(range(1, ne + 1))
+            nbytes.append(sh), layer.append(l), kind.append(-1)
+    U = len(nbytes)
+    attn_at.append(U)
+    kind, layer, attn_at = np.array(kind), np.array(layer), np.array(attn_at)
+    pre = np.zeros(U + 1, np.int64)
+    pre[1:] = np.cumsum(np.array(nbytes, np.int64))
+    pa = np.zeros(U + 1, np.int64)
+    pa[1:] = np.cumsum(kind == 0)
+    ne_of = np.array([p[3] for p in parts])[layer]
+    may = (kind == 0) | ((kind >= 2) & (kind - 1 < ne_of) & (layer + 1 < L))
+    may[0] = False
+    idx = np.arange(U)
+    least = np.where((idx == 0) | (kind == 0), idx + 1, attn_at[np.minimum(layer + 1, L)] + 1)
+
+    def fits(kvx, extra_x):
+        g = pre + kvx * pa  # stage cost of units [s, e): g[e] - g[s], non-decreasing in e
+        reach = [np.zeros(U, bool) for _ in range(n)]
+        reach[0][0] = True
+        for k in range(n - 1):
+            st = np.nonzero(reach[k])[0]
+            lo = least[st]
+            hi = np.maximum(np.searchsorted(g, g[st] + budget[k], side="right") - 1, st)
+            hi = np.minimum(hi, U - 1)  # a later stage needs a unit
+            ok = lo <= hi
+            diff = np.zeros(U + 2, np.int64)
+            np.add.at(diff, lo[ok], 1)
+            np.add.at(diff, hi[ok] + 1, -1)
+            reach[k + 1] = (np.cumsum(diff[:U]) > 0) & may
+        e, begin = U, [0] * n
+        for k in range(n - 1, -1, -1):  # the last stage ends at U; trace a split back
+            cap = budget[k] - (extra_x if k == n - 1 else 0)
+            st = np.nonzero(reach[k][:e])[0]
+            cand = st[(least[st] <= e) & (g[e] - g[st] <= cap)]
+            if not len(cand):
+                return None
+            e = begin[k] = int(cand[0])
+        return begin if e == 0 else None
+
+    best = fits(0, 0)
+    if best is None:
+        return None
+    lo, hi = 0, 1
+    for b in budget:
+        hi += b if b > 0 else 0
+    hi = hi // (kvb if kvb > 0 else 1) + 1
+    while lo + 1 < hi:  # lo fits, hi does not
+        mid = lo + (hi - lo) // 2
+        got = fits(mid * kvb, mid * extra_last)
+        if got is not None:
+            lo, best = mid, got
+        else:
+            hi = mid
+    ends, cuts = [0] * n, [0] * n  # begins_to_ends
+    for k in range(n):
+        if k == n - 1:
+            ends[k] = int(layer[U - 1]) + 1
+            continue
+        b = best[k + 1]
+        if kind[b] == 0:
+            ends[k] = int(layer[b])
+        else:
+            ends[k], cuts[k] = int(layer[b]) + 1, int(kind[b]) - 1
+    return lo, ends, cuts
+
+
+def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
+    """Tokens per rank of the layer split (eg_layout_opts.whole_layers 0; engine/layout.c split_tokens):
+    split_kv over a rank's average units (1/E of each routed expert, of the shared expert / dense MLP
+    with a dense split), every stage's budget its GPU's usable memory less the embedding (stage 0), the
+    head and the drafter's weights (the last, whose cache grows by the drafter's per token); then that
+    split as the heaviest rank holds it (each range's experts shared out, the heaviest share
+    ceil(n / E); the FFNs of the layers whose FFN runs on the stage on their owners); 0 if none fits."""
+    NE, parts = c["n_routed_experts"], []
+    for p in lp:
+        mlp = math.ceil(p["mlp_b"] / E) if own else p["mlp_b"]
+        parts.append((int(p["attn_b"] + p["router_b"] + (0 if p["moe"] else mlp)),
+                      int(math.ceil(p["expert_b"] / E)) if p["moe"] else 0, int(mlp) if p["moe"] else 0,
+                      NE if p["moe"] else 0))
+    budget = [int(math.floor(usable - (head_w if s == 0 else 0) - (tail_w + dw if s == P - 1 else 0)))
+              for s in range(P)]
+    got = split_kv(parts, budget, int(kvb), int(dkv))
+    if got is None:
+        return 0
+    _, ends, cuts = got
+    min_tok, b0 = None, 0
+    for s in range(P):
+        hc, tc, end = cuts[s - 1] if s else 0, cuts[s] if s < P - 1 else 0, ends[s]
+        w, ffn_max = (head_w if s == 0 else 0) + (tail_w if s == P - 1 else 0), 0.0
+        for l in range(b0, end):
+            w += lp[l]["attn_b"] + lp[l]["router_b"] + (math.ceil((tc if tc and l == end - 1 else NE) / E)
+                                                        if lp[l]["moe"] else 0) * lp[l]["expert_b"]
+        if hc:
+            w += math.ceil((NE - hc) / E) * lp[b0 - 1]["expert_b"]
+        for j in range(E if own else 1):  # rank j holds the FFNs of layers l = j mod E
+            f = 0.0
+            for l in range(b0 - 1 if hc else b0, end - (1 if tc > 0 else 0)):
+                if not own or l % E == j:
+                    f += lp[l]["mlp_b"]
+            ffn_max = max(ffn_max, f)
+        w += ffn_max
+        hold = s == P - 1
+        free = usable - w - (dw if hold else 0)
+        tok = math.floor(free / ((end - b0) * kvb + (dkv if hold else 0))) if free > 0 else 0
+        min_tok = tok if min_tok is None or tok < min_tok else min_tok
+        b0 = end
+    return min_tok if min_tok > 0 else 0
+
+
+WHOLE_LAYERS = False  # --whole-layers: every stage holds whole layers (else stages may end inside a MoE layer)
 BALANCE_MEMORY = False  # --balance-memory: pipelines as if every stage's free memory held cache
 DRAFT_CACHE_BYTES = None  # --draft-cache-bytes: the drafter's cache per token instead of the modelled one's
 DRAFT_WEIGHT_BYTES = None  # --draft-weight-bytes: its weights on a GPU instead of the modelled one's
@@ -354,7 +488,11 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
         min_tok = tok if min_tok is None or tok < min_tok else min_tok
         free_sum, per_sum = free_sum + free, per_sum + (ends[s] - b0) * kvb + (dkv if hold else 0)
         b0 = ends[s]
-    if BALANCE_MEMORY and P > 1:  # every stage's free memory holding cache: not built (docstring)
+    if P > 1 and not WHOLE_LAYERS:  # stages may end inside a layer where that holds more
+        x = float(split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv))
+        if x > min_tok:
+            min_tok = x
+    if BALANCE_MEMORY and P > 1:  # every stage's free memory holding cache: a what-if (docstring)
         min_tok = math.floor(free_sum / per_sum) if free_sum > 0 else 0
     row["weights_gb"] = wmax / 1e9
     row["kv_tokens"] = int(E * min_tok)
@@ -424,8 +562,9 @@ def main():
     chunk = arg(a, "--prefill-chunk", int, 8192)
     draft = arg(a, "--draft-tokens", int, 0)
     accept = arg(a, "--accept", float, 1.0 if not draft else None)
-    global DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES, BALANCE_MEMORY
+    global DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES, BALANCE_MEMORY, WHOLE_LAYERS
     BALANCE_MEMORY = "--balance-memory" in a
+    WHOLE_LAYERS = "--whole-layers" in a
     DRAFT_CACHE_BYTES = arg(a, "--draft-cache-bytes", float, None)
     DRAFT_WEIGHT_BYTES = arg(a, "--draft-weight-bytes", float, None)
     for v in (DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES):

@@ -145,6 +145,55 @@ static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_
     return s;
 }
 
+/* Tokens per rank of the layer split (eg_layout_opts.whole_layers 0): eg_plan_split_kv over
+ * a rank's average units (1/E of each routed expert, of the shared expert / dense MLP with
+ * own), every stage's budget its GPU's usable memory less the embedding (stage 0), the head
+ * and the drafter's weights (the last, whose cache grows by the drafter's per token); then
+ * that split as the heaviest rank holds it, as the runtime's memory plan counts it: each
+ * range's experts shared out (the heaviest share ceil(n / E)), the FFNs of the layers whose
+ * FFN runs on the stage (a split layer's after the cut) on their owners (own). 0 when none
+ * fits. */
+static int64_t split_tokens(const eg_config *c, const layer_parts *lp, int L, int P, int E, int own, double usable,
+                            double head_w, double tail_w, double dw, double kvb, double dkv) {
+    eg_plan_layer_parts *parts = calloc((size_t)L, sizeof *parts);
+    int64_t *budget = calloc((size_t)P, sizeof *budget), x = 0;
+    int *ends = calloc((size_t)P, sizeof *ends), *cuts = calloc((size_t)P, sizeof *cuts);
+    double NE = c->n_experts, min_tok = -1;
+    if (parts && budget && ends && cuts) {
+        for (int l = 0; l < L; l++) {
+            double mlp = own ? ceil(lp[l].mlp_b / E) : lp[l].mlp_b;
+            parts[l].n_experts = lp[l].moe ? c->n_experts : 0;
+            parts[l].attn = (int64_t)(lp[l].attn_b + lp[l].router_b + (lp[l].moe ? 0 : mlp));
+            parts[l].expert = lp[l].moe ? (int64_t)ceil(lp[l].expert_b / E) : 0;
+            parts[l].shared = lp[l].moe ? (int64_t)mlp : 0;
+        }
+        for (int s = 0; s < P; s++)
+            budget[s] = (int64_t)floor(usable - (s == 0 ? head_w : 0) - (s == P - 1 ? tail_w + dw : 0));
+        eg_error ignored;
+        if (!eg_plan_split_kv(parts, L, budget, P, (int64_t)kvb, (int64_t)dkv, 1, ends, cuts, &x, &ignored))
+            for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
+                int hc = s ? cuts[s - 1] : 0, tc = s < P - 1 ? cuts[s] : 0, end = ends[s];
+                double w = (s == 0 ? head_w : 0) + (s == P - 1 ? tail_w : 0), ffn_max = 0;
+                for (int l = b0; l < end; l++)
+                    w += lp[l].attn_b + lp[l].router_b + (lp[l].moe ? ceil((tc && l == end - 1 ? tc : NE) / E) : 0) * lp[l].expert_b;
+                if (hc) w += ceil((NE - hc) / E) * lp[b0 - 1].expert_b;
+                for (int j = 0; j < (own ? E : 1); j++) { /* rank j holds the FFNs of layers l = j mod E */
+                    double f = 0;
+                    for (int l = hc ? b0 - 1 : b0; l < end - (tc > 0); l++)
+                        if (!own || l % E == j) f += lp[l].mlp_b;
+                    if (f > ffn_max) ffn_max = f;
+                }
+                w += ffn_max;
+                int hold = s == P - 1;
+                double freeb = usable - w - (hold ? dw : 0);
+                double tok = freeb > 0 ? floor(freeb / ((end - b0) * kvb + (hold ? dkv : 0))) : 0;
+                if (min_tok < 0 || tok < min_tok) min_tok = tok;
+            }
+    }
+    free(parts); free(budget); free(ends); free(cuts);
+    return min_tok > 0 ? (int64_t)min_tok : 0;
+}
+
 static const char *bound_of(double hbm, double fl, double comm) {
     return comm >= hbm && comm >= fl ? "link" : fl > hbm ? "compute" : "hbm";
 }
@@ -291,6 +340,10 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
         double tok = freeb > 0 ? floor(freeb / ((ends[s] - b0) * kvb + (hold ? dkv : 0))) : 0;
         if (w > wmax) wmax = w;
         if (min_tok < 0 || tok < min_tok) min_tok = tok;
+    }
+    if (P > 1 && !o->whole_layers) { /* stages may end inside a layer where that holds more */
+        double x = (double)split_tokens(c, lp, L, P, E, own, usable, head_w, tail_w, dw, kvb, dkv);
+        if (x > min_tok) min_tok = x;
     }
     row->weights_gb = wmax / 1e9;
     row->kv_tokens = (int64_t)(E * min_tok);

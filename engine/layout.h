@@ -126,6 +126,12 @@ typedef struct eg_layout_opts {
     /* The drafter's weights on a GPU (bytes; 0 = the modelled drafter's): what it reads per
      * draft step and holds beside the pool (the embedding stays on the host). */
     double draft_weight_bytes;
+    /* 1: every stage holds whole layers (generate --whole-layers). 0: a pipeline's stages may
+     * end inside a MoE layer (--stages N on planned GPUs; runtime.c balance_stages): the
+     * pool is eg_plan_split_kv's over a rank's units (1/E of each routed expert; of the
+     * shared expert / dense MLP with +ffn, of the vocabulary with +split), where that holds
+     * more than whole layers. The step times stay those of the whole-layer split's stages. */
+    int whole_layers;
 } eg_layout_opts;
 
 /* The modelled EAGLE-3 drafter, shaped as the public Kimi-K2.5 drafters (SpecForge's

@@ -80,6 +80,10 @@ static void usage(FILE *f) {
             "  --draft-weight-bytes N  the drafter's weights on a GPU (default: the modelled one's)\n"
             "  --draft-model DIR   take both from a drafter's config.json (any layout generate\n"
             "                      --draft-model reads), checked against the model\n"
+            "  --whole-layers      every pipeline stage holds whole layers (generate --whole-layers);\n"
+            "                      by default a stage may end inside a MoE layer, the layer's routed\n"
+            "                      experts split with the next stage, where that holds a larger KV\n"
+            "                      pool, as generate --stages N does on planned GPUs\n"
             "  --json              the rows as JSON objects (layout, kv_tokens, concurrency,\n"
             "                      decode_tok_s, prefill_tok_s, dense_split none|ffn|all, ...)\n"
             "                      and the recommendations\n"
@@ -258,12 +262,12 @@ int cmd_plan(int argc, char **argv) {
         {"eff", 1, 0, 'E'},        {"link", 1, 0, 'k'},         {"link-gbs", 1, 0, 'K'}, {"link-us", 1, 0, 'U'},
         {"prefill-chunk", 1, 0, 'c'}, {"json", 0, 0, 'j'},      {"draft-tokens", 1, 0, 'D'},
         {"accept", 1, 0, 'A'},     {"draft-cache-bytes", 1, 0, 'C'}, {"draft-model", 1, 0, 'R'},
-        {"draft-weight-bytes", 1, 0, 'X'}, {0, 0, 0, 0}};
+        {"draft-weight-bytes", 1, 0, 'X'}, {"whole-layers", 0, 0, 'H'}, {0, 0, 0, 0}};
     const char *draft_dir = NULL;
     int draft_tokens = 0;
     double accept = 0, draft_cache = 0, draft_weight = 0;
     const char *box_name = NULL, *link = NULL;
-    int gpus = 0, json = 0, chunk = 8192, set_mem = 0, set_frac = 0, set_act = 0;
+    int gpus = 0, json = 0, chunk = 8192, set_mem = 0, set_frac = 0, set_act = 0, whole_layers = 0;
     double hbm = 0, tflops = 0, eff = 0, link_gbs = 0, link_us = -1;
     const char *workload = NULL;
     int prompt_len = 1024, max_new = 32768;
@@ -272,7 +276,7 @@ int cmd_plan(int argc, char **argv) {
     int ch;
     while ((ch = gen_getopt(argc, argv, "plan", "h", opts)) != -1) {
         for (const struct option *o = opts; ch > 0 && o->name; o++)
-            if (o->val == ch && strchr("WTEkKUcjDACRX", ch) && !layout_only) layout_only = o->name;
+            if (o->val == ch && strchr("WTEkKUcjDACRXH", ch) && !layout_only) layout_only = o->name;
             else if (o->val == ch && strchr("le", ch) && !preset_only) preset_only = o->name;
         switch (ch) {
         case 'm': model_dir = optarg; break;
@@ -297,6 +301,7 @@ int cmd_plan(int argc, char **argv) {
         case 'U': if (!gen_arg_double("plan", "--link-us", optarg, 0, 1e9, &link_us)) return 2; break;
         case 'c': if (!gen_arg_int("plan", "--prefill-chunk", optarg, 1, 1 << 24, &chunk)) return 2; break;
         case 'j': json = 1; break;
+        case 'H': whole_layers = 1; break;
         case 'D': if (!gen_arg_int("plan", "--draft-tokens", optarg, 1, 64, &draft_tokens)) return 2; break;
         case 'A': if (!gen_arg_double("plan", "--accept", optarg, 1, 65, &accept)) return 2; break;
         case 'C': if (!gen_arg_double("plan", "--draft-cache-bytes", optarg, 1, 1e12, &draft_cache)) return 2; break;
@@ -410,7 +415,8 @@ int cmd_plan(int argc, char **argv) {
         }
         if (draft_dir && drafter_bytes(draft_dir, c, &draft_cache, &draft_weight, &err)) goto out;
         eg_layout_opts lo = {.mean_len = mean_len, .prefill_chunk = chunk, .draft_tokens = draft_tokens,
-                             .accept = accept, .draft_cache_bytes = draft_cache, .draft_weight_bytes = draft_weight};
+                             .accept = accept, .draft_cache_bytes = draft_cache, .draft_weight_bytes = draft_weight,
+                             .whole_layers = whole_layers};
         rc = print_layouts(model_dir ? model_dir : preset, c, &box, &lo, len_from, json, &err);
         goto out;
     }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # generate --layout with dense splits (issue 17): `auto` takes plan's recommendation among the
-# layouts the backend runs as modelled. On the RTX box at 4K mean length that is pp2xep4+split
-# on CUDA and CPU ranks alike (2 stage groups of 4 ranks; the shared experts and dense MLP
-# owned whole by one rank per layer, and the embedding and lm_head split by vocab rows).
+# layouts the backend runs as modelled. On the RTX box at 4K mean length that is stages x EP
+# groups with +split (pp4xep2+split, pp2xep4+split within 0.1% with the layer split) on CUDA
+# and CPU ranks alike (stage groups; the shared experts and dense MLP owned whole by one rank
+# per layer, and the embedding and lm_head split by vocab rows).
 # Kimi-K2.5's config without weights:
 # the layout is resolved before the model loads, so each run stops at the missing weights (a
 # non-zero exit) after saying what it chose.
@@ -16,7 +17,8 @@ $E mkmodel --preset kimi-k2.5 --no-weights --out kimi >/dev/null 2>&1 || fail "m
 echo '{"prompt": "hi"}' > p.jsonl
 args=(--model kimi --prompts p.jsonl --out o --max-seq-len 8192)
 want=$($E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --mean-len 4096 | sed -n 's/^recommended for decode: \([^,]*\),.*/\1/p')
-[ "$want" = pp2xep4+split ] || fail "plan recommends '$want' on the RTX box, expected pp2xep4+split"
+case "$want" in pp2xep4+split|pp4xep2+split) ;; *) fail "plan recommends '$want' on the RTX box, expected ppPxepE+split" ;; esac
+ep=${want#*xep}; ep=${ep%+split}; vend=$((163840 / ep - 1))
 # auto takes plan's recommendation on either backend
 for be in cpu cuda; do
     w=$want
@@ -32,8 +34,8 @@ for be in cpu cuda; do
     fi
     grep -q "as stage groups (a thread per rank and stage" out err || fail "auto on cpu: the dry run does not say stage groups"
     # the +split choice reaches the runtime as --ep-split all (the dry run's rank plan)
-    grep -q -- "--ep 4+split" out err || fail "auto on $be took $w but the dry run shows no vocab split"
-    grep -q "the shared expert / dense MLP of layers 0, 4, .*embedding / lm_head vocab rows 0..40959" out err ||
+    grep -q -- "--ep $ep+split" out err || fail "auto on $be took $w but the dry run shows no vocab split"
+    grep -q "the shared expert / dense MLP of layers 0, $ep, .*embedding / lm_head vocab rows 0..$vend" out err ||
         fail "auto on $be: no ffn owners or vocab rows in the dry run"
 done
 $E generate "${args[@]}" --layout ep8+ffn --backend cuda --dry-run > out 2> err || fail "dry run of ep8+ffn on cuda"

@@ -127,11 +127,41 @@ for r in c["layouts"]:
 pp = {r["layout"]: r for r in c["layouts"]}["pp8"]
 if acc == k and dc:
     assert pp["decode_tok_s"] > base["pp8"]["decode_tok_s"], ("pp8 is HBM-bound: accepted drafts pay", pp, base["pp8"])
-if not dc:
-    assert pp["kv_tokens"] < 0.5 * base["pp8"]["kv_tokens"], ("32 KB per token on one GPU of eight", pp, base["pp8"])
 PY
     done
   done
+done
+# --whole-layers: every stage whole layers (C and Python alike); the layer split never holds
+# fewer slots, and pp8 holds more with it (the 8-layer stages bound the pool: the plan --stages
+# 8 split line). With the 32 KB drafter cache, at whole layers, on the last GPU of eight, the
+# drafter's cache takes over half of pp8's pool; the split moves layers off that stage
+for box in rtx-pro-6000x8 h200x8; do
+    for spec in "" "--draft-tokens 3 --accept 3"; do
+        $E plan --preset kimi-k2.5 --box $box $spec --whole-layers --json > w.json 2> err || fail "plan --whole-layers"
+        "$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box $box $spec --whole-layers --json \
+            > pw.json || fail "perf_model.py --whole-layers"
+        $E plan --preset kimi-k2.5 --box $box $spec --json > s.json 2> err || fail "plan $box $spec"
+        $E plan --preset kimi-k2.5 --box $box --whole-layers --json > w0.json 2> err || fail "plan --whole-layers plain"
+        "$PYTHON" - "$box" "$spec" <<'PY' || fail "--whole-layers ($box $spec)"
+import json, sys
+w, p, s, w0 = (json.load(open(f)) for f in ("w.json", "pw.json", "s.json", "w0.json"))
+for a, b in zip(w["layouts"], p["layouts"]):
+    for k in ("kv_tokens", "decode_tok_s", "prefill_tok_s", "decode_step_ms"):
+        x, y = float(a[k]), float(b[k])
+        assert abs(x - y) <= 1e-9 * max(abs(x), abs(y), 1e-30), (sys.argv[1:], a["layout"], k, x, y)
+ws, ss = ({r["layout"]: r for r in d["layouts"]} for d in (w, s))
+for n, r in ws.items():
+    assert ss[n]["kv_tokens"] >= r["kv_tokens"], (n, ss[n]["kv_tokens"], r["kv_tokens"])
+    if r["stages"] == 1:
+        assert ss[n] == r, n
+    else:
+        assert ss[n]["decode_step_ms"] > 0 or not ss[n]["fits"]
+assert ss["pp8"]["kv_tokens"] > ws["pp8"]["kv_tokens"], (ss["pp8"], ws["pp8"])
+if sys.argv[2]:  # the modelled drafter, 32 KB per token
+    plain = {r["layout"]: r for r in w0["layouts"]}["pp8"]
+    assert ws["pp8"]["kv_tokens"] < 0.5 * plain["kv_tokens"], ("32 KB per token on one GPU of eight", ws["pp8"], plain)
+PY
+    done
 done
 $E plan --preset kimi-k2.5 --box h200x8 --draft-tokens 3 --accept 3 --draft-cache-bytes 1152 > out 2> err ||
     fail "plan --draft-cache-bytes: $(cat err)"
@@ -218,10 +248,11 @@ grep -q 'modelled only: eaglegen does not run tensor parallelism' out || fail "t
 grep -q '^ep8+split .*--ep-split all (CPU and CUDA ranks)' out || fail "+split row note"
 grep -q '^ep8+ffn .*--ep-split ffn' out || fail "+ffn row note"
 # on the RTX box the KV slots are what decode lacks: the fastest layout splits stages over EP
-# groups with the FFN and the vocabulary split, run as stage groups (a GPU per rank and stage);
-# it is the recommendation, so no faster modelled-only row is named
+# groups with the FFN and the vocabulary split, run as stage groups (a GPU per rank and stage;
+# pp2xep4+split and pp4xep2+split within 0.1% of each other with the layer split); it is the
+# recommendation, so no faster modelled-only row is named
 $E plan --preset kimi-k2.5 --box rtx-pro-6000x8 > out 2> err || fail "plan rtx text"
-grep -q '^recommended for decode: pp2xep4+split, .*x pp8, the pipeline' out || fail "rtx decode recommendation"
+grep -Eq '^recommended for decode: pp[24]xep[42]\+split, .*x pp8, the pipeline' out || fail "rtx decode recommendation"
 ! grep -q '^fastest modelled for decode' out || fail "rtx: a faster modelled-only row named"
 grep -q '^pp2xep4+split .*--ep-split all (CPU and CUDA ranks)' out || fail "rtx: pp2xep4+split row note"
 # the tiny model has 16 experts and 5 layers: with 6 GPUs no EP group of 3 or 6 appears, 2
@@ -233,27 +264,36 @@ names = [r["layout"] for r in json.load(open("t.json"))["layouts"]]
 assert "pp3xep2" in names and "tp6" in names and "pp6" not in names, names
 assert not any("ep3" in n or "ep6" in n for n in names), names
 PY
-# the drafter's weights count in the last stage's share of the layer split: a 10 GB one
-# beside pp8's 7-layer last stage leaves the 8-layer stages binding the pool (as without a
-# drafter), and pp4xep2 fits (with the target's bytes alone its last stage kept 15 layers
-# and the drafter did not fit beside them)
-$E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --json > d0.json 2> err || fail "plan rtx plain"
+# the drafter's weights count in the last stage's share of the whole-layer split: a 10 GB
+# one beside pp8's 7-layer last stage leaves the 8-layer stages binding the pool (as without
+# a drafter), and pp4xep2 fits (with the target's bytes alone its last stage kept 15 layers
+# and the drafter did not fit beside them). With the layer split the pool is the box's free
+# memory shared out, so the drafter's 10 GB take slots from every row, and pp4xep2 fits
+$E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --whole-layers --json > d0.json 2> err || fail "plan rtx plain"
 $E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --draft-tokens 3 --accept 3 --draft-cache-bytes 1152 \
-    --draft-weight-bytes 10e9 --json > d1.json 2> err || fail "plan rtx, a 10 GB drafter"
+    --draft-weight-bytes 10e9 --whole-layers --json > d1.json 2> err || fail "plan rtx, a 10 GB drafter"
+$E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --json > d2.json 2> err || fail "plan rtx plain, split"
+$E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --draft-tokens 3 --accept 3 --draft-cache-bytes 1152 \
+    --draft-weight-bytes 10e9 --json > d3.json 2> err || fail "plan rtx, a 10 GB drafter, split"
 "$PYTHON" - <<'PY' || fail "the split does not count the drafter's weights"
 import json
-a = {r["layout"]: r for r in json.load(open("d0.json"))["layouts"]}
-b = {r["layout"]: r for r in json.load(open("d1.json"))["layouts"]}
+a, b, c, d = ({r["layout"]: r for r in json.load(open(f))["layouts"]} for f in ("d0.json", "d1.json", "d2.json", "d3.json"))
 assert b["pp8"]["kv_tokens"] == a["pp8"]["kv_tokens"], (a["pp8"], b["pp8"])
 assert b["pp4xep2"]["fits"] and b["pp4xep2"]["kv_tokens"] > 0, b["pp4xep2"]
+for n in ("pp8", "pp4xep2", "pp2xep4+split"):
+    assert 0 < d[n]["kv_tokens"] < c[n]["kv_tokens"] and d[n]["fits"], (n, c[n], d[n])
 PY
-# perf_model.py --balance-memory (a what-if, not built): a pipeline's pool as if its stages'
-# free memory were pooled. Single-stage rows are unchanged, no pipeline row loses slots, the
-# pipelines are marked modelled only, and pp8's pool is the box's free memory (the per-stage
-# free GB that `plan --stages 8`, the C memory plan, prints) over the cache bytes per token
+# perf_model.py --balance-memory (a what-if, an upper bound): a pipeline's pool as if its
+# stages' free memory were pooled. Single-stage rows are unchanged, no pipeline row loses
+# slots against whole layers, the pipelines are marked modelled only, and pp8's pool is the
+# box's free memory (the per-stage free GB that `plan --stages 8`, the C memory plan, prints)
+# over the cache bytes per token; the layer split (the default) stays under it, and is the
+# pool of the split line `plan --stages 8` prints
 $E plan --preset kimi-k2.5 --stages 8 > st.txt 2> err || fail "plan --stages 8"
-"$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box rtx-pro-6000x8 --json > p0.json ||
+"$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box rtx-pro-6000x8 --whole-layers --json > p0.json ||
     fail "perf_model.py rtx"
+"$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box rtx-pro-6000x8 --json > p2.json ||
+    fail "perf_model.py rtx, the layer split"
 "$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box rtx-pro-6000x8 --balance-memory --json \
     > p1.json || fail "perf_model.py --balance-memory"
 "$PYTHON" - <<'PY' || fail "--balance-memory"
@@ -271,6 +311,10 @@ assert len(free) == 8 and min(free) < 0.6 * max(free), free
 want = sum(free) * 1e9 / (61 * 1152)
 got = b["pp8"]["kv_tokens"]
 assert abs(got - want) <= 1e-3 * want and got > 1.6 * a["pp8"]["kv_tokens"], (got, want, a["pp8"]["kv_tokens"])
+cut = json.load(open("p2.json"))["layouts"][0]
+assert cut["layout"] == "pp8" and a["pp8"]["kv_tokens"] < cut["kv_tokens"] <= got, (cut, got)
+line = [l for l in open("st.txt") if l.startswith("  ") and "token slots box-wide" in l]
+assert line and int(line[0].split()[0]) == cut["kv_tokens"], (line, cut["kv_tokens"])
 PY
 # refusals, each naming what is wrong
 ! $E plan --preset kimi-k2.5 --gpus 0 > out 2> err || fail "--gpus 0 accepted"
