@@ -102,22 +102,30 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
             goto done;
         }
     int n_stages = 1;
+    char splits[512] = ""; /* the explicit layer splits (END:CUT), for the layout line */
     if (o->stages) {
         /* "N" or increasing end layers, the last = the layer count (as generate checks) */
         /* (an end's :CUT, a layer split between two stages, is checked by the runtime) */
         int n = eg_runtime_stages_syntax(o->stages, NULL, NULL, INT_MAX), last = 0, one = -1, ok = n >= 0;
-        int *ends = n > 0 ? malloc(sizeof(int) * (size_t)n) : NULL;
-        if (n > 0 && !ends) {
+        int *ends = n > 0 ? malloc(sizeof(int) * (size_t)n) : NULL, *cuts = n > 0 ? malloc(sizeof(int) * (size_t)n) : NULL;
+        if (n > 0 && (!ends || !cuts)) {
+            free(ends);
+            free(cuts);
             eg_fail(&err, EG_ERR_NOMEM, "out of memory");
             goto done;
         }
         if (n > 0) {
-            eg_runtime_stages_syntax(o->stages, ends, NULL, n);
+            eg_runtime_stages_syntax(o->stages, ends, cuts, n);
             for (int i = 0; i < n; i++) ok &= ends[i] > (i ? ends[i - 1] : 0);
             one = n == 1 ? ends[0] : -1;
             last = ends[n - 1];
+            for (int i = 0, at = 0; i + 1 < n && at < (int)sizeof splits - 64; i++)
+                if (cuts[i] > 0)
+                    at += snprintf(splits + at, sizeof splits - (size_t)at, "%slayer %d: experts 0..%d on stage %d, %d.. on %d",
+                                   at ? "; " : "", ends[i] - 1, cuts[i] - 1, i, cuts[i], i + 1);
         }
         free(ends);
+        free(cuts);
         if (!ok) {
             eg_fail(&err, EG_ERR_INVALID, "--stages: expected N or increasing end layers, got '%s'", o->stages);
             goto done;
@@ -194,6 +202,9 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
             n_stages > 1 ? "s" : "", cfg.n_layers,
             n_stages > 1 ? (strcmp(o->backend, "cuda") ? " (stage k on thread k)" : " (stage k on GPU k)")
                          : !strcmp(o->backend, "cuda") ? " (the whole model on one GPU)" : "");
+    if (splits[0])
+        fprintf(out, "layer splits:  %s (the routed sum continued across the cut: the same samples)%s\n", splits,
+                ep > 1 ? "; with --ep each half's experts are shared out over the ranks of its stage" : "");
     if (ep > 1) {
         int per = cfg.n_experts / ep;
         fprintf(out, "expert ranks:  --ep %d%s (%s): each rank holds %d of the %d routed experts per MoE layer (%s), "

@@ -61,6 +61,10 @@ grep -q "its experts 0..0 shared out over the ranks (rank 0: none)" err || fail 
 gen --out q2 --max-new-tokens 60 --stages 3:7,5 --ep 2 --ep-split all --batch 6 2>err || fail "--ep 2, +split"
 "$PYTHON" "$here/gen_check.py" same r60 q2
 
+gen --out dr --stages 2:5,4:3,5 --ep 2 --dry-run > out 2>&1 || fail "dry run with cuts"
+grep -q "^layer splits:  layer 1: experts 0..4 on stage 0, 5.. on 1; layer 3: experts 0..2 on stage 1, 3.. on 2 " out &&
+    grep -q "each half's experts are shared out over the ranks of its stage" out || fail "the dry run's split line: $(cat out)"
+
 echo "-- capture mode"
 $E generate --model model --prompts conv.jsonl --out cref --mode capture --max-seq-len 256 --aux-layers 1,2,3 \
     2>/dev/null
