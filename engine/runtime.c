@@ -679,8 +679,8 @@ eg_backend *eg_runtime_backend(const eg_runtime *rt) { return rt ? rt->be : NULL
 eg_forward *eg_runtime_forward(const eg_runtime *rt) { return rt ? rt->fwd : NULL; }
 
 eg_status eg_runtime_layout(const char *layout, const char *box_name, const char *model_dir, const char *backend,
-                            int prefill, int max_seq_len, int *stages, int *ep, int *ep_split, char *why, size_t why_n,
-                            eg_error *err) {
+                            int prefill, int whole_layers, int max_seq_len, int *stages, int *ep, int *ep_split,
+                            char *why, size_t why_n, eg_error *err) {
     eg_layout lay;
     eg_status st;
     if (why && why_n) why[0] = 0;
@@ -701,7 +701,7 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
                            "`eaglegen plan --box NAME` shows every layout)");
         if ((st = eg_box_preset(box_name, &box, err))) return eg_wrap(err, "--box"), st;
         if ((st = eg_config_load(model_dir, &cfg, err))) return eg_wrap(err, "--layout auto"), st;
-        eg_layout_opts lo = {.mean_len = max_seq_len / 2.0};
+        eg_layout_opts lo = {.mean_len = max_seq_len / 2.0, .whole_layers = whole_layers};
         int max_rows = eg_layout_max_rows(box.gpus), n, best = -1;
         eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
         n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err) : -1;

@@ -179,7 +179,8 @@ eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, in
  * "ppPxepE+split", or "auto":
  * the layout engine/layout.h recommends for the box preset `box` and the config in
  * model_dir, for decode (or prefill with `prefill`) at a mean sequence length of
- * max_seq_len / 2, among the layouts that run as modelled on `backend` (eg_layout_runnable;
+ * max_seq_len / 2 (pipelines with the layer split --stages N makes on planned GPUs, or
+ * whole layers with whole_layers), among the layouts that run as modelled on `backend` (eg_layout_runnable;
  * an explicit one that does not is refused, saying so; ppPxepE runs as stage groups, P x E
  * GPUs on cuda: generate needs that many). Sets *stages and *ep (1 = none) and *ep_split (may be NULL) to
  * the layout's eg_dense_split (EG_SPLIT_FFN: each layer's shared expert / dense MLP on
@@ -187,7 +188,7 @@ eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, in
  * --ep-split all; EG_SPLIT_NONE without a group). With auto, why (may be NULL) gets
  * what was chosen: "--layout auto: NAME on BOX (modelled N tok/s decode at mean length M)". */
 eg_status eg_runtime_layout(const char *layout, const char *box, const char *model_dir, const char *backend,
-                            int prefill, int max_seq_len, int *stages, int *ep, int *ep_split, char *why, size_t why_n,
-                            eg_error *err);
+                            int prefill, int whole_layers, int max_seq_len, int *stages, int *ep, int *ep_split,
+                            char *why, size_t why_n, eg_error *err);
 
 #endif

@@ -147,7 +147,8 @@ static void usage(FILE *f) {
             "                          own thread (cpu) (default: one stage)\n"
             "  --whole-layers          --stages N on cuda: whole layers per stage (by default a layer's\n"
             "                          experts may be split between two stages where that gives every\n"
-            "                          stage a larger KV pool; the samples are the same either way)\n"
+            "                          stage a larger KV pool; the samples are the same either way);\n"
+            "                          --layout auto then ranks the layouts at whole layers\n"
             "  --micro-batches M       micro-batches in flight with --stages (default: the stage count)\n"
             "  --ep E                  expert parallelism: E ranks (cpu: threads; cuda: rank r on GPU r,\n"
             "                          rows over NCCL), each with its own\n"
@@ -247,8 +248,8 @@ static int resolve_layout(gen_args *a) {
     }
     char why[512];
     int stages = 1, ep = 1, ep_split = EG_SPLIT_NONE;
-    if (eg_runtime_layout(a->layout, a->box, a->model, a->backend, a->capture, a->max_seq_len, &stages, &ep, &ep_split,
-                          why, sizeof why, &err)) {
+    if (eg_runtime_layout(a->layout, a->box, a->model, a->backend, a->capture, a->whole_layers, a->max_seq_len, &stages,
+                          &ep, &ep_split, why, sizeof why, &err)) {
         fprintf(stderr, "eaglegen generate: %s\n", err.msg);
         return 2;
     }

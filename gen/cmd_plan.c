@@ -197,9 +197,12 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
         return 0;
     }
     printf("%s on %s: %d GPUs x %.0f GB (%.2f usable, %.1f GB activations), %.2f TB/s, %.0f TFLOP/s, kernel "
-           "efficiency %.2f, %s %.0f GB/s + %.0f us per collective; mean length %.0f (%s)\n\n",
+           "efficiency %.2f, %s %.0f GB/s + %.0f us per collective; mean length %.0f (%s)\n%s\n",
            what, box->name, box->gpus, box->mem_gb, box->frac, box->act_gb, box->hbm_tbs, box->tflops, box->eff,
-           box->link, box->link_gbs, box->link_us, lo->mean_len, len_from);
+           box->link, box->link_gbs, box->link_us, lo->mean_len, len_from,
+           lo->whole_layers ? "pipeline rows: whole layers per stage (--whole-layers)\n"
+                            : "pipeline rows: KV tokens with the layer split generate --stages N makes on planned GPUs "
+                              "(a stage may end inside a MoE layer; --whole-layers: whole layers)\n");
     if (lo->draft_tokens) {
         double dkv = 0, dw = eg_layout_drafter_bytes(c, &dkv);
         if (lo->draft_cache_bytes > 0) dkv = lo->draft_cache_bytes;

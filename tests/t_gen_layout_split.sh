@@ -38,6 +38,13 @@ for be in cpu cuda; do
     grep -q "the shared expert / dense MLP of layers 0, $ep, .*embedding / lm_head vocab rows 0..$vend" out err ||
         fail "auto on $be: no ffn owners or vocab rows in the dry run"
 done
+# --whole-layers: auto ranks the whole-layer rows, plan --whole-layers's recommendation
+ww=$($E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --mean-len 4096 --whole-layers |
+    sed -n 's/^recommended for decode: \([^,]*\),.*/\1/p')
+[ -n "$ww" ] || fail "plan --whole-layers recommends nothing"
+$E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 --whole-layers --dry-run > out 2> err ||
+    fail "dry run of auto --whole-layers"
+grep -q -- "--layout auto: $ww on rtx-pro-6000x8 (modelled" err || fail "auto --whole-layers did not take $ww"
 $E generate "${args[@]}" --layout ep8+ffn --backend cuda --dry-run > out 2> err || fail "dry run of ep8+ffn on cuda"
 grep -q -- "--ep 8+ffn" out err || fail "ep8+ffn on cuda: no ffn split in the dry run"
 grep -q "the shared expert / dense MLP of layers 0, 8, " out err || fail "ep8+ffn on cuda: no ffn owners"
