@@ -928,7 +928,8 @@ static void test_ep_groups_plan(void) {
  * 2 planned GPUs (2 * ep with ranks) with free bytes `free_b`: 0 when the runtime refused
  * the memory, -1 when no plan was noted; the split the runtime chose, if its note names
  * one, into split ("" otherwise). */
-static int64_t planned_pool(const char *stages, int ep, int whole, int64_t free_b, char *split, size_t split_n) {
+static int64_t planned_pool(const char *stages, int ep, eg_ep_split ep_split, int whole, int64_t free_b, char *split,
+                             size_t split_n) {
     const int64_t G = (int64_t)1 << 30;
     eg_error err = {0};
     notes nt = {0};
@@ -939,6 +940,7 @@ static int64_t planned_pool(const char *stages, int ep, int whole, int64_t free_
     o.stage_threads = 1;
     o.whole_layers = whole;
     o.ep = ep;
+    o.ep_split = ep_split;
     o.gpus = 2 * ep;
     o.gpu_mem_fraction = 0.5;
     o.plan_total_bytes = 2 * G;
@@ -977,7 +979,7 @@ static int64_t planned_pool(const char *stages, int ep, int whole, int64_t free_
  * the whole-layer split, sometimes more, by cutting a layer, and no less than any split
  * given by hand (with ep up to the rounding of a range's experts to the heaviest rank);
  * the split it names gives the one-stage results on the CPU backend. */
-static void stage_balance_case(int ep) {
+static void stage_balance_case(int ep, eg_ep_split ep_split) {
     eg_error err = {0};
     const int64_t G = (int64_t)1 << 30;
     int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), layers = 0;
@@ -1011,7 +1013,7 @@ static void stage_balance_case(int ep) {
         int64_t free_b = 3 * G / 2 + act + scratch + head + tail + layers / 2 + layers * step / 16;
         for (int whole = 0; whole < 2; whole++) {
             char sp[128];
-            pool[whole] = planned_pool("2", ep, whole, free_b, sp, sizeof sp);
+            pool[whole] = planned_pool("2", ep, ep_split, whole, free_b, sp, sizeof sp);
             CHECKF(!whole || !sp[0], "whole_layers split layers: --stages %s", sp);
             if (!whole) snprintf(split, sizeof split, "%s", sp);
         }
@@ -1025,7 +1027,7 @@ static void stage_balance_case(int ep) {
                 for (int cut = 0; cut < (model.layers[end - 1].is_moe ? model.cfg.n_experts : 1); cut++) {
                     char st2[32];
                     snprintf(st2, sizeof st2, cut ? "%d:%d,%d" : "%d,%d", end, cut, model.cfg.n_layers);
-                    int64_t t = planned_pool(st2, ep, 0, free_b, NULL, 0);
+                    int64_t t = planned_pool(st2, ep, ep_split, 0, free_b, NULL, 0);
                     if (t > best) best = t, snprintf(best_s, sizeof best_s, "%s", st2);
                 }
             CHECKF(best > 0, "step %d: no split by hand was planned", step);
@@ -1040,8 +1042,8 @@ static void stage_balance_case(int ep) {
             snprintf(chosen, sizeof chosen, "%s", split);
         }
     }
-    printf("    ep %d: %d of 25 budgets split layers, %d with a larger pool; last: --stages %s; the chosen pool >= "
-           "%.4f x the best split by hand\n", ep, chose, better, chosen, worst_ratio);
+    printf("    ep %d, split %d: %d of 25 budgets split layers, %d with a larger pool; last: --stages %s; the chosen pool "
+           ">= %.4f x the best split by hand\n", ep, (int)ep_split, chose, better, chosen, worst_ratio);
     CHECKF(chose > 0 && better > 0, "no budget split layers for a larger pool (%d, %d)", chose, better);
     CHECKF(strchr(chosen, ':') != NULL, "the chosen split '%s' cuts no layer", chosen);
     if (chosen[0]) { /* the split it names, on the CPU backend: the one-stage results */
@@ -1050,6 +1052,7 @@ static void stage_balance_case(int ep) {
         o.stages = chosen;
         o.stage_threads = 1;
         o.ep = ep;
+        o.ep_split = ep_split;
         CHECK_OK(run(&o, &r, &info, &err), &err);
         CHECKF(same(&ref, &r, model.cfg.hidden), "--stages %s --ep %d: results differ from one stage", chosen, ep);
         free_results(&r);
@@ -1060,8 +1063,10 @@ static void stage_balance_case(int ep) {
 static void test_stage_balance(void) {
     load_model();
     if (!have_model) return;
-    stage_balance_case(1);
-    stage_balance_case(2);
+    stage_balance_case(1, EG_EP_SPLIT_NONE);
+    stage_balance_case(2, EG_EP_SPLIT_NONE);
+    stage_balance_case(2, EG_EP_SPLIT_FFN);
+    stage_balance_case(2, EG_EP_SPLIT_ALL);
 }
 
 static const eg_test tests[] = {
