@@ -608,6 +608,11 @@ static void test_spec_layouts(void) {
         {"--ep 2 --ep-split ffn with two stages, a pool that preempts", "2", 2, 1, 3, 144, EG_EP_SPLIT_FFN},
         {"--ep 4 --ep-split all", NULL, 4, 1, 3, 0, EG_EP_SPLIT_ALL},
         {"--ep 2 --ep-split all with two stages, a pool that preempts", "2", 2, 1, 3, 144, EG_EP_SPLIT_ALL},
+        /* a layer split inside expert-parallel groups (each half a routed call of its own) */
+        {"--ep 2, stage groups over a split layer (3:6,5), a pool that preempts", "3:6,5", 2, 1, 3, 144,
+         EG_EP_SPLIT_NONE},
+        {"--ep 2 --ep-split ffn, two split layers one after another on each rank (2:9,4:2,5), k 2", "2:9,4:2,5", 2, 0,
+         2, 0, EG_EP_SPLIT_FFN},
     };
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
         results r = {0}, ref = {0};
