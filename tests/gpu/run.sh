@@ -12,7 +12,8 @@
 #             with EG_CUDA_GRAPHS=0 must write the same samples bit for bit
 #   4b. pipeline: 2 and 4 stages on the one GPU equal the unsplit run (forward, generate), and
 #             3 stages with layers split between them (--stages 2:3,4:13,5)
-#   4d. ep: generate --ep 2 (and --ep-split ffn, all) on the one GPU (cuda-local; nccl where 2 GPUs) equals
+#   4d. ep: generate --ep 2 (and --ep-split ffn, all, and layer 2 split between two stages:
+#             --stages 3:5,5) on the one GPU (cuda-local; nccl where 2 GPUs) equals
 #             the unsplit run at --batch 1
 #   4e. drafter: the EAGLE-3 drafter's ops and logits through the CUDA backend vs its CPU
 #             code, and generate --draft-model with the drafter on the GPU (issue 21)
@@ -371,7 +372,10 @@ else
         '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2f' &&
         CUDA_VISIBLE_DEVICES=$EP_DEV '$E' ${EPA[*]} --batch 2 --ep 2 --ep-split all --out '$TMP/ep2a' 2> '$TMP/ep2a.log' &&
         cat '$TMP/ep2a.log' && grep 'tokens embedded by another rank' '$TMP/ep2a.log' &&
-        '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2a'"
+        '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2a' &&
+        CUDA_VISIBLE_DEVICES=$EP_DEV '$E' ${EPA[*]} --batch 2 --ep 2 --stages 3:5,5 --gpus 1 --out '$TMP/ep2c' \
+            2> '$TMP/ep2c.log' && cat '$TMP/ep2c.log' && grep 'layer 2 split between stages 0 and 1' '$TMP/ep2c.log' &&
+        '$PYTHON' tests/gen_check.py same '$TMP/ep-ref' '$TMP/ep2c'"
     if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] && ! late 120; then
         SUMMARY="" run ep-nccl 120 ep-nccl.log bash -c "
             '$E' ${EPA[*]} --batch 2 --ep 2 --out '$TMP/ep2n' 2> '$TMP/ep2n.log' && cat '$TMP/ep2n.log' &&
