@@ -59,11 +59,12 @@ stages. By default stages may end inside a MoE layer, a boundary layer's routed 
 between the two stages beside it, as `generate --stages N` does on planned GPUs (split_kv, the
 search of engine/plan.c, over a rank's units), where that holds more than whole layers: on
 8x RTX PRO 6000 pp8 at whole layers keeps 6.9 GB free on its four 8-layer stages against 13-17
-GB on the others. The step times stay those of the whole-layer stages. Needs numpy.
+GB on the others. The step times are that split's stages' (the hand-over across a cut 3H + 2K
+floats a row); prefill, capture mode, ignores the drafter. Needs numpy.
 --whole-layers: every stage holds whole layers (generate --whole-layers).
---balance-memory: what-if, an upper bound: a pipeline's pool as if the stages' free memory were
-pooled (box-wide free bytes over box-wide cache bytes per token). Those rows are marked modelled
-only.
+--balance-memory: what-if, an upper bound on the pool: a pipeline's pool as if the stages' free
+memory were pooled (box-wide free bytes over box-wide cache bytes per token), with the step times
+of whole layers. Those rows are marked modelled only.
 --held-len: cache tokens each sequence holds, for concurrency (default: --mean-len; with
 --kv-policy reserve a sequence holds prompt + max_new whatever it generates).
 """
@@ -272,7 +273,8 @@ def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
     with a dense split), every stage's budget its GPU's usable memory less the embedding (stage 0), the
     head and the drafter's weights (the last, whose cache grows by the drafter's per token); then that
     split as the heaviest rank holds it (each range's experts shared out, the heaviest share
-    ceil(n / E); the FFNs of the layers whose FFN runs on the stage on their owners); 0 if none fits."""
+    ceil(n / E); the FFNs of the layers whose FFN runs on the stage on their owners). Returns (tokens,
+    ends, cuts, the heaviest stage's bytes), tokens 0 if none fits."""
     NE, parts = c["n_routed_experts"], []
     for p in lp:
         mlp = math.ceil(p["mlp_b"] / E) if own else p["mlp_b"]
@@ -283,9 +285,9 @@ def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
               for s in range(P)]
     got = split_kv(parts, budget, int(kvb), int(dkv))
     if got is None:
-        return 0
+        return 0, None, None, 0.0
     _, ends, cuts = got
-    min_tok, b0 = None, 0
+    min_tok, b0, wmax = None, 0, 0.0
     for s in range(P):
         hc, tc, end = cuts[s - 1] if s else 0, cuts[s] if s < P - 1 else 0, ends[s]
         w, ffn_max = (head_w if s == 0 else 0) + (tail_w if s == P - 1 else 0), 0.0
@@ -305,8 +307,9 @@ def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
         free = usable - w - (dw if hold else 0)
         tok = math.floor(free / ((end - b0) * kvb + (dkv if hold else 0))) if free > 0 else 0
         min_tok = tok if min_tok is None or tok < min_tok else min_tok
+        wmax = max(wmax, w)
         b0 = end
-    return min_tok if min_tok > 0 else 0
+    return (min_tok if min_tok > 0 else 0), ends, cuts, wmax
 
 
 WHOLE_LAYERS = False  # --whole-layers: every stage holds whole layers (else stages may end inside a MoE layer)
@@ -327,35 +330,50 @@ def drafter_bytes(c):
             DRAFT_CACHE_BYTES if DRAFT_CACHE_BYTES else 2.0 * 2 * NKV * D)
 
 
-def stage_step(c, box, lp, l0, l1, first, last, E, split, b, prefill, length, q=1.0):
-    a = Acc()
+def layer_terms(p, attn, ffn, fr, E, K, hits, r, b, q, own, away, H, lat, link, a):
+    """Layer p's terms on a stage (engine/layout.c layer_terms): its attention and router (attn), its
+    shared expert / dense MLP (ffn), the share fr of its routed experts (1, or a layer split between
+    two stages: cut / E beside the attention, (E - cut) / E after the cut), the routed exchange of the
+    pairs in the share (K fr experts per token)."""
+    if attn:
+        a["fixed_b"] += p["attn_b"] + p["router_b"]
+        a["fixed_f"] += 4 * r * q * (p["attn_p"] + p["router_p"])
+    if ffn and own:  # the owner reads the whole FFN and runs it on every group row; the layer waits for it
+        a["ffn_b"] += p["mlp_b"]
+        a["ffn_f"] += 4 * b * q * p["mlp_p"]
+    elif ffn:
+        a["fixed_b"] += p["mlp_b"]
+        a["fixed_f"] += 4 * r * q * p["mlp_p"]
+    if p["moe"]:
+        kf = K * fr
+        disp, ret = (E - 1) * (1 - (1 - 1 / E) ** kf), kf * (E - 1) / E
+        a["exp_b"] += hits * p["expert_b"] / E * fr
+        a["exp_f"] += 4 * b * q * K * p["expert_p"] / E * fr
+        if E > 1:
+            a["comm"] += 2 * lat + (r * q * (disp + ret) + (2 * away if ffn else 0)) * H * 4 / link
+    elif own and ffn:
+        a["comm"] += 2 * lat + 2 * away * H * 4 / link
+
+
+def stage_step(c, box, lp, l0, l1, hc, tc, first, last, E, split, b, prefill, length, q=1.0):
+    """hc > 0: the stage begins with layer l0 - 1's experts [hc, E) and its shared expert; tc > 0: its
+    last layer runs experts [0, tc) and hands the partial sum over (3H + 2K floats a row)."""
+    acc = Acc()
     bw, rate = box["hbm_tbs"] * 1e12 * box["eff"], box["tflops"] * 1e12 * box["eff"]
     H, K, NE, NH = c["hidden_size"], c["num_experts_per_tok"], c["n_routed_experts"], c["num_attention_heads"]
     C, DR = c["kv_lora_rank"], c["qk_rope_head_dim"]
     kvb, r, lat, link = 2 * (C + DR), b / E, box["link_us"] * 1e-6, box["link_gbs"] * 1e9
-    fixed_b = fixed_f = ffn_b = ffn_f = exp_b = exp_f = comm = 0.0
     nl, hits = l1 - l0, hit(NE, K, b * q)
     own = split != "none" and E > 1  # each layer's FFN whole on rank l mod E
-    disp = (E - 1) * (1 - (1 - 1 / E) ** K)
-    ret = K * (E - 1) / E
     away = b * q * (E - 1) / E if own else 0.0  # rows the layer's owner receives and sends back
+    a = dict(fixed_b=0.0, fixed_f=0.0, ffn_b=0.0, ffn_f=0.0, exp_b=0.0, exp_f=0.0, comm=0.0)
+    if hc > 0:
+        layer_terms(lp[l0 - 1], False, True, (NE - hc) / NE, E, K, hits, r, b, q, own, away, H, lat, link, a)
     for l in range(l0, l1):
-        p = lp[l]
-        fixed_b += p["attn_b"] + p["router_b"]
-        fixed_f += 4 * r * q * (p["attn_p"] + p["router_p"])
-        if own:  # the owner reads the whole FFN and runs it on every group row; the layer waits for it
-            ffn_b += p["mlp_b"]
-            ffn_f += 4 * b * q * p["mlp_p"]
-        else:
-            fixed_b += p["mlp_b"]
-            fixed_f += 4 * r * q * p["mlp_p"]
-        if p["moe"]:
-            exp_b += hits * p["expert_b"] / E
-            exp_f += 4 * b * q * K * p["expert_p"] / E
-            if E > 1:
-                comm += 2 * lat + (r * q * (disp + ret) + 2 * away) * H * 4 / link
-        elif own:
-            comm += 2 * lat + 2 * away * H * 4 / link
+        tail = tc > 0 and l == l1 - 1
+        layer_terms(lp[l], True, not tail, tc / NE if tail else 1, E, K, hits, r, b, q, own, away, H, lat, link, a)
+    fixed_b, fixed_f, ffn_b, ffn_f, exp_b, exp_f = a["fixed_b"], a["fixed_f"], a["ffn_b"], a["ffn_f"], a["exp_b"], a["exp_f"]
+    comm = a["comm"]
     if prefill:
         keys = (length + 1) / 2
         kv_b = r * nl * kvb
@@ -372,11 +390,11 @@ def stage_step(c, box, lp, l0, l1, first, last, E, split, b, prefill, length, q=
         fixed_f += 4 * r * q * V * H
         if vocab:  # FP32 final rows to every rank, FP32 logit slices to the rows' owners
             comm += 2 * lat + r * q * (E - 1) * 4 * (H + V / E) / link
-    t = (a.part(fixed_b, fixed_f, bw, rate) + a.part(ffn_b, ffn_f, bw, rate) + a.part(exp_b, exp_f, bw, rate)
-         + a.part(kv_b, kv_f, bw, rate))
-    if not last and box["gpus"] > E:
-        comm += lat + r * q * H * 4 / link
-    return dict(t=t + comm, hbm=a.hbm, fl=a.fl, comm=comm, acc=a)
+    t = (acc.part(fixed_b, fixed_f, bw, rate) + acc.part(ffn_b, ffn_f, bw, rate) + acc.part(exp_b, exp_f, bw, rate)
+         + acc.part(kv_b, kv_f, bw, rate))
+    if not last and box["gpus"] > E:  # the hand-over to the next stage
+        comm += lat + r * q * (3 * H + 2 * K if tc > 0 else H) * 4 / link
+    return dict(t=t + comm, hbm=acc.hbm, fl=acc.fl, comm=comm, acc=acc)
 
 
 SPLITS = ("none", "ffn", "all")  # eg_dense_split: replicated, "+ffn", "+split"
@@ -400,6 +418,16 @@ def bound_of(hbm, fl, comm):
 
 
 def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_len=None, draft=0, accept=1.0):
+    """One layout's row (eg_layout_model). Prefill is capture mode, which runs without a drafter: with
+    draft > 0 its figures are the plain row's (the drafter's memory would move the stage split)."""
+    row = layout_model_one(c, box, kind, P, E, split, mean_len, chunk, wm, held_len, draft, accept)
+    if draft:
+        plain = layout_model_one(c, box, kind, P, E, split, mean_len, chunk, wm, held_len, 0, 1.0)
+        row["prefill_tok_s"], row["prefill_bound"] = plain["prefill_tok_s"], plain["prefill_bound"]
+    return row
+
+
+def layout_model_one(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_len=None, draft=0, accept=1.0):
     held = held_len or mean_len
     acc, q = (accept if draft else 1.0), draft + 1.0
     dw, dkv = drafter_bytes(c) if draft else (0.0, 0.0)
@@ -488,10 +516,11 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
         min_tok = tok if min_tok is None or tok < min_tok else min_tok
         free_sum, per_sum = free_sum + free, per_sum + (ends[s] - b0) * kvb + (dkv if hold else 0)
         b0 = ends[s]
-    if P > 1 and not WHOLE_LAYERS:  # stages may end inside a layer where that holds more
-        x = float(split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv))
-        if x > min_tok:
-            min_tok = x
+    cuts = [0] * P
+    if P > 1 and not WHOLE_LAYERS and not BALANCE_MEMORY:  # stages may end inside a layer where that holds
+        x, sends, scuts, sw = split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv)  # more: its
+        if float(x) > min_tok:  # stages, memory and times
+            min_tok, ends, cuts, wmax = float(x), sends, scuts, sw
     if BALANCE_MEMORY and P > 1:  # every stage's free memory holding cache: a what-if (docstring)
         min_tok = math.floor(free_sum / per_sum) if free_sum > 0 else 0
     row["weights_gb"] = wmax / 1e9
@@ -505,7 +534,8 @@ def layout_model(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, held_
         b = chunk * E if pf else S / P
         worst, b0 = None, 0
         for s in range(P):
-            t = stage_step(c, box, lp, b0, ends[s], s == 0, s == P - 1, E, split, b, pf, mean_len, 1.0 if pf else q)
+            t = stage_step(c, box, lp, b0, ends[s], cuts[s - 1] if s else 0, cuts[s] if s < P - 1 else 0, s == 0,
+                           s == P - 1, E, split, b, pf, mean_len, 1.0 if pf else q)
             if not pf and draft and s == P - 1:
                 bw, rate = box["hbm_tbs"] * 1e12 * box["eff"], box["tflops"] * 1e12 * box["eff"]
                 r = b / E

@@ -82,41 +82,63 @@ static double hit(double E, double K, double tokens) { return tokens <= 0 ? 0 : 
  * (ctx = cached tokens per sequence) or prefill (keys = mean keys per query). */
 typedef struct stage_time { double t, hbm, fl, comm; } stage_time;
 
-static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_parts *lp, int l0, int l1, int first,
-                             int last, double E, eg_dense_split split, double b, int prefill, double len, double q) {
+/* What a stage reads, computes and exchanges, summed over its layers' parts. */
+typedef struct step_acc { double fixed_b, fixed_f, ffn_b, ffn_f, exp_b, exp_f, comm; } step_acc;
+
+/* Layer p's terms on a stage: its attention and router (attn), its shared expert / dense
+ * MLP (ffn), and the share fr of its routed experts (1, or a layer split between two stages:
+ * cut / E on the side with the attention, (E - cut) / E on the other). The routed exchange
+ * moves the rows and contributions of the pairs in the share (K fr experts per token). */
+static void layer_terms(const layer_parts *p, int attn, int ffn, double fr, double E, double K, double hits, double r,
+                        double b, double q, int own, double away, double H, double lat, double link, step_acc *a) {
+    if (attn) {
+        a->fixed_b += p->attn_b + p->router_b;
+        a->fixed_f += 4 * r * q * (p->attn_p + p->router_p);
+    }
+    if (ffn && own) { /* the owner reads the whole FFN and runs it on every group row; the layer waits for it */
+        a->ffn_b += p->mlp_b;
+        a->ffn_f += 4 * b * q * p->mlp_p;
+    } else if (ffn) {
+        a->fixed_b += p->mlp_b;
+        a->fixed_f += 4 * r * q * p->mlp_p;
+    }
+    if (p->moe) {
+        /* rows a token sends to / receives from other GPUs for its routed experts (FP32) */
+        double kf = K * fr, disp = (E - 1) * (1 - pow(1 - 1 / E, kf)), ret = kf * (E - 1) / E;
+        a->exp_b += hits * p->expert_b / E * fr;
+        a->exp_f += 4 * b * q * K * p->expert_p / E * fr;
+        if (E > 1) a->comm += 2 * lat + (r * q * (disp + ret) + (ffn ? 2 * away : 0)) * H * 4 / link; /* the owner's link */
+    } else if (own && ffn) {
+        a->comm += 2 * lat + 2 * away * H * 4 / link; /* a dense layer's own exchange */
+    }
+}
+
+/* hc > 0: the stage begins with layer l0 - 1's experts [hc, E) and its shared expert (the
+ * previous stage ends inside that layer); tc > 0: its last layer runs experts [0, tc) and
+ * hands the partial sum over (3H + 2K floats a row). */
+static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_parts *lp, int l0, int l1, int hc,
+                             int tc, int first, int last, double E, eg_dense_split split, double b, int prefill,
+                             double len, double q) {
     /* q: target rows per sequence (k + 1 when verifying k drafts, else 1): every row is
      * computed and exchanged, the cache is read once per sequence */
     stage_time s = {0};
     double bw = box->hbm_tbs * 1e12 * box->eff, rate = box->tflops * 1e12 * box->eff;
     double H = c->hidden, K = c->topk, NE = c->n_experts, NH = c->n_heads, C = c->kv_lora_rank, DR = c->qk_rope;
     double kvb = 2 * (C + DR), r = b / E, lat = box->link_us * 1e-6, link = box->link_gbs * 1e9;
-    double fixed_b = 0, fixed_f = 0, ffn_b = 0, ffn_f = 0, exp_b = 0, exp_f = 0, kv_b = 0, kv_f = 0, comm = 0;
+    double kv_b = 0, kv_f = 0;
     double nl = l1 - l0, hits = hit(NE, K, b * q);
     int own = split != EG_SPLIT_NONE && E > 1; /* each layer's FFN on one rank */
-    /* rows a token sends to / receives from other GPUs per MoE layer for its routed experts (FP32) */
-    double disp = (E - 1) * (1 - pow(1 - 1 / E, K)), ret = K * (E - 1) / E;
     /* +ffn: the rows the layer's owner receives, and sends back, per layer: the group's rows
      * that live on the other ranks */
     double away = own ? b * q * (E - 1) / E : 0;
+    step_acc a = {0};
+    if (hc > 0) layer_terms(&lp[l0 - 1], 0, 1, (NE - hc) / NE, E, K, hits, r, b, q, own, away, H, lat, link, &a);
     for (int l = l0; l < l1; l++) {
-        const layer_parts *p = &lp[l];
-        fixed_b += p->attn_b + p->router_b;
-        fixed_f += 4 * r * q * (p->attn_p + p->router_p);
-        if (own) { /* the owner reads the whole FFN and runs it on every group row; the layer waits for it */
-            ffn_b += p->mlp_b;
-            ffn_f += 4 * b * q * p->mlp_p;
-        } else {
-            fixed_b += p->mlp_b;
-            fixed_f += 4 * r * q * p->mlp_p;
-        }
-        if (p->moe) {
-            exp_b += hits * p->expert_b / E;
-            exp_f += 4 * b * q * K * p->expert_p / E;
-            if (E > 1) comm += 2 * lat + (r * q * (disp + ret) + 2 * away) * H * 4 / link; /* the owner's link */
-        } else if (own) {
-            comm += 2 * lat + 2 * away * H * 4 / link; /* a dense layer's own exchange */
-        }
+        int tail = tc > 0 && l == l1 - 1;
+        layer_terms(&lp[l], 1, !tail, tail ? tc / NE : 1, E, K, hits, r, b, q, own, away, H, lat, link, &a);
     }
+    double fixed_b = a.fixed_b, fixed_f = a.fixed_f, ffn_b = a.ffn_b, ffn_f = a.ffn_f, exp_b = a.exp_b, exp_f = a.exp_f;
+    double comm = a.comm;
     if (prefill) {
         double keys = (len + 1) / 2;
         kv_b = r * nl * kvb;
@@ -139,7 +161,7 @@ static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_
     }
     s.t = part(fixed_b, fixed_f, bw, rate, &s.hbm, &s.fl) + part(ffn_b, ffn_f, bw, rate, &s.hbm, &s.fl) +
           part(exp_b, exp_f, bw, rate, &s.hbm, &s.fl) + part(kv_b, kv_f, bw, rate, &s.hbm, &s.fl);
-    if (!last && box->gpus > E) comm += lat + r * q * H * 4 / link; /* hand-over to the next stage */
+    if (!last && box->gpus > E) comm += lat + r * q * (tc > 0 ? 3 * H + 2 * K : H) * 4 / link; /* hand-over */
     s.comm = comm;
     s.t += comm;
     return s;
@@ -152,13 +174,14 @@ static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_
  * that split as the heaviest rank holds it, as the runtime's memory plan counts it: each
  * range's experts shared out (the heaviest share ceil(n / E)), the FFNs of the layers whose
  * FFN runs on the stage (a split layer's after the cut) on their owners (own). 0 when none
- * fits. */
+ * fits; the split in out_ends / out_cuts ([P]) and its heaviest stage's bytes in *out_w. */
 static int64_t split_tokens(const eg_config *c, const layer_parts *lp, int L, int P, int E, int own, double usable,
-                            double head_w, double tail_w, double dw, double kvb, double dkv) {
+                            double head_w, double tail_w, double dw, double kvb, double dkv, int *out_ends,
+                            int *out_cuts, double *out_w) {
     eg_plan_layer_parts *parts = calloc((size_t)L, sizeof *parts);
     int64_t *budget = calloc((size_t)P, sizeof *budget), x = 0;
     int *ends = calloc((size_t)P, sizeof *ends), *cuts = calloc((size_t)P, sizeof *cuts);
-    double NE = c->n_experts, min_tok = -1;
+    double NE = c->n_experts, min_tok = -1, wmax = 0;
     if (parts && budget && ends && cuts) {
         for (int l = 0; l < L; l++) {
             double mlp = own ? ceil(lp[l].mlp_b / E) : lp[l].mlp_b;
@@ -188,8 +211,12 @@ static int64_t split_tokens(const eg_config *c, const layer_parts *lp, int L, in
                 double freeb = usable - w - (hold ? dw : 0);
                 double tok = freeb > 0 ? floor(freeb / ((end - b0) * kvb + (hold ? dkv : 0))) : 0;
                 if (min_tok < 0 || tok < min_tok) min_tok = tok;
+                if (w > wmax) wmax = w;
             }
+        memcpy(out_ends, ends, sizeof(int) * (size_t)P);
+        memcpy(out_cuts, cuts, sizeof(int) * (size_t)P);
     }
+    *out_w = wmax;
     free(parts); free(budget); free(ends); free(cuts);
     return min_tok > 0 ? (int64_t)min_tok : 0;
 }
@@ -230,8 +257,8 @@ static void layout_name(const eg_layout *l, int gpus, char *out, size_t n) {
     else snprintf(out, n, "pp%dxep%d%s", l->stages, l->ep, split_suffix(l->dense_split));
 }
 
-eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout_opts *o, const eg_layout *lay,
-                          eg_layout_row *row, eg_error *err) {
+static eg_status layout_model_one(const eg_config *c, const eg_box *box, const eg_layout_opts *o,
+                                  const eg_layout *lay, eg_layout_row *row, eg_error *err) {
     memset(row, 0, sizeof *row);
     row->lay = *lay;
     layout_name(lay, box->gpus, row->name, sizeof row->name);
@@ -255,8 +282,13 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
     if (k > 0 && o->draft_weight_bytes > 0) dw = o->draft_weight_bytes;
     layer_parts *lp = malloc(sizeof *lp * (size_t)L);
     double *cost = malloc(sizeof *cost * (size_t)L);
-    int *ends = malloc(sizeof *ends * (size_t)(lay->stages > 0 ? lay->stages : 1));
-    if (!lp || !cost || !ends) { free(lp); free(cost); free(ends); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+    size_t np = (size_t)(lay->stages > 0 ? lay->stages : 1);
+    int *ends = malloc(sizeof *ends * np), *cuts = calloc(np, sizeof *cuts);
+    int *sends = malloc(sizeof *sends * np), *scuts = calloc(np, sizeof *scuts);
+    if (!lp || !cost || !ends || !cuts || !sends || !scuts) {
+        free(lp); free(cost); free(ends); free(cuts); free(sends); free(scuts);
+        return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    }
     for (int l = 0; l < L; l++) lp[l] = parts_of(c, l);
     eg_status st = EG_OK;
     if (lay->kind == EG_LAYOUT_TP) {
@@ -341,9 +373,16 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
         if (w > wmax) wmax = w;
         if (min_tok < 0 || tok < min_tok) min_tok = tok;
     }
-    if (P > 1 && !o->whole_layers) { /* stages may end inside a layer where that holds more */
-        double x = (double)split_tokens(c, lp, L, P, E, own, usable, head_w, tail_w, dw, kvb, dkv);
-        if (x > min_tok) min_tok = x;
+    if (P > 1 && !o->whole_layers) { /* stages may end inside a layer where that holds more: that split's
+                                           stages, memory and times */
+        double sw = 0;
+        double x = (double)split_tokens(c, lp, L, P, E, own, usable, head_w, tail_w, dw, kvb, dkv, sends, scuts, &sw);
+        if (x > min_tok) {
+            min_tok = x;
+            wmax = sw;
+            memcpy(ends, sends, sizeof *ends * (size_t)P);
+            memcpy(cuts, scuts, sizeof *cuts * (size_t)P);
+        }
     }
     row->weights_gb = wmax / 1e9;
     row->kv_tokens = (int64_t)(E * min_tok);
@@ -358,7 +397,8 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
         double b = pf ? chunk * E : S / P; /* group tokens per micro-batch */
         stage_time worst = {0};
         for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
-            stage_time t = stage_step(c, box, lp, b0, ends[s], s == 0, s == P - 1, E, split, b, pf, len, pf ? 1 : q);
+            stage_time t = stage_step(c, box, lp, b0, ends[s], s ? cuts[s - 1] : 0, s < P - 1 ? cuts[s] : 0, s == 0,
+                                      s == P - 1, E, split, b, pf, len, pf ? 1 : q);
             if (!pf && k > 0 && s == P - 1) { /* the drafter runs where the logits are, on its micro-batch */
                 double bw = box->hbm_tbs * 1e12 * box->eff, rate = box->tflops * 1e12 * box->eff, r = b / E;
                 double dt = k * part(dw + r * len * dkv, 4 * r * dw / 2, bw, rate, &t.hbm, &t.fl);
@@ -379,8 +419,24 @@ eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout
     }
     row->runnable = eg_layout_runnable(lay, NULL);
 out:
-    free(lp); free(cost); free(ends);
+    free(lp); free(cost); free(ends); free(cuts); free(sends); free(scuts);
     return st;
+}
+
+/* Prefill is capture mode, which runs without a drafter: with draft_tokens its figures are
+ * the plain row's (the drafter's memory would move the stage split). */
+eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout_opts *o, const eg_layout *lay,
+                          eg_layout_row *row, eg_error *err) {
+    eg_status st = layout_model_one(c, box, o, lay, row, err);
+    if (st || o->draft_tokens <= 0) return st;
+    eg_layout_opts po = *o;
+    po.draft_tokens = 0;
+    po.accept = 1;
+    eg_layout_row plain;
+    if ((st = layout_model_one(c, box, &po, lay, &plain, err))) return st;
+    row->prefill_tok_s = plain.prefill_tok_s;
+    row->prefill_bound = plain.prefill_bound;
+    return EG_OK;
 }
 
 int eg_layout_enumerate(const eg_config *c, const eg_box *box, const eg_layout_opts *o, eg_layout_row *rows,

@@ -130,7 +130,9 @@ typedef struct eg_layout_opts {
      * end inside a MoE layer (--stages N on planned GPUs; runtime.c balance_stages): the
      * pool is eg_plan_split_kv's over a rank's units (1/E of each routed expert; of the
      * shared expert / dense MLP with +ffn, of the vocabulary with +split), where that holds
-     * more than whole layers. The step times stay those of the whole-layer split's stages. */
+     * more than whole layers; the step times are then that split's stages' (a layer split
+     * between two stages: its attention and experts [0, cut) on one, the rest and its shared
+     * expert on the other, the hand-over 3H + 2K floats a row). */
     int whole_layers;
 } eg_layout_opts;
 
@@ -152,7 +154,8 @@ int eg_layout_max_rows(int gpus);
  * number written, or -1 with err set. */
 int eg_layout_enumerate(const eg_config *c, const eg_box *box, const eg_layout_opts *o, eg_layout_row *rows,
                         int max_rows, eg_error *err);
-/* The model of one layout. */
+/* The model of one layout. Prefill models capture mode, which runs without a drafter: its
+ * figures ignore draft_tokens (the plain row's). */
 eg_status eg_layout_model(const eg_config *c, const eg_box *box, const eg_layout_opts *o, const eg_layout *lay,
                           eg_layout_row *row, eg_error *err);
 /* The recommended row for decode (prefill = 0) or capture-mode prefill (1): the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # generate --layout with dense splits (issue 17): `auto` takes plan's recommendation among the
 # layouts the backend runs as modelled. On the RTX box at 4K mean length that is stages x EP
-# groups with +split (pp4xep2+split, pp2xep4+split within 0.1% with the layer split) on CUDA
+# groups with +split (pp4xep2+split, pp2xep4+split within 1% with the layer split) on CUDA
 # and CPU ranks alike (stage groups; the shared experts and dense MLP owned whole by one rank
 # per layer, and the embedding and lm_head split by vocab rows).
 # Kimi-K2.5's config without weights:
