@@ -267,29 +267,19 @@ def split_kv(parts, budget, kvb, extra_last):
     return lo, ends, cuts
 
 
-def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
-    """Tokens per rank of the layer split (eg_layout_opts.whole_layers 0; engine/layout.c split_tokens):
-    split_kv over a rank's average units (1/E of each routed expert, of the shared expert / dense MLP
-    with a dense split), every stage's budget its GPU's usable memory less the embedding (stage 0), the
-    head and the drafter's weights (the last, whose cache grows by the drafter's per token); then that
-    split as the heaviest rank holds it (each range's experts shared out, the heaviest share
-    ceil(n / E); the FFNs of the layers whose FFN runs on the stage on their owners). Returns (tokens,
-    ends, cuts, the heaviest stage's bytes), tokens 0 if none fits."""
-    NE, parts = c["n_routed_experts"], []
-    for p in lp:
-        mlp = math.ceil(p["mlp_b"] / E) if own else p["mlp_b"]
-        parts.append((int(p["attn_b"] + p["router_b"] + (0 if p["moe"] else mlp)),
-                      int(math.ceil(p["expert_b"] / E)) if p["moe"] else 0, int(mlp) if p["moe"] else 0,
-                      NE if p["moe"] else 0))
-    budget = [int(math.floor(usable - (head_w if s == 0 else 0) - (tail_w + dw if s == P - 1 else 0)))
-              for s in range(P)]
-    got = split_kv(parts, budget, int(kvb), int(dkv))
-    if got is None:
-        return 0, None, None, 0.0
-    _, ends, cuts = got
-    min_tok, b0, wmax = None, 0, 0.0
+def pool_of(c, lp, ends, cuts, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
+    """engine/layout.c pool_of: the KV tokens per rank of stages split at ends and cuts (None: whole
+    layers) as the heaviest rank holds them (each range of routed experts shared out, the heaviest
+    share ceil(n / E); the FFNs of the layers whose FFN runs on the stage, a split layer's after the
+    cut, on their owners with own; the embedding on the first, the head and a drafter on the last).
+    Returns (the smallest stage's tokens, the heaviest stage's bytes, the stages' free bytes summed,
+    their cache bytes per token summed)."""
+    NE = c["n_routed_experts"]
+    min_tok, wmax, free_sum, per_sum, b0 = None, 0.0, 0.0, 0.0, 0
     for s in range(P):
-        hc, tc, end = cuts[s - 1] if s else 0, cuts[s] if s < P - 1 else 0, ends[s]
+        hc = cuts[s - 1] if s and cuts else 0
+        tc = cuts[s] if s < P - 1 and cuts else 0
+        end = ends[s]
         w, ffn_max = (head_w if s == 0 else 0) + (tail_w if s == P - 1 else 0), 0.0
         for l in range(b0, end):
             w += lp[l]["attn_b"] + lp[l]["router_b"] + (math.ceil((tc if tc and l == end - 1 else NE) / E)
@@ -303,12 +293,36 @@ def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
                     f += lp[l]["mlp_b"]
             ffn_max = max(ffn_max, f)
         w += ffn_max
-        hold = s == P - 1
+        hold = s == P - 1  # the drafter beside lm_head: its weights and its sequences' cache
         free = usable - w - (dw if hold else 0)
         tok = math.floor(free / ((end - b0) * kvb + (dkv if hold else 0))) if free > 0 else 0
         min_tok = tok if min_tok is None or tok < min_tok else min_tok
         wmax = max(wmax, w)
+        free_sum, per_sum = free_sum + free, per_sum + (end - b0) * kvb + (dkv if hold else 0)
         b0 = end
+    return min_tok, wmax, free_sum, per_sum
+
+
+def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
+    """Tokens per rank of the layer split (eg_layout_opts.whole_layers 0; engine/layout.c split_tokens):
+    split_kv over a rank's average units (1/E of each routed expert, of the shared expert / dense MLP
+    with a dense split), every stage's budget its GPU's usable memory less the embedding (stage 0), the
+    head and the drafter's weights (the last, whose cache grows by the drafter's per token); then that
+    split as the heaviest rank holds it (pool_of). Returns (tokens, ends, cuts, the heaviest stage's
+    bytes), tokens 0 if none fits."""
+    NE, parts = c["n_routed_experts"], []
+    for p in lp:
+        mlp = math.ceil(p["mlp_b"] / E) if own else p["mlp_b"]
+        parts.append((int(p["attn_b"] + p["router_b"] + (0 if p["moe"] else mlp)),
+                      int(math.ceil(p["expert_b"] / E)) if p["moe"] else 0, int(mlp) if p["moe"] else 0,
+                      NE if p["moe"] else 0))
+    budget = [int(math.floor(usable - (head_w if s == 0 else 0) - (tail_w + dw if s == P - 1 else 0)))
+              for s in range(P)]
+    got = split_kv(parts, budget, int(kvb), int(dkv))
+    if got is None:
+        return 0, None, None, 0.0
+    _, ends, cuts = got
+    min_tok, wmax, _, _ = pool_of(c, lp, ends, cuts, P, E, own, usable, head_w, tail_w, dw, kvb, dkv)
     return (min_tok if min_tok > 0 else 0), ends, cuts, wmax
 
 
@@ -496,26 +510,7 @@ def layout_model_one(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, h
     tail_w = 2 * H + (0 if c["tie_word_embeddings"] else emb_b * vshare)
     cost = [p["attn_b"] + p["router_b"] + p["mlp_b"] * fshare + NE * p["expert_b"] / E for p in lp]
     ends = split_layers(cost, head_w, tail_w + dw, P)  # a drafter beside lm_head counts in the last stage's share
-    min_tok, wmax, b0, free_sum, per_sum = None, 0.0, 0, 0.0, 0.0
-    for s in range(P):
-        w = (head_w if s == 0 else 0) + (tail_w if s == P - 1 else 0)
-        for l in range(b0, ends[s]):
-            w += lp[l]["attn_b"] + lp[l]["router_b"] + NE * lp[l]["expert_b"] / E
-        ffn_max = 0.0
-        for j in range(E if own else 1):  # +ffn: rank j holds the FFN of its layers l = j mod E
-            f = 0.0
-            for l in range(b0, ends[s]):
-                if not own or l % E == j:
-                    f += lp[l]["mlp_b"]
-            ffn_max = max(ffn_max, f)
-        w += ffn_max
-        hold = s == P - 1  # the drafter beside lm_head: its weights and its sequences' cache
-        free = usable - w - (dw if hold else 0)
-        tok = math.floor(free / ((ends[s] - b0) * kvb + (dkv if hold else 0))) if free > 0 else 0
-        wmax = max(wmax, w)
-        min_tok = tok if min_tok is None or tok < min_tok else min_tok
-        free_sum, per_sum = free_sum + free, per_sum + (ends[s] - b0) * kvb + (dkv if hold else 0)
-        b0 = ends[s]
+    min_tok, wmax, free_sum, per_sum = pool_of(c, lp, ends, None, P, E, own, usable, head_w, tail_w, dw, kvb, dkv)
     cuts = [0] * P
     if P > 1 and not WHOLE_LAYERS and not BALANCE_MEMORY:  # stages may end inside a layer where that holds
         x, sends, scuts, sw = split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv)  # more: its

@@ -167,21 +167,55 @@ static stage_time stage_step(const eg_config *c, const eg_box *box, const layer_
     return s;
 }
 
+/* The KV tokens per rank of stages split at ends ([P]) and cuts ([P]; NULL: whole layers),
+ * as the heaviest rank holds them: stage s has the attention of layers [ends[s-1], ends[s]),
+ * each range of routed experts shared out over the E ranks (the heaviest share ceil(n / E);
+ * a layer split at cut: [0, cut) beside its attention, [cut, E) on the next stage), and the
+ * FFNs of the layers whose FFN runs there (a split layer's after the cut), on their owners
+ * with own (rank j the layers l = j mod E). The first stage holds the embedding, the last
+ * the head and a drafter (its weights, and its cache per token beside the layers'). The
+ * smallest stage's tokens; *wmax its heaviest stage's bytes. */
+static double pool_of(const eg_config *c, const layer_parts *lp, const int *ends, const int *cuts, int P, int E, int own,
+                      double usable, double head_w, double tail_w, double dw, double kvb, double dkv, double *wmax) {
+    double NE = c->n_experts, min_tok = -1;
+    *wmax = 0;
+    for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
+        int hc = s && cuts ? cuts[s - 1] : 0, tc = s < P - 1 && cuts ? cuts[s] : 0, end = ends[s];
+        double w = (s == 0 ? head_w : 0) + (s == P - 1 ? tail_w : 0), ffn_max = 0;
+        for (int l = b0; l < end; l++)
+            w += lp[l].attn_b + lp[l].router_b + (lp[l].moe ? ceil((tc && l == end - 1 ? tc : NE) / E) : 0) * lp[l].expert_b;
+        if (hc) w += ceil((NE - hc) / E) * lp[b0 - 1].expert_b;
+        for (int j = 0; j < (own ? E : 1); j++) {
+            double f = 0;
+            for (int l = hc ? b0 - 1 : b0; l < end - (tc > 0); l++)
+                if (!own || l % E == j) f += lp[l].mlp_b;
+            if (f > ffn_max) ffn_max = f;
+        }
+        w += ffn_max;
+        int hold = s == P - 1;
+        double freeb = usable - w - (hold ? dw : 0);
+        double tok = freeb > 0 ? floor(freeb / ((end - b0) * kvb + (hold ? dkv : 0))) : 0;
+        if (w > *wmax) *wmax = w;
+        if (min_tok < 0 || tok < min_tok) min_tok = tok;
+    }
+    return min_tok;
+}
+
 /* Tokens per rank of the layer split (eg_layout_opts.whole_layers 0): eg_plan_split_kv over
  * a rank's average units (1/E of each routed expert, of the shared expert / dense MLP with
  * own), every stage's budget its GPU's usable memory less the embedding (stage 0), the head
  * and the drafter's weights (the last, whose cache grows by the drafter's per token); then
- * that split as the heaviest rank holds it, as the runtime's memory plan counts it: each
- * range's experts shared out (the heaviest share ceil(n / E)), the FFNs of the layers whose
- * FFN runs on the stage (a split layer's after the cut) on their owners (own). 0 when none
- * fits; the split in out_ends / out_cuts ([P]) and its heaviest stage's bytes in *out_w. */
+ * that split as the heaviest rank holds it (pool_of), as the runtime's memory plan counts
+ * it. 0 when none fits; the split in out_ends / out_cuts ([P]) and its heaviest stage's
+ * bytes in *out_w. */
 static int64_t split_tokens(const eg_config *c, const layer_parts *lp, int L, int P, int E, int own, double usable,
                             double head_w, double tail_w, double dw, double kvb, double dkv, int *out_ends,
                             int *out_cuts, double *out_w) {
     eg_plan_layer_parts *parts = calloc((size_t)L, sizeof *parts);
     int64_t *budget = calloc((size_t)P, sizeof *budget), x = 0;
     int *ends = calloc((size_t)P, sizeof *ends), *cuts = calloc((size_t)P, sizeof *cuts);
-    double NE = c->n_experts, min_tok = -1, wmax = 0;
+    double min_tok = 0;
+    *out_w = 0;
     if (parts && budget && ends && cuts) {
         for (int l = 0; l < L; l++) {
             double mlp = own ? ceil(lp[l].mlp_b / E) : lp[l].mlp_b;
@@ -194,29 +228,10 @@ static int64_t split_tokens(const eg_config *c, const layer_parts *lp, int L, in
             budget[s] = (int64_t)floor(usable - (s == 0 ? head_w : 0) - (s == P - 1 ? tail_w + dw : 0));
         eg_error ignored;
         if (!eg_plan_split_kv(parts, L, budget, P, (int64_t)kvb, (int64_t)dkv, 1, ends, cuts, &x, &ignored))
-            for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
-                int hc = s ? cuts[s - 1] : 0, tc = s < P - 1 ? cuts[s] : 0, end = ends[s];
-                double w = (s == 0 ? head_w : 0) + (s == P - 1 ? tail_w : 0), ffn_max = 0;
-                for (int l = b0; l < end; l++)
-                    w += lp[l].attn_b + lp[l].router_b + (lp[l].moe ? ceil((tc && l == end - 1 ? tc : NE) / E) : 0) * lp[l].expert_b;
-                if (hc) w += ceil((NE - hc) / E) * lp[b0 - 1].expert_b;
-                for (int j = 0; j < (own ? E : 1); j++) { /* rank j holds the FFNs of layers l = j mod E */
-                    double f = 0;
-                    for (int l = hc ? b0 - 1 : b0; l < end - (tc > 0); l++)
-                        if (!own || l % E == j) f += lp[l].mlp_b;
-                    if (f > ffn_max) ffn_max = f;
-                }
-                w += ffn_max;
-                int hold = s == P - 1;
-                double freeb = usable - w - (hold ? dw : 0);
-                double tok = freeb > 0 ? floor(freeb / ((end - b0) * kvb + (hold ? dkv : 0))) : 0;
-                if (min_tok < 0 || tok < min_tok) min_tok = tok;
-                if (w > wmax) wmax = w;
-            }
+            min_tok = pool_of(c, lp, ends, cuts, P, E, own, usable, head_w, tail_w, dw, kvb, dkv, out_w);
         memcpy(out_ends, ends, sizeof(int) * (size_t)P);
         memcpy(out_cuts, cuts, sizeof(int) * (size_t)P);
     }
-    *out_w = wmax;
     free(parts); free(budget); free(ends); free(cuts);
     return min_tok > 0 ? (int64_t)min_tok : 0;
 }
@@ -354,25 +369,9 @@ static eg_status layout_model_one(const eg_config *c, const eg_box *box, const e
         cost[l] = lp[l].attn_b + lp[l].router_b + lp[l].mlp_b * fshare + c->n_experts * lp[l].expert_b / E;
     /* a drafter sits on the last stage's GPUs (below): its weights count in that stage's share */
     if ((st = eg_plan_split(cost, L, head_w, tail_w + dw, P, ends, err))) goto out;
-    double min_tok = -1, wmax = 0;
-    for (int s = 0, b0 = 0; s < P; b0 = ends[s], s++) {
-        double w = (s == 0 ? head_w : 0) + (s == P - 1 ? tail_w : 0), ffn_max = 0;
-        for (int l = b0; l < ends[s]; l++) w += lp[l].attn_b + lp[l].router_b + c->n_experts * lp[l].expert_b / E;
-        for (int j = 0; j < (own ? E : 1); j++) { /* +ffn: rank j holds the FFN of its layers l = j mod E */
-            double f = 0;
-            for (int l = b0; l < ends[s]; l++)
-                if (!own || l % E == j) f += lp[l].mlp_b;
-            if (f > ffn_max) ffn_max = f;
-        }
-        w += ffn_max;
-        /* a drafter lives on the last stage's GPUs, beside lm_head: its weights and the cache
-         * of each GPU's own sequences */
-        int hold = s == P - 1;
-        double freeb = usable - w - (hold ? dw : 0);
-        double tok = freeb > 0 ? floor(freeb / ((ends[s] - b0) * kvb + (hold ? dkv : 0))) : 0;
-        if (w > wmax) wmax = w;
-        if (min_tok < 0 || tok < min_tok) min_tok = tok;
-    }
+    /* whole layers; a drafter lives on the last stage's GPUs, beside lm_head: its weights and
+     * the cache of each GPU's own sequences */
+    double wmax = 0, min_tok = pool_of(c, lp, ends, NULL, P, E, own, usable, head_w, tail_w, dw, kvb, dkv, &wmax);
     if (P > 1 && !o->whole_layers) { /* stages may end inside a layer where that holds more: that split's
                                            stages, memory and times */
         double sw = 0;
