@@ -119,13 +119,15 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     rt->eng = eg_calloc((size_t)ep, sizeof *rt->eng, err);
     rt->runs = eg_calloc((size_t)ep, sizeof *rt->runs, err);
     eg_backend **gbe = eg_calloc((size_t)ep, sizeof *gbe, err); /* one group's backends */
-    if (!rt->be || !rt->groups || !rt->eng || !rt->runs || !gbe) {
-        free(gbe);
-        eg_ep_runtime_free(rt);
-        return EG_ERR_NOMEM;
+    /* the layers split between stages (engine.h stage_cuts), per layer, as every group
+       splits them: each half a routed call of its own (collective.h) */
+    int *cuts = eg_calloc((size_t)c->n_layers, sizeof *cuts, err);
+    eg_status st = EG_OK;
+    if (!rt->be || !rt->groups || !rt->eng || !rt->runs || !gbe || !cuts) {
+        st = EG_ERR_NOMEM;
+        goto fail;
     }
     int threads = bo->nthreads > 0 ? bo->nthreads : eg_num_threads();
-    eg_status st = EG_OK;
     for (int r = 0; r < ep; r++)
         for (int k = 0; k < P; k++) {
             eg_backend_opts so = *bo;
@@ -134,19 +136,9 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
             if ((st = eg_backend_create(c, &so, &rt->be[r * P + k], err))) {
                 if (P > 1) eg_wrap(err, "expert-parallel rank %d, stage %d", r, k);
                 else eg_wrap(err, "expert-parallel rank %d", r);
-                free(gbe);
-                eg_ep_runtime_free(rt);
-                return st;
+                goto fail;
             }
         }
-    /* the layers split between stages (engine.h stage_cuts), per layer, as every group
-       splits them: each half a routed call of its own (collective.h) */
-    int *cuts = eg_calloc((size_t)c->n_layers, sizeof *cuts, err);
-    if (!cuts) {
-        free(gbe);
-        eg_ep_runtime_free(rt);
-        return EG_ERR_NOMEM;
-    }
     for (int k = 0; o->stage_ends && o->stage_cuts && k + 1 < o->n_stages; k++)
         if (o->stage_cuts[k] > 0 && o->stage_ends[k] >= 1 && o->stage_ends[k] <= c->n_layers)
             cuts[o->stage_ends[k] - 1] = o->stage_cuts[k];
@@ -158,14 +150,13 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
                          .vocab_split = o->ep_split == EG_EP_SPLIT_ALL, .vocab = c->vocab};
         if ((st = eg_ep_group_create(&go, &rt->groups[k], err))) {
             if (P > 1) eg_wrap(err, "stage %d's expert-parallel group", k);
-            free(cuts);
-            free(gbe);
-            eg_ep_runtime_free(rt);
-            return st;
+            goto fail;
         }
     }
     free(cuts);
     free(gbe);
+    cuts = NULL;
+    gbe = NULL;
     for (int r = 0; r < ep; r++) {
         eg_engine_opts ro = *o;
         /* slots and blocks split over the ranks, the remainder to the first ones */
@@ -176,7 +167,10 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
         x->cap = 2 * ro.n_slots + 2; /* active + parked <= slots, one pending; slack */
         x->ids = eg_calloc((size_t)x->cap, sizeof *x->ids, err);
         x->sizes = eg_calloc((size_t)x->cap, sizeof *x->sizes, err);
-        if (!x->ids || !x->sizes) { eg_ep_runtime_free(rt); return EG_ERR_NOMEM; }
+        if (!x->ids || !x->sizes) {
+            st = EG_ERR_NOMEM;
+            goto fail;
+        }
         if (o->kv_blocks > 0) ro.kv_blocks = o->kv_blocks / ep + (r < o->kv_blocks % ep);
         /* the host budget for preempted caches is the group's: each rank keeps its swap
            buffers for the next victim, so E whole budgets would all be held at once */
@@ -191,12 +185,16 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
         if ((st = eg_backend_bind(rt->be[r * P], err)) || /* CUDA: this thread on the rank's (first) GPU */
             (st = eg_engine_create(m, rt->be[r * P], &ro, &rt->eng[r], err))) {
             eg_wrap(err, "expert-parallel rank %d", r);
-            eg_ep_runtime_free(rt);
-            return st;
+            goto fail;
         }
     }
     *out = rt;
     return EG_OK;
+fail:
+    free(cuts);
+    free(gbe);
+    eg_ep_runtime_free(rt);
+    return st;
 }
 
 eg_engine *eg_ep_runtime_engine(eg_ep_runtime *rt, int rank) { return rt->eng[rank]; }

@@ -145,6 +145,14 @@ void eg_runtime_free(eg_runtime *rt) {
     free(rt);
 }
 
+/* --stages P --ep E with stage threads run as stage groups (ep_runtime.h) on CPU ranks, and
+ * on CUDA where P*E GPUs are there (--gpus, else the devices found); otherwise each rank
+ * runs all its stages on its one GPU, one after another. */
+static int ep_stage_groups(const eg_runtime_opts *o, int n_stages, int cuda) {
+    int gpus = o->gpus > 0 ? o->gpus : eg_ep_cuda_devices();
+    return o->ep > 1 && o->stage_threads && n_stages > 1 && (!cuda || gpus >= n_stages * o->ep);
+}
+
 /* One side of layer l split at cut (cut 0: the whole layer), on one GPU: alone, or with
  * ep > 1 on the heaviest rank of the group (ep_runtime.h, ffn_rank as there). */
 static int64_t part_bytes(const eg_model *m, int l, int cut, int side, int ep, int ffn_rank) {
@@ -205,10 +213,10 @@ static eg_status balance_stages(eg_runtime *rt, const eg_runtime_opts *o, const 
         eg_plan_layer_parts_of(m, l, &parts[l]);
         if (ep > 1) {
             parts[l].expert = (parts[l].expert + ep - 1) / ep;
-            if (ffn) { /* a dense layer's MLP is in its attn part: d, its bytes (the whole layer
-                          less what a rank not owning it holds), goes to 1/ep as well */
-                int64_t d = parts[l].n_experts ? 0 : eg_ep_runtime_layer_bytes(m, l, 1, -1, 0, 0) -
-                                                         eg_ep_runtime_layer_bytes(m, l, ep, (l + 1) % ep, 0, 0);
+            if (ffn) { /* a dense layer's MLP is in its attn part: its share moves to 1/ep too */
+                const eg_layer_w *h = &m->layers[l];
+                int64_t d = parts[l].n_experts ? 0 : eg_weight_bytes(&h->mlp_gate) + eg_weight_bytes(&h->mlp_up) +
+                                                         eg_weight_bytes(&h->mlp_down);
                 parts[l].attn -= d - (d + ep - 1) / ep;
                 parts[l].shared = (parts[l].shared + ep - 1) / ep;
             }
@@ -423,9 +431,8 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
             goto fail;
         /* "N" on planned GPUs, one each (no ranks) or one per rank and stage (stage groups,
            below): layers may be split for a larger pool */
-        int gpus = o->gpus > 0 ? o->gpus : eg_ep_cuda_devices();
-        int groups = o->ep > 1 && o->stage_threads && gpus >= n_stages * o->ep;
-        if (n_stages > 1 && !strchr(o->stages, ',') && cuda && o->gpu_mem_fraction > 0 && (o->ep <= 1 || groups) &&
+        if (n_stages > 1 && !strchr(o->stages, ',') && cuda && o->gpu_mem_fraction > 0 &&
+            (o->ep <= 1 || ep_stage_groups(o, n_stages, cuda)) &&
             (o->ep > 1 || o->gpus <= 0 || o->gpus >= n_stages) && !o->whole_layers &&
             (st = balance_stages(rt, o, &bo, n_stages, o->ep, o->ep > 1 ? draft_w : tail_extra, draft_tok, err)))
             goto fail;
@@ -442,13 +449,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     int any_cut = 0;
     for (int k = 0; k < n_stages; k++) any_cut |= rt->stage_cuts[k] > 0;
     rt->info.n_stages = n_stages;
-    /* --stages P --ep E with stage threads: stage groups (ep_runtime.h) on CPU ranks, and
-       on CUDA where P*E GPUs are there (--gpus, else the devices found); otherwise each
-       rank runs all its stages on its one GPU, one after another */
-    {
-        int gpus = o->gpus > 0 ? o->gpus : eg_ep_cuda_devices();
-        rt->ep_groups = o->ep > 1 && o->stage_threads && n_stages > 1 && (!cuda || gpus >= n_stages * o->ep);
-    }
+    rt->ep_groups = ep_stage_groups(o, n_stages, cuda);
     /* the KV pool, the slot count and the host budget */
     int64_t kv_blocks = 0;
     int n_slots = o->n_slots;

@@ -21,8 +21,9 @@
 #include "common/eg_hash.h"
 #include "dataset/idset.h"
 #include "dataset/writer.h"
-#include "engine/plan.h"
+#include "engine/collective.h"
 #include "engine/ep_runtime.h"
+#include "engine/plan.h"
 #include "engine/layout.h"
 #include "engine/runtime.h"
 #include "gen/args.h"
@@ -1209,12 +1210,15 @@ int cmd_generate(int argc, char **argv) {
         }
         for (int k = 0; k + 1 < ri->n_stages; k++) /* each half a routed call of its own (collective.h) */
             if (ri->stage_cuts[k] > 0) {
-                int l = ri->stage_ends[k] - 1, c = ri->stage_cuts[k], E = per * ri->ep, n0 = c / ri->ep;
+                int l = ri->stage_ends[k] - 1, c = ri->stage_cuts[k], E = per * ri->ep, a0, a1, b0, b1;
+                eg_ep_opts go = {.n_ranks = ri->ep, .n_experts = E, .n_layers = 1, .layer_cuts = &c};
+                eg_ep_share(&go, 0, 0, &a0, &a1); /* rank 0's share of each half */
+                eg_ep_share(&go, 0, 1, &b0, &b1);
                 char r0[48] = "none";
-                if (n0) snprintf(r0, sizeof r0, "0..%d", n0 - 1);
+                if (a1 > a0) snprintf(r0, sizeof r0, "%d..%d", a0, a1 - 1);
                 fprintf(stderr, "  expert parallel: layer %d split between stages %d and %d: its experts 0..%d shared out "
                                 "over the ranks (rank 0: %s), then %d..%d (rank 0: %d..%d)\n",
-                        l, k, k + 1, c - 1, r0, c, E - 1, c, c + (E - c) / ri->ep - 1);
+                        l, k, k + 1, c - 1, r0, c, E - 1, b0, b1 - 1);
             }
     }
     eg_status run_st = eg_runtime_run(g.rt, next_request, on_done, &g, &err);
