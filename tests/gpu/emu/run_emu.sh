@@ -20,7 +20,7 @@
 #                                              (EMU_EP_ONLY_GROUPS=1: those and the reference only);
 #                                              ~12-15 min)
 #        tests/gpu/emu/run_emu.sh ep_vocab    (the vocab split's op test: nccl and cuda-local, ~2 min)
-#        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, ~20 min)
+#        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, whole and split layers, ~10-20 min)
 #        tests/gpu/emu/run_emu.sh --spec      (generate --draft-model with target and drafter on the
 #                                              emulated GPU (an MHA and an MLA drafter), and with --ep 2
 #                                              on 2 emulated GPUs over emulated NCCL: greedy == greedy
