@@ -190,24 +190,36 @@ def split_kv(parts, budget, kvb, extra_last):
     expert c of a MoE layer, 0 < c < E, with a later layer left for the next stage's attention, and a
     stage beginning inside layer l runs past layer l + 1's attention. parts: (attn, expert, shared,
     n_experts) ints per layer. Returns (X, ends, cuts) as the C function gives them (the same split
-    traced back), or None when even X = 0 does not fit. Vectorised (numpy): per stage the starts it
-    may have, and the interval of ends each start reaches."""
+    traced back), or None when even X = 0 does not fit. owner (the fifth item, optional): 1 + the
+    rank that alone holds the layer's `shared` (a dense layer's MLP then, not in attn), 0 every rank;
+    a stage's bytes are its heaviest rank's. Vectorised (numpy): per stage the starts it may have,
+    and the interval of ends each start reaches (the last end: the least over ranks of each rank's
+    last)."""
     import numpy as np
     n, L = len(budget), len(parts)
-    nbytes, layer, kind, attn_at = [], [], [], []
-    for l, (a, e, sh, ne) in enumerate(parts):
+    nbytes, layer, kind, attn_at, owner = [], [], [], [], []
+    for l, p in enumerate(parts):
+        a, e, sh, ne = p[:4]
+        ow = p[4] if len(p) > 4 else 0
         attn_at.append(len(nbytes))
-        nbytes.append(a), layer.append(l), kind.append(0)
+        nbytes.append(a), layer.append(l), kind.append(0), owner.append(0)
         if ne > 0:
             nbytes += [e] * ne
             layer += [l] * ne
             kind += list(range(1, ne + 1))
-            nbytes.append(sh), layer.append(l), kind.append(-1)
+            owner += [0] * ne
+        if ne > 0 or sh > 0:
+            nbytes.append(sh), layer.append(l), kind.append(-1), owner.append(ow)
     U = len(nbytes)
     attn_at.append(U)
-    kind, layer, attn_at = np.array(kind), np.array(layer), np.array(attn_at)
+    kind, layer, attn_at, owner = np.array(kind), np.array(layer), np.array(attn_at), np.array(owner)
+    nb = np.array(nbytes, np.int64)
     pre = np.zeros(U + 1, np.int64)
-    pre[1:] = np.cumsum(np.array(nbytes, np.int64))
+    pre[1:] = np.cumsum(np.where(owner == 0, nb, 0))
+    R = int(owner.max()) if U else 0
+    own = np.zeros((max(R, 1), U + 1), np.int64)  # own[r]: prefix of the bytes rank r holds alone
+    for r in range(R):
+        own[r, 1:] = np.cumsum(np.where(owner == r + 1, nb, 0))
     pa = np.zeros(U + 1, np.int64)
     pa[1:] = np.cumsum(kind == 0)
     ne_of = np.array([p[3] for p in parts])[layer]
@@ -217,13 +229,19 @@ def split_kv(parts, budget, kvb, extra_last):
     least = np.where((idx == 0) | (kind == 0), idx + 1, attn_at[np.minimum(layer + 1, L)] + 1)
 
     def fits(kvx, extra_x):
-        g = pre + kvx * pa  # stage cost of units [s, e): g[e] - g[s], non-decreasing in e
+        g = pre + kvx * pa  # a rank's stage cost of units [s, e): h[r][e] - h[r][s], non-decreasing in e
+        h = g[None, :] + own
+
+        def cost(st, e):
+            return (h[:, e][:, None] - h[:, st]).max(axis=0)
+
         reach = [np.zeros(U, bool) for _ in range(n)]
         reach[0][0] = True
         for k in range(n - 1):
             st = np.nonzero(reach[k])[0]
             lo = least[st]
-            hi = np.maximum(np.searchsorted(g, g[st] + budget[k], side="right") - 1, st)
+            last = np.min([np.searchsorted(h[r], h[r][st] + budget[k], side="right") for r in range(len(h))], axis=0)
+            hi = np.maximum(last - 1, st)
             hi = np.minimum(hi, U - 1)  # a later stage needs a unit
             ok = lo <= hi
             diff = np.zeros(U + 2, np.int64)
@@ -234,7 +252,7 @@ def split_kv(parts, budget, kvb, extra_last):
         for k in range(n - 1, -1, -1):  # the last stage ends at U; trace a split back
             cap = budget[k] - (extra_x if k == n - 1 else 0)
             st = np.nonzero(reach[k][:e])[0]
-            cand = st[(least[st] <= e) & (g[e] - g[st] <= cap)]
+            cand = st[(least[st] <= e) & (cost(st, e) <= cap)]
             if not len(cand):
                 return None
             e = begin[k] = int(cand[0])
@@ -305,17 +323,16 @@ def pool_of(c, lp, ends, cuts, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
 
 def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
     """Tokens per rank of the layer split (eg_layout_opts.whole_layers 0; engine/layout.c split_tokens):
-    split_kv over a rank's average units (1/E of each routed expert, of the shared expert / dense MLP
-    with a dense split), every stage's budget its GPU's usable memory less the embedding (stage 0), the
+    split_kv over a rank's units (1/E of each routed expert; with a dense split each shared expert /
+    dense MLP on its owner, a stage counting its heaviest rank), every stage's budget its GPU's usable memory less the embedding (stage 0), the
     head and the drafter's weights (the last, whose cache grows by the drafter's per token); then that
     split as the heaviest rank holds it (pool_of). Returns (tokens, ends, cuts, the heaviest stage's
     bytes), tokens 0 if none fits."""
     NE, parts = c["n_routed_experts"], []
-    for p in lp:
-        mlp = math.ceil(p["mlp_b"] / E) if own else p["mlp_b"]
-        parts.append((int(p["attn_b"] + p["router_b"] + (0 if p["moe"] else mlp)),
-                      int(math.ceil(p["expert_b"] / E)) if p["moe"] else 0, int(mlp) if p["moe"] else 0,
-                      NE if p["moe"] else 0))
+    for l, p in enumerate(lp):  # with own each FFN on its owner alone, a dense one too
+        parts.append((int(p["attn_b"] + p["router_b"] + (0 if p["moe"] or own else p["mlp_b"])),
+                      int(math.ceil(p["expert_b"] / E)) if p["moe"] else 0,
+                      int(p["mlp_b"]) if p["moe"] or own else 0, NE if p["moe"] else 0, l % E + 1 if own else 0))
     budget = [int(math.floor(usable - (head_w if s == 0 else 0) - (tail_w + dw if s == P - 1 else 0)))
               for s in range(P)]
     got = split_kv(parts, budget, int(kvb), int(dkv))

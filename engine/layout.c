@@ -202,8 +202,8 @@ static double pool_of(const eg_config *c, const layer_parts *lp, const int *ends
 }
 
 /* Tokens per rank of the layer split (eg_layout_opts.whole_layers 0): eg_plan_split_kv over
- * a rank's average units (1/E of each routed expert, of the shared expert / dense MLP with
- * own), every stage's budget its GPU's usable memory less the embedding (stage 0), the head
+ * a rank's units (1/E of each routed expert; with own each shared expert / dense MLP on its
+ * owner, so a stage counts its heaviest rank), every stage's budget its GPU's usable memory less the embedding (stage 0), the head
  * and the drafter's weights (the last, whose cache grows by the drafter's per token); then
  * that split as the heaviest rank holds it (pool_of), as the runtime's memory plan counts
  * it. 0 when none fits; the split in out_ends / out_cuts ([P]) and its heaviest stage's
@@ -217,12 +217,12 @@ static int64_t split_tokens(const eg_config *c, const layer_parts *lp, int L, in
     double min_tok = 0;
     *out_w = 0;
     if (parts && budget && ends && cuts) {
-        for (int l = 0; l < L; l++) {
-            double mlp = own ? ceil(lp[l].mlp_b / E) : lp[l].mlp_b;
+        for (int l = 0; l < L; l++) { /* with own each FFN on its owner alone, a dense one too */
             parts[l].n_experts = lp[l].moe ? c->n_experts : 0;
-            parts[l].attn = (int64_t)(lp[l].attn_b + lp[l].router_b + (lp[l].moe ? 0 : mlp));
+            parts[l].attn = (int64_t)(lp[l].attn_b + lp[l].router_b + (lp[l].moe || own ? 0 : lp[l].mlp_b));
             parts[l].expert = lp[l].moe ? (int64_t)ceil(lp[l].expert_b / E) : 0;
-            parts[l].shared = lp[l].moe ? (int64_t)mlp : 0;
+            parts[l].shared = lp[l].moe || own ? (int64_t)lp[l].mlp_b : 0;
+            parts[l].owner = own ? l % E + 1 : 0;
         }
         for (int s = 0; s < P; s++)
             budget[s] = (int64_t)floor(usable - (s == 0 ? head_w : 0) - (s == P - 1 ? tail_w + dw : 0));
@@ -364,7 +364,7 @@ static eg_status layout_model_one(const eg_config *c, const eg_box *box, const e
     int own = split != EG_SPLIT_NONE;
     double fshare = own ? 1.0 / E : 1.0, vshare = split == EG_SPLIT_ALL ? 1.0 / E : 1.0;
     double head_w = emb_b * vshare, tail_w = 2 * H + (c->tie_embeddings ? 0 : emb_b * vshare);
-    /* the split balances the average rank; the memory below is each rank's own */
+    /* the whole-layer split balances the average rank; the memory below is each rank's own */
     for (int l = 0; l < L; l++)
         cost[l] = lp[l].attn_b + lp[l].router_b + lp[l].mlp_b * fshare + c->n_experts * lp[l].expert_b / E;
     /* a drafter sits on the last stage's GPUs (below): its weights count in that stage's share */

@@ -128,8 +128,9 @@ typedef struct eg_layout_opts {
     double draft_weight_bytes;
     /* 1: every stage holds whole layers (generate --whole-layers). 0: a pipeline's stages may
      * end inside a MoE layer (--stages N on planned GPUs; runtime.c balance_stages): the
-     * pool is eg_plan_split_kv's over a rank's units (1/E of each routed expert; of the
-     * shared expert / dense MLP with +ffn, of the vocabulary with +split), where that holds
+     * pool is eg_plan_split_kv's over a rank's units (1/E of each routed expert; with +ffn
+     * each shared expert / dense MLP on its owner, a stage counting its heaviest rank; 1/E
+     * of the vocabulary with +split), where that holds
      * more than whole layers; the step times are then that split's stages' (a layer split
      * between two stages: its attention and experts [0, cut) on one, the rest and its shared
      * expert on the other, the hand-over 3H + 2K floats a row). */

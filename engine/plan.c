@@ -137,40 +137,52 @@ void eg_plan_layer_parts_cfg(const eg_config *c, int l, eg_plan_layer_parts *out
 }
 
 /* The units of a split in layer order: per layer its attention part, then (MoE) each
- * routed expert, then its shared expert. A stage may begin before a layer's attention
- * unit, or before expert c of a MoE layer (0 < c < E). */
+ * routed expert, then its shared expert (a dense layer: its MLP, where one rank owns it).
+ * A stage may begin before a layer's attention unit, or before expert c of a MoE layer
+ * (0 < c < E). A unit one rank owns counts in that rank's prefix, not in pre. */
 typedef struct split_units {
     int64_t *bytes;  /* [U] */
     int *layer;      /* [U] */
-    int *kind;       /* [U] 0 attention, 1 + e routed expert e, -1 shared */
-    int64_t *pre;    /* [U + 1] prefix of bytes */
+    int *kind;       /* [U] 0 attention, 1 + e routed expert e, -1 shared / owned MLP */
+    int64_t *pre;    /* [U + 1] prefix of the bytes every rank holds */
+    int64_t *own;    /* [R][U + 1] prefix of the bytes rank r holds alone (R 0: none) */
     int *pre_attn;   /* [U + 1] prefix of attention units */
     int *attn_at;    /* [L + 1] unit index of layer l's attention unit (L: U) */
-    int U, L;
+    int U, L, R;
 } split_units;
 
 static void units_free(split_units *u) {
-    free(u->bytes); free(u->layer); free(u->kind); free(u->pre); free(u->pre_attn); free(u->attn_at);
+    free(u->bytes); free(u->layer); free(u->kind); free(u->pre); free(u->own); free(u->pre_attn); free(u->attn_at);
 }
 
 static int units_make(const eg_plan_layer_parts *p, int L, split_units *u) {
     memset(u, 0, sizeof *u);
     int64_t U = 0;
-    for (int l = 0; l < L; l++) U += 1 + (p[l].n_experts > 0 ? p[l].n_experts + 1 : 0);
+    for (int l = 0; l < L; l++) {
+        U += 1 + (p[l].n_experts > 0 ? p[l].n_experts + 1 : p[l].shared > 0);
+        if (p[l].owner > u->R) u->R = p[l].owner;
+    }
     u->bytes = malloc(sizeof(int64_t) * (size_t)U);
     u->layer = malloc(sizeof(int) * (size_t)U);
     u->kind = malloc(sizeof(int) * (size_t)U);
     u->pre = malloc(sizeof(int64_t) * (size_t)(U + 1));
+    u->own = u->R ? calloc((size_t)u->R * (size_t)(U + 1), sizeof(int64_t)) : NULL;
     u->pre_attn = malloc(sizeof(int) * (size_t)(U + 1));
     u->attn_at = malloc(sizeof(int) * (size_t)(L + 1));
-    if (!u->bytes || !u->layer || !u->kind || !u->pre || !u->pre_attn || !u->attn_at) { units_free(u); return 0; }
+    int *owner = malloc(sizeof(int) * (size_t)(U + 1));
+    if (!u->bytes || !u->layer || !u->kind || !u->pre || (u->R && !u->own) || !u->pre_attn || !u->attn_at || !owner) {
+        units_free(u);
+        free(owner);
+        return 0;
+    }
     int i = 0;
     for (int l = 0; l < L; l++) {
         u->attn_at[l] = i;
-        u->bytes[i] = p[l].attn, u->layer[i] = l, u->kind[i++] = 0;
-        if (p[l].n_experts <= 0) continue;
-        for (int e = 0; e < p[l].n_experts; e++) u->bytes[i] = p[l].expert, u->layer[i] = l, u->kind[i++] = 1 + e;
-        u->bytes[i] = p[l].shared, u->layer[i] = l, u->kind[i++] = -1;
+        owner[i] = 0, u->bytes[i] = p[l].attn, u->layer[i] = l, u->kind[i++] = 0;
+        for (int e = 0; e < p[l].n_experts; e++)
+            owner[i] = 0, u->bytes[i] = p[l].expert, u->layer[i] = l, u->kind[i++] = 1 + e;
+        if (p[l].n_experts > 0 || p[l].shared > 0)
+            owner[i] = p[l].owner, u->bytes[i] = p[l].shared, u->layer[i] = l, u->kind[i++] = -1;
     }
     u->U = i;
     u->L = L;
@@ -178,9 +190,14 @@ static int units_make(const eg_plan_layer_parts *p, int L, split_units *u) {
     u->pre[0] = 0;
     u->pre_attn[0] = 0;
     for (int j = 0; j < i; j++) {
-        u->pre[j + 1] = u->pre[j] + u->bytes[j];
+        u->pre[j + 1] = u->pre[j] + (owner[j] ? 0 : u->bytes[j]);
         u->pre_attn[j + 1] = u->pre_attn[j] + (u->kind[j] == 0);
+        for (int r = 0; r < u->R; r++) {
+            int64_t *o = u->own + (size_t)r * (size_t)(U + 1);
+            o[j + 1] = o[j] + (owner[j] == r + 1 ? u->bytes[j] : 0);
+        }
     }
+    free(owner);
     return 1;
 }
 
@@ -192,9 +209,14 @@ static int may_begin(const split_units *u, const eg_plan_layer_parts *p, int b, 
     return allow_cuts && u->kind[b] >= 2 && u->kind[b] - 1 < p[u->layer[b]].n_experts && u->layer[b] + 1 < u->L;
 }
 
-/* Stage cost of units [b0, b1) at X tokens. */
+/* Stage cost of units [b0, b1) at X tokens, as its heaviest rank holds them. */
 static double unit_cost(const split_units *u, int b0, int b1, double per_tok_x) {
-    return (double)(u->pre[b1] - u->pre[b0]) + per_tok_x * (double)(u->pre_attn[b1] - u->pre_attn[b0]);
+    int64_t most = 0;
+    for (int r = 0; r < u->R; r++) {
+        const int64_t *o = u->own + (size_t)r * (size_t)(u->U + 1);
+        if (o[b1] - o[b0] > most) most = o[b1] - o[b0];
+    }
+    return (double)(u->pre[b1] - u->pre[b0] + most) + per_tok_x * (double)(u->pre_attn[b1] - u->pre_attn[b0]);
 }
 
 /* The least end of a stage beginning at unit s: one unit on, and after a cut inside layer
@@ -318,16 +340,30 @@ int64_t eg_plan_split_kv_tokens(const eg_plan_layer_parts *parts, int L, const i
                                 int64_t kv_per_token_layer, int64_t extra_last_per_token, const int *ends,
                                 const int *cuts) {
     int64_t best = -1;
+    int R = 0;
+    for (int l = 0; l < L; l++)
+        if (parts[l].owner > R) R = parts[l].owner;
     for (int k = 0, b0 = 0; k < n; b0 = ends[k++]) {
         int head = k && cuts && cuts[k - 1] ? cuts[k - 1] : 0, tail = k < n - 1 && cuts ? cuts[k] : 0;
+        int end = ends[k] < L ? ends[k] : L;
         int64_t w = 0, layers = 0;
-        if (head) w += (int64_t)(parts[b0 - 1].n_experts - head) * parts[b0 - 1].expert + parts[b0 - 1].shared;
-        for (int l = b0; l < ends[k] && l < L; l++) {
+        if (head) w += (int64_t)(parts[b0 - 1].n_experts - head) * parts[b0 - 1].expert;
+        for (int l = b0; l < end; l++) {
             const eg_plan_layer_parts *q = &parts[l];
             layers++;
-            if (tail && l == ends[k] - 1) w += q->attn + (int64_t)tail * q->expert;
-            else w += q->attn + (int64_t)q->n_experts * q->expert + q->shared;
+            w += q->attn + (int64_t)(tail && l == end - 1 ? tail : q->n_experts) * q->expert;
         }
+        /* the FFNs on this stage (a split layer's after its cut): common, or on their owner */
+        int f0 = head ? b0 - 1 : b0, f1 = tail ? end - 1 : end;
+        int64_t most = 0;
+        for (int r = 0; r <= R; r++) {
+            int64_t f = 0;
+            for (int l = f0; l < f1; l++)
+                if (parts[l].owner == r) f += parts[l].shared;
+            if (r == 0) w += f;
+            else if (f > most) most = f;
+        }
+        w += most;
         int64_t per = kv_per_token_layer * layers + (k == n - 1 ? extra_last_per_token : 0);
         int64_t left = budget[k] - w;
         if (left < 0) return -1;

@@ -40,10 +40,16 @@ eg_status eg_plan_split(const double *cost, int L, double first, double last, in
 /* A split that may end a stage inside a MoE layer (engine.h stage_cuts), chosen for the
  * largest common KV pool. Per layer: attn its bytes besides the routed and shared experts
  * (norms, attention, router, or a dense MLP), expert one routed expert's bytes and
- * n_experts their count (0 for a dense layer), shared the shared expert's bytes. */
+ * n_experts their count (0 for a dense layer), shared the shared expert's bytes.
+ * owner (an expert-parallel group with its dense parts split, --ep-split ffn/all): 1 + the
+ * rank that alone holds the layer's FFN, `shared`, which for a dense layer is then its MLP
+ * (no longer in attn); 0 (the default): every rank holds `shared`. A stage's bytes are
+ * then its heaviest rank's: every rank's common bytes plus the FFNs that rank owns there
+ * (a dense layer's MLP on rank 0 of a group decides where stage 0 ends). */
 typedef struct eg_plan_layer_parts {
     int64_t attn, expert, shared;
     int n_experts;
+    int owner;
 } eg_plan_layer_parts;
 /* parts[l] from a loaded model (exact bytes; every routed expert of a layer the same size),
  * or from the config alone (eg_plan_layer_bytes_cfg's parts). */

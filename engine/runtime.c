@@ -193,10 +193,10 @@ static int stage_captures(const eg_runtime *rt, int n_aux, int n_stages, int k) 
  * weights (the last, whose cache also grows by the drafter's per token); activations are
  * counted with every capture staged (an upper bound), with ep the exchange's buffers too.
  * With ep the units are a rank's: 1/ep of each routed expert (each range is shared out),
- * of the shared expert / dense MLP where the group splits them (the average rank, as the
- * layout model balances), of the embedding and head with the vocab split; tail_extra is
- * one rank's drafter. plan_cuda then plans the heaviest rank of the split chosen. Notes
- * the choice. */
+ * each shared expert / dense MLP on the rank that owns it where the group splits them (a
+ * stage's bytes its heaviest rank's, as the layout model counts them), 1/ep of the
+ * embedding and head with the vocab split; tail_extra is one rank's drafter. plan_cuda
+ * then plans the heaviest rank of the split chosen. Notes the choice. */
 static eg_status balance_stages(eg_runtime *rt, const eg_runtime_opts *o, const eg_backend_opts *bo, int n, int ep,
                                 int64_t tail_extra, int64_t draft_tok, eg_error *err) {
     const eg_model *m = rt->m;
@@ -213,12 +213,14 @@ static eg_status balance_stages(eg_runtime *rt, const eg_runtime_opts *o, const 
         eg_plan_layer_parts_of(m, l, &parts[l]);
         if (ep > 1) {
             parts[l].expert = (parts[l].expert + ep - 1) / ep;
-            if (ffn) { /* a dense layer's MLP is in its attn part: its share moves to 1/ep too */
+            if (ffn) { /* the FFN on its owner alone (eg_ep_ffn_owner: layer mod ep); a dense
+                          layer's MLP leaves its attn part for shared */
                 const eg_layer_w *h = &m->layers[l];
                 int64_t d = parts[l].n_experts ? 0 : eg_weight_bytes(&h->mlp_gate) + eg_weight_bytes(&h->mlp_up) +
                                                          eg_weight_bytes(&h->mlp_down);
-                parts[l].attn -= d - (d + ep - 1) / ep;
-                parts[l].shared = (parts[l].shared + ep - 1) / ep;
+                parts[l].attn -= d;
+                parts[l].shared += d;
+                parts[l].owner = l % ep + 1;
             }
         }
     }

@@ -652,6 +652,54 @@ static int64_t brute_kv(const eg_plan_layer_parts *p, int L, const int64_t *budg
     return best;
 }
 
+/* The same search with FFNs on owners, by its definition over units: the units in layer
+ * order (attention; each routed expert; the shared expert or an owned dense MLP), stage k
+ * the units [b_k, b_k+1), a stage beginning at an attention unit, or at expert c >= 1 of a
+ * MoE layer l < L - 1 and then holding layer l + 1's attention; each rank r holds the
+ * common units and those it owns, the stage's bytes its heaviest rank's. */
+enum { BU_MAX = 64 };
+typedef struct { int layer, kind, owner; int64_t bytes; } bu_unit;
+static int bu_units(const eg_plan_layer_parts *p, int L, bu_unit *u, int *attn_at) {
+    int U = 0;
+    for (int l = 0; l < L; l++) {
+        attn_at[l] = U;
+        u[U++] = (bu_unit){l, 0, 0, p[l].attn};
+        for (int e = 0; e < p[l].n_experts; e++) u[U++] = (bu_unit){l, 1 + e, 0, p[l].expert};
+        if (p[l].n_experts || p[l].shared) u[U++] = (bu_unit){l, -1, p[l].owner, p[l].shared};
+    }
+    attn_at[L] = U;
+    return U;
+}
+static int64_t bu_stage_x(const bu_unit *u, int b0, int b1, int64_t budget, int64_t kvb, int64_t extra, int R) {
+    int64_t most = -1, attn = 0;
+    for (int r = 1; r <= (R ? R : 1); r++) {
+        int64_t w = 0;
+        for (int j = b0; j < b1; j++)
+            if (!u[j].owner || u[j].owner == r) w += u[j].bytes;
+        if (w > most) most = w;
+    }
+    for (int j = b0; j < b1; j++) attn += u[j].kind == 0;
+    int64_t per = kvb * attn + extra;
+    return budget < most ? -1 : per > 0 ? (budget - most) / per : INT64_MAX;
+}
+static int64_t brute_units(const bu_unit *u, int U, const int *attn_at, int L, const int64_t *budget, int n,
+                           int64_t kvb, int64_t extra, int R, int k, int b0) {
+    if (k == n - 1) return bu_stage_x(u, b0, U, budget[k], kvb, extra, R);
+    int64_t best = -1;
+    for (int b = b0 + 1; b < U; b++) {
+        int at_attn = u[b].kind == 0, at_cut = u[b].kind >= 2 && u[b].layer + 1 < L;
+        if (!at_attn && !at_cut) continue;
+        if (u[b0].kind != 0 && b0 && b <= attn_at[u[b0].layer + 1]) continue; /* after a cut: past l + 1's attention */
+        int64_t x = bu_stage_x(u, b0, b, budget[k], kvb, 0, R);
+        if (x < 0) continue;
+        int64_t y = brute_units(u, U, attn_at, L, budget, n, kvb, extra, R, k + 1, b);
+        if (y < 0) continue;
+        if (y < x) x = y;
+        if (x > best) best = x;
+    }
+    return best;
+}
+
 static void test_plan_split_kv(void) {
     rs = eg_test_seed() + 13;
     eg_error err = {0};
@@ -686,6 +734,78 @@ static void test_plan_split_kv(void) {
                    "the brute force %lld", trial, L, n, E, cutsok, (long long)got, (long long)again, (long long)want);
             for (int k = 0; k < n; k++) CHECK(cutsok || cuts[k] == 0);
         }
+    }
+    /* FFNs on owners (a group's dense split): small random cases against the definition */
+    int owned_trials = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        int L = 2 + (int)(urand() * 4), n = 1 + (int)(urand() * (L < 3 ? L : 3)), E = 2 + (int)(urand() * 3);
+        int R = 1 + (int)(urand() * 3);
+        eg_plan_layer_parts p[6];
+        int64_t budget[3], wsum = 0;
+        for (int l = 0; l < L; l++) {
+            int moe = l > 0 || urand() < 0.3;
+            p[l] = (eg_plan_layer_parts){.attn = 50 + (int64_t)(urand() * 100), .n_experts = moe ? E : 0,
+                                         .expert = moe ? 20 + (int64_t)(urand() * 60) : 0,
+                                         .owner = (int)(urand() * (R + 1))};
+            p[l].shared = moe || p[l].owner ? 10 + (int64_t)(urand() * 150) : 0;
+            wsum += p[l].attn + (int64_t)p[l].n_experts * p[l].expert + p[l].shared;
+        }
+        for (int k = 0; k < n; k++) budget[k] = wsum / n + (int64_t)(urand() * (double)wsum);
+        int64_t kvb = 1 + (int64_t)(urand() * 5), extra = urand() < 0.5 ? 0 : (int64_t)(urand() * 4);
+        bu_unit u[BU_MAX];
+        int attn_at[7], maxo = 0;
+        for (int l = 0; l < L; l++) maxo = p[l].owner > maxo ? p[l].owner : maxo;
+        int U = bu_units(p, L, u, attn_at);
+        int64_t want = brute_units(u, U, attn_at, L, budget, n, kvb, extra, maxo, 0, 0), got = -1;
+        int ends[3], cuts[3];
+        eg_status st = eg_plan_split_kv(p, L, budget, n, kvb, extra, 1, ends, cuts, &got, &err);
+        if (want < 0) {
+            CHECKF(st != EG_OK, "owned trial %d: no split fits, yet the search found X %lld", trial, (long long)got);
+            continue;
+        }
+        owned_trials++;
+        CHECKF(st == EG_OK, "owned trial %d: %s (the definition fits X %lld)", trial, err.msg, (long long)want);
+        if (st) continue;
+        int64_t again = eg_plan_split_kv_tokens(p, L, budget, n, kvb, extra, ends, cuts);
+        CHECKF(got == want && again == got, "owned trial %d (L %d, n %d, E %d, R %d): X %lld, its split holds %lld, "
+               "by definition %lld", trial, L, n, E, R, (long long)got, (long long)again, (long long)want);
+    }
+    CHECKF(owned_trials > 100, "only %d owned trials fit", owned_trials);
+    /* Kimi-K2.5's shape in 2 stages of a 4-rank group with its FFNs split (rank l mod 4 + 1
+       holds layer l's; layer 0's dense MLP, 0.79 GB, sits on rank 0 of stage 0): the search
+       equals every split by hand, and beats by > 3% the split that balances the average
+       rank (a quarter of each FFN everywhere), counted as the heaviest rank holds it */
+    {
+        enum { QL = 61, QE = 4 };
+        eg_plan_layer_parts q[QL], avg[QL];
+        int64_t qb[2] = {86000000000ll - 587202560ll, 86000000000ll - 587202560ll - 2 * 7168};
+        for (int l = 0; l < QL; l++) {
+            int moe = l >= 1;
+            int64_t ffn = moe ? 88080384 : 792723456;
+            q[l] = (eg_plan_layer_parts){.attn = 202000000, .n_experts = moe ? 384 : 0,
+                                         .expert = moe ? (22118400 + 2764800 + QE - 1) / QE : 0, .shared = ffn,
+                                         .owner = l % QE + 1};
+            avg[l] = q[l];
+            avg[l].owner = 0;
+            avg[l].shared = (ffn + QE - 1) / QE;
+        }
+        int qe[2], qc[2], ae[2], ac[2];
+        int64_t xq = 0, xa = 0, kvb = 1152, best = -1;
+        CHECK_OK(eg_plan_split_kv(q, QL, qb, 2, kvb, 0, 1, qe, qc, &xq, &err), &err);
+        CHECK_OK(eg_plan_split_kv(avg, QL, qb, 2, kvb, 0, 1, ae, ac, &xa, &err), &err);
+        int64_t xa_held = eg_plan_split_kv_tokens(q, QL, qb, 2, kvb, 0, ae, ac);
+        for (int e = 1; e < QL; e++)
+            for (int c = 0; c < (q[e - 1].n_experts ? q[e - 1].n_experts : 1); c++) {
+                int te[2] = {e, QL}, tc[2] = {c, 0};
+                int64_t x = eg_plan_split_kv_tokens(q, QL, qb, 2, kvb, 0, te, tc);
+                if (x > best) best = x;
+            }
+        printf("    kimi-k2.5 shape, 2 stages x ep 4 with the FFNs on owners: %lld tokens per rank (--stages %d:%d); "
+               "the average-rank split %d:%d holds %lld; the best by hand %lld\n", (long long)xq, qe[0], qc[0], ae[0],
+               ac[0], (long long)xa_held, (long long)best);
+        CHECKF(xq == best, "the search holds %lld, a split by hand %lld", (long long)xq, (long long)best);
+        CHECKF((double)xq > 1.03 * (double)xa_held, "owners gain too little: %lld against %lld", (long long)xq,
+               (long long)xa_held);
     }
     /* Kimi-K2.5's shape on 8 stages of 86 GB each (head / tail taken off stages 0 and 7):
        with cuts the pool comes within 3% of the free bytes pooled (what is left is the

@@ -933,13 +933,14 @@ static void test_ep_groups_plan(void) {
  * 2 planned GPUs (2 * ep with ranks) with free bytes `free_b`: 0 when the runtime refused
  * the memory, -1 when no plan was noted; the split the runtime chose, if its note names
  * one, into split ("" otherwise). */
-static int64_t planned_pool(const char *stages, int ep, eg_ep_split ep_split, int whole, int64_t free_b, char *split,
-                             size_t split_n) {
+static int64_t planned_pool_of(const eg_model *mdl, const char *stages, int ep, eg_ep_split ep_split, int whole,
+                                int64_t free_b, char *split, size_t split_n) {
     const int64_t G = (int64_t)1 << 30;
     eg_error err = {0};
     notes nt = {0};
     if (split) split[0] = 0;
     eg_runtime_opts o = base_opts();
+    o.model = mdl;
     o.backend = "cuda";
     o.stages = stages;
     o.stage_threads = 1;
@@ -948,7 +949,7 @@ static int64_t planned_pool(const char *stages, int ep, eg_ep_split ep_split, in
     o.ep_split = ep_split;
     o.gpus = 2 * ep;
     o.gpu_mem_fraction = 0.5;
-    o.plan_total_bytes = 2 * G;
+    o.plan_total_bytes = 2 * G; /* the budget: free_b - 1.5 GiB (the fraction, the headroom) */
     o.plan_free_bytes = free_b;
     o.note = keep_note;
     o.note_ctx = &nt;
@@ -976,6 +977,11 @@ static int64_t planned_pool(const char *stages, int ep, eg_ep_split ep_split, in
         if (t >= 0 && (pool < 0 || t < pool)) pool = t;
     }
     return pool;
+}
+
+static int64_t planned_pool(const char *stages, int ep, eg_ep_split ep_split, int whole, int64_t free_b, char *split,
+                             size_t split_n) {
+    return planned_pool_of(&model, stages, ep, ep_split, whole, free_b, split, split_n);
 }
 
 /* --stages 2 on planned GPUs (as if on devices of given memory: no GPU needed, the plan
@@ -1031,7 +1037,8 @@ static void stage_balance_case(int ep, eg_ep_split ep_split) {
             for (int end = 1; end < model.cfg.n_layers; end++)
                 for (int cut = 0; cut < (model.layers[end - 1].is_moe ? model.cfg.n_experts : 1); cut++) {
                     char st2[32];
-                    snprintf(st2, sizeof st2, cut ? "%d:%d,%d" : "%d,%d", end, cut, model.cfg.n_layers);
+                    if (cut) snprintf(st2, sizeof st2, "%d:%d,%d", end, cut, model.cfg.n_layers);
+                    else snprintf(st2, sizeof st2, "%d,%d", end, model.cfg.n_layers);
                     int64_t t = planned_pool(st2, ep, ep_split, 0, free_b, NULL, 0);
                     if (t > best) best = t, snprintf(best_s, sizeof best_s, "%s", st2);
                 }
@@ -1072,6 +1079,58 @@ static void test_stage_balance(void) {
     stage_balance_case(2, EG_EP_SPLIT_NONE);
     stage_balance_case(2, EG_EP_SPLIT_FFN);
     stage_balance_case(2, EG_EP_SPLIT_ALL);
+    stage_balance_case(4, EG_EP_SPLIT_FFN);
+    stage_balance_case(4, EG_EP_SPLIT_ALL);
+}
+
+/* Kimi-K2.5's real layer shapes (8 layers, written sparse: no data) in 2 stages of a
+ * 4-rank group with the dense parts split: layer 0's dense MLP (0.79 GB) lives on rank 0
+ * of stage 0 alone, so the split that balances the average rank leaves that rank short.
+ * The split generate chooses holds, on its heaviest rank, no less than any split by hand
+ * less one expert's worth of tokens (the rounding of a range's experts), over budgets
+ * where the MLP is a large part of what is left. */
+static void test_stage_balance_kimi(void) {
+    char d[] = "/tmp/eg_rt_kimi_XXXXXX";
+    CHECK(mkdtemp(d) != NULL);
+    eg_error err = {0};
+    eg_mkmodel_plan_info info;
+    eg_mkmodel_opts mo = {.preset = "kimi-k2.5", .out_dir = d, .layers = 8, .sparse = 1};
+    CHECK_OK(eg_mkmodel_run(&mo, &info, &err), &err);
+    eg_model km;
+    CHECK_OK(eg_model_load(d, &km, &err), &err);
+    if (err.code) {
+        eg_test_rm_dir(d);
+        return;
+    }
+    const int64_t G = (int64_t)1 << 30;
+    eg_plan_layer_parts pp;
+    eg_plan_layer_parts_of(&km, 1, &pp);
+    const int64_t kvb = eg_plan_kv_bytes_per_token_layer(&km.cfg);
+    const eg_ep_split splits[2] = {EG_EP_SPLIT_FFN, EG_EP_SPLIT_ALL};
+    double t0 = eg_now();
+    for (int si = 0; si < 2; si++)
+        for (int gb = 14; gb <= 18; gb += 4) {
+            char sp[128] = "", best_s[32] = "";
+            int64_t chosen = planned_pool_of(&km, "2", 4, splits[si], 0, gb * G, sp, sizeof sp), best = -1;
+            for (int e = 1; e < km.cfg.n_layers; e++)
+                for (int c = 0; c < (km.layers[e - 1].is_moe ? km.cfg.n_experts : 1); c++) {
+                    char st2[32];
+                    if (c) snprintf(st2, sizeof st2, "%d:%d,%d", e, c, km.cfg.n_layers);
+                    else snprintf(st2, sizeof st2, "%d,%d", e, km.cfg.n_layers);
+                    int64_t t = planned_pool_of(&km, st2, 4, splits[si], 0, gb * G, NULL, 0);
+                    if (t > best) best = t, snprintf(best_s, sizeof best_s, "%s", st2);
+                }
+            /* the chosen split holds up to one expert more on a stage than balanced */
+            int64_t slack = (pp.expert + kvb - 1) / kvb;
+            printf("    kimi-k2.5 x 8 layers, ep 4, split %d, %lld GiB: --stages %s holds %lld tokens per rank, the best "
+                   "by hand (--stages %s) %lld\n", (int)splits[si], (long long)gb, sp[0] ? sp : "(whole layers)",
+                   (long long)chosen, best_s, (long long)best);
+            CHECKF(best > 0 && chosen >= best - slack, "ep 4 split %d at %d GiB: --stages %s holds %lld, --stages %s %lld",
+                   (int)splits[si], gb, sp, (long long)chosen, best_s, (long long)best);
+        }
+    printf("    (%.1f s)\n", eg_now() - t0);
+    eg_model_free(&km);
+    eg_test_rm_dir(d);
 }
 
 static const eg_test tests[] = {
@@ -1085,6 +1144,7 @@ static const eg_test tests[] = {
     {"spec_plan", test_spec_plan},
     {"stage_split_tail", test_stage_split_tail},
     {"stage_balance", test_stage_balance},
+    {"stage_balance_kimi", test_stage_balance_kimi},
     {"ep_groups_plan", test_ep_groups_plan},
     {"cleanup", test_cleanup},
     {"forward_only", test_forward_only},
