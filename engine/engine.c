@@ -276,6 +276,8 @@ static void *stage_thread(void *vp) {
             /* pass the marker on first: the next stage must leave (serve) while this one
              * waits in its group for ranks whose later stages still run their steps */
             if (k + 1 < e->n_stages) q_push(&e->queues[k + 1], &e->leave_mb[k + 1]);
+            /* a stage that cannot bind its device cannot serve: the group must not wait on it */
+            if (bind_st && e->o.ep_stages && e->o.ep_stages[k]) eg_ep_fail(e->o.ep_stages[k]);
             mb->status = bind_st ? (mb->err = bind_err, bind_st)
                                  : eg_ep_leave(e->o.ep_stages[k], e->o.ep_rank, e->stage_be[k], &mb->err);
             q_push(&e->queues[e->n_stages], mb);

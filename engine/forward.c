@@ -198,7 +198,7 @@ void eg_forward_free(eg_forward *f) {
     }
     down(f, &f->embed);
     down(f, &f->final_norm);
-    if (!(f->m->cfg.tie_embeddings && f->lm_head.data == f->embed.data)) down(f, &f->lm_head);
+    if (!(eg_model_head_tied(f->m) && f->lm_head.data == f->embed.data)) down(f, &f->lm_head);
     eg_kv_free(f->kv);
     if (f->hand) f->x = f->xn = f->dx = f->rw = NULL, f->ids = NULL; /* views of hand */
     void *bufs[] = {f->x, f->xn, f->dx, f->qa, f->qan, f->q, f->kvbuf, f->attn, f->ids, f->rw,
@@ -281,7 +281,7 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
     if (f->l1 == c->n_layers) {
         if ((st = up(f, &m->final_norm, &f->final_norm, err))) goto fail;
         eg_weight h = m->lm_head;
-        if (c->tie_embeddings && f->l0 == 0) f->lm_head = f->embed;
+        if (eg_model_head_tied(m) && f->l0 == 0) f->lm_head = f->embed; /* (not a stored head's bytes) */
         else if ((vsplit && (st = eg_weight_rows(&m->lm_head, v0, v1, &h, err))) || (st = up(f, &h, &f->lm_head, err)))
             goto fail;
     }

@@ -109,6 +109,7 @@ eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, in
         int64_t tail, head = eg_plan_head_bytes(m, &tail);
         for (int l = 0; l < c->n_layers; l++) cost[l] = (double)eg_plan_layer_bytes(m, l);
         *n = vals[0];
+        tail += eg_plan_tied_head_copy(m, *n);
         st = eg_plan_split(cost, c->n_layers, (double)head, (double)(tail + tail_extra), *n, ends, err);
         free(cost);
         free(vals);
@@ -225,6 +226,7 @@ static eg_status balance_stages(eg_runtime *rt, const eg_runtime_opts *o, const 
         }
     }
     int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
+    tail += eg_plan_tied_head_copy(m, n);
     if (vocab) {
         int64_t nb = eg_weight_bytes(&m->final_norm);
         head = (head + ep - 1) / ep;
@@ -297,6 +299,7 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
     for (int d = 0; d < n_dev; d++) {
         int64_t tail = 0, head = eg_plan_head_bytes(m, &tail), wbytes = 0, act = 0;
         int layers = 0, on_dev = 0;
+        tail += eg_plan_tied_head_copy(m, n_stages);
         if (ep > 1 && o->ep_split == EG_EP_SPLIT_ALL) { /* the vocab split: the largest rank's slices */
             int64_t rows = (c->vocab + ep - 1) / ep, nb = eg_weight_bytes(&m->final_norm);
             head = (head * rows + c->vocab - 1) / c->vocab;
@@ -480,8 +483,12 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         if (!kv_blocks) kv_blocks = 16 * ((o->max_seq_len + block - 1) / block); /* cpu: what 16 slots hold */
         /* on the cpu backend the drafter's cache is host memory like the rows: counted as
            the most a slot can hold */
-        int ns = eg_plan_auto_slots(kv_blocks * block, o->max_seq_len, max_tokens, o->ram_bytes,
+        /* with ranks the pool is the group's, and every rank steps max_tokens rows: up to
+           that many slots per rank, the same count on each, at least one */
+        int ranks = o->ep > 1 ? o->ep : 1;
+        int ns = eg_plan_auto_slots(kv_blocks * block, o->max_seq_len, max_tokens * ranks, o->ram_bytes,
                                     seq_host + (cuda ? 0 : draft_slot + draft_tok * o->max_seq_len));
+        if (ranks > 1) ns = ns < ranks ? ranks : ns / ranks * ranks;
         if (!pass || !n_slots || ns < n_slots) n_slots = ns;
     }
     if (!o->forward_only && kv_blocks && kv_blocks < (o->max_seq_len + block - 1) / block) {
@@ -501,6 +508,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     }
     for (int k = 0; k < n_stages; k++) {
         int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
+        tail += eg_plan_tied_head_copy(m, n_stages);
         int64_t bytes = stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k, 1, -1);
         rt->stage_bytes[k] = bytes + (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
         rt->stage_device[k] = cuda ? (rt->ep_groups ? eg_ep_runtime_stage_device(o->device, o->ep, 1, 0, k)
@@ -622,8 +630,10 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     in->stage_weight_bytes = rt->stage_bytes;
     in->transport = eg_engine_transport(rt->engine);
     {
+        /* a rank's engine has its own slots (rank 0 the most) and caps its micro-batches there */
         int mb = o->micro_batches > n_stages ? o->micro_batches : n_stages;
-        in->micro_batches = mb < n_slots ? mb : n_slots;
+        int slots = o->ep > 1 ? eg_ep_runtime_rank_slots(n_slots, o->ep, 0) : n_slots;
+        in->micro_batches = mb < slots ? mb : slots;
     }
     in->ep = o->ep > 1 ? o->ep : 1;
     in->ep_groups = rt->ep_groups;

@@ -93,6 +93,10 @@ static void wpriv_free(wpriv *p) {
     free(p);
 }
 
+int eg_model_head_tied(const eg_model *m) {
+    return m->cfg.tie_embeddings && m->lm_head.data == m->embed.data;
+}
+
 void eg_model_free(eg_model *m) {
     if (!m) return;
     if (m->layers)

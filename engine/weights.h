@@ -82,6 +82,9 @@ typedef struct eg_model {
 
 eg_status eg_model_load(const char *dir, eg_model *m, eg_error *err);
 void eg_model_free(eg_model *m);
+/* 1 when lm_head is the embedding itself: tie_word_embeddings and no stored lm_head.weight
+ * (a checkpoint that ties in its config but ships its own head uses that head, everywhere). */
+int eg_model_head_tied(const eg_model *m);
 
 /* Element (r, c) of any weight format, as float. For tests and reference code; the
  * backends dequantise in bulk. */

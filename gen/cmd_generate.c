@@ -1214,11 +1214,12 @@ int cmd_generate(int argc, char **argv) {
                 eg_ep_opts go = {.n_ranks = ri->ep, .n_experts = E, .n_layers = 1, .layer_cuts = &c};
                 eg_ep_share(&go, 0, 0, &a0, &a1); /* rank 0's share of each half */
                 eg_ep_share(&go, 0, 1, &b0, &b1);
-                char r0[48] = "none";
+                char r0[48] = "none", r1[48] = "none";
                 if (a1 > a0) snprintf(r0, sizeof r0, "%d..%d", a0, a1 - 1);
+                if (b1 > b0) snprintf(r1, sizeof r1, "%d..%d", b0, b1 - 1);
                 fprintf(stderr, "  expert parallel: layer %d split between stages %d and %d: its experts 0..%d shared out "
-                                "over the ranks (rank 0: %s), then %d..%d (rank 0: %d..%d)\n",
-                        l, k, k + 1, c - 1, r0, c, E - 1, b0, b1 - 1);
+                                "over the ranks (rank 0: %s), then %d..%d (rank 0: %s)\n",
+                        l, k, k + 1, c - 1, r0, c, E - 1, r1);
             }
     }
     eg_status run_st = eg_runtime_run(g.rt, next_request, on_done, &g, &err);

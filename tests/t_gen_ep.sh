@@ -179,6 +179,13 @@ lo=$(( $1 < $2 ? $1 : $2 )) hi=$(( $1 > $2 ? $1 : $2 ))
 echo "  steps per rank: $1 $2"
 [ $((10 * lo)) -ge $((7 * hi)) ] || { echo "FAIL: one rank idle most of the run (steps $1 / $2)"; exit 1; }
 
+echo "-- --batch auto with ranks: every rank gets slots, the same count each"
+$E generate "${args[@]}" --batch auto --ep 16 --chunk 8 --out auto16 2>auto16.log || { cat auto16.log; echo "FAIL: --batch auto --ep 16"; exit 1; }
+n=$(sed -n 's/.*expert parallel: 16 ranks, .*, \([0-9]*\) slots and .*/\1/p' auto16.log)
+[ -n "$n" ] && [ $((n % 16)) -eq 0 ] || { cat auto16.log; echo "FAIL: --batch auto --ep 16 took '$n' slots"; exit 1; }
+"$PYTHON" "$here/gen_check.py" same ref auto16 >/dev/null || { echo "FAIL: --batch auto --ep 16 differs"; exit 1; }
+echo "  --batch auto --ep 16: $n slots, identical"
+
 echo "-- bad values refused"
 bad() { # EXPECTED-TEXT FLAGS...
     local want=$1; shift

@@ -57,6 +57,7 @@ grep -q "layer 1 split between stages 0 and 1: its experts 0..4 shared out over 
 "$PYTHON" "$here/gen_check.py" same ref g1
 gen --out g3 --stages 2:1,3:8,4:15,5 --ep 4 --batch 4 --ep-split ffn 2>err || fail "three cuts, --ep 4, +ffn"
 grep -q "its experts 0..0 shared out over the ranks (rank 0: none)" err || fail "an empty share"
+grep -q "then 15..15 (rank 0: none)" err || fail "an empty share of a second half"
 "$PYTHON" "$here/gen_check.py" same ref g3
 gen --out q2 --max-new-tokens 60 --stages 3:7,5 --ep 2 --ep-split all --batch 6 2>err || fail "--ep 2, +split"
 "$PYTHON" "$here/gen_check.py" same r60 q2
@@ -64,6 +65,23 @@ gen --out q2 --max-new-tokens 60 --stages 3:7,5 --ep 2 --ep-split all --batch 6 
 gen --out dr --stages 2:5,4:3,5 --ep 2 --dry-run > out 2>&1 || fail "dry run with cuts"
 grep -q "^layer splits:  layer 1: experts 0..4 on stage 0, 5.. on 1; layer 3: experts 0..2 on stage 1, 3.. on 2 " out &&
     grep -q "each half's experts are shared out over the ranks of its stage" out || fail "the dry run's split line: $(cat out)"
+
+echo "-- a config that ties the embeddings but ships its own lm_head: the stored head, in every layout"
+cp -r model tmodel
+"$PYTHON" - <<'PY'
+import json
+c = json.load(open("tmodel/config.json"))
+(c.get("text_config") or c)["tie_word_embeddings"] = True
+json.dump(c, open("tmodel/config.json", "w"), indent=1)
+PY
+targs=("${args[@]}")
+targs[1]=tmodel
+$E generate "${targs[@]}" --out t1 2>/dev/null || fail "tied config, one stage"
+"$PYTHON" "$here/gen_check.py" same ref t1
+$E generate "${targs[@]}" --out t2 --stages 2 2>/dev/null || fail "tied config, two stages"
+"$PYTHON" "$here/gen_check.py" same ref t2
+$E generate "${targs[@]}" --out t3 --ep 2 --ep-split all 2>/dev/null || fail "tied config, --ep 2 +split"
+"$PYTHON" "$here/gen_check.py" same ref t3
 
 echo "-- capture mode"
 $E generate --model model --prompts conv.jsonl --out cref --mode capture --max-seq-len 256 --aux-layers 1,2,3 \
