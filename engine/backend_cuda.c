@@ -308,7 +308,9 @@ static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_tem
     L->kvb_elems = NH * (DN + DV) * C;
     L->moe_chunk = (int)min64(Tm, EG_CUDA_MOE_CHUNK);
     L->sample_chunk = (int)min64(Tm, EG_CUDA_SAMPLE_CHUNK);
-    L->n_xtab = c->n_layers + 2;
+    /* a slot per layer and per second half of a split layer (its own expert array: a
+       backend holding both halves, ranks' stages on one GPU, would evict in a cycle) */
+    L->n_xtab = 2 * c->n_layers + 2;
     int64_t R = (int64_t)L->moe_chunk * K;
     L->moe.max_rows = (int)R;
     L->moe.max_tiles = (int)(R / EGK_MOE_BM + E + 1);

@@ -31,12 +31,18 @@
  * [n][v1-v0] block back into its columns (post_segs: one segment per peer and direction).
  * Sends and receives between two ranks happen in the same order on both sides and are
  * sized from the exchanged counts, so they pair up. Rank r's own segment is copied on
- * its device instead of sent. Enqueueing NCCL work is done under a mutex that
- * eg_ep_cuda_fail takes to abort the communicators, so no call uses an aborted one. */
+ * its device instead of sent. A rank enqueues NCCL work under its own mutex, which
+ * eg_ep_cuda_fail takes to abort that rank's communicator, so no call uses an aborted one;
+ * one lock per rank, not one for the group, because ncclGroupEnd may block (a launch queue
+ * that drains only once a peer posts, or NCCL_LAUNCH_MODE=GROUP waiting for every rank's
+ * launch), and a peer waiting for a group-wide lock would never post. Host waits on an
+ * nccl stream poll it with the communicator's asynchronous error (stream_wait): a
+ * transfer whose link or peer failed never completes. */
 #include "engine/collective_cuda.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #ifndef EG_HAVE_CUDA
 
@@ -101,6 +107,7 @@ void eg_ep_cuda_vocab_rows(const eg_ep_cuda *n, int64_t *embed_rows, int64_t *lo
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <sched.h>
 #ifdef EG_HAVE_NCCL
 #include <nccl.h>
 #else
@@ -123,7 +130,7 @@ typedef struct ep_nrank {
     float *sendrows;    /* [T*M][H] */
     int32_t *sendmeta;  /* [3*T*K] per destination: row-in-segment, id, weight bits */
     int32_t *tk2pair;   /* [T*K] position of (t,k) in back */
-    float *recvrows;    /* [R*T*M][H] rows received, segments by source */
+    float *recvrows;    /* [R*T][H] rows received, segments by source (a source sends a token once per rank) */
     int32_t *recvmeta;  /* [3*R*T*K] */
     float *xs;          /* [T][H] one chunk's rows, one per pair */
     float *res;         /* [R*T*K][H] contributions computed here, segments by source */
@@ -137,6 +144,8 @@ typedef struct ep_nrank {
     ep_seg *snd, *rcv;  /* [R] a vocab call's one segment to / from each peer (post_segs) */
     const eg_weight *vembed, *vhead; /* [v1-v0][H] this rank's slices (borrowed; NULL until registered) */
     int64_t remote_pairs, bytes, ffn_rows, embed_rows, logit_rows;
+    pthread_mutex_t mu; /* held while enqueueing on this rank's communicator, and to abort it */
+    int mu_made;
 } ep_nrank;
 
 struct eg_ep_cuda {
@@ -153,7 +162,7 @@ struct eg_ep_cuda {
     pthread_cond_t cv;  /* cuda-local barriers */
     int arrived;
     uint64_t gen;
-    int failed;
+    int failed; /* set once under mu; read without it too (atomically) */
 };
 
 const char *eg_ep_cuda_kind(const eg_ep_cuda *n) { return n->use_nccl ? "nccl" : "cuda-local"; }
@@ -187,7 +196,7 @@ typedef struct ep_sizes {
 static ep_sizes sizes_of(int R, int K, int H, int T) {
     size_t M = (size_t)(K < R ? K : R), TK = (size_t)T * (size_t)K, h = (size_t)H;
     ep_sizes z = {.counts = 8 * (size_t)R, .sendtok = (size_t)T * M, .sendrows = (size_t)T * M * h,
-                  .sendmeta = 3 * TK, .tk2pair = TK, .recvrows = (size_t)R * (size_t)T * M * h,
+                  .sendmeta = 3 * TK, .tk2pair = TK, .recvrows = (size_t)R * (size_t)T * h,
                   .recvmeta = 3 * (size_t)R * TK, .xs = (size_t)T * h, .res = (size_t)R * TK * h, .back = TK * h};
     return z;
 }
@@ -246,22 +255,29 @@ void eg_ep_cuda_register_vocab(eg_ep_cuda *n, int rank, const eg_weight *embed, 
 void eg_ep_cuda_fail(eg_ep_cuda *n) {
     pthread_mutex_lock(&n->mu);
     pthread_cond_broadcast(&n->cv);
-    if (!n->failed) {
-        n->failed = 1;
-#ifdef EG_HAVE_NCCL
-        int prev = 0;
-        cudaGetDevice(&prev);
-        for (int r = 0; n->comm && r < n->R; r++)
-            if (n->comm[r]) {
-                cudaSetDevice(n->dev[r]);
-                ncclCommAbort(n->comm[r]); /* a transfer whose peer gave up would never finish */
-                n->comm[r] = NULL;
-            }
-        cudaSetDevice(prev);
-#endif
-    }
+    int first = !n->failed;
+    __atomic_store_n(&n->failed, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&n->mu);
+    if (!first) return;
+#ifdef EG_HAVE_NCCL
+    /* each rank's communicator under its own lock: a post under way finishes enqueueing
+       first, a later one sees failed */
+    int prev = 0;
+    cudaGetDevice(&prev);
+    for (int r = 0; n->comm && r < n->R; r++) {
+        if (n->rk[r].mu_made) pthread_mutex_lock(&n->rk[r].mu);
+        if (n->comm[r]) {
+            cudaSetDevice(n->dev[r]);
+            ncclCommAbort(n->comm[r]); /* a transfer whose peer gave up would never finish */
+            n->comm[r] = NULL;
+        }
+        if (n->rk[r].mu_made) pthread_mutex_unlock(&n->rk[r].mu);
+    }
+    cudaSetDevice(prev);
+#endif
 }
+
+static int failed_now(eg_ep_cuda *n) { return __atomic_load_n(&n->failed, __ATOMIC_ACQUIRE); }
 
 void eg_ep_cuda_free(eg_ep_cuda *n) {
     if (!n) return;
@@ -282,6 +298,7 @@ void eg_ep_cuda_free(eg_ep_cuda *n) {
             if (ps[i]) cudaFree(ps[i]);
         eg_cuda_host_free(k->counts_h);
         eg_cuda_host_free(k->vh);
+        if (k->mu_made) pthread_mutex_destroy(&k->mu);
         free(k->snd);
         free(k->rcv);
         free(k->so_r);
@@ -303,9 +320,13 @@ void eg_ep_cuda_free(eg_ep_cuda *n) {
  * nccl_connect explains why: NCCL connects a pair in its first send/recv, on the calling
  * thread, waiting for the peer's half). */
 static eg_status connect_all(eg_ep_cuda *n, eg_error *err) {
+    for (int a = 0; a < n->R; a++) { /* every device usable before the group starts */
+        cudaError_t ce = cudaSetDevice(n->dev[a]);
+        if (ce != cudaSuccess) return cu_err(err, a, "cudaSetDevice (connecting)", ce);
+    }
     ncclResult_t r = ncclGroupStart();
     for (int a = 0; a < n->R && r == ncclSuccess; a++) {
-        cudaSetDevice(n->dev[a]);
+        cudaSetDevice(n->dev[a]); /* checked above */
         for (int b = 0; b < n->R && r == ncclSuccess; b++) {
             if (a == b) continue;
             r = ncclSend(n->rk[a].counts_d, 1, ncclInt32, b, n->comm[a], n->strm[a]);
@@ -358,6 +379,14 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
     n->use_nccl = 1; /* NCCL needs one GPU per rank */
     for (int r = 0; r < R; r++)
         for (int q = 0; q < r; q++) n->use_nccl &= n->dev[q] != n->dev[r];
+    const char *lm = getenv("NCCL_LAUNCH_MODE");
+    if (n->use_nccl && lm && !strcasecmp(lm, "GROUP")) {
+        /* every communicator of the set would wait for the others' launches, but each rank
+           posts on its own thread and a rank with nothing to move launches nothing */
+        eg_ep_cuda_free(n);
+        return eg_fail(err, EG_ERR_UNSUPPORTED, "expert-parallel group: NCCL_LAUNCH_MODE=GROUP would hang the "
+                       "exchange (each rank launches on its own thread); unset it or set it to PARALLEL");
+    }
 #endif
     int prev = 0;
     cudaGetDevice(&prev);
@@ -365,6 +394,8 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
     eg_status st = EG_OK;
     for (int r = 0; r < R && !st; r++) {
         ep_nrank *k = &n->rk[r];
+        k->mu_made = !pthread_mutex_init(&k->mu, NULL);
+        if (!k->mu_made) { st = eg_fail(err, EG_ERR_NOMEM, "expert-parallel rank %d: pthread_mutex_init failed", r); break; }
         cudaError_t ce = cudaSetDevice(n->dev[r]);
         struct { void **p; size_t n; const char *what; } bufs[] = {
             {(void **)&k->counts_d, z.counts, "counts"}, {(void **)&k->sendtok, z.sendtok, "send tokens"},
@@ -422,6 +453,40 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
         cudaError_t ce_ = (expr);                                           \
         if (ce_ != cudaSuccess) return cu_err(err, rank, call, ce_);        \
     } while (0)
+
+/* Waits for rank's stream. Over nccl by polling: the stream, the group's failure (another
+ * rank's abort), and about every millisecond the communicator's asynchronous error, which
+ * is how NCCL reports a link or peer that failed after the work was enqueued (the
+ * transfer would never complete and cudaStreamSynchronize never return). */
+static eg_status stream_wait(eg_ep_cuda *n, int rank, const char *what, eg_error *err) {
+    cudaStream_t s = n->strm[rank];
+#ifdef EG_HAVE_NCCL
+    if (n->use_nccl) {
+        double t_check = eg_now();
+        for (;;) {
+            cudaError_t q = cudaStreamQuery(s);
+            if (q == cudaSuccess) return EG_OK;
+            if (q != cudaErrorNotReady) return cu_err(err, rank, what, q);
+            if (failed_now(n)) return interrupted(err);
+            if (eg_now() - t_check > 1e-3) {
+                ncclResult_t ae = ncclSuccess, r = ncclSuccess;
+                pthread_mutex_lock(&n->rk[rank].mu);
+                if (n->comm[rank]) r = ncclCommGetAsyncError(n->comm[rank], &ae);
+                pthread_mutex_unlock(&n->rk[rank].mu);
+                if (r == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress) r = ae;
+                if (r != ncclSuccess) /* the caller fails the group (collective.c) */
+                    return nc_err(err, rank, "ncclCommGetAsyncError (waiting for the exchange)", r);
+                t_check = eg_now();
+            }
+            sched_yield();
+        }
+    }
+#else
+    (void)n;
+#endif
+    cudaError_t ce = cudaStreamSynchronize(s);
+    return ce == cudaSuccess ? EG_OK : cu_err(err, rank, what, ce);
+}
 
 /* Every rank arrives; 1 = the group failed. */
 static int barrier(eg_ep_cuda *n) {
@@ -485,8 +550,8 @@ static eg_status post_nccl(eg_ep_cuda *n, int rank, int which, eg_error *err) {
     int R = n->R;
     size_t H = (size_t)n->H;
     cudaStream_t s = n->strm[rank];
-    pthread_mutex_lock(&n->mu);
-    if (n->failed) { pthread_mutex_unlock(&n->mu); return interrupted(err); }
+    pthread_mutex_lock(&k->mu);
+    if (failed_now(n)) { pthread_mutex_unlock(&k->mu); return interrupted(err); }
     ncclComm_t c = n->comm[rank];
     ncclResult_t r = ncclGroupStart();
     for (int q = 0; q < R && r == ncclSuccess; q++) {
@@ -514,7 +579,7 @@ static eg_status post_nccl(eg_ep_cuda *n, int rank, int which, eg_error *err) {
         }
     }
     ncclResult_t re = ncclGroupEnd();
-    pthread_mutex_unlock(&n->mu);
+    pthread_mutex_unlock(&k->mu);
     if (r == ncclSuccess) r = re;
     static const char *const what[] = {"ncclSend/ncclRecv (counts)", "ncclSend/ncclRecv (rows to the experts' ranks)",
                                        "ncclSend/ncclRecv (contributions back)"};
@@ -540,8 +605,8 @@ static eg_status post_segs(eg_ep_cuda *n, int rank, const char *what, eg_error *
     cudaStream_t s = n->strm[rank];
 #ifdef EG_HAVE_NCCL
     if (n->use_nccl) {
-        pthread_mutex_lock(&n->mu);
-        if (n->failed) { pthread_mutex_unlock(&n->mu); return interrupted(err); }
+        pthread_mutex_lock(&k->mu);
+        if (failed_now(n)) { pthread_mutex_unlock(&k->mu); return interrupted(err); }
         ncclComm_t c = n->comm[rank];
         ncclResult_t r = ncclGroupStart();
         for (int q = 0; q < R && r == ncclSuccess; q++) {
@@ -550,7 +615,7 @@ static eg_status post_segs(eg_ep_cuda *n, int rank, const char *what, eg_error *
             if (r == ncclSuccess && k->rcv[q].bytes) r = ncclRecv(k->rcv[q].p, k->rcv[q].bytes / 4, ncclInt32, q, c, s);
         }
         ncclResult_t re = ncclGroupEnd();
-        pthread_mutex_unlock(&n->mu);
+        pthread_mutex_unlock(&k->mu);
         if (r == ncclSuccess) r = re;
         return r == ncclSuccess ? EG_OK : nc_err(err, rank, what, r);
     }
@@ -625,7 +690,8 @@ static eg_status embed_pack(eg_ep_cuda *n, int rank, const ep_vocab_call *vc, in
     if (!T) return EG_OK;
     CU("cudaMemcpyAsync (ids to the host)",
        cudaMemcpyAsync(ids, vc->tokens, sizeof(int32_t) * (size_t)T, cudaMemcpyDeviceToHost, s));
-    CU("cudaStreamSynchronize (ids)", cudaStreamSynchronize(s));
+    eg_status st = stream_wait(n, rank, "cudaStreamSynchronize (ids)", err);
+    if (st) return st;
     for (int t = 0; t < T; t++) {
         if (ids[t] < 0 || ids[t] >= n->V)
             return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: token %d: id %d out of range [0, %lld)", rank, t,
@@ -689,9 +755,9 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
     if (st || (st = post(n, rank, 0, err))) return st;
     CU("cudaMemcpyAsync (counts)", cudaMemcpyAsync(k->counts_h, k->counts_d, sizeof(int32_t) * 8 * (size_t)R,
                                                    cudaMemcpyDeviceToHost, s));
-    cudaError_t ce = cudaStreamSynchronize(s);
-    if (n->failed) return interrupted(err);
-    if (ce != cudaSuccess) return cu_err(err, rank, "cudaStreamSynchronize (counts)", ce);
+    st = stream_wait(n, rank, "cudaStreamSynchronize (counts)", err);
+    if (failed_now(n)) return interrupted(err);
+    if (st) return st;
     const int32_t *sc = k->counts_h, *rc = k->counts_h + 4 * R;
     int lay = -1, kind = 0, active = 0;
     for (int q = 0; q < R; q++) {
@@ -720,10 +786,10 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
         k->ro_r[q + 1] = k->ro_r[q] + rc[4 * q];
         k->ro_p[q + 1] = k->ro_p[q] + rc[4 * q + 1];
     }
-    if (k->so_p[R] > (int64_t)T * K || k->ro_r[R] > (int64_t)R * n->T * n->M || k->ro_p[R] > (int64_t)R * n->T * K)
+    if (k->so_p[R] > (int64_t)T * K || k->ro_r[R] > (int64_t)R * n->T || k->ro_p[R] > (int64_t)R * n->T * K)
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel rank %d: %lld pairs packed of %lld, %lld rows / %lld "
                        "pairs received (bounds %lld / %lld)", rank, (long long)k->so_p[R], (long long)T * K,
-                       (long long)k->ro_r[R], (long long)k->ro_p[R], (long long)R * n->T * n->M,
+                       (long long)k->ro_r[R], (long long)k->ro_p[R], (long long)R * n->T,
                        (long long)R * n->T * K);
     const eg_expert_w *own = lay >= 0 && lay < 2 * n->o.n_layers ? layers[lay] : NULL;
     if (k->ro_p[R] && !own)

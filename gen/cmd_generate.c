@@ -1135,7 +1135,7 @@ int cmd_generate(int argc, char **argv) {
     }
     fprintf(stderr, "eaglegen generate: %s, %s backend, worker %d/%d, %d slots, KV cache %lld tokens, aux layers",
             existed ? "resuming" : "starting", a.backend, a.worker, a.n_workers, a.batch,
-            (long long)ri->kv_capacity);
+            (long long)(ri->ep > 1 ? ri->kv_capacity_all : ri->kv_capacity)); /* the group's, beside its slots */
     for (int i = 0; i < a.n_aux; i++) fprintf(stderr, "%s%d", i ? "," : " ", a.aux[i]);
     fprintf(stderr, "\n");
     {

@@ -251,6 +251,13 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
     return ncclCommDestroy(c);
 }
 
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *async_error) {
+    if (!c || !async_error) return ncclInvalidArgument;
+    const char *e = getenv("EMU_NCCL_ASYNC_ERROR");
+    *async_error = e && *e && strcmp(e, "0") ? ncclRemoteError : ncclSuccess;
+    return ncclSuccess;
+}
+
 ncclResult_t ncclGroupStart(void) {
     group_depth++;
     return ncclSuccess;
@@ -278,6 +285,7 @@ const char *ncclGetErrorString(ncclResult_t r) {
     case ncclSuccess: return "no error";
     case ncclInvalidArgument: return "invalid argument (emulated)";
     case ncclInvalidUsage: return "invalid usage (emulated)";
+    case ncclRemoteError: return "remote process exited or there was a network error (emulated)";
     default: return "emulated NCCL error";
     }
 }

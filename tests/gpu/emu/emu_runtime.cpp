@@ -171,6 +171,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     else emu_drain_all();
     return cudaSuccess;
 }
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    if (s && s->capturing) return emu_refuse(s);
+    if (!s) return cudaSuccess;
+    std::lock_guard<std::mutex> g(emu_smu);
+    return s->q.empty() && !s->running ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!s) return cudaErrorInvalidValue;
     {

@@ -18,7 +18,8 @@
 #                                              --ep 2 --stages 2 as stage groups on 4 GPUs, and
 #                                              --stages 2:5,3 (a layer split) +ffn there
 #                                              (EMU_EP_ONLY_GROUPS=1: those and the reference only);
-#                                              ~12-15 min)
+#                                              first, NCCL's asynchronous error (EMU_NCCL_ASYNC_ERROR)
+#                                              must stop --ep 2 with the error named; ~12-15 min)
 #        tests/gpu/emu/run_emu.sh ep_vocab    (the vocab split's op test: nccl and cuda-local, ~2 min)
 #        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, whole and split layers, ~10-20 min)
 #        tests/gpu/emu/run_emu.sh --spec      (generate --draft-model with target and drafter on the
@@ -119,6 +120,15 @@ if [ "${1:-}" = --ep ]; then
     t0=$(date +%s)
     EMU_DEVICES=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 --out "$W/one" 2> "$W/one.log" ||
         { cat "$W/one.log"; exit 1; }
+    # a link that fails after the work was enqueued (NCCL's asynchronous error): the run
+    # stops with the error named, it does not wait forever on the transfer
+    if EMU_DEVICES=2 EMU_NCCL_ASYNC_ERROR=1 timeout 300 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
+        --max-new-tokens 4 --out "$W/asyncerr" --ep 2 2> "$W/asyncerr.log"; then
+        echo "FAIL: the run ignored NCCL's asynchronous error"; exit 1
+    fi
+    grep -q "ncclCommGetAsyncError (waiting for the exchange)" "$W/asyncerr.log" ||
+        { cat "$W/asyncerr.log"; echo "FAIL: the asynchronous error is not reported"; exit 1; }
+    echo "NCCL's asynchronous error stops the group, named ($(( $(date +%s) - t0 )) s so far)"
     if [ "${EMU_EP_ONLY_GROUPS:-0}" != 1 ]; then
     EMU_DEVICES=4 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
         --max-new-tokens 4 --out "$W/ep4" --ep 4 2> "$W/ep4.log" || { cat "$W/ep4.log"; exit 1; }

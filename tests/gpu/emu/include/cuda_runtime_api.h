@@ -8,7 +8,7 @@
 extern "C" {
 #endif
 typedef enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
-                         cudaErrorNoDevice = 100, cudaErrorStreamCaptureUnsupported = 900,
+                         cudaErrorNoDevice = 100, cudaErrorNotReady = 600, cudaErrorStreamCaptureUnsupported = 900,
                          cudaErrorStreamCaptureInvalidated = 901 } cudaError_t;
 typedef struct emu_stream *cudaStream_t;
 /* Stream capture: ops on a capturing stream are recorded, not run; a graph replays them
@@ -30,6 +30,7 @@ cudaError_t cudaSetDevice(int d);
 cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);

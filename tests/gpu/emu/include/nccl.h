@@ -14,12 +14,15 @@
 extern "C" {
 #endif
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
-               ncclInvalidArgument = 4, ncclInvalidUsage = 5 } ncclResult_t;
+               ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclRemoteError = 6, ncclInProgress = 7 } ncclResult_t;
 typedef enum { ncclInt32 = 2, ncclFloat32 = 7 } ncclDataType_t; /* 4-byte elements only */
 typedef struct emu_nccl_comm *ncclComm_t;
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int n, const int *devlist);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+/* ncclSuccess, or with EMU_NCCL_ASYNC_ERROR set ncclRemoteError: a failed link, reported
+   after the work was enqueued (the callers' waits must notice) */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s);
