@@ -375,8 +375,16 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
         }
         n->strm[r] = (cudaStream_t)s;
     }
+    /* EG_EP_EXCHANGE=cuda-local: the copies through host barriers even on distinct GPUs
+       (where NCCL cannot start, e.g. a container with a small /dev/shm); slower, the same
+       bits. nccl, the default: NCCL where it is built and every rank has its own GPU. */
+    const char *xk = getenv("EG_EP_EXCHANGE");
+    if (xk && *xk && strcmp(xk, "nccl") && strcmp(xk, "cuda-local")) {
+        eg_ep_cuda_free(n);
+        return eg_fail(err, EG_ERR_INVALID, "EG_EP_EXCHANGE=%s: expected nccl or cuda-local", xk);
+    }
 #ifdef EG_HAVE_NCCL
-    n->use_nccl = 1; /* NCCL needs one GPU per rank */
+    n->use_nccl = !(xk && !strcmp(xk, "cuda-local")); /* NCCL needs one GPU per rank */
     for (int r = 0; r < R; r++)
         for (int q = 0; q < r; q++) n->use_nccl &= n->dev[q] != n->dev[r];
     const char *lm = getenv("NCCL_LAUNCH_MODE");

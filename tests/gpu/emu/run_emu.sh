@@ -19,7 +19,8 @@
 #                                              --stages 2:5,3 (a layer split) +ffn there
 #                                              (EMU_EP_ONLY_GROUPS=1: those and the reference only);
 #                                              first, NCCL's asynchronous error (EMU_NCCL_ASYNC_ERROR)
-#                                              must stop --ep 2 with the error named; ~12-15 min)
+#                                              must stop --ep 2 with the error named, and
+#                                              EG_EP_EXCHANGE=cuda-local on 2 GPUs == one; ~12-15 min)
 #        tests/gpu/emu/run_emu.sh ep_vocab    (the vocab split's op test: nccl and cuda-local, ~2 min)
 #        tests/gpu/emu/run_emu.sh ep_group    (the group's op test: nccl and cuda-local, whole and split layers, ~10-20 min)
 #        tests/gpu/emu/run_emu.sh --spec      (generate --draft-model with target and drafter on the
@@ -129,6 +130,16 @@ if [ "${1:-}" = --ep ]; then
     grep -q "ncclCommGetAsyncError (waiting for the exchange)" "$W/asyncerr.log" ||
         { cat "$W/asyncerr.log"; echo "FAIL: the asynchronous error is not reported"; exit 1; }
     echo "NCCL's asynchronous error stops the group, named ($(( $(date +%s) - t0 )) s so far)"
+    # EG_EP_EXCHANGE=cuda-local: the copies on distinct GPUs, where NCCL cannot start; the same samples
+    EMU_DEVICES=2 EG_EP_EXCHANGE=cuda-local nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 \
+        --out "$W/forcelocal" --ep 2 2> "$W/forcelocal.log" || { cat "$W/forcelocal.log"; exit 1; }
+    grep -q "expert parallel: 2 ranks.*exchange cuda-local" "$W/forcelocal.log" || { cat "$W/forcelocal.log"; exit 1; }
+    /usr/bin/python3 tests/gen_check.py same "$W/one" "$W/forcelocal"
+    if EMU_DEVICES=2 EG_EP_EXCHANGE=shm "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 --out "$W/badx" --ep 2 \
+        2> "$W/badx.log" || ! grep -q "EG_EP_EXCHANGE=shm: expected nccl or cuda-local" "$W/badx.log"; then
+        cat "$W/badx.log"; echo "FAIL: EG_EP_EXCHANGE=shm not refused"; exit 1
+    fi
+    echo "EG_EP_EXCHANGE=cuda-local on 2 GPUs == one GPU ($(( $(date +%s) - t0 )) s so far)"
     if [ "${EMU_EP_ONLY_GROUPS:-0}" != 1 ]; then
     EMU_DEVICES=4 EMU_NCCL_BUFFER=${EMU_NCCL_BUFFER:-1024} nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" \
         --max-new-tokens 4 --out "$W/ep4" --ep 4 2> "$W/ep4.log" || { cat "$W/ep4.log"; exit 1; }
