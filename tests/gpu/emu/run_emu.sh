@@ -129,7 +129,15 @@ if [ "${1:-}" = --ep ]; then
     fi
     grep -q "ncclCommGetAsyncError (waiting for the exchange)" "$W/asyncerr.log" ||
         { cat "$W/asyncerr.log"; echo "FAIL: the asynchronous error is not reported"; exit 1; }
-    echo "NCCL's asynchronous error stops the group, named ($(( $(date +%s) - t0 )) s so far)"
+    # the same in stage groups (--ep 2 --stages 2 on 4 GPUs): the failed groups and the
+    # ranks' stage-to-stage NCCL transports are torn down without waiting on a dead transfer
+    if EMU_DEVICES=4 EMU_NCCL_BUFFER=1024 EMU_NCCL_ASYNC_ERROR=1 timeout 300 nice -n 19 "$B/emu/eaglegen_emu" \
+        "${common[@]}" --max-new-tokens 4 --out "$W/asyncerr_g" --ep 2 --stages 2 2> "$W/asyncerr_g.log"; then
+        echo "FAIL: stage groups ignored NCCL's asynchronous error"; exit 1
+    fi
+    grep -q "ncclCommGetAsyncError (waiting for the exchange)" "$W/asyncerr_g.log" ||
+        { cat "$W/asyncerr_g.log"; echo "FAIL: the asynchronous error is not reported (stage groups)"; exit 1; }
+    echo "NCCL's asynchronous error stops the group, named, alone and in stage groups ($(( $(date +%s) - t0 )) s so far)"
     # EG_EP_EXCHANGE=cuda-local: the copies on distinct GPUs, where NCCL cannot start; the same samples
     EMU_DEVICES=2 EG_EP_EXCHANGE=cuda-local nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 \
         --out "$W/forcelocal" --ep 2 2> "$W/forcelocal.log" || { cat "$W/forcelocal.log"; exit 1; }
