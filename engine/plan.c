@@ -31,13 +31,10 @@ int64_t eg_plan_split_layer_bytes(const eg_model *m, int l, int cut, int side) {
     return side ? side1 : eg_plan_layer_bytes(m, l) - side1;
 }
 
-int64_t eg_plan_head_bytes(const eg_model *m, int64_t *tail) {
-    *tail = eg_weight_bytes(&m->final_norm) + (eg_model_head_tied(m) ? 0 : eg_weight_bytes(&m->lm_head));
+int64_t eg_plan_head_bytes(const eg_model *m, int n_stages, int64_t *tail) {
+    int shared = eg_model_head_tied(m) && n_stages <= 1;
+    *tail = eg_weight_bytes(&m->final_norm) + (shared ? 0 : eg_weight_bytes(&m->lm_head));
     return eg_weight_bytes(&m->embed);
-}
-
-int64_t eg_plan_tied_head_copy(const eg_model *m, int n_stages) {
-    return n_stages > 1 && eg_model_head_tied(m) ? eg_weight_bytes(&m->lm_head) : 0;
 }
 
 static int64_t expert_matrix_bytes(const eg_config *c, int64_t rows, int64_t cols) {

@@ -20,12 +20,10 @@ int64_t eg_plan_layer_bytes(const eg_model *m, int layer);
  * on one side: side 0 everything but the routed experts [cut, E) and the shared expert
  * (the stage that runs its attention), side 1 those. The sides sum to eg_plan_layer_bytes. */
 int64_t eg_plan_split_layer_bytes(const eg_model *m, int layer, int cut, int side);
-/* Bytes of the embedding (stage 0) and of final norm + lm_head (last stage); a tied head
- * (eg_model_head_tied) is the embedding's bytes, counted once, as one stage holds it. */
-int64_t eg_plan_head_bytes(const eg_model *m, int64_t *tail);
-/* What a pipeline's last stage adds for a tied head: its own copy when n_stages > 1 (the
- * stage has no embedding to share it with), else 0. */
-int64_t eg_plan_tied_head_copy(const eg_model *m, int n_stages);
+/* Bytes of the embedding (stage 0) and of final norm + lm_head (last stage) over n_stages
+ * stages: a tied head (eg_model_head_tied) shares the embedding's bytes on one stage, and is
+ * the last stage's own copy with more. */
+int64_t eg_plan_head_bytes(const eg_model *m, int n_stages, int64_t *tail);
 /* The same from the config alone: BF16 dense weights, experts as the config's format
  * says (INT4: 0.5 byte per weight + a BF16 scale per group; FP8: 1 byte + F32 per 128x128). */
 int64_t eg_plan_layer_bytes_cfg(const eg_config *c, int layer);

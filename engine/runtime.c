@@ -106,10 +106,9 @@ eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, in
         }
         double *cost = eg_calloc((size_t)c->n_layers, sizeof *cost, err);
         if (!cost) { free(vals); return EG_ERR_NOMEM; }
-        int64_t tail, head = eg_plan_head_bytes(m, &tail);
-        for (int l = 0; l < c->n_layers; l++) cost[l] = (double)eg_plan_layer_bytes(m, l);
         *n = vals[0];
-        tail += eg_plan_tied_head_copy(m, *n);
+        int64_t tail, head = eg_plan_head_bytes(m, *n, &tail);
+        for (int l = 0; l < c->n_layers; l++) cost[l] = (double)eg_plan_layer_bytes(m, l);
         st = eg_plan_split(cost, c->n_layers, (double)head, (double)(tail + tail_extra), *n, ends, err);
         free(cost);
         free(vals);
@@ -225,8 +224,7 @@ static eg_status balance_stages(eg_runtime *rt, const eg_runtime_opts *o, const 
             }
         }
     }
-    int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
-    tail += eg_plan_tied_head_copy(m, n);
+    int64_t tail = 0, head = eg_plan_head_bytes(m, n, &tail);
     if (vocab) {
         int64_t nb = eg_weight_bytes(&m->final_norm);
         head = (head + ep - 1) / ep;
@@ -297,9 +295,8 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
     if (o->draft_model) /* the ranks' slots: rank 0 has the most */
         *draft_dev = draft_w + draft_slot * (ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots);
     for (int d = 0; d < n_dev; d++) {
-        int64_t tail = 0, head = eg_plan_head_bytes(m, &tail), wbytes = 0, act = 0;
+        int64_t tail = 0, head = eg_plan_head_bytes(m, n_stages, &tail), wbytes = 0, act = 0;
         int layers = 0, on_dev = 0;
-        tail += eg_plan_tied_head_copy(m, n_stages);
         if (ep > 1 && o->ep_split == EG_EP_SPLIT_ALL) { /* the vocab split: the largest rank's slices */
             int64_t rows = (c->vocab + ep - 1) / ep, nb = eg_weight_bytes(&m->final_norm);
             head = (head * rows + c->vocab - 1) / c->vocab;
@@ -507,8 +504,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         goto fail;
     }
     for (int k = 0; k < n_stages; k++) {
-        int64_t tail = 0, head = eg_plan_head_bytes(m, &tail);
-        tail += eg_plan_tied_head_copy(m, n_stages);
+        int64_t tail = 0, head = eg_plan_head_bytes(m, n_stages, &tail);
         int64_t bytes = stage_layer_bytes(m, rt->stage_ends, rt->stage_cuts, n_stages, k, 1, -1);
         rt->stage_bytes[k] = bytes + (k == 0 ? head : 0) + (k == n_stages - 1 ? tail : 0);
         rt->stage_device[k] = cuda ? (rt->ep_groups ? eg_ep_runtime_stage_device(o->device, o->ep, 1, 0, k)

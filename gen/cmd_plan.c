@@ -429,7 +429,7 @@ int cmd_plan(int argc, char **argv) {
     ends = malloc(sizeof *ends * (size_t)n);
     sm = malloc(sizeof *sm * (size_t)n);
     if (!lb || !cost || !ends || !sm) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto out; }
-    head = model_dir ? eg_plan_head_bytes(&m, &tail) : eg_plan_head_bytes_cfg(c, &tail);
+    head = model_dir ? eg_plan_head_bytes(&m, 1, &tail) : eg_plan_head_bytes_cfg(c, &tail);
     int64_t kv_layer = eg_plan_kv_bytes_per_token_layer(c), total = head + tail;
     for (int l = 0; l < L; l++) {
         lb[l] = model_dir ? eg_plan_layer_bytes(&m, l) : eg_plan_layer_bytes_cfg(c, l);

@@ -318,7 +318,7 @@ static void test_step_cost(void) {
         }
         want += lb;
     }
-    int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail);
+    int64_t tail = 0, head = eg_plan_head_bytes(&model, 1, &tail);
     want += (double)tail + (double)head / c->vocab; /* one embedding row */
     CHECKF(fabs(one.weight_bytes - want) <= 1e-6 * want, "decode bytes %.1f, expected %.1f", one.weight_bytes, want);
     CHECK(fabs(one.experts_hit - c->topk) < 1e-9);

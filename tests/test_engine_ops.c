@@ -700,6 +700,31 @@ static int64_t brute_units(const bu_unit *u, int U, const int *attn_at, int L, c
     return best;
 }
 
+/* A random small split case: L layers (layer 0 dense at 70%), E experts each, budgets for
+ * n stages, bytes per token and the last stage's extra. owners 0: shared experts only,
+ * every rank's; owners R > 0: each layer's FFN (a dense layer's MLP too) on a rank of R,
+ * or on every rank. */
+static void random_split_case(eg_plan_layer_parts *p, int L, int E, int owners, int64_t *budget, int n, int64_t *kvb,
+                              int64_t *extra) {
+    int64_t wsum = 0;
+    for (int l = 0; l < L; l++) {
+        int moe = l > 0 || urand() < 0.3;
+        p[l] = (eg_plan_layer_parts){.n_experts = moe ? E : 0};
+        p[l].attn = 50 + (int64_t)(urand() * 100);
+        p[l].expert = moe ? 20 + (int64_t)(urand() * 60) : 0;
+        if (owners) {
+            p[l].owner = (int)(urand() * (owners + 1));
+            p[l].shared = moe || p[l].owner ? 10 + (int64_t)(urand() * 150) : 0;
+        } else {
+            p[l].shared = moe ? (int64_t)(urand() * 40) : 0;
+        }
+        wsum += p[l].attn + (int64_t)p[l].n_experts * p[l].expert + p[l].shared;
+    }
+    for (int k = 0; k < n; k++) budget[k] = wsum / n + (int64_t)(urand() * (double)wsum);
+    *kvb = 1 + (int64_t)(urand() * 5);
+    *extra = urand() < 0.5 ? 0 : (int64_t)(urand() * 4);
+}
+
 static void test_plan_split_kv(void) {
     rs = eg_test_seed() + 13;
     eg_error err = {0};
@@ -707,16 +732,8 @@ static void test_plan_split_kv(void) {
     for (int trial = 0; trial < 300; trial++) {
         int L = 2 + (int)(urand() * 4), n = 1 + (int)(urand() * (L < 4 ? L : 4)), E = 2 + (int)(urand() * 4);
         eg_plan_layer_parts p[6];
-        int64_t budget[4], wsum = 0;
-        for (int l = 0; l < L; l++) {
-            int moe = l > 0 || urand() < 0.3;
-            p[l] = (eg_plan_layer_parts){.attn = 50 + (int64_t)(urand() * 100), .n_experts = moe ? E : 0,
-                                         .expert = moe ? 20 + (int64_t)(urand() * 60) : 0,
-                                         .shared = moe ? (int64_t)(urand() * 40) : 0};
-            wsum += p[l].attn + (int64_t)p[l].n_experts * p[l].expert + p[l].shared;
-        }
-        for (int k = 0; k < n; k++) budget[k] = wsum / n + (int64_t)(urand() * (double)wsum);
-        int64_t kvb = 1 + (int64_t)(urand() * 5), extra = urand() < 0.5 ? 0 : (int64_t)(urand() * 4);
+        int64_t budget[4], kvb, extra;
+        random_split_case(p, L, E, 0, budget, n, &kvb, &extra);
         for (int cutsok = 0; cutsok < 2; cutsok++) {
             int ends[4], cuts[4], be[4], bc[4];
             int64_t want = brute_kv(p, L, budget, n, kvb, extra, 0, be, bc, cutsok), got = -1;
@@ -741,17 +758,8 @@ static void test_plan_split_kv(void) {
         int L = 2 + (int)(urand() * 4), n = 1 + (int)(urand() * (L < 3 ? L : 3)), E = 2 + (int)(urand() * 3);
         int R = 1 + (int)(urand() * 3);
         eg_plan_layer_parts p[6];
-        int64_t budget[3], wsum = 0;
-        for (int l = 0; l < L; l++) {
-            int moe = l > 0 || urand() < 0.3;
-            p[l] = (eg_plan_layer_parts){.attn = 50 + (int64_t)(urand() * 100), .n_experts = moe ? E : 0,
-                                         .expert = moe ? 20 + (int64_t)(urand() * 60) : 0,
-                                         .owner = (int)(urand() * (R + 1))};
-            p[l].shared = moe || p[l].owner ? 10 + (int64_t)(urand() * 150) : 0;
-            wsum += p[l].attn + (int64_t)p[l].n_experts * p[l].expert + p[l].shared;
-        }
-        for (int k = 0; k < n; k++) budget[k] = wsum / n + (int64_t)(urand() * (double)wsum);
-        int64_t kvb = 1 + (int64_t)(urand() * 5), extra = urand() < 0.5 ? 0 : (int64_t)(urand() * 4);
+        int64_t budget[3], kvb, extra;
+        random_split_case(p, L, E, R, budget, n, &kvb, &extra);
         bu_unit u[BU_MAX];
         int attn_at[7], maxo = 0;
         for (int l = 0; l < L; l++) maxo = p[l].owner > maxo ? p[l].owner : maxo;

@@ -669,7 +669,7 @@ static void test_stage_split_tail(void) {
     double *cost = calloc((size_t)L, sizeof *cost);
     eg_error err = {0};
     int n = 0;
-    int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), total = head + tail;
+    int64_t tail = 0, head = eg_plan_head_bytes(&model, 2, &tail), total = head + tail;
     for (int l = 0; l < L; l++) total += (int64_t)(cost[l] = (double)eg_plan_layer_bytes(&model, l));
     CHECK(L >= 3 && e0 && e1 && ref && cost);
     if (!(L >= 3 && e0 && e1 && ref && cost)) goto out;
@@ -993,7 +993,7 @@ static int64_t planned_pool(const char *stages, int ep, eg_ep_split ep_split, in
 static void stage_balance_case(int ep, eg_ep_split ep_split) {
     eg_error err = {0};
     const int64_t G = (int64_t)1 << 30;
-    int64_t tail = 0, head = eg_plan_head_bytes(&model, &tail), layers = 0;
+    int64_t tail = 0, head = eg_plan_head_bytes(&model, 2, &tail), layers = 0;
     for (int l = 0; l < model.cfg.n_layers; l++) layers += eg_plan_layer_bytes(&model, l);
     results ref = {0};
     eg_runtime_info info;
