@@ -251,8 +251,22 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
  * with a per-sequence splitmix64 RNG; greedy picks the lowest id among equal maxima.
  * Candidates are ordered by logit (desc), then id; top-k keeps the first k, top-p the
  * shortest prefix whose probability mass reaches p; one uniform draw picks within it.
- * scratch must hold 2*V floats; iscratch is unused (may be NULL). */
+ * scratch must hold eg_sample_scratch_floats(V) floats, aligned as a double (malloc's);
+ * iscratch is unused (may be NULL).
+ * O(V): the order comes from a radix sort (eg_sample_order), and each kept candidate's
+ * exp is taken once (the same numbers, summed in the same order, as the definition). */
 int32_t eg_sample_row(const float *logits, int V, const eg_sample_params *p, uint64_t *rng, float *scratch, int32_t *iscratch);
+/* Floats of scratch eg_sample_row needs for a vocabulary of V: 4V (two candidate arrays). */
+size_t eg_sample_scratch_floats(int V);
+/* A candidate of the sampler's order. */
+typedef struct eg_sample_cand {
+    float v;    /* the logit */
+    int32_t id; /* its token id */
+} eg_sample_cand;
+/* out[0..V) = logits[0..V) in the sampler's order: higher logit first, equal logits (-0
+ * and +0 are equal) by lower id; what qsort with that comparison gives, by a stable LSD
+ * radix sort on the logits' orderable bits (4 passes of 8 bits). tmp: V entries. */
+void eg_sample_order(const float *logits, int V, eg_sample_cand *out, eg_sample_cand *tmp);
 /* Seed a per-sequence RNG state from (job seed, sample id). */
 uint64_t eg_rng_seed(uint64_t seed, uint64_t id);
 /* The value weight_random gives element i (BF16/F32 formats, before rounding): the

@@ -31,7 +31,7 @@ typedef struct cpu_impl {
     int32_t *moe_tok;       /* [E][max_tokens*K]: (t*K+k) routed to e */
     int32_t *moe_cnt;       /* [E] */
     int *moe_ord;           /* [K] one token's combine order (eg_moe_order) */
-    float *sample_scratch;  /* [2*V] */
+    float *sample_scratch;  /* [eg_sample_scratch_floats(V)] */
     float *gqa_scores;      /* [nthreads][max_seq_len] attention weights of one (row, head) */
     int max_seq_len;        /* bound on eg_gqa_args.max_pos */
     eg_config cfg;          /* copy of the dims (eos_ids not used) */
@@ -774,7 +774,7 @@ eg_status eg_backend_cpu_create(const eg_config *cfg, const eg_backend_opts *o, 
     im->moe_tok = eg_malloc(sizeof(int32_t) * (size_t)(E * T * K), err);
     im->moe_cnt = eg_malloc(sizeof(int32_t) * (size_t)E, err);
     im->moe_ord = eg_malloc(sizeof(int) * (size_t)(K + 1), err);
-    im->sample_scratch = eg_malloc(sizeof(float) * 2 * (size_t)(cfg->vocab + 1), err);
+    im->sample_scratch = eg_malloc(sizeof(float) * eg_sample_scratch_floats(cfg->vocab + 1), err);
     im->max_seq_len = o->max_seq_len > 0 ? o->max_seq_len : 1;
     im->gqa_scores = eg_malloc(sizeof(float) * nt * (size_t)im->max_seq_len, err);
     if (!im->row_scratch || !im->mla_scratch || !im->mlp_g || !im->mlp_u || !im->moe_out || !im->moe_act ||

@@ -432,7 +432,8 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     e->slots = eg_calloc((size_t)o->n_slots, sizeof *e->slots, err);
     e->mbs = eg_calloc((size_t)e->n_mb, sizeof *e->mbs, err);
     e->parked = eg_calloc((size_t)o->n_slots, sizeof *e->parked, err);
-    if (o->want_logits || o->drafter) e->sample_scratch = eg_malloc(4 * 2 * (size_t)c->vocab, err);
+    if (o->want_logits || o->drafter)
+        e->sample_scratch = eg_malloc(sizeof(float) * eg_sample_scratch_floats(c->vocab), err);
     if (!e->stages || !e->stage_count || !e->stage_be || !e->slots || !e->mbs || !e->parked ||
         ((o->want_logits || o->drafter) && !e->sample_scratch)) {
         eg_engine_free(e);

@@ -11,7 +11,7 @@ eg_status eg_spec_scratch_create(int V, eg_spec_scratch **out, eg_error *err) {
     s->V = V;
     s->p = eg_malloc(sizeof(double) * (size_t)V, err);
     s->q = eg_malloc(sizeof(double) * (size_t)V, err);
-    s->sort = eg_malloc(sizeof(float) * 2 * (size_t)V, err);
+    s->sort = eg_malloc(sizeof(float) * eg_sample_scratch_floats(V), err);
     if (!s->p || !s->q || !s->sort) { eg_spec_scratch_free(s); return EG_ERR_NOMEM; }
     *out = s;
     return EG_OK;
@@ -21,13 +21,6 @@ void eg_spec_scratch_free(eg_spec_scratch *s) {
     if (!s) return;
     free(s->p); free(s->q); free(s->sort);
     free(s);
-}
-
-typedef struct { float v; int32_t id; } cand; /* the sampler's candidate order */
-static int cand_cmp(const void *a, const void *b) {
-    const cand *x = a, *y = b;
-    if (x->v != y->v) return x->v > y->v ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
 }
 
 static int32_t argmax(const float *l, int V) {
@@ -40,24 +33,28 @@ static int32_t argmax(const float *l, int V) {
 void eg_spec_probs(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, double *probs) {
     for (int i = 0; i < V; i++) probs[i] = 0;
     if (!(sp->temperature > 0.0f)) { probs[argmax(logits, V)] = 1; return; }
-    cand *c = (cand *)sc->sort;
-    for (int i = 0; i < V; i++) { c[i].v = logits[i]; c[i].id = i; }
-    qsort(c, (size_t)V, sizeof *c, cand_cmp);
+    /* eg_sample_row's numbers: its order, each kept candidate's exp once, the same sums */
+    eg_sample_cand *c = (eg_sample_cand *)sc->sort;
+    eg_sample_order(logits, V, c, c + V);
+    double *ex = (double *)(c + V);
     int n = V;
     if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
     double mx = c[0].v, total = 0;
-    for (int i = 0; i < n; i++) total += exp(((double)c[i].v - mx) / sp->temperature);
+    for (int i = 0; i < n; i++) {
+        ex[i] = exp(((double)c[i].v - mx) / sp->temperature);
+        total += ex[i];
+    }
     if (sp->top_p > 0.0f && sp->top_p < 1.0f) { /* the same prefix eg_sample_row keeps */
         double cum = 0, lim = sp->top_p * total;
         int keep = n;
         for (int i = 0; i < n; i++) {
-            cum += exp(((double)c[i].v - mx) / sp->temperature);
+            cum += ex[i];
             if (cum >= lim) { keep = i + 1; break; }
         }
         n = keep;
         total = cum;
     }
-    for (int i = 0; i < n; i++) probs[c[i].id] = exp(((double)c[i].v - mx) / sp->temperature) / total;
+    for (int i = 0; i < n; i++) probs[c[i].id] = ex[i] / total;
 }
 
 int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng) {

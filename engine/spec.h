@@ -26,7 +26,7 @@ typedef struct eg_spec_scratch {
     int V;        /* target vocabulary */
     double *p;    /* [V] */
     double *q;    /* [V] */
-    float *sort;  /* [2V] eg_sample_row-style candidate scratch */
+    float *sort;  /* [eg_sample_scratch_floats(V)] eg_sample_row's scratch */
 } eg_spec_scratch;
 
 eg_status eg_spec_scratch_create(int V, eg_spec_scratch **out, eg_error *err);

@@ -9,6 +9,7 @@
 #include "engine/backend.h"
 #include "engine/kv_cache.h"
 #include "engine/plan.h"
+#include "engine/spec.h"
 #include "tests/check.h"
 
 static uint64_t rs;
@@ -538,7 +539,10 @@ static void test_moe_order_fold(void) {
 static void test_sampler(void) {
     rs = eg_test_seed() + 4;
     int V = 6;
-    float logits[6] = {1.0f, 3.0f, 3.0f, 0.5f, -1.0f, 2.0f}, scratch[12];
+    float logits[6] = {1.0f, 3.0f, 3.0f, 0.5f, -1.0f, 2.0f};
+    double scratch_d[12]; /* eg_sample_scratch_floats(6) floats, aligned as a double */
+    float *scratch = (float *)scratch_d;
+    CHECK(eg_sample_scratch_floats(V) * sizeof(float) <= sizeof scratch_d);
     eg_sample_params greedy = {0, 1, 0}, k1 = {1.0f, 1.0f, 1}, p0 = {1.0f, 1e-6f, 0}, t1 = {1.0f, 1.0f, 0};
     uint64_t st = eg_rng_seed(7, 1);
     CHECK(eg_sample_row(logits, V, &greedy, &st, scratch, NULL) == 1); /* lowest id among equal maxima */
@@ -573,6 +577,133 @@ static void test_sampler(void) {
     CHECK(seen[1] && seen[2] && seen[5] && !seen[0] && !seen[3] && !seen[4]);
     for (int i = 0; i < 4000; i++) seen2[eg_sample_row(logits, V, &pq, &s, scratch, NULL)] = 1;
     CHECK(seen2[1] && seen2[2] && seen2[5] && seen2[0] && !seen2[3] && !seen2[4]);
+}
+
+/* The sampler's definition, written as it was before the radix sort: qsort with the
+ * comparison, each exp recomputed where it is used. The fast code must give the same
+ * order, the same tokens and RNG states, and the same probabilities bit for bit. */
+typedef struct { float v; int32_t id; } ref_cand;
+static int ref_cmp(const void *a, const void *b) {
+    const ref_cand *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+static int ref_prefix(ref_cand *c, const float *logits, int V, const eg_sample_params *p, double *mx, double *total) {
+    for (int i = 0; i < V; i++) { c[i].v = logits[i]; c[i].id = i; }
+    qsort(c, (size_t)V, sizeof *c, ref_cmp);
+    int n = p->top_k > 0 && p->top_k < V ? p->top_k : V;
+    *mx = c[0].v;
+    *total = 0;
+    for (int i = 0; i < n; i++) *total += exp(((double)c[i].v - *mx) / p->temperature);
+    if (p->top_p > 0.0f && p->top_p < 1.0f) {
+        double cum = 0, lim = p->top_p * *total;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            cum += exp(((double)c[i].v - *mx) / p->temperature);
+            if (cum >= lim) { keep = i + 1; break; }
+        }
+        n = keep;
+        *total = cum;
+    }
+    return n;
+}
+static int32_t ref_sample_row(ref_cand *c, const float *logits, int V, const eg_sample_params *p, uint64_t *rng) {
+    double mx, total;
+    int n = ref_prefix(c, logits, V, p, &mx, &total);
+    double u = eg_rng_uniform(rng) * total, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += exp(((double)c[i].v - mx) / p->temperature);
+        if (u < acc) return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
+static void test_sampler_exact(void) {
+    rs = eg_test_seed() + 41;
+    const int Vs[] = {1, 2, 7, 300, 5000, 12000};
+    const float temps[] = {0.3f, 1.0f, 1.7f};
+    const float tops[] = {0.0f, 0.3f, 0.9f, 0.999f, 1.0f};
+    int nV = (int)(sizeof Vs / sizeof *Vs), orders = 0, rows = 0, same_tok = 0, same_rng = 0, same_p = 0, total_rows = 0;
+    for (int vi = 0; vi < nV; vi++) {
+        int V = Vs[vi];
+        float *lg = malloc(sizeof(float) * (size_t)V), *scratch = malloc(sizeof(float) * eg_sample_scratch_floats(V));
+        ref_cand *rc = malloc(sizeof *rc * (size_t)V);
+        eg_sample_cand *oc = malloc(sizeof *oc * (size_t)V), *ot = malloc(sizeof *ot * (size_t)V);
+        double *pr = malloc(sizeof(double) * (size_t)V), *pf = malloc(sizeof(double) * (size_t)V);
+        eg_spec_scratch *sc = NULL;
+        eg_error err = {0};
+        CHECK_OK(eg_spec_scratch_create(V, &sc, &err), &err);
+        if (!lg || !scratch || !rc || !oc || !ot || !pr || !pf || !sc) { CHECK(0); goto next; }
+        for (int mode = 0; mode < 4; mode++) {
+            /* 0: spread normals; 1: a few values (ties everywhere); 2: zeros of both signs,
+             * -inf (masked ids), huge and tiny magnitudes; 3: a peaked row */
+            for (int i = 0; i < V; i++) {
+                double u = urand();
+                float x = mode == 0 ? 4 * nrand()
+                        : mode == 1 ? (float)((int)(u * 5) - 2)
+                        : mode == 2 ? (u < 0.2 ? 0.0f : u < 0.4 ? -0.0f : u < 0.5 ? -INFINITY : u < 0.6 ? 1e-40f
+                                       : u < 0.7 ? -3e38f : (float)(nrand() * 1e3))
+                                    : (i == V / 3 ? 30.0f : nrand());
+                lg[i] = x;
+            }
+            /* the order */
+            for (int i = 0; i < V; i++) { rc[i].v = lg[i]; rc[i].id = i; }
+            qsort(rc, (size_t)V, sizeof *rc, ref_cmp);
+            eg_sample_order(lg, V, oc, ot);
+            int same = 1;
+            for (int i = 0; i < V; i++)
+                same &= rc[i].id == oc[i].id && memcmp(&rc[i].v, &oc[i].v, sizeof(float)) == 0;
+            CHECKF(same, "V %d mode %d: the radix order differs from qsort's", V, mode);
+            orders += same;
+            for (int ti = 0; ti < 3; ti++)
+                for (int pi = 0; pi < 5; pi++) {
+                    const int ks[] = {0, 1, 3, V - 1, V, V + 5};
+                    for (int ki = 0; ki < 6; ki++) {
+                        eg_sample_params sp = {temps[ti], tops[pi], ks[ki]};
+                        uint64_t a = eg_rng_seed(5, (uint64_t)(rows * 7 + 1)), b = a;
+                        int tok_same = 1;
+                        for (int d = 0; d < 3; d++)
+                            tok_same &= eg_sample_row(lg, V, &sp, &a, scratch, NULL) == ref_sample_row(rc, lg, V, &sp, &b);
+                        same_tok += tok_same;
+                        same_rng += a == b;
+                        /* the distribution: eg_spec_probs against the definition's numbers */
+                        double mx, total;
+                        int n = ref_prefix(rc, lg, V, &sp, &mx, &total);
+                        for (int i = 0; i < V; i++) pr[i] = 0;
+                        for (int i = 0; i < n; i++) pr[rc[i].id] = exp(((double)rc[i].v - mx) / sp.temperature) / total;
+                        eg_spec_probs(sc, lg, V, &sp, pf);
+                        same_p += memcmp(pr, pf, sizeof(double) * (size_t)V) == 0;
+                        rows++;
+                        total_rows++;
+                    }
+                }
+        }
+    next:
+        free(lg); free(scratch); free(rc); free(oc); free(ot); free(pr); free(pf);
+        eg_spec_scratch_free(sc);
+    }
+    CHECKF(orders == 4 * nV, "%d of %d orders equal qsort's", orders, 4 * nV);
+    CHECKF(same_tok == total_rows && same_rng == total_rows && same_p == total_rows,
+           "of %d parameter sets: %d give the same tokens, %d the same RNG state, %d the same probabilities", total_rows,
+           same_tok, same_rng, same_p);
+    /* what it buys, at Kimi's vocabulary (a measurement, not a check) */
+    int V = 163840;
+    float *lg = malloc(sizeof(float) * (size_t)V), *scratch = malloc(sizeof(float) * eg_sample_scratch_floats(V));
+    ref_cand *rc = malloc(sizeof *rc * (size_t)V);
+    if (lg && scratch && rc) {
+        for (int i = 0; i < V; i++) lg[i] = 4 * nrand();
+        eg_sample_params sp = {1.0f, 0.95f, 0};
+        uint64_t a = 1, b = 1;
+        double t0 = eg_now();
+        for (int i = 0; i < 5; i++) eg_sample_row(lg, V, &sp, &a, scratch, NULL);
+        double t1 = eg_now();
+        for (int i = 0; i < 5; i++) ref_sample_row(rc, lg, V, &sp, &b);
+        double t2 = eg_now();
+        CHECK(a == b);
+        fprintf(stderr, "  sampler at V %d (temperature 1, top-p 0.95): %.2f ms a row, the qsort definition %.2f ms\n", V,
+                (t1 - t0) / 5 * 1e3, (t2 - t1) / 5 * 1e3);
+    }
+    free(lg); free(scratch); free(rc);
 }
 
 static void test_kv_manager(void) {
@@ -854,6 +985,6 @@ static const eg_test tests[] = {
     {"swiglu_split_exact", test_swiglu_split_exact},
     {"mla_paged", test_mla_paged},         {"router_moe", test_router_moe},
     {"moe_order_fold", test_moe_order_fold},
-    {"sampler", test_sampler},             {"kv_manager", test_kv_manager},
+    {"sampler", test_sampler},             {"sampler_exact", test_sampler_exact},             {"kv_manager", test_kv_manager},
 };
 EG_TEST_MAIN("engine_ops", tests)
