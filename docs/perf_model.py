@@ -524,7 +524,7 @@ def layout_model_one(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, h
     fshare = 1 / E if own else 1.0
     vshare = 1 / E if split == "all" else 1.0
     head_w = emb_b * vshare
-    tail_w = 2 * H + (0 if c["tie_word_embeddings"] else emb_b * vshare)
+    tail_w = 2 * H + (0 if c["tie_word_embeddings"] and P <= 1 else emb_b * vshare)  # a tied head: one copy per stage holding it
     cost = [p["attn_b"] + p["router_b"] + p["mlp_b"] * fshare + NE * p["expert_b"] / E for p in lp]
     ends = split_layers(cost, head_w, tail_w + dw, P)  # a drafter beside lm_head counts in the last stage's share
     min_tok, wmax, free_sum, per_sum = pool_of(c, lp, ends, None, P, E, own, usable, head_w, tail_w, dw, kvb, dkv)

@@ -363,7 +363,8 @@ static eg_status layout_model_one(const eg_config *c, const eg_box *box, const e
     }
     int own = split != EG_SPLIT_NONE;
     double fshare = own ? 1.0 / E : 1.0, vshare = split == EG_SPLIT_ALL ? 1.0 / E : 1.0;
-    double head_w = emb_b * vshare, tail_w = 2 * H + (c->tie_embeddings ? 0 : emb_b * vshare);
+    /* a tied head shares the embedding's bytes only where one stage holds both */
+    double head_w = emb_b * vshare, tail_w = 2 * H + (c->tie_embeddings && P <= 1 ? 0 : emb_b * vshare);
     /* the whole-layer split balances the average rank; the memory below is each rank's own */
     for (int l = 0; l < L; l++)
         cost[l] = lp[l].attn_b + lp[l].router_b + lp[l].mlp_b * fshare + c->n_experts * lp[l].expert_b / E;

@@ -72,9 +72,9 @@ int64_t eg_plan_layer_bytes_cfg(const eg_config *c, int l) {
     return b;
 }
 
-int64_t eg_plan_head_bytes_cfg(const eg_config *c, int64_t *tail) {
+int64_t eg_plan_head_bytes_cfg(const eg_config *c, int n_stages, int64_t *tail) {
     int64_t e = 2 * (int64_t)c->vocab * c->hidden;
-    *tail = 2 * (int64_t)c->hidden + (c->tie_embeddings ? 0 : e);
+    *tail = 2 * (int64_t)c->hidden + (c->tie_embeddings && n_stages <= 1 ? 0 : e);
     return e;
 }
 

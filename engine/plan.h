@@ -27,7 +27,8 @@ int64_t eg_plan_head_bytes(const eg_model *m, int n_stages, int64_t *tail);
 /* The same from the config alone: BF16 dense weights, experts as the config's format
  * says (INT4: 0.5 byte per weight + a BF16 scale per group; FP8: 1 byte + F32 per 128x128). */
 int64_t eg_plan_layer_bytes_cfg(const eg_config *c, int layer);
-int64_t eg_plan_head_bytes_cfg(const eg_config *c, int64_t *tail);
+/* eg_plan_head_bytes from the config alone (tie_word_embeddings means no stored head). */
+int64_t eg_plan_head_bytes_cfg(const eg_config *c, int n_stages, int64_t *tail);
 /* Parts of a layer from the config: its two norms and attention (BF16), and one routed
  * expert (gate, up, down in the config's expert format). */
 int64_t eg_plan_attn_bytes_cfg(const eg_config *c);

@@ -377,7 +377,7 @@ int cmd_plan(int argc, char **argv) {
     memset(&cfg, 0, sizeof cfg);
     const eg_config *c;
     int rc = 1, n = stages;
-    int64_t *lb = NULL, head, tail;
+    int64_t *lb = NULL, head, tail, tail1;
     double *cost = NULL;
     int *ends = NULL;
     eg_stage_mem *sm = NULL;
@@ -429,14 +429,19 @@ int cmd_plan(int argc, char **argv) {
     ends = malloc(sizeof *ends * (size_t)n);
     sm = malloc(sizeof *sm * (size_t)n);
     if (!lb || !cost || !ends || !sm) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto out; }
-    head = model_dir ? eg_plan_head_bytes(&m, 1, &tail) : eg_plan_head_bytes_cfg(c, &tail);
-    int64_t kv_layer = eg_plan_kv_bytes_per_token_layer(c), total = head + tail;
+    /* tail: the pipeline's last stage, which holds its own copy of a tied head; tail1: the
+     * model's bytes (one GPU, or tensor parallelism's shards, share the embedding) */
+    head = model_dir ? eg_plan_head_bytes(&m, n, &tail) : eg_plan_head_bytes_cfg(c, n, &tail);
+    if (model_dir) eg_plan_head_bytes(&m, 1, &tail1);
+    else eg_plan_head_bytes_cfg(c, 1, &tail1);
+    int64_t kv_layer = eg_plan_kv_bytes_per_token_layer(c), total = head + tail1;
     for (int l = 0; l < L; l++) {
         lb[l] = model_dir ? eg_plan_layer_bytes(&m, l) : eg_plan_layer_bytes_cfg(c, l);
         total += lb[l];
     }
     /* balance weights plus the cache for an even share of the box's sequences */
-    double dev = gpu_gb * 1e9, tokens_guess = (dev * frac * n - (double)total - act_gb * 1e9 * n) / (double)(kv_layer * L);
+    double dev = gpu_gb * 1e9,
+           tokens_guess = (dev * frac * n - (double)(total + tail - tail1) - act_gb * 1e9 * n) / (double)(kv_layer * L);
     if (tokens_guess < 0) tokens_guess = 0;
     for (int l = 0; l < L; l++) cost[l] = (double)lb[l] + tokens_guess * (double)kv_layer;
     if (eg_plan_split(cost, L, (double)head, (double)tail, n, ends, &err)) goto out;

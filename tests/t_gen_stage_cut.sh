@@ -83,6 +83,49 @@ $E generate "${targs[@]}" --out t2 --stages 2 2>/dev/null || fail "tied config, 
 $E generate "${targs[@]}" --out t3 --ep 2 --ep-split all 2>/dev/null || fail "tied config, --ep 2 +split"
 "$PYTHON" "$here/gen_check.py" same ref t3
 
+echo "-- a truly tied checkpoint (no lm_head tensor): every layout samples alike, and plan counts the copy"
+cp -r model tied
+"$PYTHON" - <<'PY'
+import json, struct
+c = json.load(open("tied/config.json"))
+(c.get("text_config") or c)["tie_word_embeddings"] = True
+json.dump(c, open("tied/config.json", "w"), indent=1)
+ix = json.load(open("tied/model.safetensors.index.json"))
+key = next(k for k in ix["weight_map"] if k.endswith("lm_head.weight"))
+f = "tied/" + ix["weight_map"].pop(key)
+json.dump(ix, open("tied/model.safetensors.index.json", "w"))
+b = open(f, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h, data = json.loads(b[8:8 + n]), b[8 + n:]
+meta = h.pop("__metadata__", None)
+del h[key]
+out, nh = bytearray(), {}
+for k, v in sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    s, e = v["data_offsets"]
+    nh[k] = dict(v, data_offsets=[len(out), len(out) + e - s])
+    out += data[s:e]
+if meta is not None:
+    nh["__metadata__"] = meta
+hb = json.dumps(nh).encode()
+hb += b" " * (-len(hb) % 8)
+open(f, "wb").write(struct.pack("<Q", len(hb)) + hb + out)
+PY
+targs[1]=tied
+$E generate "${targs[@]}" --out u1 2>/dev/null || fail "tied checkpoint, one stage"
+$E generate "${targs[@]}" --out u2 --stages 2:5,5 2>/dev/null || fail "tied checkpoint, two stages"
+"$PYTHON" "$here/gen_check.py" same u1 u2
+$E generate "${targs[@]}" --out u3 --ep 2 --ep-split all 2>/dev/null || fail "tied checkpoint, --ep 2 +split"
+"$PYTHON" "$here/gen_check.py" same u1 u3
+# the last stage holds its own copy of the tied head: two stages need the bytes of the
+# stored-head model, one stage (tensor parallelism too) shares the embedding's
+popt=(--stages 2 --gpu-mem-gb 0.01 --act-gb 0 --mem-fraction 1)
+$E plan --model model "${popt[@]}" > plan_stored || fail "plan, stored head"
+$E plan --model tied "${popt[@]}" > plan_tied || fail "plan, tied head"
+[ "$(grep -E '^[01] |token slots box-wide' plan_stored)" = "$(grep -E '^[01] |token slots box-wide' plan_tied)" ] ||
+    fail "plan --stages 2 does not count the tied head's copy: $(diff plan_stored plan_tied)"
+[ "$(grep '^tensor parallel' plan_stored)" != "$(grep '^tensor parallel' plan_tied)" ] ||
+    fail "plan: tensor parallelism shares a tied head with the embedding"
+
 echo "-- capture mode"
 $E generate --model model --prompts conv.jsonl --out cref --mode capture --max-seq-len 256 --aux-layers 1,2,3 \
     2>/dev/null

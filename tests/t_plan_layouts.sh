@@ -316,6 +316,32 @@ assert cut["layout"] == "pp8" and a["pp8"]["kv_tokens"] < cut["kv_tokens"] <= go
 line = [l for l in open("st.txt") if l.startswith("  ") and "token slots box-wide" in l]
 assert line and int(line[0].split()[0]) == cut["kv_tokens"], (line, cut["kv_tokens"])
 PY
+# a config that ties the embeddings: a pipeline's last stage holds its own copy of the head
+# (every layout with stages gets the untied slots), one stage shares the embedding's bytes
+# (the C side: t_gen_stage_cut.sh, over a tied checkpoint)
+cp -r kimi kimit
+"$PYTHON" - <<'PY'
+import json
+c = json.load(open("kimit/config.json"))
+(c.get("text_config") or c)["tie_word_embeddings"] = True
+json.dump(c, open("kimit/config.json", "w"))
+PY
+for m in kimi kimit; do
+    "$PYTHON" "$root/docs/perf_model.py" --config $m/config.json --box rtx-pro-6000x8 --gpu-mem-gb 103.08 --json \
+        > tie_$m.json || fail "perf_model.py $m"
+done
+"$PYTHON" - <<'PY' || fail "a tied head in the layout model"
+import json
+a = {r["layout"]: r for r in json.load(open("tie_kimi.json"))["layouts"]}
+b = {r["layout"]: r for r in json.load(open("tie_kimit.json"))["layouts"]}
+assert set(a) == set(b)
+for n in a:
+    if a[n]["stages"] > 1:
+        assert a[n]["kv_tokens"] == b[n]["kv_tokens"], (n, a[n]["kv_tokens"], b[n]["kv_tokens"])
+    else:
+        assert b[n]["kv_tokens"] >= a[n]["kv_tokens"], (n, a[n]["kv_tokens"], b[n]["kv_tokens"])
+assert all(b[n]["kv_tokens"] > a[n]["kv_tokens"] for n in ("ep8+ffn", "ep8+split", "tp8")), (a, b)
+PY
 # refusals, each naming what is wrong
 ! $E plan --preset kimi-k2.5 --gpus 0 > out 2> err || fail "--gpus 0 accepted"
 grep -q -- '--gpus' err || fail "--gpus 0 message: $(cat err)"
