@@ -19,6 +19,12 @@
  *    scratch, so recorded GEMMs never allocate. A graph remembers the expert-table
  *    generation it was recorded under and refuses to replay after a table was rebuilt.
  *    EG_CUDA_GRAPHS=0 switches recording off (graph_begin: EG_ERR_UNSUPPORTED).
+ *  - Host waits (sample, sync, a large to_device, a staging slot, an expert table) are
+ *    cudaStreamSynchronize / cudaEventSynchronize, unless the stream carries another
+ *    party's work that may never finish (the NCCL pipeline transport's sends and recvs):
+ *    that party installs a wait check (eg_backend_cuda_set_wait_check) and the waits
+ *    poll the stream and, about every millisecond, the check, which fails the wait when
+ *    the link reported an error or the run failed elsewhere.
  *  - Every CUDA/cuBLAS call is checked; the error names the call. Kernel faults show at
  *    the next checked call (run with CUDA_LAUNCH_BLOCKING=1 to pin them down).
  * Without EG_HAVE_CUDA this file compiles to stubs that report EG_ERR_UNSUPPORTED. */
@@ -132,6 +138,10 @@ int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
     (void)b;
     return 0;
 }
+eg_status eg_backend_cuda_set_wait_check(eg_backend *b, eg_cuda_wait_check check, void *ctx) {
+    (void)b; (void)check; (void)ctx;
+    return EG_ERR_UNSUPPORTED;
+}
 void eg_cuda_host_free(void *p) { free(p); }
 eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int lo,
                           int ne, int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
@@ -151,6 +161,7 @@ eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <sched.h>
 
 #include "kernels/eg_cuda.h"
 
@@ -267,6 +278,8 @@ typedef struct cuda_impl {
     int sample_m;           /* candidates of the top-M sampler (EG_CUDA_SAMPLE=sort: 0, always sort) */
     int64_t sample_sorted_rows; /* rows the top-M path could not settle (sorted) */
     struct cuda_prof *prof; /* EG_CUDA_PROFILE=1: device time per op (NULL: off) */
+    eg_cuda_wait_check wait_check; /* NULL: host waits block in the CUDA runtime */
+    void *wait_ctx;
 } cuda_impl;
 
 /* A recorded step: the executable graph and the expert-table generation it reads. */
@@ -283,6 +296,31 @@ typedef struct cu_graph {
     } while (0)
 
 static cuda_impl *impl_of(eg_backend *b) { return (cuda_impl *)b->impl; }
+
+/* Wait for ev (NULL: the whole stream). With a wait check, by polling: the stream's work
+ * may include a transfer whose peer or link failed, which would never complete, and a
+ * blocking synchronise would never return (see the file comment). */
+static eg_status host_wait(cuda_impl *im, cudaEvent_t ev, const char *what, eg_error *err) {
+    if (!im->wait_check) {
+        cudaError_t e = ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(im->stream);
+        return e == cudaSuccess ? EG_OK : cuda_fail(err, what, e);
+    }
+    double t_check = eg_now();
+    for (;;) {
+        cudaError_t q = ev ? cudaEventQuery(ev) : cudaStreamQuery(im->stream);
+        if (q == cudaSuccess) return EG_OK;
+        if (q != cudaErrorNotReady) return cuda_fail(err, what, q);
+        if (eg_now() - t_check > 1e-3) {
+            eg_status st = im->wait_check(im->wait_ctx, err);
+            if (st) {
+                eg_wrap(err, "cuda backend: %s", what);
+                return st;
+            }
+            t_check = eg_now();
+        }
+        sched_yield();
+    }
+}
 
 /* Place (base != NULL) or size (base == NULL) the scratch. */
 static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_temp, unsigned char *base,
@@ -410,7 +448,8 @@ static eg_status cu_to_device(eg_backend *b, void *dst, const void *src, size_t 
     if (n <= EG_CUDA_STAGE_SLOT) {
         int s = im->stage_next;
         im->stage_next = (s + 1) % EG_CUDA_STAGE_SLOTS;
-        CU("cudaEventSynchronize (staging slot)", cudaEventSynchronize(im->stage_ev[s]));
+        eg_status st = host_wait(im, im->stage_ev[s], "cudaEventSynchronize (staging slot)", err);
+        if (st) return st;
         unsigned char *slot = im->stage + (size_t)s * EG_CUDA_STAGE_SLOT;
         memcpy(slot, src, n);
         CU("cudaMemcpyAsync (to_device)", cudaMemcpyAsync(dst, slot, n, cudaMemcpyHostToDevice, im->stream));
@@ -418,8 +457,7 @@ static eg_status cu_to_device(eg_backend *b, void *dst, const void *src, size_t 
         return EG_OK;
     }
     CU("cudaMemcpyAsync (to_device)", cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, im->stream));
-    CU("cudaStreamSynchronize (to_device)", cudaStreamSynchronize(im->stream));
-    return EG_OK;
+    return host_wait(im, NULL, "cudaStreamSynchronize (to_device)", err);
 }
 
 static eg_status cu_to_host(eg_backend *b, void *dst, const void *src, size_t n, eg_error *err) {
@@ -632,7 +670,8 @@ static void prof_free(cuda_impl *im) {
 static eg_status cu_sync(eg_backend *b, eg_error *err) {
     cuda_impl *im = impl_of(b);
     NOT_WHILE_RECORDING(im, "sync");
-    CU("cudaStreamSynchronize", cudaStreamSynchronize(im->stream));
+    eg_status st = host_wait(im, NULL, "cudaStreamSynchronize", err);
+    if (st) return st;
     CU("cudaGetLastError", cudaGetLastError());
     return im->prof ? prof_flush(im, err) : EG_OK;
 }
@@ -1079,7 +1118,8 @@ static eg_status expert_table(cuda_impl *im, const eg_moe_args *a, xtab **out, e
     t->valid = 0;
     im->xt_gen++; /* graphs recorded before may read this slot's old table */
     NOT_WHILE_RECORDING(im, "building an expert table (first use of a layer's experts)");
-    CU("cudaStreamSynchronize (expert table)", cudaStreamSynchronize(im->stream));
+    eg_status st = host_wait(im, NULL, "cudaStreamSynchronize (expert table)", err);
+    if (st) return st;
     for (int e = 0; e < n; e++) fill_ptrs(&a->experts[a->e0 + e], &t->host[e]);
     CU("cudaMemcpyAsync (expert table)", cudaMemcpyAsync(t->dev, t->host, sizeof(egk_expert_ptrs) * (size_t)n,
                                                          cudaMemcpyHostToDevice, im->stream));
@@ -1145,7 +1185,8 @@ static eg_status cu_sample(eg_backend *b, const float *logits, int N, int V, con
         for (int round = 0;; round++) {
             CU("cudaMemcpyAsync (sampled tokens)", cudaMemcpyAsync(im->out_h, im->L.s_out, sizeof(int32_t) * (size_t)n,
                                                                    cudaMemcpyDeviceToHost, im->stream));
-            CU("cudaStreamSynchronize (sample)", cudaStreamSynchronize(im->stream));
+            eg_status st = host_wait(im, NULL, "cudaStreamSynchronize (sample)", err);
+            if (st) return st;
             int nw = 0;
             for (int i = 0; i < n; i++)
                 if (im->out_h[i] < 0) im->which_h[nw++] = i;
@@ -1337,6 +1378,13 @@ eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream) {
 
 int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
     return is_cuda(b) ? impl_of(b)->sample_sorted_rows : 0;
+}
+
+eg_status eg_backend_cuda_set_wait_check(eg_backend *b, eg_cuda_wait_check check, void *ctx) {
+    if (!is_cuda(b)) return EG_ERR_UNSUPPORTED;
+    impl_of(b)->wait_check = check;
+    impl_of(b)->wait_ctx = ctx;
+    return EG_OK;
 }
 
 /* The EG_CUDA_* switches (docs/CUDA.md): a value none of them knows is an error, not a

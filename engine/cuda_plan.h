@@ -60,6 +60,14 @@ void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_
 /* The GPU index and cudaStream_t (as void *; either out may be NULL) of a CUDA
  * backend. EG_ERR_UNSUPPORTED when b is not one (e.g. the CPU backend). */
 eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream);
+/* A check for the backend's host waits (sample, sync, ...): with one installed they poll
+ * the stream and call check(ctx, err) about every millisecond while it is busy; a
+ * non-zero status ends the wait with that error. For a party whose work on the stream
+ * may never finish (the NCCL pipeline transport: a failed link). NULL removes it. Set
+ * while no op runs on the backend; check runs on the thread that waits.
+ * EG_ERR_UNSUPPORTED when b is not a CUDA backend. */
+typedef eg_status (*eg_cuda_wait_check)(void *ctx, eg_error *err);
+eg_status eg_backend_cuda_set_wait_check(eg_backend *b, eg_cuda_wait_check check, void *ctx);
 /* Sampled rows the top-M path could not settle, sorted over the vocabulary (tests, tuning). */
 int64_t eg_cuda_sample_sorted_rows(eg_backend *b);
 

@@ -25,7 +25,9 @@
  * link; the transfer itself is stream work that may wait on the GPU for the recv
  * (ncclSend "is blocking for the GPU"), so a stage's host waits only where it
  * synchronises its own stream, and every such wait ends once the later stages' threads
- * post their recvs, which needs nothing from the waiting stage (no cycle).
+ * post their recvs, which needs nothing from the waiting stage (no cycle). A link that
+ * fails would leave such a wait forever, so those waits poll (transport_nccl.c: a wait
+ * check on each stage backend reads the communicator's asynchronous error and `failed`).
  * Ownership: eg_transport_create borrows the backends (they outlive the transport);
  * eg_transport_free accepts NULL.
  * Thread safety: link k's send is called only by stage k's thread and its recv only by
@@ -52,9 +54,9 @@ typedef struct eg_transport_ops {
 struct eg_transport {
     const eg_transport_ops *ops;
     void *impl;
-    /* Set by the owner when a run ended in an error: destroy then abandons transfers
-     * still in flight (NCCL: ncclCommAbort) instead of waiting for them, since a peer
-     * that failed may never post its half. */
+    /* Set by the owner (atomically) when a run ended in an error: the stages' host waits
+     * stop (NCCL), and destroy abandons transfers still in flight (ncclCommAbort)
+     * instead of waiting for them, since a peer that failed may never post its half. */
     int failed;
 };
 

@@ -1,6 +1,10 @@
 /* The NCCL pipeline transport: one rank per stage GPU (ncclCommInitAll), every link
  * connected at creation (nccl_connect), rows moved by ncclSend/ncclRecv on each stage's
- * own stream, so no host thread waits for a hand-over. See transport.h for the ordering contract. Built with EG_HAVE_NCCL (the
+ * own stream, so no host thread waits for a hand-over. See transport.h for the ordering contract.
+ * A send or recv whose link fails after it was enqueued never completes, so the stage
+ * backends' host waits must not block on their streams: the transport installs a wait
+ * check on each (eg_backend_cuda_set_wait_check) that polls the stage's communicator's
+ * asynchronous error and the owner's failure flag (t->failed). Built with EG_HAVE_NCCL (the
  * Makefile sets it when nccl.h and libnccl are found next to nvcc); otherwise
  * eg_transport_nccl_create reports EG_ERR_UNSUPPORTED. */
 #include "engine/transport.h"
@@ -24,12 +28,21 @@ eg_status eg_transport_nccl_create(const eg_transport_opts *o, eg_transport **ou
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-typedef struct nccl_impl {
+typedef struct nccl_impl nccl_impl;
+typedef struct stage_wait { /* a stage backend's wait check */
+    eg_transport *t;
+    nccl_impl *N;
+    int k;
+} stage_wait;
+
+struct nccl_impl {
     int n;              /* ranks = stages */
     int *dev;           /* [n] */
     cudaStream_t *strm; /* [n] each stage backend's stream (borrowed) */
     ncclComm_t *comm;   /* [n] */
-} nccl_impl;
+    eg_backend **be;    /* [n] the stage backends (borrowed), their wait checks installed */
+    stage_wait *wait;   /* [n] */
+};
 
 static eg_status nccl_fail(eg_error *err, const char *call, ncclResult_t r) {
     return eg_fail(err, EG_ERR_DEVICE, "nccl transport: %s failed: %s", call, ncclGetErrorString(r));
@@ -53,10 +66,27 @@ static eg_status nccl_recv(eg_transport *t, int k, int mb, float *dst, size_t n,
     return EG_OK;
 }
 
+/* Stage k's backend, while it waits on its stream (its thread): stage k's communicator
+ * carries only stage k's own sends and recvs, which this thread posts, so the query needs
+ * no lock. */
+static eg_status stage_wait_check(void *ctx, eg_error *err) {
+    stage_wait *w = ctx;
+    if (__atomic_load_n(&w->t->failed, __ATOMIC_ACQUIRE))
+        return eg_fail(err, EG_ERR_INTERRUPTED, "nccl transport: stage %d stops waiting: the run failed", w->k);
+    ncclResult_t ae = ncclSuccess, r = ncclCommGetAsyncError(w->N->comm[w->k], &ae);
+    if (r == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress) r = ae;
+    if (r != ncclSuccess)
+        return eg_fail(err, EG_ERR_DEVICE, "nccl transport: stage %d: ncclCommGetAsyncError (waiting for a hand-over): %s",
+                       w->k, ncclGetErrorString(r));
+    return EG_OK;
+}
+
 static void nccl_destroy(eg_transport *t) {
     if (!t) return;
     nccl_impl *N = t->impl;
     if (N) {
+        for (int k = 0; N->be && k < N->n; k++) /* the backends outlive the transport */
+            if (N->be[k]) eg_backend_cuda_set_wait_check(N->be[k], NULL, NULL);
         for (int k = 0; N->comm && k < N->n; k++)
             if (N->comm[k]) {
                 cudaSetDevice(N->dev[k]);
@@ -68,6 +98,8 @@ static void nccl_destroy(eg_transport *t) {
                 ncclCommDestroy(N->comm[k]);
             }
         free(N->comm);
+        free(N->be);
+        free(N->wait);
         free(N->strm);
         free(N->dev);
         free(N);
@@ -140,7 +172,9 @@ eg_status eg_transport_nccl_create(const eg_transport_opts *o, eg_transport **ou
     N->dev = eg_calloc((size_t)N->n, sizeof *N->dev, err);
     N->strm = eg_calloc((size_t)N->n, sizeof *N->strm, err);
     N->comm = eg_calloc((size_t)N->n, sizeof *N->comm, err);
-    if (!N->dev || !N->strm || !N->comm) { nccl_destroy(t); return EG_ERR_NOMEM; }
+    N->be = eg_calloc((size_t)N->n, sizeof *N->be, err);
+    N->wait = eg_calloc((size_t)N->n, sizeof *N->wait, err);
+    if (!N->dev || !N->strm || !N->comm || !N->be || !N->wait) { nccl_destroy(t); return EG_ERR_NOMEM; }
     for (int k = 0; k < N->n; k++) {
         void *s = NULL;
         if (eg_backend_cuda_device(o->stages[k], &N->dev[k], &s)) {
@@ -171,6 +205,11 @@ eg_status eg_transport_nccl_create(const eg_transport_opts *o, eg_transport **ou
         t->failed = 1; /* a half-made connection must not be waited for */
         nccl_destroy(t);
         return st;
+    }
+    for (int k = 0; k < N->n; k++) {
+        N->wait[k] = (stage_wait){t, N, k};
+        N->be[k] = o->stages[k];
+        eg_backend_cuda_set_wait_check(N->be[k], stage_wait_check, &N->wait[k]);
     }
     *out = t;
     return EG_OK;

@@ -10,6 +10,10 @@
 //    into the pair's buffer while that has room; a larger one waits until the matching
 //    recv is running on the receiver's stream. A recv waits for its message and checks
 //    its size.
+//  - EMU_NCCL_DEAD_AFTER=N: a failing link. Once a communicator's ranks moved N messages,
+//    its transfers never complete (until ncclCommAbort) and ncclCommGetAsyncError reports
+//    ncclRemoteError, as NCCL does when a peer or link fails after the work was enqueued.
+//    EMU_NCCL_ASYNC_ERROR=1 only reports the error (transfers still complete).
 //  - every wait gives up after EMU_NCCL_TIMEOUT seconds (default 60) with a message
 //    naming the call, the ranks and the bytes, and aborts the process: an unmatched
 //    call hangs a real GPU run forever.
@@ -46,6 +50,8 @@ struct world {
     std::condition_variable cv;
     std::map<std::pair<int, int>, channel> ch; /* (from, to) */
     bool aborted = false;
+    long long sent = 0; /* messages sent (EMU_NCCL_DEAD_AFTER) */
+    bool dead = false;
 };
 std::mutex g_mu;
 long long g_messages;
@@ -56,6 +62,13 @@ size_t buffer_bytes() {
         return e && *e ? (size_t)std::strtoull(e, nullptr, 10) : (size_t)4 << 20;
     }();
     return b;
+}
+long long dead_after() {
+    static const long long n = [] {
+        const char *e = std::getenv("EMU_NCCL_DEAD_AFTER");
+        return e && *e ? std::atoll(e) : 0LL;
+    }();
+    return n;
 }
 double timeout_s() {
     static const double t = [] {
@@ -133,6 +146,16 @@ static void transfer(const op &o, const std::shared_ptr<world> &wp) {
     size_t bytes = o.count * sizeof(float);
     char m[256];
     std::unique_lock<std::mutex> l(w->mu);
+    if (dead_after() > 0 && w->sent >= dead_after()) w->dead = true;
+    if (w->dead) { /* the failed link: nothing moves until the communicator is aborted */
+        if (!wait_for(w, l, [] { return false; })) {
+            snprintf(m, sizeof m, "rank %d's %s of %zu bytes %s rank %d is on a failed link (EMU_NCCL_DEAD_AFTER) and "
+                     "nobody polled ncclCommGetAsyncError", o.rank, o.send ? "ncclSend" : "ncclRecv", bytes,
+                     o.send ? "to" : "from", o.peer);
+            hang(m);
+        }
+        return;
+    }
     if (o.send) {
         int from = o.rank, to = o.peer;
         channel &c = w->ch[{from, to}];
@@ -147,6 +170,7 @@ static void transfer(const op &o, const std::shared_ptr<world> &wp) {
         message msg{std::vector<float>((const float *)o.buf, (const float *)o.buf + o.count), fits};
         if (fits) c.buffered += bytes;
         c.q.push_back(std::move(msg));
+        w->sent++;
         w->cv.notify_all();
         std::lock_guard<std::mutex> g(g_mu);
         g_messages++;
@@ -254,7 +278,12 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *async_error) {
     if (!c || !async_error) return ncclInvalidArgument;
     const char *e = getenv("EMU_NCCL_ASYNC_ERROR");
-    *async_error = e && *e && strcmp(e, "0") ? ncclRemoteError : ncclSuccess;
+    bool dead;
+    {
+        std::lock_guard<std::mutex> g(c->w->mu);
+        dead = c->w->dead;
+    }
+    *async_error = dead || (e && *e && strcmp(e, "0")) ? ncclRemoteError : ncclSuccess;
     return ncclSuccess;
 }
 

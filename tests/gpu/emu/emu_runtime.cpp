@@ -237,6 +237,12 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     emu_event_wait(e);
     return cudaSuccess;
 }
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (emu_thread_captures) { emu_invalidate_thread_captures(); return cudaErrorStreamCaptureUnsupported; }
+    if (!e) return cudaErrorInvalidValue;
+    std::lock_guard<std::mutex> g(emu_smu);
+    return e->reached >= e->recorded ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
     if (!s || s->capturing) return cudaErrorInvalidValue;
     s->capturing = 1;

@@ -10,7 +10,8 @@
 # between blocks, not device math libraries. Slow (minutes: thread creation).
 # usage: tests/gpu/emu/run_emu.sh [test-name filters...]
 #        tests/gpu/emu/run_emu.sh --forward   (tiny-a forward vs golden-a-bf16kv)
-#        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL; layers split too)
+#        tests/gpu/emu/run_emu.sh --pipeline  (3 stages on 3 emulated GPUs over emulated NCCL; layers split too;
+#                                              a link failing mid-run stops it with the error named)
 #        tests/gpu/emu/run_emu.sh --ep        (--ep 4 on 4 emulated GPUs and --ep 2 --stages 2 on 2,
 #                                              expert rows over emulated NCCL; --ep 2 on one GPU,
 #                                              cuda-local; --ep 2 --ep-split ffn and all on both
@@ -81,6 +82,18 @@ if [ "${1:-}" = --pipeline ]; then
         --out "$W/nccl" --stages 1,2,4 --micro-batches 4 --transport nccl 2> "$W/nccl.log" ||
         { cat "$W/nccl.log"; exit 1; }
     grep -q "transport between stages: nccl" "$W/nccl.log" || { cat "$W/nccl.log"; exit 1; }
+    # a link that fails after its hand-overs were enqueued (EMU_NCCL_DEAD_AFTER: from the
+    # 8th message on nothing moves and ncclCommGetAsyncError reports it): the stages' host
+    # waits poll it, so the run stops naming the error instead of waiting forever (the
+    # emulator would call that a hang after EMU_NCCL_TIMEOUT)
+    if EMU_DEVICES=3 EMU_NCCL_BUFFER=1024 EMU_NCCL_DEAD_AFTER=8 EMU_NCCL_TIMEOUT=120 timeout 300 nice -n 19 \
+        "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/deadlink" --stages 1,2,4 --micro-batches 4 --transport nccl \
+        2> "$W/deadlink.log"; then
+        echo "FAIL: the pipeline ignored a failed link"; exit 1
+    fi
+    grep -q "ncclCommGetAsyncError (waiting for a hand-over)" "$W/deadlink.log" && ! grep -q "this is a hang" "$W/deadlink.log" ||
+        { cat "$W/deadlink.log"; echo "FAIL: a failed link between stages is not reported"; exit 1; }
+    echo "a failed link between stages stops the pipeline, named: $(grep -m1 -o 'stage [0-9]*: ncclCommGetAsyncError[^;]*' "$W/deadlink.log")"
     EMU_DEVICES=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/local" --stages 1,2,4 --micro-batches 4 \
         --gpus 1 --transport local 2> "$W/local.log" || { cat "$W/local.log"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/nccl" "$W/local"
@@ -135,7 +148,8 @@ if [ "${1:-}" = --ep ]; then
         "${common[@]}" --max-new-tokens 4 --out "$W/asyncerr_g" --ep 2 --stages 2 2> "$W/asyncerr_g.log"; then
         echo "FAIL: stage groups ignored NCCL's asynchronous error"; exit 1
     fi
-    grep -q "ncclCommGetAsyncError (waiting for the exchange)" "$W/asyncerr_g.log" ||
+    # (whichever wait sees it first: a stage's exchange, or a stage's own stream holding a hand-over)
+    grep -Eq "ncclCommGetAsyncError \(waiting for (the exchange|a hand-over)\)" "$W/asyncerr_g.log" ||
         { cat "$W/asyncerr_g.log"; echo "FAIL: the asynchronous error is not reported (stage groups)"; exit 1; }
     echo "NCCL's asynchronous error stops the group, named, alone and in stage groups ($(( $(date +%s) - t0 )) s so far)"
     # EG_EP_EXCHANGE=cuda-local: the copies on distinct GPUs, where NCCL cannot start; the same samples
