@@ -98,7 +98,9 @@ struct eg_engine {
     pthread_t *threads;
     mb_queue *queues;    /* [n_stages + 1]: input of each stage, then completions */
     micro_batch *leave_mb; /* [n_stages] threaded expert-parallel rank: the leave markers */
-    float *sample_scratch; /* [2V] host sampling when logits are kept */
+    float *sample_scratch; /* [eg_sample_scratch_floats(V)] host sampling when logits are kept */
+    int spec_in_flight;    /* threaded: micro-batches with verify rows in the pipeline */
+    double spec_since;     /* when the first of them went in */
     eg_request pending;
     int have_pending;
     int32_t *pending_tok, *pending_stop;
@@ -1186,7 +1188,7 @@ static eg_status complete_spec(eg_engine *e, micro_batch *mb, int i, int row, in
     s->n_draft = 0;
     e->stats.verify_steps++;
     e->stats.drafted += kd;
-    e->stats.accepted += n_acc;
+    e->stats.accepted += m < n_acc ? m : n_acc; /* drafts committed: none past a stop */
     e->stats.spec_tokens += m;
     e->stats.decode_tokens += m;
     if (e->o.kv_policy == EG_KV_ON_DEMAND) /* the rejected drafts' blocks */
@@ -1335,6 +1337,8 @@ static eg_status engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void
             e->stats.steps++;
             account_step(e, exhausted);
             if (e->threaded) {
+                /* verify time of a pipeline: the wall time while a verify step is in it */
+                if (mb->n_spec && !e->spec_in_flight++) e->spec_since = eg_now();
                 q_push(&e->queues[0], mb);
             } else {
                 double t_step = eg_now();
@@ -1370,11 +1374,13 @@ static eg_status engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void
         mb->busy = 0;
         in_flight--;
         if (!in_flight) e->stats.seconds += eg_now() - busy_since;
+        if (mb->n_spec && !--e->spec_in_flight) e->stats.verify_seconds += eg_now() - e->spec_since;
         if (st) continue; /* draining after an error */
         if (mb->status) {
             *err = mb->err;
             st = mb->status;
-            if (e->transport) e->transport->failed = 1; /* its teardown must not wait on a dead peer */
+            /* its stages stop waiting on their links, and its teardown does not wait on a dead peer */
+            if (e->transport) __atomic_store_n(&e->transport->failed, 1, __ATOMIC_RELEASE);
             continue;
         }
         eg_status cst = complete_mb(e, mb, done, ctx, err);

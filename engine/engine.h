@@ -194,11 +194,14 @@ typedef struct eg_engine_stats {
     /* speculative decoding (opts.drafter) */
     int64_t verify_steps;    /* per-sequence verify steps (a sequence's k + 1-row chunk) */
     int64_t drafted;         /* draft tokens proposed */
-    int64_t accepted;        /* of them accepted (accepted / verify_steps: mean accepted per step) */
+    int64_t accepted;        /* of them accepted and committed (none after a stop token among
+                                them; accepted / verify_steps: mean accepted per step) */
     int64_t spec_tokens;     /* tokens committed by verify steps (accepted + correction/bonus,
                                 less any cut after a stop token) */
     double draft_seconds;    /* in the drafter (extend, propose, truncate) */
-    double verify_seconds;   /* target steps that verified drafts, and the acceptance rule */
+    double verify_seconds;   /* target steps that verified drafts, and the acceptance rule
+                                (threaded pipeline stages: the wall time while a micro-batch
+                                with verify rows is in the pipeline, which drafting overlaps) */
 } eg_engine_stats;
 
 typedef struct eg_engine eg_engine;

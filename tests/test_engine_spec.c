@@ -548,9 +548,11 @@ static void test_greedy_stop_and_preempt(void) {
     run_cfg c = base_cfg();
     c.max_new = 40;
     CHECK_OK(run(&c, &ref, &err), &err);
-    /* stop: a token request 4 generates at its 6th step */
+    /* stop: a token request 4 generates at its 6th step (with k 4 its first verify step's
+     * bonus token), then at its 3rd (that step's second draft: the two after it are cut) */
     run_cfg cs = c;
-    cs.stop = ref.tokens[4] ? ref.tokens[4][prompt_len(4) + 5] : 0;
+    for (int at = 5; at >= 2; at -= 3) {
+    cs.stop = ref.tokens[4] ? ref.tokens[4][prompt_len(4) + at] : 0;
     CHECK_OK(run(&cs, &base, &err), &err);
     int stopped = 0;
     for (int r = 0; r < 5; r++) stopped += base.finish[r] == EG_FINISH_STOP;
@@ -566,8 +568,18 @@ static void test_greedy_stop_and_preempt(void) {
             CHECKF(same_result(&base, &b, r), "stop %d, %s: request %d differs (gen %d vs %d)", cs.stop, p->d.info.kind, r,
                    b.n_gen[r], base.n_gen[r]);
         CHECK(p->violations == 0 && p->row_mismatch == 0);
+        /* a step commits its accepted drafts and one more token, except a stopping
+         * sequence's last step when the stop was a draft: the drafts after it are not
+         * counted as accepted (they were never committed) */
+        int64_t extra = last_stats.spec_tokens - last_stats.accepted;
+        CHECKF(extra >= last_stats.verify_steps - stopped && extra <= last_stats.verify_steps,
+               "%s: %lld tokens committed, %lld drafts accepted, %lld verify steps, %d stopped", p->d.info.kind,
+               (long long)last_stats.spec_tokens, (long long)last_stats.accepted, (long long)last_stats.verify_steps,
+               stopped);
         free_results(&b);
         eg_drafter_free(&p->d);
+    }
+    free_results(&base);
     }
     /* a small pool: 4 slots, 12 blocks of 8 (the longest sequence, 39 + 40, takes 10) */
     const struct { int64_t host; int k, chunk; prop_mode mode; } cases[] = {
