@@ -45,6 +45,24 @@ typedef struct eg_drafter_info {
                                drafter; 0 = none of its own) */
 } eg_drafter_info;
 
+/* One slot's part of a batched extend (extend_many): the arguments of extend. */
+typedef struct eg_draft_extend {
+    int slot, pos0, n;
+    const float *aux;           /* [n][n_aux][H] (NULL when n_aux == 0) */
+    const int32_t *next_tokens; /* [n] */
+} eg_draft_extend;
+
+/* One slot's part of a batched propose (propose_many): the arguments of propose. */
+typedef struct eg_draft_propose {
+    int slot;
+    const int32_t *seq; /* [n_seq] */
+    int n_seq, k;
+    const eg_sample_params *sp;
+    uint64_t *rng;
+    int32_t *draft; /* [k] */
+    double *q;      /* [k][V] or NULL */
+} eg_draft_propose;
+
 typedef struct eg_drafter_vtbl {
     /* Commit n positions pos0 .. pos0+n-1 of slot: aux [n][n_aux][H] the target's rows at
      * those positions (FP32; NULL when n_aux == 0), next_tokens [n] the token at each
@@ -60,6 +78,13 @@ typedef struct eg_drafter_vtbl {
     /* Forget positions >= len of slot (len <= its length). */
     void (*truncate)(eg_drafter *d, int slot, int len);
     void (*destroy)(eg_drafter *d);
+    /* Optional (NULL: the engine calls extend / propose slot by slot). The same as the
+     * per-slot calls in item order, for n items of distinct slots, in passes over all of
+     * them: a drafter whose cost is reading its weights reads them once per pass instead
+     * of once per slot (the EAGLE-3 drafter on a backend: one layer pass per draft
+     * position for every slot's row). */
+    eg_status (*extend_many)(eg_drafter *d, int n, const eg_draft_extend *items, eg_error *err);
+    eg_status (*propose_many)(eg_drafter *d, int n, const eg_draft_propose *items, eg_error *err);
 } eg_drafter_vtbl;
 
 struct eg_drafter {
@@ -78,6 +103,23 @@ static inline eg_status eg_drafter_propose(eg_drafter *d, int slot, const int32_
     return d->vt->propose(d, slot, seq, n_seq, k, sp, rng, draft, q, err);
 }
 static inline void eg_drafter_truncate(eg_drafter *d, int slot, int len) { d->vt->truncate(d, slot, len); }
+static inline eg_status eg_drafter_extend_many(eg_drafter *d, int n, const eg_draft_extend *it, eg_error *err) {
+    if (d->vt->extend_many) return d->vt->extend_many(d, n, it, err);
+    for (int i = 0; i < n; i++) {
+        eg_status st = d->vt->extend(d, it[i].slot, it[i].pos0, it[i].n, it[i].aux, it[i].next_tokens, err);
+        if (st) return st;
+    }
+    return EG_OK;
+}
+static inline eg_status eg_drafter_propose_many(eg_drafter *d, int n, const eg_draft_propose *it, eg_error *err) {
+    if (d->vt->propose_many) return d->vt->propose_many(d, n, it, err);
+    for (int i = 0; i < n; i++) {
+        eg_status st = d->vt->propose(d, it[i].slot, it[i].seq, it[i].n_seq, it[i].k, it[i].sp, it[i].rng, it[i].draft,
+                                      it[i].q, err);
+        if (st) return st;
+    }
+    return EG_OK;
+}
 static inline void eg_drafter_free(eg_drafter *d) {
     if (d) d->vt->destroy(d);
 }

@@ -27,6 +27,14 @@
 #include "engine/safetensors.h"
 #include "engine/spec.h"
 
+/* A draw's scratch (pick): one per pool thread, so a pass's rows are drawn at once. */
+typedef struct pick_scr {
+    eg_spec_scratch *sc;       /* over Vd (monotone) or V */
+    double *pd;                /* [Vd] processed distribution over the draft vocabulary */
+    double *pt;                /* [V] the same over the target vocabulary (non-monotone d2t) */
+    float *logits_t;           /* [V] the logits scattered to target ids (non-monotone d2t) */
+} pick_scr;
+
 typedef struct dw {            /* a plain weight [rows][cols] in the checkpoint */
     eg_st_dtype dt;            /* BF16, F16 or F32 */
     int64_t rows, cols;
@@ -86,12 +94,14 @@ typedef struct e3 {
     int *len;                  /* [S] */
     int *last_pos;             /* [S] position `last` belongs to (-1: none) */
     /* scratch */
-    float *emb, *hid, *res, *cat, *q, *k, *v, *att, *x, *y, *g, *u, *out, *scores, *logits, *logits_t;
+    float *emb, *hid, *res, *cat, *q, *k, *v, *att, *x, *y, *g, *u, *out, *scores, *logits;
     float *auxn;               /* [n_aux*Ht] norm_before_fc / fc_norm: the normed aux row */
-    double *pd;                /* [Vd] processed distribution over the draft vocabulary */
-    double *pt;                /* [V] the same over the target vocabulary (non-monotone d2t) */
-    eg_spec_scratch *sc;       /* over Vd (monotone) or V */
+    struct pick_scr *ps;       /* [n_ps] a draw's scratch per pool thread (pick) */
+    int n_ps;
     int have_logits;
+    float *mlogits;            /* [R][Vd] backend path: the logits of a pass's rows (host) */
+    int *order;                /* [S] propose_many: items by k, descending */
+    uint8_t *mark;             /* [S] a batch's slots (distinct) */
     eg_pool *pool;
     struct e3_dev *dev;        /* the backend path (eg_eagle3_opts.backend); NULL: own code */
 } e3;
@@ -116,10 +126,12 @@ typedef struct e3_dev {
     int32_t *pos, *slot;       /* [R] */
     float *emb, *aux, *hid, *ne, *nh, *cat, *q, *k, *v, *att, *x, *y, *out, *logits;
     float *auxn;               /* [R][n_aux*Ht] norm_before_fc / fc_norm only */
+    float *lr;                 /* [R][H] a propose pass's slots' last rows, gathered */
     /* [R][H] x5 (emb, hid, ne, nh, x, y, out), [R][n_aux*Ht], [R][2H], [R][NH*HD] (q, att),
-       [R][NKV*HD] (k, v), [Vd] */
+       [R][NKV*HD] (k, v), [R][Vd] (logits) */
     float *h_emb;              /* host [R][H] */
     int32_t *h_pos, *h_slot;   /* host [R] */
+    uint8_t *h_end;            /* host [R] an extend pass's row is its item's last */
 } e3_dev;
 
 /* ------------------------------------------------------------------ products */
@@ -308,24 +320,26 @@ static void head(e3 *d, const float *prenorm) {
 
 /* ------------------------------------------------------------------ backend path */
 
-/* The same layer through engine/backend.h's ops, for n rows at positions p0 .. p0+n-1
- * of slot s (consecutive). Inputs in dev->emb and dev->hid [n][H]; writes the cache rows
- * and dev->out [n][H]. */
-static eg_status dev_layer(e3 *d, int s, int p0, int n, eg_error *err) {
+/* The same layer through engine/backend.h's ops, for n rows: row i at position
+ * g->h_pos[i] of slot g->h_slot[i] (the caller fills both; rows of several slots, each
+ * slot's positions consecutive and ascending). Inputs in dev->emb and dev->hid [n][H];
+ * writes the cache rows and dev->out [n][H]. */
+static eg_status dev_layer(e3 *d, int n, eg_error *err) {
     e3_dev *g = d->dev;
     eg_backend *b = g->be;
     const eg_backend_ops *o = b->ops;
     const int H = d->H;
-    for (int i = 0; i < n; i++) {
-        g->h_pos[i] = p0 + i;
-        g->h_slot[i] = s;
-    }
+    int max_pos = 0;
     eg_status st;
-    if (d->dirty[s]) { /* the slot's blocks changed: its row of the table's copy */
-        if ((st = o->to_device(b, g->table + (int64_t)s * d->MB, d->table + (int64_t)s * d->MB,
-                               sizeof(int32_t) * (size_t)d->MB, err)))
-            return st;
-        d->dirty[s] = 0;
+    for (int i = 0; i < n; i++) {
+        int s = g->h_slot[i];
+        if (g->h_pos[i] + 1 > max_pos) max_pos = g->h_pos[i] + 1;
+        if (d->dirty[s]) { /* the slot's blocks changed: its row of the table's copy */
+            if ((st = o->to_device(b, g->table + (int64_t)s * d->MB, d->table + (int64_t)s * d->MB,
+                                   sizeof(int32_t) * (size_t)d->MB, err)))
+                return st;
+            d->dirty[s] = 0;
+        }
     }
     if ((st = o->to_device(b, g->pos, g->h_pos, sizeof(int32_t) * (size_t)n, err)) ||
         (st = o->to_device(b, g->slot, g->h_slot, sizeof(int32_t) * (size_t)n, err)) ||
@@ -345,7 +359,7 @@ static eg_status dev_layer(e3 *d, int s, int p0, int n, eg_error *err) {
             (st = o->linear(b, g->cat, n, &g->kv_a, g->kvb, err)))
             return st;
         eg_mla_args m = {.T = n, .pos = g->pos, .slot = g->slot, .block_table = g->table, .max_blocks = d->MB,
-                         .block_size = d->BS, .max_pos = p0 + n, .q = g->q, .kv = g->kvb, .kv_a_norm = &g->kv_a_norm,
+                         .block_size = d->BS, .max_pos = max_pos, .q = g->q, .kv = g->kvb, .kv_a_norm = &g->kv_a_norm,
                          .kv_b = &g->kv_b, .cache = {.data = g->kc, .dtype = EG_KV_BF16, .row_bytes = 2 * (d->C + d->DR)},
                          .rope_inv_freq = g->inv_freq, .rope_attn_factor = d->attn_factor,
                          .softmax_scale = d->mla_scale, .eps = d->eps, .h0 = 0, .h1 = d->NH, .out = g->att};
@@ -356,7 +370,7 @@ static eg_status dev_layer(e3 *d, int s, int p0, int n, eg_error *err) {
         (st = o->linear(b, g->cat, n, &g->wv, g->v, err)))
         return st;
     eg_gqa_args a = {.T = n, .n_heads = d->NH, .n_kv_heads = d->NKV, .head_dim = d->HD, .block_size = d->BS,
-                     .max_blocks = d->MB, .n_blocks = d->n_blocks, .max_pos = p0 + n, .pos = g->pos,
+                     .max_blocks = d->MB, .n_blocks = d->n_blocks, .max_pos = max_pos, .pos = g->pos,
                      .slot = g->slot, .block_table = g->table, .q = g->q, .k = g->k, .v = g->v,
                      .k_cache = g->kc, .v_cache = g->vc, .rope_inv_freq = g->inv_freq,
                      .softmax_scale = 1.0f / sqrtf((float)d->HD), .window = d->window, .out = g->att};
@@ -372,25 +386,30 @@ attended:;
     return EG_OK;
 }
 
-/* logits [Vd] (host d->logits) from one pre-norm row in backend memory. */
-static eg_status dev_head(e3 *d, const float *prenorm, eg_error *err) {
+/* logits [m][Vd] (host d->mlogits; the last row also in d->logits) from m pre-norm rows
+ * in backend memory: lm_head read once for all of them. */
+static eg_status dev_head(e3 *d, const float *prenorm, int m, eg_error *err) {
     e3_dev *g = d->dev;
     eg_backend *b = g->be;
     eg_status st;
-    if ((st = b->ops->rmsnorm(b, prenorm, &g->norm, 1, d->H, d->eps, g->y, err)) ||
-        (st = b->ops->linear(b, g->y, 1, &g->lm_head, g->logits, err)) ||
-        (st = b->ops->to_host(b, d->logits, g->logits, sizeof(float) * (size_t)d->Vd, err)) ||
+    if ((st = b->ops->rmsnorm(b, prenorm, &g->norm, m, d->H, d->eps, g->y, err)) ||
+        (st = b->ops->linear(b, g->y, m, &g->lm_head, g->logits, err)) ||
+        (st = b->ops->to_host(b, d->mlogits, g->logits, sizeof(float) * (size_t)m * (size_t)d->Vd, err)) ||
         (st = b->ops->sync(b, err)))
         return st;
+    memcpy(d->logits, d->mlogits + (int64_t)(m - 1) * d->Vd, sizeof(float) * (size_t)d->Vd);
     d->have_logits = 1;
     return EG_OK;
 }
 
-/* Embedding rows of tokens [n] into dev->emb (looked up on the host: neither the
- * drafter's nor the target's [V][H] table is copied to the device). */
-static eg_status dev_embed(e3 *d, const int32_t *tokens, int n, eg_error *err) {
+/* Embedding rows (looked up on the host: neither the drafter's nor the target's [V][H]
+ * table is copied to the device) staged at rows at .. at+n-1 of g->h_emb; dev_embed_put
+ * moves rows [0, n) to dev->emb. */
+static void dev_embed_stage(e3 *d, const int32_t *tokens, int n, int at) {
+    for (int i = 0; i < n; i++) embed_row(d, tokens[i], d->dev->h_emb + (int64_t)(at + i) * d->H);
+}
+static eg_status dev_embed_put(e3 *d, int n, eg_error *err) {
     e3_dev *g = d->dev;
-    for (int i = 0; i < n; i++) embed_row(d, tokens[i], g->h_emb + (int64_t)i * d->H);
     return g->be->ops->to_device(g->be, g->emb, g->h_emb, sizeof(float) * (size_t)n * (size_t)d->H, err);
 }
 
@@ -408,49 +427,112 @@ static eg_status dev_fc_norm(e3 *d, int m, const float *src, eg_error *err) {
     return st;
 }
 
-static eg_status dev_extend(e3 *d, int slot, int pos0, int n, const float *aux, const int32_t *next, eg_error *err) {
+/* The items' rows in passes of up to R rows over all of them (a pass may hold the end of
+ * one item and the start of the next): fc, the layer and each item's last row. */
+static eg_status dev_extend_many(e3 *d, int n_items, const eg_draft_extend *it, eg_error *err) {
     e3_dev *g = d->dev;
     eg_backend *b = g->be;
     const int64_t arow = (int64_t)d->n_aux * d->Ht;
     eg_status st = eg_backend_bind(b, err);
-    for (int t0 = 0; !st && t0 < n; t0 += g->R) {
-        const int m = n - t0 < g->R ? n - t0 : g->R;
-        if ((st = dev_embed(d, next + t0, m, err)) ||
-            (st = b->ops->to_device(b, g->aux, aux + t0 * arow, sizeof(float) * (size_t)(m * arow), err)) ||
+    int i = 0, t = 0; /* the next row: item i's row t */
+    while (!st && i < n_items) {
+        int m = 0;
+        while (i < n_items && m < g->R) { /* fill the pass with the items' segments */
+            int seg = it[i].n - t < g->R - m ? it[i].n - t : g->R - m;
+            if (seg > 0) {
+                dev_embed_stage(d, it[i].next_tokens + t, seg, m);
+                if ((st = b->ops->to_device(b, g->aux + m * arow, it[i].aux + t * arow,
+                                            sizeof(float) * (size_t)(seg * arow), err)))
+                    return st;
+            }
+            for (int r = 0; r < seg; r++) {
+                g->h_slot[m + r] = it[i].slot;
+                g->h_pos[m + r] = it[i].pos0 + t + r;
+                g->h_end[m + r] = t + r + 1 == it[i].n;
+            }
+            m += seg;
+            t += seg;
+            if (t == it[i].n) {
+                i++;
+                t = 0;
+            }
+        }
+        if (!m) break;
+        if ((st = dev_embed_put(d, m, err)) ||
             (d->norm_before_fc &&
              (st = b->ops->rmsnorm(b, g->aux, &g->input_norm, m, (int)arow, d->eps, g->auxn, err))) ||
             (d->fc_norm && (st = dev_fc_norm(d, m, d->norm_before_fc ? g->auxn : g->aux, err))) ||
             (st = b->ops->linear(b, d->norm_before_fc || d->fc_norm ? g->auxn : g->aux, m, &g->fc, g->hid, err)) ||
-            (st = dev_layer(d, slot, pos0 + t0, m, err)))
+            (st = dev_layer(d, m, err)))
             break;
-        if (t0 + m == n)
-            st = b->ops->copy(b, g->last + (int64_t)slot * d->H, g->out + (int64_t)(m - 1) * d->H,
-                              sizeof(float) * (size_t)d->H, err);
+        for (int r = 0; r < m && !st; r++) /* an item's last row: the slot's hidden state */
+            if (g->h_end[r])
+                st = b->ops->copy(b, g->last + (int64_t)g->h_slot[r] * d->H, g->out + (int64_t)r * d->H,
+                                  sizeof(float) * (size_t)d->H, err);
     }
     if (!st) st = b->ops->sync(b, err);
     return st;
 }
 
-static int32_t pick(e3 *d, const eg_sample_params *sp, uint64_t *rng, double *q_row);
+static int32_t pick(const e3 *d, pick_scr *ps, const float *logits, const eg_sample_params *sp, uint64_t *rng,
+                    double *q_row);
 
-static eg_status dev_propose(e3 *d, int slot, int L0, int k, const eg_sample_params *sp, uint64_t *rng, int32_t *draft,
-                             double *q, eg_error *err) {
+/* A propose pass's rows drawn at once over the drafter's pool (dev_propose_many): row r
+ * of the pass is item grp[r]'s draft j, from its own rng. */
+typedef struct pick_job {
+    const e3 *d;
+    const eg_draft_propose *it;
+    const int *grp;
+    int j;
+} pick_job;
+static void pick_rows(void *vp, int64_t b, int64_t end, int tid) {
+    const pick_job *c = vp;
+    const e3 *d = c->d;
+    for (int64_t r = b; r < end; r++) {
+        const eg_draft_propose *p = &c->it[c->grp[r]];
+        p->draft[c->j] = pick(d, &d->ps[tid], d->mlogits + r * d->Vd, p->sp, p->rng,
+                              p->q ? p->q + (int64_t)c->j * d->V : NULL);
+    }
+}
+
+/* The items' chains in groups of up to R slots, each group one pass per draft position
+ * over all its slots' rows (the weights read once per pass, not once per slot). Items in
+ * d->order (k descending), so the rows of draft position j are a prefix of the group's:
+ * row r is the same item at every position. Each item's draws come from its own rng in
+ * its own order, so the drafts equal the per-slot chains'. */
+static eg_status dev_propose_many(e3 *d, int n_items, const eg_draft_propose *it, const int *L0, eg_error *err) {
     e3_dev *g = d->dev;
     eg_backend *b = g->be;
-    const float *h = g->last + (int64_t)slot * d->H;
-    eg_status st;
-    if ((st = eg_backend_bind(b, err)) || (st = dev_head(d, h, err))) return st;
-    draft[0] = pick(d, sp, rng, q);
-    for (int i = 1; i < k; i++) {
-        const float *prev = i == 1 ? h : g->out;
-        if ((st = d->norm_output ? b->ops->rmsnorm(b, prev, &g->norm, 1, d->H, d->eps, g->hid, err)
-                                 : b->ops->copy(b, g->hid, prev, sizeof(float) * (size_t)d->H, err)) ||
-            (st = dev_embed(d, &draft[i - 1], 1, err)) || (st = dev_layer(d, slot, L0 + i - 1, 1, err)) ||
-            (st = dev_head(d, g->out, err)))
-            return st;
-        draft[i] = pick(d, sp, rng, q ? q + (int64_t)i * d->V : NULL);
+    const int64_t H = d->H;
+    eg_status st = eg_backend_bind(b, err);
+    for (int g0 = 0; !st && g0 < n_items; g0 += g->R) {
+        const int *grp = d->order + g0;
+        const int m0 = n_items - g0 < g->R ? n_items - g0 : g->R;
+        for (int r = 0; r < m0 && !st; r++) /* each slot's last row: the chain's first hidden input */
+            st = b->ops->copy(b, g->lr + r * H, g->last + (int64_t)it[grp[r]].slot * H, sizeof(float) * (size_t)H, err);
+        if (st || (st = dev_head(d, g->lr, m0, err))) return st;
+        pick_job pj = {d, it, grp, 0};
+        eg_pool_for(d->pool, m0, 1, pick_rows, &pj);
+        for (int j = 1; j < it[grp[0]].k; j++) {
+            int m = 0;
+            while (m < m0 && it[grp[m]].k > j) m++;
+            const float *prev = j == 1 ? g->lr : g->out;
+            if ((st = d->norm_output ? b->ops->rmsnorm(b, prev, &g->norm, m, d->H, d->eps, g->hid, err)
+                                     : b->ops->copy(b, g->hid, prev, sizeof(float) * (size_t)(m * H), err)))
+                return st;
+            for (int r = 0; r < m; r++) {
+                const eg_draft_propose *p = &it[grp[r]];
+                dev_embed_stage(d, &p->draft[j - 1], 1, r);
+                g->h_slot[r] = p->slot;
+                g->h_pos[r] = L0[grp[r]] + j - 1;
+            }
+            if ((st = dev_embed_put(d, m, err)) || (st = dev_layer(d, m, err)) || (st = dev_head(d, g->out, m, err)))
+                return st;
+            pj.j = j;
+            eg_pool_for(d->pool, m, 1, pick_rows, &pj);
+        }
     }
-    return EG_OK;
+    return st;
 }
 
 static void dev_free(e3_dev *g) {
@@ -468,7 +550,7 @@ static void dev_free(e3_dev *g) {
             if (g->fcn[i].data) b->ops->weight_release(b, &g->fcn[i]);
         void *bufs[] = {g->kc, g->vc, g->table, g->last, g->inv_freq, g->pos, g->slot, g->emb, g->aux, g->hid,
                         g->ne, g->nh, g->cat, g->q, g->k, g->v, g->att, g->x, g->y, g->out, g->logits, g->auxn,
-                        g->qa, g->qan, g->kvb, g->fa, g->fb};
+                        g->qa, g->qan, g->kvb, g->fa, g->fb, g->lr};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) b->ops->release(b, bufs[i]);
         eg_backend_free(b);
@@ -476,6 +558,7 @@ static void dev_free(e3_dev *g) {
     free(g->h_emb);
     free(g->h_pos);
     free(g->h_slot);
+    free(g->h_end);
     free(g->fcn);
     free(g);
 }
@@ -585,7 +668,8 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
         {(void **)&g->q, 4 * (size_t)(R * qd)}, {(void **)&g->k, 4 * (size_t)(R * kvw)},
         {(void **)&g->v, 4 * (size_t)(R * kvw)}, {(void **)&g->att, 4 * (size_t)(R * qd)},
         {(void **)&g->x, 4 * (size_t)(R * H)}, {(void **)&g->y, 4 * (size_t)(R * H)},
-        {(void **)&g->out, 4 * (size_t)(R * H)}, {(void **)&g->logits, 4 * (size_t)d->Vd},
+        {(void **)&g->out, 4 * (size_t)(R * H)}, {(void **)&g->logits, 4 * (size_t)(R * d->Vd)},
+        {(void **)&g->lr, 4 * (size_t)(R * H)},
         {(void **)&g->auxn, d->norm_before_fc || d->fc_norm ? 4 * (size_t)(R * d->n_aux * d->Ht) : 4},
         {(void **)&g->fa, d->fc_norm ? 4 * (size_t)(R * d->Ht) : 4},
         {(void **)&g->fb, d->fc_norm ? 4 * (size_t)(R * d->Ht) : 4}};
@@ -594,7 +678,9 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
     g->h_emb = eg_malloc(sizeof(float) * (size_t)(R * H), err);
     g->h_pos = eg_malloc(sizeof(int32_t) * (size_t)R, err);
     g->h_slot = eg_malloc(sizeof(int32_t) * (size_t)R, err);
-    if (!g->h_emb || !g->h_pos || !g->h_slot) return EG_ERR_NOMEM;
+    g->h_end = eg_malloc((size_t)R, err);
+    d->mlogits = eg_malloc(sizeof(float) * (size_t)(R * d->Vd), err);
+    if (!g->h_emb || !g->h_pos || !g->h_slot || !g->h_end || !d->mlogits) return EG_ERR_NOMEM;
     if ((st = b->ops->to_device(b, g->inv_freq, d->inv_freq, sizeof(float) * (size_t)half, err)) ||
         (st = b->ops->memset0(b, g->kc, 2 * (size_t)cache, err)) ||
         (st = b->ops->memset0(b, g->vc, 2 * (size_t)vcache, err)))
@@ -605,9 +691,9 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
 
 /* ------------------------------------------------------------------ vtable */
 
-static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const float *aux, const int32_t *next,
-                           eg_error *err) {
-    e3 *d = dr->impl;
+/* An extend's arguments are valid: then its blocks are mapped. */
+static eg_status extend_check(e3 *d, const eg_draft_extend *x, eg_error *err) {
+    const int slot = x->slot, pos0 = x->pos0, n = x->n;
     if (slot < 0 || slot >= d->S) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d outside [0, %d)", slot, d->S);
     if (pos0 != d->len[slot])
         return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: extend of slot %d at position %d, but its length is %d",
@@ -617,45 +703,78 @@ static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const floa
                        "eagle3 drafter: extend of slot %d by %d positions from %d passes max_seq_len %d", slot, n, pos0,
                        d->T);
     if (n == 0) return EG_OK;
-    if (!aux || !next) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: extend needs aux rows and next tokens");
+    if (!x->aux || !x->next_tokens) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: extend needs aux rows and next tokens");
     for (int t = 0; t < n; t++)
-        if (next[t] < 0 || next[t] >= d->V)
+        if (x->next_tokens[t] < 0 || x->next_tokens[t] >= d->V)
             return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d position %d: next token %d outside [0, %d)",
-                           slot, pos0 + t, next[t], d->V);
-    const int64_t arow = (int64_t)d->n_aux * d->Ht;
-    eg_status mst = cache_map(d, slot, (int64_t)pos0 + n, err);
-    if (mst) return mst;
-    if (d->dev) {
-        d->last_pos[slot] = -1; /* until the backend's rows are in */
-        eg_status st = dev_extend(d, slot, pos0, n, aux, next, err);
-        if (st) return st;
-    } else {
-        for (int t = 0; t < n; t++) {
-            embed_row(d, next[t], d->emb);
-            const float *a = aux + t * arow;
-            if (d->norm_before_fc) rmsnorm(a, &d->input_norm, (int)arow, d->eps, d->auxn);
-            for (int i = 0; d->fc_norm && i < d->n_aux; i++) /* in place on auxn: each chunk read before written */
-                rmsnorm((d->norm_before_fc ? d->auxn : a) + (int64_t)i * d->Ht, &d->fcn[i], d->Ht, d->eps,
-                        d->auxn + (int64_t)i * d->Ht);
-            matvec(d, &d->fc, d->norm_before_fc || d->fc_norm ? d->auxn : a, d->hid);
-            layer(d, slot, pos0 + t);
-        }
-        memcpy(d->last + (int64_t)slot * d->H, d->out, sizeof(float) * (size_t)d->H);
+                           slot, pos0 + t, x->next_tokens[t], d->V);
+    return cache_map(d, slot, (int64_t)pos0 + n, err);
+}
+
+/* A batch's slots are distinct (d->mark is clear on return). */
+static eg_status slots_distinct(e3 *d, int n, const int *slot_of, size_t stride, const char *what, eg_error *err) {
+    eg_status st = EG_OK;
+    int i = 0;
+    for (; i < n; i++) {
+        int s = *(const int *)((const char *)slot_of + (size_t)i * stride);
+        if (s < 0 || s >= d->S) { st = eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d outside [0, %d)", s, d->S); break; }
+        if (d->mark[s]) { st = eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d twice in one %s", s, what); break; }
+        d->mark[s] = 1;
     }
-    d->last_pos[slot] = pos0 + n - 1;
-    d->len[slot] = pos0 + n;
+    for (int j = 0; j < i; j++) d->mark[*(const int *)((const char *)slot_of + (size_t)j * stride)] = 0;
+    return st;
+}
+
+static eg_status e3_extend_many(eg_drafter *dr, int n_items, const eg_draft_extend *it, eg_error *err) {
+    e3 *d = dr->impl;
+    const int64_t arow = (int64_t)d->n_aux * d->Ht;
+    eg_status st = slots_distinct(d, n_items, &it[0].slot, sizeof *it, "extend", err);
+    for (int i = 0; !st && i < n_items; i++) st = extend_check(d, &it[i], err);
+    if (st) return st;
+    if (d->dev) {
+        for (int i = 0; i < n_items; i++)
+            if (it[i].n) d->last_pos[it[i].slot] = -1; /* until the backend's rows are in */
+        if ((st = dev_extend_many(d, n_items, it, err))) return st;
+    } else {
+        for (int i = 0; i < n_items; i++) {
+            const int slot = it[i].slot, pos0 = it[i].pos0;
+            for (int t = 0; t < it[i].n; t++) {
+                embed_row(d, it[i].next_tokens[t], d->emb);
+                const float *a = it[i].aux + t * arow;
+                if (d->norm_before_fc) rmsnorm(a, &d->input_norm, (int)arow, d->eps, d->auxn);
+                for (int c = 0; d->fc_norm && c < d->n_aux; c++) /* in place on auxn: each chunk read before written */
+                    rmsnorm((d->norm_before_fc ? d->auxn : a) + (int64_t)c * d->Ht, &d->fcn[c], d->Ht, d->eps,
+                            d->auxn + (int64_t)c * d->Ht);
+                matvec(d, &d->fc, d->norm_before_fc || d->fc_norm ? d->auxn : a, d->hid);
+                layer(d, slot, pos0 + t);
+            }
+            if (it[i].n) memcpy(d->last + (int64_t)slot * d->H, d->out, sizeof(float) * (size_t)d->H);
+        }
+    }
+    for (int i = 0; i < n_items; i++)
+        if (it[i].n) {
+            d->last_pos[it[i].slot] = it[i].pos0 + it[i].n - 1;
+            d->len[it[i].slot] = it[i].pos0 + it[i].n;
+        }
     return EG_OK;
 }
 
-/* Draw one draft from d->logits with the sampling parameters; fills q_row [V] when
+static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const float *aux, const int32_t *next,
+                           eg_error *err) {
+    eg_draft_extend x = {slot, pos0, n, aux, next};
+    return e3_extend_many(dr, 1, &x, err);
+}
+
+/* Draw one draft from logits [Vd] with the sampling parameters; fills q_row [V] when
  * non-NULL. Returns the target id. */
-static int32_t pick(e3 *d, const eg_sample_params *sp, uint64_t *rng, double *q_row) {
+static int32_t pick(const e3 *d, pick_scr *ps, const float *logits, const eg_sample_params *sp, uint64_t *rng,
+                    double *q_row) {
     const int greedy = !(sp->temperature > 0.0f);
     int32_t tid;
     if (greedy) {
         int best = 0;
         for (int i = 1; i < d->Vd; i++)
-            if (d->logits[i] > d->logits[best]) best = i;
+            if (logits[i] > logits[best]) best = i;
         tid = (int32_t)(best + d->d2t[best]);
         if (q_row) {
             memset(q_row, 0, sizeof(double) * (size_t)d->V);
@@ -664,65 +783,87 @@ static int32_t pick(e3 *d, const eg_sample_params *sp, uint64_t *rng, double *q_
         return tid;
     }
     if (d->monotone) {
-        eg_spec_probs(d->sc, d->logits, d->Vd, sp, d->pd);
-        int32_t di = eg_spec_draw(d->pd, d->Vd, rng);
+        eg_spec_probs(ps->sc, logits, d->Vd, sp, ps->pd);
+        int32_t di = eg_spec_draw(ps->pd, d->Vd, rng);
         tid = (int32_t)(di + d->d2t[di]);
         if (q_row) {
             memset(q_row, 0, sizeof(double) * (size_t)d->V);
-            for (int i = 0; i < d->Vd; i++) q_row[i + d->d2t[i]] = d->pd[i];
+            for (int i = 0; i < d->Vd; i++) q_row[i + d->d2t[i]] = ps->pd[i];
         }
         return tid;
     }
-    for (int i = 0; i < d->V; i++) d->logits_t[i] = -INFINITY;
-    for (int i = 0; i < d->Vd; i++) d->logits_t[i + d->d2t[i]] = d->logits[i];
-    eg_spec_probs(d->sc, d->logits_t, d->V, sp, d->pt);
-    tid = eg_spec_draw(d->pt, d->V, rng);
-    if (q_row) memcpy(q_row, d->pt, sizeof(double) * (size_t)d->V);
+    for (int i = 0; i < d->V; i++) ps->logits_t[i] = -INFINITY;
+    for (int i = 0; i < d->Vd; i++) ps->logits_t[i + d->d2t[i]] = logits[i];
+    eg_spec_probs(ps->sc, ps->logits_t, d->V, sp, ps->pt);
+    tid = eg_spec_draw(ps->pt, d->V, rng);
+    if (q_row) memcpy(q_row, ps->pt, sizeof(double) * (size_t)d->V);
     return tid;
 }
 
-static eg_status e3_propose(eg_drafter *dr, int slot, const int32_t *seq, int n_seq, int k, const eg_sample_params *sp,
-                            uint64_t *rng, int32_t *draft, double *q, eg_error *err) {
-    e3 *d = dr->impl;
-    (void)seq;
+/* A propose's arguments are valid: then the chain's k - 1 positions are mapped and *L0
+ * is the slot's committed length. */
+static eg_status propose_check(e3 *d, const eg_draft_propose *p, int *L0, eg_error *err) {
+    const int slot = p->slot, k = p->k;
     if (slot < 0 || slot >= d->S) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d outside [0, %d)", slot, d->S);
     if (k < 1) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: propose of %d tokens", k);
-    const int L0 = d->len[slot];
-    if (n_seq - 1 != L0)
+    *L0 = d->len[slot];
+    if (p->n_seq - 1 != *L0)
         return eg_fail(err, EG_ERR_INVALID,
                        "eagle3 drafter: propose for slot %d with %d committed tokens, but the slot holds %d positions "
-                       "(expected n_seq - 1)", slot, n_seq, L0);
-    if (L0 < 1 || d->last_pos[slot] != L0 - 1)
+                       "(expected n_seq - 1)", slot, p->n_seq, *L0);
+    if (*L0 < 1 || d->last_pos[slot] != *L0 - 1)
         return eg_fail(err, EG_ERR_INVALID,
                        "eagle3 drafter: slot %d has no hidden state for its last position %d: extend it first", slot,
-                       L0 - 1);
-    if ((int64_t)L0 + k - 1 > d->T)
+                       *L0 - 1);
+    if ((int64_t)*L0 + k - 1 > d->T)
         return eg_fail(err, EG_ERR_INVALID,
-                       "eagle3 drafter: %d drafts after %d positions of slot %d pass max_seq_len %d", k, L0, slot, d->T);
-    eg_status mst = cache_map(d, slot, (int64_t)L0 + k - 1, err); /* the chain's k - 1 positions */
-    if (mst) return mst;
-    if (d->dev) {
-        eg_status st = dev_propose(d, slot, L0, k, sp, rng, draft, q, err);
-        if (st) return st;
-        d->len[slot] = L0 + k - 1;
-        return EG_OK;
-    }
-    const float *h = d->last + (int64_t)slot * d->H;
+                       "eagle3 drafter: %d drafts after %d positions of slot %d pass max_seq_len %d", k, *L0, slot, d->T);
+    return cache_map(d, slot, (int64_t)*L0 + k - 1, err); /* the chain's k - 1 positions */
+}
+
+/* The own path's chain for one slot. */
+static void own_propose(e3 *d, const eg_draft_propose *p, int L0) {
+    const float *h = d->last + (int64_t)p->slot * d->H;
     head(d, h);
-    draft[0] = pick(d, sp, rng, q);
-    for (int i = 1; i < k; i++) {
+    p->draft[0] = pick(d, &d->ps[0], d->logits, p->sp, p->rng, p->q);
+    for (int i = 1; i < p->k; i++) {
         /* chained: the previous step's pre-norm output as the hidden input (no fc; with
          * norm_output its final-normed form), the previous draft's embedding, at the next
          * position */
         if (d->norm_output) rmsnorm(i == 1 ? h : d->out, &d->norm, d->H, d->eps, d->hid);
         else memcpy(d->hid, i == 1 ? h : d->out, sizeof(float) * (size_t)d->H);
-        embed_row(d, draft[i - 1], d->emb);
-        layer(d, slot, L0 + i - 1);
+        embed_row(d, p->draft[i - 1], d->emb);
+        layer(d, p->slot, L0 + i - 1);
         head(d, d->out);
-        draft[i] = pick(d, sp, rng, q ? q + (int64_t)i * d->V : NULL);
+        p->draft[i] = pick(d, &d->ps[0], d->logits, p->sp, p->rng, p->q ? p->q + (int64_t)i * d->V : NULL);
     }
-    d->len[slot] = L0 + k - 1; /* speculative positions; the caller truncates */
+}
+
+static eg_status e3_propose_many(eg_drafter *dr, int n_items, const eg_draft_propose *it, eg_error *err) {
+    e3 *d = dr->impl;
+    eg_status st = slots_distinct(d, n_items, &it[0].slot, sizeof *it, "propose", err);
+    int *L0 = d->order + d->S; /* [n] beside the order */
+    for (int i = 0; !st && i < n_items; i++) st = propose_check(d, &it[i], &L0[i], err);
+    if (st) return st;
+    if (d->dev) {
+        /* the order: k descending, ties in item order (insertion sort: n is a batch's slots) */
+        for (int i = 0; i < n_items; i++) {
+            int j = i;
+            for (; j > 0 && it[d->order[j - 1]].k < it[i].k; j--) d->order[j] = d->order[j - 1];
+            d->order[j] = i;
+        }
+        if ((st = dev_propose_many(d, n_items, it, L0, err))) return st;
+    } else {
+        for (int i = 0; i < n_items; i++) own_propose(d, &it[i], L0[i]);
+    }
+    for (int i = 0; i < n_items; i++) d->len[it[i].slot] = L0[i] + it[i].k - 1; /* speculative; the caller truncates */
     return EG_OK;
+}
+
+static eg_status e3_propose(eg_drafter *dr, int slot, const int32_t *seq, int n_seq, int k, const eg_sample_params *sp,
+                            uint64_t *rng, int32_t *draft, double *q, eg_error *err) {
+    eg_draft_propose p = {slot, seq, n_seq, k, sp, rng, draft, q};
+    return e3_propose_many(dr, 1, &p, err);
 }
 
 static void e3_truncate(eg_drafter *dr, int slot, int len) {
@@ -753,18 +894,25 @@ static void e3_destroy(eg_drafter *dr) {
     free(d->auxn);
     free(d->fcn);
     float *bufs[] = {d->emb, d->hid, d->res, d->cat, d->q, d->k, d->v, d->att, d->x, d->y, d->g, d->u, d->out,
-                     d->scores, d->logits, d->logits_t};
+                     d->scores, d->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    free(d->pd);
-    free(d->pt);
-    eg_spec_scratch_free(d->sc);
+    for (int t = 0; d->ps && t < d->n_ps; t++) {
+        eg_spec_scratch_free(d->ps[t].sc);
+        free(d->ps[t].pd);
+        free(d->ps[t].pt);
+        free(d->ps[t].logits_t);
+    }
+    free(d->ps);
+    free(d->mlogits);
+    free(d->order);
+    free(d->mark);
     eg_pool_free(d->pool);
     dev_free(d->dev);
     eg_config_free(&d->mcfg);
     free(d);
 }
 
-static const eg_drafter_vtbl e3_vt = {e3_extend, e3_propose, e3_truncate, e3_destroy};
+static const eg_drafter_vtbl e3_vt = {e3_extend, e3_propose, e3_truncate, e3_destroy, e3_extend_many, e3_propose_many};
 
 /* ------------------------------------------------------------------ accessors */
 
@@ -1568,18 +1716,34 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     struct { float **p; int64_t n; } sz[] = {
         {&d->emb, H}, {&d->hid, H}, {&d->res, H}, {&d->cat, 2 * H}, {&d->q, (int64_t)d->NH * d->HD}, {&d->k, row},
         {&d->v, row}, {&d->att, (int64_t)d->NH * d->HD}, {&d->x, H}, {&d->y, H}, {&d->g, d->I}, {&d->u, d->I},
-        {&d->out, H}, {&d->scores, d->T}, {&d->logits, d->Vd}, {&d->logits_t, d->monotone ? 1 : d->V}};
+        {&d->out, H}, {&d->scores, d->T}, {&d->logits, d->Vd}};
     for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) *sz[i].p = eg_malloc(sizeof(float) * (size_t)sz[i].n, err);
-    d->pd = eg_malloc(sizeof(double) * (size_t)d->Vd, err);
-    d->pt = eg_malloc(sizeof(double) * (size_t)(d->monotone ? 1 : d->V), err);
+    d->order = eg_malloc(sizeof(int) * 2 * (size_t)d->S, err); /* and propose_many's L0 */
+    d->mark = eg_calloc((size_t)d->S, 1, err);
+    if (!d->order || !d->mark) st = EG_ERR_NOMEM;
     for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
         if (!*sz[i].p) st = EG_ERR_NOMEM;
     if ((d->norm_before_fc || d->fc_norm) && !(d->auxn = eg_malloc(sizeof(float) * (size_t)d->n_aux * (size_t)d->Ht, err)))
         st = EG_ERR_NOMEM;
-    if (!d->kc || !d->vc || !d->last || !d->len || !d->last_pos || !d->inv_freq || !d->pd || !d->pt) st = EG_ERR_NOMEM;
+    if (!d->kc || !d->vc || !d->last || !d->len || !d->last_pos || !d->inv_freq) st = EG_ERR_NOMEM;
     if (st) goto fail;
-    if ((st = eg_spec_scratch_create(d->monotone ? d->Vd : d->V, &d->sc, err))) goto fail;
     if ((st = eg_pool_create(opts->threads ? opts->threads : eg_num_threads(), &d->pool, err))) goto fail;
+    d->n_ps = eg_pool_size(d->pool);
+    if (!(d->ps = eg_calloc((size_t)d->n_ps, sizeof *d->ps, err))) {
+        st = EG_ERR_NOMEM;
+        goto fail;
+    }
+    for (int t = 0; t < d->n_ps; t++) {
+        pick_scr *ps = &d->ps[t];
+        ps->pd = eg_malloc(sizeof(double) * (size_t)d->Vd, err);
+        ps->pt = eg_malloc(sizeof(double) * (size_t)(d->monotone ? 1 : d->V), err);
+        ps->logits_t = eg_malloc(sizeof(float) * (size_t)(d->monotone ? 1 : d->V), err);
+        if (!ps->pd || !ps->pt || !ps->logits_t) {
+            st = EG_ERR_NOMEM;
+            goto fail;
+        }
+        if ((st = eg_spec_scratch_create(d->monotone ? d->Vd : d->V, &ps->sc, err))) goto fail;
+    }
     for (int s = 0; s < d->S; s++) d->last_pos[s] = -1;
     if (d->mla) { /* DeepSeek's (YaRN-blended) frequencies of the rope dims, as the target's */
         double *fr = eg_malloc(sizeof(double) * (size_t)(d->DR / 2), err);

@@ -85,7 +85,7 @@ static void rp_destroy(eg_drafter *d) {
     free(p);
 }
 
-static const eg_drafter_vtbl rp_vtbl = {rp_extend, rp_propose, rp_truncate, rp_destroy};
+static const eg_drafter_vtbl rp_vtbl = {rp_extend, rp_propose, rp_truncate, rp_destroy, NULL, NULL};
 
 eg_status eg_drafter_replay_create(const eg_config *target, int n_slots, int max_seq_len, double rate,
                                    eg_drafter **out, eg_error *err) {

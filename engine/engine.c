@@ -38,6 +38,10 @@ typedef struct slot_state {
     int n_draft;        /* drafts verified by the step in flight (0: a plain row) */
     int32_t *draft;     /* [k] */
     double *q;          /* [k][V] proposer distributions (sampled requests; NULL until one) */
+    /* the host's draws for the step in flight (host_draws): the accepted drafts and the
+       token after them, or a plain row's token in v_next */
+    int v_acc;
+    int32_t v_next;
 } slot_state;
 
 /* A preempted sequence waiting for cache room: its state as it left its slot, and its
@@ -55,6 +59,7 @@ typedef struct parked_seq {
 typedef struct micro_batch {
     int index;
     int busy;
+    int rr;              /* rotation of its decode pass over its own slots (a drafter's) */
     eg_status status;    /* of the step in flight */
     int sent_to;         /* stage whose receive of this step's rows is posted-for (a send is in flight), -1 none */
     eg_error err;
@@ -98,7 +103,11 @@ struct eg_engine {
     pthread_t *threads;
     mb_queue *queues;    /* [n_stages + 1]: input of each stage, then completions */
     micro_batch *leave_mb; /* [n_stages] threaded expert-parallel rank: the leave markers */
-    float *sample_scratch; /* [eg_sample_scratch_floats(V)] host sampling when logits are kept */
+    /* host sampling (want_logits or a drafter): a step's rows drawn at once (host_draws) */
+    eg_pool *hpool;        /* NULL: on the driving thread */
+    eg_spec_scratch **hsc; /* [n_hsc] a scratch per thread */
+    int n_hsc;
+    struct host_job { int slot, lr, verify; } *hjobs; /* [n_slots] */
     int spec_in_flight;    /* threaded: micro-batches with verify rows in the pipeline */
     double spec_since;     /* when the first of them went in */
     eg_request pending;
@@ -125,8 +134,10 @@ struct eg_engine {
     int *daux;           /* [n_daux] index of each in aux_layers */
     float *dstage;       /* [max_tokens][n_daux][H] aux rows handed to the drafter */
     int32_t *dnext;      /* [max_tokens] their next tokens */
+    eg_draft_extend *dx;  /* [n_slots] one batched catch-up's items */
+    eg_draft_propose *dp; /* [n_slots] one step's proposals */
+    int *pend_slot, *pend_row; /* [n_slots] a micro-batch's verify chunks: slot, first row */
     eg_spec_scratch *spec;
-    int rr;              /* rotation of the decode pass (no sequence waits for rows forever) */
 };
 
 static void q_init(mb_queue *q) {
@@ -220,10 +231,13 @@ void eg_engine_free(eg_engine *e) {
     free(e->leave_mb);
     free(e->aux_layers);
     free(e->stage_count);
-    free(e->sample_scratch);
+    for (int t = 0; e->hsc && t < e->n_hsc; t++) eg_spec_scratch_free(e->hsc[t]);
+    free(e->hsc);
+    free(e->hjobs);
+    eg_pool_free(e->hpool);
     free(e->pending_tok); free(e->pending_stop);
     free(e->daux); free(e->dstage); free(e->dnext);
-    eg_spec_scratch_free(e->spec);
+    free(e->dx); free(e->dp); free(e->pend_slot); free(e->pend_row);
     free(e);
 }
 
@@ -379,8 +393,12 @@ static eg_status spec_setup(eg_engine *e, eg_error *err) {
     size_t rows = (size_t)o->max_tokens;
     e->dstage = eg_malloc(sizeof(float) * rows * (size_t)(di->n_aux > 0 ? di->n_aux : 1) * (size_t)c->hidden, err);
     e->dnext = eg_malloc(sizeof(int32_t) * rows, err);
-    if (!e->dstage || !e->dnext) return EG_ERR_NOMEM;
-    return eg_spec_scratch_create(c->vocab, &e->spec, err);
+    e->dx = eg_malloc(sizeof *e->dx * (size_t)o->n_slots, err);
+    e->dp = eg_malloc(sizeof *e->dp * (size_t)o->n_slots, err);
+    e->pend_slot = eg_malloc(sizeof(int) * (size_t)o->n_slots, err);
+    e->pend_row = eg_malloc(sizeof(int) * (size_t)o->n_slots, err);
+    if (!e->dstage || !e->dnext || !e->dx || !e->dp || !e->pend_slot || !e->pend_row) return EG_ERR_NOMEM;
+    return EG_OK;
 }
 
 eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_opts *o, eg_engine **out,
@@ -434,12 +452,24 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     e->slots = eg_calloc((size_t)o->n_slots, sizeof *e->slots, err);
     e->mbs = eg_calloc((size_t)e->n_mb, sizeof *e->mbs, err);
     e->parked = eg_calloc((size_t)o->n_slots, sizeof *e->parked, err);
-    if (o->want_logits || o->drafter)
-        e->sample_scratch = eg_malloc(sizeof(float) * eg_sample_scratch_floats(c->vocab), err);
-    if (!e->stages || !e->stage_count || !e->stage_be || !e->slots || !e->mbs || !e->parked ||
-        ((o->want_logits || o->drafter) && !e->sample_scratch)) {
+    if (!e->stages || !e->stage_count || !e->stage_be || !e->slots || !e->mbs || !e->parked) {
         eg_engine_free(e);
         return EG_ERR_NOMEM;
+    }
+    if (o->want_logits || o->drafter) { /* the host's draws: a pool and a scratch per thread */
+        int nt = o->host_threads > 0 ? o->host_threads : eg_num_threads();
+        if (nt > 16) nt = 16;
+        if (nt > o->n_slots) nt = o->n_slots;
+        if (nt < 1) nt = 1;
+        eg_status hst = nt > 1 ? eg_pool_create(nt, &e->hpool, err) : EG_OK;
+        e->n_hsc = e->hpool ? eg_pool_size(e->hpool) : 1;
+        e->hsc = hst ? NULL : eg_calloc((size_t)e->n_hsc, sizeof *e->hsc, err);
+        e->hjobs = e->hsc ? eg_malloc(sizeof *e->hjobs * (size_t)o->n_slots, err) : NULL;
+        for (int t = 0; e->hjobs && !hst && t < e->n_hsc; t++) hst = eg_spec_scratch_create(c->vocab, &e->hsc[t], err);
+        if (hst || !e->hjobs) {
+            eg_engine_free(e);
+            return hst ? hst : EG_ERR_NOMEM;
+        }
     }
     if (o->kv_policy != EG_KV_ON_DEMAND && o->kv_policy != EG_KV_RESERVE) {
         eg_engine_free(e);
@@ -955,41 +985,114 @@ static eg_status admit_mb(eg_engine *e, micro_batch *mb, eg_next_fn next, void *
     return EG_OK;
 }
 
-/* Hand the drafter the positions of slot i it lacks: [dlen, end) with end the rows
- * kept (computed now or captured before a dropped cache) that have a next token. Rows
- * come from the slot's capture buffers, so the drafter sees the same features whether
- * or not the sequence was preempted (BF16 capture: the rounded rows, widened). */
-static eg_status drafter_catch_up(eg_engine *e, int i, eg_error *err) {
+/* The end of the positions slot i can hand the drafter: the rows kept (computed now or
+ * captured before a dropped cache) that have a next token, no further than the target's
+ * blocks (release_blocks: a sequence restored in the middle of a recompute holds fewer
+ * blocks than the rows it captured before). */
+static int catch_up_end(eg_engine *e, int i) {
+    slot_state *s = &e->slots[i];
+    int have = s->n_done > s->recompute_to ? s->n_done : s->recompute_to;
+    int end = have < s->n_total - 1 ? have : s->n_total - 1;
+    int64_t mapped = mapped_tokens(e, i);
+    return end > mapped ? (int)mapped : end;
+}
+
+/* Stage slot i's positions [from, from + n) at rows at.. of the drafter's staging: the
+ * rows come from the slot's capture buffers, so the drafter sees the same features
+ * whether or not the sequence was preempted (BF16 capture: the rounded rows, widened). */
+static void stage_rows(eg_engine *e, int i, int from, int n, int at) {
     slot_state *s = &e->slots[i];
     const int64_t H = e->m->cfg.hidden;
     const int na = e->o.n_aux, nd = e->n_daux;
-    int have = s->n_done > s->recompute_to ? s->n_done : s->recompute_to;
-    int end = have < s->n_total - 1 ? have : s->n_total - 1;
-    /* no further than the target's blocks (release_blocks): a sequence restored in the
-     * middle of a recompute holds fewer blocks than the rows it captured before */
-    int64_t mapped = mapped_tokens(e, i);
-    if (end > mapped) end = (int)mapped;
+    for (int t = 0; t < n; t++) {
+        int p = from + t;
+        for (int a = 0; a < nd; a++) {
+            int64_t src = ((int64_t)p * na + e->daux[a]) * H;
+            float *dst = e->dstage + ((int64_t)(at + t) * nd + a) * H;
+            if (e->o.capture_bf16)
+                for (int64_t h = 0; h < H; h++) dst[h] = eg_bf16_to_f32(s->aux16[src + h]);
+            else
+                memcpy(dst, s->aux + src, sizeof(float) * (size_t)H);
+        }
+        e->dnext[at + t] = s->tokens[p + 1];
+    }
+}
+
+/* Hand the drafter the positions of slot i it lacks, [dlen, catch_up_end), in chunks of
+ * the staging's max_tokens rows. */
+static eg_status drafter_catch_up(eg_engine *e, int i, eg_error *err) {
+    slot_state *s = &e->slots[i];
+    int end = catch_up_end(e, i);
     while (s->dlen < end) {
         int n = end - s->dlen < e->o.max_tokens ? end - s->dlen : e->o.max_tokens;
-        for (int t = 0; t < n; t++) {
-            int p = s->dlen + t;
-            for (int a = 0; a < nd; a++) {
-                int64_t src = ((int64_t)p * na + e->daux[a]) * H;
-                float *dst = e->dstage + ((int64_t)t * nd + a) * H;
-                if (e->o.capture_bf16)
-                    for (int64_t h = 0; h < H; h++) dst[h] = eg_bf16_to_f32(s->aux16[src + h]);
-                else
-                    memcpy(dst, s->aux + src, sizeof(float) * (size_t)H);
-            }
-            e->dnext[t] = s->tokens[p + 1];
-        }
+        stage_rows(e, i, s->dlen, n, 0);
         double t0 = eg_now();
-        eg_status st = eg_drafter_extend(e->dr, i, s->dlen, n, nd ? e->dstage : NULL, e->dnext, err);
+        eg_status st = eg_drafter_extend(e->dr, i, s->dlen, n, e->n_daux ? e->dstage : NULL, e->dnext, err);
         e->stats.draft_seconds += eg_now() - t0;
         if (st)
             return eg_wrap(err, "drafter: extending request %llu at positions %d..%d", (unsigned long long)s->req.id,
                            s->dlen, s->dlen + n - 1);
         s->dlen += n;
+    }
+    return EG_OK;
+}
+
+/* The same for slots[0..n) at once: their positions in batched extends (each at most the
+ * staging's rows; a slot lacking more goes alone, as above). */
+static eg_status drafter_catch_up_many(eg_engine *e, const int *slots, int n, eg_error *err) {
+    const int64_t arow = (int64_t)e->n_daux * e->m->cfg.hidden;
+    int used = 0, nx = 0;
+    eg_status st = EG_OK;
+    for (int j = 0; j <= n && !st; j++) {
+        int i = j < n ? slots[j] : -1, need = i >= 0 ? catch_up_end(e, i) - e->slots[i].dlen : 0;
+        if (i >= 0 && need <= 0) continue;
+        if (nx && (i < 0 || need > e->o.max_tokens - used)) { /* flush */
+            double t0 = eg_now();
+            st = eg_drafter_extend_many(e->dr, nx, e->dx, err);
+            e->stats.draft_seconds += eg_now() - t0;
+            if (st) return eg_wrap(err, "drafter: extending %d sequences' positions", nx);
+            for (int x = 0; x < nx; x++) e->slots[e->dx[x].slot].dlen += e->dx[x].n;
+            nx = used = 0;
+        }
+        if (i < 0) break;
+        if (need > e->o.max_tokens) {
+            st = drafter_catch_up(e, i, err);
+            continue;
+        }
+        stage_rows(e, i, e->slots[i].dlen, need, used);
+        e->dx[nx++] = (eg_draft_extend){i, e->slots[i].dlen, need, e->n_daux ? e->dstage + used * arow : NULL,
+                                        e->dnext + used};
+        used += need;
+    }
+    return st;
+}
+
+/* The drafts of micro-batch mb's verify chunks (build_mb packed them: slot pend_slot[c]
+ * from row pend_row[c]): every slot's drafter state caught up and its k proposals made in
+ * one batch, then written as the chunks' tokens. */
+static eg_status spec_drafts(eg_engine *e, micro_batch *mb, int n_pend, eg_error *err) {
+    const int64_t V = e->m->cfg.vocab;
+    eg_status st = drafter_catch_up_many(e, e->pend_slot, n_pend, err);
+    if (st) return st;
+    for (int c = 0; c < n_pend; c++) {
+        slot_state *s = &e->slots[e->pend_slot[c]];
+        EG_ASSERT(s->dlen == s->n_total - 1);
+        e->dp[c] = (eg_draft_propose){e->pend_slot[c], s->tokens, s->n_total, s->n_draft, &s->req.sp, &s->rng, s->draft,
+                                      s->req.sp.temperature > 0.0f ? s->q : NULL};
+    }
+    double t0 = eg_now();
+    st = eg_drafter_propose_many(e->dr, n_pend, e->dp, err);
+    e->stats.draft_seconds += eg_now() - t0;
+    if (st)
+        return eg_wrap(err, "drafter: proposing for %d sequences (request %llu first)", n_pend,
+                       (unsigned long long)e->slots[e->pend_slot[0]].req.id);
+    for (int c = 0; c < n_pend; c++) {
+        slot_state *s = &e->slots[e->pend_slot[c]];
+        for (int k = 0; k < s->n_draft; k++)
+            if (s->draft[k] < 0 || s->draft[k] >= V)
+                return eg_fail(err, EG_ERR_INVALID, "drafter: proposed token %d for request %llu (vocabulary %lld)",
+                               s->draft[k], (unsigned long long)s->req.id, (long long)V);
+        for (int k = 0; k <= s->n_draft; k++) mb->tok[e->pend_row[c] + k] = k ? s->draft[k - 1] : s->tokens[s->n_done];
     }
     return EG_OK;
 }
@@ -1007,16 +1110,18 @@ static int drafts_for(const eg_engine *e, const slot_state *s) {
  * chunk, never split), and the decode pass starts at a rotating slot. */
 static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
     const int S = e->o.n_slots, Tmax = e->o.max_tokens;
-    const int64_t V = e->m->cfg.vocab;
-    int T = 0, n_rows = 0;
+    int T = 0, n_rows = 0, n_pend = 0;
     int r0 = 0;
     mb->n_spec = 0;
+    const int own = (S - mb->index + e->n_mb - 1) / e->n_mb; /* slots mb->index + m * n_mb */
     if (e->dr) {
-        r0 = e->rr;
-        e->rr = (e->rr + 1) % S;
+        /* each micro-batch its own counter: with one shared by all, a micro-batch could see
+           only start values of one residue (2 micro-batches of 2 slots: always even) and
+           its first slot would go first every time */
+        r0 = mb->rr;
+        mb->rr = (mb->rr + 1) % own;
         for (int i = mb->index; i < S; i += e->n_mb) e->slots[i].n_draft = 0;
     }
-    const int own = (S - mb->index + e->n_mb - 1) / e->n_mb; /* slots mb->index + m * n_mb */
     for (int pass = 0; pass < 2 && T < Tmax; pass++)
         for (int j = mb->index; j < S && T < Tmax; j += e->n_mb) {
             /* the decode pass rotates over the micro-batch's own slots (all of them with
@@ -1048,21 +1153,10 @@ static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
                 }
                 if (have < n) n = have;
             }
-            if (kd) {
-                eg_status st;
-                if ((st = drafter_catch_up(e, i, err))) return st;
-                EG_ASSERT(s->dlen == s->n_total - 1);
-                double t0 = eg_now();
-                st = eg_drafter_propose(e->dr, i, s->tokens, s->n_total, kd, &s->req.sp, &s->rng, s->draft,
-                                        s->req.sp.temperature > 0.0f ? s->q : NULL, err);
-                e->stats.draft_seconds += eg_now() - t0;
-                if (st) return eg_wrap(err, "drafter: proposing for request %llu", (unsigned long long)s->req.id);
-                for (int k = 0; k < kd; k++)
-                    if (s->draft[k] < 0 || s->draft[k] >= V)
-                        return eg_fail(err, EG_ERR_INVALID, "drafter: proposed token %d for request %llu (vocabulary %lld)",
-                                       s->draft[k], (unsigned long long)s->req.id, (long long)V);
+            if (kd) { /* its tokens (the drafts) come once every chunk is packed: spec_drafts */
+                e->pend_slot[n_pend] = i;
+                e->pend_row[n_pend++] = T;
                 for (int k = 0; k < n; k++) {
-                    mb->tok[T + k] = k ? s->draft[k - 1] : s->tokens[s->n_done];
                     mb->pos[T + k] = s->n_done + k;
                     mb->slt[T + k] = i;
                     if (!e->o.want_logits) mb->rows[n_rows++] = T + k;
@@ -1086,6 +1180,10 @@ static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
             }
             T += n;
         }
+    if (n_pend) {
+        eg_status st = spec_drafts(e, mb, n_pend, err);
+        if (st) return st;
+    }
     if (e->o.want_logits)
         for (int r = 0; r < T; r++) mb->rows[r] = r;
     mb->T = T;
@@ -1151,10 +1249,9 @@ static eg_status complete_spec(eg_engine *e, micro_batch *mb, int i, int row, in
     const int T = mb->T, n_aux = e->o.n_aux, kd = s->n_draft;
     const int64_t H = e->m->cfg.hidden, V = e->m->cfg.vocab;
     double t0 = eg_now();
-    int n_acc = 0;
-    int32_t next = 0;
-    eg_spec_verify(e->spec, mb->logits + (int64_t)lr * V, (int)V, &s->req.sp, s->draft,
-                   s->req.sp.temperature > 0.0f ? s->q : NULL, kd, e->o.spec_rule, &s->rng, &n_acc, &next);
+    /* its logits rows were verified by host_draws */
+    int n_acc = s->v_acc;
+    int32_t next = s->v_next;
     int m = 0; /* tokens committed */
     for (int j = 0; j <= n_acc && !s->finishing; j++) {
         int32_t tok = j < n_acc ? s->draft[j] : next;
@@ -1201,7 +1298,55 @@ static eg_status complete_spec(eg_engine *e, micro_batch *mb, int i, int row, in
     double t1 = eg_now();
     eg_drafter_truncate(e->dr, i, s->dlen); /* its speculative positions */
     e->stats.draft_seconds += eg_now() - t1;
-    return drafter_catch_up(e, i, err);
+    return EG_OK; /* the committed positions reach the drafter before its next proposal (spec_drafts) */
+}
+
+typedef struct { eg_engine *e; const micro_batch *mb; } host_draw_ctx;
+
+static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
+    const host_draw_ctx *c = vp;
+    eg_engine *e = c->e;
+    const int64_t V = e->m->cfg.vocab;
+    for (int64_t j = b; j < end; j++) {
+        const struct host_job *h = &e->hjobs[j];
+        slot_state *s = &e->slots[h->slot];
+        const float *lg = c->mb->logits + (int64_t)h->lr * V;
+        if (h->verify)
+            eg_spec_verify(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, s->req.sp.temperature > 0.0f ? s->q : NULL,
+                           s->n_draft, e->o.spec_rule, &s->rng, &s->v_acc, &s->v_next);
+        else
+            s->v_next = eg_sample_row(lg, (int)V, &s->req.sp, &s->rng, e->hsc[tid]->sort, NULL);
+    }
+}
+
+/* The host's draws of mb's step (logits kept, or a drafter), before complete_mb takes
+ * them: every verify chunk's acceptance and every sampling row's token, in parallel over
+ * the sequences. Each draw reads only its own sequence's logits rows and advances only its
+ * own RNG, so the tokens are the serial ones whatever the threads (at Kimi's 163,840 ids
+ * a row costs ~3 ms on one core, a verify chunk up to k + 1 rows). The walk is
+ * complete_mb's: the same rows, the same logit rows. */
+static void host_draws(eg_engine *e, micro_batch *mb) {
+    const int T = mb->T;
+    int row = 0, srow = 0, nj = 0, n_verify = 0;
+    while (row < T) {
+        int i = mb->slt[row];
+        slot_state *s = &e->slots[i];
+        int n = 0;
+        while (row + n < T && mb->slt[row + n] == i) n++;
+        if (s->n_draft > 0) {
+            e->hjobs[nj++] = (struct host_job){i, e->o.want_logits ? row : srow, 1};
+            n_verify++;
+            if (!e->o.want_logits) srow += n;
+        } else if (s->n_done + n == s->n_total && !s->finishing && s->n_generated < s->req.max_new) {
+            e->hjobs[nj++] = (struct host_job){i, e->o.want_logits ? row + n - 1 : srow, 0};
+            if (!e->o.want_logits) srow++;
+        }
+        row += n;
+    }
+    double t0 = eg_now();
+    host_draw_ctx c = {e, mb};
+    eg_pool_for(e->hpool, nj, 1, host_draw, &c);
+    if (n_verify) e->stats.verify_seconds += eg_now() - t0;
 }
 
 /* After mb's step: scatter captures, take sampled tokens, finish sequences. */
@@ -1219,6 +1364,7 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
                                "(broken weights or config?); nothing of it was written",
                                (unsigned long long)e->slots[mb->slt[t]].req.id, mb->pos[t]);
         }
+    if (e->o.want_logits || e->dr) host_draws(e, mb);
     int row = 0, srow = 0; /* srow: the next sampled row, or with a drafter the next logit row */
     while (row < T) {
         int i = mb->slt[row];
@@ -1252,8 +1398,8 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
         if (s->n_done == s->n_total && !s->finishing && s->n_generated < s->req.max_new) {
             int32_t tok;
             if (e->o.want_logits || e->dr) { /* the host sampler, as the CPU backend samples */
-                int lr = e->o.want_logits ? row + n - 1 : srow++;
-                tok = eg_sample_row(mb->logits + (int64_t)lr * V, (int)V, &s->req.sp, &s->rng, e->sample_scratch, NULL);
+                if (!e->o.want_logits) srow++;
+                tok = s->v_next; /* drawn by host_draws */
             } else {
                 tok = mb->sampled[srow];
                 s->rng = mb->rng[srow];
@@ -1270,11 +1416,9 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
                 s->finishing = 1;
             }
         }
-        if (s->n_done == s->n_total && (s->finishing || s->req.max_new == 0)) {
+        /* a prefill's rows reach the drafter with the slot's first proposal (spec_drafts) */
+        if (s->n_done == s->n_total && (s->finishing || s->req.max_new == 0))
             if ((st = finish_slot(e, i, done, ctx, err))) return st;
-        } else if (e->dr && (st = drafter_catch_up(e, i, err))) { /* prefill chunks feed it too */
-            return st;
-        }
         row += n;
     }
     return EG_OK;

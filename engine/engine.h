@@ -114,6 +114,10 @@ typedef struct eg_engine_opts {
     int final_both;          /* also capture the pre-norm final state (eg_result.final_pre*);
                                 final stays post-norm (final_pre_norm must be 0) */
     int want_logits;         /* keep logits for every position (small vocabularies only) */
+    int host_threads;        /* sampling on the host (want_logits, or a drafter: every row a
+                                step samples, and the acceptance rule): threads drawing a
+                                step's rows at once, each from its own sequence's RNG, so the
+                                tokens do not depend on it (0: eg_num_threads(), at most 16) */
     const int *stage_ends;   /* pipeline: end layer of each stage (ascending, last = L); NULL = one stage */
     const int *stage_cuts;   /* [n_stages] or NULL: > 0 splits stage k's last layer at that routed
                                 expert (forward.h tail_cut): stage k + 1 starts with the same

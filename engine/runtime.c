@@ -596,6 +596,8 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         }
         if (nd == 1) eo.drafter = rt->drafters[0];
         eo.draft_tokens = o->draft_tokens;
+        /* the ranks' host draws share the cores, as their drafters' pools do */
+        if (nd > 1) eo.host_threads = all / nd > 0 ? all / nd : 1;
     }
     if (o->ep > 1) {
         eo.stage_backends = NULL;

@@ -459,6 +459,91 @@ static void test_backend_cpu_bits(void) {
     backend_bits_case(1);
 }
 
+/* Batched calls (extend_many, propose_many) on the backend path, in passes of 3 rows
+ * over 5 slots of uneven lengths (an extend pass holding the end of one slot and the
+ * start of the next; propose groups of 3 slots, chains of 1 to 4 drafts, k descending
+ * across items given in shuffled slot order), against the per-slot calls of a reference:
+ * the own code (MLA: the backend path, one slot at a time). Three rounds of extend,
+ * propose and truncate; greedy and sampled slots mixed. Drafts, q and every rng equal
+ * bit for bit. Then the refusals: a slot twice in one batch. */
+static void many_case(int mla) {
+    const char *dir = tmpdir(mla ? "many_mla" : "many");
+    g_mla = mla;
+    make_drafter(dir, 0, NULL);
+    g_mla = 0;
+    enum { S = 5, T = 40, K = 4, V = 512, NA = 3, H = 64 };
+    eg_error e = {0};
+    eg_drafter *a = NULL, *b = NULL;
+    g_backend = mla ? "cpu" : NULL;
+    CHECK_OK(load(dir, S, T, &a, &e), &e);
+    g_backend = "cpu";
+    g_rows = 3;
+    CHECK_OK(load(dir, S, T, &b, &e), &e);
+    g_backend = NULL;
+    g_rows = 0;
+    if (!a || !b) {
+        eg_drafter_free(a);
+        eg_drafter_free(b);
+        return;
+    }
+    static float aux[S][T][NA][H];
+    static int32_t next[S][T], seq[T + 1];
+    for (int i = 0; i < S * T * NA * H; i++) (&aux[0][0][0][0])[i] = (float)(2.0 * urand() - 1.0);
+    for (int i = 0; i < S * T; i++) (&next[0][0])[i] = (int32_t)(urand() * V);
+    static const int order[S] = {3, 0, 4, 1, 2};
+    static const eg_sample_params sps[S] = {{0.8f, 0.95f, 40}, {0.0f, 1.0f, 0}, {1.0f, 1.0f, 0}, {0.6f, 0.5f, 0},
+                                            {1.3f, 1.0f, 100}};
+    int len[S] = {0}, add[S] = {1, 6, 2, 9, 4};
+    uint64_t ra[S], rb[S];
+    for (int s2 = 0; s2 < S; s2++) ra[s2] = rb[s2] = 1000 + (uint64_t)s2;
+    static int32_t da[S][K], db[S][K];
+    static double qa[S][K][V], qb[S][K][V];
+    int same = 1, rounds = 3;
+    for (int round = 0; round < rounds; round++) {
+        eg_draft_extend xs[S];
+        eg_draft_propose ps[S];
+        for (int j = 0; j < S; j++) {
+            int s2 = order[j];
+            xs[j] = (eg_draft_extend){s2, len[s2], add[s2], &aux[s2][len[s2]][0][0], &next[s2][len[s2]]};
+            CHECK_OK(eg_drafter_extend(a, s2, len[s2], add[s2], &aux[s2][len[s2]][0][0], &next[s2][len[s2]], &e), &e);
+        }
+        CHECK_OK(eg_drafter_extend_many(b, S, xs, &e), &e);
+        for (int s2 = 0; s2 < S; s2++) len[s2] += add[s2];
+        for (int j = 0; j < S; j++) {
+            int s2 = order[j], k = 1 + (s2 + round) % K;
+            ps[j] = (eg_draft_propose){s2, seq, len[s2] + 1, k, &sps[s2], &rb[s2], db[s2], &qb[s2][0][0]};
+            CHECK_OK(eg_drafter_propose(a, s2, seq, len[s2] + 1, k, &sps[s2], &ra[s2], da[s2], &qa[s2][0][0], &e), &e);
+        }
+        CHECK_OK(eg_drafter_propose_many(b, S, ps, &e), &e);
+        for (int s2 = 0; s2 < S; s2++) {
+            int k = 1 + (s2 + round) % K;
+            same &= !memcmp(da[s2], db[s2], sizeof(int32_t) * (size_t)k) && ra[s2] == rb[s2] &&
+                    !memcmp(qa[s2], qb[s2], sizeof(double) * (size_t)(k * V));
+            eg_drafter_truncate(a, s2, len[s2]);
+            eg_drafter_truncate(b, s2, len[s2]);
+            CHECK(eg_drafter_eagle3_slot_len(b, s2) == len[s2]);
+            add[s2] = 1 + (int)(urand() * k); /* accepted drafts + 1 */
+        }
+    }
+    CHECKF(same, "%s: the batched calls differ from the per-slot ones", mla ? "MLA" : "own-code reference");
+    printf("    %s: extend_many / propose_many (3 rows a pass) == per-slot calls, bit for bit, %d rounds x %d slots\n",
+           mla ? "MLA (backend path both)" : "own code reference", rounds, S);
+    /* a slot twice in one batch is refused and changes nothing */
+    eg_draft_extend twice[2] = {{0, len[0], 1, &aux[0][len[0]][0][0], &next[0][len[0]]},
+                                {0, len[0], 1, &aux[0][len[0]][0][0], &next[0][len[0]]}};
+    CHECK(eg_drafter_extend_many(b, 2, twice, &e) == EG_ERR_INVALID && strstr(e.msg, "slot 0 twice"));
+    CHECK(eg_drafter_eagle3_slot_len(b, 0) == len[0]);
+    eg_draft_propose ptwice[2] = {{1, seq, len[1] + 1, 1, &sps[1], &rb[1], db[1], NULL},
+                                  {1, seq, len[1] + 1, 1, &sps[1], &rb[1], db[1], NULL}};
+    CHECK(eg_drafter_propose_many(b, 2, ptwice, &e) == EG_ERR_INVALID && strstr(e.msg, "slot 1 twice"));
+    eg_drafter_free(a);
+    eg_drafter_free(b);
+}
+static void test_many_equals_one(void) {
+    many_case(0);
+    many_case(1);
+}
+
 /* ---------------------------------------------------------------- q */
 
 static void q_case(const char *sub, const int64_t *d2t) {
@@ -1107,6 +1192,7 @@ int main(int argc, char **argv) {
         {"mla_layout", test_mla_layout},
         {"reference_fc_norm", test_reference_fc_norm},
         {"backend_cpu_bits", test_backend_cpu_bits},
+        {"many_equals_one", test_many_equals_one},
         {"q_monotone", test_q_monotone},
         {"q_permuted", test_q_permuted},
         {"draws_follow_q", test_draws_follow_q},

@@ -10,8 +10,11 @@
  * the engine drives them by drafter.h's protocol. */
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include "engine/drafter_eagle3.h"
 #include "engine/engine.h"
+#include "engine/mkmodel.h"
 #include "engine/ep_runtime.h"
 #include "tests/check.h"
 
@@ -36,6 +39,7 @@ typedef struct results {
     int32_t *tokens[MAXREQ];
     int n_tokens[MAXREQ], n_gen[MAXREQ], prompt_len[MAXREQ];
     eg_finish finish[MAXREQ];
+    int64_t done_step[MAXREQ];          /* the engine's step count when it finished */
     float *aux[MAXREQ], *final[MAXREQ]; /* F32 capture; NULL when not kept */
 } results;
 
@@ -78,11 +82,13 @@ typedef struct run_cfg {
     int ep;                  /* > 1: expert-parallel ranks (ep_runtime.h), rank r driving rank_drafters[r] */
     eg_drafter *const *rank_drafters;
     int threaded;            /* stage_ends on threads of their own (a backend per stage) */
+    int host_threads;        /* eg_engine_opts.host_threads (0: its default) */
     int micro_batches;
 } run_cfg;
 
 typedef struct run_ctx {
     const run_cfg *c;
+    eg_engine *e;       /* one engine's run (not ep): done_step recorded */
     int next;
     results *out;
     int32_t buf[MAX_SEQ];
@@ -126,6 +132,11 @@ static eg_status on_done(void *vc, const eg_result *r, eg_error *err) {
     o->n_gen[i] = r->n_generated;
     o->prompt_len[i] = r->prompt_len;
     o->finish[i] = r->finish;
+    if (x->e) {
+        eg_engine_stats es;
+        eg_engine_get_stats(x->e, &es);
+        o->done_step[i] = es.steps;
+    }
     o->tokens[i] = malloc(4 * (size_t)r->n_tokens);
     memcpy(o->tokens[i], r->tokens, 4 * (size_t)r->n_tokens);
     if (x->c->keep_rows) {
@@ -169,7 +180,8 @@ static eg_status run(const run_cfg *c, results *out, eg_error *err) {
                          .kv_policy = c->policy, .host_kv_bytes = c->host_kv, .check_recompute = 1,
                          .drafter = c->drafter, .draft_tokens = c->k, .spec_rule = c->rule,
                          .stage_ends = c->stage_ends, .n_stages = c->n_stages, .capture_bf16 = c->capture_bf16,
-                         .want_logits = c->want_logits, .micro_batches = c->micro_batches};
+                         .want_logits = c->want_logits, .micro_batches = c->micro_batches,
+                         .host_threads = c->host_threads};
     eg_status st = EG_OK;
     run_ctx x = {.c = c, .out = out};
     if (c->ep > 1) {
@@ -189,6 +201,7 @@ static eg_status run(const run_cfg *c, results *out, eg_error *err) {
     }
     if (!st) st = eg_engine_create(&model, c->threaded ? sbe[0] : be, &eo, &e, err);
     if (!st) {
+        x.e = e;
         st = eg_engine_run(e, next_req, on_done, &x, err);
         eg_engine_get_stats(e, &last_stats);
     }
@@ -333,7 +346,7 @@ static void tp_destroy(eg_drafter *d) {
     free(p);
 }
 
-static const eg_drafter_vtbl tp_vtbl = {tp_extend, tp_propose, tp_truncate, tp_destroy};
+static const eg_drafter_vtbl tp_vtbl = {tp_extend, tp_propose, tp_truncate, tp_destroy, NULL, NULL};
 
 static test_prop *prop_new(prop_mode mode, int n_slots) {
     test_prop *p = calloc(1, sizeof *p);
@@ -1009,6 +1022,109 @@ static void test_sampled_distribution(void) {
     free_results(&base);
 }
 
+/* The decode pass's rotation with several micro-batches: 2 threaded stages, 2 micro-batches
+ * of 2 slots, one verify chunk per step (max_tokens = K + 1): each micro-batch's two
+ * sequences take turns, so they finish within a few steps of each other. With one counter
+ * shared by the micro-batches each saw start values of one parity, and a micro-batch's
+ * first slot went first every time: its second sequence decoded only once the first was
+ * done (finishing 12+ steps later). */
+static void test_rotation_fair(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    results base = {0}, b = {0};
+    run_cfg c = base_cfg();
+    c.n_req = 4;
+    c.same_prompt = 0; /* every pair alike: only the order of the decode pass differs */
+    c.slots = 4;
+    c.max_new = 25;
+    CHECK_OK(run(&c, &base, &err), &err);
+    static const int ends[2] = {3, 5};
+    test_prop *p = prop_new(P_RIGHT, c.slots);
+    p->ref = &base;
+    run_cfg s = c;
+    s.drafter = &p->d;
+    s.k = 3;
+    s.max_tokens = 7; /* one verify chunk of 4, and 3 rows for prefill */
+    s.stage_ends = ends;
+    s.n_stages = 2;
+    s.threaded = 1;
+    s.micro_batches = 2;
+    CHECK_OK(run(&s, &b, &err), &err);
+    for (int r = 0; r < 4; r++) CHECKF(same_result(&base, &b, r), "request %d differs", r);
+    /* micro-batch 0 admits requests 0 and 1 into its slots 0 and 2, micro-batch 1 requests
+       2 and 3 */
+    for (int m = 0; m < 2; m++) {
+        int64_t gap = b.done_step[2 * m + 1] - b.done_step[2 * m];
+        CHECKF(gap >= -6 && gap <= 6, "micro-batch %d: requests %d and %d finished at steps %lld and %lld", m, 2 * m,
+               2 * m + 1, (long long)b.done_step[2 * m], (long long)b.done_step[2 * m + 1]);
+    }
+    printf("    finished at steps %lld %lld %lld %lld (requests 0-3)\n", (long long)b.done_step[0],
+           (long long)b.done_step[1], (long long)b.done_step[2], (long long)b.done_step[3]);
+    free_results(&base);
+    free_results(&b);
+    eg_drafter_free(&p->d);
+}
+
+/* The EAGLE-3 drafter through the CPU backend's ops, where the engine's batched calls
+ * (drafter.h extend_many / propose_many: one pass over every pending slot's rows, in
+ * passes of 3 rows here) run, against its own code slot by slot: the same drafts (the
+ * backend path is the own code's products in the same order, engine_drafter
+ * backend_cpu_bits), so the same run token for token, captured rows, draft and
+ * acceptance counts. Sampled and greedy, 4 slots with uneven lengths, and a pool small
+ * enough to preempt (the drafter rebuilt from kept rows); the batched runs draw the
+ * step's rows on 3 host threads (host_draws), the reference on the driving thread. */
+static void test_eagle3_batched(void) {
+    load_model();
+    if (!have_model) return;
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/eg_spec_e3_%d", (int)getpid());
+    static const int daux[2] = {1, 4};
+    eg_mkdrafter_opts mo = {.target_dir = MODEL, .out_dir = dir, .seed = 5, .draft_vocab = 300, .n_aux = 2,
+                            .aux_layers = daux};
+    eg_error err = {0};
+    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
+    if (err.code) return;
+    /* hot temperatures flatten p and q alike, so drafts are accepted often */
+    const struct { float temp; int64_t kv_blocks; int k; } cases[] = {{4.0f, 0, 3}, {0.0f, 0, 4}, {2.5f, 12, 3}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        results own = {0}, bat = {0};
+        eg_engine_stats st_own = {0};
+        for (int path = 0; path < 2; path++) {
+            run_cfg c = base_cfg();
+            c.slots = 4;
+            c.max_new = 30;
+            c.temp = cases[ci].temp;
+            c.kv_blocks = cases[ci].kv_blocks;
+            c.k = cases[ci].k;
+            c.host_threads = path ? 3 : 1; /* the host's draws in parallel, or on the driving thread */
+            eg_eagle3_opts po = {.threads = 1, .backend = path ? "cpu" : NULL, .max_rows = 3, .block_size = 8};
+            eg_drafter *d = NULL;
+            CHECK_OK(eg_drafter_eagle3_load_opts(dir, &model, c.slots, MAX_SEQ, &po, &d, &err), &err);
+            if (!d) return;
+            c.drafter = d;
+            CHECK_OK(run(&c, path ? &bat : &own, &err), &err);
+            if (!path) st_own = last_stats;
+            eg_drafter_free(d);
+        }
+        for (int r = 0; r < 5; r++) CHECKF(same_result(&own, &bat, r), "case %zu: request %d differs", ci, r);
+        CHECKF(last_stats.drafted == st_own.drafted && last_stats.accepted == st_own.accepted &&
+                   last_stats.verify_steps == st_own.verify_steps,
+               "case %zu: drafted %lld / %lld, accepted %lld / %lld", ci, (long long)last_stats.drafted,
+               (long long)st_own.drafted, (long long)last_stats.accepted, (long long)st_own.accepted);
+        CHECK(last_stats.drafted > 0);
+        if (cases[ci].kv_blocks) CHECKF(last_stats.preemptions > 0, "case %zu: no preemption", ci);
+        printf("    case %zu: %lld verify steps, %lld drafted, %lld accepted, %lld preemptions: batched == slot by slot\n",
+               ci, (long long)last_stats.verify_steps, (long long)last_stats.drafted, (long long)last_stats.accepted,
+               (long long)last_stats.preemptions);
+        free_results(&own);
+        free_results(&bat);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) fprintf(stderr, "    could not remove %s\n", dir);
+}
+
 static void test_cleanup(void) {
     if (have_model) eg_model_free(&model);
     have_model = 0;
@@ -1016,6 +1132,8 @@ static void test_cleanup(void) {
 
 static const eg_test tests[] = {
     {"chunk_row_equals_decode", test_chunk_row_equals_decode},
+    {"eagle3_batched", test_eagle3_batched},
+    {"rotation_fair", test_rotation_fair},
     {"verify_greedy", test_verify_greedy},
     {"verify_sampled", test_verify_sampled},
     {"greedy_identical", test_greedy_identical},

@@ -1941,6 +1941,29 @@ static void drafter_case(const char *ddir, eg_model *m, const char *what) {
         eg_drafter_truncate(dc, 0, t + 1);
         eg_drafter_truncate(dg, 0, t + 1);
     }
+    /* the engine's batched calls on CUDA: both slots extended in one pass (3 rows, slot 1
+       then slot 0), then one propose of a sampled chain of 3 (slot 0, q) and a greedy one of
+       2 (slot 1), against the own code's per-slot calls */
+    {
+        eg_draft_extend xs[2] = {{1, 6, 1, aux, next}, {0, N, 2, aux + 3 * (int64_t)H, next + 1}};
+        CHECK_OK(eg_drafter_extend(dc, 1, 6, 1, aux, next, &err), &err);
+        CHECK_OK(eg_drafter_extend(dc, 0, N, 2, aux + 3 * (int64_t)H, next + 1, &err), &err);
+        CHECK_OK(eg_drafter_extend_many(dg, 2, xs, &err), &err);
+        double *q3a = malloc(sizeof(double) * 3 * (size_t)V), *q3b = malloc(sizeof(double) * 3 * (size_t)V);
+        int32_t d0a[3], d0b[3], d1a[2], d1b[2];
+        uint64_t r1a = 77, r1b = 77;
+        eg_draft_propose ps[2] = {{1, seq, 8, 2, &greedy, &r1b, d1b, NULL}, {0, seq, N + 3, 3, &sp, &rb, d0b, q3b}};
+        CHECK_OK(eg_drafter_propose(dc, 1, seq, 8, 2, &greedy, &r1a, d1a, NULL, &err), &err);
+        CHECK_OK(eg_drafter_propose(dc, 0, seq, N + 3, 3, &sp, &ra, d0a, q3a, &err), &err);
+        CHECK_OK(eg_drafter_propose_many(dg, 2, ps, &err), &err);
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < 3 * (int64_t)V; i++) num += (q3a[i] - q3b[i]) * (q3a[i] - q3b[i]), den += q3a[i] * q3a[i];
+        if (sqrt(num / den) > worst_q) worst_q = sqrt(num / den);
+        drafts_same &= !memcmp(d0a, d0b, sizeof d0a) && !memcmp(d1a, d1b, sizeof d1a) && r1a == r1b;
+        printf("    drafter%s via cuda, batched (extend_many of 2 slots in one pass, propose_many of chains 3 + 2): "
+               "drafts %s, q rel %.2e\n", what, drafts_same ? "identical" : "DIFFERENT", sqrt(num / den));
+        free(q3a), free(q3b);
+    }
     printf("    drafter%s via cuda vs own CPU code: logits rel <= %.2e over %d steps, q rel <= %.2e, drafts %s\n", what,
            worst, K + N, worst_q, drafts_same ? "identical" : "DIFFERENT");
     CHECKF(worst < bf16_bound(), "drafter%s logits rel %.3g", what, worst);
