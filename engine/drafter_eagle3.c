@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 
 #include "common/eg_thread.h"
+#include "engine/cuda_plan.h"
 #include "engine/safetensors.h"
 #include "engine/spec.h"
 
@@ -574,22 +575,12 @@ static eg_status dev_upload(e3 *d, const dw *w, const char *name, eg_weight *out
     return d->dev->be->ops->weight_upload(d->dev->be, &h, out, err);
 }
 
-/* Create the backend and move the weights and state there. */
-static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
-    const char *name = opts->backend;
-    if (strcmp(name, "cpu") && strcmp(name, "cuda"))
-        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: backend \"%s\" (expected \"cpu\" or \"cuda\")", name);
-    if (opts->max_rows < 0 || opts->device < 0)
-        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: max_rows %d / device %d", opts->max_rows, opts->device);
-    e3_dev *g = eg_calloc(1, sizeof *g, err);
-    if (!g) return EG_ERR_NOMEM;
-    d->dev = g;
-    g->R = opts->max_rows ? opts->max_rows : 64;
-    /* A config shaped like the drafter's layer, so the backend's scratch covers its
-     * products: widest input n_aux*Ht / 2H / NH*HD in q_lora_rank (the field only sizes
-     * scratch here), the MLP width in inter, the draft vocabulary as vocab. */
-    /* MLA: the layer's own DeepSeek config, whose head and latent dims the backend's
-     * mla_attention op reads (q_lora_rank then only sizes scratch, as above) */
+/* A config shaped like the drafter's layer, so the backend's scratch covers its products:
+ * widest input n_aux*Ht / 2H / NH*HD in q_lora_rank (the field only sizes scratch here),
+ * the MLP width in inter, the draft vocabulary as vocab. MLA: the layer's own DeepSeek
+ * config, whose head and latent dims the backend's mla_attention op reads (q_lora_rank
+ * then only sizes scratch, as above). */
+static eg_status dev_config(const e3 *d, eg_config *out, eg_error *err) {
     eg_config c;
     memset(&c, 0, sizeof c);
     if (d->mla) {
@@ -613,9 +604,73 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
     c.rms_eps = d->eps;
     c.rope_theta = d->theta;
     c.max_pos = d->T;
+    *out = c;
+    return EG_OK;
+}
+
+/* The backend path's buffers for R rows per pass, in bytes (dev_create allocates these,
+ * in this order, into dev_buffer_ptrs' pointers). */
+enum { E3_DEV_BUFS = 28 };
+static void dev_buffer_sizes(const e3 *d, int64_t R, size_t *sz) {
+    const int64_t H = d->H, row = d->mla ? (int64_t)d->C + d->DR : (int64_t)d->NKV * d->HD,
+                  cache = d->n_blocks * d->BS * row, vcache = d->mla ? 1 : cache, half = d->mla ? d->DR / 2 : d->HD / 2,
+                  kvw = d->mla ? 1 : row;
+    const int64_t qd = d->mla ? (int64_t)d->NH * (d->DN + d->DR > d->DV ? d->DN + d->DR : d->DV)
+                              : (int64_t)d->NH * d->HD;
+    const size_t v[E3_DEV_BUFS] = {
+        2 * (size_t)cache, 2 * (size_t)vcache, 4 * (size_t)d->S * (size_t)d->MB, 4 * (size_t)(d->S * H),
+        4 * (size_t)half, d->mla && d->QL ? 4 * (size_t)(R * d->QL) : 4, d->mla && d->QL ? 4 * (size_t)(R * d->QL) : 4,
+        d->mla ? 4 * (size_t)(R * row) : 4, 4 * (size_t)R, 4 * (size_t)R, 4 * (size_t)(R * H),
+        4 * (size_t)(R * d->n_aux * d->Ht), 4 * (size_t)(R * H), 4 * (size_t)(R * H), 4 * (size_t)(R * H),
+        4 * (size_t)(R * 2 * H), 4 * (size_t)(R * qd), 4 * (size_t)(R * kvw), 4 * (size_t)(R * kvw),
+        4 * (size_t)(R * qd), 4 * (size_t)(R * H), 4 * (size_t)(R * H), 4 * (size_t)(R * H),
+        4 * (size_t)(R * d->Vd), 4 * (size_t)(R * H),
+        d->norm_before_fc || d->fc_norm ? 4 * (size_t)(R * d->n_aux * d->Ht) : 4,
+        d->fc_norm ? 4 * (size_t)(R * d->Ht) : 4, d->fc_norm ? 4 * (size_t)(R * d->Ht) : 4};
+    memcpy(sz, v, sizeof v);
+}
+static void dev_buffer_ptrs(e3_dev *g, void ***p) {
+    void **v[E3_DEV_BUFS] = {(void **)&g->kc, (void **)&g->vc, (void **)&g->table, (void **)&g->last,
+                             (void **)&g->inv_freq, (void **)&g->qa, (void **)&g->qan, (void **)&g->kvb,
+                             (void **)&g->pos, (void **)&g->slot, (void **)&g->emb, (void **)&g->aux,
+                             (void **)&g->hid, (void **)&g->ne, (void **)&g->nh, (void **)&g->cat, (void **)&g->q,
+                             (void **)&g->k, (void **)&g->v, (void **)&g->att, (void **)&g->x, (void **)&g->y,
+                             (void **)&g->out, (void **)&g->logits, (void **)&g->lr, (void **)&g->auxn,
+                             (void **)&g->fa, (void **)&g->fb};
+    memcpy(p, v, sizeof v);
+}
+
+int64_t eg_drafter_eagle3_device_bytes(const eg_drafter *dr, int rows) {
+    const e3 *d = dr->impl;
+    const int64_t R = rows > 0 ? rows : 64;
+    size_t sz[E3_DEV_BUFS];
+    dev_buffer_sizes(d, R, sz);
+    int64_t b = 0;
+    for (int i = 2; i < E3_DEV_BUFS; i++) b += (int64_t)sz[i]; /* not the caches: state_bytes counts them */
+    eg_config c;
+    eg_error e = {0};
+    if (dev_config(d, &c, &e)) return b;
+    eg_backend_opts bo = {.name = "cuda", .max_tokens = (int)R, .max_seq_len = d->T};
+    return b + eg_cuda_scratch_bytes(&c, &bo);
+}
+
+/* Create the backend and move the weights and state there. */
+static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
+    const char *name = opts->backend;
+    if (strcmp(name, "cpu") && strcmp(name, "cuda"))
+        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: backend \"%s\" (expected \"cpu\" or \"cuda\")", name);
+    if (opts->max_rows < 0 || opts->device < 0)
+        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: max_rows %d / device %d", opts->max_rows, opts->device);
+    e3_dev *g = eg_calloc(1, sizeof *g, err);
+    if (!g) return EG_ERR_NOMEM;
+    d->dev = g;
+    g->R = opts->max_rows ? opts->max_rows : 64;
+    eg_config c;
+    eg_status st = dev_config(d, &c, err);
+    if (st) return st;
     eg_backend_opts bo = {.name = name, .max_tokens = g->R, .max_seq_len = d->T, .nthreads = opts->threads,
                           .device = opts->device};
-    eg_status st = eg_backend_create(&c, &bo, &g->be, err);
+    st = eg_backend_create(&c, &bo, &g->be, err);
     if (st) return st;
     eg_backend *b = g->be;
     if (!b->ops->gqa_attention || !b->ops->copy_rows || !b->ops->mla_attention)
@@ -650,31 +705,15 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
         for (int i = 0; i < d->n_aux; i++)
             if ((st = dev_upload(d, &d->fcn[i], "fc_norm.weight", &g->fcn[i], err))) return st;
     }
-    /* the cache: K and V rows of NKV * HD, or one latent row of C + DR (MLA) */
+    /* the cache: K and V rows of NKV * HD, or one latent row of C + DR (MLA); the rows of a pass */
     const int64_t R = g->R, H = d->H, row = d->mla ? (int64_t)d->C + d->DR : (int64_t)d->NKV * d->HD,
-                  cache = d->n_blocks * d->BS * row, vcache = d->mla ? 1 : cache, half = d->mla ? d->DR / 2 : d->HD / 2,
-                  kvw = d->mla ? 1 : row;
-    struct { void **p; size_t bytes; } al[] = {
-        {(void **)&g->kc, 2 * (size_t)cache}, {(void **)&g->vc, 2 * (size_t)vcache},
-        {(void **)&g->table, 4 * (size_t)d->S * (size_t)d->MB},
-        {(void **)&g->last, 4 * (size_t)(d->S * H)}, {(void **)&g->inv_freq, 4 * (size_t)half},
-        {(void **)&g->qa, d->mla && d->QL ? 4 * (size_t)(R * d->QL) : 4},
-        {(void **)&g->qan, d->mla && d->QL ? 4 * (size_t)(R * d->QL) : 4},
-        {(void **)&g->kvb, d->mla ? 4 * (size_t)(R * row) : 4},
-        {(void **)&g->pos, 4 * (size_t)R}, {(void **)&g->slot, 4 * (size_t)R},
-        {(void **)&g->emb, 4 * (size_t)(R * H)}, {(void **)&g->aux, 4 * (size_t)(R * d->n_aux * d->Ht)},
-        {(void **)&g->hid, 4 * (size_t)(R * H)}, {(void **)&g->ne, 4 * (size_t)(R * H)},
-        {(void **)&g->nh, 4 * (size_t)(R * H)}, {(void **)&g->cat, 4 * (size_t)(R * 2 * H)},
-        {(void **)&g->q, 4 * (size_t)(R * qd)}, {(void **)&g->k, 4 * (size_t)(R * kvw)},
-        {(void **)&g->v, 4 * (size_t)(R * kvw)}, {(void **)&g->att, 4 * (size_t)(R * qd)},
-        {(void **)&g->x, 4 * (size_t)(R * H)}, {(void **)&g->y, 4 * (size_t)(R * H)},
-        {(void **)&g->out, 4 * (size_t)(R * H)}, {(void **)&g->logits, 4 * (size_t)(R * d->Vd)},
-        {(void **)&g->lr, 4 * (size_t)(R * H)},
-        {(void **)&g->auxn, d->norm_before_fc || d->fc_norm ? 4 * (size_t)(R * d->n_aux * d->Ht) : 4},
-        {(void **)&g->fa, d->fc_norm ? 4 * (size_t)(R * d->Ht) : 4},
-        {(void **)&g->fb, d->fc_norm ? 4 * (size_t)(R * d->Ht) : 4}};
-    for (size_t i = 0; i < sizeof al / sizeof al[0]; i++)
-        if ((st = b->ops->alloc(b, al[i].bytes, al[i].p, err))) return st;
+                  cache = d->n_blocks * d->BS * row, vcache = d->mla ? 1 : cache, half = d->mla ? d->DR / 2 : d->HD / 2;
+    size_t sz[E3_DEV_BUFS];
+    void **ptr[E3_DEV_BUFS];
+    dev_buffer_sizes(d, R, sz);
+    dev_buffer_ptrs(g, ptr);
+    for (int i = 0; i < E3_DEV_BUFS; i++)
+        if ((st = b->ops->alloc(b, sz[i], ptr[i], err))) return st;
     g->h_emb = eg_malloc(sizeof(float) * (size_t)(R * H), err);
     g->h_pos = eg_malloc(sizeof(int32_t) * (size_t)R, err);
     g->h_slot = eg_malloc(sizeof(int32_t) * (size_t)R, err);

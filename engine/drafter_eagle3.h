@@ -147,5 +147,14 @@ const char *eg_drafter_eagle3_aux_source(const eg_drafter *d);
 const char *eg_drafter_eagle3_backend(const eg_drafter *d);
 /* Current length (committed positions) of a slot. */
 int eg_drafter_eagle3_slot_len(const eg_drafter *d, int slot);
+/* Backend memory the backend path holds besides its weights and caches, for passes of
+ * `rows` rows (eg_eagle3_opts.max_rows; 0 = 64): its activation buffers and its CUDA
+ * backend's scratch (eg_cuda_scratch_bytes of its layer's config). From the dimensions
+ * alone (any path), for the planner. */
+int64_t eg_drafter_eagle3_device_bytes(const eg_drafter *d, int rows);
+/* The rows of a pass the runtime gives a drafter on a GPU: a step's verify chunks are
+ * proposed for in groups of this many slots, each group reading the drafter's weights once
+ * per draft position; its buffers (~600 KB a row for a Kimi-K2.5 drafter) are planned. */
+#define EG_EAGLE3_GPU_ROWS 256
 
 #endif

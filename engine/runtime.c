@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+
 struct eg_runtime {
     eg_model own_model;       /* when loaded from opts.model_dir */
     int owns_model;
@@ -274,14 +275,16 @@ out:
  * every stage on a GPU first (each stage backend has its own scratch), the KV pool from
  * what is left; every stage gets the same number of cache blocks, the smallest any GPU
  * allows. */
-/* With a drafter (draft_w its weights, draft_slot its fixed bytes per slot, draft_tok its
+/* With a drafter (draft_w its weights, draft_buf its passes' buffers and backend scratch
+ * (eg_drafter_eagle3_device_bytes), draft_slot its fixed bytes per slot, draft_tok its
  * paged cache's bytes per token, plan_slots slots in all; 0 while --batch auto is still
  * being chosen) the GPU of the last stage (each rank's with ep) also holds the drafter:
  * its weights and slots' rows with the activations (*draft_dev gets those bytes, per rank
  * with ep), its cache per token beside that GPU's layers' (it grows with the target's
  * pool, block for block). quiet: no notes (a first pass). */
 static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_backend_opts *bo, int n_stages,
-                           int64_t draft_w, int64_t draft_slot, int64_t draft_tok, int plan_slots, int quiet,
+                           int64_t draft_w, int64_t draft_buf, int64_t draft_slot, int64_t draft_tok, int plan_slots,
+                           int quiet,
                            int64_t *kv_blocks, int64_t *draft_dev, eg_error *err) {
     const eg_model *m = rt->m;
     const eg_config *c = &m->cfg;
@@ -293,7 +296,7 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
     *kv_blocks = 0;
     *draft_dev = 0;
     if (o->draft_model) /* the ranks' slots: rank 0 has the most */
-        *draft_dev = draft_w + draft_slot * (ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots);
+        *draft_dev = draft_w + draft_buf + draft_slot * (ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots);
     for (int d = 0; d < n_dev; d++) {
         int64_t tail = 0, head = eg_plan_head_bytes(m, n_stages, &tail), wbytes = 0, act = 0;
         int layers = 0, on_dev = 0;
@@ -344,10 +347,11 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
                            : eg_cuda_plan(c, &so, o->gpu_mem_fraction, wbytes, act, layers, extra, 64, &mp, err);
         if (st) return eg_wrap(err, "memory plan for GPU %d", so.device), st;
         eg_cuda_plan_format(&mp, so.device, line, sizeof line);
-        char dnote[200] = "";
+        char dnote[240] = "";
         if (with_draft)
-            snprintf(dnote, sizeof dnote, "; the activations include the drafter's %lld bytes (weights %lld, %d slots' "
-                     "rows of %lld%s), its cache grows with the pool", (long long)*draft_dev, (long long)draft_w,
+            snprintf(dnote, sizeof dnote, "; the activations include the drafter's %lld bytes (weights %lld, buffers %lld, %d "
+                     "slots' rows of %lld%s), its cache grows with the pool", (long long)*draft_dev, (long long)draft_w,
+                     (long long)draft_buf,
                      ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots, (long long)draft_slot,
                      ep > 1 ? ", per rank" : "");
         char gnote[96] = "";
@@ -403,7 +407,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     eg_backend_opts bo = {.name = backend, .max_tokens = max_tokens, .max_seq_len = o->max_seq_len,
                           .nthreads = o->threads, .device = o->device};
     /* the drafter's size (a probe of one slot: the checkpoint is mapped, not read), for the plan */
-    int64_t draft_w = 0, draft_slot = 0, draft_tok = 0, draft_dev = 0;
+    int64_t draft_w = 0, draft_slot = 0, draft_tok = 0, draft_dev = 0, draft_buf = 0;
     const int64_t block = o->block_size > 0 ? o->block_size : 64;
     if (o->draft_model) {
         eg_drafter *probe = NULL;
@@ -417,6 +421,8 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         draft_tok = pi->cache_bytes_per_token;
         /* the probe's one slot: its fixed rows, past its default pool of one slot's blocks */
         draft_slot = pi->state_bytes - pi->pool_blocks * pi->block_size * pi->cache_bytes_per_token;
+        /* on the GPU: its rows of a pass (EG_EAGLE3_GPU_ROWS) and its backend's scratch */
+        if (cuda) draft_buf = eg_drafter_eagle3_device_bytes(probe, EG_EAGLE3_GPU_ROWS);
         eg_drafter_free(probe);
     }
     /* the stage split */
@@ -428,7 +434,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     if (o->stages) {
         /* on CUDA the drafter sits on the last stage's GPU (each rank's with ep, where the
          * split weighs whole layers): its weights count in that stage's share */
-        int64_t tail_extra = cuda ? draft_w * (o->ep > 1 ? o->ep : 1) : 0;
+        int64_t tail_extra = cuda ? (draft_w + draft_buf) * (o->ep > 1 ? o->ep : 1) : 0;
         if ((st = eg_runtime_parse_stages_cuts(o->stages, m, tail_extra, rt->stage_ends, rt->stage_cuts, &n_stages, err)))
             goto fail;
         /* "N" on planned GPUs, one each (no ranks) or one per rank and stage (stage groups,
@@ -436,7 +442,8 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         if (n_stages > 1 && !strchr(o->stages, ',') && cuda && o->gpu_mem_fraction > 0 &&
             (o->ep <= 1 || ep_stage_groups(o, n_stages, cuda)) &&
             (o->ep > 1 || o->gpus <= 0 || o->gpus >= n_stages) && !o->whole_layers &&
-            (st = balance_stages(rt, o, &bo, n_stages, o->ep, o->ep > 1 ? draft_w : tail_extra, draft_tok, err)))
+            (st = balance_stages(rt, o, &bo, n_stages, o->ep, o->ep > 1 ? draft_w + draft_buf : tail_extra, draft_tok,
+                                 err)))
             goto fail;
         if (n_stages < 1) { /* "--stages ''": one stage */
             n_stages = 1;
@@ -469,7 +476,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
        as many as the smaller pool then chooses) */
     for (int pass = planned && o->draft_model && n_slots == 0 ? 0 : 1; pass < 2; pass++) {
         int plan_slots = pass ? (n_slots ? n_slots : 0) : 0;
-        if (planned && (st = plan_cuda(rt, o, &bo, n_stages, draft_w, draft_slot, draft_tok, plan_slots, !pass,
+        if (planned && (st = plan_cuda(rt, o, &bo, n_stages, draft_w, draft_buf, draft_slot, draft_tok, plan_slots, !pass,
                                        &kv_blocks, &draft_dev, err)))
             goto fail;
         if (o->kv_tokens > 0) {
@@ -582,7 +589,8 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         /* its paged cache in the target's blocks, its pool the engine's (a rank's share with
            ep, as eg_ep_runtime_create splits it; 0 = the engine's default, every slot full) */
         eg_eagle3_opts dopt = {.threads = nd > 1 ? (all / nd > 0 ? all / nd : 1) : 0,
-                               .backend = cuda ? "cuda" : NULL, .block_size = (int)block};
+                               .backend = cuda ? "cuda" : NULL, .block_size = (int)block,
+                               .max_rows = cuda ? EG_EAGLE3_GPU_ROWS : 0};
         for (int r = 0; r < nd; r++) {
             int slots = nd > 1 ? eg_ep_runtime_rank_slots(n_slots, nd, r) : n_slots;
             dopt.pool_blocks = kv_blocks > 0 ? kv_blocks / nd + (r < kv_blocks % nd) : 0;

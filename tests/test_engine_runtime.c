@@ -727,7 +727,7 @@ static void test_spec_plan(void) {
     struct {
         const char *name, *stages;
         int ep, n_slots;
-    } v[] = {{"one GPU", NULL, 0, 4}, {"two stages (the drafter on the second GPU)", "2", 0, 6},
+    } v[] = {{"one GPU", NULL, 0, 4}, {"two stages (the drafter on the second GPU)", "3,5", 0, 6},
              {"--ep 2 (each rank's GPU)", NULL, 2, 4}, {"--batch auto", NULL, 0, 0}};
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
         notes without = {0}, with = {0};
@@ -735,7 +735,9 @@ static void test_spec_plan(void) {
         for (int d = 0; d < 2; d++) {
             eg_runtime_opts o = planned_opts();
             o.stages = v[k].stages;
-            o.whole_layers = 1; /* the same split with and without the drafter (stage_balance) */
+            o.whole_layers = 1; /* the same split with and without the drafter (stage_balance; the
+                                   two stages are given: a split by bytes would move a layer
+                                   off the drafter's GPU) */
             o.stage_threads = 1;
             o.ep = v[k].ep;
             o.n_slots = v[k].n_slots;
@@ -767,7 +769,8 @@ static void test_spec_plan(void) {
         CHECK_OK(eg_drafter_eagle3_load_opts(draft_dir, &model, 1, 4096, &po, &probe, &err), &err);
         if (!probe) continue;
         const int64_t w = probe->info.weight_bytes, tok = probe->info.cache_bytes_per_token,
-                      slot = probe->info.state_bytes - probe->info.pool_blocks * 64 * tok;
+                      slot = probe->info.state_bytes - probe->info.pool_blocks * 64 * tok,
+                      buf = eg_drafter_eagle3_device_bytes(probe, EG_EAGLE3_GPU_ROWS);
         CHECK(probe->info.pool_blocks == 4096 / 64 && probe->info.block_size == 64);
         eg_drafter_free(probe);
         CHECK(w > 0 && slot > 0 && tok > 0);
@@ -777,16 +780,21 @@ static void test_spec_plan(void) {
                    v[k].name, g, (long long)plan_tokens(&without, g), (long long)plan_tokens(&with, g));
         CHECKF(!strstr(without.lines[last], "drafter"), "%s: '%s'", v[k].name, without.lines[last]);
         const char *p = strstr(with.lines[last], "the activations include the drafter's ");
-        long long got = 0, got_w = 0, got_slot = 0;
+        long long got = 0, got_w = 0, got_buf = 0, got_slot = 0;
         int got_slots = 0;
-        CHECKF(p && sscanf(p, "the activations include the drafter's %lld bytes (weights %lld, %d slots' rows of %lld",
-                           &got, &got_w, &got_slots, &got_slot) == 4,
+        CHECKF(p && sscanf(p, "the activations include the drafter's %lld bytes (weights %lld, buffers %lld, %d slots' "
+                              "rows of %lld",
+                           &got, &got_w, &got_buf, &got_slots, &got_slot) == 5,
                "%s: no drafter in '%s'", v[k].name, with.lines[last]);
         int slots = v[k].n_slots ? (v[k].ep > 1 ? (v[k].n_slots + v[k].ep - 1) / v[k].ep : v[k].n_slots) : got_slots;
-        int64_t draft = w + (int64_t)slots * slot;
-        CHECKF(got == draft && got_w == w && got_slots == slots && got_slot == slot,
-               "%s: the plan reserved %lld (weights %lld, %d slots of %lld), the drafter takes %lld (%lld, %d of %lld)",
-               v[k].name, got, got_w, got_slots, got_slot, (long long)draft, (long long)w, slots, (long long)slot);
+        /* its passes' buffers and backend scratch too (EG_EAGLE3_GPU_ROWS rows) */
+        int64_t draft = w + buf + (int64_t)slots * slot;
+        CHECKF(got == draft && got_w == w && got_buf == buf && got_slots == slots && got_slot == slot,
+               "%s: the plan reserved %lld (weights %lld, buffers %lld, %d slots of %lld), the drafter takes %lld (%lld, "
+               "%lld, %d of %lld)",
+               v[k].name, got, got_w, got_buf, got_slots, got_slot, (long long)draft, (long long)w, (long long)buf,
+               slots, (long long)slot);
+        CHECK(buf > (int64_t)EG_EAGLE3_GPU_ROWS * 4 * (int64_t)model.cfg.hidden);
         if (!v[k].n_slots) CHECKF(got_slots >= 1, "%s: %d slots", v[k].name, got_slots);
         /* bytes per token: the target's layers' plus the drafter's cache, on its GPU only */
         int64_t t0 = plan_tokens(&without, last), t1 = plan_tokens(&with, last), pt0 = 0, pt1 = 0;
