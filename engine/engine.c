@@ -137,7 +137,6 @@ struct eg_engine {
     eg_draft_extend *dx;  /* [n_slots] one batched catch-up's items */
     eg_draft_propose *dp; /* [n_slots] one step's proposals */
     int *pend_slot, *pend_row; /* [n_slots] a micro-batch's verify chunks: slot, first row */
-    eg_spec_scratch *spec;
 };
 
 static void q_init(mb_queue *q) {
@@ -1290,7 +1289,8 @@ static eg_status complete_spec(eg_engine *e, micro_batch *mb, int i, int row, in
     e->stats.decode_tokens += m;
     if (e->o.kv_policy == EG_KV_ON_DEMAND) /* the rejected drafts' blocks */
         for (int k = 0; k < e->n_stages; k++) eg_kv_truncate(kv_of(e, k), i, s->n_total);
-    e->stats.verify_seconds += eg_now() - t0;
+    /* threaded: only outside the pipeline's verify window (engine_run), which holds it else */
+    if (!e->threaded || !e->spec_in_flight) e->stats.verify_seconds += eg_now() - t0;
     if (s->n_done == s->n_total) {
         EG_ASSERT(s->finishing);
         return finish_slot(e, i, done, ctx, err);
@@ -1346,7 +1346,7 @@ static void host_draws(eg_engine *e, micro_batch *mb) {
     double t0 = eg_now();
     host_draw_ctx c = {e, mb};
     eg_pool_for(e->hpool, nj, 1, host_draw, &c);
-    if (n_verify) e->stats.verify_seconds += eg_now() - t0;
+    if (n_verify && (!e->threaded || !e->spec_in_flight)) e->stats.verify_seconds += eg_now() - t0;
 }
 
 /* After mb's step: scatter captures, take sampled tokens, finish sequences. */

@@ -205,7 +205,8 @@ typedef struct eg_engine_stats {
     double draft_seconds;    /* in the drafter (extend, propose, truncate) */
     double verify_seconds;   /* target steps that verified drafts, and the acceptance rule
                                 (threaded pipeline stages: the wall time while a micro-batch
-                                with verify rows is in the pipeline, which drafting overlaps) */
+                                with verify rows is in the pipeline, which drafting overlaps,
+                                plus the rule's time outside it) */
 } eg_engine_stats;
 
 typedef struct eg_engine eg_engine;

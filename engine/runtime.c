@@ -604,10 +604,12 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         }
         if (nd == 1) eo.drafter = rt->drafters[0];
         eo.draft_tokens = o->draft_tokens;
-        /* the ranks' host draws share the cores, as their drafters' pools do */
-        if (nd > 1) eo.host_threads = all / nd > 0 ? all / nd : 1;
     }
     if (o->ep > 1) {
+        /* the ranks' host draws (a drafter's, or kept logits) share the cores, as their
+           drafters' pools do */
+        int all = o->threads > 0 ? o->threads : eg_num_threads();
+        eo.host_threads = all / o->ep > 0 ? all / o->ep : 1;
         eo.stage_backends = NULL;
         if ((st = eg_ep_runtime_create(m, &bo, &eo, o->ep, rt->ep_groups, rt->drafters, &rt->ep_rt, err))) goto fail;
         rt->engine = eg_ep_runtime_engine(rt->ep_rt, 0);
