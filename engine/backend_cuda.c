@@ -23,8 +23,9 @@
  *    cudaStreamSynchronize / cudaEventSynchronize, unless the stream carries another
  *    party's work that may never finish (the NCCL pipeline transport's sends and recvs):
  *    that party installs a wait check (eg_backend_cuda_set_wait_check) and the waits
- *    poll the stream and, about every millisecond, the check, which fails the wait when
- *    the link reported an error or the run failed elsewhere.
+ *    poll the stream (spinning for 200 us, then every 20 us) and, about every
+ *    millisecond, the check, which fails the wait when the link reported an error or
+ *    the run failed elsewhere.
  *  - Every CUDA/cuBLAS call is checked; the error names the call. Kernel faults show at
  *    the next checked call (run with CUDA_LAUNCH_BLOCKING=1 to pin them down).
  * Without EG_HAVE_CUDA this file compiles to stubs that report EG_ERR_UNSUPPORTED. */
@@ -162,6 +163,7 @@ eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <sched.h>
+#include <time.h>
 
 #include "kernels/eg_cuda.h"
 
@@ -305,20 +307,28 @@ static eg_status host_wait(cuda_impl *im, cudaEvent_t ev, const char *what, eg_e
         cudaError_t e = ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(im->stream);
         return e == cudaSuccess ? EG_OK : cuda_fail(err, what, e);
     }
-    double t_check = eg_now();
+    double t0 = eg_now(), t_check = t0;
     for (;;) {
         cudaError_t q = ev ? cudaEventQuery(ev) : cudaStreamQuery(im->stream);
         if (q == cudaSuccess) return EG_OK;
         if (q != cudaErrorNotReady) return cuda_fail(err, what, q);
-        if (eg_now() - t_check > 1e-3) {
+        double now = eg_now();
+        if (now - t_check > 1e-3) {
             eg_status st = im->wait_check(im->wait_ctx, err);
             if (st) {
                 eg_wrap(err, "cuda backend: %s", what);
                 return st;
             }
-            t_check = eg_now();
+            t_check = now;
         }
-        sched_yield();
+        /* spin for the first 200 us (a short wait ends at once), then poll every 20 us: a
+           stage waiting out a long step leaves the cores to the host's draws (engine.c) */
+        if (now - t0 < 2e-4) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
     }
 }
 
