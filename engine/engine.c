@@ -1301,6 +1301,19 @@ static eg_status complete_spec(eg_engine *e, micro_batch *mb, int i, int row, in
     return EG_OK; /* the committed positions reach the drafter before its next proposal (spec_drafts) */
 }
 
+/* Rows of mb from row on that belong to the same slot (a step holds one chunk a slot). */
+static int chunk_rows(const micro_batch *mb, int row) {
+    int n = 0;
+    while (row + n < mb->T && mb->slt[row + n] == mb->slt[row]) n++;
+    return n;
+}
+
+/* A plain chunk of n rows that ends slot s's sequence draws its next token (the state
+ * before complete_mb takes the chunk). */
+static int chunk_samples(const slot_state *s, int n) {
+    return s->n_done + n == s->n_total && !s->finishing && s->n_generated < s->req.max_new;
+}
+
 typedef struct { eg_engine *e; const micro_batch *mb; } host_draw_ctx;
 
 static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
@@ -1331,13 +1344,12 @@ static void host_draws(eg_engine *e, micro_batch *mb) {
     while (row < T) {
         int i = mb->slt[row];
         slot_state *s = &e->slots[i];
-        int n = 0;
-        while (row + n < T && mb->slt[row + n] == i) n++;
+        int n = chunk_rows(mb, row);
         if (s->n_draft > 0) {
             e->hjobs[nj++] = (struct host_job){i, e->o.want_logits ? row : srow, 1};
             n_verify++;
             if (!e->o.want_logits) srow += n;
-        } else if (s->n_done + n == s->n_total && !s->finishing && s->n_generated < s->req.max_new) {
+        } else if (chunk_samples(s, n)) {
             e->hjobs[nj++] = (struct host_job){i, e->o.want_logits ? row + n - 1 : srow, 0};
             if (!e->o.want_logits) srow++;
         }
@@ -1369,8 +1381,7 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
     while (row < T) {
         int i = mb->slt[row];
         slot_state *s = &e->slots[i];
-        int n = 0;
-        while (row + n < T && mb->slt[row + n] == i) n++;
+        int n = chunk_rows(mb, row);
         if (s->n_draft > 0) {
             EG_ASSERT(n == s->n_draft + 1);
             if ((st = complete_spec(e, mb, i, row, e->o.want_logits ? row : srow, done, ctx, err))) return st;
@@ -1394,8 +1405,9 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
             if (e->o.want_logits)
                 memcpy(s->logits + (int64_t)p * V, mb->logits + (int64_t)(row + k) * V, sizeof(float) * (size_t)V);
         }
+        int samples = chunk_samples(s, n);
         s->n_done += n;
-        if (s->n_done == s->n_total && !s->finishing && s->n_generated < s->req.max_new) {
+        if (samples) {
             int32_t tok;
             if (e->o.want_logits || e->dr) { /* the host sampler, as the CPU backend samples */
                 if (!e->o.want_logits) srow++;

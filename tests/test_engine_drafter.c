@@ -95,6 +95,23 @@ static eg_status load(const char *dir, int S, int T, eg_drafter **d, eg_error *e
     return eg_drafter_eagle3_load_opts(dir, target(), S, T, &o, d, e);
 }
 
+/* A reference drafter (ref_backend: NULL = its own code) and one on the CPU backend's ops
+ * in passes of `rows` rows; 1 when both loaded (else both freed). */
+static int load_pair(const char *dir, int S, int T, const char *ref_backend, int rows, eg_drafter **a,
+                     eg_drafter **b, eg_error *e) {
+    g_backend = ref_backend;
+    CHECK_OK(load(dir, S, T, a, e), e);
+    g_backend = "cpu";
+    g_rows = rows;
+    CHECK_OK(load(dir, S, T, b, e), e);
+    g_backend = NULL;
+    g_rows = 0;
+    if (*a && *b) return 1;
+    eg_drafter_free(*a);
+    eg_drafter_free(*b);
+    return 0;
+}
+
 static double rel_err(const float *a, const float *b, int n) {
     double num = 0, den = 0;
     for (int i = 0; i < n; i++) {
@@ -421,17 +438,7 @@ static void backend_bits_case(int no_embed) {
     }
     eg_error e = {0};
     eg_drafter *a = NULL, *b = NULL;
-    CHECK_OK(load(dir, 2, 24, &a, &e), &e);
-    g_backend = "cpu";
-    g_rows = 4;
-    CHECK_OK(load(dir, 2, 24, &b, &e), &e);
-    g_backend = NULL;
-    g_rows = 0;
-    if (!a || !b) {
-        eg_drafter_free(a);
-        eg_drafter_free(b);
-        return;
-    }
+    if (!load_pair(dir, 2, 24, NULL, 4, &a, &b, &e)) return;
     CHECK(a->info.state_bytes == b->info.state_bytes);
     static double qa[K][V], qb[K][V];
     const eg_sample_params sp = {0.8f, 0.95f, 40};
@@ -474,18 +481,7 @@ static void many_case(int mla) {
     enum { S = 5, T = 40, K = 4, V = 512, NA = 3, H = 64 };
     eg_error e = {0};
     eg_drafter *a = NULL, *b = NULL;
-    g_backend = mla ? "cpu" : NULL;
-    CHECK_OK(load(dir, S, T, &a, &e), &e);
-    g_backend = "cpu";
-    g_rows = 3;
-    CHECK_OK(load(dir, S, T, &b, &e), &e);
-    g_backend = NULL;
-    g_rows = 0;
-    if (!a || !b) {
-        eg_drafter_free(a);
-        eg_drafter_free(b);
-        return;
-    }
+    if (!load_pair(dir, S, T, mla ? "cpu" : NULL, 3, &a, &b, &e)) return;
     static float aux[S][T][NA][H];
     static int32_t next[S][T], seq[T + 1];
     for (int i = 0; i < S * T * NA * H; i++) (&aux[0][0][0][0])[i] = (float)(2.0 * urand() - 1.0);
