@@ -216,6 +216,14 @@ typedef struct eg_backend_ops {
     /* Sample one token per row of logits [N][V]. params, rng and out are host arrays;
      * rng[i] is sequence i's generator state, advanced in place. */
     eg_status (*sample)(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params, uint64_t *rng, int32_t *out, eg_error *err);
+    /* out[i] = the probability row i's distribution (eg_sample_prob: params[i]'s
+     * temperature, top-k and top-p over logits [N][V]) gives token tok[i], for rows with
+     * tok[i] >= 0; NaN where the backend cannot tell it without sorting the row (the
+     * caller computes those on the host); rows with tok[i] < 0 untouched. tok, params and
+     * out are host arrays; no RNG is drawn. Lets a speculative verify chunk's acceptance
+     * tests run without taking the rows to the host sampler. NULL = not offered. */
+    eg_status (*token_probs)(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params,
+                             const int32_t *tok, double *out, eg_error *err);
 } eg_backend_ops;
 
 struct eg_backend {
@@ -256,6 +264,15 @@ eg_status eg_backend_cuda_create(const eg_config *cfg, const eg_backend_opts *o,
  * O(V): the order comes from a radix sort (eg_sample_order), and each kept candidate's
  * exp is taken once (the same numbers, summed in the same order, as the definition). */
 int32_t eg_sample_row(const float *logits, int V, const eg_sample_params *p, uint64_t *rng, float *scratch, int32_t *iscratch);
+/* The kept candidates of a non-greedy row, the numbers eg_sample_row samples from: the
+ * order in scratch[0..V) as candidates, exp((v - max) / temperature) of the first n (the
+ * return value: top_k, then the top_p cut) as doubles after them, *total their sum in
+ * that order. scratch as for eg_sample_row. */
+int eg_sample_kept(const float *logits, int V, const eg_sample_params *p, float *scratch, double *total);
+/* The probability eg_sample_row's distribution gives token x (its kept candidate's exp
+ * over the kept total; 0 outside; greedy: 1 at the argmax): bit for bit what
+ * eg_spec_probs writes for x. scratch as for eg_sample_row. */
+double eg_sample_prob(const float *logits, int V, const eg_sample_params *p, int32_t x, float *scratch);
 /* Floats of scratch eg_sample_row needs for a vocabulary of V: 4V (two candidate arrays). */
 size_t eg_sample_scratch_floats(int V);
 /* A candidate of the sampler's order. */

@@ -692,6 +692,23 @@ static eg_status cpu_sample(eg_backend *b, const float *logits, int N, int V, co
     return EG_OK;
 }
 
+/* One row at a time, on the calling thread: offered so the engine's use of a backend's
+ * probabilities runs on this backend too (bit for bit the host's numbers); the engine
+ * asks for them only where told to (eg_engine_opts.spec_probs), as its own draws run in
+ * parallel. */
+static eg_status cpu_token_probs(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *p,
+                                 const int32_t *tok, double *out, eg_error *err) {
+    cpu_impl *im = impl_of(b);
+    if (V > im->cfg.vocab) return eg_fail(err, EG_ERR_INVALID, "token_probs: V exceeds scratch");
+    for (int i = 0; i < N; i++) {
+        if (tok[i] < 0) continue;
+        if (tok[i] >= V)
+            return eg_fail(err, EG_ERR_INVALID, "token_probs: row %d: token %d out of range [0, %d)", i, tok[i], V);
+        out[i] = eg_sample_prob(logits + (int64_t)i * V, V, &p[i], tok[i], im->sample_scratch);
+    }
+    return EG_OK;
+}
+
 /* ---- lifecycle ---------------------------------------------------------------- */
 
 static void cpu_destroy(eg_backend *b) {
@@ -740,6 +757,7 @@ static const eg_backend_ops cpu_ops = {
     .gqa_attention = cpu_gqa_attention,
     .copy_rows = cpu_copy_rows,
     .sample = cpu_sample,
+    .token_probs = cpu_token_probs,
 };
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }

@@ -161,6 +161,7 @@ eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk
 #else /* EG_HAVE_CUDA */
 
 #include <cublas_v2.h>
+#include <math.h>
 #include <cuda_runtime_api.h>
 #include <sched.h>
 #include <time.h>
@@ -243,6 +244,8 @@ typedef struct scratch_layout {
     float *s_keys;             /* [Ns][V] */
     int32_t *s_ids_in, *s_ids_out, *s_offsets, *s_out;
     int32_t *s_which, *s_seg;  /* [Ns], [2 Ns]: rows the top-M sampler left to the sort */
+    int32_t *s_tok;            /* [Ns] token_probs: the token per row */
+    double *s_prob;            /* [Ns] token_probs: its probability */
     egk_sample_row *s_rows;
     void *s_temp;
     size_t s_temp_bytes;
@@ -271,6 +274,8 @@ typedef struct cuda_impl {
     egk_sample_row *rows_h; /* pinned [Ns] */
     int32_t *out_h;         /* pinned [Ns] */
     int32_t *which_h;       /* pinned [Ns] */
+    int32_t *tok_h;         /* pinned [Ns] token_probs' tokens */
+    double *prob_h;         /* pinned [Ns] token_probs' answers */
     xtab *xt;               /* [n_xtab] */
     egk_expert_ptrs *xt_host; /* pinned [n_xtab][E] */
     int xt_victim;
@@ -398,6 +403,8 @@ static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_tem
     PLACE(s_which, int32_t, Ns);
     PLACE(s_seg, int32_t, 2 * Ns);
     PLACE(s_rows, egk_sample_row, Ns);
+    PLACE(s_tok, int32_t, Ns);
+    PLACE(s_prob, double, Ns);
     PLACE(s_temp, unsigned char, (int64_t)sample_temp);
     L->s_temp_bytes = sample_temp;
 #undef PLACE
@@ -1214,6 +1221,50 @@ static eg_status cu_sample(eg_backend *b, const float *logits, int N, int V, con
     return EG_OK;
 }
 
+/* The top-M sampler's selection gives p(token) without sorting a row (egk_token_probs);
+ * rows it cannot settle come back NaN, for the host. EG_CUDA_SAMPLE=sort: all NaN. */
+static eg_status cu_token_probs(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params,
+                                const int32_t *tok, double *out, eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    NOT_WHILE_RECORDING(im, "token_probs");
+    if (V > im->cfg.vocab) return eg_fail(err, EG_ERR_INVALID, "cuda backend: token_probs: V=%d exceeds the vocabulary", V);
+    for (int i = 0; i < N; i++)
+        if (tok[i] >= V)
+            return eg_fail(err, EG_ERR_INVALID, "cuda backend: token_probs: row %d: token %d out of range [0, %d)", i,
+                           tok[i], V);
+    if (im->sample_m <= 0) {
+        for (int i = 0; i < N; i++)
+            if (tok[i] >= 0) out[i] = NAN;
+        return EG_OK;
+    }
+    int chunk = im->L.sample_chunk;
+    for (int i0 = 0; i0 < N; i0 += chunk) {
+        int n = N - i0 < chunk ? N - i0 : chunk, any = 0;
+        for (int i = 0; i < n; i++) {
+            const eg_sample_params *p = &params[i0 + i];
+            int live = tok[i0 + i] >= 0;
+            im->tok_h[i] = tok[i0 + i];
+            im->rows_h[i] = (egk_sample_row){live ? p->temperature : 0.0f, live ? p->top_p : 1.0f, live ? p->top_k : 0,
+                                             0, 0.0};
+            any |= live;
+        }
+        if (!any) continue;
+        CU("cudaMemcpyAsync (token_probs params)", cudaMemcpyAsync(im->L.s_rows, im->rows_h, sizeof(egk_sample_row) * (size_t)n,
+                                                                   cudaMemcpyHostToDevice, im->stream));
+        CU("cudaMemcpyAsync (token_probs tokens)", cudaMemcpyAsync(im->L.s_tok, im->tok_h, sizeof(int32_t) * (size_t)n,
+                                                                   cudaMemcpyHostToDevice, im->stream));
+        KR("egk_token_probs", egk_token_probs(logits + (int64_t)i0 * V, n, V, im->L.s_rows, im->L.s_tok, im->sample_m,
+                                              im->L.s_prob, im->stream));
+        CU("cudaMemcpyAsync (token_probs out)", cudaMemcpyAsync(im->prob_h, im->L.s_prob, sizeof(double) * (size_t)n,
+                                                                cudaMemcpyDeviceToHost, im->stream));
+        eg_status st = host_wait(im, NULL, "cudaStreamSynchronize (token_probs)", err);
+        if (st) return st;
+        for (int i = 0; i < n; i++)
+            if (tok[i0 + i] >= 0) out[i0 + i] = im->prob_h[i];
+    }
+    return EG_OK;
+}
+
 /* ---- lifecycle --------------------------------------------------------------------------- */
 
 static void cu_destroy(eg_backend *b) {
@@ -1231,6 +1282,8 @@ static void cu_destroy(eg_backend *b) {
         if (im->rows_h) cudaFreeHost(im->rows_h);
         if (im->out_h) cudaFreeHost(im->out_h);
         if (im->which_h) cudaFreeHost(im->which_h);
+        if (im->tok_h) cudaFreeHost(im->tok_h);
+        if (im->prob_h) cudaFreeHost(im->prob_h);
         if (im->xt_host) cudaFreeHost(im->xt_host);
         free(im->xt);
         if (im->stream) cudaStreamDestroy(im->stream);
@@ -1301,7 +1354,7 @@ static eg_status pf_sample(eg_backend *b, const float *logits, int N, int V, con
     .sync = cu_sync, .graph_begin = cu_graph_begin, .graph_enabled = cu_graph_enabled,   \
     .graph_end = cu_graph_end, .graph_launch = cu_graph_launch, .graph_free = cu_graph_free, \
     .bind = cu_bind, .weight_upload = cu_weight_upload, .weight_release = cu_weight_release, \
-    .weight_random = cu_weight_random
+    .weight_random = cu_weight_random, .token_probs = cu_token_probs
 
 /* The compute ops, plain (cu_) or profiled (pf_). */
 #define CUDA_OPS_COMPUTE(P)                                                              \
@@ -1474,6 +1527,8 @@ static eg_status cuda_init(cuda_impl *im, eg_error *err) {
        cudaMallocHost((void **)&im->rows_h, sizeof(egk_sample_row) * (size_t)im->L.sample_chunk));
     CU("cudaMallocHost (sample out)", cudaMallocHost((void **)&im->out_h, sizeof(int32_t) * (size_t)im->L.sample_chunk));
     CU("cudaMallocHost (sample rows)", cudaMallocHost((void **)&im->which_h, sizeof(int32_t) * (size_t)im->L.sample_chunk));
+    CU("cudaMallocHost (token_probs tokens)", cudaMallocHost((void **)&im->tok_h, sizeof(int32_t) * (size_t)im->L.sample_chunk));
+    CU("cudaMallocHost (token_probs out)", cudaMallocHost((void **)&im->prob_h, sizeof(double) * (size_t)im->L.sample_chunk));
     size_t nx = (size_t)im->L.n_xtab, E = (size_t)im->L.E;
     CU("cudaMallocHost (expert tables)", cudaMallocHost((void **)&im->xt_host, sizeof(egk_expert_ptrs) * nx * E));
     im->xt = eg_calloc(nx, sizeof *im->xt, err);

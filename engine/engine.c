@@ -6,9 +6,11 @@
 #include "engine/cuda_plan.h"
 #include "engine/transport.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct slot_state {
     int active;
@@ -72,6 +74,10 @@ typedef struct micro_batch {
     float *fin_pre;                            /* [T][H] pre-norm final state (opts.final_both) */
     float *logits;                             /* [T][V] when want_logits; [rows][V] with a
                                                   drafter: the rows logit_rows lists */
+    int32_t *ptok;                             /* [T] by logit row: the draft whose p the
+                                                  backend gives (-1 none); NULL = the host's */
+    double *prob;                              /* [T] by logit row: those p (NaN = not given) */
+    int n_ptok;                                /* logit rows of this step with a ptok */
     int n_spec;                                /* sequences verifying drafts in this step */
     int leave;                                 /* a marker, not a step: stage k leaves its
                                                   expert-parallel group (eg_engine_ep_leave) */
@@ -108,6 +114,7 @@ struct eg_engine {
     eg_spec_scratch **hsc; /* [n_hsc] a scratch per thread */
     int n_hsc;
     struct host_job { int slot, lr, verify; } *hjobs; /* [n_slots] */
+    int backend_probs;     /* the last stage's backend gives sampled verify rows' p(draft) */
     int spec_in_flight;    /* threaded: micro-batches with verify rows in the pipeline */
     double spec_since;     /* when the first of them went in */
     eg_request pending;
@@ -179,7 +186,7 @@ static void q_close(mb_queue *q) {
  * page-locked where CUDA is present, so to_host is truly asynchronous. */
 static void mb_free(micro_batch *mb) {
     free(mb->tok); free(mb->pos); free(mb->slt); free(mb->rows); free(mb->sampled);
-    free(mb->sp); free(mb->rng);
+    free(mb->sp); free(mb->rng); free(mb->ptok); free(mb->prob);
     eg_cuda_host_free(mb->cap); eg_cuda_host_free(mb->fin); eg_cuda_host_free(mb->logits);
     eg_cuda_host_free(mb->fin_pre);
 }
@@ -259,6 +266,11 @@ static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
         if (e->o.want_logits || e->dr) {
             s.n_logits = e->o.want_logits ? mb->T : mb->n_rows;
             s.logits = mb->logits;
+            if (mb->n_ptok) { /* the verify rows' p(draft) from the backend */
+                s.sp = mb->sp;
+                s.prob_tok = mb->ptok;
+                s.prob = mb->prob;
+            }
         } else {
             s.n_logits = mb->n_rows;
             s.sampled = mb->sampled;
@@ -349,8 +361,12 @@ static eg_status mb_alloc(eg_engine *e, micro_batch *mb, eg_error *err) {
         LR = (size_t)e->o.n_slots * (size_t)(e->o.draft_tokens + 1);
     int want_l = e->o.want_logits || e->o.drafter;
     if (want_l) mb->logits = eg_cuda_host_alloc(4 * LR * V, err);
+    if (e->backend_probs) {
+        mb->ptok = eg_malloc(4 * T, err);
+        mb->prob = eg_malloc(sizeof(double) * T, err);
+    }
     if (!mb->tok || !mb->pos || !mb->slt || !mb->rows || !mb->sampled || !mb->sp || !mb->rng || !mb->cap || !mb->fin ||
-        (want_l && !mb->logits))
+        (want_l && !mb->logits) || (e->backend_probs && (!mb->ptok || !mb->prob)))
         return EG_ERR_NOMEM;
     return EG_OK;
 }
@@ -478,6 +494,10 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
         e->parked[i].host = eg_calloc((size_t)e->n_stages, sizeof *e->parked[i].host, err);
         e->parked[i].host_cap = eg_calloc((size_t)e->n_stages, sizeof *e->parked[i].host_cap, err);
         if (!e->parked[i].host || !e->parked[i].host_cap) { eg_engine_free(e); return EG_ERR_NOMEM; }
+    }
+    if (e->dr && o->spec_probs >= 0) { /* who gives the verify rows' p(draft) */
+        const eg_backend *lb = e->threaded ? o->stage_backends[e->n_stages - 1] : be;
+        e->backend_probs = lb->ops->token_probs && (o->spec_probs > 0 || strcmp(lb->ops->name, "cpu") != 0);
     }
     for (int j = 0; j < e->n_mb; j++) {
         e->mbs[j].index = j;
@@ -1185,6 +1205,23 @@ static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
     }
     if (e->o.want_logits)
         for (int r = 0; r < T; r++) mb->rows[r] = r;
+    mb->n_ptok = 0;
+    if (e->backend_probs && mb->n_spec) {
+        /* a sampled verify chunk's rows but its last: row j's draft is the next row's token */
+        int n_lr = e->o.want_logits ? T : n_rows;
+        for (int j = 0; j < n_lr; j++) {
+            int r = mb->rows[j];
+            const slot_state *s = &e->slots[mb->slt[r]];
+            int k = mb->pos[r] - s->n_done;
+            mb->ptok[j] = -1;
+            if (s->n_draft > 0 && k >= 0 && k < s->n_draft && s->req.sp.temperature > 0.0f) {
+                EG_ASSERT(r + 1 < T && mb->slt[r + 1] == mb->slt[r]);
+                mb->ptok[j] = mb->tok[r + 1];
+                mb->sp[j] = s->req.sp;
+                mb->n_ptok++;
+            }
+        }
+    }
     mb->T = T;
     mb->n_rows = n_rows;
     mb->status = EG_OK;
@@ -1326,7 +1363,8 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
         const float *lg = c->mb->logits + (int64_t)h->lr * V;
         if (h->verify)
             eg_spec_verify(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, s->req.sp.temperature > 0.0f ? s->q : NULL,
-                           s->n_draft, e->o.spec_rule, &s->rng, &s->v_acc, &s->v_next);
+                           c->mb->n_ptok ? c->mb->prob + h->lr : NULL, s->n_draft, e->o.spec_rule, &s->rng,
+                           &s->v_acc, &s->v_next);
         else
             s->v_next = eg_sample_row(lg, (int)V, &s->req.sp, &s->rng, e->hsc[tid]->sort, NULL);
     }
@@ -1355,6 +1393,8 @@ static void host_draws(eg_engine *e, micro_batch *mb) {
         }
         row += n;
     }
+    for (int j = 0; mb->n_ptok && j < (e->o.want_logits ? T : mb->n_rows); j++)
+        e->stats.backend_probs += mb->ptok[j] >= 0 && !isnan(mb->prob[j]);
     double t0 = eg_now();
     host_draw_ctx c = {e, mb};
     eg_pool_for(e->hpool, nj, 1, host_draw, &c);

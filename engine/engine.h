@@ -163,6 +163,13 @@ typedef struct eg_engine_opts {
     eg_drafter *drafter;
     int draft_tokens;
     eg_spec_rule spec_rule;  /* EG_SPEC_EXACT; tests set EG_SPEC_BROKEN_ACCEPT */
+    int spec_probs;          /* sampled verify chunks: who computes p(draft) for the
+                                acceptance tests. 0: the last stage's backend where it
+                                offers token_probs and is not the CPU backend (a GPU then
+                                sorts no row for them; the host sorts only a rejection's
+                                row and the bonus row), else the host; 1: the backend
+                                whenever it offers them (tests: the CPU backend's are the
+                                host's numbers, so the tokens are the same); -1: the host */
 } eg_engine_opts;
 
 /* Return 1 and fill req when a request is available, 0 when there are no more,
@@ -202,6 +209,8 @@ typedef struct eg_engine_stats {
                                 them; accepted / verify_steps: mean accepted per step) */
     int64_t spec_tokens;     /* tokens committed by verify steps (accepted + correction/bonus,
                                 less any cut after a stop token) */
+    int64_t backend_probs;   /* sampled verify rows whose p(draft) came from the backend
+                                (opts.spec_probs): rows the host did not sort for the rule */
     double draft_seconds;    /* in the drafter (extend, propose, truncate) */
     double verify_seconds;   /* target steps that verified drafts, and the acceptance rule
                                 (threaded pipeline stages: the wall time while a micro-batch

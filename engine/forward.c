@@ -736,6 +736,13 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
                 TRY(ops->to_host(be, s->logits, f->logits, sizeof(float) * (size_t)s->n_logits * (size_t)c->vocab, err));
             if (s->sampled)
                 TRY(ops->sample(be, f->logits, s->n_logits, c->vocab, s->sp, s->rng, s->sampled, err));
+            if (s->prob_tok && s->prob) {
+                if (ops->token_probs)
+                    TRY(ops->token_probs(be, f->logits, s->n_logits, c->vocab, s->sp, s->prob_tok, s->prob, err));
+                else
+                    for (int j = 0; j < s->n_logits; j++)
+                        if (s->prob_tok[j] >= 0) s->prob[j] = NAN;
+            }
         }
     } else {
         if (s->x_out && !s->x_device)

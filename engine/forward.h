@@ -80,6 +80,11 @@ typedef struct eg_step {
     int32_t *sampled;          /* [n_logits] host: sample these rows (NULL = no sampling) */
     const eg_sample_params *sp;/* [n_logits] */
     uint64_t *rng;             /* [n_logits] per-row RNG states, advanced */
+    const int32_t *prob_tok;   /* [n_logits] host: a token per row whose probability under
+                                  sp is wanted (-1 = none), or NULL; needs sp */
+    double *prob;              /* [n_logits] host: the backend's token_probs (NaN = the
+                                  host must compute it); untouched where prob_tok is -1, and
+                                  all NaN when the backend offers none */
     /* Capture (host, NULL = skip): */
     float *capture;            /* [n_capture][T][H]; entries for layers outside [l0,l1) untouched */
     float *final_hidden;       /* [T][H] final-norm output (or pre-norm residual) */

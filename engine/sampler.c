@@ -67,6 +67,34 @@ void eg_sample_order(const float *logits, int V, eg_sample_cand *out, eg_sample_
     if (src != out) memcpy(out, src, sizeof *out * (size_t)V); /* not reached: 4 passes end in out */
 }
 
+int eg_sample_kept(const float *logits, int V, const eg_sample_params *p, float *scratch, double *total) {
+    /* scratch: the sorted candidates [V], then the sort's second buffer [V], which holds
+     * the kept candidates' exps (V doubles) once the sort is done */
+    eg_sample_cand *c = (eg_sample_cand *)scratch;
+    eg_sample_order(logits, V, c, c + V);
+    double *ex = (double *)(c + V);
+    int n = V;
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    /* softmax over the kept candidates at temperature, in double for a stable sum */
+    double mx = c[0].v, sum = 0;
+    for (int i = 0; i < n; i++) {
+        ex[i] = exp(((double)c[i].v - mx) / p->temperature);
+        sum += ex[i];
+    }
+    if (p->top_p > 0.0f && p->top_p < 1.0f) {
+        double cum = 0, lim = p->top_p * sum;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            cum += ex[i];
+            if (cum >= lim) { keep = i + 1; break; }
+        }
+        n = keep;
+        sum = cum;
+    }
+    *total = sum;
+    return n;
+}
+
 int32_t eg_sample_row(const float *logits, int V, const eg_sample_params *p, uint64_t *rng, float *scratch,
                       int32_t *iscratch) {
     (void)iscratch;
@@ -76,33 +104,30 @@ int32_t eg_sample_row(const float *logits, int V, const eg_sample_params *p, uin
             if (logits[i] > logits[best]) best = i;
         return best;
     }
-    /* scratch: the sorted candidates [V], then the sort's second buffer [V], which holds
-     * the kept candidates' exps (V doubles) once the sort is done */
-    eg_sample_cand *c = (eg_sample_cand *)scratch;
-    eg_sample_order(logits, V, c, c + V);
-    double *ex = (double *)(c + V);
-    int n = V;
-    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-    /* softmax over the kept candidates at temperature, in double for a stable sum */
-    double mx = c[0].v, total = 0;
-    for (int i = 0; i < n; i++) {
-        ex[i] = exp(((double)c[i].v - mx) / p->temperature);
-        total += ex[i];
-    }
-    if (p->top_p > 0.0f && p->top_p < 1.0f) {
-        double cum = 0, lim = p->top_p * total;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
-            cum += ex[i];
-            if (cum >= lim) { keep = i + 1; break; }
-        }
-        n = keep;
-        total = cum;
-    }
+    double total;
+    int n = eg_sample_kept(logits, V, p, scratch, &total);
+    const eg_sample_cand *c = (const eg_sample_cand *)scratch;
+    const double *ex = (const double *)(c + V);
     double u = eg_rng_uniform(rng) * total, acc = 0;
     for (int i = 0; i < n; i++) {
         acc += ex[i];
         if (u < acc) return c[i].id;
     }
     return c[n - 1].id;
+}
+
+double eg_sample_prob(const float *logits, int V, const eg_sample_params *p, int32_t x, float *scratch) {
+    if (!(p->temperature > 0.0f)) {
+        int32_t best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        return x == best ? 1.0 : 0.0;
+    }
+    double total;
+    int n = eg_sample_kept(logits, V, p, scratch, &total);
+    const eg_sample_cand *c = (const eg_sample_cand *)scratch;
+    const double *ex = (const double *)(c + V);
+    for (int i = 0; i < n; i++)
+        if (c[i].id == x) return ex[i] / total;
+    return 0.0;
 }

@@ -34,26 +34,10 @@ void eg_spec_probs(eg_spec_scratch *sc, const float *logits, int V, const eg_sam
     for (int i = 0; i < V; i++) probs[i] = 0;
     if (!(sp->temperature > 0.0f)) { probs[argmax(logits, V)] = 1; return; }
     /* eg_sample_row's numbers: its order, each kept candidate's exp once, the same sums */
-    eg_sample_cand *c = (eg_sample_cand *)sc->sort;
-    eg_sample_order(logits, V, c, c + V);
-    double *ex = (double *)(c + V);
-    int n = V;
-    if (sp->top_k > 0 && sp->top_k < n) n = sp->top_k;
-    double mx = c[0].v, total = 0;
-    for (int i = 0; i < n; i++) {
-        ex[i] = exp(((double)c[i].v - mx) / sp->temperature);
-        total += ex[i];
-    }
-    if (sp->top_p > 0.0f && sp->top_p < 1.0f) { /* the same prefix eg_sample_row keeps */
-        double cum = 0, lim = sp->top_p * total;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
-            cum += ex[i];
-            if (cum >= lim) { keep = i + 1; break; }
-        }
-        n = keep;
-        total = cum;
-    }
+    double total;
+    int n = eg_sample_kept(logits, V, sp, sc->sort, &total);
+    const eg_sample_cand *c = (const eg_sample_cand *)sc->sort;
+    const double *ex = (const double *)(c + V);
     for (int i = 0; i < n; i++) probs[c[i].id] = ex[i] / total;
 }
 
@@ -72,7 +56,8 @@ int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng) {
 }
 
 void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, const int32_t *draft,
-                    const double *qd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted, int32_t *next) {
+                    const double *qd, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
+                    int32_t *next) {
     const int greedy = !(sp->temperature > 0.0f);
     for (int i = 0; i < k; i++) {
         const float *row = logits + (int64_t)i * V;
@@ -85,10 +70,21 @@ void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sa
             *next = a;
             return;
         }
-        eg_spec_probs(sc, row, V, sp, sc->p);
-        double px = sc->p[x], qx = qd ? qd[(int64_t)i * V + x] : 1.0;
+        /* p(x) from the backend where it gave one (no sort of the row here); the whole
+         * distribution only where the residual needs it */
+        double px;
+        int have_p = 0;
+        if (pd && !isnan(pd[i])) {
+            px = pd[i];
+        } else {
+            eg_spec_probs(sc, row, V, sp, sc->p);
+            px = sc->p[x];
+            have_p = 1;
+        }
+        double qx = qd ? qd[(int64_t)i * V + x] : 1.0;
         if (eg_rng_uniform(rng) * qx < px) continue; /* accept with prob min(1, p/q) */
         /* rejected: draw from norm(max(0, p - q)) */
+        if (!have_p) eg_spec_probs(sc, row, V, sp, sc->p);
         double mass = 0;
         for (int v = 0; v < V; v++) {
             double qv = qd ? qd[(int64_t)i * V + v] : (v == x ? 1.0 : 0.0);

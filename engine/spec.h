@@ -42,9 +42,13 @@ int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng);
 /* One verify step of a sequence. logits: [k+1][V] target rows (row i follows the i-th
  * proposed position: row 0 predicts draft[0]); draft: [k] proposed target ids; qd: [k]
  * proposer distributions over the target vocabulary ([k][V], NULL = deterministic
- * proposals, q one-hot at the draft). Writes the accepted drafts' count to *n_accepted
- * and the token that follows them (correction or bonus) to *next. rng advanced. */
+ * proposals, q one-hot at the draft); pd: [k] p(draft[i]) at row i as a backend's
+ * token_probs gave them (NaN = not given), or NULL: a row with one is not sorted here
+ * unless its draft is rejected (the residual needs the whole p). Writes the accepted
+ * drafts' count to *n_accepted and the token that follows them (correction or bonus)
+ * to *next. rng advanced. */
 void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, const int32_t *draft,
-                    const double *qd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted, int32_t *next);
+                    const double *qd, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
+                    int32_t *next);
 
 #endif

@@ -211,6 +211,14 @@ typedef struct egk_sample_row {
  * row), and out[i] = -1 where they do not: the caller sorts those rows (egk_sample_rows). */
 #define EGK_SAMPLE_TOPM_MAX 2048
 int egk_sample_topm(const float *logits, int N, int V, const egk_sample_row *rows, int M, int32_t *out, void *stream);
+/* out[i] = the probability row i's distribution (eg_sample_row's: temperature, top_k,
+ * top_p) gives token tok[i], from the same top-M selection (rows with tok[i] < 0
+ * untouched; u unused). Exact where the first M settle the kept set (top_k <= M, the
+ * top_p cut inside them, or no cut at all); NaN where they do not and for greedy rows:
+ * the caller computes those. The sums are parallel: the host's sequential ones can
+ * differ in the last bits. */
+int egk_token_probs(const float *logits, int N, int V, const egk_sample_row *rows, const int32_t *tok, int M,
+                    double *out, void *stream);
 /* The sorting path for the n rows listed in which (device [n], distinct): their logits
  * sorted in place of the [N][V] layout (keys, ids_out), sampled, out[which[j]] written;
  * other rows of out untouched. seg: [2n] scratch. Greedy rows are not expected here. */

@@ -157,26 +157,11 @@ struct topm_smem {
     double sh[32];
 };
 
-/* One row per block: the m = min(n0, M) first candidates in eg_sample_row's order (n0 =
- * top_k or V) found by a 4-pass radix select on the logits' bits (ties at the threshold
- * taken lowest id first), sorted in shared memory (bitonic), then sample_kernel's
- * arithmetic on them. When n0 <= M that is the whole candidate list: the answer is
- * exact. Otherwise the total mass comes from the whole row, and the top-p cut and the
- * draw are exact as long as they land inside the first M (the prefix sums are the same
- * numbers); a row where they do not gets out = -1, and the caller sorts it fully. */
-static __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_topm_kernel(const float *logits, int V, const egk_sample_row *rows, int M, int32_t *out) {
-    __shared__ topm_smem s;
-    int i = blockIdx.x, tid = threadIdx.x;
-    egk_sample_row p = rows[i];
-    if (!(p.temperature > 0.0f)) return; /* greedy: argmax_kernel's answer stands */
-    const float *row = logits + (int64_t)i * V;
-    int n0 = p.top_k > 0 && p.top_k < V ? p.top_k : V;
-    if (n0 > M && n0 < V) { /* a top_k above M: sort */
-        if (tid == 0) out[i] = -1;
-        return;
-    }
-    int m = n0 < M ? n0 : M;
+/* s.v / s.id [0..m) = the first m candidates of row (V logits) in eg_sample_row's order:
+ * a 4-pass radix select on the logits' bits (ties at the threshold taken lowest id
+ * first), then a bitonic sort in shared memory. Every thread of the block calls it. */
+static __device__ void topm_select(const float *row, int V, int m, topm_smem &s) {
+    int tid = threadIdx.x;
     /* radix select: the key of the m-th candidate, and how many of its ties to take */
     if (tid == 0) {
         s.prefix = 0;
@@ -256,6 +241,29 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
             }
             __syncthreads();
         }
+}
+
+/* One row per block: the m = min(n0, M) first candidates in eg_sample_row's order (n0 =
+ * top_k or V) found by a 4-pass radix select on the logits' bits (ties at the threshold
+ * taken lowest id first), sorted in shared memory (bitonic), then sample_kernel's
+ * arithmetic on them. When n0 <= M that is the whole candidate list: the answer is
+ * exact. Otherwise the total mass comes from the whole row, and the top-p cut and the
+ * draw are exact as long as they land inside the first M (the prefix sums are the same
+ * numbers); a row where they do not gets out = -1, and the caller sorts it fully. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_topm_kernel(const float *logits, int V, const egk_sample_row *rows, int M, int32_t *out) {
+    __shared__ topm_smem s;
+    int i = blockIdx.x, tid = threadIdx.x;
+    egk_sample_row p = rows[i];
+    if (!(p.temperature > 0.0f)) return; /* greedy: argmax_kernel's answer stands */
+    const float *row = logits + (int64_t)i * V;
+    int n0 = p.top_k > 0 && p.top_k < V ? p.top_k : V;
+    if (n0 > M && n0 < V) { /* a top_k above M: sort */
+        if (tid == 0) out[i] = -1;
+        return;
+    }
+    int m = n0 < M ? n0 : M;
+    topm_select(row, V, m, s);
     double mx = s.v[0], temp = p.temperature, total, part = 0;
     int exact = n0 <= M, n = exact ? m : V;
     if (exact)
@@ -289,6 +297,67 @@ extern "C" int egk_sample_topm(const float *logits, int N, int V, const egk_samp
     int rc = EGK_LAUNCH_RESULT();
     if (rc) return rc;
     sample_topm_kernel<<<N, SAMPLE_THREADS, 0, s>>>(logits, V, rows, M, out);
+    return EGK_LAUNCH_RESULT();
+}
+
+/* out[i] = p(tok[i]) under row i's parameters (rows with tok[i] < 0 untouched), from
+ * sample_topm_kernel's numbers: the first m = min(n0, M) candidates, the total mass
+ * over them (n0 <= M) or over the whole row, the top-p cut among them. Exact where
+ * that settles the kept set: n0 <= M, or the cut inside the first M, or nothing cut
+ * (every id kept: x's own logit over the row's total); NaN where it does not (a top_k
+ * above M, a cut beyond M), and for greedy rows: the caller computes those. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS)
+    token_prob_kernel(const float *logits, int V, const egk_sample_row *rows, const int32_t *tok, int M, double *out) {
+    __shared__ topm_smem s;
+    __shared__ int where;
+    int i = blockIdx.x, tid = threadIdx.x, x = tok[i];
+    if (x < 0) return;
+    egk_sample_row p = rows[i];
+    const float *row = logits + (int64_t)i * V;
+    int n0 = p.top_k > 0 && p.top_k < V ? p.top_k : V;
+    if (!(p.temperature > 0.0f) || x >= V || (n0 > M && n0 < V)) {
+        if (tid == 0) out[i] = (double)NAN;
+        return;
+    }
+    int m = n0 < M ? n0 : M;
+    topm_select(row, V, m, s);
+    double mx = s.v[0], temp = p.temperature, total, part = 0;
+    int exact = n0 <= M, n = exact ? m : V;
+    if (exact)
+        for (int j = tid; j < m; j += blockDim.x) part += exp(((double)s.v[j] - mx) / temp);
+    else
+        for (int j = tid; j < V; j += blockDim.x) part += exp(((double)row[j] - mx) / temp);
+    total = egk_block_sum_d(part, s.sh);
+    if (p.top_p > 0.0f && p.top_p < 1.0f) {
+        double at, end;
+        int f = first_prefix(s.v, m, mx, temp, (double)p.top_p * total, 1, &s.st, &at, &end);
+        if (f >= 0) {
+            n = f + 1;
+            total = at;
+        } else if (exact) {
+            total = end;
+        } else {
+            if (tid == 0) out[i] = (double)NAN;
+            return;
+        }
+    }
+    if (n > m) { /* nothing cut: every id is kept */
+        if (tid == 0) out[i] = exp(((double)row[x] - mx) / temp) / total;
+        return;
+    }
+    if (tid == 0) where = INT_MAX;
+    __syncthreads();
+    for (int j = tid; j < n; j += blockDim.x)
+        if (s.id[j] == x) atomicMin(&where, j);
+    __syncthreads();
+    if (tid == 0) out[i] = where < n ? exp(((double)s.v[where] - mx) / temp) / total : 0.0;
+}
+
+extern "C" int egk_token_probs(const float *logits, int N, int V, const egk_sample_row *rows, const int32_t *tok, int M,
+                               double *out, void *stream) {
+    if (N <= 0) return 0;
+    if (M < 1 || M > EGK_SAMPLE_TOPM_MAX || V < 1) return (int)cudaErrorInvalidValue;
+    token_prob_kernel<<<N, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(logits, V, rows, tok, M, out);
     return EGK_LAUNCH_RESULT();
 }
 

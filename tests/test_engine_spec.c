@@ -84,6 +84,7 @@ typedef struct run_cfg {
     int threaded;            /* stage_ends on threads of their own (a backend per stage) */
     int host_threads;        /* eg_engine_opts.host_threads (0: its default) */
     int micro_batches;
+    int spec_probs;          /* eg_engine_opts.spec_probs */
 } run_cfg;
 
 typedef struct run_ctx {
@@ -181,7 +182,7 @@ static eg_status run(const run_cfg *c, results *out, eg_error *err) {
                          .drafter = c->drafter, .draft_tokens = c->k, .spec_rule = c->rule,
                          .stage_ends = c->stage_ends, .n_stages = c->n_stages, .capture_bf16 = c->capture_bf16,
                          .want_logits = c->want_logits, .micro_batches = c->micro_batches,
-                         .host_threads = c->host_threads};
+                         .host_threads = c->host_threads, .spec_probs = c->spec_probs};
     eg_status st = EG_OK;
     run_ctx x = {.c = c, .out = out};
     if (c->ep > 1) {
@@ -440,14 +441,14 @@ static void test_verify_greedy(void) {
     int na = -1;
     int32_t next = -1;
     int32_t all[K] = {2, 4, 1}, two[K] = {2, 4, 5}, none[K] = {3, 4, 1};
-    eg_spec_verify(sc, lg, V, &sp, all, NULL, K, EG_SPEC_EXACT, &rng, &na, &next);
+    eg_spec_verify(sc, lg, V, &sp, all, NULL, NULL, K, EG_SPEC_EXACT, &rng, &na, &next);
     CHECK(na == 3 && next == 0);
-    eg_spec_verify(sc, lg, V, &sp, two, NULL, K, EG_SPEC_EXACT, &rng, &na, &next);
+    eg_spec_verify(sc, lg, V, &sp, two, NULL, NULL, K, EG_SPEC_EXACT, &rng, &na, &next);
     CHECK(na == 2 && next == 1);
-    eg_spec_verify(sc, lg, V, &sp, none, NULL, K, EG_SPEC_EXACT, &rng, &na, &next);
+    eg_spec_verify(sc, lg, V, &sp, none, NULL, NULL, K, EG_SPEC_EXACT, &rng, &na, &next);
     CHECK(na == 0 && next == 2);
     CHECK(rng == rng0); /* greedy draws nothing */
-    eg_spec_verify(sc, lg, V, &sp, none, NULL, K, EG_SPEC_BROKEN_ACCEPT, &rng, &na, &next);
+    eg_spec_verify(sc, lg, V, &sp, none, NULL, NULL, K, EG_SPEC_BROKEN_ACCEPT, &rng, &na, &next);
     CHECK(na == 3 && next == 0);
     eg_spec_scratch_free(sc);
     eg_spec_scratch_free(NULL);
@@ -483,17 +484,17 @@ static void test_verify_sampled(void) {
         double u = eg_rng_uniform(&peek);
         int na;
         int32_t next;
-        eg_spec_verify(sc, lg, V, &sp, &x1, q, 1, EG_SPEC_EXACT, &rng, &na, &next);
+        eg_spec_verify(sc, lg, V, &sp, &x1, q, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
         bad += (na == 1) != (u * 0.6 < 0.3);
         if (na == 0) bad += next != 0;
         acc += na;
         rng = eg_rng_seed(7, (uint64_t)t);
-        eg_spec_verify(sc, lg, V, &sp, &x0, q, 1, EG_SPEC_EXACT, &rng, &na, &next);
+        eg_spec_verify(sc, lg, V, &sp, &x0, q, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
         acc0 += na;
         /* a draft drawn from q: the emitted token is distributed as p */
         rng = eg_rng_seed(5, (uint64_t)t);
         int32_t x = eg_spec_draw(q, V, &rng);
-        eg_spec_verify(sc, lg, V, &sp, &x, q, 1, EG_SPEC_EXACT, &rng, &na, &next);
+        eg_spec_verify(sc, lg, V, &sp, &x, q, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
         first[na ? x : next]++;
     }
     CHECK(bad == 0);
@@ -1125,6 +1126,74 @@ static void test_eagle3_batched(void) {
     if (system(cmd)) fprintf(stderr, "    could not remove %s\n", dir);
 }
 
+/* The acceptance tests' p(draft) from the backend (eg_engine_opts.spec_probs 1; the CPU
+ * backend's token_probs are the host's numbers) write what the host's own give: the same
+ * tokens, rows, drafts and acceptances, with the backend's values used on every sampled
+ * draft row. Hot and cooler temperatures, top-p and top-k cuts, a preempting pool, two
+ * threaded stages. */
+static void test_backend_probs(void) {
+    load_model();
+    if (!have_model) return;
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/eg_spec_bp_%d", (int)getpid());
+    static const int daux[2] = {1, 4};
+    static const int ends[2] = {3, 5};
+    eg_mkdrafter_opts mo = {.target_dir = MODEL, .out_dir = dir, .seed = 9, .draft_vocab = 300, .n_aux = 2,
+                            .aux_layers = daux};
+    eg_error err = {0};
+    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
+    if (err.code) return;
+    const struct { float temp, top_p; int top_k; int64_t kv_blocks; int k, stages; } cases[] = {
+        {4.0f, 1.0f, 0, 0, 3, 0}, {1.5f, 0.9f, 0, 0, 2, 0}, {2.5f, 1.0f, 40, 12, 3, 0}, {3.0f, 0.95f, 0, 0, 3, 2}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        results host = {0}, be = {0};
+        eg_engine_stats st_host = {0};
+        for (int path = 0; path < 2; path++) {
+            run_cfg c = base_cfg();
+            c.slots = 4;
+            c.max_new = 30;
+            c.temp = cases[ci].temp;
+            c.top_p = cases[ci].top_p;
+            c.top_k = cases[ci].top_k;
+            c.kv_blocks = cases[ci].kv_blocks;
+            c.k = cases[ci].k;
+            if (cases[ci].stages) {
+                c.stage_ends = ends;
+                c.n_stages = 2;
+                c.threaded = 1;
+            }
+            c.spec_probs = path ? 1 : -1;
+            eg_eagle3_opts po = {.threads = 1, .backend = "cpu", .max_rows = 4, .block_size = 8};
+            eg_drafter *d = NULL;
+            CHECK_OK(eg_drafter_eagle3_load_opts(dir, &model, c.slots, MAX_SEQ, &po, &d, &err), &err);
+            if (!d) return;
+            c.drafter = d;
+            CHECK_OK(run(&c, path ? &be : &host, &err), &err);
+            if (!path) st_host = last_stats;
+            eg_drafter_free(d);
+        }
+        for (int r = 0; r < 5; r++) CHECKF(same_result(&host, &be, r), "case %zu: request %d differs", ci, r);
+        CHECKF(last_stats.drafted == st_host.drafted && last_stats.accepted == st_host.accepted &&
+                   last_stats.verify_steps == st_host.verify_steps,
+               "case %zu: drafted %lld / %lld, accepted %lld / %lld", ci, (long long)last_stats.drafted,
+               (long long)st_host.drafted, (long long)last_stats.accepted, (long long)st_host.accepted);
+        /* every drafted token is a row the backend gave p for (a rejected draft's row is
+         * still sorted on the host, for its residual) */
+        CHECKF(st_host.backend_probs == 0 && last_stats.backend_probs == last_stats.drafted,
+               "case %zu: backend p for %lld rows of %lld drafted (host run: %lld)", ci,
+               (long long)last_stats.backend_probs, (long long)last_stats.drafted, (long long)st_host.backend_probs);
+        CHECK(last_stats.accepted > 0 && last_stats.accepted < last_stats.drafted);
+        if (cases[ci].kv_blocks) CHECKF(last_stats.preemptions > 0, "case %zu: no preemption", ci);
+        printf("    case %zu: %lld drafted, %lld accepted, %lld rows' p from the backend\n", ci,
+               (long long)last_stats.drafted, (long long)last_stats.accepted, (long long)last_stats.backend_probs);
+        free_results(&host);
+        free_results(&be);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) fprintf(stderr, "    could not remove %s\n", dir);
+}
+
 static void test_cleanup(void) {
     if (have_model) eg_model_free(&model);
     have_model = 0;
@@ -1133,6 +1202,7 @@ static void test_cleanup(void) {
 static const eg_test tests[] = {
     {"chunk_row_equals_decode", test_chunk_row_equals_decode},
     {"eagle3_batched", test_eagle3_batched},
+    {"backend_probs", test_backend_probs},
     {"rotation_fair", test_rotation_fair},
     {"verify_greedy", test_verify_greedy},
     {"verify_sampled", test_verify_sampled},

@@ -1067,6 +1067,94 @@ static void test_sample_small(void) {
     unsetenv("EG_CUDA_SAMPLE");
 }
 
+/* token_probs (a speculative verify row's p(draft) on the device) against the CPU
+ * backend's (eg_sample_prob, the host's numbers): per row the top candidate, a random id,
+ * or no token (-1: left untouched). Answers given agree to 2 V eps relative (the device's
+ * sums are parallel, the host's sequential), a zero where the host's is zero; NaN (the host computes it) only
+ * for greedy rows and where the first M candidates cannot settle the kept set (a top_k
+ * above M, a top-p cut beyond them). Returns the non-greedy rows answered NaN. */
+static int token_probs_case(int N, int V, float peak) {
+    eg_config c = small_cfg();
+    c.vocab = V;
+    pair p;
+    if (!pair_make(&c, N, &p)) return -1;
+    eg_error err = {0};
+    const char *ms = getenv("EG_CUDA_SAMPLE_M");
+    int M = ms ? atoi(ms) : 2048;
+    eg_sample_params *sp = malloc(sizeof *sp * (size_t)N);
+    int32_t *tok = malloc(4 * (size_t)N);
+    double *pc = malloc(sizeof(double) * (size_t)N), *pg = malloc(sizeof(double) * (size_t)N);
+    const eg_sample_params kinds[7] = {{1.0f, 1, 0},   {0.7f, 1, 50},  {1.0f, 0.9f, 0}, {0.8f, 0.5f, 200},
+                                       {1.2f, 1, 1},   {1.0f, 0.999f, 0}, {0, 1, 0}};
+    float *lg = randv((int64_t)N * V, 4.0f);
+    for (int i = 0; peak > 0 && i < N; i++)
+        for (int k = 0; k < 5; k++) lg[(int64_t)i * V + (int64_t)(urand() * V)] += peak;
+    for (int i = 0; i < N; i++) {
+        sp[i] = kinds[i % 7];
+        const float *r = lg + (int64_t)i * V;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (r[v] > r[best]) best = v;
+        tok[i] = i % 3 == 0 ? best : i % 3 == 1 ? (int32_t)(urand() * V) % V : -1;
+        pc[i] = pg[i] = 7.0;
+    }
+    buf2 l = b2(&p, lg, 4 * (size_t)N * V);
+    CHECK_OK(p.cpu->ops->token_probs(p.cpu, l.c, N, V, sp, tok, pc, &err), &err);
+    CHECK_OK(p.gpu->ops->token_probs(p.gpu, l.g, N, V, sp, tok, pg, &err), &err);
+    int given = 0, nan_rows = 0, bad = 0, zeros = 0;
+    /* two sums of the same V non-negative terms in different orders: each within
+     * (V - 1) eps of the exact one */
+    double worst = 0, tol = 2.0 * V * 0x1p-52;
+    for (int i = 0; i < N; i++) {
+        if (tok[i] < 0) {
+            CHECKF(pc[i] == 7.0 && pg[i] == 7.0, "row %d (no token) was written", i);
+            continue;
+        }
+        int greedy = !(sp[i].temperature > 0.0f);
+        int n0 = sp[i].top_k > 0 && sp[i].top_k < V ? sp[i].top_k : V;
+        int settles = !greedy && (n0 <= M || (n0 == V && !(sp[i].top_p > 0.0f && sp[i].top_p < 1.0f)));
+        if (isnan(pg[i])) {
+            if (!greedy) nan_rows++;
+            CHECKF(!settles, "row %d (T %.1f, top_p %.3f, top_k %d): NaN where the first %d settle it", i,
+                   sp[i].temperature, sp[i].top_p, sp[i].top_k, M);
+            continue;
+        }
+        CHECKF(!greedy, "row %d: a greedy row answered (%g)", i, pg[i]);
+        given++;
+        if (pc[i] == 0.0) {
+            zeros++;
+            bad += pg[i] != 0.0;
+            continue;
+        }
+        double rel = fabs(pg[i] - pc[i]) / pc[i];
+        if (rel > worst) worst = rel;
+        bad += !(rel <= tol);
+    }
+    printf("    token_probs N=%d V=%d%s (M=%d): %d answered (%d zeros), %d left NaN, worst rel %.2e (bound %.1e)\n", N,
+           V, peak > 0 ? ", peaked" : "", M, given, zeros, nan_rows, worst, tol);
+    CHECKF(bad == 0, "token_probs: %d answers differ from the host's", bad);
+    CHECK(given > 0);
+    b2_free(&p, &l);
+    free(lg);
+    free(sp);
+    free(tok);
+    free(pc);
+    free(pg);
+    pair_free(&p);
+    return nan_rows;
+}
+
+static void test_token_probs(void) {
+    seed(17);
+    token_probs_case(42, 3000, 0.0f);
+    CHECK(token_probs_case(42, 3000, 30.0f) == 0); /* peaked: every cut inside the first M */
+    token_probs_case(14, 163840, 30.0f);
+    /* M = 64: top_k 200 and the flat rows' top-p cuts are left to the host */
+    setenv("EG_CUDA_SAMPLE_M", "64", 1);
+    CHECK(token_probs_case(42, 3000, 0.0f) > 0);
+    unsetenv("EG_CUDA_SAMPLE_M");
+}
+
 /* ---- recorded replay (CUDA graphs) ------------------------------------------------------------------ */
 
 /* The recorded ops: y = moe(linear(x)) with a fresh zeroed y. */
@@ -2076,6 +2164,7 @@ static const eg_test tests[] = {
     {"moe_kimi", test_moe_kimi},
     {"moe_kimi_range", test_moe_kimi_range},
     {"sample_small", test_sample_small},
+    {"token_probs", test_token_probs},
     {"random_weights", test_random_weights},
     {"sample_kimi", test_sample_kimi},
     {"graphs", test_graphs},

@@ -290,6 +290,21 @@ if [ "${1:-}" = --spec ]; then
     grep "speculative:" "$W/spec.log" || { echo "no speculative report"; cat "$W/spec.log"; exit 1; }
     grep -E "gqa_attention +[0-9]+" "$W/spec.log" || { echo "the drafter did not run on the GPU"; cat "$W/spec.log"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec"
+    # sampled (temperature 8, top-p 0.9: 11 of 27 drafts accepted): the acceptance tests'
+    # p(draft) from the device (token_probs, counted in --log-json) and from the host
+    # (EG_CUDA_SAMPLE=sort leaves every one to it) give the same samples
+    for how in dev host; do
+        if [ $how = host ]; then export EG_CUDA_SAMPLE=sort; fi
+        nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --temperature 8 --top-p 0.9 --out "$W/spec_$how" \
+            --draft-model "$W/drafter" --draft-tokens 3 --log-json "$W/spec_$how.jsonl" 2> "$W/spec_$how.log" ||
+            { cat "$W/spec_$how.log"; exit 1; }
+        unset EG_CUDA_SAMPLE
+    done
+    dev=$(grep -o '"backend_probs":[0-9]*' "$W/spec_dev.jsonl" | tail -1 | cut -d: -f2)
+    host=$(grep -o '"backend_probs":[0-9]*' "$W/spec_host.jsonl" | tail -1 | cut -d: -f2)
+    echo "sampled: p(draft) of $dev rows from the device (host run: $host)"
+    [ "${dev:-0}" -gt 0 ] && [ "${host:-1}" = 0 ] || { echo "token_probs not used as expected"; exit 1; }
+    /usr/bin/python3 tests/gen_check.py same "$W/spec_dev" "$W/spec_host"
     # vLLM's MLA drafter layout: its layer through the drafter's CUDA backend's mla_attention
     # over its paged latent cache; greedy stays the plain samples
     "$B/emu/eaglegen_emu" mkmodel --drafter-for "$W/model" --out "$W/drafter_mla" --seed 5 --mla >/dev/null
@@ -317,7 +332,7 @@ if [ "${1:-}" = --forward ]; then
         --out "$B/emu/a.safetensors" --chunk 37
     exec /usr/bin/python3 tests/gpu/golden_gpu.py teacher "$B/emu/a.safetensors" "$G" --tol 2e-2 --margin 0.1
 fi
-filters=${*:-errors profiled embed linear_small swiglu mla_small router moe_small sample_small random_weights gqa copy_rows drafter}
+filters=${*:-errors profiled embed linear_small swiglu mla_small router moe_small sample_small token_probs random_weights gqa copy_rows drafter}
 rc=0
 # two emulated GPUs: the profiled-backend test checks the transport choice across two
 for f in $filters; do EMU_DEVICES=${EMU_DEVICES:-2} nice -n 19 "$B/emu/test_cuda_ops_emu" "$f" || rc=1; done
