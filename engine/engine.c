@@ -78,6 +78,9 @@ typedef struct micro_batch {
                                                   backend gives (-1 none); NULL = the host's */
     double *prob;                              /* [T] by logit row: those p (NaN = not given) */
     int n_ptok;                                /* logit rows of this step with a ptok */
+    int argmax_only;                           /* with a drafter, every logit row greedy: the
+                                                  backend's argmaxes (sampled) come back,
+                                                  not the rows (logits) */
     int n_spec;                                /* sequences verifying drafts in this step */
     int leave;                                 /* a marker, not a step: stage k leaves its
                                                   expert-parallel group (eg_engine_ep_leave) */
@@ -263,7 +266,12 @@ static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
         s.final_hidden = mb->fin;
         s.final_pre_hidden = mb->fin_pre;
         s.logit_rows = mb->rows;
-        if (e->o.want_logits || e->dr) {
+        if (mb->argmax_only) { /* greedy verify and plain rows: ids, no logits to the host */
+            s.n_logits = mb->n_rows;
+            s.sampled = mb->sampled;
+            s.sp = mb->sp;
+            s.rng = mb->rng;
+        } else if (e->o.want_logits || e->dr) {
             s.n_logits = e->o.want_logits ? mb->T : mb->n_rows;
             s.logits = mb->logits;
             if (mb->n_ptok) { /* the verify rows' p(draft) from the backend */
@@ -1205,8 +1213,15 @@ static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
     }
     if (e->o.want_logits)
         for (int r = 0; r < T; r++) mb->rows[r] = r;
+    /* every logit row greedy (a drafter, logits not kept): the backend's argmax of each
+     * is all the host needs, for the greedy rule and the plain rows alike, the same ids
+     * as its own argmax (the lowest among equal maxima); no row of V logits is copied */
+    mb->argmax_only = e->dr && !e->o.want_logits && n_rows > 0;
+    for (int j = 0; mb->argmax_only && j < n_rows; j++)
+        mb->argmax_only = !(e->slots[mb->slt[mb->rows[j]]].req.sp.temperature > 0.0f);
+    for (int j = 0; mb->argmax_only && j < n_rows; j++) mb->sp[j] = (eg_sample_params){0.0f, 1.0f, 0};
     mb->n_ptok = 0;
-    if (e->backend_probs && mb->n_spec) {
+    if (e->backend_probs && mb->n_spec && !mb->argmax_only) {
         /* a sampled verify chunk's rows but its last: row j's draft is the next row's token */
         int n_lr = e->o.want_logits ? T : n_rows;
         for (int j = 0; j < n_lr; j++) {
@@ -1361,7 +1376,11 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
         const struct host_job *h = &e->hjobs[j];
         slot_state *s = &e->slots[h->slot];
         const float *lg = c->mb->logits + (int64_t)h->lr * V;
-        if (h->verify)
+        if (c->mb->argmax_only) {
+            const int32_t *am = c->mb->sampled + h->lr;
+            if (h->verify) eg_spec_verify_argmax(am, s->draft, s->n_draft, e->o.spec_rule, &s->v_acc, &s->v_next);
+            else s->v_next = am[0];
+        } else if (h->verify)
             eg_spec_verify(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, s->req.sp.temperature > 0.0f ? s->q : NULL,
                            c->mb->n_ptok ? c->mb->prob + h->lr : NULL, s->n_draft, e->o.spec_rule, &s->rng,
                            &s->v_acc, &s->v_next);
@@ -1393,6 +1412,7 @@ static void host_draws(eg_engine *e, micro_batch *mb) {
         }
         row += n;
     }
+    if (!mb->argmax_only) e->stats.logit_rows += e->o.want_logits ? T : mb->n_rows;
     for (int j = 0; mb->n_ptok && j < (e->o.want_logits ? T : mb->n_rows); j++)
         e->stats.backend_probs += mb->ptok[j] >= 0 && !isnan(mb->prob[j]);
     double t0 = eg_now();

@@ -209,8 +209,12 @@ typedef struct eg_engine_stats {
                                 them; accepted / verify_steps: mean accepted per step) */
     int64_t spec_tokens;     /* tokens committed by verify steps (accepted + correction/bonus,
                                 less any cut after a stop token) */
+    int64_t logit_rows;      /* rows of V logits the host took for its draws (kept logits,
+                                or a drafter's steps with a sampled row: an all-greedy
+                                step takes the backend's argmaxes instead) */
     int64_t backend_probs;   /* sampled verify rows whose p(draft) came from the backend
-                                (opts.spec_probs): rows the host did not sort for the rule */
+                                (opts.spec_probs; the host sorts such a row only when its
+                                draft is rejected, for the residual) */
     double draft_seconds;    /* in the drafter (extend, propose, truncate) */
     double verify_seconds;   /* target steps that verified drafts, and the acceptance rule
                                 (threaded pipeline stages: the wall time while a micro-batch

@@ -55,6 +55,18 @@ int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng) {
     return last;
 }
 
+void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, eg_spec_rule rule, int *n_accepted,
+                           int32_t *next) {
+    for (int i = 0; i < k; i++) {
+        if (rule == EG_SPEC_BROKEN_ACCEPT || argmax[i] == draft[i]) continue;
+        *n_accepted = i;
+        *next = argmax[i];
+        return;
+    }
+    *n_accepted = k;
+    *next = argmax[k];
+}
+
 void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, const int32_t *draft,
                     const double *qd, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
                     int32_t *next) {

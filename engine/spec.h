@@ -39,6 +39,11 @@ void eg_spec_probs(eg_spec_scratch *sc, const float *logits, int V, const eg_sam
 /* Draw an id from a dense distribution (sum > 0) with one uniform from rng. */
 int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng);
 
+/* eg_spec_verify's greedy rule from the rows' argmaxes alone ([k + 1], the lowest id
+ * among equal maxima, e.g. a backend's greedy sample): the same n_accepted and next. */
+void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, eg_spec_rule rule, int *n_accepted,
+                           int32_t *next);
+
 /* One verify step of a sequence. logits: [k+1][V] target rows (row i follows the i-th
  * proposed position: row 0 predicts draft[0]); draft: [k] proposed target ids; qd: [k]
  * proposer distributions over the target vocabulary ([k][V], NULL = deterministic

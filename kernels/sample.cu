@@ -20,8 +20,11 @@ static __global__ void argmax_kernel(const float *logits, int V, int32_t *out) {
     const float *row = logits + (int64_t)blockIdx.x * V;
     float bv = -INFINITY;
     int bi = INT_MAX;
+    /* the host's rule (best = 0; best = i where l[i] > l[best]): a NaN is never taken,
+     * and a NaN at id 0 wins (nothing compares greater) */
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float v = row[j];
+        if (v != v) continue;
         if (bi == INT_MAX || v > bv) {
             bv = v;
             bi = j;
@@ -47,7 +50,7 @@ static __global__ void argmax_kernel(const float *logits, int V, int32_t *out) {
                 bv = sv[i];
                 bi = si[i];
             }
-        out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
+        out[blockIdx.x] = bi == INT_MAX || row[0] != row[0] ? 0 : bi;
     }
 }
 

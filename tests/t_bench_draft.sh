@@ -134,6 +134,9 @@ for p, greedy in (("d.json", True), ("ds.json", False)):
     assert 0 <= sp["accepted"] <= sp["drafted"] <= sp["draft_tokens"] * sp["verify_steps"], sp
     assert abs(sp["accept_length"] - sp["spec_tokens"] / sp["verify_steps"]) < 1e-4, sp
     assert sp["target_passes"] == sp["steps"] and sp["plain_target_passes"] == plain["steps"], sp
+    # greedy: the backend's argmaxes, no logits row to the host; sampled: the rows (the
+    # CPU backend leaves the drafts' p to the host)
+    assert (sp["logit_rows"] == 0) if greedy else (sp["logit_rows"] > 0 and sp["backend_probs"] == 0), sp
 PY
 echo "-- an MLA drafter (vLLM's layout): greedy unchanged, the boxes modelled with Kimi-K2.5's latent cache"
 $E mkmodel --drafter-for model --out drafter_mla --seed 5 --mla >/dev/null 2>&1 || fail "mkmodel --drafter-for --mla"

@@ -85,6 +85,10 @@ typedef struct run_cfg {
     int host_threads;        /* eg_engine_opts.host_threads (0: its default) */
     int micro_batches;
     int spec_probs;          /* eg_engine_opts.spec_probs */
+    int nan_probs;           /* > 0: the backend's token_probs answer NaN on every nan_probs-th
+                                row asked (one engine, stages on the calling thread) */
+    int mix;                 /* odd requests sample at temp_odd, even ones at temp */
+    float temp_odd;
 } run_cfg;
 
 typedef struct run_ctx {
@@ -115,7 +119,7 @@ static int next_req(void *vc, eg_request *q, eg_error *err) {
         q->n_tokens = prompt_len(pr);
         q->max_new = c->max_new;
     }
-    q->sp.temperature = c->temp;
+    q->sp.temperature = c->mix && (r & 1) ? c->temp_odd : c->temp;
     q->sp.top_p = c->top_p;
     q->sp.top_k = c->top_k;
     q->rng = eg_rng_seed(c->seed, (uint64_t)r);
@@ -170,6 +174,24 @@ static eg_status on_done(void *vc, const eg_result *r, eg_error *err) {
 
 static eg_engine_stats last_stats;
 
+/* The CPU backend with a token_probs that leaves every nan_every-th row it is asked for to
+ * the host (NaN), as a GPU does with a row its first M candidates cannot settle. */
+static eg_backend_ops nan_ops;
+static eg_status (*nan_inner)(eg_backend *, const float *, int, int, const eg_sample_params *, const int32_t *,
+                              double *, eg_error *);
+static int nan_every;
+static int64_t nan_asked, nan_given;
+static eg_status nan_token_probs(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *p,
+                                 const int32_t *tok, double *out, eg_error *err) {
+    eg_status st = nan_inner(b, logits, N, V, p, tok, out, err);
+    for (int i = 0; !st && i < N; i++)
+        if (tok[i] >= 0 && nan_asked++ % nan_every == 0) {
+            out[i] = NAN;
+            nan_given++;
+        }
+    return st;
+}
+
 static eg_status run(const run_cfg *c, results *out, eg_error *err) {
     eg_backend *be = NULL, *sbe[8] = {0};
     eg_engine *e = NULL;
@@ -199,6 +221,14 @@ static eg_status run(const run_cfg *c, results *out, eg_error *err) {
         eo.stage_backends = sbe;
     } else {
         st = eg_backend_create(&model.cfg, &bo, &be, err);
+        if (!st && c->nan_probs > 0) {
+            nan_ops = *be->ops;
+            nan_inner = be->ops->token_probs;
+            nan_ops.token_probs = nan_token_probs;
+            nan_every = c->nan_probs;
+            nan_asked = nan_given = 0;
+            be->ops = &nan_ops;
+        }
     }
     if (!st) st = eg_engine_create(&model, c->threaded ? sbe[0] : be, &eo, &e, err);
     if (!st) {
@@ -1143,11 +1173,19 @@ static void test_backend_probs(void) {
     eg_error err = {0};
     CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
     if (err.code) return;
-    const struct { float temp, top_p; int top_k; int64_t kv_blocks; int k, stages; } cases[] = {
-        {4.0f, 1.0f, 0, 0, 3, 0}, {1.5f, 0.9f, 0, 0, 2, 0}, {2.5f, 1.0f, 40, 12, 3, 0}, {3.0f, 0.95f, 0, 0, 3, 2}};
+    const struct {
+        float temp, top_p;
+        int top_k;
+        int64_t kv_blocks;
+        int k, stages, want_logits, ep, nan_probs;
+    } cases[] = {{4.0f, 1.0f, 0, 0, 3, 0, 0, 0, 0},   {1.5f, 0.9f, 0, 0, 2, 0, 0, 0, 0},
+                 {2.5f, 1.0f, 40, 12, 3, 0, 0, 0, 0},  {3.0f, 0.95f, 0, 0, 3, 2, 0, 0, 0},
+                 {3.0f, 0.95f, 0, 0, 3, 0, 1, 0, 0},   {3.0f, 0.95f, 0, 0, 3, 0, 0, 2, 0},
+                 {4.0f, 0.95f, 0, 0, 3, 0, 0, 0, 3}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         results host = {0}, be = {0};
         eg_engine_stats st_host = {0};
+        int R = cases[ci].ep > 1 ? cases[ci].ep : 1;
         for (int path = 0; path < 2; path++) {
             run_cfg c = base_cfg();
             c.slots = 4;
@@ -1157,38 +1195,111 @@ static void test_backend_probs(void) {
             c.top_k = cases[ci].top_k;
             c.kv_blocks = cases[ci].kv_blocks;
             c.k = cases[ci].k;
+            c.want_logits = cases[ci].want_logits;
             if (cases[ci].stages) {
                 c.stage_ends = ends;
                 c.n_stages = 2;
                 c.threaded = 1;
             }
             c.spec_probs = path ? 1 : -1;
+            c.nan_probs = path ? cases[ci].nan_probs : 0;
             eg_eagle3_opts po = {.threads = 1, .backend = "cpu", .max_rows = 4, .block_size = 8};
-            eg_drafter *d = NULL;
-            CHECK_OK(eg_drafter_eagle3_load_opts(dir, &model, c.slots, MAX_SEQ, &po, &d, &err), &err);
-            if (!d) return;
-            c.drafter = d;
+            eg_drafter *d[4] = {0};
+            for (int r = 0; r < R; r++) {
+                int slots = R > 1 ? eg_ep_runtime_rank_slots(c.slots, R, r) : c.slots;
+                CHECK_OK(eg_drafter_eagle3_load_opts(dir, &model, slots, MAX_SEQ, &po, &d[r], &err), &err);
+                if (!d[r]) return;
+            }
+            c.ep = cases[ci].ep;
+            c.rank_drafters = d;
+            c.drafter = R > 1 ? NULL : d[0];
             CHECK_OK(run(&c, path ? &be : &host, &err), &err);
             if (!path) st_host = last_stats;
-            eg_drafter_free(d);
+            for (int r = 0; r < R; r++) eg_drafter_free(d[r]);
         }
         for (int r = 0; r < 5; r++) CHECKF(same_result(&host, &be, r), "case %zu: request %d differs", ci, r);
         CHECKF(last_stats.drafted == st_host.drafted && last_stats.accepted == st_host.accepted &&
                    last_stats.verify_steps == st_host.verify_steps,
                "case %zu: drafted %lld / %lld, accepted %lld / %lld", ci, (long long)last_stats.drafted,
                (long long)st_host.drafted, (long long)last_stats.accepted, (long long)st_host.accepted);
-        /* every drafted token is a row the backend gave p for (a rejected draft's row is
-         * still sorted on the host, for its residual) */
-        CHECKF(st_host.backend_probs == 0 && last_stats.backend_probs == last_stats.drafted,
-               "case %zu: backend p for %lld rows of %lld drafted (host run: %lld)", ci,
-               (long long)last_stats.backend_probs, (long long)last_stats.drafted, (long long)st_host.backend_probs);
+        /* every drafted token is a row the backend was asked for, and answered but where it
+         * said NaN (the host computed those); a rejected draft's row is still sorted on the
+         * host, for its residual */
+        int64_t left = cases[ci].nan_probs ? nan_given : 0;
+        CHECKF(st_host.backend_probs == 0 && last_stats.backend_probs == last_stats.drafted - left,
+               "case %zu: backend p for %lld rows of %lld drafted, %lld left NaN (host run: %lld)", ci,
+               (long long)last_stats.backend_probs, (long long)last_stats.drafted, (long long)left,
+               (long long)st_host.backend_probs);
+        if (cases[ci].nan_probs) CHECK(left > 0 && nan_asked == last_stats.drafted);
         CHECK(last_stats.accepted > 0 && last_stats.accepted < last_stats.drafted);
         if (cases[ci].kv_blocks) CHECKF(last_stats.preemptions > 0, "case %zu: no preemption", ci);
-        printf("    case %zu: %lld drafted, %lld accepted, %lld rows' p from the backend\n", ci,
-               (long long)last_stats.drafted, (long long)last_stats.accepted, (long long)last_stats.backend_probs);
+        printf("    case %zu%s%s%s: %lld drafted, %lld accepted, %lld rows' p from the backend, %lld left to the host\n",
+               ci, cases[ci].want_logits ? " (logits kept)" : "", cases[ci].ep ? " (--ep 2)" : "",
+               cases[ci].stages ? " (2 threaded stages)" : "", (long long)last_stats.drafted,
+               (long long)last_stats.accepted, (long long)last_stats.backend_probs, (long long)left);
         free_results(&host);
         free_results(&be);
     }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) fprintf(stderr, "    could not remove %s\n", dir);
+}
+
+/* Greedy and sampled sequences in one batch: each writes what it writes in a batch of its
+ * own kind. An all-greedy step takes the backend's argmaxes (no logits rows to the host),
+ * a mixed one the rows, so both of the greedy rule's paths run, and a sampled sequence's
+ * tokens do not depend on its neighbours. */
+static void test_mixed_greedy_sampled(void) {
+    load_model();
+    if (!have_model) return;
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/eg_spec_mix_%d", (int)getpid());
+    static const int daux[2] = {1, 4};
+    eg_mkdrafter_opts mo = {.target_dir = MODEL, .out_dir = dir, .seed = 4, .draft_vocab = 300, .n_aux = 2,
+                            .aux_layers = daux};
+    eg_error err = {0};
+    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
+    if (err.code) return;
+    results g = {0}, smp = {0}, mixed = {0}, plain = {0};
+    eg_engine_stats st[3];
+    for (int run_i = 0; run_i < 3; run_i++) {
+        run_cfg c = base_cfg();
+        c.slots = 4;
+        c.max_new = 30;
+        c.k = 3;
+        c.temp = run_i == 1 ? 3.0f : 0.0f;
+        c.mix = run_i == 2;
+        c.temp_odd = 3.0f;
+        eg_eagle3_opts po = {.threads = 1, .backend = "cpu", .max_rows = 4, .block_size = 8};
+        eg_drafter *d = NULL;
+        CHECK_OK(eg_drafter_eagle3_load_opts(dir, &model, c.slots, MAX_SEQ, &po, &d, &err), &err);
+        if (!d) return;
+        c.drafter = d;
+        CHECK_OK(run(&c, run_i == 0 ? &g : run_i == 1 ? &smp : &mixed, &err), &err);
+        st[run_i] = last_stats;
+        eg_drafter_free(d);
+    }
+    run_cfg c = base_cfg();
+    c.max_new = 30;
+    CHECK_OK(run(&c, &plain, &err), &err);
+    for (int r = 0; r < 5; r++) {
+        CHECKF(same_result(&plain, &g, r), "greedy with the drafter: request %d differs from greedy without", r);
+        CHECKF(same_result(r & 1 ? &smp : &g, &mixed, r), "mixed batch: request %d (%s) differs", r,
+               r & 1 ? "sampled" : "greedy");
+    }
+    CHECK(st[0].drafted > 0 && st[2].accepted > 0 && st[1].drafted > 0); /* (a random drafter: greedy accepts none) */
+    /* all greedy: no logits row reached the host; mixed: the sampled steps' rows did */
+    CHECKF(st[0].logit_rows == 0 && st[1].logit_rows > 0 && st[2].logit_rows > 0,
+           "logits rows to the host: greedy %lld, sampled %lld, mixed %lld", (long long)st[0].logit_rows,
+           (long long)st[1].logit_rows, (long long)st[2].logit_rows);
+    printf("    greedy %lld / %lld accepted, sampled %lld / %lld, mixed %lld / %lld; logits rows to the host %lld, %lld, "
+           "%lld\n", (long long)st[0].accepted, (long long)st[0].drafted, (long long)st[1].accepted,
+           (long long)st[1].drafted, (long long)st[2].accepted, (long long)st[2].drafted, (long long)st[0].logit_rows,
+           (long long)st[1].logit_rows, (long long)st[2].logit_rows);
+    free_results(&g);
+    free_results(&smp);
+    free_results(&mixed);
+    free_results(&plain);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) fprintf(stderr, "    could not remove %s\n", dir);
@@ -1203,6 +1314,7 @@ static const eg_test tests[] = {
     {"chunk_row_equals_decode", test_chunk_row_equals_decode},
     {"eagle3_batched", test_eagle3_batched},
     {"backend_probs", test_backend_probs},
+    {"mixed_greedy_sampled", test_mixed_greedy_sampled},
     {"rotation_fair", test_rotation_fair},
     {"verify_greedy", test_verify_greedy},
     {"verify_sampled", test_verify_sampled},

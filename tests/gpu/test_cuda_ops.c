@@ -1006,10 +1006,17 @@ static int64_t sample_case_ex(int N, int V, int rounds, float peak, int cap_k, i
         for (int i = 0; peak > 0 && i < N; i++)
             for (int k = 0; k < 5; k++) lg[(int64_t)i * V + (int64_t)(urand() * V)] += peak;
         for (int64_t j = 0; quant && j < (int64_t)N * V; j++) lg[j] = roundf(lg[j] * 2.0f) / 2.0f;
-        /* row 1 (mod 8): a tie at the maximum between ids 5 and 100 */
+        /* row 1 (mod 8): a tie at the maximum between ids 5 and 100 (above any peak: five
+         * peaks may land on one id) */
         for (int i = 1; i < N; i += 8) {
-            lg[(int64_t)i * V + 5] = 50.0f;
-            lg[(int64_t)i * V + 100] = 50.0f;
+            lg[(int64_t)i * V + 5] = 1e4f;
+            lg[(int64_t)i * V + 100] = 1e4f;
+        }
+        /* greedy row 0 (mod 8): NaNs (never taken, as on the host), and at id 0 in the
+         * second such row (taken: nothing compares greater) */
+        for (int i = 0; i < N; i += 8) {
+            for (int k = 0; k < 3; k++) lg[(int64_t)i * V + 1 + (int64_t)(urand() * (V - 1))] = NAN;
+            if (i == 8) lg[(int64_t)i * V] = NAN;
         }
         buf2 l = b2(&p, lg, 4 * (size_t)N * V);
         CHECK_OK(p.cpu->ops->sample(p.cpu, l.c, N, V, sp, rc, oc, &err), &err);
@@ -1073,7 +1080,7 @@ static void test_sample_small(void) {
  * sums are parallel, the host's sequential), a zero where the host's is zero; NaN (the host computes it) only
  * for greedy rows and where the first M candidates cannot settle the kept set (a top_k
  * above M, a top-p cut beyond them). Returns the non-greedy rows answered NaN. */
-static int token_probs_case(int N, int V, float peak) {
+static int token_probs_case(int N, int V, float peak, int quant) {
     eg_config c = small_cfg();
     c.vocab = V;
     pair p;
@@ -1087,17 +1094,31 @@ static int token_probs_case(int N, int V, float peak) {
     const eg_sample_params kinds[7] = {{1.0f, 1, 0},   {0.7f, 1, 50},  {1.0f, 0.9f, 0}, {0.8f, 0.5f, 200},
                                        {1.2f, 1, 1},   {1.0f, 0.999f, 0}, {0, 1, 0}};
     float *lg = randv((int64_t)N * V, 4.0f);
+    float *scr = malloc(sizeof(float) * eg_sample_scratch_floats(V));
     for (int i = 0; peak > 0 && i < N; i++)
         for (int k = 0; k < 5; k++) lg[(int64_t)i * V + (int64_t)(urand() * V)] += peak;
+    for (int64_t j = 0; quant && j < (int64_t)N * V; j++) lg[j] = roundf(lg[j] * 2.0f) / 2.0f;
     for (int i = 0; i < N; i++) {
         sp[i] = kinds[i % 7];
         const float *r = lg + (int64_t)i * V;
         int best = 0;
         for (int v = 1; v < V; v++)
             if (r[v] > r[best]) best = v;
-        tok[i] = i % 3 == 0 ? best : i % 3 == 1 ? (int32_t)(urand() * V) % V : -1;
+        /* the argmax, a random id, none, or the kept set's edges in the host's order: its
+         * last candidate and the first one cut (ties at a cut come in id order) */
+        int pick = (i / 7) % 5, n = V;
+        const eg_sample_cand *cand = (const eg_sample_cand *)scr;
+        double kept;
+        if (pick >= 3 && sp[i].temperature > 0.0f) n = eg_sample_kept(r, V, &sp[i], scr, &kept);
+        tok[i] = pick == 0 ? best
+               : pick == 1 ? (int32_t)(urand() * V) % V
+               : pick == 2 ? -1
+               : !(sp[i].temperature > 0.0f) ? best
+               : pick == 3 ? cand[n - 1].id
+                           : cand[n < V ? n : V - 1].id;
         pc[i] = pg[i] = 7.0;
     }
+    free(scr);
     buf2 l = b2(&p, lg, 4 * (size_t)N * V);
     CHECK_OK(p.cpu->ops->token_probs(p.cpu, l.c, N, V, sp, tok, pc, &err), &err);
     CHECK_OK(p.gpu->ops->token_probs(p.gpu, l.g, N, V, sp, tok, pg, &err), &err);
@@ -1130,8 +1151,8 @@ static int token_probs_case(int N, int V, float peak) {
         if (rel > worst) worst = rel;
         bad += !(rel <= tol);
     }
-    printf("    token_probs N=%d V=%d%s (M=%d): %d answered (%d zeros), %d left NaN, worst rel %.2e (bound %.1e)\n", N,
-           V, peak > 0 ? ", peaked" : "", M, given, zeros, nan_rows, worst, tol);
+    printf("    token_probs N=%d V=%d%s%s (M=%d): %d answered (%d zeros), %d left NaN, worst rel %.2e (bound %.1e)\n",
+           N, V, peak > 0 ? ", peaked" : "", quant ? ", ties" : "", M, given, zeros, nan_rows, worst, tol);
     CHECKF(bad == 0, "token_probs: %d answers differ from the host's", bad);
     CHECK(given > 0);
     b2_free(&p, &l);
@@ -1146,12 +1167,15 @@ static int token_probs_case(int N, int V, float peak) {
 
 static void test_token_probs(void) {
     seed(17);
-    token_probs_case(42, 3000, 0.0f);
-    CHECK(token_probs_case(42, 3000, 30.0f) == 0); /* peaked: every cut inside the first M */
-    token_probs_case(14, 163840, 30.0f);
+    /* 70 rows: each of the 7 parameter kinds with each of the 5 token picks, twice */
+    token_probs_case(70, 3000, 0.0f, 0);
+    CHECK(token_probs_case(70, 3000, 30.0f, 0) == 0); /* peaked: every cut inside the first M */
+    token_probs_case(70, 3000, 0.0f, 1);              /* logits in halves: ties at every cut */
+    token_probs_case(14, 163840, 30.0f, 0);
     /* M = 64: top_k 200 and the flat rows' top-p cuts are left to the host */
     setenv("EG_CUDA_SAMPLE_M", "64", 1);
-    CHECK(token_probs_case(42, 3000, 0.0f) > 0);
+    CHECK(token_probs_case(70, 3000, 0.0f, 0) > 0);
+    token_probs_case(70, 3000, 30.0f, 1);
     unsetenv("EG_CUDA_SAMPLE_M");
 }
 

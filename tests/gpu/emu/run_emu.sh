@@ -286,10 +286,12 @@ if [ "${1:-}" = --spec ]; then
     # profiled (numerics unchanged): the drafter's own CUDA backend prints its table at the
     # end, so its gqa_attention rows show the drafter ran on the (emulated) GPU
     EG_CUDA_PROFILE=1 nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/spec" --draft-model "$W/drafter" \
-        --draft-tokens 3 2> "$W/spec.log" || { cat "$W/spec.log"; exit 1; }
+        --draft-tokens 3 --log-json "$W/spec.jsonl" 2> "$W/spec.log" || { cat "$W/spec.log"; exit 1; }
     grep "speculative:" "$W/spec.log" || { echo "no speculative report"; cat "$W/spec.log"; exit 1; }
     grep -E "gqa_attention +[0-9]+" "$W/spec.log" || { echo "the drafter did not run on the GPU"; cat "$W/spec.log"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec"
+    # greedy: the device's argmaxes came back, no logits rows (--log-json counts them)
+    grep -q '"logit_rows":0,' "$W/spec.jsonl" || { echo "greedy: logits rows copied"; cat "$W/spec.jsonl"; exit 1; }
     # sampled (temperature 8, top-p 0.9: 11 of 27 drafts accepted): the acceptance tests'
     # p(draft) from the device (token_probs, counted in --log-json) and from the host
     # (EG_CUDA_SAMPLE=sort leaves every one to it) give the same samples
