@@ -78,6 +78,9 @@ typedef struct micro_batch {
                                                   backend gives (-1 none); NULL = the host's */
     double *prob;                              /* [T] by logit row: those p (NaN = not given) */
     int n_ptok;                                /* logit rows of this step with a ptok */
+    int defer;                                 /* sampled verify rows with the backend's p: the
+                                                  logits rows stay on the backend until the
+                                                  rule knows which it needs (host_draws) */
     int argmax_only;                           /* with a drafter, every logit row greedy: the
                                                   backend's argmaxes (sampled) come back,
                                                   not the rows (logits) */
@@ -116,7 +119,12 @@ struct eg_engine {
     eg_pool *hpool;        /* NULL: on the driving thread */
     eg_spec_scratch **hsc; /* [n_hsc] a scratch per thread */
     int n_hsc;
-    struct host_job { int slot, lr, verify; } *hjobs; /* [n_slots] */
+    struct host_job {
+        int slot, lr, verify; /* lr: the chunk's first logit row of the step */
+        int fr;               /* its first row in mb->logits (= lr unless the step deferred) */
+        int decided, n, rejected; /* deferred: the acceptance tests ran (eg_spec_accept) */
+    } *hjobs;                 /* [n_slots] */
+    int32_t *fetch;           /* [max_tokens] logit rows a deferred step takes (backend_probs) */
     int backend_probs;     /* the last stage's backend gives sampled verify rows' p(draft) */
     int spec_in_flight;    /* threaded: micro-batches with verify rows in the pipeline */
     double spec_since;     /* when the first of them went in */
@@ -243,6 +251,7 @@ void eg_engine_free(eg_engine *e) {
     for (int t = 0; e->hsc && t < e->n_hsc; t++) eg_spec_scratch_free(e->hsc[t]);
     free(e->hsc);
     free(e->hjobs);
+    free(e->fetch);
     eg_pool_free(e->hpool);
     free(e->pending_tok); free(e->pending_stop);
     free(e->daux); free(e->dstage); free(e->dnext);
@@ -273,7 +282,7 @@ static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
             s.rng = mb->rng;
         } else if (e->o.want_logits || e->dr) {
             s.n_logits = e->o.want_logits ? mb->T : mb->n_rows;
-            s.logits = mb->logits;
+            s.logits = mb->defer ? NULL : mb->logits;
             if (mb->n_ptok) { /* the verify rows' p(draft) from the backend */
                 s.sp = mb->sp;
                 s.prob_tok = mb->ptok;
@@ -506,6 +515,10 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     if (e->dr && o->spec_probs >= 0) { /* who gives the verify rows' p(draft) */
         const eg_backend *lb = e->threaded ? o->stage_backends[e->n_stages - 1] : be;
         e->backend_probs = lb->ops->token_probs && (o->spec_probs > 0 || strcmp(lb->ops->name, "cpu") != 0);
+        if (e->backend_probs && !(e->fetch = eg_malloc(sizeof(int32_t) * (size_t)o->max_tokens, err))) {
+            eg_engine_free(e);
+            return EG_ERR_NOMEM;
+        }
     }
     for (int j = 0; j < e->n_mb; j++) {
         e->mbs[j].index = j;
@@ -1237,6 +1250,9 @@ static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
             }
         }
     }
+    /* one engine thread drives every stage: the last stage's logits stay valid on its
+     * backend until the next step, so host_draws takes only the rows the rule needs */
+    mb->defer = mb->n_ptok > 0 && !e->threaded && !e->o.want_logits;
     mb->T = T;
     mb->n_rows = n_rows;
     mb->status = EG_OK;
@@ -1375,8 +1391,11 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
     for (int64_t j = b; j < end; j++) {
         const struct host_job *h = &e->hjobs[j];
         slot_state *s = &e->slots[h->slot];
-        const float *lg = c->mb->logits + (int64_t)h->lr * V;
-        if (c->mb->argmax_only) {
+        const float *lg = c->mb->logits + (int64_t)h->fr * V;
+        if (h->decided) { /* the tests ran; lg is row n: the residual's or the bonus */
+            s->v_acc = h->n;
+            s->v_next = eg_spec_finish(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, s->q, h->n, h->rejected, &s->rng);
+        } else if (c->mb->argmax_only) {
             const int32_t *am = c->mb->sampled + h->lr;
             if (h->verify) eg_spec_verify_argmax(am, s->draft, s->n_draft, e->o.spec_rule, &s->v_acc, &s->v_next);
             else s->v_next = am[0];
@@ -1395,30 +1414,60 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
  * own RNG, so the tokens are the serial ones whatever the threads (at Kimi's 163,840 ids
  * a row costs ~3 ms on one core, a verify chunk up to k + 1 rows). The walk is
  * complete_mb's: the same rows, the same logit rows. */
-static void host_draws(eg_engine *e, micro_batch *mb) {
+static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
     const int T = mb->T;
+    const int64_t V = e->m->cfg.vocab;
     int row = 0, srow = 0, nj = 0, n_verify = 0;
     while (row < T) {
         int i = mb->slt[row];
         slot_state *s = &e->slots[i];
         int n = chunk_rows(mb, row);
         if (s->n_draft > 0) {
-            e->hjobs[nj++] = (struct host_job){i, e->o.want_logits ? row : srow, 1};
+            int lr = e->o.want_logits ? row : srow;
+            e->hjobs[nj++] = (struct host_job){.slot = i, .lr = lr, .verify = 1, .fr = lr};
             n_verify++;
             if (!e->o.want_logits) srow += n;
         } else if (chunk_samples(s, n)) {
-            e->hjobs[nj++] = (struct host_job){i, e->o.want_logits ? row + n - 1 : srow, 0};
+            int lr = e->o.want_logits ? row + n - 1 : srow;
+            e->hjobs[nj++] = (struct host_job){.slot = i, .lr = lr, .verify = 0, .fr = lr};
             if (!e->o.want_logits) srow++;
         }
         row += n;
     }
-    if (!mb->argmax_only) e->stats.logit_rows += e->o.want_logits ? T : mb->n_rows;
     for (int j = 0; mb->n_ptok && j < (e->o.want_logits ? T : mb->n_rows); j++)
         e->stats.backend_probs += mb->ptok[j] >= 0 && !isnan(mb->prob[j]);
     double t0 = eg_now();
+    if (mb->defer) {
+        /* the acceptance tests first, from the backend's p (k uniforms a sequence, in the
+         * order eg_spec_verify draws them); then only the rows the rule needs come over:
+         * a rejected draft's (its residual) or the bonus row, and every row of a chunk
+         * with a p left to the host (NaN) or of a greedy one, and the plain rows */
+        int nf = 0;
+        for (int j = 0; j < nj; j++) {
+            struct host_job *h = &e->hjobs[j];
+            slot_state *s = &e->slots[h->slot];
+            int all = h->verify && s->req.sp.temperature > 0.0f;
+            for (int k = 0; all && k < s->n_draft; k++) all = !isnan(mb->prob[h->lr + k]);
+            h->fr = nf;
+            if (all) {
+                h->n = eg_spec_accept(mb->prob + h->lr, s->q, s->draft, s->n_draft, (int)V, e->o.spec_rule, &s->rng,
+                                      &h->rejected);
+                h->decided = 1;
+                e->fetch[nf++] = h->lr + h->n;
+            } else {
+                for (int k = 0; k < (h->verify ? s->n_draft + 1 : 1); k++) e->fetch[nf++] = h->lr + k;
+            }
+        }
+        eg_status st = eg_forward_fetch_logits(e->stages[e->n_stages - 1], e->fetch, nf, mb->logits, err);
+        if (st) return eg_wrap(err, "taking %d logits rows of a verify step", nf);
+        e->stats.logit_rows += nf;
+    } else if (!mb->argmax_only) {
+        e->stats.logit_rows += e->o.want_logits ? T : mb->n_rows;
+    }
     host_draw_ctx c = {e, mb};
     eg_pool_for(e->hpool, nj, 1, host_draw, &c);
     if (n_verify && (!e->threaded || !e->spec_in_flight)) e->stats.verify_seconds += eg_now() - t0;
+    return EG_OK;
 }
 
 /* After mb's step: scatter captures, take sampled tokens, finish sequences. */
@@ -1436,7 +1485,7 @@ static eg_status complete_mb(eg_engine *e, micro_batch *mb, eg_done_fn done, voi
                                "(broken weights or config?); nothing of it was written",
                                (unsigned long long)e->slots[mb->slt[t]].req.id, mb->pos[t]);
         }
-    if (e->o.want_logits || e->dr) host_draws(e, mb);
+    if ((e->o.want_logits || e->dr) && (st = host_draws(e, mb, err))) return st;
     int row = 0, srow = 0; /* srow: the next sampled row, or with a drafter the next logit row */
     while (row < T) {
         int i = mb->slt[row];

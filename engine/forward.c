@@ -404,6 +404,24 @@ int eg_forward_pos_bucket(int max_pos, int limit) {
 
 void eg_forward_get_graph_stats(const eg_forward *f, eg_forward_graph_stats *out) { *out = f->gstats; }
 
+eg_status eg_forward_fetch_logits(eg_forward *f, const int32_t *rows, int n, float *out, eg_error *err) {
+    if (!eg_forward_is_last(f)) return eg_fail(err, EG_ERR_INVALID, "fetch_logits: not the last stage");
+    const eg_backend_ops *ops = f->be->ops;
+    const size_t V = (size_t)f->m->cfg.vocab;
+    for (int i = 0; i < n;) { /* runs of consecutive rows in one copy each */
+        int j = i + 1;
+        while (j < n && rows[j] == rows[j - 1] + 1) j++;
+        if (rows[i] < 0 || rows[j - 1] >= f->o.max_tokens)
+            return eg_fail(err, EG_ERR_INVALID, "fetch_logits: row %d out of range [0, %d)",
+                           rows[i] < 0 ? rows[i] : rows[j - 1], f->o.max_tokens);
+        eg_status st = ops->to_host(f->be, out + (size_t)i * V, f->logits + (size_t)rows[i] * V,
+                                    sizeof(float) * V * (size_t)(j - i), err);
+        if (st) return st;
+        i = j;
+    }
+    return ops->sync(f->be, err);
+}
+
 eg_kv_cache *eg_forward_kv(eg_forward *f) { return f->kv; }
 float *eg_forward_x(eg_forward *f) { return f->x; }
 float *eg_forward_in(eg_forward *f) { return f->o.head_cut ? f->hand : f->x; }

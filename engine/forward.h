@@ -97,6 +97,11 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
 void eg_forward_free(eg_forward *f);
 eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err);
 eg_kv_cache *eg_forward_kv(eg_forward *f);
+/* The last stage, after a step that took no logits to the host (eg_step.logits NULL):
+ * out[i][0..V) = the step's logit row rows[i] (an index into its logit rows), i < n, out
+ * host memory; then waits for the copies. Valid until the next step, on the thread that
+ * drives the backend. Lets a caller take only the rows it turns out to need. */
+eg_status eg_forward_fetch_logits(eg_forward *f, const int32_t *rows, int n, float *out, eg_error *err);
 /* The residual stream buffer [max_tokens][H] in backend memory: after a step of a
  * stage before the last it holds the rows for the next stage; a stage after the first
  * takes its input from it when eg_step.x_device is set. */

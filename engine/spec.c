@@ -67,6 +67,22 @@ void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, e
     *next = argmax[k];
 }
 
+/* A rejected draft x at a row: a draw from norm(max(0, p - q)) (q: the proposer's
+ * distribution at that row, [V], NULL = one-hot at x); p from the row unless sc->p holds
+ * it already (have_p). */
+static int32_t residual(eg_spec_scratch *sc, const float *row, int V, const eg_sample_params *sp, int32_t x,
+                        const double *q, int have_p, uint64_t *rng) {
+    if (!have_p) eg_spec_probs(sc, row, V, sp, sc->p);
+    double mass = 0;
+    for (int v = 0; v < V; v++) {
+        double qv = q ? q[v] : (v == x ? 1.0 : 0.0);
+        double r = sc->p[v] - qv;
+        sc->q[v] = r > 0 ? r : 0;
+        mass += sc->q[v];
+    }
+    return eg_spec_draw(mass > 0 ? sc->q : sc->p, V, rng);
+}
+
 void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, const int32_t *draft,
                     const double *qd, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
                     int32_t *next) {
@@ -95,20 +111,30 @@ void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sa
         }
         double qx = qd ? qd[(int64_t)i * V + x] : 1.0;
         if (eg_rng_uniform(rng) * qx < px) continue; /* accept with prob min(1, p/q) */
-        /* rejected: draw from norm(max(0, p - q)) */
-        if (!have_p) eg_spec_probs(sc, row, V, sp, sc->p);
-        double mass = 0;
-        for (int v = 0; v < V; v++) {
-            double qv = qd ? qd[(int64_t)i * V + v] : (v == x ? 1.0 : 0.0);
-            double r = sc->p[v] - qv;
-            sc->q[v] = r > 0 ? r : 0;
-            mass += sc->q[v];
-        }
         *n_accepted = i;
-        *next = eg_spec_draw(mass > 0 ? sc->q : sc->p, V, rng);
+        *next = residual(sc, row, V, sp, x, qd ? qd + (int64_t)i * V : NULL, have_p, rng);
         return;
     }
     /* every draft accepted: the bonus token from p at the last row, as the sampler draws */
     *n_accepted = k;
     *next = eg_sample_row(logits + (int64_t)k * V, V, sp, rng, sc->sort, NULL);
+}
+
+int eg_spec_accept(const double *pd, const double *qd, const int32_t *draft, int k, int V, eg_spec_rule rule,
+                   uint64_t *rng, int *rejected) {
+    for (int i = 0; i < k; i++) {
+        if (rule == EG_SPEC_BROKEN_ACCEPT) continue;
+        double qx = qd ? qd[(int64_t)i * V + draft[i]] : 1.0;
+        if (eg_rng_uniform(rng) * qx < pd[i]) continue;
+        *rejected = 1;
+        return i;
+    }
+    *rejected = 0;
+    return k;
+}
+
+int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sample_params *sp, const int32_t *draft,
+                       const double *qd, int n, int rejected, uint64_t *rng) {
+    if (rejected) return residual(sc, row, V, sp, draft[n], qd ? qd + (int64_t)n * V : NULL, 0, rng);
+    return eg_sample_row(row, V, sp, rng, sc->sort, NULL);
 }

@@ -56,4 +56,17 @@ void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sa
                     const double *qd, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
                     int32_t *next);
 
+/* eg_spec_verify in two halves, for a sampled chunk whose rows stay on the backend until
+ * the rule knows which one it needs. eg_spec_accept: the acceptance tests alone from
+ * pd[0..k) (every one a number: a backend's token_probs), the RNG advanced exactly as
+ * eg_spec_verify advances it up to there; returns the drafts accepted, n, and sets
+ * *rejected (draft n was rejected) or not (all k accepted). eg_spec_finish: then the
+ * token eg_spec_verify gives from row n's logits [V] alone: the residual draw at a
+ * rejection, else the bonus token. Together the same n_accepted, next and RNG state as
+ * eg_spec_verify with those pd. */
+int eg_spec_accept(const double *pd, const double *qd, const int32_t *draft, int k, int V, eg_spec_rule rule,
+                   uint64_t *rng, int *rejected);
+int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sample_params *sp, const int32_t *draft,
+                       const double *qd, int n, int rejected, uint64_t *rng);
+
 #endif

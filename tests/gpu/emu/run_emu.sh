@@ -304,8 +304,12 @@ if [ "${1:-}" = --spec ]; then
     done
     dev=$(grep -o '"backend_probs":[0-9]*' "$W/spec_dev.jsonl" | tail -1 | cut -d: -f2)
     host=$(grep -o '"backend_probs":[0-9]*' "$W/spec_host.jsonl" | tail -1 | cut -d: -f2)
-    echo "sampled: p(draft) of $dev rows from the device (host run: $host)"
+    dev_rows=$(grep -o '"logit_rows":[0-9]*' "$W/spec_dev.jsonl" | tail -1 | cut -d: -f2)
+    host_rows=$(grep -o '"logit_rows":[0-9]*' "$W/spec_host.jsonl" | tail -1 | cut -d: -f2)
+    echo "sampled: p(draft) of $dev rows from the device (host run: $host); $dev_rows logits rows taken ($host_rows)"
     [ "${dev:-0}" -gt 0 ] && [ "${host:-1}" = 0 ] || { echo "token_probs not used as expected"; exit 1; }
+    # one GPU, one thread: only the row the rule needs came over
+    [ "${dev_rows:-0}" -gt 0 ] && [ "$dev_rows" -lt "${host_rows:-0}" ] || { echo "every row was taken"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/spec_dev" "$W/spec_host"
     # vLLM's MLA drafter layout: its layer through the drafter's CUDA backend's mla_attention
     # over its paged latent cache; greedy stays the plain samples
