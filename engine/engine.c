@@ -123,8 +123,15 @@ struct eg_engine {
         int slot, lr, verify; /* lr: the chunk's first logit row of the step */
         int fr;               /* its first row in mb->logits (= lr unless the step deferred) */
         int decided, n, rejected; /* deferred: the acceptance tests ran (eg_spec_accept) */
+        int on_backend;       /* deferred: its token was drawn on the backend (tok) */
+        int32_t tok;
     } *hjobs;                 /* [n_slots] */
-    int32_t *fetch;           /* [max_tokens] logit rows a deferred step takes (backend_probs) */
+    /* a deferred step's lists (backend_probs), [max_tokens] each: the logit rows it takes
+     * to the host, and the rows drawn on the backend with their parameters, RNG states and
+     * tokens */
+    int32_t *fetch, *brow, *btok;
+    eg_sample_params *bsp;
+    uint64_t *brng;
     int backend_probs;     /* the last stage's backend gives sampled verify rows' p(draft) */
     int spec_in_flight;    /* threaded: micro-batches with verify rows in the pipeline */
     double spec_since;     /* when the first of them went in */
@@ -251,7 +258,7 @@ void eg_engine_free(eg_engine *e) {
     for (int t = 0; e->hsc && t < e->n_hsc; t++) eg_spec_scratch_free(e->hsc[t]);
     free(e->hsc);
     free(e->hjobs);
-    free(e->fetch);
+    free(e->fetch); free(e->brow); free(e->btok); free(e->bsp); free(e->brng);
     eg_pool_free(e->hpool);
     free(e->pending_tok); free(e->pending_stop);
     free(e->daux); free(e->dstage); free(e->dnext);
@@ -515,7 +522,11 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     if (e->dr && o->spec_probs >= 0) { /* who gives the verify rows' p(draft) */
         const eg_backend *lb = e->threaded ? o->stage_backends[e->n_stages - 1] : be;
         e->backend_probs = lb->ops->token_probs && (o->spec_probs > 0 || strcmp(lb->ops->name, "cpu") != 0);
-        if (e->backend_probs && !(e->fetch = eg_malloc(sizeof(int32_t) * (size_t)o->max_tokens, err))) {
+        size_t mt = (size_t)o->max_tokens;
+        if (e->backend_probs &&
+            (!(e->fetch = eg_malloc(sizeof(int32_t) * mt, err)) || !(e->brow = eg_malloc(sizeof(int32_t) * mt, err)) ||
+             !(e->btok = eg_malloc(sizeof(int32_t) * mt, err)) || !(e->bsp = eg_malloc(sizeof *e->bsp * mt, err)) ||
+             !(e->brng = eg_malloc(sizeof(uint64_t) * mt, err)))) {
             eg_engine_free(e);
             return EG_ERR_NOMEM;
         }
@@ -1392,7 +1403,10 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
         const struct host_job *h = &e->hjobs[j];
         slot_state *s = &e->slots[h->slot];
         const float *lg = c->mb->logits + (int64_t)h->fr * V;
-        if (h->decided) { /* the tests ran; lg is row n: the residual's or the bonus */
+        if (h->on_backend) { /* drawn there: a bonus token or a plain row's */
+            if (h->verify) s->v_acc = h->n;
+            s->v_next = h->tok;
+        } else if (h->decided) { /* the tests ran, a draft was rejected; lg is its row */
             s->v_acc = h->n;
             s->v_next = eg_spec_finish(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, s->q, h->n, h->rejected, &s->rng);
         } else if (c->mb->argmax_only) {
@@ -1439,10 +1453,11 @@ static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
     double t0 = eg_now();
     if (mb->defer) {
         /* the acceptance tests first, from the backend's p (k uniforms a sequence, in the
-         * order eg_spec_verify draws them); then only the rows the rule needs come over:
-         * a rejected draft's (its residual) or the bonus row, and every row of a chunk
-         * with a p left to the host (NaN) or of a greedy one, and the plain rows */
-        int nf = 0;
+         * order eg_spec_verify draws them); then the bonus rows and the plain rows are
+         * drawn on the backend (one uniform each, as eg_sample_row draws), and only the
+         * rows the host's own code needs come over: a rejected draft's (its residual),
+         * and every row of a chunk with a p left to the host (NaN) or of a greedy one */
+        int nf = 0, nb = 0;
         for (int j = 0; j < nj; j++) {
             struct host_job *h = &e->hjobs[j];
             slot_state *s = &e->slots[h->slot];
@@ -1453,14 +1468,31 @@ static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
                 h->n = eg_spec_accept(mb->prob + h->lr, s->q, s->draft, s->n_draft, (int)V, e->o.spec_rule, &s->rng,
                                       &h->rejected);
                 h->decided = 1;
+            }
+            if (!h->verify || (h->decided && !h->rejected)) { /* (rows ascend with j) */
+                h->on_backend = 1;
+                h->fr = nb;
+                e->brow[nb] = h->lr + (h->verify ? h->n : 0);
+                e->bsp[nb] = s->req.sp;
+                e->brng[nb++] = s->rng;
+            } else if (h->decided) {
                 e->fetch[nf++] = h->lr + h->n;
             } else {
-                for (int k = 0; k < (h->verify ? s->n_draft + 1 : 1); k++) e->fetch[nf++] = h->lr + k;
+                for (int k = 0; k <= s->n_draft; k++) e->fetch[nf++] = h->lr + k;
             }
         }
-        eg_status st = eg_forward_fetch_logits(e->stages[e->n_stages - 1], e->fetch, nf, mb->logits, err);
-        if (st) return eg_wrap(err, "taking %d logits rows of a verify step", nf);
+        eg_forward *last = e->stages[e->n_stages - 1];
+        eg_status st = eg_forward_fetch_logits(last, e->fetch, nf, mb->logits, err);
+        if (!st) st = eg_forward_sample_logits(last, e->brow, nb, e->bsp, e->brng, e->btok, err);
+        if (st) return eg_wrap(err, "a verify step: taking %d logits rows, drawing %d on the backend", nf, nb);
+        for (int j = 0; j < nj; j++) {
+            struct host_job *h = &e->hjobs[j];
+            if (!h->on_backend) continue;
+            e->slots[h->slot].rng = e->brng[h->fr];
+            h->tok = e->btok[h->fr];
+        }
         e->stats.logit_rows += nf;
+        e->stats.backend_draws += nb;
     } else if (!mb->argmax_only) {
         e->stats.logit_rows += e->o.want_logits ? T : mb->n_rows;
     }

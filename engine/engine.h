@@ -212,6 +212,8 @@ typedef struct eg_engine_stats {
     int64_t logit_rows;      /* rows of V logits the host took for its draws (kept logits,
                                 or a drafter's steps with a sampled row: an all-greedy
                                 step takes the backend's argmaxes instead) */
+    int64_t backend_draws;   /* tokens a deferred step drew on the backend (bonus and plain
+                                rows: engine.c host_draws) */
     int64_t backend_probs;   /* sampled verify rows whose p(draft) came from the backend
                                 (opts.spec_probs; the host sorts such a row only when its
                                 draft is rejected, for the residual) */

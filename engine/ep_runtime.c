@@ -421,6 +421,7 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
         s->spec_tokens += q.spec_tokens;
         s->backend_probs += q.backend_probs;
         s->logit_rows += q.logit_rows;
+        s->backend_draws += q.backend_draws;
         s->draft_seconds += q.draft_seconds;
         s->verify_seconds += q.verify_seconds;
     }

@@ -422,6 +422,24 @@ eg_status eg_forward_fetch_logits(eg_forward *f, const int32_t *rows, int n, flo
     return ops->sync(f->be, err);
 }
 
+eg_status eg_forward_sample_logits(eg_forward *f, const int32_t *rows, int n, const eg_sample_params *sp, uint64_t *rng,
+                                   int32_t *out, eg_error *err) {
+    if (!eg_forward_is_last(f)) return eg_fail(err, EG_ERR_INVALID, "sample_logits: not the last stage");
+    const eg_backend_ops *ops = f->be->ops;
+    const size_t V = (size_t)f->m->cfg.vocab;
+    for (int i = 0; i < n; i++) {
+        if (rows[i] < i || rows[i] >= f->o.max_tokens || (i && rows[i] <= rows[i - 1]))
+            return eg_fail(err, EG_ERR_INVALID, "sample_logits: row %d (%d of %d) not ascending in [0, %d)", rows[i], i,
+                           n, f->o.max_tokens);
+        /* row i <- row rows[i] >= i: never a row a later copy reads */
+        eg_status st = rows[i] == i ? EG_OK
+                                    : ops->copy(f->be, f->logits + (size_t)i * V, f->logits + (size_t)rows[i] * V,
+                                                sizeof(float) * V, err);
+        if (st) return st;
+    }
+    return n > 0 ? ops->sample(f->be, f->logits, n, (int)V, sp, rng, out, err) : EG_OK;
+}
+
 eg_kv_cache *eg_forward_kv(eg_forward *f) { return f->kv; }
 float *eg_forward_x(eg_forward *f) { return f->x; }
 float *eg_forward_in(eg_forward *f) { return f->o.head_cut ? f->hand : f->x; }

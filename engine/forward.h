@@ -102,6 +102,12 @@ eg_kv_cache *eg_forward_kv(eg_forward *f);
  * host memory; then waits for the copies. Valid until the next step, on the thread that
  * drives the backend. Lets a caller take only the rows it turns out to need. */
 eg_status eg_forward_fetch_logits(eg_forward *f, const int32_t *rows, int n, float *out, eg_error *err);
+/* Then out[i] = a token drawn from logit row rows[i] (ascending, distinct) with sp[i] and
+ * rng[i] (advanced), as eg_step.sampled draws: the backend's sample op, the rows first
+ * moved to the front of the logits buffer, so the step's rows are gone after it (fetch
+ * before). Same thread and lifetime as eg_forward_fetch_logits. */
+eg_status eg_forward_sample_logits(eg_forward *f, const int32_t *rows, int n, const eg_sample_params *sp, uint64_t *rng,
+                                   int32_t *out, eg_error *err);
 /* The residual stream buffer [max_tokens][H] in backend memory: after a step of a
  * stage before the last it holds the rows for the next stage; a stage after the first
  * takes its input from it when eg_step.x_device is set. */

@@ -1237,14 +1237,18 @@ static void test_backend_probs(void) {
         CHECKF(deferred ? last_stats.logit_rows < st_host.logit_rows : last_stats.logit_rows == st_host.logit_rows,
                "case %zu: %lld logits rows taken, %lld on the host's path", ci, (long long)last_stats.logit_rows,
                (long long)st_host.logit_rows);
+        /* and drew the bonus and plain rows' tokens on the backend */
+        CHECKF(deferred ? last_stats.backend_draws > 0 : last_stats.backend_draws == 0, "case %zu: %lld drawn there", ci,
+               (long long)last_stats.backend_draws);
         CHECK(last_stats.accepted > 0 && last_stats.accepted < last_stats.drafted);
         if (cases[ci].kv_blocks) CHECKF(last_stats.preemptions > 0, "case %zu: no preemption", ci);
         printf("    case %zu%s%s%s: %lld drafted, %lld accepted, %lld rows' p from the backend, %lld left to the host; "
-               "%lld logits rows taken (%lld on the host's path)\n",
+               "%lld logits rows taken (%lld on the host's path), %lld tokens drawn on the backend\n",
                ci, cases[ci].want_logits ? " (logits kept)" : "", cases[ci].ep ? " (--ep 2)" : "",
                cases[ci].stages == 2 ? " (2 threaded stages)" : cases[ci].stages ? " (2 stages, one thread)" : "",
                (long long)last_stats.drafted, (long long)last_stats.accepted, (long long)last_stats.backend_probs,
-               (long long)left, (long long)last_stats.logit_rows, (long long)st_host.logit_rows);
+               (long long)left, (long long)last_stats.logit_rows, (long long)st_host.logit_rows,
+               (long long)last_stats.backend_draws);
         free_results(&host);
         free_results(&be);
     }
