@@ -16,7 +16,9 @@
 #             --stages 3:5,5) on the one GPU (cuda-local; nccl where 2 GPUs) equals
 #             the unsplit run at --batch 1
 #   4e. drafter: the EAGLE-3 drafter's ops and logits through the CUDA backend vs its CPU
-#             code, and generate --draft-model with the drafter on the GPU (issue 21)
+#             code, and generate --draft-model with the drafter on the GPU (issue 21):
+#             greedy, and sampled with the device's p(draft) and with the host's (the
+#             logits rows taken and the tokens drawn on the device printed)
 #   4c. hf-reference: transformers' DeepseekV3 vs ours (only where torch+transformers exist)
 #   5. bench: eaglegen bench --backend cuda, weights drawn on the GPU: tiny, moonlight-16b
 #             4 layers BF16 experts, kimi-k2.5 4 layers INT4 (issue 7's table), decode at
@@ -388,7 +390,10 @@ fi
 # (test_cuda_ops gqa_attention copy_rows drafter); then generate --backend cuda
 # --draft-model (the drafter on the target's GPU) greedy, which must report its verify
 # steps and verify; whether its samples equal greedy without the drafter is printed, not
-# required (cuBLAS may pick other kernels for the k + 1 verify rows than for 1 decode row).
+# required (cuBLAS may pick other kernels for the k + 1 verify rows than for 1 decode row);
+# then sampled (temperature 1, top-p 0.95) with the device's p(draft) (token_probs, only the
+# rows the rule needs taken to the host) and with EG_CUDA_SAMPLE=sort (every p on the host):
+# the two write the same samples unless a test lands within 2 V eps of a boundary (printed).
 if [ $NO_GPU = 1 ]; then
     :
 elif [ -z "$FIXTURES" ]; then
@@ -419,7 +424,17 @@ else
         '$E' ${SPA[*]} --out '$TMP/spec3m' --draft-model '$TMP/drafter_mla' --draft-tokens 3 2> '$TMP/spec3m.log' &&
         grep 'speculative:' '$TMP/spec3m.log' && '$E' inspect '$TMP/spec3m' --verify &&
         { '$PYTHON' tests/gen_check.py same '$TMP/spec0' '$TMP/spec3m' && echo 'greedy with the MLA drafter == without' ||
-          echo 'greedy with the MLA drafter differs from without (see above; not a failure on the GPU)'; }"
+          echo 'greedy with the MLA drafter differs from without (see above; not a failure on the GPU)'; } &&
+        '$E' ${SPA[*]} --temperature 1 --top-p 0.95 --out '$TMP/spec3s' --draft-model '$TMP/drafter' --draft-tokens 3 \
+            --log-json '$TMP/spec3s.jsonl' 2> '$TMP/spec3s.log' && grep 'speculative:' '$TMP/spec3s.log' &&
+        '$E' inspect '$TMP/spec3s' --verify &&
+        EG_CUDA_SAMPLE=sort '$E' ${SPA[*]} --temperature 1 --top-p 0.95 --out '$TMP/spec3h' --draft-model '$TMP/drafter' \
+            --draft-tokens 3 --log-json '$TMP/spec3h.jsonl' 2> '$TMP/spec3h.log' &&
+        echo 'sampled, the device p (token_probs) then the host p (EG_CUDA_SAMPLE=sort):' &&
+        grep -o '\"logit_rows\":[0-9]*,\"backend_probs\":[0-9]*,\"backend_draws\":[0-9]*' \
+            '$TMP/spec3s.jsonl' '$TMP/spec3h.jsonl' &&
+        { '$PYTHON' tests/gen_check.py same '$TMP/spec3s' '$TMP/spec3h' && echo 'sampled: device p == host p' ||
+          echo 'sampled: device p differs from host p (p agree to 2 V eps; see above)'; }"
 fi
 
 # 4c. issue 6's step 4: an independent reference at real widths, transformers'
