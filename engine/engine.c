@@ -123,7 +123,8 @@ struct eg_engine {
         int slot, lr, verify; /* lr: the chunk's first logit row of the step */
         int fr;               /* its first row in mb->logits (= lr unless the step deferred) */
         int decided, n, rejected; /* deferred: the acceptance tests ran (eg_spec_accept) */
-        int on_backend;       /* deferred: its token was drawn on the backend (tok) */
+        int on_backend, bi;   /* deferred: its token was drawn on the backend, entry bi of
+                                 the engine's b* lists (tok) */
         int32_t tok;
     } *hjobs;                 /* [n_slots] */
     /* a deferred step's lists (backend_probs), [max_tokens] each: the logit rows it takes
@@ -1471,7 +1472,7 @@ static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
             }
             if (!h->verify || (h->decided && !h->rejected)) { /* (rows ascend with j) */
                 h->on_backend = 1;
-                h->fr = nb;
+                h->bi = nb;
                 e->brow[nb] = h->lr + (h->verify ? h->n : 0);
                 e->bsp[nb] = s->req.sp;
                 e->brng[nb++] = s->rng;
@@ -1488,8 +1489,8 @@ static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
         for (int j = 0; j < nj; j++) {
             struct host_job *h = &e->hjobs[j];
             if (!h->on_backend) continue;
-            e->slots[h->slot].rng = e->brng[h->fr];
-            h->tok = e->btok[h->fr];
+            e->slots[h->slot].rng = e->brng[h->bi];
+            h->tok = e->btok[h->bi];
         }
         e->stats.logit_rows += nf;
         e->stats.backend_draws += nb;
