@@ -246,6 +246,41 @@ static __device__ void topm_select(const float *row, int V, int m, topm_smem &s)
         }
 }
 
+/* The kept set of a non-greedy row from its first candidates: s.v / s.id [0..*m) =
+ * the first m = min(n0, M) in eg_sample_row's order (n0 = top_k or V), *mx their max,
+ * *total the kept mass; returns the kept count n (V when nothing is cut and n0 > M: every
+ * id kept, the mass summed over the whole row), or -1 when the first M cannot settle it
+ * (a top_k above M, a top-p cut beyond them). Every thread of the block calls it. */
+static __device__ int topm_kept(const float *row, int V, const egk_sample_row &p, int M, topm_smem &s, int *m,
+                                double *mx, double *total) {
+    int tid = threadIdx.x;
+    int n0 = p.top_k > 0 && p.top_k < V ? p.top_k : V;
+    if (n0 > M && n0 < V) return -1;
+    *m = n0 < M ? n0 : M;
+    topm_select(row, V, *m, s);
+    double temp = p.temperature, part = 0;
+    *mx = s.v[0];
+    int exact = n0 <= M, n = exact ? *m : V;
+    if (exact)
+        for (int j = tid; j < *m; j += blockDim.x) part += exp(((double)s.v[j] - *mx) / temp);
+    else
+        for (int j = tid; j < V; j += blockDim.x) part += exp(((double)row[j] - *mx) / temp);
+    *total = egk_block_sum_d(part, s.sh);
+    if (p.top_p > 0.0f && p.top_p < 1.0f) {
+        double at, end;
+        int f = first_prefix(s.v, *m, *mx, temp, (double)p.top_p * *total, 1, &s.st, &at, &end);
+        if (f >= 0) {
+            n = f + 1;
+            *total = at;
+        } else if (exact) {
+            *total = end;
+        } else {
+            return -1;
+        }
+    }
+    return n;
+}
+
 /* One row per block: the m = min(n0, M) first candidates in eg_sample_row's order (n0 =
  * top_k or V) found by a 4-pass radix select on the logits' bits (ties at the threshold
  * taken lowest id first), sorted in shared memory (bitonic), then sample_kernel's
@@ -260,34 +295,14 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     egk_sample_row p = rows[i];
     if (!(p.temperature > 0.0f)) return; /* greedy: argmax_kernel's answer stands */
     const float *row = logits + (int64_t)i * V;
-    int n0 = p.top_k > 0 && p.top_k < V ? p.top_k : V;
-    if (n0 > M && n0 < V) { /* a top_k above M: sort */
+    int m;
+    double mx, total, at, end;
+    int n = topm_kept(row, V, p, M, s, &m, &mx, &total);
+    if (n < 0) { /* unsettled: the caller sorts the row */
         if (tid == 0) out[i] = -1;
         return;
     }
-    int m = n0 < M ? n0 : M;
-    topm_select(row, V, m, s);
-    double mx = s.v[0], temp = p.temperature, total, part = 0;
-    int exact = n0 <= M, n = exact ? m : V;
-    if (exact)
-        for (int j = tid; j < m; j += blockDim.x) part += exp(((double)s.v[j] - mx) / temp);
-    else
-        for (int j = tid; j < V; j += blockDim.x) part += exp(((double)row[j] - mx) / temp);
-    total = egk_block_sum_d(part, s.sh);
-    double at, end;
-    if (p.top_p > 0.0f && p.top_p < 1.0f) {
-        int f = first_prefix(s.v, m, mx, temp, (double)p.top_p * total, 1, &s.st, &at, &end);
-        if (f >= 0) {
-            n = f + 1;
-            total = at;
-        } else if (exact) {
-            total = end;
-        } else {
-            if (tid == 0) out[i] = -1;
-            return;
-        }
-    }
-    int f = first_prefix(s.v, n < m ? n : m, mx, temp, p.u * total, 0, &s.st, &at, &end);
+    int f = first_prefix(s.v, n < m ? n : m, mx, p.temperature, p.u * total, 0, &s.st, &at, &end);
     if (tid == 0) out[i] = f >= 0 ? s.id[f] : n <= m ? s.id[n - 1] : -1;
 }
 
@@ -317,32 +332,12 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (x < 0) return;
     egk_sample_row p = rows[i];
     const float *row = logits + (int64_t)i * V;
-    int n0 = p.top_k > 0 && p.top_k < V ? p.top_k : V;
-    if (!(p.temperature > 0.0f) || x >= V || (n0 > M && n0 < V)) {
+    int m = 0, n = -1;
+    double mx = 0, total = 0, temp = p.temperature;
+    if (p.temperature > 0.0f && x < V) n = topm_kept(row, V, p, M, s, &m, &mx, &total);
+    if (n < 0) { /* greedy, or unsettled: the caller computes it */
         if (tid == 0) out[i] = (double)NAN;
         return;
-    }
-    int m = n0 < M ? n0 : M;
-    topm_select(row, V, m, s);
-    double mx = s.v[0], temp = p.temperature, total, part = 0;
-    int exact = n0 <= M, n = exact ? m : V;
-    if (exact)
-        for (int j = tid; j < m; j += blockDim.x) part += exp(((double)s.v[j] - mx) / temp);
-    else
-        for (int j = tid; j < V; j += blockDim.x) part += exp(((double)row[j] - mx) / temp);
-    total = egk_block_sum_d(part, s.sh);
-    if (p.top_p > 0.0f && p.top_p < 1.0f) {
-        double at, end;
-        int f = first_prefix(s.v, m, mx, temp, (double)p.top_p * total, 1, &s.st, &at, &end);
-        if (f >= 0) {
-            n = f + 1;
-            total = at;
-        } else if (exact) {
-            total = end;
-        } else {
-            if (tid == 0) out[i] = (double)NAN;
-            return;
-        }
     }
     if (n > m) { /* nothing cut: every id is kept */
         if (tid == 0) out[i] = exp(((double)row[x] - mx) / temp) / total;

@@ -1097,6 +1097,25 @@ static void test_rotation_fair(void) {
     eg_drafter_free(&p->d);
 }
 
+/* A random EAGLE-3 drafter for the test model (mkmodel --drafter-for: a 300-id draft
+ * vocabulary, aux layers 1 and 4) in /tmp/eg_spec_<tag>_<pid>; 0 (a failed check) when it
+ * could not be written. remove_dir: rm -rf it. */
+static int make_drafter(char *dir, size_t n, const char *tag, uint64_t seed) {
+    static const int daux[2] = {1, 4};
+    snprintf(dir, n, "/tmp/eg_spec_%s_%d", tag, (int)getpid());
+    eg_mkdrafter_opts mo = {.target_dir = MODEL, .out_dir = dir, .seed = seed, .draft_vocab = 300, .n_aux = 2,
+                            .aux_layers = daux};
+    eg_error err = {0};
+    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
+    return !err.code;
+}
+
+static void remove_dir(const char *dir) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) fprintf(stderr, "    could not remove %s\n", dir);
+}
+
 /* The EAGLE-3 drafter through the CPU backend's ops, where the engine's batched calls
  * (drafter.h extend_many / propose_many: one pass over every pending slot's rows, in
  * passes of 3 rows here) run, against its own code slot by slot: the same drafts (the
@@ -1109,13 +1128,8 @@ static void test_eagle3_batched(void) {
     load_model();
     if (!have_model) return;
     char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/eg_spec_e3_%d", (int)getpid());
-    static const int daux[2] = {1, 4};
-    eg_mkdrafter_opts mo = {.target_dir = MODEL, .out_dir = dir, .seed = 5, .draft_vocab = 300, .n_aux = 2,
-                            .aux_layers = daux};
+    if (!make_drafter(dir, sizeof dir, "e3", 5)) return;
     eg_error err = {0};
-    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
-    if (err.code) return;
     /* hot temperatures flatten p and q alike, so drafts are accepted often */
     const struct { float temp; int64_t kv_blocks; int k; } cases[] = {{4.0f, 0, 3}, {0.0f, 0, 4}, {2.5f, 12, 3}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1151,9 +1165,7 @@ static void test_eagle3_batched(void) {
         free_results(&own);
         free_results(&bat);
     }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd)) fprintf(stderr, "    could not remove %s\n", dir);
+    remove_dir(dir);
 }
 
 /* The acceptance tests' p(draft) from the backend (eg_engine_opts.spec_probs 1; the CPU
@@ -1165,14 +1177,9 @@ static void test_backend_probs(void) {
     load_model();
     if (!have_model) return;
     char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/eg_spec_bp_%d", (int)getpid());
-    static const int daux[2] = {1, 4};
+    if (!make_drafter(dir, sizeof dir, "bp", 9)) return;
     static const int ends[2] = {3, 5};
-    eg_mkdrafter_opts mo = {.target_dir = MODEL, .out_dir = dir, .seed = 9, .draft_vocab = 300, .n_aux = 2,
-                            .aux_layers = daux};
     eg_error err = {0};
-    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
-    if (err.code) return;
     const struct {
         float temp, top_p;
         int top_k;
@@ -1252,9 +1259,7 @@ static void test_backend_probs(void) {
         free_results(&host);
         free_results(&be);
     }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd)) fprintf(stderr, "    could not remove %s\n", dir);
+    remove_dir(dir);
 }
 
 /* Greedy and sampled sequences in one batch: each writes what it writes in a batch of its
@@ -1265,13 +1270,8 @@ static void test_mixed_greedy_sampled(void) {
     load_model();
     if (!have_model) return;
     char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/eg_spec_mix_%d", (int)getpid());
-    static const int daux[2] = {1, 4};
-    eg_mkdrafter_opts mo = {.target_dir = MODEL, .out_dir = dir, .seed = 4, .draft_vocab = 300, .n_aux = 2,
-                            .aux_layers = daux};
+    if (!make_drafter(dir, sizeof dir, "mix", 4)) return;
     eg_error err = {0};
-    CHECK_OK(eg_mkmodel_drafter(&mo, &err), &err);
-    if (err.code) return;
     results g = {0}, smp = {0}, mixed = {0}, plain = {0};
     eg_engine_stats st[3];
     for (int run_i = 0; run_i < 3; run_i++) {
@@ -1312,9 +1312,7 @@ static void test_mixed_greedy_sampled(void) {
     free_results(&smp);
     free_results(&mixed);
     free_results(&plain);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd)) fprintf(stderr, "    could not remove %s\n", dir);
+    remove_dir(dir);
 }
 
 static void test_cleanup(void) {
