@@ -67,6 +67,14 @@ void eg_sample_order(const float *logits, int V, eg_sample_cand *out, eg_sample_
     if (src != out) memcpy(out, src, sizeof *out * (size_t)V); /* not reached: 4 passes end in out */
 }
 
+/* Greedy: the lowest id among equal maxima (a NaN is never taken past id 0). */
+static int32_t argmax(const float *logits, int V) {
+    int32_t best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
 int eg_sample_kept(const float *logits, int V, const eg_sample_params *p, float *scratch, double *total) {
     /* scratch: the sorted candidates [V], then the sort's second buffer [V], which holds
      * the kept candidates' exps (V doubles) once the sort is done */
@@ -98,12 +106,7 @@ int eg_sample_kept(const float *logits, int V, const eg_sample_params *p, float 
 int32_t eg_sample_row(const float *logits, int V, const eg_sample_params *p, uint64_t *rng, float *scratch,
                       int32_t *iscratch) {
     (void)iscratch;
-    if (!(p->temperature > 0.0f)) {
-        int32_t best = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
-    }
+    if (!(p->temperature > 0.0f)) return argmax(logits, V);
     double total;
     int n = eg_sample_kept(logits, V, p, scratch, &total);
     const eg_sample_cand *c = (const eg_sample_cand *)scratch;
@@ -117,12 +120,7 @@ int32_t eg_sample_row(const float *logits, int V, const eg_sample_params *p, uin
 }
 
 double eg_sample_prob(const float *logits, int V, const eg_sample_params *p, int32_t x, float *scratch) {
-    if (!(p->temperature > 0.0f)) {
-        int32_t best = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = i;
-        return x == best ? 1.0 : 0.0;
-    }
+    if (!(p->temperature > 0.0f)) return x == argmax(logits, V) ? 1.0 : 0.0;
     double total;
     int n = eg_sample_kept(logits, V, p, scratch, &total);
     const eg_sample_cand *c = (const eg_sample_cand *)scratch;
