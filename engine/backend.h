@@ -224,6 +224,17 @@ typedef struct eg_backend_ops {
      * tests run without taking the rows to the host sampler. NULL = not offered. */
     eg_status (*token_probs)(eg_backend *b, const float *logits, int N, int V, const eg_sample_params *params,
                              const int32_t *tok, double *out, eg_error *err);
+    /* The kept set of logits row rows[i]'s distribution (params[i]'s temperature, top-k
+     * and top-p, as eg_sample_row keeps it), i < N: n_out[i] = its size n, and ids[i][j] /
+     * probs[i][j], j < n, its candidates in eg_sample_row's order with their probabilities
+     * (eg_sample_prob's numbers), rows of stride cap; n_out[i] = -1 where the kept set has
+     * more than cap ids, where the backend cannot settle it without sorting the row, and
+     * for greedy rows (the caller takes those rows to the host). rows, params, n_out, ids
+     * and probs are host arrays; no RNG is drawn. Lets a rejected draft's residual be drawn
+     * without the row. NULL = not offered. */
+    eg_status (*kept_probs)(eg_backend *b, const float *logits, const int32_t *rows, int N, int V,
+                            const eg_sample_params *params, int cap, int32_t *n_out, int32_t *ids, double *probs,
+                            eg_error *err);
 } eg_backend_ops;
 
 struct eg_backend {

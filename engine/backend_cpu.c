@@ -709,6 +709,32 @@ static eg_status cpu_token_probs(eg_backend *b, const float *logits, int N, int 
     return EG_OK;
 }
 
+/* The kept set from eg_sample_kept, the sampler's own numbers (so a residual drawn from
+ * it is the host's bit for bit); one row at a time on the calling thread, as token_probs. */
+static eg_status cpu_kept_probs(eg_backend *b, const float *logits, const int32_t *rows, int N, int V,
+                                const eg_sample_params *p, int cap, int32_t *n_out, int32_t *ids, double *probs,
+                                eg_error *err) {
+    cpu_impl *im = impl_of(b);
+    if (V > im->cfg.vocab) return eg_fail(err, EG_ERR_INVALID, "kept_probs: V exceeds scratch");
+    if (cap < 1) return eg_fail(err, EG_ERR_INVALID, "kept_probs: cap %d < 1", cap);
+    for (int i = 0; i < N; i++) {
+        if (rows[i] < 0) return eg_fail(err, EG_ERR_INVALID, "kept_probs: row %d: index %d < 0", i, rows[i]);
+        n_out[i] = -1;
+        if (!(p[i].temperature > 0.0f)) continue;
+        double total;
+        int n = eg_sample_kept(logits + (int64_t)rows[i] * V, V, &p[i], im->sample_scratch, &total);
+        if (n > cap) continue;
+        const eg_sample_cand *c = (const eg_sample_cand *)im->sample_scratch;
+        const double *ex = (const double *)(c + V);
+        for (int j = 0; j < n; j++) {
+            ids[(int64_t)i * cap + j] = c[j].id;
+            probs[(int64_t)i * cap + j] = ex[j] / total;
+        }
+        n_out[i] = n;
+    }
+    return EG_OK;
+}
+
 /* ---- lifecycle ---------------------------------------------------------------- */
 
 static void cpu_destroy(eg_backend *b) {
@@ -758,6 +784,7 @@ static const eg_backend_ops cpu_ops = {
     .copy_rows = cpu_copy_rows,
     .sample = cpu_sample,
     .token_probs = cpu_token_probs,
+    .kept_probs = cpu_kept_probs,
 };
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }

@@ -179,6 +179,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 #define EG_CUDA_STAGE_SLOT ((size_t)1 << 20)
 #define EG_CUDA_MOE_CHUNK 1024   /* tokens per MoE pass: bounds the [T*K][H] scratch */
 #define EG_CUDA_SAMPLE_CHUNK 64  /* rows per sampling pass: bounds the [N][V] sort scratch */
+#define EG_CUDA_KEPT_CHUNK 16    /* rows per kept_probs pass: bounds its [N][M] answers */
 /* Up to this many rows, a BF16 GEMM with hi + lo activations runs as ONE GEMM over the
  * 2T stacked rows (the weight is read once, not twice: at decode batch sizes the GEMM is
  * bound by weight bytes), then a kernel adds the two halves. Above it, two GEMMs (the
@@ -246,11 +247,15 @@ typedef struct scratch_layout {
     int32_t *s_which, *s_seg;  /* [Ns], [2 Ns]: rows the top-M sampler left to the sort */
     int32_t *s_tok;            /* [Ns] token_probs: the token per row */
     double *s_prob;            /* [Ns] token_probs: its probability */
+    int32_t *k_n, *k_ids;      /* [Nk], [Nk][Mk] kept_probs: each row's kept count, its ids */
+    double *k_p;               /* [Nk][Mk] and their probabilities */
     egk_sample_row *s_rows;
     void *s_temp;
     size_t s_temp_bytes;
     int64_t xb_elems, mlp_elems, part_rows, kvb_elems, fuse_rows;
     int moe_chunk, sample_chunk, n_xtab, E;
+    int kept_chunk, kept_m;    /* Nk rows a pass (<= Ns: they share s_rows / s_tok), Mk = min(V,
+                                  EGK_SAMPLE_TOPM_MAX) ids a row */
     size_t total;
 } scratch_layout;
 
@@ -276,6 +281,8 @@ typedef struct cuda_impl {
     int32_t *which_h;       /* pinned [Ns] */
     int32_t *tok_h;         /* pinned [Ns] token_probs' tokens */
     double *prob_h;         /* pinned [Ns] token_probs' answers */
+    int32_t *kn_h, *kid_h;  /* pinned [Nk], [Nk][Mk] kept_probs' answers */
+    double *kp_h;           /* pinned [Nk][Mk] */
     xtab *xt;               /* [n_xtab] */
     egk_expert_ptrs *xt_host; /* pinned [n_xtab][E] */
     int xt_victim;
@@ -361,6 +368,8 @@ static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_tem
     L->kvb_elems = NH * (DN + DV) * C;
     L->moe_chunk = (int)min64(Tm, EG_CUDA_MOE_CHUNK);
     L->sample_chunk = (int)min64(Tm, EG_CUDA_SAMPLE_CHUNK);
+    L->kept_chunk = (int)min64(L->sample_chunk, EG_CUDA_KEPT_CHUNK);
+    L->kept_m = (int)min64(V, EGK_SAMPLE_TOPM_MAX);
     /* a slot per layer and per second half of a split layer (its own expert array: a
        backend holding both halves, ranks' stages on one GPU, would evict in a cycle) */
     L->n_xtab = 2 * c->n_layers + 2;
@@ -405,6 +414,9 @@ static void layout_scratch(const eg_config *c, int max_tokens, size_t sample_tem
     PLACE(s_rows, egk_sample_row, Ns);
     PLACE(s_tok, int32_t, Ns);
     PLACE(s_prob, double, Ns);
+    PLACE(k_n, int32_t, L->kept_chunk);
+    PLACE(k_ids, int32_t, (int64_t)L->kept_chunk * L->kept_m);
+    PLACE(k_p, double, (int64_t)L->kept_chunk * L->kept_m);
     PLACE(s_temp, unsigned char, (int64_t)sample_temp);
     L->s_temp_bytes = sample_temp;
 #undef PLACE
@@ -1265,6 +1277,59 @@ static eg_status cu_token_probs(eg_backend *b, const float *logits, int N, int V
     return EG_OK;
 }
 
+/* A rejected draft's kept set from the same selection (egk_kept_probs), so its residual is
+ * drawn on the host without the row; rows the selection cannot settle come back -1.
+ * EG_CUDA_SAMPLE=sort: all -1. */
+static eg_status cu_kept_probs(eg_backend *b, const float *logits, const int32_t *rows, int N, int V,
+                               const eg_sample_params *params, int cap, int32_t *n_out, int32_t *ids, double *probs,
+                               eg_error *err) {
+    cuda_impl *im = impl_of(b);
+    NOT_WHILE_RECORDING(im, "kept_probs");
+    if (V > im->cfg.vocab) return eg_fail(err, EG_ERR_INVALID, "cuda backend: kept_probs: V=%d exceeds the vocabulary", V);
+    if (cap < 1) return eg_fail(err, EG_ERR_INVALID, "cuda backend: kept_probs: cap %d < 1", cap);
+    for (int i = 0; i < N; i++) {
+        if (rows[i] < 0) return eg_fail(err, EG_ERR_INVALID, "cuda backend: kept_probs: row %d: index %d < 0", i, rows[i]);
+        n_out[i] = -1;
+    }
+    int M = im->sample_m < cap ? im->sample_m : cap;
+    if (M > im->L.kept_m) M = im->L.kept_m;
+    if (M <= 0) return EG_OK;
+    int chunk = im->L.kept_chunk;
+    for (int i0 = 0; i0 < N; i0 += chunk) {
+        int n = N - i0 < chunk ? N - i0 : chunk, any = 0;
+        for (int i = 0; i < n; i++) {
+            const eg_sample_params *p = &params[i0 + i];
+            im->tok_h[i] = rows[i0 + i];
+            im->rows_h[i] = (egk_sample_row){p->temperature, p->top_p, p->top_k, 0, 0.0};
+            any |= p->temperature > 0.0f;
+        }
+        if (!any) continue;
+        CU("cudaMemcpyAsync (kept_probs params)", cudaMemcpyAsync(im->L.s_rows, im->rows_h, sizeof(egk_sample_row) * (size_t)n,
+                                                                  cudaMemcpyHostToDevice, im->stream));
+        CU("cudaMemcpyAsync (kept_probs rows)", cudaMemcpyAsync(im->L.s_tok, im->tok_h, sizeof(int32_t) * (size_t)n,
+                                                                cudaMemcpyHostToDevice, im->stream));
+        KR("egk_kept_probs", egk_kept_probs(logits, n, V, im->L.s_tok, im->L.s_rows, M, im->L.k_n, im->L.k_ids,
+                                            im->L.k_p, im->stream));
+        size_t nm = (size_t)n * (size_t)M;
+        CU("cudaMemcpyAsync (kept_probs counts)", cudaMemcpyAsync(im->kn_h, im->L.k_n, sizeof(int32_t) * (size_t)n,
+                                                                  cudaMemcpyDeviceToHost, im->stream));
+        CU("cudaMemcpyAsync (kept_probs ids)", cudaMemcpyAsync(im->kid_h, im->L.k_ids, sizeof(int32_t) * nm,
+                                                               cudaMemcpyDeviceToHost, im->stream));
+        CU("cudaMemcpyAsync (kept_probs probabilities)", cudaMemcpyAsync(im->kp_h, im->L.k_p, sizeof(double) * nm,
+                                                                         cudaMemcpyDeviceToHost, im->stream));
+        eg_status st = host_wait(im, NULL, "cudaStreamSynchronize (kept_probs)", err);
+        if (st) return st;
+        for (int i = 0; i < n; i++) {
+            int k = im->kn_h[i];
+            if (k < 0 || k > cap) continue;
+            memcpy(ids + (int64_t)(i0 + i) * cap, im->kid_h + (size_t)i * M, sizeof(int32_t) * (size_t)k);
+            memcpy(probs + (int64_t)(i0 + i) * cap, im->kp_h + (size_t)i * M, sizeof(double) * (size_t)k);
+            n_out[i0 + i] = k;
+        }
+    }
+    return EG_OK;
+}
+
 /* ---- lifecycle --------------------------------------------------------------------------- */
 
 static void cu_destroy(eg_backend *b) {
@@ -1284,6 +1349,9 @@ static void cu_destroy(eg_backend *b) {
         if (im->which_h) cudaFreeHost(im->which_h);
         if (im->tok_h) cudaFreeHost(im->tok_h);
         if (im->prob_h) cudaFreeHost(im->prob_h);
+        if (im->kn_h) cudaFreeHost(im->kn_h);
+        if (im->kid_h) cudaFreeHost(im->kid_h);
+        if (im->kp_h) cudaFreeHost(im->kp_h);
         if (im->xt_host) cudaFreeHost(im->xt_host);
         free(im->xt);
         if (im->stream) cudaStreamDestroy(im->stream);
@@ -1354,7 +1422,7 @@ static eg_status pf_sample(eg_backend *b, const float *logits, int N, int V, con
     .sync = cu_sync, .graph_begin = cu_graph_begin, .graph_enabled = cu_graph_enabled,   \
     .graph_end = cu_graph_end, .graph_launch = cu_graph_launch, .graph_free = cu_graph_free, \
     .bind = cu_bind, .weight_upload = cu_weight_upload, .weight_release = cu_weight_release, \
-    .weight_random = cu_weight_random, .token_probs = cu_token_probs
+    .weight_random = cu_weight_random, .token_probs = cu_token_probs, .kept_probs = cu_kept_probs
 
 /* The compute ops, plain (cu_) or profiled (pf_). */
 #define CUDA_OPS_COMPUTE(P)                                                              \
@@ -1529,6 +1597,10 @@ static eg_status cuda_init(cuda_impl *im, eg_error *err) {
     CU("cudaMallocHost (sample rows)", cudaMallocHost((void **)&im->which_h, sizeof(int32_t) * (size_t)im->L.sample_chunk));
     CU("cudaMallocHost (token_probs tokens)", cudaMallocHost((void **)&im->tok_h, sizeof(int32_t) * (size_t)im->L.sample_chunk));
     CU("cudaMallocHost (token_probs out)", cudaMallocHost((void **)&im->prob_h, sizeof(double) * (size_t)im->L.sample_chunk));
+    size_t nk = (size_t)im->L.kept_chunk, nkm = nk * (size_t)im->L.kept_m;
+    CU("cudaMallocHost (kept_probs counts)", cudaMallocHost((void **)&im->kn_h, sizeof(int32_t) * nk));
+    CU("cudaMallocHost (kept_probs ids)", cudaMallocHost((void **)&im->kid_h, sizeof(int32_t) * nkm));
+    CU("cudaMallocHost (kept_probs probabilities)", cudaMallocHost((void **)&im->kp_h, sizeof(double) * nkm));
     size_t nx = (size_t)im->L.n_xtab, E = (size_t)im->L.E;
     CU("cudaMallocHost (expert tables)", cudaMallocHost((void **)&im->xt_host, sizeof(egk_expert_ptrs) * nx * E));
     im->xt = eg_calloc(nx, sizeof *im->xt, err);

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define KEPT_CAP 2048 /* ids of a kept set the backend is asked for: what a GPU's top-M selection
+                         settles at most (EGK_SAMPLE_TOPM_MAX) */
+
 typedef struct slot_state {
     int active;
     int finishing;      /* generation ended; the last token still needs its pass */
@@ -125,6 +128,8 @@ struct eg_engine {
         int decided, n, rejected; /* deferred: the acceptance tests ran (eg_spec_accept) */
         int on_backend, bi;   /* deferred: its token was drawn on the backend, entry bi of
                                  the engine's b* lists (tok) */
+        int ki;               /* deferred, rejected: entry ki of the k* lists holds the row's
+                                 kept set (-1: the row came over instead) */
         int32_t tok;
     } *hjobs;                 /* [n_slots] */
     /* a deferred step's lists (backend_probs), [max_tokens] each: the logit rows it takes
@@ -133,6 +138,13 @@ struct eg_engine {
     int32_t *fetch, *brow, *btok;
     eg_sample_params *bsp;
     uint64_t *brng;
+    /* and, where the backend offers kept_probs, [n_slots] each: a rejected draft's logit
+     * row, its parameters, and the kept set the backend gave for it (n, or -1: the row
+     * comes over instead) in rows of kept_cap ids and probabilities */
+    int kept_cap;
+    int32_t *krow, *kn, *kid;
+    eg_sample_params *ksp;
+    double *kp;
     int backend_probs;     /* the last stage's backend gives sampled verify rows' p(draft) */
     int spec_in_flight;    /* threaded: micro-batches with verify rows in the pipeline */
     double spec_since;     /* when the first of them went in */
@@ -260,6 +272,7 @@ void eg_engine_free(eg_engine *e) {
     free(e->hsc);
     free(e->hjobs);
     free(e->fetch); free(e->brow); free(e->btok); free(e->bsp); free(e->brng);
+    free(e->krow); free(e->kn); free(e->kid); free(e->ksp); free(e->kp);
     eg_pool_free(e->hpool);
     free(e->pending_tok); free(e->pending_stop);
     free(e->daux); free(e->dstage); free(e->dnext);
@@ -530,6 +543,17 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
              !(e->brng = eg_malloc(sizeof(uint64_t) * mt, err)))) {
             eg_engine_free(e);
             return EG_ERR_NOMEM;
+        }
+        if (e->backend_probs && lb->ops->kept_probs) {
+            size_t ns = (size_t)o->n_slots;
+            e->kept_cap = m->cfg.vocab < KEPT_CAP ? m->cfg.vocab : KEPT_CAP;
+            size_t kc = ns * (size_t)e->kept_cap;
+            if (!(e->krow = eg_malloc(sizeof(int32_t) * ns, err)) || !(e->kn = eg_malloc(sizeof(int32_t) * ns, err)) ||
+                !(e->ksp = eg_malloc(sizeof *e->ksp * ns, err)) || !(e->kid = eg_malloc(sizeof(int32_t) * kc, err)) ||
+                !(e->kp = eg_malloc(sizeof(double) * kc, err))) {
+                eg_engine_free(e);
+                return EG_ERR_NOMEM;
+            }
         }
     }
     for (int j = 0; j < e->n_mb; j++) {
@@ -1407,6 +1431,11 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
         if (h->on_backend) { /* drawn there: a bonus token or a plain row's */
             if (h->verify) s->v_acc = h->n;
             s->v_next = h->tok;
+        } else if (h->decided && h->ki >= 0) { /* a draft was rejected; the backend gave its row's kept set */
+            s->v_acc = h->n;
+            s->v_next = eg_spec_finish_kept(e->hsc[tid], e->kid + (int64_t)h->ki * e->kept_cap,
+                                            e->kp + (int64_t)h->ki * e->kept_cap, e->kn[h->ki], (int)V, s->draft, s->q,
+                                            h->n, &s->rng);
         } else if (h->decided) { /* the tests ran, a draft was rejected; lg is its row */
             s->v_acc = h->n;
             s->v_next = eg_spec_finish(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, s->q, h->n, h->rejected, &s->rng);
@@ -1439,12 +1468,12 @@ static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
         int n = chunk_rows(mb, row);
         if (s->n_draft > 0) {
             int lr = e->o.want_logits ? row : srow;
-            e->hjobs[nj++] = (struct host_job){.slot = i, .lr = lr, .verify = 1, .fr = lr};
+            e->hjobs[nj++] = (struct host_job){.slot = i, .lr = lr, .verify = 1, .fr = lr, .ki = -1};
             n_verify++;
             if (!e->o.want_logits) srow += n;
         } else if (chunk_samples(s, n)) {
             int lr = e->o.want_logits ? row + n - 1 : srow;
-            e->hjobs[nj++] = (struct host_job){.slot = i, .lr = lr, .verify = 0, .fr = lr};
+            e->hjobs[nj++] = (struct host_job){.slot = i, .lr = lr, .verify = 0, .fr = lr, .ki = -1};
             if (!e->o.want_logits) srow++;
         }
         row += n;
@@ -1458,13 +1487,14 @@ static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
          * drawn on the backend (one uniform each, as eg_sample_row draws), and only the
          * rows the host's own code needs come over: a rejected draft's (its residual),
          * and every row of a chunk with a p left to the host (NaN) or of a greedy one */
-        int nf = 0, nb = 0;
+        int nf = 0, nb = 0, nk = 0;
         for (int j = 0; j < nj; j++) {
             struct host_job *h = &e->hjobs[j];
             slot_state *s = &e->slots[h->slot];
             int all = h->verify && s->req.sp.temperature > 0.0f;
             for (int k = 0; all && k < s->n_draft; k++) all = !isnan(mb->prob[h->lr + k]);
             h->fr = nf;
+            h->ki = -1;
             if (all) {
                 h->n = eg_spec_accept(mb->prob + h->lr, s->q, s->draft, s->n_draft, (int)V, e->o.spec_rule, &s->rng,
                                       &h->rejected);
@@ -1476,6 +1506,10 @@ static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
                 e->brow[nb] = h->lr + (h->verify ? h->n : 0);
                 e->bsp[nb] = s->req.sp;
                 e->brng[nb++] = s->rng;
+            } else if (h->decided && e->kept_cap) { /* its residual from the kept set, below */
+                h->ki = nk;
+                e->krow[nk] = h->lr + h->n;
+                e->ksp[nk++] = s->req.sp;
             } else if (h->decided) {
                 e->fetch[nf++] = h->lr + h->n;
             } else {
@@ -1483,7 +1517,20 @@ static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
             }
         }
         eg_forward *last = e->stages[e->n_stages - 1];
-        eg_status st = eg_forward_fetch_logits(last, e->fetch, nf, mb->logits, err);
+        eg_status st = eg_forward_kept_probs(last, e->krow, nk, e->ksp, e->kept_cap, e->kn, e->kid, e->kp, err);
+        if (st) return eg_wrap(err, "a verify step: the kept sets of %d rejected drafts' rows", nk);
+        for (int j = 0; j < nj && nk; j++) { /* a kept set the backend could not give: the row comes over */
+            struct host_job *h = &e->hjobs[j];
+            if (h->ki < 0) continue;
+            if (e->kn[h->ki] >= 0) {
+                e->stats.backend_residuals++;
+                continue;
+            }
+            h->fr = nf;
+            h->ki = -1;
+            e->fetch[nf++] = h->lr + h->n;
+        }
+        if (!st) st = eg_forward_fetch_logits(last, e->fetch, nf, mb->logits, err);
         if (!st) st = eg_forward_sample_logits(last, e->brow, nb, e->bsp, e->brng, e->btok, err);
         if (st) return eg_wrap(err, "a verify step: taking %d logits rows, drawing %d on the backend", nf, nb);
         for (int j = 0; j < nj; j++) {

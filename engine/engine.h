@@ -214,9 +214,13 @@ typedef struct eg_engine_stats {
                                 step takes the backend's argmaxes instead) */
     int64_t backend_draws;   /* tokens a deferred step drew on the backend (bonus and plain
                                 rows: engine.c host_draws) */
+    int64_t backend_residuals; /* rejected drafts of a deferred step whose residual was drawn
+                                from the kept set the backend gave (backend.h kept_probs),
+                                without taking the row to the host */
     int64_t backend_probs;   /* sampled verify rows whose p(draft) came from the backend
                                 (opts.spec_probs; the host sorts such a row only when its
-                                draft is rejected, for the residual) */
+                                draft is rejected, for the residual, and the backend
+                                gives no kept set for it) */
     double draft_seconds;    /* in the drafter (extend, propose, truncate) */
     double verify_seconds;   /* target steps that verified drafts, and the acceptance rule
                                 (threaded pipeline stages: the wall time while a micro-batch

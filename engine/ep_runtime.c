@@ -422,6 +422,7 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
         s->backend_probs += q.backend_probs;
         s->logit_rows += q.logit_rows;
         s->backend_draws += q.backend_draws;
+        s->backend_residuals += q.backend_residuals;
         s->draft_seconds += q.draft_seconds;
         s->verify_seconds += q.verify_seconds;
     }

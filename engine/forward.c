@@ -422,6 +422,18 @@ eg_status eg_forward_fetch_logits(eg_forward *f, const int32_t *rows, int n, flo
     return ops->sync(f->be, err);
 }
 
+eg_status eg_forward_kept_probs(eg_forward *f, const int32_t *rows, int n, const eg_sample_params *sp, int cap,
+                                int32_t *n_out, int32_t *ids, double *probs, eg_error *err) {
+    if (n <= 0) return EG_OK;
+    if (!eg_forward_is_last(f)) return eg_fail(err, EG_ERR_INVALID, "kept_probs: not the last stage");
+    const eg_backend_ops *ops = f->be->ops;
+    if (!ops->kept_probs) return eg_fail(err, EG_ERR_INVALID, "kept_probs: the %s backend does not offer it", ops->name);
+    for (int i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= f->o.max_tokens)
+            return eg_fail(err, EG_ERR_INVALID, "kept_probs: row %d out of range [0, %d)", rows[i], f->o.max_tokens);
+    return ops->kept_probs(f->be, f->logits, rows, n, (int)f->m->cfg.vocab, sp, cap, n_out, ids, probs, err);
+}
+
 eg_status eg_forward_sample_logits(eg_forward *f, const int32_t *rows, int n, const eg_sample_params *sp, uint64_t *rng,
                                    int32_t *out, eg_error *err) {
     if (!eg_forward_is_last(f)) return eg_fail(err, EG_ERR_INVALID, "sample_logits: not the last stage");

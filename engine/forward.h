@@ -106,6 +106,11 @@ eg_status eg_forward_fetch_logits(eg_forward *f, const int32_t *rows, int n, flo
  * rng[i] (advanced), as eg_step.sampled draws: the backend's sample op, the rows first
  * moved to the front of the logits buffer, so the step's rows are gone after it (fetch
  * before). Same thread and lifetime as eg_forward_fetch_logits. */
+/* Before those two: the kept sets of logit rows rows[i], i < n (backend.h kept_probs:
+ * n_out[i], ids / probs [i][cap]); n = 0 is a no-op. Fails where the backend does not
+ * offer kept_probs. Same thread and lifetime. */
+eg_status eg_forward_kept_probs(eg_forward *f, const int32_t *rows, int n, const eg_sample_params *sp, int cap,
+                                int32_t *n_out, int32_t *ids, double *probs, eg_error *err);
 eg_status eg_forward_sample_logits(eg_forward *f, const int32_t *rows, int n, const eg_sample_params *sp, uint64_t *rng,
                                    int32_t *out, eg_error *err);
 /* The residual stream buffer [max_tokens][H] in backend memory: after a step of a

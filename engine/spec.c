@@ -138,3 +138,48 @@ int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sa
     if (rejected) return residual(sc, row, V, sp, draft[n], qd ? qd + (int64_t)n * V : NULL, 0, rng);
     return eg_sample_row(row, V, sp, rng, sc->sort, NULL);
 }
+
+/* A kept candidate for the sparse residual: ordered by id. */
+typedef struct kept_pair {
+    double p;
+    int32_t id;
+} kept_pair;
+
+static int kept_pair_cmp(const void *a, const void *b) {
+    int32_t x = ((const kept_pair *)a)->id, y = ((const kept_pair *)b)->id;
+    return (x > y) - (x < y);
+}
+
+int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n_kept, int V,
+                            const int32_t *draft, const double *qd, int n, uint64_t *rng) {
+    /* residual()'s numbers without its O(V) walks: outside the kept set p is 0, so
+     * max(0, p - q) is 0 there and the dense sums add nothing; inside, the same terms in
+     * the same (id) order */
+    const int32_t x = draft[n];
+    const double *q = qd ? qd + (int64_t)n * V : NULL;
+    kept_pair *kp = (kept_pair *)sc->sort; /* n_kept <= V pairs: 4 V floats, within the sort's scratch */
+    for (int j = 0; j < n_kept; j++) kp[j] = (kept_pair){probs[j], ids[j]};
+    qsort(kp, (size_t)n_kept, sizeof *kp, kept_pair_cmp);
+    double *r = sc->q, mass = 0;
+    for (int j = 0; j < n_kept; j++) {
+        double qv = q ? q[kp[j].id] : (kp[j].id == x ? 1.0 : 0.0);
+        double d = kp[j].p - qv;
+        r[j] = d > 0 ? d : 0;
+        mass += r[j];
+    }
+    /* eg_spec_draw over the residual (or p when it has no mass), in id order */
+    double total = 0;
+    int32_t last = 0;
+    for (int j = 0; j < n_kept; j++) {
+        double v = mass > 0 ? r[j] : kp[j].p;
+        if (v > 0) { total += v; last = kp[j].id; }
+    }
+    double u = eg_rng_uniform(rng) * total, acc = 0;
+    for (int j = 0; j < n_kept; j++) {
+        double v = mass > 0 ? r[j] : kp[j].p;
+        if (!(v > 0)) continue;
+        acc += v;
+        if (u < acc) return kp[j].id;
+    }
+    return last;
+}

@@ -68,5 +68,13 @@ int eg_spec_accept(const double *pd, const double *qd, const int32_t *draft, int
                    uint64_t *rng, int *rejected);
 int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sample_params *sp, const int32_t *draft,
                        const double *qd, int n, int rejected, uint64_t *rng);
+/* eg_spec_finish's residual draw at a rejection (draft[n] rejected), from row n's kept
+ * set instead of the row: ids / probs [n_kept] its candidates and their p (a backend's
+ * kept_probs; any order, distinct ids), every other id's p being 0. With eg_spec_probs'
+ * numbers for them, the same token and RNG state as eg_spec_finish (the sums run over
+ * ascending ids, as the dense draw's); O(n_kept log n_kept), not O(V). n_kept must not
+ * exceed what sc->sort holds (V). */
+int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n_kept, int V,
+                            const int32_t *draft, const double *qd, int n, uint64_t *rng);
 
 #endif

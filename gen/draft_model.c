@@ -77,9 +77,10 @@ void gen_draft_report(FILE *human, FILE *json, const eg_engine_stats *es, int wo
             "{\"time\":\"%s\",\"worker\":\"%d/%d\",\"phase\":\"speculative\",\"verify_steps\":%lld,\"drafted\":%lld,"
             "\"accepted\":%lld,\"mean_accepted_per_verify\":%.4f,\"tokens_per_verify\":%.4f,\"draft_seconds\":%.3f,"
             "\"verify_seconds\":%.3f,\"engine_seconds\":%.3f,\"draft_share\":%.4f,\"verify_share\":%.4f,"
-            "\"logit_rows\":%lld,\"backend_probs\":%lld,\"backend_draws\":%lld}\n",
+            "\"logit_rows\":%lld,\"backend_probs\":%lld,\"backend_draws\":%lld,\"backend_residuals\":%lld}\n",
             ts, worker, n_workers, (long long)es->verify_steps, (long long)es->drafted, (long long)es->accepted, acc, tok,
             es->draft_seconds, es->verify_seconds, es->seconds, es->draft_seconds / spec, es->verify_seconds / spec,
-            (long long)es->logit_rows, (long long)es->backend_probs, (long long)es->backend_draws);
+            (long long)es->logit_rows, (long long)es->backend_probs, (long long)es->backend_draws,
+            (long long)es->backend_residuals);
     fflush(json);
 }

@@ -219,6 +219,13 @@ int egk_sample_topm(const float *logits, int N, int V, const egk_sample_row *row
  * differ in the last bits. */
 int egk_token_probs(const float *logits, int N, int V, const egk_sample_row *rows, const int32_t *tok, int M,
                     double *out, void *stream);
+/* The kept set of logits row which[i] (device [N]; rows[i] its parameters, u unused), from
+ * the same selection: n_out[i] = its size n and ids / probs [i][0..n) (rows of stride M)
+ * its candidates in eg_sample_row's order with egk_token_probs' p, where the first M
+ * settle it and it is cut to at most M ids; n_out[i] = -1 otherwise (a top_k above M, a
+ * top_p cut beyond them, nothing cut over more than M ids) and for greedy rows. */
+int egk_kept_probs(const float *logits, int N, int V, const int32_t *which, const egk_sample_row *rows, int M,
+                   int32_t *n_out, int32_t *ids, double *probs, void *stream);
 /* The sorting path for the n rows listed in which (device [n], distinct): their logits
  * sorted in place of the [N][V] layout (keys, ids_out), sampled, out[which[j]] written;
  * other rows of out untouched. seg: [2n] scratch. Greedy rows are not expected here. */

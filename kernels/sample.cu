@@ -359,6 +359,34 @@ extern "C" int egk_token_probs(const float *logits, int N, int V, const egk_samp
     return EGK_LAUNCH_RESULT();
 }
 
+/* A row's kept set, for a rejected draft's residual on the host (egk_kept_probs): the
+ * candidates topm_kept settles, with token_prob_kernel's arithmetic for each. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS)
+    kept_prob_kernel(const float *logits, int V, const int32_t *which, const egk_sample_row *rows, int M,
+                     int32_t *n_out, int32_t *ids, double *probs) {
+    __shared__ topm_smem s;
+    int i = blockIdx.x, tid = threadIdx.x;
+    egk_sample_row p = rows[i];
+    const float *row = logits + (int64_t)which[i] * V;
+    int m = 0, n = -1;
+    double mx = 0, total = 0, temp = p.temperature;
+    if (p.temperature > 0.0f) n = topm_kept(row, V, p, M, s, &m, &mx, &total);
+    if (n > m) n = -1; /* nothing cut, over more ids than the first M */
+    if (tid == 0) n_out[i] = n;
+    for (int j = tid; j < n; j += blockDim.x) {
+        ids[(int64_t)i * M + j] = s.id[j];
+        probs[(int64_t)i * M + j] = exp(((double)s.v[j] - mx) / temp) / total;
+    }
+}
+
+extern "C" int egk_kept_probs(const float *logits, int N, int V, const int32_t *which, const egk_sample_row *rows, int M,
+                              int32_t *n_out, int32_t *ids, double *probs, void *stream) {
+    if (N <= 0) return 0;
+    if (M < 1 || M > EGK_SAMPLE_TOPM_MAX || V < 1) return (int)cudaErrorInvalidValue;
+    kept_prob_kernel<<<N, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(logits, V, which, rows, M, n_out, ids, probs);
+    return EGK_LAUNCH_RESULT();
+}
+
 /* CUB's segmented sort counts items and segment offsets in int: a pass sorts at most
  * INT_MAX (row, id) pairs (the backend's chunk of 64 rows x 163,840 ids is 10.5M). */
 static bool sort_fits(int64_t N, int64_t V) { return N >= 0 && V >= 0 && N * V <= 2147483647LL; }

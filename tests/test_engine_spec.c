@@ -87,6 +87,8 @@ typedef struct run_cfg {
     int spec_probs;          /* eg_engine_opts.spec_probs */
     int nan_probs;           /* > 0: the backend's token_probs answer NaN on every nan_probs-th
                                 row asked (one engine, stages on the calling thread) */
+    int nan_kept;            /* > 0: and its kept_probs -1 on every nan_kept-th row asked */
+    int no_kept;             /* the backend offers no kept_probs (one engine, not threaded) */
     int mix;                 /* odd requests sample at temp_odd, even ones at temp */
     float temp_odd;
 } run_cfg;
@@ -192,6 +194,24 @@ static eg_status nan_token_probs(eg_backend *b, const float *logits, int N, int 
     return st;
 }
 
+/* and a kept_probs that leaves every kept_every-th row to the host (-1), as a GPU does
+ * with a kept set its top-M selection cannot settle */
+static eg_status (*kept_inner)(eg_backend *, const float *, const int32_t *, int, int, const eg_sample_params *, int,
+                               int32_t *, int32_t *, double *, eg_error *);
+static int kept_every;
+static int64_t kept_asked, kept_given;
+static eg_status nan_kept_probs(eg_backend *b, const float *logits, const int32_t *rows, int N, int V,
+                                const eg_sample_params *p, int cap, int32_t *n_out, int32_t *ids, double *probs,
+                                eg_error *err) {
+    eg_status st = kept_inner(b, logits, rows, N, V, p, cap, n_out, ids, probs, err);
+    for (int i = 0; !st && i < N; i++)
+        if (kept_asked++ % kept_every == 0) {
+            n_out[i] = -1;
+            kept_given++;
+        }
+    return st;
+}
+
 static eg_status run(const run_cfg *c, results *out, eg_error *err) {
     eg_backend *be = NULL, *sbe[8] = {0};
     eg_engine *e = NULL;
@@ -221,12 +241,21 @@ static eg_status run(const run_cfg *c, results *out, eg_error *err) {
         eo.stage_backends = sbe;
     } else {
         st = eg_backend_create(&model.cfg, &bo, &be, err);
-        if (!st && c->nan_probs > 0) {
+        kept_asked = kept_given = 0;
+        if (!st && (c->nan_probs > 0 || c->nan_kept > 0 || c->no_kept)) {
             nan_ops = *be->ops;
-            nan_inner = be->ops->token_probs;
-            nan_ops.token_probs = nan_token_probs;
-            nan_every = c->nan_probs;
-            nan_asked = nan_given = 0;
+            if (c->nan_probs > 0) {
+                nan_inner = be->ops->token_probs;
+                nan_ops.token_probs = nan_token_probs;
+                nan_every = c->nan_probs;
+                nan_asked = nan_given = 0;
+            }
+            if (c->nan_kept > 0) {
+                kept_inner = be->ops->kept_probs;
+                nan_ops.kept_probs = nan_kept_probs;
+                kept_every = c->nan_kept;
+            }
+            if (c->no_kept) nan_ops.kept_probs = NULL;
             be->ops = &nan_ops;
         }
     }
@@ -1185,10 +1214,12 @@ static void test_backend_probs(void) {
         int top_k;
         int64_t kv_blocks;
         int k, stages, want_logits, ep, nan_probs; /* stages: 2 threaded, 3 = 2 on the calling thread */
-    } cases[] = {{4.0f, 1.0f, 0, 0, 3, 0, 0, 0, 0},   {1.5f, 0.9f, 0, 0, 2, 0, 0, 0, 0},
-                 {2.5f, 1.0f, 40, 12, 3, 0, 0, 0, 0},  {3.0f, 0.95f, 0, 0, 3, 2, 0, 0, 0},
-                 {3.0f, 0.95f, 0, 0, 3, 0, 1, 0, 0},   {3.0f, 0.95f, 0, 0, 3, 0, 0, 2, 0},
-                 {4.0f, 0.95f, 0, 0, 3, 0, 0, 0, 3},   {3.0f, 0.95f, 0, 12, 3, 3, 0, 0, 0}};
+        int no_kept, nan_kept;
+    } cases[] = {{4.0f, 1.0f, 0, 0, 3, 0, 0, 0, 0, 0, 0},   {1.5f, 0.9f, 0, 0, 2, 0, 0, 0, 0, 0, 0},
+                 {2.5f, 1.0f, 40, 12, 3, 0, 0, 0, 0, 0, 0},  {3.0f, 0.95f, 0, 0, 3, 2, 0, 0, 0, 0, 0},
+                 {3.0f, 0.95f, 0, 0, 3, 0, 1, 0, 0, 0, 0},   {3.0f, 0.95f, 0, 0, 3, 0, 0, 2, 0, 0, 0},
+                 {4.0f, 0.95f, 0, 0, 3, 0, 0, 0, 3, 0, 0},   {3.0f, 0.95f, 0, 12, 3, 3, 0, 0, 0, 0, 0},
+                 {3.0f, 0.95f, 0, 0, 3, 0, 0, 0, 0, 1, 0},   {1.5f, 1.0f, 7, 0, 3, 0, 0, 0, 0, 0, 2}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         results host = {0}, be = {0};
         eg_engine_stats st_host = {0};
@@ -1210,6 +1241,8 @@ static void test_backend_probs(void) {
             }
             c.spec_probs = path ? 1 : -1;
             c.nan_probs = path ? cases[ci].nan_probs : 0;
+            c.no_kept = path ? cases[ci].no_kept : 0;
+            c.nan_kept = path ? cases[ci].nan_kept : 0;
             eg_eagle3_opts po = {.threads = 1, .backend = "cpu", .max_rows = 4, .block_size = 8};
             eg_drafter *d[4] = {0};
             for (int r = 0; r < R; r++) {
@@ -1247,15 +1280,28 @@ static void test_backend_probs(void) {
         /* and drew the bonus and plain rows' tokens on the backend */
         CHECKF(deferred ? last_stats.backend_draws > 0 : last_stats.backend_draws == 0, "case %zu: %lld drawn there", ci,
                (long long)last_stats.backend_draws);
+        /* and every rejected draft's residual from the kept set the backend gave, but where
+         * it gave none (then its row came over) */
+        CHECKF(deferred && !cases[ci].no_kept
+                   ? last_stats.backend_residuals > 0 &&
+                         (!cases[ci].nan_kept || last_stats.backend_residuals == kept_asked - kept_given)
+                   : last_stats.backend_residuals == 0,
+               "case %zu: %lld residuals from kept sets, %lld asked, %lld left to the host", ci,
+               (long long)last_stats.backend_residuals, (long long)kept_asked, (long long)kept_given);
+        if (cases[ci].nan_kept) CHECK(kept_given > 0);
+        if (cases[ci].no_kept) CHECK(last_stats.logit_rows > last_stats.backend_residuals);
+        CHECK(st_host.backend_residuals == 0);
         CHECK(last_stats.accepted > 0 && last_stats.accepted < last_stats.drafted);
         if (cases[ci].kv_blocks) CHECKF(last_stats.preemptions > 0, "case %zu: no preemption", ci);
         printf("    case %zu%s%s%s: %lld drafted, %lld accepted, %lld rows' p from the backend, %lld left to the host; "
-               "%lld logits rows taken (%lld on the host's path), %lld tokens drawn on the backend\n",
+               "%lld logits rows taken (%lld on the host's path), %lld tokens drawn on the backend, %lld residuals from "
+               "its kept sets%s\n",
                ci, cases[ci].want_logits ? " (logits kept)" : "", cases[ci].ep ? " (--ep 2)" : "",
                cases[ci].stages == 2 ? " (2 threaded stages)" : cases[ci].stages ? " (2 stages, one thread)" : "",
                (long long)last_stats.drafted, (long long)last_stats.accepted, (long long)last_stats.backend_probs,
                (long long)left, (long long)last_stats.logit_rows, (long long)st_host.logit_rows,
-               (long long)last_stats.backend_draws);
+               (long long)last_stats.backend_draws, (long long)last_stats.backend_residuals,
+               cases[ci].no_kept ? " (none offered)" : "");
         free_results(&host);
         free_results(&be);
     }
@@ -1315,6 +1361,81 @@ static void test_mixed_greedy_sampled(void) {
     remove_dir(dir);
 }
 
+/* eg_spec_finish_kept from a row's kept set (in any order) gives eg_spec_finish's token
+ * and RNG state at a rejection: q one-hot (NULL), q a random distribution, q = p (no
+ * residual mass: the draw falls back to p), q above p on part of the set; ties in the
+ * logits, top-k and top-p cuts, several temperatures. */
+static void test_finish_kept(void) {
+    enum { V = 1500 };
+    eg_error err = {0};
+    eg_spec_scratch *sc = NULL, *sk = NULL;
+    CHECK_OK(eg_spec_scratch_create(V, &sc, &err), &err);
+    CHECK_OK(eg_spec_scratch_create(V, &sk, &err), &err);
+    float *lg = malloc(sizeof(float) * V), *sort = malloc(sizeof(float) * eg_sample_scratch_floats(V));
+    double *qd = malloc(sizeof(double) * 2 * V), *pr = malloc(sizeof(double) * V), *probs = malloc(sizeof(double) * V);
+    int32_t *ids = malloc(sizeof(int32_t) * V);
+    if (!sc || !sk || !lg || !sort || !qd || !pr || !probs || !ids) goto out;
+    static const float temps[] = {0.7f, 1.0f, 3.0f}, tops[] = {1.0f, 0.9f, 0.5f};
+    static const int topk[] = {0, 50};
+    uint64_t g = eg_rng_seed(2024, 1);
+    int trials = 0, same = 0, no_mass = 0, cut = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int pi = 0; pi < 3; pi++)
+            for (int ki = 0; ki < 2; ki++)
+                for (int mode = 0; mode < 4; mode++)
+                    for (int rep = 0; rep < 6; rep++) {
+                        eg_sample_params sp = {.temperature = temps[ti], .top_p = tops[pi], .top_k = topk[ki]};
+                        for (int v = 0; v < V; v++) /* coarse values: many ties */
+                            lg[v] = (float)floor(eg_rng_uniform(&g) * 40.0) * 0.25f;
+                        double total;
+                        int n = eg_sample_kept(lg, V, &sp, sort, &total);
+                        const eg_sample_cand *c = (const eg_sample_cand *)sort;
+                        const double *ex = (const double *)(c + V);
+                        for (int j = 0; j < n; j++) {
+                            ids[j] = c[j].id;
+                            probs[j] = ex[j] / total;
+                        }
+                        for (int j = n - 1; j > 0; j--) { /* any order */
+                            int o = (int)(eg_rng_uniform(&g) * (j + 1));
+                            int32_t ti2 = ids[j]; ids[j] = ids[o]; ids[o] = ti2;
+                            double tp = probs[j]; probs[j] = probs[o]; probs[o] = tp;
+                        }
+                        cut += n < V;
+                        eg_spec_probs(sc, lg, V, &sp, pr);
+                        double *q1 = qd + V; /* the rejected draft is draft[1]: its q is row 1 */
+                        double qs = 0;
+                        for (int v = 0; v < V; v++) {
+                            double u = eg_rng_uniform(&g);
+                            q1[v] = mode == 2 ? pr[v] : mode == 3 ? (u < 0.5 ? pr[v] * 1.5 : pr[v] * 0.5)
+                                                                  : (u < 0.3 ? 0 : u);
+                            qs += q1[v];
+                        }
+                        if (mode == 1)
+                            for (int v = 0; v < V; v++) q1[v] /= qs;
+                        for (int v = 0; v < V; v++) qd[v] = 1.0 / V;
+                        int32_t draft[2] = {ids[0], c[0].id};
+                        uint64_t ra = eg_rng_seed(77, (uint64_t)trials), rb = ra;
+                        const double *q = mode == 0 ? NULL : qd;
+                        int32_t a = eg_spec_finish(sc, lg, V, &sp, draft, q, 1, 1, &ra);
+                        int32_t b = eg_spec_finish_kept(sk, ids, probs, n, V, draft, q, 1, &rb);
+                        trials++;
+                        same += a == b && ra == rb;
+                        if (mode == 2) { /* no residual mass: both drew from p */
+                            double m = 0;
+                            for (int v = 0; v < V; v++) m += pr[v] - q1[v] > 0 ? pr[v] - q1[v] : 0;
+                            no_mass += m == 0;
+                        }
+                    }
+    CHECKF(same == trials, "%d of %d draws equal eg_spec_finish's", same, trials);
+    CHECK(no_mass == 3 * 3 * 2 * 6 && cut > trials / 2);
+    printf("    %d rejections, %d with a cut kept set, %d with no residual mass: every token and RNG state equal\n",
+           trials, cut, no_mass);
+out:
+    eg_spec_scratch_free(sc);
+    eg_spec_scratch_free(sk);
+    free(lg); free(sort); free(qd); free(pr); free(probs); free(ids);
+}
+
 static void test_cleanup(void) {
     if (have_model) eg_model_free(&model);
     have_model = 0;
@@ -1328,6 +1449,7 @@ static const eg_test tests[] = {
     {"rotation_fair", test_rotation_fair},
     {"verify_greedy", test_verify_greedy},
     {"verify_sampled", test_verify_sampled},
+    {"finish_kept", test_finish_kept},
     {"greedy_identical", test_greedy_identical},
     {"greedy_stop_and_preempt", test_greedy_stop_and_preempt},
     {"greedy_other_configs", test_greedy_other_configs},

@@ -1165,6 +1165,89 @@ static int token_probs_case(int N, int V, float peak, int quant) {
     return nan_rows;
 }
 
+/* kept_probs (a rejected draft's kept set on the device) against the CPU backend's
+ * (eg_sample_kept, the host's numbers), on rows asked in a shuffled order (one twice): a
+ * set the device gives has the host's size and ids in the host's order, each p within
+ * 2 V eps relative; -1 (the host takes the row) only for greedy rows, where the host's
+ * set has more than cap ids, and where the first M cannot settle it. Returns the rows the
+ * host settles but the device leaves -1. */
+static int kept_probs_case(int N, int V, float peak, int quant, int cap) {
+    eg_config c = small_cfg();
+    c.vocab = V;
+    pair p;
+    if (!pair_make(&c, N, &p)) return -1;
+    eg_error err = {0};
+    const char *ms = getenv("EG_CUDA_SAMPLE_M");
+    int M = ms ? atoi(ms) : 2048;
+    if (cap < M) M = cap; /* the device selects no more candidates than it may return */
+    const int R = N + 1;
+    eg_sample_params *sp = malloc(sizeof *sp * (size_t)R);
+    int32_t *rows = malloc(4 * (size_t)R), *nc = malloc(4 * (size_t)R), *ng = malloc(4 * (size_t)R);
+    int32_t *ic = malloc(4 * (size_t)R * cap), *ig = malloc(4 * (size_t)R * cap);
+    double *pc = malloc(sizeof(double) * (size_t)R * cap), *pg = malloc(sizeof(double) * (size_t)R * cap);
+    const eg_sample_params kinds[7] = {{1.0f, 1, 0},   {0.7f, 1, 50},  {1.0f, 0.9f, 0}, {0.8f, 0.5f, 200},
+                                       {1.2f, 1, 1},   {1.0f, 0.999f, 0}, {0, 1, 0}};
+    float *lg = randv((int64_t)N * V, 4.0f);
+    for (int i = 0; peak > 0 && i < N; i++)
+        for (int k = 0; k < 5; k++) lg[(int64_t)i * V + (int64_t)(urand() * V)] += peak;
+    for (int64_t j = 0; quant && j < (int64_t)N * V; j++) lg[j] = roundf(lg[j] * 2.0f) / 2.0f;
+    for (int i = 0; i < N; i++) rows[i] = i;
+    for (int i = N - 1; i > 0; i--) {
+        int o = (int)(urand() * (i + 1)) % (i + 1), t = rows[i];
+        rows[i] = rows[o];
+        rows[o] = t;
+    }
+    rows[N] = rows[0];
+    for (int i = 0; i < R; i++) sp[i] = kinds[(rows[i] + i) % 7];
+    buf2 l = b2(&p, lg, 4 * (size_t)N * V);
+    CHECK_OK(p.cpu->ops->kept_probs(p.cpu, l.c, rows, R, V, sp, cap, nc, ic, pc, &err), &err);
+    CHECK_OK(p.gpu->ops->kept_probs(p.gpu, l.g, rows, R, V, sp, cap, ng, ig, pg, &err), &err);
+    int given = 0, left = 0, bad = 0, over = 0, ids_total = 0;
+    double worst = 0, tol = 2.0 * V * 0x1p-52;
+    for (int i = 0; i < R; i++) {
+        int greedy = !(sp[i].temperature > 0.0f);
+        int n0 = sp[i].top_k > 0 && sp[i].top_k < V ? sp[i].top_k : V;
+        if (greedy) {
+            CHECKF(nc[i] == -1 && ng[i] == -1, "row %d (greedy): kept %d / %d", i, nc[i], ng[i]);
+            continue;
+        }
+        if (nc[i] < 0) { /* the host's set is over cap: never the device's to give */
+            over++;
+            CHECKF(ng[i] == -1, "row %d: the device gave %d ids, over cap %d", i, ng[i], cap);
+            continue;
+        }
+        if (ng[i] < 0) {
+            left++;
+            CHECKF(n0 > M, "row %d (T %.1f, top_p %.3f, top_k %d): -1 where the first %d settle it", i,
+                   sp[i].temperature, sp[i].top_p, sp[i].top_k, M);
+            continue;
+        }
+        given++;
+        if (ng[i] != nc[i]) {
+            bad++;
+            CHECKF(0, "row %d: the device kept %d ids, the host %d", i, ng[i], nc[i]);
+            continue;
+        }
+        ids_total += nc[i];
+        for (int j = 0; j < nc[i]; j++) {
+            int64_t at = (int64_t)i * cap + j;
+            if (ig[at] != ic[at]) { bad++; break; }
+            double rel = fabs(pg[at] - pc[at]) / pc[at];
+            if (rel > worst) worst = rel;
+            bad += !(rel <= tol);
+        }
+    }
+    printf("    kept_probs N=%d V=%d%s%s (M=%d, cap %d): %d sets given (%d ids), %d over cap, %d left to the host, "
+           "worst rel %.2e (bound %.1e)\n", R, V, peak > 0 ? ", peaked" : "", quant ? ", ties" : "", M, cap, given,
+           ids_total, over, left, worst, tol);
+    CHECKF(bad == 0, "kept_probs: %d sets differ from the host's", bad);
+    CHECK(given > 0);
+    b2_free(&p, &l);
+    free(lg); free(sp); free(rows); free(nc); free(ng); free(ic); free(ig); free(pc); free(pg);
+    pair_free(&p);
+    return left;
+}
+
 static void test_token_probs(void) {
     seed(17);
     /* 70 rows: each of the 7 parameter kinds with each of the 5 token picks, twice */
@@ -1176,6 +1259,18 @@ static void test_token_probs(void) {
     setenv("EG_CUDA_SAMPLE_M", "64", 1);
     CHECK(token_probs_case(70, 3000, 0.0f, 0) > 0);
     token_probs_case(70, 3000, 30.0f, 1);
+    unsetenv("EG_CUDA_SAMPLE_M");
+}
+
+static void test_kept_probs(void) {
+    seed(19);
+    CHECK(kept_probs_case(70, 3000, 0.0f, 0, 2048) == 0);
+    CHECK(kept_probs_case(70, 3000, 30.0f, 0, 2048) == 0);
+    CHECK(kept_probs_case(70, 3000, 0.0f, 1, 2048) == 0); /* ties at every cut */
+    kept_probs_case(70, 3000, 0.0f, 0, 100);               /* sets over cap: the host's */
+    kept_probs_case(14, 163840, 30.0f, 0, 2048);
+    setenv("EG_CUDA_SAMPLE_M", "64", 1);
+    CHECK(kept_probs_case(70, 3000, 0.0f, 0, 2048) > 0);   /* top_k 200 and flat cuts: the host's */
     unsetenv("EG_CUDA_SAMPLE_M");
 }
 
@@ -2189,6 +2284,7 @@ static const eg_test tests[] = {
     {"moe_kimi_range", test_moe_kimi_range},
     {"sample_small", test_sample_small},
     {"token_probs", test_token_probs},
+    {"kept_probs", test_kept_probs},
     {"random_weights", test_random_weights},
     {"sample_kimi", test_sample_kimi},
     {"graphs", test_graphs},

@@ -306,10 +306,15 @@ if [ "${1:-}" = --spec ]; then
     host=$(grep -o '"backend_probs":[0-9]*' "$W/spec_host.jsonl" | tail -1 | cut -d: -f2)
     dev_rows=$(grep -o '"logit_rows":[0-9]*' "$W/spec_dev.jsonl" | tail -1 | cut -d: -f2)
     host_rows=$(grep -o '"logit_rows":[0-9]*' "$W/spec_host.jsonl" | tail -1 | cut -d: -f2)
-    echo "sampled: p(draft) of $dev rows from the device (host run: $host); $dev_rows logits rows taken ($host_rows)"
+    dev_res=$(grep -o '"backend_residuals":[0-9]*' "$W/spec_dev.jsonl" | tail -1 | cut -d: -f2)
+    host_res=$(grep -o '"backend_residuals":[0-9]*' "$W/spec_host.jsonl" | tail -1 | cut -d: -f2)
+    echo "sampled: p(draft) of $dev rows from the device (host run: $host); $dev_rows logits rows taken ($host_rows);" \
+        "$dev_res residuals from the device's kept sets ($host_res)"
     [ "${dev:-0}" -gt 0 ] && [ "${host:-1}" = 0 ] || { echo "token_probs not used as expected"; exit 1; }
-    # one GPU, one thread: only the row the rule needs came over
-    [ "${dev_rows:-0}" -gt 0 ] && [ "$dev_rows" -lt "${host_rows:-0}" ] || { echo "every row was taken"; exit 1; }
+    # one GPU, one thread: only the rows the rule needs came over, and a rejected draft's
+    # residual came from the device's kept set (kept_probs) instead of its row
+    [ -n "$dev_rows" ] && [ "$dev_rows" -lt "${host_rows:-0}" ] || { echo "every row was taken"; exit 1; }
+    [ "${dev_res:-0}" -gt 0 ] && [ "${host_res:-1}" = 0 ] || { echo "kept_probs not used as expected"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/spec_dev" "$W/spec_host"
     # vLLM's MLA drafter layout: its layer through the drafter's CUDA backend's mla_attention
     # over its paged latent cache; greedy stays the plain samples
