@@ -12,14 +12,15 @@ eg_status eg_spec_scratch_create(int V, eg_spec_scratch **out, eg_error *err) {
     s->p = eg_malloc(sizeof(double) * (size_t)V, err);
     s->q = eg_malloc(sizeof(double) * (size_t)V, err);
     s->sort = eg_malloc(sizeof(float) * eg_sample_scratch_floats(V), err);
-    if (!s->p || !s->q || !s->sort) { eg_spec_scratch_free(s); return EG_ERR_NOMEM; }
+    s->ids = eg_malloc(sizeof(int32_t) * (size_t)V, err);
+    if (!s->p || !s->q || !s->sort || !s->ids) { eg_spec_scratch_free(s); return EG_ERR_NOMEM; }
     *out = s;
     return EG_OK;
 }
 
 void eg_spec_scratch_free(eg_spec_scratch *s) {
     if (!s) return;
-    free(s->p); free(s->q); free(s->sort);
+    free(s->p); free(s->q); free(s->sort); free(s->ids);
     free(s);
 }
 
@@ -41,19 +42,27 @@ void eg_spec_probs(eg_spec_scratch *sc, const float *logits, int V, const eg_sam
     for (int i = 0; i < n; i++) probs[c[i].id] = ex[i] / total;
 }
 
-int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng) {
+/* The one draw rule, dense and sparse: the entries with weight > 0 (w [n]; ids [n] their
+ * ids, NULL = the index is the id), u in [0, total) picks the first whose running sum
+ * exceeds it; the last positive one when rounding runs past the end; id 0 when none is
+ * positive. */
+static int32_t draw_weighted(const double *w, const int32_t *ids, int n, uint64_t *rng) {
     double total = 0;
-    int32_t last = 0;
-    for (int i = 0; i < V; i++)
-        if (probs[i] > 0) { total += probs[i]; last = i; }
+    int last = -1;
+    for (int j = 0; j < n; j++)
+        if (w[j] > 0) { total += w[j]; last = j; }
+    if (last < 0) return 0;
     double u = eg_rng_uniform(rng) * total, acc = 0;
-    for (int i = 0; i < V; i++) {
-        if (!(probs[i] > 0)) continue;
-        acc += probs[i];
-        if (u < acc) return i;
+    int pick = last;
+    for (int j = 0; j < n; j++) {
+        if (!(w[j] > 0)) continue;
+        acc += w[j];
+        if (u < acc) { pick = j; break; }
     }
-    return last;
+    return ids ? ids[pick] : pick;
 }
+
+int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng) { return draw_weighted(probs, NULL, V, rng); }
 
 void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, eg_spec_rule rule, int *n_accepted,
                            int32_t *next) {
@@ -160,26 +169,16 @@ int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const doubl
     kept_pair *kp = (kept_pair *)sc->sort; /* n_kept <= V pairs: 4 V floats, within the sort's scratch */
     for (int j = 0; j < n_kept; j++) kp[j] = (kept_pair){probs[j], ids[j]};
     qsort(kp, (size_t)n_kept, sizeof *kp, kept_pair_cmp);
-    double *r = sc->q, mass = 0;
+    double *w = sc->q, mass = 0;
     for (int j = 0; j < n_kept; j++) {
         double qv = q ? q[kp[j].id] : (kp[j].id == x ? 1.0 : 0.0);
         double d = kp[j].p - qv;
-        r[j] = d > 0 ? d : 0;
-        mass += r[j];
+        w[j] = d > 0 ? d : 0;
+        mass += w[j];
+        sc->ids[j] = kp[j].id;
     }
-    /* eg_spec_draw over the residual (or p when it has no mass), in id order */
-    double total = 0;
-    int32_t last = 0;
-    for (int j = 0; j < n_kept; j++) {
-        double v = mass > 0 ? r[j] : kp[j].p;
-        if (v > 0) { total += v; last = kp[j].id; }
-    }
-    double u = eg_rng_uniform(rng) * total, acc = 0;
-    for (int j = 0; j < n_kept; j++) {
-        double v = mass > 0 ? r[j] : kp[j].p;
-        if (!(v > 0)) continue;
-        acc += v;
-        if (u < acc) return kp[j].id;
-    }
-    return last;
+    /* residual()'s fallback: p itself when the residual has no mass */
+    if (!(mass > 0))
+        for (int j = 0; j < n_kept; j++) w[j] = kp[j].p;
+    return draw_weighted(w, sc->ids, n_kept, rng);
 }

@@ -27,6 +27,7 @@ typedef struct eg_spec_scratch {
     double *p;    /* [V] */
     double *q;    /* [V] */
     float *sort;  /* [eg_sample_scratch_floats(V)] eg_sample_row's scratch */
+    int32_t *ids; /* [V] eg_spec_finish_kept's candidate ids, ascending */
 } eg_spec_scratch;
 
 eg_status eg_spec_scratch_create(int V, eg_spec_scratch **out, eg_error *err);

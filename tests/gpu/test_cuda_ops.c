@@ -980,6 +980,27 @@ static void test_random_weights(void) {
 
 /* ---- sampling -------------------------------------------------------------------------------------- */
 
+/* The sampling cases' logits: N rows of V, N(0, 4) noise, plus (peak > 0) five spikes of
+ * peak per row, and (quant) rounded to halves so that ties are common. */
+static float *sample_logits(int N, int V, float peak, int quant) {
+    float *lg = randv((int64_t)N * V, 4.0f);
+    for (int i = 0; peak > 0 && i < N; i++)
+        for (int k = 0; k < 5; k++) lg[(int64_t)i * V + (int64_t)(urand() * V)] += peak;
+    for (int64_t j = 0; quant && j < (int64_t)N * V; j++) lg[j] = roundf(lg[j] * 2.0f) / 2.0f;
+    return lg;
+}
+
+/* The device's top-M candidate count as the backend reads it (EG_CUDA_SAMPLE_M, 2048). */
+static int sample_m(void) {
+    const char *ms = getenv("EG_CUDA_SAMPLE_M");
+    return ms ? atoi(ms) : 2048;
+}
+
+/* The sampled kinds token_probs and kept_probs cycle through; the last is greedy. */
+static const eg_sample_params probs_kinds[7] = {{1.0f, 1, 0},      {0.7f, 1, 50}, {1.0f, 0.9f, 0},
+                                                {0.8f, 0.5f, 200}, {1.2f, 1, 1},  {1.0f, 0.999f, 0},
+                                                {0, 1, 0}};
+
 /* peak > 0: five tokens per row get +peak (a peaked distribution, like a trained
  * model's); cap_k > 0: top_k above it becomes cap_k; quant: logits rounded to halves
  * (many ties, also at the top-M threshold). Returns the rows the top-M path left to
@@ -1002,10 +1023,7 @@ static int64_t sample_case_ex(int N, int V, int rounds, float peak, int cap_k, i
     }
     int mismatches = 0, draws = 0;
     for (int r = 0; r < rounds; r++) {
-        float *lg = randv((int64_t)N * V, 4.0f);
-        for (int i = 0; peak > 0 && i < N; i++)
-            for (int k = 0; k < 5; k++) lg[(int64_t)i * V + (int64_t)(urand() * V)] += peak;
-        for (int64_t j = 0; quant && j < (int64_t)N * V; j++) lg[j] = roundf(lg[j] * 2.0f) / 2.0f;
+        float *lg = sample_logits(N, V, peak, quant);
         /* row 1 (mod 8): a tie at the maximum between ids 5 and 100 (above any peak: five
          * peaks may land on one id) */
         for (int i = 1; i < N; i += 8) {
@@ -1086,20 +1104,14 @@ static int token_probs_case(int N, int V, float peak, int quant) {
     pair p;
     if (!pair_make(&c, N, &p)) return -1;
     eg_error err = {0};
-    const char *ms = getenv("EG_CUDA_SAMPLE_M");
-    int M = ms ? atoi(ms) : 2048;
+    int M = sample_m();
     eg_sample_params *sp = malloc(sizeof *sp * (size_t)N);
     int32_t *tok = malloc(4 * (size_t)N);
     double *pc = malloc(sizeof(double) * (size_t)N), *pg = malloc(sizeof(double) * (size_t)N);
-    const eg_sample_params kinds[7] = {{1.0f, 1, 0},   {0.7f, 1, 50},  {1.0f, 0.9f, 0}, {0.8f, 0.5f, 200},
-                                       {1.2f, 1, 1},   {1.0f, 0.999f, 0}, {0, 1, 0}};
-    float *lg = randv((int64_t)N * V, 4.0f);
+    float *lg = sample_logits(N, V, peak, quant);
     float *scr = malloc(sizeof(float) * eg_sample_scratch_floats(V));
-    for (int i = 0; peak > 0 && i < N; i++)
-        for (int k = 0; k < 5; k++) lg[(int64_t)i * V + (int64_t)(urand() * V)] += peak;
-    for (int64_t j = 0; quant && j < (int64_t)N * V; j++) lg[j] = roundf(lg[j] * 2.0f) / 2.0f;
     for (int i = 0; i < N; i++) {
-        sp[i] = kinds[i % 7];
+        sp[i] = probs_kinds[i % 7];
         const float *r = lg + (int64_t)i * V;
         int best = 0;
         for (int v = 1; v < V; v++)
@@ -1177,20 +1189,14 @@ static int kept_probs_case(int N, int V, float peak, int quant, int cap) {
     pair p;
     if (!pair_make(&c, N, &p)) return -1;
     eg_error err = {0};
-    const char *ms = getenv("EG_CUDA_SAMPLE_M");
-    int M = ms ? atoi(ms) : 2048;
+    int M = sample_m();
     if (cap < M) M = cap; /* the device selects no more candidates than it may return */
     const int R = N + 1;
     eg_sample_params *sp = malloc(sizeof *sp * (size_t)R);
     int32_t *rows = malloc(4 * (size_t)R), *nc = malloc(4 * (size_t)R), *ng = malloc(4 * (size_t)R);
     int32_t *ic = malloc(4 * (size_t)R * cap), *ig = malloc(4 * (size_t)R * cap);
     double *pc = malloc(sizeof(double) * (size_t)R * cap), *pg = malloc(sizeof(double) * (size_t)R * cap);
-    const eg_sample_params kinds[7] = {{1.0f, 1, 0},   {0.7f, 1, 50},  {1.0f, 0.9f, 0}, {0.8f, 0.5f, 200},
-                                       {1.2f, 1, 1},   {1.0f, 0.999f, 0}, {0, 1, 0}};
-    float *lg = randv((int64_t)N * V, 4.0f);
-    for (int i = 0; peak > 0 && i < N; i++)
-        for (int k = 0; k < 5; k++) lg[(int64_t)i * V + (int64_t)(urand() * V)] += peak;
-    for (int64_t j = 0; quant && j < (int64_t)N * V; j++) lg[j] = roundf(lg[j] * 2.0f) / 2.0f;
+    float *lg = sample_logits(N, V, peak, quant);
     for (int i = 0; i < N; i++) rows[i] = i;
     for (int i = N - 1; i > 0; i--) {
         int o = (int)(urand() * (i + 1)) % (i + 1), t = rows[i];
@@ -1198,7 +1204,7 @@ static int kept_probs_case(int N, int V, float peak, int quant, int cap) {
         rows[o] = t;
     }
     rows[N] = rows[0];
-    for (int i = 0; i < R; i++) sp[i] = kinds[(rows[i] + i) % 7];
+    for (int i = 0; i < R; i++) sp[i] = probs_kinds[(rows[i] + i) % 7];
     buf2 l = b2(&p, lg, 4 * (size_t)N * V);
     CHECK_OK(p.cpu->ops->kept_probs(p.cpu, l.c, rows, R, V, sp, cap, nc, ic, pc, &err), &err);
     CHECK_OK(p.gpu->ops->kept_probs(p.gpu, l.g, rows, R, V, sp, cap, ng, ig, pg, &err), &err);
