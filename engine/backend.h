@@ -151,6 +151,10 @@ typedef struct eg_sample_params {
     int top_k;                    /* 0 = off */
 } eg_sample_params;
 
+/* The kept-set size callers ask kept_probs for: what a GPU's top-M selection settles at
+ * most (EGK_SAMPLE_TOPM_MAX in kernels/); a larger set comes to the host as its row. */
+#define EG_KEPT_CAP 2048
+
 typedef struct eg_backend_ops {
     const char *name;
     void (*destroy)(eg_backend *b);

@@ -25,6 +25,7 @@
 #define EG_DRAFTER_H
 
 #include "engine/backend.h"
+#include "engine/spec.h"
 
 typedef struct eg_drafter eg_drafter;
 
@@ -35,6 +36,8 @@ typedef struct eg_drafter_info {
                                decoder layer k, 0-based), ascending */
     int hidden;             /* target hidden size H of each aux row */
     int target_vocab;       /* V: proposals and q are over the target vocabulary */
+    int q_cap;              /* the most ids one q row holds (the proposer's own vocabulary;
+                               0 = target_vocab) */
     int n_slots;            /* slots the drafter holds state for */
     int max_seq_len;        /* positions per slot */
     int64_t state_bytes;    /* memory held for all slots (its caches), for the planner */
@@ -60,7 +63,7 @@ typedef struct eg_draft_propose {
     const eg_sample_params *sp;
     uint64_t *rng;
     int32_t *draft; /* [k] */
-    double *q;      /* [k][V] or NULL */
+    eg_spec_q *q;   /* k rows, or NULL */
 } eg_draft_propose;
 
 typedef struct eg_drafter_vtbl {
@@ -71,10 +74,11 @@ typedef struct eg_drafter_vtbl {
                         eg_error *err);
     /* Propose k tokens to follow seq [n_seq] (the committed tokens, prompt included; the
      * slot's length is n_seq - 1: the last token is not yet committed by the target).
-     * Writes draft [k] target ids and, when q != NULL, q [k][V] the proposer's processed
-     * distribution of each (summing to 1; q[i][draft[i]] > 0). Random draws only from rng. */
+     * Writes draft [k] target ids and, when q != NULL, its rows 0..k-1: the proposer's
+     * processed distribution of each (summing to 1; q(draft[i]) > 0 at row i; at most
+     * info.q_cap ids a row, q->cap >= that). Random draws only from rng. */
     eg_status (*propose)(eg_drafter *d, int slot, const int32_t *seq, int n_seq, int k, const eg_sample_params *sp,
-                         uint64_t *rng, int32_t *draft, double *q, eg_error *err);
+                         uint64_t *rng, int32_t *draft, eg_spec_q *q, eg_error *err);
     /* Forget positions >= len of slot (len <= its length). */
     void (*truncate)(eg_drafter *d, int slot, int len);
     void (*destroy)(eg_drafter *d);
@@ -98,7 +102,7 @@ static inline eg_status eg_drafter_extend(eg_drafter *d, int slot, int pos0, int
     return d->vt->extend(d, slot, pos0, n, aux, next_tokens, err);
 }
 static inline eg_status eg_drafter_propose(eg_drafter *d, int slot, const int32_t *seq, int n_seq, int k,
-                                           const eg_sample_params *sp, uint64_t *rng, int32_t *draft, double *q,
+                                           const eg_sample_params *sp, uint64_t *rng, int32_t *draft, eg_spec_q *q,
                                            eg_error *err) {
     return d->vt->propose(d, slot, seq, n_seq, k, sp, rng, draft, q, err);
 }

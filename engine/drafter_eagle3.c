@@ -99,7 +99,10 @@ typedef struct e3 {
     float *auxn;               /* [n_aux*Ht] norm_before_fc / fc_norm: the normed aux row */
     struct pick_scr *ps;       /* [n_ps] a draw's scratch per pool thread (pick) */
     int n_ps;
-    int have_logits;
+    int have_logits;           /* 1: logits holds the last row; 2: row dev_rows - 1 of the
+                                  backend's g->logits does (eg_drafter_eagle3_last_logits) */
+    int dev_rows;
+    int64_t n_kept, n_argmax, n_host; /* backend path: draws by how their row was reduced */
     float *mlogits;            /* [R][Vd] backend path: the logits of a pass's rows (host) */
     int *order;                /* [S] propose_many: items by k, descending */
     uint8_t *mark;             /* [S] a batch's slots (distinct) */
@@ -133,7 +136,20 @@ typedef struct e3_dev {
     float *h_emb;              /* host [R][H] */
     int32_t *h_pos, *h_slot;   /* host [R] */
     uint8_t *h_end;            /* host [R] an extend pass's row is its item's last */
+    /* draws from the backend's answers (dev_pick; kcap 0: every row comes to the host) */
+    int kcap;                  /* ids of a kept set asked for (EG_KEPT_CAP, at most Vd) */
+    eg_sample_params *k_sp;    /* host [R] the asked rows' parameters */
+    int32_t *k_rows, *k_n;     /* host [R] the asked rows, their kept sets' sizes (-1: none) */
+    int32_t *k_id;             /* host [R][kcap] kept draft ids, then sorted with k_p */
+    double *k_p;               /* host [R][kcap] */
+    int32_t *k_am;             /* host [R] greedy rows' argmax (the backend's greedy sample) */
+    uint64_t *k_rng;           /* host [R] that sample's states (a greedy draw takes none) */
+    int8_t *k_how;             /* host [R] how pass row r is drawn (PICK_*) */
+    int32_t *k_at;             /* host [R] a PICK_KEPT row's index among the asked */
+    eg_sample_params *k_greedy; /* host [R] greedy parameters, for that sample */
 } e3_dev;
+
+enum { PICK_HOST = 0, PICK_KEPT = 1, PICK_ARGMAX = 2 };
 
 /* ------------------------------------------------------------------ products */
 
@@ -387,19 +403,18 @@ attended:;
     return EG_OK;
 }
 
-/* logits [m][Vd] (host d->mlogits; the last row also in d->logits) from m pre-norm rows
- * in backend memory: lm_head read once for all of them. */
+/* logits [m][Vd] (backend g->logits) from m pre-norm rows in backend memory: lm_head
+ * read once for all of them. The rows stay there: dev_pick takes to the host only those
+ * its draws need; the last one is fetched for eg_drafter_eagle3_last_logits on demand. */
 static eg_status dev_head(e3 *d, const float *prenorm, int m, eg_error *err) {
     e3_dev *g = d->dev;
     eg_backend *b = g->be;
     eg_status st;
     if ((st = b->ops->rmsnorm(b, prenorm, &g->norm, m, d->H, d->eps, g->y, err)) ||
-        (st = b->ops->linear(b, g->y, m, &g->lm_head, g->logits, err)) ||
-        (st = b->ops->to_host(b, d->mlogits, g->logits, sizeof(float) * (size_t)m * (size_t)d->Vd, err)) ||
-        (st = b->ops->sync(b, err)))
+        (st = b->ops->linear(b, g->y, m, &g->lm_head, g->logits, err)))
         return st;
-    memcpy(d->logits, d->mlogits + (int64_t)(m - 1) * d->Vd, sizeof(float) * (size_t)d->Vd);
-    d->have_logits = 1;
+    d->have_logits = 2; /* row m - 1 of g->logits */
+    d->dev_rows = m;
     return EG_OK;
 }
 
@@ -476,10 +491,49 @@ static eg_status dev_extend_many(e3 *d, int n_items, const eg_draft_extend *it, 
 }
 
 static int32_t pick(const e3 *d, pick_scr *ps, const float *logits, const eg_sample_params *sp, uint64_t *rng,
-                    double *q_row);
+                    eg_spec_q *q, int qi);
+
+/* pick's sampled draw (d2t monotone) from a row's kept set instead of the row: ids / probs
+ * [n] (kept_probs: any order, distinct draft ids, eg_spec_probs' numbers). Sorted by id,
+ * the positive ones are pd's nonzero entries in pd's order, so eg_spec_draw_sparse gives
+ * eg_spec_draw's draft and RNG state, and the q row is pick's. O(n log n), not O(Vd). */
+typedef struct kept_pick {
+    double p;
+    int32_t id;
+} kept_pick;
+static int kept_pick_cmp(const void *a, const void *b) {
+    int32_t x = ((const kept_pick *)a)->id, y = ((const kept_pick *)b)->id;
+    return (x > y) - (x < y);
+}
+static int32_t pick_kept(const e3 *d, pick_scr *ps, const int32_t *ids, const double *probs, int n, uint64_t *rng,
+                         eg_spec_q *q, int qi) {
+    kept_pick *kp = (kept_pick *)ps->sc->sort; /* n <= Vd pairs: within its 4 Vd floats */
+    int m = 0;
+    for (int j = 0; j < n; j++)
+        if (probs[j] > 0) kp[m++] = (kept_pick){probs[j], ids[j]};
+    qsort(kp, (size_t)m, sizeof *kp, kept_pick_cmp);
+    double *w = ps->pd;
+    int32_t *di = ps->sc->ids;
+    for (int j = 0; j < m; j++) {
+        w[j] = kp[j].p;
+        di[j] = kp[j].id;
+    }
+    const int32_t x = eg_spec_draw_sparse(w, di, m, rng);
+    if (q) {
+        int32_t *qid = q->id + (int64_t)qi * q->cap;
+        double *qp = q->p + (int64_t)qi * q->cap;
+        for (int j = 0; j < m; j++) {
+            qid[j] = (int32_t)(di[j] + d->d2t[di[j]]);
+            qp[j] = w[j];
+        }
+        q->n[qi] = m;
+    }
+    return (int32_t)(x + d->d2t[x]);
+}
 
 /* A propose pass's rows drawn at once over the drafter's pool (dev_propose_many): row r
- * of the pass is item grp[r]'s draft j, from its own rng. */
+ * of the pass is item grp[r]'s draft j, from its own rng, as dev_pick sorted it out
+ * (g->k_how[r]): from its logits on the host, its kept set, or its argmax. */
 typedef struct pick_job {
     const e3 *d;
     const eg_draft_propose *it;
@@ -489,11 +543,72 @@ typedef struct pick_job {
 static void pick_rows(void *vp, int64_t b, int64_t end, int tid) {
     const pick_job *c = vp;
     const e3 *d = c->d;
+    const e3_dev *g = d->dev;
     for (int64_t r = b; r < end; r++) {
         const eg_draft_propose *p = &c->it[c->grp[r]];
-        p->draft[c->j] = pick(d, &d->ps[tid], d->mlogits + r * d->Vd, p->sp, p->rng,
-                              p->q ? p->q + (int64_t)c->j * d->V : NULL);
+        int32_t *out = &p->draft[c->j];
+        if (g->k_how[r] == PICK_KEPT) {
+            const int i = g->k_at[r];
+            *out = pick_kept(d, &d->ps[tid], g->k_id + (int64_t)i * g->kcap, g->k_p + (int64_t)i * g->kcap, g->k_n[i],
+                             p->rng, p->q, c->j);
+        } else if (g->k_how[r] == PICK_ARGMAX) { /* pick's greedy branch on the backend's argmax */
+            *out = (int32_t)(g->k_am[r] + d->d2t[g->k_am[r]]);
+            if (p->q) {
+                p->q->id[(int64_t)c->j * p->q->cap] = *out;
+                p->q->p[(int64_t)c->j * p->q->cap] = 1.0;
+                p->q->n[c->j] = 1;
+            }
+        } else {
+            *out = pick(d, &d->ps[tid], d->mlogits + r * d->Vd, p->sp, p->rng, p->q, c->j);
+        }
     }
+}
+
+/* Sort out a pass's m rows of logits (backend g->logits; row r is item grp[r]'s) for
+ * pick_rows, asking the backend for what it can reduce (opts.backend_draws): greedy rows'
+ * argmax in one greedy sample over the pass (no RNG: a greedy draw takes none), sampled
+ * rows' kept sets (d2t monotone); the rest, and kept sets the backend leaves (-1: over
+ * kcap, unsettled), come to the host as their rows. */
+static eg_status dev_pick(e3 *d, int m, const eg_draft_propose *it, const int *grp, eg_error *err) {
+    e3_dev *g = d->dev;
+    eg_backend *b = g->be;
+    eg_status st = EG_OK;
+    int na = 0, ng = 0, nh = 0;
+    for (int r = 0; r < m; r++) {
+        const eg_sample_params *sp = it[grp[r]].sp;
+        g->k_how[r] = PICK_HOST;
+        if (!g->kcap) continue;
+        if (!(sp->temperature > 0.0f)) {
+            g->k_how[r] = PICK_ARGMAX;
+            ng++;
+        } else if (d->monotone) {
+            g->k_how[r] = PICK_KEPT;
+            g->k_at[r] = na;
+            g->k_rows[na] = r;
+            g->k_sp[na++] = *sp;
+        }
+    }
+    if (ng && (st = b->ops->sample(b, g->logits, m, d->Vd, g->k_greedy, g->k_rng, g->k_am, err))) return st;
+    if (na && (st = b->ops->kept_probs(b, g->logits, g->k_rows, na, d->Vd, g->k_sp, g->kcap, g->k_n, g->k_id, g->k_p,
+                                       err)))
+        return st;
+    for (int r = 0; r < m; r++) {
+        if (g->k_how[r] == PICK_KEPT && g->k_n[g->k_at[r]] < 0) g->k_how[r] = PICK_HOST;
+        nh += g->k_how[r] == PICK_HOST;
+    }
+    if (nh == m) { /* every row: one copy */
+        st = b->ops->to_host(b, d->mlogits, g->logits, sizeof(float) * (size_t)m * (size_t)d->Vd, err);
+    } else {
+        for (int r = 0; r < m && !st; r++)
+            if (g->k_how[r] == PICK_HOST)
+                st = b->ops->to_host(b, d->mlogits + (int64_t)r * d->Vd, g->logits + (int64_t)r * d->Vd,
+                                     sizeof(float) * (size_t)d->Vd, err);
+    }
+    if (!st && nh) st = b->ops->sync(b, err);
+    d->n_host += nh;
+    d->n_argmax += ng;
+    d->n_kept += m - nh - ng;
+    return st;
 }
 
 /* The items' chains in groups of up to R slots, each group one pass per draft position
@@ -511,7 +626,7 @@ static eg_status dev_propose_many(e3 *d, int n_items, const eg_draft_propose *it
         const int m0 = n_items - g0 < g->R ? n_items - g0 : g->R;
         for (int r = 0; r < m0 && !st; r++) /* each slot's last row: the chain's first hidden input */
             st = b->ops->copy(b, g->lr + r * H, g->last + (int64_t)it[grp[r]].slot * H, sizeof(float) * (size_t)H, err);
-        if (st || (st = dev_head(d, g->lr, m0, err))) return st;
+        if (st || (st = dev_head(d, g->lr, m0, err)) || (st = dev_pick(d, m0, it, grp, err))) return st;
         pick_job pj = {d, it, grp, 0};
         eg_pool_for(d->pool, m0, 1, pick_rows, &pj);
         for (int j = 1; j < it[grp[0]].k; j++) {
@@ -527,7 +642,8 @@ static eg_status dev_propose_many(e3 *d, int n_items, const eg_draft_propose *it
                 g->h_slot[r] = p->slot;
                 g->h_pos[r] = L0[grp[r]] + j - 1;
             }
-            if ((st = dev_embed_put(d, m, err)) || (st = dev_layer(d, m, err)) || (st = dev_head(d, g->out, m, err)))
+            if ((st = dev_embed_put(d, m, err)) || (st = dev_layer(d, m, err)) || (st = dev_head(d, g->out, m, err)) ||
+                (st = dev_pick(d, m, it, grp, err)))
                 return st;
             pj.j = j;
             eg_pool_for(d->pool, m, 1, pick_rows, &pj);
@@ -560,6 +676,8 @@ static void dev_free(e3_dev *g) {
     free(g->h_pos);
     free(g->h_slot);
     free(g->h_end);
+    free(g->k_how); free(g->k_at); free(g->k_sp); free(g->k_greedy); free(g->k_rows); free(g->k_n); free(g->k_am);
+    free(g->k_rng); free(g->k_id); free(g->k_p);
     free(g->fcn);
     free(g);
 }
@@ -659,8 +777,9 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
     const char *name = opts->backend;
     if (strcmp(name, "cpu") && strcmp(name, "cuda"))
         return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: backend \"%s\" (expected \"cpu\" or \"cuda\")", name);
-    if (opts->max_rows < 0 || opts->device < 0)
-        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: max_rows %d / device %d", opts->max_rows, opts->device);
+    if (opts->max_rows < 0 || opts->device < 0 || opts->kept_cap < 0)
+        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: max_rows %d / device %d / kept_cap %d", opts->max_rows,
+                       opts->device, opts->kept_cap);
     e3_dev *g = eg_calloc(1, sizeof *g, err);
     if (!g) return EG_ERR_NOMEM;
     d->dev = g;
@@ -720,6 +839,26 @@ static eg_status dev_create(e3 *d, const eg_eagle3_opts *opts, eg_error *err) {
     g->h_end = eg_malloc((size_t)R, err);
     d->mlogits = eg_malloc(sizeof(float) * (size_t)(R * d->Vd), err);
     if (!g->h_emb || !g->h_pos || !g->h_slot || !g->h_end || !d->mlogits) return EG_ERR_NOMEM;
+    /* the draws' reductions on the backend (opts.backend_draws) */
+    const int bd = opts->backend_draws;
+    if (b->ops->kept_probs && (bd > 0 || (bd == 0 && strcmp(b->ops->name, "cpu") != 0)))
+        g->kcap = d->Vd < EG_KEPT_CAP ? d->Vd : EG_KEPT_CAP;
+    if (g->kcap && opts->kept_cap > 0 && opts->kept_cap < g->kcap) g->kcap = opts->kept_cap;
+    const size_t kc = (size_t)R * (size_t)(g->kcap > 0 ? g->kcap : 1);
+    g->k_how = eg_calloc((size_t)R, sizeof *g->k_how, err);
+    g->k_at = eg_calloc((size_t)R, sizeof *g->k_at, err);
+    g->k_sp = eg_calloc((size_t)R, sizeof *g->k_sp, err);
+    g->k_greedy = eg_calloc((size_t)R, sizeof *g->k_greedy, err);
+    g->k_rows = eg_calloc((size_t)R, sizeof *g->k_rows, err);
+    g->k_n = eg_calloc((size_t)R, sizeof *g->k_n, err);
+    g->k_am = eg_calloc((size_t)R, sizeof *g->k_am, err);
+    g->k_rng = eg_calloc((size_t)R, sizeof *g->k_rng, err);
+    g->k_id = eg_calloc(kc, sizeof *g->k_id, err);
+    g->k_p = eg_calloc(kc, sizeof *g->k_p, err);
+    if (!g->k_how || !g->k_at || !g->k_sp || !g->k_greedy || !g->k_rows || !g->k_n || !g->k_am || !g->k_rng ||
+        !g->k_id || !g->k_p)
+        return EG_ERR_NOMEM;
+    for (int64_t r = 0; r < R; r++) g->k_greedy[r] = (eg_sample_params){0.0f, 1.0f, 0};
     if ((st = b->ops->to_device(b, g->inv_freq, d->inv_freq, sizeof(float) * (size_t)half, err)) ||
         (st = b->ops->memset0(b, g->kc, 2 * (size_t)cache, err)) ||
         (st = b->ops->memset0(b, g->vc, 2 * (size_t)vcache, err)))
@@ -804,20 +943,24 @@ static eg_status e3_extend(eg_drafter *dr, int slot, int pos0, int n, const floa
     return e3_extend_many(dr, 1, &x, err);
 }
 
-/* Draw one draft from logits [Vd] with the sampling parameters; fills q_row [V] when
- * non-NULL. Returns the target id. */
+/* Draw one draft from logits [Vd] with the sampling parameters; fills row qi of q when
+ * q != NULL (its positive entries, ascending target ids). Returns the target id. */
 static int32_t pick(const e3 *d, pick_scr *ps, const float *logits, const eg_sample_params *sp, uint64_t *rng,
-                    double *q_row) {
+                    eg_spec_q *q, int qi) {
     const int greedy = !(sp->temperature > 0.0f);
+    int32_t *qid = q ? q->id + (int64_t)qi * q->cap : NULL;
+    double *qp = q ? q->p + (int64_t)qi * q->cap : NULL;
     int32_t tid;
+    int n = 0;
     if (greedy) {
         int best = 0;
         for (int i = 1; i < d->Vd; i++)
             if (logits[i] > logits[best]) best = i;
         tid = (int32_t)(best + d->d2t[best]);
-        if (q_row) {
-            memset(q_row, 0, sizeof(double) * (size_t)d->V);
-            q_row[tid] = 1.0;
+        if (q) {
+            qid[0] = tid;
+            qp[0] = 1.0;
+            q->n[qi] = 1;
         }
         return tid;
     }
@@ -825,17 +968,24 @@ static int32_t pick(const e3 *d, pick_scr *ps, const float *logits, const eg_sam
         eg_spec_probs(ps->sc, logits, d->Vd, sp, ps->pd);
         int32_t di = eg_spec_draw(ps->pd, d->Vd, rng);
         tid = (int32_t)(di + d->d2t[di]);
-        if (q_row) {
-            memset(q_row, 0, sizeof(double) * (size_t)d->V);
-            for (int i = 0; i < d->Vd; i++) q_row[i + d->d2t[i]] = ps->pd[i];
-        }
+        for (int i = 0; q && i < d->Vd; i++) /* draft-index order is target-id order */
+            if (ps->pd[i] > 0) {
+                qid[n] = (int32_t)(i + d->d2t[i]);
+                qp[n++] = ps->pd[i];
+            }
+        if (q) q->n[qi] = n;
         return tid;
     }
     for (int i = 0; i < d->V; i++) ps->logits_t[i] = -INFINITY;
     for (int i = 0; i < d->Vd; i++) ps->logits_t[i + d->d2t[i]] = logits[i];
     eg_spec_probs(ps->sc, ps->logits_t, d->V, sp, ps->pt);
     tid = eg_spec_draw(ps->pt, d->V, rng);
-    if (q_row) memcpy(q_row, ps->pt, sizeof(double) * (size_t)d->V);
+    for (int t = 0; q && t < d->V; t++)
+        if (ps->pt[t] > 0) {
+            qid[n] = t;
+            qp[n++] = ps->pt[t];
+        }
+    if (q) q->n[qi] = n;
     return tid;
 }
 
@@ -845,6 +995,9 @@ static eg_status propose_check(e3 *d, const eg_draft_propose *p, int *L0, eg_err
     const int slot = p->slot, k = p->k;
     if (slot < 0 || slot >= d->S) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: slot %d outside [0, %d)", slot, d->S);
     if (k < 1) return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: propose of %d tokens", k);
+    if (p->q && p->q->cap < d->base.info.q_cap)
+        return eg_fail(err, EG_ERR_INVALID, "eagle3 drafter: q rows of %d ids for a draft vocabulary of %d", p->q->cap,
+                       d->base.info.q_cap);
     *L0 = d->len[slot];
     if (p->n_seq - 1 != *L0)
         return eg_fail(err, EG_ERR_INVALID,
@@ -864,7 +1017,7 @@ static eg_status propose_check(e3 *d, const eg_draft_propose *p, int *L0, eg_err
 static void own_propose(e3 *d, const eg_draft_propose *p, int L0) {
     const float *h = d->last + (int64_t)p->slot * d->H;
     head(d, h);
-    p->draft[0] = pick(d, &d->ps[0], d->logits, p->sp, p->rng, p->q);
+    p->draft[0] = pick(d, &d->ps[0], d->logits, p->sp, p->rng, p->q, 0);
     for (int i = 1; i < p->k; i++) {
         /* chained: the previous step's pre-norm output as the hidden input (no fc; with
          * norm_output its final-normed form), the previous draft's embedding, at the next
@@ -874,7 +1027,7 @@ static void own_propose(e3 *d, const eg_draft_propose *p, int L0) {
         embed_row(d, p->draft[i - 1], d->emb);
         layer(d, p->slot, L0 + i - 1);
         head(d, d->out);
-        p->draft[i] = pick(d, &d->ps[0], d->logits, p->sp, p->rng, p->q ? p->q + (int64_t)i * d->V : NULL);
+        p->draft[i] = pick(d, &d->ps[0], d->logits, p->sp, p->rng, p->q, i);
     }
 }
 
@@ -900,7 +1053,7 @@ static eg_status e3_propose_many(eg_drafter *dr, int n_items, const eg_draft_pro
 }
 
 static eg_status e3_propose(eg_drafter *dr, int slot, const int32_t *seq, int n_seq, int k, const eg_sample_params *sp,
-                            uint64_t *rng, int32_t *draft, double *q, eg_error *err) {
+                            uint64_t *rng, int32_t *draft, eg_spec_q *q, eg_error *err) {
     eg_draft_propose p = {slot, seq, n_seq, k, sp, rng, draft, q};
     return e3_propose_many(dr, 1, &p, err);
 }
@@ -958,8 +1111,24 @@ static const eg_drafter_vtbl e3_vt = {e3_extend, e3_propose, e3_truncate, e3_des
 int eg_drafter_eagle3_draft_vocab(const eg_drafter *d) { return ((const e3 *)d->impl)->Vd; }
 const int64_t *eg_drafter_eagle3_d2t(const eg_drafter *d) { return ((const e3 *)d->impl)->d2t; }
 const float *eg_drafter_eagle3_last_logits(const eg_drafter *d) {
-    const e3 *x = d->impl;
+    e3 *x = d->impl;
+    if (x->have_logits == 2) { /* still on the backend (dev_head): fetched once, now */
+        eg_backend *b = x->dev->be;
+        eg_error e = {0};
+        if (eg_backend_bind(b, &e) ||
+            b->ops->to_host(b, x->logits, x->dev->logits + (int64_t)(x->dev_rows - 1) * x->Vd,
+                            sizeof(float) * (size_t)x->Vd, &e) ||
+            b->ops->sync(b, &e))
+            return NULL;
+        x->have_logits = 1;
+    }
     return x->have_logits ? x->logits : NULL;
+}
+void eg_drafter_eagle3_draw_counts(const eg_drafter *d, int64_t *kept, int64_t *argmax, int64_t *host) {
+    const e3 *x = d->impl;
+    *kept = x->n_kept;
+    *argmax = x->n_argmax;
+    *host = x->n_host;
 }
 const char *eg_drafter_eagle3_aux_source(const eg_drafter *d) { return ((const e3 *)d->impl)->aux_source; }
 const char *eg_drafter_eagle3_backend(const eg_drafter *d) {
@@ -1803,6 +1972,7 @@ eg_status eg_drafter_eagle3_load_opts(const char *dir, const eg_model *target, i
     in->aux_layers = d->aux_buf;
     in->hidden = d->Ht;
     in->target_vocab = d->V;
+    in->q_cap = d->Vd; /* a row holds the draft vocabulary's kept ids at most */
     in->n_slots = d->S;
     in->max_seq_len = d->T;
     in->cache_bytes_per_token = cache_bytes(d);

@@ -86,12 +86,21 @@ typedef struct eg_eagle3_opts {
     /* Where the layer runs. NULL or "": the drafter's own CPU code (the reference, one
      * position at a time). "cpu" or "cuda": through the ops of engine/backend.h on a
      * backend of that name the drafter creates and owns (rows of an extend in passes of
-     * up to max_rows, the caches and the last rows in backend memory, the [Vd] logits
-     * copied to the host for the d2t scatter and q); `threads` then sizes the CPU
-     * backend's pool. */
+     * up to max_rows, the caches and the last rows in backend memory; a draft's [Vd]
+     * logits row copied to the host only where backend_draws leaves its draw there);
+     * `threads` then sizes the CPU backend's pool. */
     const char *backend;
     int device;   /* CUDA device index for backend "cuda" */
     int max_rows; /* rows per backend pass of an extend; 0 = 64 */
+    /* Who reduces a propose pass's logits rows for the draws (backend path). 0: the
+     * backend where it offers kept_probs and is not the CPU backend: a greedy row's
+     * argmax by its greedy sample, a sampled row's kept set (ids and p, at most
+     * EG_KEPT_CAP, d2t monotone) by kept_probs, so no row crosses to the host unless its
+     * set is over the cap or unsettled; else every row comes to the host and is sorted
+     * there. 1: the backend whenever it offers kept_probs (tests: the CPU backend's are
+     * the host's numbers). -1: the host. The drafts, q and RNG states are the same. */
+    int backend_draws;
+    int kept_cap;      /* tests: the kept-set size asked for (0: EG_KEPT_CAP, at most Vd) */
     /* The paged cache: positions per block (0 = 16) and blocks in the pool (0 = every
      * slot can hold max_seq_len positions: n_slots * ceil(max_seq_len / block_size)). The
      * runtime passes the target's block size and KV pool: the engine keeps a slot's
@@ -141,6 +150,9 @@ const int64_t *eg_drafter_eagle3_d2t(const eg_drafter *d);              /* [Vd] 
 /* The draft-vocabulary logits [Vd] the most recent proposal was drawn from (the last
  * step of the last propose call); NULL before any. */
 const float *eg_drafter_eagle3_last_logits(const eg_drafter *d);
+/* Draws so far on the backend path by how their row was reduced: from the backend's kept
+ * set, by its greedy sample, from the row on the host (opts.backend_draws). */
+void eg_drafter_eagle3_draw_counts(const eg_drafter *d, int64_t *kept, int64_t *argmax, int64_t *host);
 /* How the aux-layer convention was decided (e.g. "eagle_config.eaglegen_aux_convention"). */
 const char *eg_drafter_eagle3_aux_source(const eg_drafter *d);
 /* The backend the drafter runs on (NULL: its own CPU code). */

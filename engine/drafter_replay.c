@@ -37,7 +37,7 @@ static eg_status rp_extend(eg_drafter *d, int slot, int pos0, int n, const float
 }
 
 static eg_status rp_propose(eg_drafter *d, int slot, const int32_t *seq, int n_seq, int k, const eg_sample_params *sp,
-                            uint64_t *rng, int32_t *draft, double *q, eg_error *err) {
+                            uint64_t *rng, int32_t *draft, eg_spec_q *q, eg_error *err) {
     (void)sp;
     (void)rng;
     replay *p = d->impl;
@@ -61,9 +61,10 @@ static eg_status rp_propose(eg_drafter *d, int slot, const int32_t *seq, int n_s
         draft[i] = hit ? want : (int32_t)((want + 1) % p->V);
         p->right += hit;
         p->proposed++;
-        if (q) {
-            memset(q + (size_t)i * (size_t)p->V, 0, sizeof(double) * (size_t)p->V);
-            q[(size_t)i * (size_t)p->V + (size_t)draft[i]] = 1.0;
+        if (q) { /* one-hot: the replayed token */
+            q->n[i] = 1;
+            q->id[(int64_t)i * q->cap] = draft[i];
+            q->p[(int64_t)i * q->cap] = 1.0;
         }
     }
     return EG_OK;
@@ -108,7 +109,7 @@ eg_status eg_drafter_replay_create(const eg_config *target, int n_slots, int max
     for (int s = 0; s < n_slots; s++) p->ref_of[s] = -1;
     p->d = (eg_drafter){.vt = &rp_vtbl, .impl = p,
                         .info = {.kind = "replay proposer", .n_aux = 0, .aux_layers = NULL, .hidden = target->hidden,
-                                 .target_vocab = target->vocab, .n_slots = n_slots, .max_seq_len = max_seq_len,
+                                 .target_vocab = target->vocab, .q_cap = 1, .n_slots = n_slots, .max_seq_len = max_seq_len,
                                  .state_bytes = 0}};
     *out = &p->d;
     return EG_OK;

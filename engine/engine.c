@@ -12,8 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KEPT_CAP 2048 /* ids of a kept set the backend is asked for: what a GPU's top-M selection
-                         settles at most (EGK_SAMPLE_TOPM_MAX) */
 
 typedef struct slot_state {
     int active;
@@ -42,7 +40,8 @@ typedef struct slot_state {
     int dlen;           /* positions of this sequence the drafter holds (drafter.h) */
     int n_draft;        /* drafts verified by the step in flight (0: a plain row) */
     int32_t *draft;     /* [k] */
-    double *q;          /* [k][V] proposer distributions (sampled requests; NULL until one) */
+    eg_spec_q q;        /* k rows of the engine's q_cap ids: the proposer's distributions
+                           (sampled requests; q.n NULL until one) */
     /* the host's draws for the step in flight (host_draws): the accepted drafts and the
        token after them, or a plain row's token in v_next */
     int v_acc;
@@ -168,6 +167,7 @@ struct eg_engine {
     /* speculative decoding */
     eg_drafter *dr;      /* opts.drafter (borrowed) */
     int dk;              /* opts.draft_tokens */
+    int q_cap;           /* ids per q row: the drafter's info.q_cap, or V */
     int n_daux;          /* the drafter's aux layers */
     int *daux;           /* [n_daux] index of each in aux_layers */
     float *dstage;       /* [max_tokens][n_daux][H] aux rows handed to the drafter */
@@ -230,10 +230,14 @@ static void stop_threads(eg_engine *e) {
     e->threads = NULL;
 }
 
+/* The slot's q for the acceptance rule: sampled requests only (a greedy one's drafts
+ * are deterministic; its q rows, if any, are a former request's). */
+static eg_spec_q *slot_q(slot_state *s) { return s->req.sp.temperature > 0.0f && s->q.n ? &s->q : NULL; }
+
 static void slot_free(slot_state *s) {
     free(s->tokens); free(s->stop); free(s->aux); free(s->final); free(s->aux16); free(s->final16); free(s->logits);
     free(s->final_pre); free(s->final_pre16);
-    free(s->draft); free(s->q);
+    free(s->draft); free(s->q.n); free(s->q.id); free(s->q.p);
     memset(s, 0, sizeof *s);
 }
 
@@ -432,6 +436,7 @@ static eg_status spec_setup(eg_engine *e, eg_error *err) {
                        di->n_slots, di->max_seq_len, o->n_slots, o->max_seq_len);
     e->dr = o->drafter;
     e->dk = o->draft_tokens;
+    e->q_cap = di->q_cap > 0 && di->q_cap < c->vocab ? di->q_cap : (int)c->vocab;
     e->n_daux = di->n_aux;
     e->daux = eg_malloc(sizeof(int) * (size_t)(di->n_aux + 1), err);
     if (!e->daux) return EG_ERR_NOMEM;
@@ -546,7 +551,7 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
         }
         if (e->backend_probs && lb->ops->kept_probs) {
             size_t ns = (size_t)o->n_slots;
-            e->kept_cap = m->cfg.vocab < KEPT_CAP ? m->cfg.vocab : KEPT_CAP;
+            e->kept_cap = m->cfg.vocab < EG_KEPT_CAP ? m->cfg.vocab : EG_KEPT_CAP;
             size_t kc = ns * (size_t)e->kept_cap;
             if (!(e->krow = eg_malloc(sizeof(int32_t) * ns, err)) || !(e->kn = eg_malloc(sizeof(int32_t) * ns, err)) ||
                 !(e->ksp = eg_malloc(sizeof *e->ksp * ns, err)) || !(e->kid = eg_malloc(sizeof(int32_t) * kc, err)) ||
@@ -821,9 +826,17 @@ static int admit(eg_engine *e, int i, eg_error *err, eg_status *st) {
         return 0;
     if (e->dr) { /* the draft buffers stay with the slot (and travel with a preempted sequence) */
         if (!s->draft) s->draft = eg_malloc(sizeof(int32_t) * (size_t)e->dk, err);
-        if (s->draft && r->sp.temperature > 0.0f && !s->q)
-            s->q = eg_malloc(sizeof(double) * (size_t)e->dk * (size_t)e->m->cfg.vocab, err);
-        if (!s->draft || (r->sp.temperature > 0.0f && !s->q)) {
+        if (s->draft && r->sp.temperature > 0.0f && !s->q.n) {
+            const size_t rows = (size_t)e->dk, ids = rows * (size_t)e->q_cap;
+            s->q.cap = e->q_cap;
+            s->q.n = eg_malloc(sizeof(int32_t) * rows, err);
+            if (s->q.n && !(s->q.id = eg_malloc(sizeof(int32_t) * ids, err))) { free(s->q.n); s->q.n = NULL; }
+            if (s->q.n && !(s->q.p = eg_malloc(sizeof(double) * ids, err))) {
+                free(s->q.n); free(s->q.id);
+                s->q.n = NULL; s->q.id = NULL;
+            }
+        }
+        if (!s->draft || (r->sp.temperature > 0.0f && !s->q.n)) {
             *st = EG_ERR_NOMEM;
             return 0;
         }
@@ -1154,7 +1167,7 @@ static eg_status spec_drafts(eg_engine *e, micro_batch *mb, int n_pend, eg_error
         slot_state *s = &e->slots[e->pend_slot[c]];
         EG_ASSERT(s->dlen == s->n_total - 1);
         e->dp[c] = (eg_draft_propose){e->pend_slot[c], s->tokens, s->n_total, s->n_draft, &s->req.sp, &s->rng, s->draft,
-                                      s->req.sp.temperature > 0.0f ? s->q : NULL};
+                                      slot_q(s)};
     }
     double t0 = eg_now();
     st = eg_drafter_propose_many(e->dr, n_pend, e->dp, err);
@@ -1434,17 +1447,17 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
         } else if (h->decided && h->ki >= 0) { /* a draft was rejected; the backend gave its row's kept set */
             s->v_acc = h->n;
             s->v_next = eg_spec_finish_kept(e->hsc[tid], e->kid + (int64_t)h->ki * e->kept_cap,
-                                            e->kp + (int64_t)h->ki * e->kept_cap, e->kn[h->ki], (int)V, s->draft, s->q,
+                                            e->kp + (int64_t)h->ki * e->kept_cap, e->kn[h->ki], s->draft, slot_q(s),
                                             h->n, &s->rng);
         } else if (h->decided) { /* the tests ran, a draft was rejected; lg is its row */
             s->v_acc = h->n;
-            s->v_next = eg_spec_finish(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, s->q, h->n, h->rejected, &s->rng);
+            s->v_next = eg_spec_finish(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, slot_q(s), h->n, h->rejected, &s->rng);
         } else if (c->mb->argmax_only) {
             const int32_t *am = c->mb->sampled + h->lr;
             if (h->verify) eg_spec_verify_argmax(am, s->draft, s->n_draft, e->o.spec_rule, &s->v_acc, &s->v_next);
             else s->v_next = am[0];
         } else if (h->verify)
-            eg_spec_verify(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, s->req.sp.temperature > 0.0f ? s->q : NULL,
+            eg_spec_verify(e->hsc[tid], lg, (int)V, &s->req.sp, s->draft, slot_q(s),
                            c->mb->n_ptok ? c->mb->prob + h->lr : NULL, s->n_draft, e->o.spec_rule, &s->rng,
                            &s->v_acc, &s->v_next);
         else
@@ -1460,7 +1473,6 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
  * complete_mb's: the same rows, the same logit rows. */
 static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
     const int T = mb->T;
-    const int64_t V = e->m->cfg.vocab;
     int row = 0, srow = 0, nj = 0, n_verify = 0;
     while (row < T) {
         int i = mb->slt[row];
@@ -1496,7 +1508,7 @@ static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
             h->fr = nf;
             h->ki = -1;
             if (all) {
-                h->n = eg_spec_accept(mb->prob + h->lr, s->q, s->draft, s->n_draft, (int)V, e->o.spec_rule, &s->rng,
+                h->n = eg_spec_accept(mb->prob + h->lr, slot_q(s), s->draft, s->n_draft, e->o.spec_rule, &s->rng,
                                       &h->rejected);
                 h->decided = 1;
             }

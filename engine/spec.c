@@ -63,6 +63,20 @@ static int32_t draw_weighted(const double *w, const int32_t *ids, int n, uint64_
 }
 
 int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng) { return draw_weighted(probs, NULL, V, rng); }
+int32_t eg_spec_draw_sparse(const double *w, const int32_t *ids, int n, uint64_t *rng) {
+    return draw_weighted(w, ids, n, rng);
+}
+
+double eg_spec_q_at(const eg_spec_q *q, int i, int32_t x) {
+    const int32_t *id = q->id + (int64_t)i * q->cap;
+    int lo = 0, hi = q->n[i];
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (id[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < q->n[i] && id[lo] == x ? q->p[(int64_t)i * q->cap + lo] : 0.0;
+}
 
 void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, eg_spec_rule rule, int *n_accepted,
                            int32_t *next) {
@@ -77,14 +91,23 @@ void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, e
 }
 
 /* A rejected draft x at a row: a draw from norm(max(0, p - q)) (q: the proposer's
- * distribution at that row, [V], NULL = one-hot at x); p from the row unless sc->p holds
- * it already (have_p). */
+ * distribution at that row, row qi of q, NULL = one-hot at x); p from the row unless sc->p
+ * holds it already (have_p). q's ascending ids are merged into the walk over v, so its
+ * absent ids give exactly the dense zeros. */
 static int32_t residual(eg_spec_scratch *sc, const float *row, int V, const eg_sample_params *sp, int32_t x,
-                        const double *q, int have_p, uint64_t *rng) {
+                        const eg_spec_q *q, int qi, int have_p, uint64_t *rng) {
     if (!have_p) eg_spec_probs(sc, row, V, sp, sc->p);
+    const int32_t *id = q ? q->id + (int64_t)qi * q->cap : NULL;
+    const double *qp = q ? q->p + (int64_t)qi * q->cap : NULL;
+    const int nq = q ? q->n[qi] : 0;
     double mass = 0;
-    for (int v = 0; v < V; v++) {
-        double qv = q ? q[v] : (v == x ? 1.0 : 0.0);
+    for (int v = 0, j = 0; v < V; v++) {
+        double qv;
+        if (!q) qv = v == x ? 1.0 : 0.0;
+        else {
+            while (j < nq && id[j] < v) j++;
+            qv = j < nq && id[j] == v ? qp[j] : 0.0;
+        }
         double r = sc->p[v] - qv;
         sc->q[v] = r > 0 ? r : 0;
         mass += sc->q[v];
@@ -93,7 +116,7 @@ static int32_t residual(eg_spec_scratch *sc, const float *row, int V, const eg_s
 }
 
 void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, const int32_t *draft,
-                    const double *qd, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
+                    const eg_spec_q *q, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
                     int32_t *next) {
     const int greedy = !(sp->temperature > 0.0f);
     for (int i = 0; i < k; i++) {
@@ -118,10 +141,10 @@ void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sa
             px = sc->p[x];
             have_p = 1;
         }
-        double qx = qd ? qd[(int64_t)i * V + x] : 1.0;
+        double qx = q ? eg_spec_q_at(q, i, x) : 1.0;
         if (eg_rng_uniform(rng) * qx < px) continue; /* accept with prob min(1, p/q) */
         *n_accepted = i;
-        *next = residual(sc, row, V, sp, x, qd ? qd + (int64_t)i * V : NULL, have_p, rng);
+        *next = residual(sc, row, V, sp, x, q, i, have_p, rng);
         return;
     }
     /* every draft accepted: the bonus token from p at the last row, as the sampler draws */
@@ -129,11 +152,11 @@ void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sa
     *next = eg_sample_row(logits + (int64_t)k * V, V, sp, rng, sc->sort, NULL);
 }
 
-int eg_spec_accept(const double *pd, const double *qd, const int32_t *draft, int k, int V, eg_spec_rule rule,
+int eg_spec_accept(const double *pd, const eg_spec_q *q, const int32_t *draft, int k, eg_spec_rule rule,
                    uint64_t *rng, int *rejected) {
     for (int i = 0; i < k; i++) {
         if (rule == EG_SPEC_BROKEN_ACCEPT) continue;
-        double qx = qd ? qd[(int64_t)i * V + draft[i]] : 1.0;
+        double qx = q ? eg_spec_q_at(q, i, draft[i]) : 1.0;
         if (eg_rng_uniform(rng) * qx < pd[i]) continue;
         *rejected = 1;
         return i;
@@ -143,8 +166,8 @@ int eg_spec_accept(const double *pd, const double *qd, const int32_t *draft, int
 }
 
 int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sample_params *sp, const int32_t *draft,
-                       const double *qd, int n, int rejected, uint64_t *rng) {
-    if (rejected) return residual(sc, row, V, sp, draft[n], qd ? qd + (int64_t)n * V : NULL, 0, rng);
+                       const eg_spec_q *q, int n, int rejected, uint64_t *rng) {
+    if (rejected) return residual(sc, row, V, sp, draft[n], q, n, 0, rng);
     return eg_sample_row(row, V, sp, rng, sc->sort, NULL);
 }
 
@@ -159,19 +182,26 @@ static int kept_pair_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n_kept, int V,
-                            const int32_t *draft, const double *qd, int n, uint64_t *rng) {
+int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n_kept,
+                            const int32_t *draft, const eg_spec_q *q, int n, uint64_t *rng) {
     /* residual()'s numbers without its O(V) walks: outside the kept set p is 0, so
      * max(0, p - q) is 0 there and the dense sums add nothing; inside, the same terms in
      * the same (id) order */
     const int32_t x = draft[n];
-    const double *q = qd ? qd + (int64_t)n * V : NULL;
+    const int32_t *qid = q ? q->id + (int64_t)n * q->cap : NULL;
+    const double *qp = q ? q->p + (int64_t)n * q->cap : NULL;
+    const int nq = q ? q->n[n] : 0;
     kept_pair *kp = (kept_pair *)sc->sort; /* n_kept <= V pairs: 4 V floats, within the sort's scratch */
     for (int j = 0; j < n_kept; j++) kp[j] = (kept_pair){probs[j], ids[j]};
     qsort(kp, (size_t)n_kept, sizeof *kp, kept_pair_cmp);
     double *w = sc->q, mass = 0;
-    for (int j = 0; j < n_kept; j++) {
-        double qv = q ? q[kp[j].id] : (kp[j].id == x ? 1.0 : 0.0);
+    for (int j = 0, l = 0; j < n_kept; j++) { /* both in id order: q merged in */
+        double qv;
+        if (!q) qv = kp[j].id == x ? 1.0 : 0.0;
+        else {
+            while (l < nq && qid[l] < kp[j].id) l++;
+            qv = l < nq && qid[l] == kp[j].id ? qp[l] : 0.0;
+        }
         double d = kp[j].p - qv;
         w[j] = d > 0 ? d : 0;
         mass += w[j];

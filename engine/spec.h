@@ -30,6 +30,20 @@ typedef struct eg_spec_scratch {
     int32_t *ids; /* [V] eg_spec_finish_kept's candidate ids, ascending */
 } eg_spec_scratch;
 
+/* A proposer's distributions at a chain's k draft positions over the TARGET vocabulary,
+ * sparse: row i holds n[i] target ids, ascending, with their probabilities; every other
+ * id's q is 0. A row costs what the proposer keeps (its kept set, at most its own
+ * vocabulary), not the target's V. The storage is the caller's. */
+typedef struct eg_spec_q {
+    int cap;      /* row stride: the most ids a row holds */
+    int32_t *n;   /* [k] ids in row i */
+    int32_t *id;  /* [k][cap] ascending target ids */
+    double *p;    /* [k][cap] their probabilities */
+} eg_spec_q;
+
+/* q(x) at row i: its probability there, 0 when the row does not hold x. O(log n). */
+double eg_spec_q_at(const eg_spec_q *q, int i, int32_t x);
+
 eg_status eg_spec_scratch_create(int V, eg_spec_scratch **out, eg_error *err);
 void eg_spec_scratch_free(eg_spec_scratch *s);
 
@@ -39,6 +53,9 @@ void eg_spec_probs(eg_spec_scratch *sc, const float *logits, int V, const eg_sam
 
 /* Draw an id from a dense distribution (sum > 0) with one uniform from rng. */
 int32_t eg_spec_draw(const double *probs, int V, uint64_t *rng);
+/* The same draw over a sparse one: w [n] the weights of ids [n] (ascending), every other
+ * id's 0: the id and RNG state eg_spec_draw gives on the dense array. */
+int32_t eg_spec_draw_sparse(const double *w, const int32_t *ids, int n, uint64_t *rng);
 
 /* eg_spec_verify's greedy rule from the rows' argmaxes alone ([k + 1], the lowest id
  * among equal maxima, e.g. a backend's greedy sample): the same n_accepted and next. */
@@ -46,15 +63,15 @@ void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, e
                            int32_t *next);
 
 /* One verify step of a sequence. logits: [k+1][V] target rows (row i follows the i-th
- * proposed position: row 0 predicts draft[0]); draft: [k] proposed target ids; qd: [k]
- * proposer distributions over the target vocabulary ([k][V], NULL = deterministic
- * proposals, q one-hot at the draft); pd: [k] p(draft[i]) at row i as a backend's
+ * proposed position: row 0 predicts draft[0]); draft: [k] proposed target ids; q: the
+ * proposer's distributions at the k positions (NULL = deterministic proposals, q one-hot
+ * at the draft); pd: [k] p(draft[i]) at row i as a backend's
  * token_probs gave them (NaN = not given), or NULL: a row with one is not sorted here
  * unless its draft is rejected (the residual needs the whole p). Writes the accepted
  * drafts' count to *n_accepted and the token that follows them (correction or bonus)
  * to *next. rng advanced. */
 void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, const int32_t *draft,
-                    const double *qd, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
+                    const eg_spec_q *q, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
                     int32_t *next);
 
 /* eg_spec_verify in two halves, for a sampled chunk whose rows stay on the backend until
@@ -65,17 +82,17 @@ void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sa
  * token eg_spec_verify gives from row n's logits [V] alone: the residual draw at a
  * rejection, else the bonus token. Together the same n_accepted, next and RNG state as
  * eg_spec_verify with those pd. */
-int eg_spec_accept(const double *pd, const double *qd, const int32_t *draft, int k, int V, eg_spec_rule rule,
+int eg_spec_accept(const double *pd, const eg_spec_q *q, const int32_t *draft, int k, eg_spec_rule rule,
                    uint64_t *rng, int *rejected);
 int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sample_params *sp, const int32_t *draft,
-                       const double *qd, int n, int rejected, uint64_t *rng);
+                       const eg_spec_q *q, int n, int rejected, uint64_t *rng);
 /* eg_spec_finish's residual draw at a rejection (draft[n] rejected), from row n's kept
  * set instead of the row: ids / probs [n_kept] its candidates and their p (a backend's
  * kept_probs; any order, distinct ids), every other id's p being 0. With eg_spec_probs'
  * numbers for them, the same token and RNG state as eg_spec_finish (the sums run over
  * ascending ids, as the dense draw's); O(n_kept log n_kept), not O(V). n_kept must not
  * exceed what sc->sort holds (V). */
-int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n_kept, int V,
-                            const int32_t *draft, const double *qd, int n, uint64_t *rng);
+int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n_kept,
+                            const int32_t *draft, const eg_spec_q *q, int n, uint64_t *rng);
 
 #endif

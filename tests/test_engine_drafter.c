@@ -18,6 +18,7 @@
 #include "engine/spec.h"
 #include "engine/weights.h"
 #include "tests/check.h"
+#include "tests/spec_q.h"
 
 #define TARGET "../shared/fixtures/models/tiny-a"
 
@@ -88,10 +89,12 @@ static const char *g_backend;
 static int g_rows;
 static int g_block;         /* eg_eagle3_opts.block_size (0: its default) */
 static int64_t g_pool;      /* eg_eagle3_opts.pool_blocks (0: its default) */
+static int g_draws;         /* eg_eagle3_opts.backend_draws of load_pair's b (0: its default) */
+static int g_kept_cap;      /* eg_eagle3_opts.kept_cap of load_pair's b */
 
 static eg_status load(const char *dir, int S, int T, eg_drafter **d, eg_error *e) {
     eg_eagle3_opts o = {.threads = 2, .backend = g_backend, .max_rows = g_rows, .block_size = g_block,
-                        .pool_blocks = g_pool};
+                        .pool_blocks = g_pool, .backend_draws = g_draws, .kept_cap = g_kept_cap};
     return eg_drafter_eagle3_load_opts(dir, target(), S, T, &o, d, e);
 }
 
@@ -99,13 +102,18 @@ static eg_status load(const char *dir, int S, int T, eg_drafter **d, eg_error *e
  * in passes of `rows` rows; 1 when both loaded (else both freed). */
 static int load_pair(const char *dir, int S, int T, const char *ref_backend, int rows, eg_drafter **a,
                      eg_drafter **b, eg_error *e) {
+    const int draws = g_draws, cap = g_kept_cap;
     g_backend = ref_backend;
+    g_draws = g_kept_cap = 0;
     CHECK_OK(load(dir, S, T, a, e), e);
     g_backend = "cpu";
     g_rows = rows;
+    g_draws = draws;
+    g_kept_cap = cap;
     CHECK_OK(load(dir, S, T, b, e), e);
     g_backend = NULL;
     g_rows = 0;
+    g_draws = g_kept_cap = 0;
     if (*a && *b) return 1;
     eg_drafter_free(*a);
     eg_drafter_free(*b);
@@ -441,6 +449,7 @@ static void backend_bits_case(int no_embed) {
     if (!load_pair(dir, 2, 24, NULL, 4, &a, &b, &e)) return;
     CHECK(a->info.state_bytes == b->info.state_bytes);
     static double qa[K][V], qb[K][V];
+    eg_spec_q sqa = tq_alloc(K, V), sqb = tq_alloc(K, V);
     const eg_sample_params sp = {0.8f, 0.95f, 40};
     uint64_t ra = 99, rb = 99;
     int same = 1;
@@ -448,8 +457,10 @@ static void backend_bits_case(int no_embed) {
         const int p0 = round ? 5 : 0, n = round ? N - 5 : 5;
         CHECK_OK(eg_drafter_extend(a, 1, p0, n, &aux[p0][0][0], next + p0, &e), &e);
         CHECK_OK(eg_drafter_extend(b, 1, p0, n, &aux[p0][0][0], next + p0, &e), &e);
-        CHECK_OK(eg_drafter_propose(a, 1, seq, p0 + n + 1, K, &sp, &ra, da, &qa[0][0], &e), &e);
-        CHECK_OK(eg_drafter_propose(b, 1, seq, p0 + n + 1, K, &sp, &rb, db, &qb[0][0], &e), &e);
+        CHECK_OK(eg_drafter_propose(a, 1, seq, p0 + n + 1, K, &sp, &ra, da, &sqa, &e), &e);
+        CHECK_OK(eg_drafter_propose(b, 1, seq, p0 + n + 1, K, &sp, &rb, db, &sqb, &e), &e);
+        tq_dense(&sqa, K, V, &qa[0][0]);
+        tq_dense(&sqb, K, V, &qb[0][0]);
         same &= !memcmp(eg_drafter_eagle3_last_logits(a), eg_drafter_eagle3_last_logits(b), sizeof(float) * VD);
         same &= !memcmp(da, db, sizeof da) && !memcmp(qa, qb, sizeof qa) && ra == rb;
         eg_drafter_truncate(a, 1, p0 + n);
@@ -458,6 +469,8 @@ static void backend_bits_case(int no_embed) {
     CHECKF(same, "%s embedding: the CPU backend path differs from the drafter's own code", no_embed ? "target" : "own");
     printf("    %s embedding: backend cpu == own code, bit for bit (logits, %d drafts x 2, q, rng)\n",
            no_embed ? "target" : "own", K);
+    tq_free(&sqa);
+    tq_free(&sqb);
     eg_drafter_free(a);
     eg_drafter_free(b);
 }
@@ -472,15 +485,20 @@ static void test_backend_cpu_bits(void) {
  * across items given in shuffled slot order), against the per-slot calls of a reference:
  * the own code (MLA: the backend path, one slot at a time). Three rounds of extend,
  * propose and truncate; greedy and sampled slots mixed. Drafts, q and every rng equal
- * bit for bit. Then the refusals: a slot twice in one batch. */
-static void many_case(int mla) {
-    const char *dir = tmpdir(mla ? "many_mla" : "many");
+ * bit for bit. Then the refusals: a slot twice in one batch. draws: b reduces the rows on
+ * the backend (backend_draws 1, kept sets of at most 64 ids: greedy rows by the backend's
+ * argmax, sampled ones from kept sets, the sets over the cap and, with a non-monotone
+ * d2t, every sampled row from the row on the host), against a on the host. */
+static void many_case(int mla, int draws, const int64_t *d2t) {
+    const char *dir = tmpdir(draws ? (d2t ? "many_draws_perm" : "many_draws") : mla ? "many_mla" : "many");
     g_mla = mla;
-    make_drafter(dir, 0, NULL);
+    make_drafter(dir, 0, d2t);
     g_mla = 0;
     enum { S = 5, T = 40, K = 4, V = 512, NA = 3, H = 64 };
     eg_error e = {0};
     eg_drafter *a = NULL, *b = NULL;
+    g_draws = draws ? 1 : 0;
+    g_kept_cap = draws ? 64 : 0;
     if (!load_pair(dir, S, T, mla ? "cpu" : NULL, 3, &a, &b, &e)) return;
     static float aux[S][T][NA][H];
     static int32_t next[S][T], seq[T + 1];
@@ -494,6 +512,8 @@ static void many_case(int mla) {
     for (int s2 = 0; s2 < S; s2++) ra[s2] = rb[s2] = 1000 + (uint64_t)s2;
     static int32_t da[S][K], db[S][K];
     static double qa[S][K][V], qb[S][K][V];
+    eg_spec_q sqa[S], sqb[S];
+    for (int s2 = 0; s2 < S; s2++) sqa[s2] = tq_alloc(K, V), sqb[s2] = tq_alloc(K, V);
     int same = 1, rounds = 3;
     for (int round = 0; round < rounds; round++) {
         eg_draft_extend xs[S];
@@ -507,12 +527,14 @@ static void many_case(int mla) {
         for (int s2 = 0; s2 < S; s2++) len[s2] += add[s2];
         for (int j = 0; j < S; j++) {
             int s2 = order[j], k = 1 + (s2 + round) % K;
-            ps[j] = (eg_draft_propose){s2, seq, len[s2] + 1, k, &sps[s2], &rb[s2], db[s2], &qb[s2][0][0]};
-            CHECK_OK(eg_drafter_propose(a, s2, seq, len[s2] + 1, k, &sps[s2], &ra[s2], da[s2], &qa[s2][0][0], &e), &e);
+            ps[j] = (eg_draft_propose){s2, seq, len[s2] + 1, k, &sps[s2], &rb[s2], db[s2], &sqb[s2]};
+            CHECK_OK(eg_drafter_propose(a, s2, seq, len[s2] + 1, k, &sps[s2], &ra[s2], da[s2], &sqa[s2], &e), &e);
         }
         CHECK_OK(eg_drafter_propose_many(b, S, ps, &e), &e);
         for (int s2 = 0; s2 < S; s2++) {
             int k = 1 + (s2 + round) % K;
+            tq_dense(&sqa[s2], k, V, &qa[s2][0][0]);
+            tq_dense(&sqb[s2], k, V, &qb[s2][0][0]);
             same &= !memcmp(da[s2], db[s2], sizeof(int32_t) * (size_t)k) && ra[s2] == rb[s2] &&
                     !memcmp(qa[s2], qb[s2], sizeof(double) * (size_t)(k * V));
             eg_drafter_truncate(a, s2, len[s2]);
@@ -532,12 +554,28 @@ static void many_case(int mla) {
     eg_draft_propose ptwice[2] = {{1, seq, len[1] + 1, 1, &sps[1], &rb[1], db[1], NULL},
                                   {1, seq, len[1] + 1, 1, &sps[1], &rb[1], db[1], NULL}};
     CHECK(eg_drafter_propose_many(b, 2, ptwice, &e) == EG_ERR_INVALID && strstr(e.msg, "slot 1 twice"));
+    int64_t kept, am, host;
+    eg_drafter_eagle3_draw_counts(b, &kept, &am, &host);
+    if (draws) {
+        printf("    backend draws%s: %lld from kept sets, %lld by the backend's argmax, %lld rows to the host\n",
+               d2t ? " (d2t not monotone)" : "", (long long)kept, (long long)am, (long long)host);
+        CHECK(am > 0 && host > 0 && (d2t ? kept == 0 : kept > 0));
+    } else {
+        CHECK(kept == 0 && am == 0 && host > 0); /* the CPU backend leaves the draws to the host */
+    }
+    for (int s2 = 0; s2 < S; s2++) tq_free(&sqa[s2]), tq_free(&sqb[s2]);
     eg_drafter_free(a);
     eg_drafter_free(b);
 }
 static void test_many_equals_one(void) {
-    many_case(0);
-    many_case(1);
+    many_case(0, 0, NULL);
+    many_case(1, 0, NULL);
+}
+static void test_backend_draws(void) {
+    many_case(0, 1, NULL);
+    int64_t d2t[200]; /* target ids 511, 509, ... (descending: not monotone) */
+    for (int i = 0; i < 200; i++) d2t[i] = (511 - 2 * i) - i;
+    many_case(0, 1, d2t);
 }
 
 /* ---------------------------------------------------------------- q */
@@ -559,14 +597,20 @@ static void q_case(const char *sub, const int64_t *d2t) {
     uint8_t in_draft[512] = {0};
     for (int i = 0; i < Vd; i++) in_draft[i + map[i]] = 1;
     static double q[2 * 512], ref[512];
+    eg_spec_q sq = tq_alloc(2, Vd); /* a row holds the draft vocabulary's ids at most */
     float full[512];
     eg_spec_scratch *sc = NULL;
     CHECK_OK(eg_spec_scratch_create(V, &sc, &e), &e);
     const eg_sample_params sps[] = {{0.8f, 0.9f, 50}, {1.0f, 1.0f, 0}, {0.5f, 0.3f, 0}, {1.3f, 1.0f, 300}};
     for (size_t s = 0; s < sizeof sps / sizeof sps[0]; s++) {
         uint64_t rng = 99 + s, rng2 = 99 + s;
-        CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 1, &sps[s], &rng, dr, q, &e), &e);
+        CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 1, &sps[s], &rng, dr, &sq, &e), &e);
         CHECK(rng != rng2); /* one draw */
+        int ascending = sq.n[0] >= 1;
+        for (int j = 0; j < sq.n[0]; j++) ascending &= sq.p[j] > 0 && (j == 0 || sq.id[j] > sq.id[j - 1]);
+        CHECKF(ascending, "%s params %zu: q row not ascending ids of positive p", sub, s);
+        CHECK(eg_spec_q_at(&sq, 0, dr[0]) > 0);
+        tq_dense(&sq, 1, V, q);
         const float *lg = eg_drafter_eagle3_last_logits(d);
         for (int t = 0; t < V; t++) full[t] = -INFINITY;
         for (int i = 0; i < Vd; i++) full[i + map[i]] = lg[i];
@@ -585,7 +629,8 @@ static void q_case(const char *sub, const int64_t *d2t) {
         CHECK(again[0] == dr[0] && rng == rng2);
         /* chained: q of both steps valid */
         eg_drafter_truncate(d, 0, 4);
-        CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 2, &sps[s], &rng, dr, q, &e), &e);
+        CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 2, &sps[s], &rng, dr, &sq, &e), &e);
+        tq_dense(&sq, 2, V, q);
         for (int k = 0; k < 2; k++) {
             double sk = 0;
             for (int t = 0; t < V; t++) sk += q[k * V + t];
@@ -595,7 +640,9 @@ static void q_case(const char *sub, const int64_t *d2t) {
     }
     /* greedy: one-hot at the argmax (lowest draft index among ties) */
     uint64_t rng = 5;
-    CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 1, &greedy, &rng, dr, q, &e), &e);
+    CHECK_OK(eg_drafter_propose(d, 0, seq, 5, 1, &greedy, &rng, dr, &sq, &e), &e);
+    CHECK(sq.n[0] == 1);
+    tq_dense(&sq, 1, V, q);
     const float *lg = eg_drafter_eagle3_last_logits(d);
     int best = 0;
     for (int i = 1; i < Vd; i++)
@@ -604,6 +651,12 @@ static void q_case(const char *sub, const int64_t *d2t) {
     double s1 = 0;
     for (int t = 0; t < V; t++) s1 += q[t];
     CHECK(s1 == 1.0);
+    /* rows narrower than the draft vocabulary are refused */
+    eg_spec_q narrow = tq_alloc(1, Vd - 1);
+    CHECK(eg_drafter_propose(d, 0, seq, 5, 1, &sps[0], &rng, dr, &narrow, &e) == EG_ERR_INVALID &&
+          strstr(e.msg, "q rows of 199 ids"));
+    tq_free(&narrow);
+    tq_free(&sq);
     eg_spec_scratch_free(sc);
     eg_drafter_free(d);
 }
@@ -633,7 +686,10 @@ static void test_draws_follow_q(void) {
     static double q[512];
     static int count[512];
     uint64_t rng = eg_rng_seed(eg_test_seed(), 1);
-    CHECK_OK(eg_drafter_propose(d, 0, seq, 3, 1, &sp, &rng, dr, q, &e), &e);
+    eg_spec_q sq = tq_alloc(1, 512);
+    CHECK_OK(eg_drafter_propose(d, 0, seq, 3, 1, &sp, &rng, dr, &sq, &e), &e);
+    tq_dense(&sq, 1, 512, q);
+    tq_free(&sq);
     const int N = 4000;
     for (int i = 0; i < N; i++) {
         uint64_t r = eg_rng_seed(eg_test_seed(), 100 + (uint64_t)i);
@@ -1187,6 +1243,7 @@ int main(int argc, char **argv) {
         {"reference_mla", test_reference_mla},
         {"mla_layout", test_mla_layout},
         {"reference_fc_norm", test_reference_fc_norm},
+        {"backend_draws", test_backend_draws},
         {"backend_cpu_bits", test_backend_cpu_bits},
         {"many_equals_one", test_many_equals_one},
         {"q_monotone", test_q_monotone},

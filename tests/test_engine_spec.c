@@ -17,6 +17,7 @@
 #include "engine/mkmodel.h"
 #include "engine/ep_runtime.h"
 #include "tests/check.h"
+#include "tests/spec_q.h"
 
 #define MODEL "../shared/fixtures/models/tiny-a"
 #define MAX_SEQ 128
@@ -343,7 +344,7 @@ static eg_status tp_extend(eg_drafter *d, int slot, int pos0, int n, const float
 }
 
 static eg_status tp_propose(eg_drafter *d, int slot, const int32_t *seq, int n_seq, int k, const eg_sample_params *sp,
-                            uint64_t *rng, int32_t *draft, double *q, eg_error *err) {
+                            uint64_t *rng, int32_t *draft, eg_spec_q *q, eg_error *err) {
     (void)err;
     test_prop *p = d->impl;
     p->proposals++;
@@ -360,8 +361,15 @@ static eg_status tp_propose(eg_drafter *d, int slot, const int32_t *seq, int n_s
         for (int i = 0; i < k; i++) {
             int g = n_seq + i - p->prompt;
             if (g >= p->n_marg) g = p->n_marg - 1;
-            memcpy(q + (size_t)i * V, p->marg + (size_t)g * V, sizeof(double) * (size_t)V);
-            draft[i] = eg_spec_draw(q + (size_t)i * V, V, rng);
+            const double *m = p->marg + (size_t)g * V;
+            int n = 0;
+            for (int v = 0; v < V; v++)
+                if (m[v] > 0) {
+                    q->id[(size_t)i * (size_t)q->cap + (size_t)n] = v;
+                    q->p[(size_t)i * (size_t)q->cap + (size_t)n++] = m[v];
+                }
+            q->n[i] = n;
+            draft[i] = eg_spec_draw(m, V, rng);
         }
     } else {
         int r = find_ref(p, seq, n_seq);
@@ -381,8 +389,9 @@ static eg_status tp_propose(eg_drafter *d, int slot, const int32_t *seq, int n_s
             int ok = p->mode == P_RIGHT || (p->mode == P_HALF && at % 2 == 0);
             draft[i] = ok ? right : (right + 1) % V;
             if (q) {
-                for (int v = 0; v < V; v++) q[(size_t)i * V + v] = 0;
-                q[(size_t)i * V + draft[i]] = 1;
+                q->n[i] = 1;
+                q->id[(size_t)i * (size_t)q->cap] = draft[i];
+                q->p[(size_t)i * (size_t)q->cap] = 1;
             }
         }
     }
@@ -528,6 +537,8 @@ static void test_verify_sampled(void) {
     float lg[2 * V] = {logf(0.5f), logf(0.3f), logf(0.2f), 0, 0, 0};
     eg_sample_params sp = {.temperature = 1, .top_p = 1};
     double q[V] = {0.2, 0.6, 0.2}, pr[V];
+    eg_spec_q sq = tq_alloc(1, V);
+    tq_pack(q, 1, V, &sq);
     eg_spec_probs(sc, lg, V, &sp, pr);
     CHECK(fabs(pr[0] - 0.5) < 1e-6 && fabs(pr[1] - 0.3) < 1e-6 && fabs(pr[2] - 0.2) < 1e-6);
     eg_sample_params k2 = {.temperature = 1, .top_p = 1, .top_k = 2}, p7 = {.temperature = 1, .top_p = 0.7f};
@@ -543,17 +554,17 @@ static void test_verify_sampled(void) {
         double u = eg_rng_uniform(&peek);
         int na;
         int32_t next;
-        eg_spec_verify(sc, lg, V, &sp, &x1, q, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
+        eg_spec_verify(sc, lg, V, &sp, &x1, &sq, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
         bad += (na == 1) != (u * 0.6 < 0.3);
         if (na == 0) bad += next != 0;
         acc += na;
         rng = eg_rng_seed(7, (uint64_t)t);
-        eg_spec_verify(sc, lg, V, &sp, &x0, q, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
+        eg_spec_verify(sc, lg, V, &sp, &x0, &sq, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
         acc0 += na;
         /* a draft drawn from q: the emitted token is distributed as p */
         rng = eg_rng_seed(5, (uint64_t)t);
         int32_t x = eg_spec_draw(q, V, &rng);
-        eg_spec_verify(sc, lg, V, &sp, &x, q, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
+        eg_spec_verify(sc, lg, V, &sp, &x, &sq, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
         first[na ? x : next]++;
     }
     CHECK(bad == 0);
@@ -565,6 +576,7 @@ static void test_verify_sampled(void) {
         double pv = v == 0 ? 0.5 : v == 1 ? 0.3 : 0.2, f = (double)first[v] / N;
         CHECKF(fabs(f - pv) < 5 * sqrt(pv * (1 - pv) / N), "token %d: frequency %g, p %g", v, f, pv);
     }
+    tq_free(&sq);
     eg_spec_scratch_free(sc);
 }
 
@@ -1374,7 +1386,8 @@ static void test_finish_kept(void) {
     float *lg = malloc(sizeof(float) * V), *sort = malloc(sizeof(float) * eg_sample_scratch_floats(V));
     double *qd = malloc(sizeof(double) * 2 * V), *pr = malloc(sizeof(double) * V), *probs = malloc(sizeof(double) * V);
     int32_t *ids = malloc(sizeof(int32_t) * V);
-    if (!sc || !sk || !lg || !sort || !qd || !pr || !probs || !ids) goto out;
+    eg_spec_q sq = tq_alloc(2, V);
+    if (!sc || !sk || !lg || !sort || !qd || !pr || !probs || !ids || !sq.p) goto out;
     static const float temps[] = {0.7f, 1.0f, 3.0f}, tops[] = {1.0f, 0.9f, 0.5f};
     static const int topk[] = {0, 50};
     uint64_t g = eg_rng_seed(2024, 1);
@@ -1415,9 +1428,10 @@ static void test_finish_kept(void) {
                         for (int v = 0; v < V; v++) qd[v] = 1.0 / V;
                         int32_t draft[2] = {ids[0], c[0].id};
                         uint64_t ra = eg_rng_seed(77, (uint64_t)trials), rb = ra;
-                        const double *q = mode == 0 ? NULL : qd;
+                        tq_pack(qd, 2, V, &sq);
+                        const eg_spec_q *q = mode == 0 ? NULL : &sq;
                         int32_t a = eg_spec_finish(sc, lg, V, &sp, draft, q, 1, 1, &ra);
-                        int32_t b = eg_spec_finish_kept(sk, ids, probs, n, V, draft, q, 1, &rb);
+                        int32_t b = eg_spec_finish_kept(sk, ids, probs, n, draft, q, 1, &rb);
                         trials++;
                         same += a == b && ra == rb;
                         if (mode == 2) { /* no residual mass: both drew from p */
@@ -1434,6 +1448,7 @@ out:
     eg_spec_scratch_free(sc);
     eg_spec_scratch_free(sk);
     free(lg); free(sort); free(qd); free(pr); free(probs); free(ids);
+    tq_free(&sq);
 }
 
 static void test_cleanup(void) {

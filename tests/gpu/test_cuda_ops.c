@@ -26,6 +26,7 @@
 #include "engine/cuda_plan.h"
 #include "engine/transport.h"
 #include "tests/check.h"
+#include "tests/spec_q.h"
 
 /* ---- random numbers ------------------------------------------------------------ */
 
@@ -2140,11 +2141,14 @@ static void drafter_case(const char *ddir, eg_model *m, const char *what) {
     }
     /* slot 0: one position at a time, sampled drafts with q each step */
     double *qa = malloc(sizeof(double) * (size_t)K * V), *qb = malloc(sizeof(double) * (size_t)K * V);
+    eg_spec_q sqa = tq_alloc(K, V), sqb = tq_alloc(K, V);
     for (int t = 0; t < N; t++) {
         CHECK_OK(eg_drafter_extend(dc, 0, t, 1, aux + (int64_t)t * 3 * H, next + t, &err), &err);
         CHECK_OK(eg_drafter_extend(dg, 0, t, 1, aux + (int64_t)t * 3 * H, next + t, &err), &err);
-        CHECK_OK(eg_drafter_propose(dc, 0, seq, t + 2, 2, &sp, &ra, da, qa, &err), &err);
-        CHECK_OK(eg_drafter_propose(dg, 0, seq, t + 2, 2, &sp, &rb, db, qb, &err), &err);
+        CHECK_OK(eg_drafter_propose(dc, 0, seq, t + 2, 2, &sp, &ra, da, &sqa, &err), &err);
+        CHECK_OK(eg_drafter_propose(dg, 0, seq, t + 2, 2, &sp, &rb, db, &sqb, &err), &err);
+        tq_dense(&sqa, 2, V, qa);
+        tq_dense(&sqb, 2, V, qb);
         double r = rel_err(eg_drafter_eagle3_last_logits(dg), eg_drafter_eagle3_last_logits(dc), Vd);
         if (r > worst) worst = r;
         double num = 0, den = 0;
@@ -2165,10 +2169,12 @@ static void drafter_case(const char *ddir, eg_model *m, const char *what) {
         double *q3a = malloc(sizeof(double) * 3 * (size_t)V), *q3b = malloc(sizeof(double) * 3 * (size_t)V);
         int32_t d0a[3], d0b[3], d1a[2], d1b[2];
         uint64_t r1a = 77, r1b = 77;
-        eg_draft_propose ps[2] = {{1, seq, 8, 2, &greedy, &r1b, d1b, NULL}, {0, seq, N + 3, 3, &sp, &rb, d0b, q3b}};
+        eg_draft_propose ps[2] = {{1, seq, 8, 2, &greedy, &r1b, d1b, NULL}, {0, seq, N + 3, 3, &sp, &rb, d0b, &sqb}};
         CHECK_OK(eg_drafter_propose(dc, 1, seq, 8, 2, &greedy, &r1a, d1a, NULL, &err), &err);
-        CHECK_OK(eg_drafter_propose(dc, 0, seq, N + 3, 3, &sp, &ra, d0a, q3a, &err), &err);
+        CHECK_OK(eg_drafter_propose(dc, 0, seq, N + 3, 3, &sp, &ra, d0a, &sqa, &err), &err);
         CHECK_OK(eg_drafter_propose_many(dg, 2, ps, &err), &err);
+        tq_dense(&sqa, 3, V, q3a);
+        tq_dense(&sqb, 3, V, q3b);
         double num = 0, den = 0;
         for (int64_t i = 0; i < 3 * (int64_t)V; i++) num += (q3a[i] - q3b[i]) * (q3a[i] - q3b[i]), den += q3a[i] * q3a[i];
         if (sqrt(num / den) > worst_q) worst_q = sqrt(num / den);
@@ -2182,6 +2188,15 @@ static void drafter_case(const char *ddir, eg_model *m, const char *what) {
     CHECKF(worst < bf16_bound(), "drafter%s logits rel %.3g", what, worst);
     CHECKF(worst_q < bf16_bound(), "drafter%s q rel %.3g", what, worst_q);
     CHECK(drafts_same && ra == rb);
+    /* the draws' rows reduced on the device (backend_draws 0 on CUDA): greedy rows by its
+       argmax, sampled ones from kept sets unless over the cap or unsettled */
+    int64_t kept, am, host;
+    eg_drafter_eagle3_draw_counts(dg, &kept, &am, &host);
+    printf("    drafter%s via cuda: %lld drafts from the device's kept sets, %lld by its argmax, %lld rows to the host\n",
+           what, (long long)kept, (long long)am, (long long)host);
+    CHECK(am == K * (K + 1) / 2 + 2 && kept + host == 2 * N + 3); /* greedy chains 1..K and one of 2 */
+    tq_free(&sqa);
+    tq_free(&sqb);
     free(qa), free(qb), free(aux);
     eg_drafter_free(dc);
     eg_drafter_free(dg);
