@@ -497,27 +497,11 @@ static int32_t pick(const e3 *d, pick_scr *ps, const float *logits, const eg_sam
  * [n] (kept_probs: any order, distinct draft ids, eg_spec_probs' numbers). Sorted by id,
  * the positive ones are pd's nonzero entries in pd's order, so eg_spec_draw_sparse gives
  * eg_spec_draw's draft and RNG state, and the q row is pick's. O(n log n), not O(Vd). */
-typedef struct kept_pick {
-    double p;
-    int32_t id;
-} kept_pick;
-static int kept_pick_cmp(const void *a, const void *b) {
-    int32_t x = ((const kept_pick *)a)->id, y = ((const kept_pick *)b)->id;
-    return (x > y) - (x < y);
-}
 static int32_t pick_kept(const e3 *d, pick_scr *ps, const int32_t *ids, const double *probs, int n, uint64_t *rng,
                          eg_spec_q *q, int qi) {
-    kept_pick *kp = (kept_pick *)ps->sc->sort; /* n <= Vd pairs: within its 4 Vd floats */
-    int m = 0;
-    for (int j = 0; j < n; j++)
-        if (probs[j] > 0) kp[m++] = (kept_pick){probs[j], ids[j]};
-    qsort(kp, (size_t)m, sizeof *kp, kept_pick_cmp);
-    double *w = ps->pd;
-    int32_t *di = ps->sc->ids;
-    for (int j = 0; j < m; j++) {
-        w[j] = kp[j].p;
-        di[j] = kp[j].id;
-    }
+    const int m = eg_spec_sort_kept(ps->sc, ids, probs, n);
+    const int32_t *di = ps->sc->ids;
+    const double *w = ps->sc->p;
     const int32_t x = eg_spec_draw_sparse(w, di, m, rng);
     if (q) {
         int32_t *qid = q->id + (int64_t)qi * q->cap;

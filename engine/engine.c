@@ -60,6 +60,18 @@ typedef struct parked_seq {
 
 /* A micro-batch: a fixed group of slots (slot i belongs to micro-batch i % M) with its
  * own step buffers, so M of them can be in flight through the pipeline at once. */
+/* One draw of a step on the host (host_draws): a verify chunk's or a plain sampled row's. */
+typedef struct host_job {
+    int slot, lr, verify; /* lr: the chunk's first logit row of the step */
+    int fr;               /* its first row in mb->logits (= lr unless the step deferred) */
+    int decided, n, rejected; /* deferred: the acceptance tests ran (eg_spec_accept) */
+    int on_backend, bi;   /* deferred: its token was drawn on the backend, entry bi of the
+                             micro-batch's b* lists (tok) */
+    int ki;               /* deferred, rejected: entry ki of the k* lists holds the row's kept
+                             set (-1: the row came over instead) */
+    int32_t tok;
+} host_job;
+
 typedef struct micro_batch {
     int index;
     int busy;
@@ -82,11 +94,27 @@ typedef struct micro_batch {
     int n_ptok;                                /* logit rows of this step with a ptok */
     int defer;                                 /* sampled verify rows with the backend's p: the
                                                   logits rows stay on the backend until the
-                                                  rule knows which it needs (host_draws) */
+                                                  rule knows which it needs (defer_decide) */
     int argmax_only;                           /* with a drafter, every logit row greedy: the
                                                   backend's argmaxes (sampled) come back,
                                                   not the rows (logits) */
     int n_spec;                                /* sequences verifying drafts in this step */
+    /* the step's host draws (host_draws): its jobs, and for a deferred step (defer_decide:
+     * on the last stage's thread when the stages are threaded, else the driver's) the
+     * lists: [max_tokens] each the logit rows it takes to the host and the rows drawn on
+     * the backend with their parameters, RNG states and tokens; where the backend offers
+     * kept_probs, [n_slots] each a rejected draft's logit row, its parameters and the kept
+     * set the backend gave (n, or -1: the row comes over instead) in rows of kept_cap */
+    host_job *hjobs;                           /* [n_slots] */
+    int n_jobs, n_verify;
+    int decided;                               /* defer_decide ran for this step */
+    int32_t *fetch, *brow, *btok;
+    eg_sample_params *bsp;
+    uint64_t *brng;
+    int32_t *krow, *kn, *kid;
+    eg_sample_params *ksp;
+    double *kp;
+    int64_t n_fetched, n_bdraws, n_kresid;     /* its rows taken, backend draws, kept-set residuals */
     int leave;                                 /* a marker, not a step: stage k leaves its
                                                   expert-parallel group (eg_engine_ep_leave) */
     struct micro_batch *qnext;
@@ -121,29 +149,7 @@ struct eg_engine {
     eg_pool *hpool;        /* NULL: on the driving thread */
     eg_spec_scratch **hsc; /* [n_hsc] a scratch per thread */
     int n_hsc;
-    struct host_job {
-        int slot, lr, verify; /* lr: the chunk's first logit row of the step */
-        int fr;               /* its first row in mb->logits (= lr unless the step deferred) */
-        int decided, n, rejected; /* deferred: the acceptance tests ran (eg_spec_accept) */
-        int on_backend, bi;   /* deferred: its token was drawn on the backend, entry bi of
-                                 the engine's b* lists (tok) */
-        int ki;               /* deferred, rejected: entry ki of the k* lists holds the row's
-                                 kept set (-1: the row came over instead) */
-        int32_t tok;
-    } *hjobs;                 /* [n_slots] */
-    /* a deferred step's lists (backend_probs), [max_tokens] each: the logit rows it takes
-     * to the host, and the rows drawn on the backend with their parameters, RNG states and
-     * tokens */
-    int32_t *fetch, *brow, *btok;
-    eg_sample_params *bsp;
-    uint64_t *brng;
-    /* and, where the backend offers kept_probs, [n_slots] each: a rejected draft's logit
-     * row, its parameters, and the kept set the backend gave for it (n, or -1: the row
-     * comes over instead) in rows of kept_cap ids and probabilities */
-    int kept_cap;
-    int32_t *krow, *kn, *kid;
-    eg_sample_params *ksp;
-    double *kp;
+    int kept_cap;          /* ids of a kept set asked for (0: the backend offers no kept_probs) */
     int backend_probs;     /* the last stage's backend gives sampled verify rows' p(draft) */
     int spec_in_flight;    /* threaded: micro-batches with verify rows in the pipeline */
     double spec_since;     /* when the first of them went in */
@@ -218,6 +224,9 @@ static void q_close(mb_queue *q) {
 static void mb_free(micro_batch *mb) {
     free(mb->tok); free(mb->pos); free(mb->slt); free(mb->rows); free(mb->sampled);
     free(mb->sp); free(mb->rng); free(mb->ptok); free(mb->prob);
+    free(mb->hjobs);
+    free(mb->fetch); free(mb->brow); free(mb->btok); free(mb->bsp); free(mb->brng);
+    free(mb->krow); free(mb->kn); free(mb->kid); free(mb->ksp); free(mb->kp);
     eg_cuda_host_free(mb->cap); eg_cuda_host_free(mb->fin); eg_cuda_host_free(mb->logits);
     eg_cuda_host_free(mb->fin_pre);
 }
@@ -274,15 +283,14 @@ void eg_engine_free(eg_engine *e) {
     free(e->stage_count);
     for (int t = 0; e->hsc && t < e->n_hsc; t++) eg_spec_scratch_free(e->hsc[t]);
     free(e->hsc);
-    free(e->hjobs);
-    free(e->fetch); free(e->brow); free(e->btok); free(e->bsp); free(e->brng);
-    free(e->krow); free(e->kn); free(e->kid); free(e->ksp); free(e->kp);
     eg_pool_free(e->hpool);
     free(e->pending_tok); free(e->pending_stop);
     free(e->daux); free(e->dstage); free(e->dnext);
     free(e->dx); free(e->dp); free(e->pend_slot); free(e->pend_row);
     free(e);
 }
+
+static eg_status defer_decide(eg_engine *e, micro_batch *mb, eg_error *err);
 
 /* Run one micro-batch's step through stage k (any thread): receive its rows from
  * stage k-1, compute, send them on to stage k+1. Only the last stage waits for its
@@ -321,6 +329,9 @@ static eg_status run_stage(eg_engine *e, int k, micro_batch *mb) {
         }
     }
     st = eg_forward_step(e->stages[k], &s, &mb->err);
+    /* threaded: the decisions that need the last stage's logits rows are taken here, on
+     * its thread, before its backend moves on to the next micro-batch */
+    if (!st && k == e->n_stages - 1 && e->threaded && mb->defer) st = defer_decide(e, mb, &mb->err);
     if (!st && k < e->n_stages - 1) {
         st = e->transport->ops->send(e->transport, k, mb->index, eg_forward_out(e->stages[k]),
                                      (size_t)mb->T * (size_t)eg_forward_out_floats(e->stages[k]), &mb->err);
@@ -409,6 +420,18 @@ static eg_status mb_alloc(eg_engine *e, micro_batch *mb, eg_error *err) {
     }
     if (!mb->tok || !mb->pos || !mb->slt || !mb->rows || !mb->sampled || !mb->sp || !mb->rng || !mb->cap || !mb->fin ||
         (want_l && !mb->logits) || (e->backend_probs && (!mb->ptok || !mb->prob)))
+        return EG_ERR_NOMEM;
+    const size_t ns = (size_t)e->o.n_slots, kc = ns * (size_t)e->kept_cap;
+    if (e->hsc && !(mb->hjobs = eg_malloc(sizeof *mb->hjobs * ns, err))) return EG_ERR_NOMEM;
+    if (e->backend_probs &&
+        (!(mb->fetch = eg_malloc(4 * T, err)) || !(mb->brow = eg_malloc(4 * T, err)) ||
+         !(mb->btok = eg_malloc(4 * T, err)) || !(mb->bsp = eg_malloc(sizeof *mb->bsp * T, err)) ||
+         !(mb->brng = eg_malloc(8 * T, err))))
+        return EG_ERR_NOMEM;
+    if (e->kept_cap &&
+        (!(mb->krow = eg_malloc(4 * ns, err)) || !(mb->kn = eg_malloc(4 * ns, err)) ||
+         !(mb->ksp = eg_malloc(sizeof *mb->ksp * ns, err)) || !(mb->kid = eg_malloc(4 * kc, err)) ||
+         !(mb->kp = eg_malloc(sizeof(double) * kc, err))))
         return EG_ERR_NOMEM;
     return EG_OK;
 }
@@ -522,9 +545,8 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
         eg_status hst = nt > 1 ? eg_pool_create(nt, &e->hpool, err) : EG_OK;
         e->n_hsc = e->hpool ? eg_pool_size(e->hpool) : 1;
         e->hsc = hst ? NULL : eg_calloc((size_t)e->n_hsc, sizeof *e->hsc, err);
-        e->hjobs = e->hsc ? eg_malloc(sizeof *e->hjobs * (size_t)o->n_slots, err) : NULL;
-        for (int t = 0; e->hjobs && !hst && t < e->n_hsc; t++) hst = eg_spec_scratch_create(c->vocab, &e->hsc[t], err);
-        if (hst || !e->hjobs) {
+        for (int t = 0; e->hsc && !hst && t < e->n_hsc; t++) hst = eg_spec_scratch_create(c->vocab, &e->hsc[t], err);
+        if (hst || !e->hsc) {
             eg_engine_free(e);
             return hst ? hst : EG_ERR_NOMEM;
         }
@@ -541,25 +563,7 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
     if (e->dr && o->spec_probs >= 0) { /* who gives the verify rows' p(draft) */
         const eg_backend *lb = e->threaded ? o->stage_backends[e->n_stages - 1] : be;
         e->backend_probs = lb->ops->token_probs && (o->spec_probs > 0 || strcmp(lb->ops->name, "cpu") != 0);
-        size_t mt = (size_t)o->max_tokens;
-        if (e->backend_probs &&
-            (!(e->fetch = eg_malloc(sizeof(int32_t) * mt, err)) || !(e->brow = eg_malloc(sizeof(int32_t) * mt, err)) ||
-             !(e->btok = eg_malloc(sizeof(int32_t) * mt, err)) || !(e->bsp = eg_malloc(sizeof *e->bsp * mt, err)) ||
-             !(e->brng = eg_malloc(sizeof(uint64_t) * mt, err)))) {
-            eg_engine_free(e);
-            return EG_ERR_NOMEM;
-        }
-        if (e->backend_probs && lb->ops->kept_probs) {
-            size_t ns = (size_t)o->n_slots;
-            e->kept_cap = m->cfg.vocab < EG_KEPT_CAP ? m->cfg.vocab : EG_KEPT_CAP;
-            size_t kc = ns * (size_t)e->kept_cap;
-            if (!(e->krow = eg_malloc(sizeof(int32_t) * ns, err)) || !(e->kn = eg_malloc(sizeof(int32_t) * ns, err)) ||
-                !(e->ksp = eg_malloc(sizeof *e->ksp * ns, err)) || !(e->kid = eg_malloc(sizeof(int32_t) * kc, err)) ||
-                !(e->kp = eg_malloc(sizeof(double) * kc, err))) {
-                eg_engine_free(e);
-                return EG_ERR_NOMEM;
-            }
-        }
+        if (e->backend_probs && lb->ops->kept_probs) e->kept_cap = m->cfg.vocab < EG_KEPT_CAP ? m->cfg.vocab : EG_KEPT_CAP;
     }
     for (int j = 0; j < e->n_mb; j++) {
         e->mbs[j].index = j;
@@ -1299,9 +1303,11 @@ static eg_status build_mb(eg_engine *e, micro_batch *mb, eg_error *err) {
             }
         }
     }
-    /* one engine thread drives every stage: the last stage's logits stay valid on its
-     * backend until the next step, so host_draws takes only the rows the rule needs */
-    mb->defer = mb->n_ptok > 0 && !e->threaded && !e->o.want_logits;
+    /* the last stage's logits stay on its backend until the rule knows which rows it
+     * needs: one engine thread driving every stage takes them in host_draws (its backend
+     * waits for the next step), threaded stages on the last stage's thread (run_stage) */
+    mb->defer = mb->n_ptok > 0 && !e->o.want_logits;
+    mb->decided = 0;
     mb->T = T;
     mb->n_rows = n_rows;
     mb->status = EG_OK;
@@ -1438,16 +1444,17 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
     eg_engine *e = c->e;
     const int64_t V = e->m->cfg.vocab;
     for (int64_t j = b; j < end; j++) {
-        const struct host_job *h = &e->hjobs[j];
+        const micro_batch *mb = c->mb;
+        const host_job *h = &mb->hjobs[j];
         slot_state *s = &e->slots[h->slot];
-        const float *lg = c->mb->logits + (int64_t)h->fr * V;
+        const float *lg = mb->logits + (int64_t)h->fr * V;
         if (h->on_backend) { /* drawn there: a bonus token or a plain row's */
             if (h->verify) s->v_acc = h->n;
             s->v_next = h->tok;
         } else if (h->decided && h->ki >= 0) { /* a draft was rejected; the backend gave its row's kept set */
             s->v_acc = h->n;
-            s->v_next = eg_spec_finish_kept(e->hsc[tid], e->kid + (int64_t)h->ki * e->kept_cap,
-                                            e->kp + (int64_t)h->ki * e->kept_cap, e->kn[h->ki], s->draft, slot_q(s),
+            s->v_next = eg_spec_finish_kept(e->hsc[tid], mb->kid + (int64_t)h->ki * e->kept_cap,
+                                            mb->kp + (int64_t)h->ki * e->kept_cap, mb->kn[h->ki], s->draft, slot_q(s),
                                             h->n, &s->rng);
         } else if (h->decided) { /* the tests ran, a draft was rejected; lg is its row */
             s->v_acc = h->n;
@@ -1465,100 +1472,127 @@ static void host_draw(void *vp, int64_t b, int64_t end, int tid) {
     }
 }
 
-/* The host's draws of mb's step (logits kept, or a drafter), before complete_mb takes
- * them: every verify chunk's acceptance and every sampling row's token, in parallel over
- * the sequences. Each draw reads only its own sequence's logits rows and advances only its
- * own RNG, so the tokens are the serial ones whatever the threads (at Kimi's 163,840 ids
- * a row costs ~3 ms on one core, a verify chunk up to k + 1 rows). The walk is
- * complete_mb's: the same rows, the same logit rows. */
-static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
+/* mb's host jobs: every verify chunk and every plain row that samples, in row order
+ * (complete_mb's walk: the same rows, the same logit rows). Reads only mb's slots. */
+static void mb_jobs(const eg_engine *e, micro_batch *mb) {
     const int T = mb->T;
     int row = 0, srow = 0, nj = 0, n_verify = 0;
     while (row < T) {
         int i = mb->slt[row];
-        slot_state *s = &e->slots[i];
+        const slot_state *s = &e->slots[i];
         int n = chunk_rows(mb, row);
         if (s->n_draft > 0) {
             int lr = e->o.want_logits ? row : srow;
-            e->hjobs[nj++] = (struct host_job){.slot = i, .lr = lr, .verify = 1, .fr = lr, .ki = -1};
+            mb->hjobs[nj++] = (host_job){.slot = i, .lr = lr, .verify = 1, .fr = lr, .ki = -1};
             n_verify++;
             if (!e->o.want_logits) srow += n;
         } else if (chunk_samples(s, n)) {
             int lr = e->o.want_logits ? row + n - 1 : srow;
-            e->hjobs[nj++] = (struct host_job){.slot = i, .lr = lr, .verify = 0, .fr = lr, .ki = -1};
+            mb->hjobs[nj++] = (host_job){.slot = i, .lr = lr, .verify = 0, .fr = lr, .ki = -1};
             if (!e->o.want_logits) srow++;
         }
         row += n;
     }
+    mb->n_jobs = nj;
+    mb->n_verify = n_verify;
+}
+
+/* A deferred step's decisions, on the thread that drives the last stage (its logits rows
+ * still on that stage's backend): the acceptance tests first, from the backend's p (k
+ * uniforms a sequence, in the order eg_spec_verify draws them); then the bonus rows and
+ * the plain rows are drawn on the backend (one uniform each, as eg_sample_row draws),
+ * rejected drafts' kept sets are asked for, and only the rows the host's own code needs
+ * come over: a rejected draft's whose kept set the backend cannot give (its residual),
+ * and every row of a chunk with a p left to the host (NaN) or of a greedy one. Touches
+ * only mb and its slots (their RNG states advance here), so with threaded stages it runs
+ * on the last stage's thread while the driver builds other micro-batches. */
+static eg_status defer_decide(eg_engine *e, micro_batch *mb, eg_error *err) {
+    mb_jobs(e, mb);
+    const int nj = mb->n_jobs;
+    int nf = 0, nb = 0, nk = 0;
+    for (int j = 0; j < nj; j++) {
+        host_job *h = &mb->hjobs[j];
+        slot_state *s = &e->slots[h->slot];
+        int all = h->verify && s->req.sp.temperature > 0.0f;
+        for (int k = 0; all && k < s->n_draft; k++) all = !isnan(mb->prob[h->lr + k]);
+        h->fr = nf;
+        h->ki = -1;
+        if (all) {
+            h->n = eg_spec_accept(mb->prob + h->lr, slot_q(s), s->draft, s->n_draft, e->o.spec_rule, &s->rng,
+                                  &h->rejected);
+            h->decided = 1;
+        }
+        if (!h->verify || (h->decided && !h->rejected)) { /* (rows ascend with j) */
+            h->on_backend = 1;
+            h->bi = nb;
+            mb->brow[nb] = h->lr + (h->verify ? h->n : 0);
+            mb->bsp[nb] = s->req.sp;
+            mb->brng[nb++] = s->rng;
+        } else if (h->decided && e->kept_cap) { /* its residual from the kept set, below */
+            h->ki = nk;
+            mb->krow[nk] = h->lr + h->n;
+            mb->ksp[nk++] = s->req.sp;
+        } else if (h->decided) {
+            mb->fetch[nf++] = h->lr + h->n;
+        } else {
+            for (int k = 0; k <= s->n_draft; k++) mb->fetch[nf++] = h->lr + k;
+        }
+    }
+    eg_forward *last = e->stages[e->n_stages - 1];
+    eg_status st = eg_forward_kept_probs(last, mb->krow, nk, mb->ksp, e->kept_cap, mb->kn, mb->kid, mb->kp, err);
+    if (st) return eg_wrap(err, "a verify step: the kept sets of %d rejected drafts' rows", nk);
+    int64_t kresid = 0;
+    for (int j = 0; j < nj && nk; j++) { /* a kept set the backend could not give: the row comes over */
+        host_job *h = &mb->hjobs[j];
+        if (h->ki < 0) continue;
+        if (mb->kn[h->ki] >= 0) {
+            kresid++;
+            continue;
+        }
+        h->fr = nf;
+        h->ki = -1;
+        mb->fetch[nf++] = h->lr + h->n;
+    }
+    st = eg_forward_fetch_logits(last, mb->fetch, nf, mb->logits, err);
+    if (!st) st = eg_forward_sample_logits(last, mb->brow, nb, mb->bsp, mb->brng, mb->btok, err);
+    if (st) return eg_wrap(err, "a verify step: taking %d logits rows, drawing %d on the backend", nf, nb);
+    for (int j = 0; j < nj; j++) {
+        host_job *h = &mb->hjobs[j];
+        if (!h->on_backend) continue;
+        e->slots[h->slot].rng = mb->brng[h->bi];
+        h->tok = mb->btok[h->bi];
+    }
+    mb->n_fetched = nf;
+    mb->n_bdraws = nb;
+    mb->n_kresid = kresid;
+    mb->decided = 1;
+    return EG_OK;
+}
+
+/* The host's draws of mb's step (logits kept, or a drafter), before complete_mb takes
+ * them: every verify chunk's acceptance and every sampling row's token, in parallel over
+ * the sequences. Each draw reads only its own sequence's logits rows and advances only its
+ * own RNG, so the tokens are the serial ones whatever the threads (at Kimi's 163,840 ids
+ * a row costs ~3 ms on one core, a verify chunk up to k + 1 rows). A deferred step's
+ * decisions (defer_decide) come first, unless its last stage's thread took them. */
+static eg_status host_draws(eg_engine *e, micro_batch *mb, eg_error *err) {
+    const int T = mb->T;
     for (int j = 0; mb->n_ptok && j < (e->o.want_logits ? T : mb->n_rows); j++)
         e->stats.backend_probs += mb->ptok[j] >= 0 && !isnan(mb->prob[j]);
     double t0 = eg_now();
     if (mb->defer) {
-        /* the acceptance tests first, from the backend's p (k uniforms a sequence, in the
-         * order eg_spec_verify draws them); then the bonus rows and the plain rows are
-         * drawn on the backend (one uniform each, as eg_sample_row draws), and only the
-         * rows the host's own code needs come over: a rejected draft's (its residual),
-         * and every row of a chunk with a p left to the host (NaN) or of a greedy one */
-        int nf = 0, nb = 0, nk = 0;
-        for (int j = 0; j < nj; j++) {
-            struct host_job *h = &e->hjobs[j];
-            slot_state *s = &e->slots[h->slot];
-            int all = h->verify && s->req.sp.temperature > 0.0f;
-            for (int k = 0; all && k < s->n_draft; k++) all = !isnan(mb->prob[h->lr + k]);
-            h->fr = nf;
-            h->ki = -1;
-            if (all) {
-                h->n = eg_spec_accept(mb->prob + h->lr, slot_q(s), s->draft, s->n_draft, e->o.spec_rule, &s->rng,
-                                      &h->rejected);
-                h->decided = 1;
-            }
-            if (!h->verify || (h->decided && !h->rejected)) { /* (rows ascend with j) */
-                h->on_backend = 1;
-                h->bi = nb;
-                e->brow[nb] = h->lr + (h->verify ? h->n : 0);
-                e->bsp[nb] = s->req.sp;
-                e->brng[nb++] = s->rng;
-            } else if (h->decided && e->kept_cap) { /* its residual from the kept set, below */
-                h->ki = nk;
-                e->krow[nk] = h->lr + h->n;
-                e->ksp[nk++] = s->req.sp;
-            } else if (h->decided) {
-                e->fetch[nf++] = h->lr + h->n;
-            } else {
-                for (int k = 0; k <= s->n_draft; k++) e->fetch[nf++] = h->lr + k;
-            }
-        }
-        eg_forward *last = e->stages[e->n_stages - 1];
-        eg_status st = eg_forward_kept_probs(last, e->krow, nk, e->ksp, e->kept_cap, e->kn, e->kid, e->kp, err);
-        if (st) return eg_wrap(err, "a verify step: the kept sets of %d rejected drafts' rows", nk);
-        for (int j = 0; j < nj && nk; j++) { /* a kept set the backend could not give: the row comes over */
-            struct host_job *h = &e->hjobs[j];
-            if (h->ki < 0) continue;
-            if (e->kn[h->ki] >= 0) {
-                e->stats.backend_residuals++;
-                continue;
-            }
-            h->fr = nf;
-            h->ki = -1;
-            e->fetch[nf++] = h->lr + h->n;
-        }
-        if (!st) st = eg_forward_fetch_logits(last, e->fetch, nf, mb->logits, err);
-        if (!st) st = eg_forward_sample_logits(last, e->brow, nb, e->bsp, e->brng, e->btok, err);
-        if (st) return eg_wrap(err, "a verify step: taking %d logits rows, drawing %d on the backend", nf, nb);
-        for (int j = 0; j < nj; j++) {
-            struct host_job *h = &e->hjobs[j];
-            if (!h->on_backend) continue;
-            e->slots[h->slot].rng = e->brng[h->bi];
-            h->tok = e->btok[h->bi];
-        }
-        e->stats.logit_rows += nf;
-        e->stats.backend_draws += nb;
-    } else if (!mb->argmax_only) {
-        e->stats.logit_rows += e->o.want_logits ? T : mb->n_rows;
+        eg_status st = mb->decided ? EG_OK : defer_decide(e, mb, err);
+        if (st) return st;
+        e->stats.logit_rows += mb->n_fetched;
+        e->stats.backend_draws += mb->n_bdraws;
+        e->stats.backend_residuals += mb->n_kresid;
+    } else {
+        mb_jobs(e, mb);
+        if (!mb->argmax_only) e->stats.logit_rows += e->o.want_logits ? T : mb->n_rows;
     }
     host_draw_ctx c = {e, mb};
-    eg_pool_for(e->hpool, nj, 1, host_draw, &c);
-    if (n_verify && (!e->threaded || !e->spec_in_flight)) e->stats.verify_seconds += eg_now() - t0;
+    eg_pool_for(e->hpool, mb->n_jobs, 1, host_draw, &c);
+    if (mb->n_verify && (!e->threaded || !e->spec_in_flight)) e->stats.verify_seconds += eg_now() - t0;
     return EG_OK;
 }
 

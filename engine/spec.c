@@ -171,7 +171,7 @@ int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sa
     return eg_sample_row(row, V, sp, rng, sc->sort, NULL);
 }
 
-/* A kept candidate for the sparse residual: ordered by id. */
+/* A kept candidate, ordered by id. */
 typedef struct kept_pair {
     double p;
     int32_t id;
@@ -180,6 +180,19 @@ typedef struct kept_pair {
 static int kept_pair_cmp(const void *a, const void *b) {
     int32_t x = ((const kept_pair *)a)->id, y = ((const kept_pair *)b)->id;
     return (x > y) - (x < y);
+}
+
+int eg_spec_sort_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n) {
+    kept_pair *kp = (kept_pair *)sc->sort; /* n <= V pairs: 4 V floats, within the sort's scratch */
+    int m = 0;
+    for (int j = 0; j < n; j++)
+        if (probs[j] > 0) kp[m++] = (kept_pair){probs[j], ids[j]};
+    qsort(kp, (size_t)m, sizeof *kp, kept_pair_cmp);
+    for (int j = 0; j < m; j++) {
+        sc->ids[j] = kp[j].id;
+        sc->p[j] = kp[j].p;
+    }
+    return m;
 }
 
 int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n_kept,
@@ -191,24 +204,20 @@ int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const doubl
     const int32_t *qid = q ? q->id + (int64_t)n * q->cap : NULL;
     const double *qp = q ? q->p + (int64_t)n * q->cap : NULL;
     const int nq = q ? q->n[n] : 0;
-    kept_pair *kp = (kept_pair *)sc->sort; /* n_kept <= V pairs: 4 V floats, within the sort's scratch */
-    for (int j = 0; j < n_kept; j++) kp[j] = (kept_pair){probs[j], ids[j]};
-    qsort(kp, (size_t)n_kept, sizeof *kp, kept_pair_cmp);
+    const int m = eg_spec_sort_kept(sc, ids, probs, n_kept);
+    const int32_t *id = sc->ids;
     double *w = sc->q, mass = 0;
-    for (int j = 0, l = 0; j < n_kept; j++) { /* both in id order: q merged in */
+    for (int j = 0, l = 0; j < m; j++) { /* both in id order: q merged in */
         double qv;
-        if (!q) qv = kp[j].id == x ? 1.0 : 0.0;
+        if (!q) qv = id[j] == x ? 1.0 : 0.0;
         else {
-            while (l < nq && qid[l] < kp[j].id) l++;
-            qv = l < nq && qid[l] == kp[j].id ? qp[l] : 0.0;
+            while (l < nq && qid[l] < id[j]) l++;
+            qv = l < nq && qid[l] == id[j] ? qp[l] : 0.0;
         }
-        double d = kp[j].p - qv;
+        double d = sc->p[j] - qv;
         w[j] = d > 0 ? d : 0;
         mass += w[j];
-        sc->ids[j] = kp[j].id;
     }
     /* residual()'s fallback: p itself when the residual has no mass */
-    if (!(mass > 0))
-        for (int j = 0; j < n_kept; j++) w[j] = kp[j].p;
-    return draw_weighted(w, sc->ids, n_kept, rng);
+    return draw_weighted(mass > 0 ? w : sc->p, id, m, rng);
 }

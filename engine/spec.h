@@ -27,7 +27,7 @@ typedef struct eg_spec_scratch {
     double *p;    /* [V] */
     double *q;    /* [V] */
     float *sort;  /* [eg_sample_scratch_floats(V)] eg_sample_row's scratch */
-    int32_t *ids; /* [V] eg_spec_finish_kept's candidate ids, ascending */
+    int32_t *ids; /* [V] eg_spec_sort_kept's ids, ascending (their p in p) */
 } eg_spec_scratch;
 
 /* A proposer's distributions at a chain's k draft positions over the TARGET vocabulary,
@@ -92,6 +92,10 @@ int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sa
  * numbers for them, the same token and RNG state as eg_spec_finish (the sums run over
  * ascending ids, as the dense draw's); O(n_kept log n_kept), not O(V). n_kept must not
  * exceed what sc->sort holds (V). */
+/* A kept set (ids / probs [n], any order, distinct ids) in id order: its entries with
+ * p > 0 into sc->ids and sc->p [m]; returns m. Their sums in this order are the dense
+ * row's (every other id is 0). n must not exceed the scratch's V. Uses sc->sort. */
+int eg_spec_sort_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n);
 int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n_kept,
                             const int32_t *draft, const eg_spec_q *q, int n, uint64_t *rng);
 
