@@ -28,6 +28,10 @@
 #                                              emulated GPU (an MHA and an MLA drafter), and with --ep 2
 #                                              on 2 emulated GPUs over emulated NCCL: greedy == greedy
 #                                              without the drafter)
+#        tests/gpu/emu/run_emu.sh --spec-stages (sampled with the drafter in 2 threaded stages on 2
+#                                              emulated GPUs: the decisions on the last stage's
+#                                              thread take only the rows the rule needs; samples
+#                                              == the run with every row on the host)
 #        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit, a split layer too;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
@@ -332,6 +336,38 @@ if [ "${1:-}" = --spec ]; then
     grep -q "expert parallel: 2 ranks.*exchange nccl" "$W/spec_ep2.log" || { cat "$W/spec_ep2.log"; exit 1; }
     grep "speculative:" "$W/spec_ep2.log" || { echo "no speculative report under --ep 2"; cat "$W/spec_ep2.log"; exit 1; }
     exec /usr/bin/python3 tests/gen_check.py same "$W/plain" "$W/spec_ep2"
+fi
+if [ "${1:-}" = --spec-stages ]; then
+    # issue 21 with threaded stages: 2 stages on 2 emulated GPUs over emulated NCCL, sampled
+    # with the drafter: the decisions of a verify step run on the last stage's thread
+    # (defer_decide) before its backend takes the next micro-batch, so only the rows the
+    # rule needs come over, and the samples are those of the same run with every row
+    # taken to the host (EG_CUDA_SAMPLE=sort leaves p, the kept sets and the draws to it)
+    link_eaglegen
+    W=$B/emu/spec_stages
+    rm -rf "$W" && mkdir -p "$W"
+    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 3 --seed 3 >/dev/null
+    "$B/emu/eaglegen_emu" mkmodel --drafter-for "$W/model" --out "$W/drafter" --seed 5 >/dev/null
+    for i in 1 2 3; do printf '{"id": "s%d", "input_ids": [%d, 72, 101, 108, %d]}\n' $i $((i * 5)) $((i + 30)); done > "$W/corpus.jsonl"
+    common=(generate --backend cuda --model "$W/model" --prompts "$W/corpus.jsonl" --max-new-tokens 8
+            --max-seq-len 64 --batch 3 --chunk 8 --seed 5 --gpu-mem-fraction 0.4 --temperature 8 --top-p 0.9
+            --draft-model "$W/drafter" --draft-tokens 3 --stages 2,3 --micro-batches 2 --transport nccl)
+    export EMU_MEM_GB=2 EMU_DEVICES=2 EMU_NCCL_TIMEOUT=${EMU_NCCL_TIMEOUT:-900}
+    for how in dev host; do
+        if [ $how = host ]; then export EG_CUDA_SAMPLE=sort; fi
+        nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --out "$W/$how" --log-json "$W/$how.jsonl" 2> "$W/$how.log" ||
+            { cat "$W/$how.log"; exit 1; }
+        unset EG_CUDA_SAMPLE
+    done
+    grep -q "transport between stages: nccl" "$W/dev.log" || { cat "$W/dev.log"; exit 1; }
+    grep "speculative:" "$W/dev.log" || { echo "no speculative report"; cat "$W/dev.log"; exit 1; }
+    last() { grep -o "\"$1\":[0-9]*" "$2" | tail -1 | cut -d: -f2; }
+    dev_rows=$(last logit_rows "$W/dev.jsonl"); host_rows=$(last logit_rows "$W/host.jsonl")
+    dev_res=$(last backend_residuals "$W/dev.jsonl"); dev_draws=$(last backend_draws "$W/dev.jsonl")
+    echo "threaded stages, sampled: $dev_rows logits rows taken (host run: $host_rows), $dev_res residuals from the" \
+        "device's kept sets, $dev_draws tokens drawn on the device"
+    [ -n "$dev_rows" ] && [ "$dev_rows" -lt "${host_rows:-0}" ] || { echo "every row was taken"; exit 1; }
+    exec /usr/bin/python3 tests/gen_check.py same "$W/dev" "$W/host"
 fi
 if [ "${1:-}" = --forward ]; then
     # the whole forward pass of tiny-a through the emulated backend vs its golden (~15 min)
