@@ -91,9 +91,17 @@ typedef struct eg_drafter_vtbl {
     eg_status (*propose_many)(eg_drafter *d, int n, const eg_draft_propose *items, eg_error *err);
 } eg_drafter_vtbl;
 
+/* How a drafter's draws were reduced from their logits rows, so far (a drafter on a
+ * backend counts them; others leave zeros): from the backend's kept set, by its argmax,
+ * from the row taken to the host. Read on the driving thread. */
+typedef struct eg_drafter_draws {
+    int64_t kept, argmax, host_rows;
+} eg_drafter_draws;
+
 struct eg_drafter {
     const eg_drafter_vtbl *vt;
     eg_drafter_info info;
+    eg_drafter_draws draws;
     void *impl;
 };
 

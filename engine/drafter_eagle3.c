@@ -102,7 +102,6 @@ typedef struct e3 {
     int have_logits;           /* 1: logits holds the last row; 2: row dev_rows - 1 of the
                                   backend's g->logits does (eg_drafter_eagle3_last_logits) */
     int dev_rows;
-    int64_t n_kept, n_argmax, n_host; /* backend path: draws by how their row was reduced */
     float *mlogits;            /* [R][Vd] backend path: the logits of a pass's rows (host) */
     int *order;                /* [S] propose_many: items by k, descending */
     uint8_t *mark;             /* [S] a batch's slots (distinct) */
@@ -589,9 +588,9 @@ static eg_status dev_pick(e3 *d, int m, const eg_draft_propose *it, const int *g
                                      sizeof(float) * (size_t)d->Vd, err);
     }
     if (!st && nh) st = b->ops->sync(b, err);
-    d->n_host += nh;
-    d->n_argmax += ng;
-    d->n_kept += m - nh - ng;
+    d->base.draws.host_rows += nh;
+    d->base.draws.argmax += ng;
+    d->base.draws.kept += m - nh - ng;
     return st;
 }
 
@@ -1108,12 +1107,7 @@ const float *eg_drafter_eagle3_last_logits(const eg_drafter *d) {
     }
     return x->have_logits ? x->logits : NULL;
 }
-void eg_drafter_eagle3_draw_counts(const eg_drafter *d, int64_t *kept, int64_t *argmax, int64_t *host) {
-    const e3 *x = d->impl;
-    *kept = x->n_kept;
-    *argmax = x->n_argmax;
-    *host = x->n_host;
-}
+
 const char *eg_drafter_eagle3_aux_source(const eg_drafter *d) { return ((const e3 *)d->impl)->aux_source; }
 const char *eg_drafter_eagle3_backend(const eg_drafter *d) {
     const e3 *x = d->impl;

@@ -150,9 +150,7 @@ const int64_t *eg_drafter_eagle3_d2t(const eg_drafter *d);              /* [Vd] 
 /* The draft-vocabulary logits [Vd] the most recent proposal was drawn from (the last
  * step of the last propose call); NULL before any. */
 const float *eg_drafter_eagle3_last_logits(const eg_drafter *d);
-/* Draws so far on the backend path by how their row was reduced: from the backend's kept
- * set, by its greedy sample, from the row on the host (opts.backend_draws). */
-void eg_drafter_eagle3_draw_counts(const eg_drafter *d, int64_t *kept, int64_t *argmax, int64_t *host);
+
 /* How the aux-layer convention was decided (e.g. "eagle_config.eaglegen_aux_convention"). */
 const char *eg_drafter_eagle3_aux_source(const eg_drafter *d);
 /* The backend the drafter runs on (NULL: its own CPU code). */

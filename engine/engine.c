@@ -661,6 +661,11 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
 void eg_engine_request_stop(eg_engine *e) { __atomic_store_n(&e->stop_requested, 1, __ATOMIC_RELAXED); }
 void eg_engine_get_stats(const eg_engine *e, eg_engine_stats *s) {
     *s = e->stats;
+    if (e->dr) {
+        s->draft_kept = e->dr->draws.kept;
+        s->draft_argmax = e->dr->draws.argmax;
+        s->draft_host_rows = e->dr->draws.host_rows;
+    }
     for (int k = 0; k < e->n_stages; k++)
         s->stage_steps[k < 8 ? k : 7] += __atomic_load_n(&e->stage_count[k], __ATOMIC_RELAXED);
 }

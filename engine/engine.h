@@ -217,6 +217,9 @@ typedef struct eg_engine_stats {
     int64_t backend_residuals; /* rejected drafts of a deferred step whose residual was drawn
                                 from the kept set the backend gave (backend.h kept_probs),
                                 without taking the row to the host */
+    int64_t draft_kept, draft_argmax, draft_host_rows; /* the drafter's draws (drafter.h
+                                eg_drafter_draws): from its backend's kept sets, by its
+                                argmax, from rows taken to the host */
     int64_t backend_probs;   /* sampled verify rows whose p(draft) came from the backend
                                 (opts.spec_probs; the host sorts such a row only when its
                                 draft is rejected, for the residual, and the backend

@@ -423,6 +423,9 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
         s->logit_rows += q.logit_rows;
         s->backend_draws += q.backend_draws;
         s->backend_residuals += q.backend_residuals;
+        s->draft_kept += q.draft_kept;
+        s->draft_argmax += q.draft_argmax;
+        s->draft_host_rows += q.draft_host_rows;
         s->draft_seconds += q.draft_seconds;
         s->verify_seconds += q.verify_seconds;
     }

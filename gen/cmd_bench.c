@@ -447,14 +447,16 @@ static eg_status wl_report_spec(const bench_opts *o, const char *name, int M, do
                "\"tokens_per_pass\": %.4f, \"plain_tokens_per_pass\": %.4f, \"draft_seconds\": %.3f, "
                "\"verify_seconds\": %.3f, \"draft_share\": %.4f, \"verify_share\": %.4f, \"gen_tok_s\": %.1f, "
                "\"plain_gen_tok_s\": %.1f, \"speedup\": %.4f, \"logit_rows\": %lld, \"backend_probs\": %lld, "
-               "\"backend_draws\": %lld, \"backend_residuals\": %lld, \"greedy_identical\": ",
+               "\"backend_draws\": %lld, \"backend_residuals\": %lld, \"draft_kept\": %lld, \"draft_argmax\": %lld, "
+               "\"draft_host_rows\": %lld, \"greedy_identical\": ",
                o->draft_model ? "eagle3" : "replay", o->draft_tokens, (long long)es->verify_steps,
                (long long)es->drafted, (long long)es->accepted, (long long)es->spec_tokens, acc, A,
                (long long)sp->generated, (long long)es->steps, (long long)plain->es.steps, spp / pp,
                (double)sp->generated / spp, (double)plain->generated / pp, es->draft_seconds, es->verify_seconds,
                es->draft_seconds / ds, es->verify_seconds / ds, gen_tps, plain_tps, gen_tps / plain_tps,
                (long long)es->logit_rows, (long long)es->backend_probs, (long long)es->backend_draws,
-               (long long)es->backend_residuals);
+               (long long)es->backend_residuals, (long long)es->draft_kept, (long long)es->draft_argmax,
+               (long long)es->draft_host_rows);
         if (compared) printf("%s", identical == compared ? "true" : "false");
         else printf("null");
         printf(", \"identical_requests\": %d, \"modelled_mean_len\": %.0f, \"modelled\": [", identical,
@@ -477,9 +479,11 @@ static eg_status wl_report_spec(const bench_opts *o, const char *name, int M, do
            100 * es->verify_seconds / ds, plain_tps, gen_tps, gen_tps / plain_tps);
     if (compared) printf("; greedy tokens identical to the plain run: %d of %d requests", identical, compared);
     printf("\n  logits rows to the host for the rule and the draws: %lld; drafts' p from the backend: %lld; tokens "
-           "drawn there: %lld; residuals from its kept sets: %lld\n",
+           "drawn there: %lld; residuals from its kept sets: %lld; the drafter's draws from its backend's kept sets: "
+           "%lld, by its argmax: %lld, from rows on the host: %lld\n",
            (long long)es->logit_rows, (long long)es->backend_probs, (long long)es->backend_draws,
-           (long long)es->backend_residuals);
+           (long long)es->backend_residuals, (long long)es->draft_kept, (long long)es->draft_argmax,
+           (long long)es->draft_host_rows);
     if (n_bm) {
         char dflag[64] = "";
         if (bm[0].draft_cache > 0) /* Kimi-K2.5's latent */

@@ -67,6 +67,16 @@ void gen_draft_report(FILE *human, FILE *json, const eg_engine_stats *es, int wo
             (long long)es->verify_steps, (long long)es->drafted, (long long)es->accepted,
             es->drafted ? 100.0 * es->accepted / es->drafted : 0.0, acc, tok, es->draft_seconds,
             100 * es->draft_seconds / spec, es->verify_seconds, 100 * es->verify_seconds / spec);
+    /* where the rows went: on a GPU most should stay there (docs/ENGINE.md "Cost notes") */
+    fprintf(human,
+            "eaglegen generate: host traffic of the draws: %lld target logits rows taken; on the backend %lld drafts' p, "
+            "%lld tokens, %lld residuals from kept sets",
+            (long long)es->logit_rows, (long long)es->backend_probs, (long long)es->backend_draws,
+            (long long)es->backend_residuals);
+    if (es->draft_kept + es->draft_argmax + es->draft_host_rows > 0) /* a drafter on a backend */
+        fprintf(human, "; the drafter's draws: %lld from its backend's kept sets, %lld by its argmax, %lld from rows on "
+                "the host", (long long)es->draft_kept, (long long)es->draft_argmax, (long long)es->draft_host_rows);
+    fprintf(human, "\n");
     if (!json) return;
     char ts[32];
     time_t now = time(NULL);
@@ -77,10 +87,12 @@ void gen_draft_report(FILE *human, FILE *json, const eg_engine_stats *es, int wo
             "{\"time\":\"%s\",\"worker\":\"%d/%d\",\"phase\":\"speculative\",\"verify_steps\":%lld,\"drafted\":%lld,"
             "\"accepted\":%lld,\"mean_accepted_per_verify\":%.4f,\"tokens_per_verify\":%.4f,\"draft_seconds\":%.3f,"
             "\"verify_seconds\":%.3f,\"engine_seconds\":%.3f,\"draft_share\":%.4f,\"verify_share\":%.4f,"
-            "\"logit_rows\":%lld,\"backend_probs\":%lld,\"backend_draws\":%lld,\"backend_residuals\":%lld}\n",
+            "\"logit_rows\":%lld,\"backend_probs\":%lld,\"backend_draws\":%lld,\"backend_residuals\":%lld,"
+            "\"draft_kept\":%lld,\"draft_argmax\":%lld,\"draft_host_rows\":%lld}\n",
             ts, worker, n_workers, (long long)es->verify_steps, (long long)es->drafted, (long long)es->accepted, acc, tok,
             es->draft_seconds, es->verify_seconds, es->seconds, es->draft_seconds / spec, es->verify_seconds / spec,
             (long long)es->logit_rows, (long long)es->backend_probs, (long long)es->backend_draws,
-            (long long)es->backend_residuals);
+            (long long)es->backend_residuals, (long long)es->draft_kept, (long long)es->draft_argmax,
+            (long long)es->draft_host_rows);
     fflush(json);
 }

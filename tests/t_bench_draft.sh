@@ -139,6 +139,8 @@ for p, greedy in (("d.json", True), ("ds.json", False)):
     assert (sp["logit_rows"] == 0) if greedy else (sp["logit_rows"] > 0 and sp["backend_probs"] == 0), sp
     # and so no step is deferred: nothing drawn there, no residual from its kept sets
     assert sp["backend_draws"] == 0 and sp["backend_residuals"] == 0, sp
+    # the drafter runs its own CPU code here: none of its draws is counted as reduced on a backend
+    assert sp["draft_kept"] == 0 and sp["draft_argmax"] == 0 and sp["draft_host_rows"] == 0, sp
 PY
 echo "-- an MLA drafter (vLLM's layout): greedy unchanged, the boxes modelled with Kimi-K2.5's latent cache"
 $E mkmodel --drafter-for model --out drafter_mla --seed 5 --mla >/dev/null 2>&1 || fail "mkmodel --drafter-for --mla"

@@ -554,8 +554,7 @@ static void many_case(int mla, int draws, const int64_t *d2t) {
     eg_draft_propose ptwice[2] = {{1, seq, len[1] + 1, 1, &sps[1], &rb[1], db[1], NULL},
                                   {1, seq, len[1] + 1, 1, &sps[1], &rb[1], db[1], NULL}};
     CHECK(eg_drafter_propose_many(b, 2, ptwice, &e) == EG_ERR_INVALID && strstr(e.msg, "slot 1 twice"));
-    int64_t kept, am, host;
-    eg_drafter_eagle3_draw_counts(b, &kept, &am, &host);
+    const int64_t kept = b->draws.kept, am = b->draws.argmax, host = b->draws.host_rows;
     if (draws) {
         printf("    backend draws%s: %lld from kept sets, %lld by the backend's argmax, %lld rows to the host\n",
                d2t ? " (d2t not monotone)" : "", (long long)kept, (long long)am, (long long)host);

@@ -431,7 +431,7 @@ else
         EG_CUDA_SAMPLE=sort '$E' ${SPA[*]} --temperature 1 --top-p 0.95 --out '$TMP/spec3h' --draft-model '$TMP/drafter' \
             --draft-tokens 3 --log-json '$TMP/spec3h.jsonl' 2> '$TMP/spec3h.log' &&
         echo 'sampled, the device p (token_probs) then the host p (EG_CUDA_SAMPLE=sort):' &&
-        grep -o '\"logit_rows\":[0-9]*,\"backend_probs\":[0-9]*,\"backend_draws\":[0-9]*,\"backend_residuals\":[0-9]*' \
+        grep -o '\"logit_rows\":[0-9]*,\"backend_probs\":[0-9]*,\"backend_draws\":[0-9]*,\"backend_residuals\":[0-9]*,\"draft_kept\":[0-9]*,\"draft_argmax\":[0-9]*,\"draft_host_rows\":[0-9]*' \
             '$TMP/spec3s.jsonl' '$TMP/spec3h.jsonl' &&
         { '$PYTHON' tests/gen_check.py same '$TMP/spec3s' '$TMP/spec3h' && echo 'sampled: device p == host p' ||
           echo 'sampled: device p differs from host p (p agree to 2 V eps; see above)'; }"

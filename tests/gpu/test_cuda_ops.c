@@ -2190,8 +2190,7 @@ static void drafter_case(const char *ddir, eg_model *m, const char *what) {
     CHECK(drafts_same && ra == rb);
     /* the draws' rows reduced on the device (backend_draws 0 on CUDA): greedy rows by its
        argmax, sampled ones from kept sets unless over the cap or unsettled */
-    int64_t kept, am, host;
-    eg_drafter_eagle3_draw_counts(dg, &kept, &am, &host);
+    const int64_t kept = dg->draws.kept, am = dg->draws.argmax, host = dg->draws.host_rows;
     printf("    drafter%s via cuda: %lld drafts from the device's kept sets, %lld by its argmax, %lld rows to the host\n",
            what, (long long)kept, (long long)am, (long long)host);
     CHECK(am == K * (K + 1) / 2 + 2 && kept + host == 2 * N + 3); /* greedy chains 1..K and one of 2 */

@@ -319,6 +319,11 @@ if [ "${1:-}" = --spec ]; then
     # residual came from the device's kept set (kept_probs) instead of its row
     [ -n "$dev_rows" ] && [ "$dev_rows" -lt "${host_rows:-0}" ] || { echo "every row was taken"; exit 1; }
     [ "${dev_res:-0}" -gt 0 ] && [ "${host_res:-1}" = 0 ] || { echo "kept_probs not used as expected"; exit 1; }
+    # and the drafter's draws from its own device's kept sets (sampled) and argmaxes (greedy)
+    dkept=$(grep -o '"draft_kept":[0-9]*' "$W/spec_dev.jsonl" | tail -1 | cut -d: -f2)
+    dam=$(grep -o '"draft_argmax":[0-9]*' "$W/spec.jsonl" | tail -1 | cut -d: -f2)
+    echo "the drafter: $dkept sampled draws from its device's kept sets, $dam greedy ones by its argmax"
+    [ "${dkept:-0}" -gt 0 ] && [ "${dam:-0}" -gt 0 ] || { echo "the drafter's rows came to the host"; exit 1; }
     /usr/bin/python3 tests/gen_check.py same "$W/spec_dev" "$W/spec_host"
     # vLLM's MLA drafter layout: its layer through the drafter's CUDA backend's mla_attention
     # over its paged latent cache; greedy stays the plain samples
