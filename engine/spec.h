@@ -86,16 +86,16 @@ int eg_spec_accept(const double *pd, const eg_spec_q *q, const int32_t *draft, i
                    uint64_t *rng, int *rejected);
 int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sample_params *sp, const int32_t *draft,
                        const eg_spec_q *q, int n, int rejected, uint64_t *rng);
+/* A kept set (ids / probs [n], any order, distinct ids) in id order: its entries with
+ * p > 0 into sc->ids and sc->p [m]; returns m. Their sums in this order are the dense
+ * row's (every other id is 0). n must not exceed the scratch's V. Uses sc->sort. */
+int eg_spec_sort_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n);
 /* eg_spec_finish's residual draw at a rejection (draft[n] rejected), from row n's kept
  * set instead of the row: ids / probs [n_kept] its candidates and their p (a backend's
  * kept_probs; any order, distinct ids), every other id's p being 0. With eg_spec_probs'
  * numbers for them, the same token and RNG state as eg_spec_finish (the sums run over
  * ascending ids, as the dense draw's); O(n_kept log n_kept), not O(V). n_kept must not
  * exceed what sc->sort holds (V). */
-/* A kept set (ids / probs [n], any order, distinct ids) in id order: its entries with
- * p > 0 into sc->ids and sc->p [m]; returns m. Their sums in this order are the dense
- * row's (every other id is 0). n must not exceed the scratch's V. Uses sc->sort. */
-int eg_spec_sort_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n);
 int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const double *probs, int n_kept,
                             const int32_t *draft, const eg_spec_q *q, int n, uint64_t *rng);
 
