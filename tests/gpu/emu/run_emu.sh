@@ -64,6 +64,16 @@ link_eaglegen() {
         "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_gen.a" "$B/libeg_engine.a" "$B/libeg_dataset.a" \
         "$B/libeg_prompts.a" "$B/libeg_common.a" -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
 }
+# The speculative runs' fixture in W (set to $1): the emulator linked, a 3-layer tiny model,
+# a random drafter for it, 3 prompts.
+spec_fixture() {
+    link_eaglegen
+    W=$1
+    rm -rf "$W" && mkdir -p "$W"
+    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 3 --seed 3 >/dev/null
+    "$B/emu/eaglegen_emu" mkmodel --drafter-for "$W/model" --out "$W/drafter" --seed 5 >/dev/null
+    for i in 1 2 3; do printf '{"id": "s%d", "input_ids": [%d, 72, 101, 108, %d]}\n' $i $((i * 5)) $((i + 30)); done > "$W/corpus.jsonl"
+}
 if [ "${1:-}" = --pipeline ]; then
     # issue 8's NCCL path without GPUs: a tiny model generated in 3 stages on 3 emulated
     # GPUs, rows handed over by the emulated NCCL (stage threads, micro-batches in flight,
@@ -277,12 +287,7 @@ if [ "${1:-}" = --spec ]; then
     # EAGLE-3 drafter through its own emulated CUDA backend (gqa_attention, copy_rows, ...):
     # greedy with the drafter (K 3) writes the samples greedy without it writes; the run
     # reports its verify steps and accepted lengths.
-    link_eaglegen
-    W=$B/emu/spec
-    rm -rf "$W" && mkdir -p "$W"
-    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 3 --seed 3 >/dev/null
-    "$B/emu/eaglegen_emu" mkmodel --drafter-for "$W/model" --out "$W/drafter" --seed 5 >/dev/null
-    for i in 1 2 3; do printf '{"id": "s%d", "input_ids": [%d, 72, 101, 108, %d]}\n' $i $((i * 5)) $((i + 30)); done > "$W/corpus.jsonl"
+    spec_fixture "$B/emu/spec"
     common=(generate --backend cuda --model "$W/model" --prompts "$W/corpus.jsonl" --max-new-tokens 8
             --max-seq-len 64 --batch 3 --chunk 8 --seed 5 --gpu-mem-fraction 0.4 --temperature 0)
     export EMU_MEM_GB=2
@@ -348,12 +353,7 @@ if [ "${1:-}" = --spec-stages ]; then
     # (defer_decide) before its backend takes the next micro-batch, so only the rows the
     # rule needs come over, and the samples are those of the same run with every row
     # taken to the host (EG_CUDA_SAMPLE=sort leaves p, the kept sets and the draws to it)
-    link_eaglegen
-    W=$B/emu/spec_stages
-    rm -rf "$W" && mkdir -p "$W"
-    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 3 --seed 3 >/dev/null
-    "$B/emu/eaglegen_emu" mkmodel --drafter-for "$W/model" --out "$W/drafter" --seed 5 >/dev/null
-    for i in 1 2 3; do printf '{"id": "s%d", "input_ids": [%d, 72, 101, 108, %d]}\n' $i $((i * 5)) $((i + 30)); done > "$W/corpus.jsonl"
+    spec_fixture "$B/emu/spec_stages"
     common=(generate --backend cuda --model "$W/model" --prompts "$W/corpus.jsonl" --max-new-tokens 8
             --max-seq-len 64 --batch 3 --chunk 8 --seed 5 --gpu-mem-fraction 0.4 --temperature 8 --top-p 0.9
             --draft-model "$W/drafter" --draft-tokens 3 --stages 2,3 --micro-batches 2 --transport nccl)
