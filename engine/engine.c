@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 typedef struct slot_state {
     int active;
     int finishing;      /* generation ended; the last token still needs its pass */
@@ -58,8 +57,6 @@ typedef struct parked_seq {
     int64_t *host_cap;  /* [n_stages] bytes allocated in host[k] (kept for reuse) */
 } parked_seq;
 
-/* A micro-batch: a fixed group of slots (slot i belongs to micro-batch i % M) with its
- * own step buffers, so M of them can be in flight through the pipeline at once. */
 /* One draw of a step on the host (host_draws): a verify chunk's or a plain sampled row's. */
 typedef struct host_job {
     int slot, lr, verify; /* lr: the chunk's first logit row of the step */
@@ -72,6 +69,8 @@ typedef struct host_job {
     int32_t tok;
 } host_job;
 
+/* A micro-batch: a fixed group of slots (slot i belongs to micro-batch i % M) with its
+ * own step buffers, so M of them can be in flight through the pipeline at once. */
 typedef struct micro_batch {
     int index;
     int busy;
@@ -103,9 +102,10 @@ typedef struct micro_batch {
      * on the last stage's thread when the stages are threaded, else the driver's) the
      * lists: [max_tokens] each the logit rows it takes to the host and the rows drawn on
      * the backend with their parameters, RNG states and tokens; where the backend offers
-     * kept_probs, [n_slots] each a rejected draft's logit row, its parameters and the kept
-     * set the backend gave (n, or -1: the row comes over instead) in rows of kept_cap */
-    host_job *hjobs;                           /* [n_slots] */
+     * kept_probs, [mb_slots] each a rejected draft's logit row, its parameters and the
+     * kept set the backend gave (n, or -1: the row comes over instead) in rows of kept_cap */
+    int mb_slots;                              /* its slots: ceil(n_slots / M) at most */
+    host_job *hjobs;                           /* [mb_slots] one job a slot at most */
     int n_jobs, n_verify;
     int decided;                               /* defer_decide ran for this step */
     int32_t *fetch, *brow, *btok;
@@ -421,7 +421,8 @@ static eg_status mb_alloc(eg_engine *e, micro_batch *mb, eg_error *err) {
     if (!mb->tok || !mb->pos || !mb->slt || !mb->rows || !mb->sampled || !mb->sp || !mb->rng || !mb->cap || !mb->fin ||
         (want_l && !mb->logits) || (e->backend_probs && (!mb->ptok || !mb->prob)))
         return EG_ERR_NOMEM;
-    const size_t ns = (size_t)e->o.n_slots, kc = ns * (size_t)e->kept_cap;
+    mb->mb_slots = (e->o.n_slots + e->n_mb - 1) / e->n_mb; /* slot i is micro-batch i % M's */
+    const size_t ns = (size_t)mb->mb_slots, kc = ns * (size_t)e->kept_cap;
     if (e->hsc && !(mb->hjobs = eg_malloc(sizeof *mb->hjobs * ns, err))) return EG_ERR_NOMEM;
     if (e->backend_probs &&
         (!(mb->fetch = eg_malloc(4 * T, err)) || !(mb->brow = eg_malloc(4 * T, err)) ||
@@ -1486,6 +1487,7 @@ static void mb_jobs(const eg_engine *e, micro_batch *mb) {
         int i = mb->slt[row];
         const slot_state *s = &e->slots[i];
         int n = chunk_rows(mb, row);
+        EG_ASSERT(nj < mb->mb_slots || !(s->n_draft > 0 || chunk_samples(s, n)));
         if (s->n_draft > 0) {
             int lr = e->o.want_logits ? row : srow;
             mb->hjobs[nj++] = (host_job){.slot = i, .lr = lr, .verify = 1, .fr = lr, .ki = -1};
