@@ -492,6 +492,17 @@ static eg_status dev_extend_many(e3 *d, int n_items, const eg_draft_extend *it, 
 static int32_t pick(const e3 *d, pick_scr *ps, const float *logits, const eg_sample_params *sp, uint64_t *rng,
                     eg_spec_q *q, int qi);
 
+/* A greedy draft: target id of draft index best, q row qi (when q) one-hot there. */
+static int32_t pick_greedy(const e3 *d, int best, eg_spec_q *q, int qi) {
+    const int32_t tid = (int32_t)(best + d->d2t[best]);
+    if (q) {
+        q->id[(int64_t)qi * q->cap] = tid;
+        q->p[(int64_t)qi * q->cap] = 1.0;
+        q->n[qi] = 1;
+    }
+    return tid;
+}
+
 /* pick's sampled draw (d2t monotone) from a row's kept set instead of the row: ids / probs
  * [n] (kept_probs: any order, distinct draft ids, eg_spec_probs' numbers). Sorted by id,
  * the positive ones are pd's nonzero entries in pd's order, so eg_spec_draw_sparse gives
@@ -535,12 +546,7 @@ static void pick_rows(void *vp, int64_t b, int64_t end, int tid) {
             *out = pick_kept(d, &d->ps[tid], g->k_id + (int64_t)i * g->kcap, g->k_p + (int64_t)i * g->kcap, g->k_n[i],
                              p->rng, p->q, c->j);
         } else if (g->k_how[r] == PICK_ARGMAX) { /* pick's greedy branch on the backend's argmax */
-            *out = (int32_t)(g->k_am[r] + d->d2t[g->k_am[r]]);
-            if (p->q) {
-                p->q->id[(int64_t)c->j * p->q->cap] = *out;
-                p->q->p[(int64_t)c->j * p->q->cap] = 1.0;
-                p->q->n[c->j] = 1;
-            }
+            *out = pick_greedy(d, g->k_am[r], p->q, c->j);
         } else {
             *out = pick(d, &d->ps[tid], d->mlogits + r * d->Vd, p->sp, p->rng, p->q, c->j);
         }
@@ -939,13 +945,7 @@ static int32_t pick(const e3 *d, pick_scr *ps, const float *logits, const eg_sam
         int best = 0;
         for (int i = 1; i < d->Vd; i++)
             if (logits[i] > logits[best]) best = i;
-        tid = (int32_t)(best + d->d2t[best]);
-        if (q) {
-            qid[0] = tid;
-            qp[0] = 1.0;
-            q->n[qi] = 1;
-        }
-        return tid;
+        return pick_greedy(d, best, q, qi);
     }
     if (d->monotone) {
         eg_spec_probs(ps->sc, logits, d->Vd, sp, ps->pd);

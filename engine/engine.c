@@ -246,7 +246,8 @@ static eg_spec_q *slot_q(slot_state *s) { return s->req.sp.temperature > 0.0f &&
 static void slot_free(slot_state *s) {
     free(s->tokens); free(s->stop); free(s->aux); free(s->final); free(s->aux16); free(s->final16); free(s->logits);
     free(s->final_pre); free(s->final_pre16);
-    free(s->draft); free(s->q.n); free(s->q.id); free(s->q.p);
+    free(s->draft);
+    eg_spec_q_free(&s->q);
     memset(s, 0, sizeof *s);
 }
 
@@ -836,16 +837,7 @@ static int admit(eg_engine *e, int i, eg_error *err, eg_status *st) {
         return 0;
     if (e->dr) { /* the draft buffers stay with the slot (and travel with a preempted sequence) */
         if (!s->draft) s->draft = eg_malloc(sizeof(int32_t) * (size_t)e->dk, err);
-        if (s->draft && r->sp.temperature > 0.0f && !s->q.n) {
-            const size_t rows = (size_t)e->dk, ids = rows * (size_t)e->q_cap;
-            s->q.cap = e->q_cap;
-            s->q.n = eg_malloc(sizeof(int32_t) * rows, err);
-            if (s->q.n && !(s->q.id = eg_malloc(sizeof(int32_t) * ids, err))) { free(s->q.n); s->q.n = NULL; }
-            if (s->q.n && !(s->q.p = eg_malloc(sizeof(double) * ids, err))) {
-                free(s->q.n); free(s->q.id);
-                s->q.n = NULL; s->q.id = NULL;
-            }
-        }
+        if (s->draft && r->sp.temperature > 0.0f && !s->q.n) (void)eg_spec_q_alloc(&s->q, e->dk, e->q_cap, err);
         if (!s->draft || (r->sp.temperature > 0.0f && !s->q.n)) {
             *st = EG_ERR_NOMEM;
             return 0;

@@ -67,6 +67,22 @@ int32_t eg_spec_draw_sparse(const double *w, const int32_t *ids, int n, uint64_t
     return draw_weighted(w, ids, n, rng);
 }
 
+eg_status eg_spec_q_alloc(eg_spec_q *q, int k, int cap, eg_error *err) {
+    const size_t ids = (size_t)k * (size_t)cap;
+    *q = (eg_spec_q){cap, eg_calloc((size_t)k, sizeof(int32_t), err), eg_calloc(ids, sizeof(int32_t), err),
+                     eg_calloc(ids, sizeof(double), err)};
+    if (q->n && q->id && q->p) return EG_OK;
+    eg_spec_q_free(q);
+    return EG_ERR_NOMEM;
+}
+
+void eg_spec_q_free(eg_spec_q *q) {
+    free(q->n);
+    free(q->id);
+    free(q->p);
+    *q = (eg_spec_q){0};
+}
+
 double eg_spec_q_at(const eg_spec_q *q, int i, int32_t x) {
     const int32_t *id = q->id + (int64_t)i * q->cap;
     int lo = 0, hi = q->n[i];

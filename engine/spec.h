@@ -41,6 +41,11 @@ typedef struct eg_spec_q {
     double *p;    /* [k][cap] their probabilities */
 } eg_spec_q;
 
+/* k rows of cap ids each into q (owned by the caller: eg_spec_q_free, which takes an
+ * unallocated or zeroed q too); on failure q is left zeroed. */
+eg_status eg_spec_q_alloc(eg_spec_q *q, int k, int cap, eg_error *err);
+void eg_spec_q_free(eg_spec_q *q);
+
 /* q(x) at row i: its probability there, 0 when the row does not hold x. O(log n). */
 double eg_spec_q_at(const eg_spec_q *q, int i, int32_t x);
 

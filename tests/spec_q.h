@@ -1,8 +1,8 @@
 /* spec_q.h — tests' helpers for eg_spec_q (engine/spec.h), the sparse proposer
- * distributions: one to allocate (rows of cap ids, calloc'd), one to expand rows to the
- * dense [k][V] arrays the tests compare, one to pack a dense [k][V] into rows (its
- * positive entries, ascending). Ownership: tq_free frees what tq_alloc gave (NULL
- * fields ok). Single-threaded, as the tests. */
+ * distributions: eg_spec_q_alloc as a value (zeroed on failure: the tests' CHECKs see
+ * NULL rows), one to expand rows to the dense [k][V] arrays the tests compare, one to pack
+ * a dense [k][V] into rows (its positive entries, ascending). Ownership: tq_free
+ * (eg_spec_q_free) frees what tq_alloc gave. Single-threaded, as the tests. */
 #ifndef EG_TEST_SPEC_Q_H
 #define EG_TEST_SPEC_Q_H
 
@@ -12,14 +12,12 @@
 #include "engine/spec.h"
 
 static inline eg_spec_q tq_alloc(int k, int cap) {
-    eg_spec_q q = {cap, calloc((size_t)k, sizeof(int32_t)), calloc((size_t)k * (size_t)cap, sizeof(int32_t)),
-                   calloc((size_t)k * (size_t)cap, sizeof(double))};
+    eg_spec_q q;
+    eg_error err = {0};
+    (void)eg_spec_q_alloc(&q, k, cap, &err);
     return q;
 }
-static inline void tq_free(eg_spec_q *q) {
-    free(q->n); free(q->id); free(q->p);
-    memset(q, 0, sizeof *q);
-}
+static inline void tq_free(eg_spec_q *q) { eg_spec_q_free(q); }
 /* out [k][V] = rows 0..k-1 of q, 0 where a row holds no id. */
 static inline void tq_dense(const eg_spec_q *q, int k, int V, double *out) {
     memset(out, 0, sizeof(double) * (size_t)k * (size_t)V);

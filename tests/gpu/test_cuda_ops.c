@@ -991,6 +991,13 @@ static float *sample_logits(int N, int V, float peak, int quant) {
     return lg;
 }
 
+/* The sampling cases' pair of backends: small_cfg at vocabulary V, N rows a call. */
+static int sample_pair(int N, int V, pair *p) {
+    eg_config c = small_cfg();
+    c.vocab = V;
+    return pair_make(&c, N, p);
+}
+
 /* The device's top-M candidate count as the backend reads it (EG_CUDA_SAMPLE_M, 2048). */
 static int sample_m(void) {
     const char *ms = getenv("EG_CUDA_SAMPLE_M");
@@ -1007,10 +1014,8 @@ static const eg_sample_params probs_kinds[7] = {{1.0f, 1, 0},      {0.7f, 1, 50}
  * (many ties, also at the top-M threshold). Returns the rows the top-M path left to
  * the full sort. */
 static int64_t sample_case_ex(int N, int V, int rounds, float peak, int cap_k, int quant) {
-    eg_config c = small_cfg();
-    c.vocab = V;
     pair p;
-    if (!pair_make(&c, N, &p)) return -1;
+    if (!sample_pair(N, V, &p)) return -1;
     eg_error err = {0};
     eg_sample_params *sp = malloc(sizeof *sp * (size_t)N);
     uint64_t *rc = malloc(8 * (size_t)N), *rg = malloc(8 * (size_t)N);
@@ -1100,10 +1105,8 @@ static void test_sample_small(void) {
  * for greedy rows and where the first M candidates cannot settle the kept set (a top_k
  * above M, a top-p cut beyond them). Returns the non-greedy rows answered NaN. */
 static int token_probs_case(int N, int V, float peak, int quant) {
-    eg_config c = small_cfg();
-    c.vocab = V;
     pair p;
-    if (!pair_make(&c, N, &p)) return -1;
+    if (!sample_pair(N, V, &p)) return -1;
     eg_error err = {0};
     int M = sample_m();
     eg_sample_params *sp = malloc(sizeof *sp * (size_t)N);
@@ -1185,10 +1188,8 @@ static int token_probs_case(int N, int V, float peak, int quant) {
  * set has more than cap ids, and where the first M cannot settle it. Returns the rows the
  * host settles but the device leaves -1. */
 static int kept_probs_case(int N, int V, float peak, int quant, int cap) {
-    eg_config c = small_cfg();
-    c.vocab = V;
     pair p;
-    if (!pair_make(&c, N, &p)) return -1;
+    if (!sample_pair(N, V, &p)) return -1;
     eg_error err = {0};
     int M = sample_m();
     if (cap < M) M = cap; /* the device selects no more candidates than it may return */
