@@ -1050,9 +1050,19 @@ static eg_status cu_gqa_attention(eg_backend *b, const eg_gqa_args *a, eg_error 
                        "cuda backend: gqa attention with %d heads, %d kv heads of %d over %d positions (blocks of %d, "
                        "%d per slot)",
                        a->n_heads, a->n_kv_heads, a->head_dim, a->max_pos, a->block_size, a->max_blocks);
-    if ((size_t)a->head_dim * 8 + 1024 > 48 * 1024)
-        return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda backend: gqa attention head dim %d exceeds shared memory",
-                       a->head_dim);
+    if (((uintptr_t)a->k_cache | (uintptr_t)a->v_cache) & 3)
+        return eg_fail(err, EG_ERR_INVALID, "cuda backend: gqa attention caches not 4-byte aligned");
+    const size_t shm = egk_gqa_smem_bytes(a->n_heads, a->n_kv_heads, a->head_dim);
+    if (shm > 48 * 1024) {
+        int optin = 0;
+        CU("cudaDeviceGetAttribute",
+           cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, im->device));
+        if (shm > (size_t)optin)
+            return eg_fail(err, EG_ERR_UNSUPPORTED,
+                           "cuda backend: gqa attention with %d heads per kv head of %d needs %zu bytes of shared "
+                           "memory, the device allows %d",
+                           a->n_heads / a->n_kv_heads, a->head_dim, shm, optin);
+    }
     egk_gqa g = {a->T, a->n_heads, a->n_kv_heads, a->head_dim, a->block_size, a->max_blocks, a->pos, a->slot,
                  a->block_table, a->q, a->k, a->v, a->k_cache, a->v_cache, a->rope_inv_freq, a->softmax_scale,
                  a->window, a->out};

@@ -1,9 +1,15 @@
 /* attn.cu — ordinary multi-head / grouped-query attention over a paged BF16 cache with
  * rotate-half RoPE (what the EAGLE-3 drafter's decoder layer needs), and a strided row
- * copy. Shapes only, no model logic; see eg_cuda.h. */
+ * copy. Shapes only, no model logic; see eg_cuda.h.
+ *
+ * Legend: T rows, NH heads, NKV kv heads, G = NH / NKV heads per kv head, HD head dim,
+ * HW = HD / 2 BF16 pairs (32-bit words) per cache row of one kv head, TP positions per
+ * tile. */
 #include "kernels/common.cuh"
 
-#define GQA_THREADS 64 /* threads per (head, row) block; also the positions per tile */
+#define GQA_THREADS 128 /* threads per (kv head, row) block: 4 warps */
+#define GQA_WARPS (GQA_THREADS / 32)
+#define GQA_TILE_MAX 64 /* positions per tile where the shared memory allows */
 
 /* Rotate-half RoPE of the pair (x0, x1) = (v[i], v[i + HD/2]) at position p: the angle
  * in FP64, cos/sin rounded to FP32, products and sums rounded separately (no FMA
@@ -39,82 +45,141 @@ static __global__ void gqa_write_kernel(egk_gqa a) {
     }
 }
 
-/* Tree reduction over the block's GQA_THREADS values in red (every thread gets it). */
-static __device__ __forceinline__ float block_reduce(float *red, float v, int is_max) {
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = GQA_THREADS / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) {
-            float o = red[threadIdx.x + s];
-            red[threadIdx.x] = is_max ? fmaxf(red[threadIdx.x], o) : red[threadIdx.x] + o;
-        }
-        __syncthreads();
-    }
-    float r = red[0];
-    __syncthreads();
-    return r;
+/* Words between tile rows in shared memory: HW rounded up to odd, so the 32 lanes that
+ * read one word of 32 consecutive rows hit 32 banks. */
+static __host__ __device__ __forceinline__ int gqa_stride(int HD) { return (HD / 2) | 1; }
+
+/* The attend kernel's dynamic shared memory at TP positions a tile (layout in the
+ * kernel's comment). */
+static size_t gqa_smem(int G, int HD, int TP) {
+    return sizeof(int64_t) * (size_t)TP + sizeof(float) * ((size_t)2 * G * HD + (size_t)G * TP + 3 * (size_t)G) +
+           sizeof(uint32_t) * 2 * (size_t)TP * gqa_stride(HD);
 }
 
-/* Block (h, t): row t, head h over positions [lo, pos[t]] of its slot (lo 0, or
- * pos[t] - window + 1 with a sliding window), in tiles of
- * GQA_THREADS positions (one score per thread), online softmax (running max and sum,
- * the accumulator rescaled per tile). Dynamic shared memory: q [HD], acc [HD],
- * p [GQA_THREADS], red [GQA_THREADS] floats, then the tile's cache rows
- * [GQA_THREADS] int64 (each thread looks up its position's block once). */
-static __global__ void __launch_bounds__(GQA_THREADS) gqa_attend_kernel(egk_gqa a) {
+/* Positions a tile: GQA_TILE_MAX, halved while the shared memory exceeds 48 KB (down to
+ * 8; above that the launch opts in to more). */
+static int gqa_tile(int G, int HD) {
+    int tp = GQA_TILE_MAX;
+    while (tp > 8 && gqa_smem(G, HD, tp) > 48 * 1024) tp /= 2;
+    return tp;
+}
+
+/* Block (kvh, t): the G heads kvh * G .. kvh * G + G - 1 of row t over positions
+ * [lo, pos[t]] of its slot (lo 0, or pos[t] - window + 1 with a sliding window), in
+ * tiles of TP positions. Each tile's K and V rows of the kv head are read from the cache
+ * once, in coalesced 32-bit words, into shared memory, and serve all G heads; online
+ * softmax per head (running max and sum, the accumulator rescaled per tile), FP32.
+ * Dynamic shared memory, in this order (each part's alignment kept by the one before):
+ * srow [TP] int64 (the tile's cache rows), sq [G][HD] (rotated q), acc [G][HD], sp [G][TP]
+ * (scores, then weights), sm / sl / sc [G] (running max, running sum, this tile's
+ * rescale) floats, kt / vt [TP][gqa_stride] words (BF16 pairs, low half first). */
+static __global__ void __launch_bounds__(GQA_THREADS) gqa_attend_kernel(egk_gqa a, int TP) {
     extern __shared__ float gqa_sh[]; /* the dynamic buffer starts 16-byte aligned */
-    const int h = blockIdx.x, t = blockIdx.y, HD = a.HD, half = HD / 2;
-    const int kvh = h / (a.NH / a.NKV), p = a.pos[t], tid = threadIdx.x;
-    float *sq = gqa_sh, *acc = sq + HD, *sp = acc + HD, *red = sp + GQA_THREADS;
-    int64_t *srow = (int64_t *)(red + GQA_THREADS); /* 8-byte aligned: 2 * HD + 128 floats, HD even */
-    const float *q = a.q + ((int64_t)t * a.NH + h) * HD;
-    for (int i = tid; i < half; i += GQA_THREADS) rope_pair(q[i], q[i + half], p, a.inv_freq[i], &sq[i], &sq[i + half]);
-    for (int d = tid; d < HD; d += GQA_THREADS) acc[d] = 0.0f;
-    __syncthreads();
-    const int64_t row = (int64_t)a.NKV * HD;
-    const uint16_t *K = a.k_cache + (int64_t)kvh * HD;
-    const uint16_t *V = a.v_cache + (int64_t)kvh * HD;
-    const int sl = a.slot[t];
-    float m = -INFINITY, l = 0.0f;
-    const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-    for (int j0 = lo; j0 <= p; j0 += GQA_THREADS) {
-        const int j = j0 + tid, n = min(GQA_THREADS, p - j0 + 1);
-        float sc = -INFINITY;
-        if (j <= p) {
-            const int64_t rj = gqa_row(a, sl, j);
-            srow[tid] = rj; /* published by block_reduce's barriers */
-            const uint16_t *kj = K + rj * row;
-            float s = 0.0f;
-            for (int d = 0; d < HD; d++) s += sq[d] * egk_bf16_to_f32(kj[d]);
-            sc = s * a.scale;
-        }
-        const float mn = fmaxf(m, block_reduce(red, sc, 1)); /* finite: the tile holds position j0 */
-        const float pj = j <= p ? expf(sc - mn) : 0.0f;
-        sp[tid] = pj;
-        const float ts = block_reduce(red, pj, 0); /* its barriers also publish sp */
-        const float corr = expf(m - mn);           /* 0 on the first tile (m = -inf) */
-        l = l * corr + ts;
-        for (int d = tid; d < HD; d += GQA_THREADS) {
-            float o = acc[d] * corr;
-            for (int jj = 0; jj < n; jj++) o += sp[jj] * egk_bf16_to_f32(V[srow[jj] * row + d]);
-            acc[d] = o;
-        }
-        m = mn;
-        __syncthreads(); /* sp is rewritten by the next tile */
+    const int kvh = blockIdx.x, t = blockIdx.y, HD = a.HD, half = HD / 2, G = a.NH / a.NKV;
+    const int p = a.pos[t], tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, KS = gqa_stride(HD);
+    int64_t *srow = (int64_t *)gqa_sh;
+    float *sq = (float *)(srow + TP), *acc = sq + G * HD, *sp = acc + G * HD, *sm = sp + G * TP, *sl = sm + G,
+          *sc = sl + G;
+    uint32_t *kt = (uint32_t *)(sc + G), *vt = kt + TP * KS;
+    for (int i = tid; i < G * half; i += GQA_THREADS) {
+        const int g = i / half, d = i % half;
+        const float *q = a.q + ((int64_t)t * a.NH + (int64_t)kvh * G + g) * HD;
+        rope_pair(q[d], q[d + half], p, a.inv_freq[d], &sq[g * HD + d], &sq[g * HD + d + half]);
     }
-    float *out = a.out + ((int64_t)t * a.NH + h) * HD;
-    for (int d = tid; d < HD; d += GQA_THREADS) out[d] = acc[d] / l;
+    for (int i = tid; i < G * HD; i += GQA_THREADS) acc[i] = 0.0f;
+    for (int g = tid; g < G; g += GQA_THREADS) sm[g] = -INFINITY, sl[g] = 0.0f;
+    const int64_t row = (int64_t)a.NKV * HD;
+    /* HD and NKV * HD are even, so every kv head's row starts on a 32-bit word */
+    const uint32_t *K = (const uint32_t *)(a.k_cache + (int64_t)kvh * HD);
+    const uint32_t *V = (const uint32_t *)(a.v_cache + (int64_t)kvh * HD);
+    const int64_t wrow = row / 2;
+    const int sl_ = a.slot[t];
+    const int lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+    for (int j0 = lo; j0 <= p; j0 += TP) {
+        const int n = min(TP, p - j0 + 1);
+        for (int jj = tid; jj < n; jj += GQA_THREADS) srow[jj] = gqa_row(a, sl_, j0 + jj);
+        __syncthreads(); /* srow published; the previous tile's kt, vt, sp, sc all read */
+        for (int w = tid; w < n * half; w += GQA_THREADS) {
+            const int jj = w / half, c = w % half;
+            const int64_t at = srow[jj] * wrow + c;
+            kt[jj * KS + c] = K[at];
+            vt[jj * KS + c] = V[at];
+        }
+        __syncthreads();
+        /* scores: thread (g, jj), the dot in the CPU's order (d ascending) */
+        for (int i = tid; i < G * n; i += GQA_THREADS) {
+            const int g = i / n, jj = i % n;
+            const float *qg = sq + g * HD;
+            const uint32_t *kj = kt + jj * KS;
+            float s = 0.0f;
+            for (int c = 0; c < half; c++) {
+                const uint32_t w = kj[c];
+                s += qg[2 * c] * __uint_as_float(w << 16);
+                s += qg[2 * c + 1] * __uint_as_float(w & 0xffff0000u);
+            }
+            sp[g * TP + jj] = s * a.scale;
+        }
+        __syncthreads();
+        /* per head, one warp: the tile's max, its weights, their sum */
+        for (int g = warp; g < G; g += GQA_WARPS) {
+            float mx = -INFINITY;
+            for (int jj = lane; jj < n; jj += 32) mx = fmaxf(mx, sp[g * TP + jj]);
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m = sm[g], mn = fmaxf(m, mx); /* finite: the tile holds position j0 */
+            float ts = 0.0f;
+            for (int jj = lane; jj < n; jj += 32) {
+                const float e = expf(sp[g * TP + jj] - mn);
+                sp[g * TP + jj] = e;
+                ts += e;
+            }
+            for (int o = 16; o > 0; o >>= 1) ts += __shfl_xor_sync(0xffffffffu, ts, o);
+            __syncwarp();
+            if (lane == 0) {
+                const float corr = expf(m - mn); /* 0 on the first tile (m = -inf) */
+                sl[g] = sl[g] * corr + ts;
+                sm[g] = mn;
+                sc[g] = corr;
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < G * HD; i += GQA_THREADS) {
+            const int g = i / HD, d = i % HD, hi = d & 1; /* element d: the high half of word d / 2 if odd */
+            const float *pg = sp + g * TP;
+            const uint32_t *vd = vt + d / 2;
+            float o = acc[i] * sc[g];
+            for (int jj = 0; jj < n; jj++) {
+                const uint32_t w = vd[jj * KS];
+                o += pg[jj] * __uint_as_float(hi ? w & 0xffff0000u : w << 16);
+            }
+            acc[i] = o;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < G * HD; i += GQA_THREADS) {
+        const int g = i / HD;
+        a.out[((int64_t)t * a.NH + (int64_t)kvh * G + g) * HD + i % HD] = acc[i] / sl[g];
+    }
+}
+
+extern "C" size_t egk_gqa_smem_bytes(int NH, int NKV, int HD) {
+    if (NH < 1 || NKV < 1 || NH % NKV || HD < 2 || HD % 2) return 0;
+    const int G = NH / NKV;
+    return gqa_smem(G, HD, gqa_tile(G, HD));
 }
 
 extern "C" int egk_gqa_attention(const egk_gqa *a, void *stream) {
     if (a->T <= 0) return 0;
-    if (a->T > 65535 || a->NH > 65535) return (int)cudaErrorInvalidValue; /* the grid's y (and x) */
+    if (a->T > 65535 || a->NKV < 1 || a->NH % a->NKV || a->HD < 2 || a->HD % 2)
+        return (int)cudaErrorInvalidValue; /* the grid's y; the shapes the kernel assumes */
     cudaStream_t s = (cudaStream_t)stream;
     gqa_write_kernel<<<a->T, 128, 0, s>>>(*a);
     int rc = EGK_LAUNCH_RESULT();
     if (rc) return rc;
-    size_t shm = sizeof(float) * (size_t)(2 * a->HD + 2 * GQA_THREADS) + sizeof(int64_t) * GQA_THREADS;
-    gqa_attend_kernel<<<dim3((unsigned)a->NH, (unsigned)a->T), GQA_THREADS, shm, s>>>(*a);
+    const int G = a->NH / a->NKV, TP = gqa_tile(G, a->HD);
+    const size_t shm = gqa_smem(G, a->HD, TP);
+    cudaError_t e = egk_smem_opt_in(gqa_attend_kernel, shm, s);
+    if (e != cudaSuccess) return (int)e;
+    gqa_attend_kernel<<<dim3((unsigned)a->NKV, (unsigned)a->T), GQA_THREADS, shm, s>>>(*a, TP);
     return EGK_LAUNCH_RESULT();
 }
 

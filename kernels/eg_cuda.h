@@ -176,12 +176,16 @@ typedef struct egk_gqa {
 } egk_gqa;
 /* Rotate-half RoPE on k (angle pos * inv_freq[i] in FP64, pairs i, i + HD/2), k and v
  * written to the caches as BF16 (RNE) at (slot[t], pos[t]), that is row
- * table[slot][pos / BS] * BS + pos % BS; then, per (row, head), the rotated q attends
- * over positions [0, pos[t]] of its slot, or its last `window` of them
- * (pos[t] - window, pos[t]] with a sliding window (online softmax over tiles of 64
- * positions, FP32). Two launches in stream order: all rows are written before any
- * attends. No scratch. */
+ * table[slot][pos / BS] * BS + pos % BS; then, per (row, kv head), the rotated q of the
+ * NH / NKV heads it serves attends over positions [0, pos[t]] of its slot, or its last
+ * `window` of them (pos[t] - window, pos[t]] with a sliding window: online softmax over
+ * tiles of up to 64 positions, FP32, each tile's cache rows read once for all those
+ * heads. Two launches in stream order: all rows are written before any attends. No
+ * scratch. The caches must be 4-byte aligned (read as BF16 pairs). */
 int egk_gqa_attention(const egk_gqa *a, void *stream);
+/* The attend launch's dynamic shared memory for these heads (0 for shapes it refuses);
+ * above 48 KB the launch opts in, which the device must allow. */
+size_t egk_gqa_smem_bytes(int NH, int NKV, int HD);
 /* dst[r][0..width) = src[r][0..width), row strides in floats, r < rows. */
 int egk_copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int rows, int64_t width,
                   void *stream);

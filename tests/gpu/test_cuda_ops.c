@@ -25,6 +25,7 @@
 #include "engine/safetensors.h"
 #include "engine/cuda_plan.h"
 #include "engine/transport.h"
+#include "kernels/eg_cuda.h" /* egk_gqa_smem_bytes: the attention tile's shared memory */
 #include "tests/check.h"
 #include "tests/spec_q.h"
 
@@ -2067,6 +2068,15 @@ static void test_gqa_attention(void) {
     gqa_case(8, 1, 32, 500000.0, 0, 7, "8 heads / 1 kv of 32 (MQA), shuffled blocks of 7");
     gqa_case(2, 2, 128, 50000.0, 0, 64, "2 heads of 128 (MHA), shuffled blocks of 64");
     gqa_case(4, 2, 16, 10000.0, 70, 5, "4 heads / 2 kv of 16, sliding window 70, shuffled blocks of 5");
+    /* the kernel's tile shrinks with G * HD to stay in 48 KB of shared memory (64, 32, 16,
+     * then 8 positions and an opt-in); an odd HD / 2 keeps the word loop honest */
+    gqa_case(6, 3, 18, 10000.0, 0, 9, "6 heads / 3 kv of 18 (9 words a row), shuffled blocks of 9");
+    CHECKF(egk_gqa_smem_bytes(16, 2, 256) <= 48 * 1024, "gqa 16 / 2 of 256: %zu bytes of shared memory",
+           egk_gqa_smem_bytes(16, 2, 256));
+    gqa_case(16, 2, 256, 1000000.0, 0, 32, "16 heads / 2 kv of 256 (tiles of 16), shuffled blocks of 32");
+    CHECKF(egk_gqa_smem_bytes(32, 1, 256) > 48 * 1024, "gqa 32 / 1 of 256: %zu bytes of shared memory",
+           egk_gqa_smem_bytes(32, 1, 256));
+    gqa_case(32, 1, 256, 1000000.0, 40, 16, "32 heads / 1 kv of 256 (opt-in above 48 KB, tiles of 8), window 40");
 }
 
 static void test_copy_rows(void) {
