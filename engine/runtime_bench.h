@@ -1,5 +1,6 @@
 /* runtime_bench.h — the timed rows of `eaglegen bench` (prefill, and decode at a context)
- * on a forward_only runtime (runtime.h): gen/cmd_bench.c parses and reports, these run.
+ * on a forward_only runtime (runtime.h), and the drafter-attention row on a backend of its
+ * own: gen/cmd_bench.c parses and reports, these run.
  *
  * Decode at context N needs no prefill: each sequence's cache blocks for positions < N
  * are mapped (eg_kv_reserve) and read as zeros (eg_runtime_bench_clear zeroes the whole
@@ -29,5 +30,21 @@ eg_status eg_runtime_bench_prefill(eg_runtime *rt, int n_seq, int plen, int chun
  * `steps` timed ones of one token each, sampled on the backend with sp. */
 eg_status eg_runtime_bench_decode(eg_runtime *rt, int B, int ctx, int warmup, int steps, const eg_sample_params *sp,
                                   eg_bench_timing *out, eg_error *err);
+
+/* The EAGLE-3 drafter's attention alone (the backend's gqa_attention: the op the drafter's
+ * layer runs per draft row), on a backend of its own sized for that shape, as the drafter
+ * makes one: `batch` rows, one per slot, each at position ctx of its slot, so each reads
+ * ctx + 1 cached positions of NKV x HD BF16 keys and values (zeroed caches in blocks of
+ * 16, the drafter's default, a slot's blocks contiguous). warmup untimed calls, then
+ * `steps` timed ones, then a sync. bytes_per_call: the cache bytes one call reads. The
+ * backend and its buffers are made per call (outside the timed loop) and freed. */
+typedef struct eg_bench_gqa_opts {
+    const char *backend; /* "cpu" or "cuda" */
+    int device, threads;
+    int n_heads, n_kv_heads, head_dim;
+    int batch, ctx, warmup, steps;
+} eg_bench_gqa_opts;
+eg_status eg_runtime_bench_gqa(const eg_bench_gqa_opts *o, eg_bench_timing *out, double *bytes_per_call,
+                               eg_error *err);
 
 #endif

@@ -70,6 +70,12 @@ static void usage(FILE *f) {
             "  --temperature F    decode sampling temperature (default 0: greedy)\n"
             "  --top-p F          decode top-p (default 1: off)\n"
             "  --top-k N          decode top-k (default 0: off)\n"
+            "  --draft-attention NH:NKV:HD\n"
+            "                     after each decode row, a draft-attn row: the backend's gqa_attention\n"
+            "                     (an EAGLE-3 drafter's attention) alone for the batch's rows at that\n"
+            "                     context, NH heads over NKV kv heads of HD, one row per sequence\n"
+            "                     reading context + 1 BF16 keys and values; MB/step and GB/s are the\n"
+            "                     cache bytes a call reads (the public Kimi-K2.5 drafters: 64:64:128)\n"
             "  --threads N        CPU threads (default: all cores, or $EG_THREADS)\n"
             "  -h, --help         this text\n"
             "\n"
@@ -148,6 +154,7 @@ typedef struct bench_opts {
                                   cache per token, not the MHA drafters' (set by check_drafter) */
     int ep;                    /* workload mode: expert-parallel ranks (generate --ep; 0/1 = none) */
     eg_ep_split ep_split;      /* with ep: generate --ep-split */
+    int gqa[3];                /* --draft-attention NH, NKV, HD; gqa[0] == 0: no such rows */
 } bench_opts;
 
 static int imax(const int *v, int n) {
@@ -161,7 +168,7 @@ static void print_row(const bench_opts *o, const char *phase, int batch, int ctx
     double tps = tokens / secs, ms = 1e3 * secs / steps;
     double gb = c->weight_bytes / steps + c->kv_bytes / steps; /* per step */
     double bw = (c->weight_bytes + c->kv_bytes) / secs, fl = c->flops / secs;
-    printf("%-8s %6d %7d %11.1f %9.3f", phase, batch, ctx, tps, ms);
+    printf("%-10s %6d %7d %11.1f %9.3f", phase, batch, ctx, tps, ms);
     if (gb > 0) printf(" %10.2f %8.1f", gb / 1e6, bw / 1e9);
     else printf(" %10s %8s", "-", "-"); /* prefill: bound by FLOPs, bytes not reported */
     if (o->copy_bps > 0 && gb > 0) printf(" %6.1f%%", 100.0 * bw / o->copy_bps);
@@ -169,7 +176,8 @@ static void print_row(const bench_opts *o, const char *phase, int batch, int ctx
     printf(" %9.2f", fl / 1e12);
     if (o->gemm_fps > 0) printf(" %6.1f%%", 100.0 * fl / o->gemm_fps);
     else printf(" %7s", "-");
-    printf(" %8.1f\n", c->experts_hit);
+    if (c->experts_hit >= 0) printf(" %8.1f\n", c->experts_hit);
+    else printf(" %8s\n", "-"); /* a row without a MoE layer */
     fflush(stdout);
 }
 
@@ -198,7 +206,7 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
     printf("weights %s in %.1f s: %.2f GB on the %s backend; KV cache %.2f GB (%lld tokens)\n",
            o->random ? "drawn" : "uploaded", eg_now() - t0, (double)eg_forward_weight_bytes(f) / 1e9, o->backend,
            (double)kv->n_blocks * bs * (double)eg_kv_bytes_per_token(kv) / 1e9, (long long)(kv->n_blocks * bs));
-    printf("%-8s %6s %7s %11s %9s %10s %8s %7s %9s %7s %8s\n", "phase", "batch", "context", "tok/s", "ms/step",
+    printf("%-10s %6s %7s %11s %9s %10s %8s %7s %9s %7s %8s\n", "phase", "batch", "context", "tok/s", "ms/step",
            "MB/step", "GB/s", "%copy", "TFLOP/s", "%gemm", "experts");
 
     if (n_seq > 0) {
@@ -226,6 +234,18 @@ static eg_status run_bench(const eg_model *m, bench_opts *o, eg_error *err) {
                 cost.experts_hit = one.experts_hit;
             }
             print_row(o, "decode", B, ctx, (double)bt.tokens, bt.seconds, (double)o->steps, &cost);
+            if (o->gqa[0]) {
+                double per_call;
+                const int NH = o->gqa[0], HD = o->gqa[2];
+                eg_bench_gqa_opts go = {.backend = o->backend, .device = o->device, .threads = o->threads,
+                                        .n_heads = NH, .n_kv_heads = o->gqa[1], .head_dim = HD, .batch = B,
+                                        .ctx = ctx, .warmup = o->warmup, .steps = o->steps};
+                if ((st = eg_runtime_bench_gqa(&go, &bt, &per_call, err))) goto out;
+                /* q.K and p.V: 2 FLOPs per multiply-add, HD of each per head and position */
+                eg_step_cost ga = {.kv_bytes = per_call * (double)bt.steps,
+                                   .flops = 4.0 * B * (ctx + 1.0) * NH * HD * (double)bt.steps, .experts_hit = -1};
+                print_row(o, "draft-attn", B, ctx, (double)bt.tokens, bt.seconds, (double)bt.steps, &ga);
+            }
         }
     {
         eg_forward_graph_stats gs;
@@ -629,7 +649,7 @@ int cmd_bench(int argc, char **argv) {
         {"draft-model", required_argument, 0, 0x100}, {"draft-tokens", required_argument, 0, 0x101},
         {"replay-drafter", required_argument, 0, 0x102}, {"plan-mean-len", required_argument, 0, 0x103},
         {"ep", required_argument, 0, 0x104},        {"ep-split", required_argument, 0, 0x105},
-        {0, 0, 0, 0}};
+        {"draft-attention", required_argument, 0, 0x106}, {0, 0, 0, 0}};
     const char *workload = "lognormal:1500:1.0", *max_new = "4096";
     double host_gb = -1;
     int kv_tokens = 0, batch_given = 0, plan_mean_len = 4096, ep_split_given = 0;
@@ -670,6 +690,17 @@ int cmd_bench(int argc, char **argv) {
             ep_split_given = 1;
             break;
         case 0x100: o.draft_model = optarg; break;
+        case 0x106: {
+            char tail;
+            int *g = o.gqa;
+            if (sscanf(optarg, "%d:%d:%d%c", &g[0], &g[1], &g[2], &tail) != 3 || g[0] < 1 || g[1] < 1 || g[2] < 2 ||
+                g[0] > 1 << 16 || g[2] > 1 << 16 || g[0] % g[1] || g[2] % 2) {
+                fprintf(stderr, "eaglegen bench: --draft-attention expects NH:NKV:HD (heads a multiple of kv heads, "
+                                "an even head dim), not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 0x101: if (!gen_arg_int("bench", "--draft-tokens", optarg, 1, 64, &o.draft_tokens)) return 2; break;
         case 0x102: if (!gen_arg_double("bench", "--replay-drafter", optarg, 0, 1, &o.replay_rate)) return 2; break;
         case 0x103: if (!gen_arg_int("bench", "--plan-mean-len", optarg, 1, 1 << 24, &plan_mean_len)) return 2; break;
@@ -755,6 +786,10 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     if (spec && !o.draft_tokens) o.draft_tokens = 3;
+    if (o.gqa[0] && o.requests) {
+        fprintf(stderr, "eaglegen bench: --draft-attention adds rows to the decode rows, not to workload mode\n");
+        return 2;
+    }
     if ((o.ep > 1 || ep_split_given) && !o.requests) {
         fprintf(stderr, "eaglegen bench: --ep and --ep-split run in workload mode (--requests N): the prefill and "
                         "decode rows time one backend's forward\n");

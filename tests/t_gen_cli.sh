@@ -67,6 +67,21 @@ expect 0 $E bench --preset tiny --batch 1,4 --context 0,40 --prefill-tokens 96 -
 [ "$(grep -c '^decode ' "$tmp/out")" = 4 ] && [ "$(grep -c '^prefill ' "$tmp/out")" = 1 ] || { cat "$tmp/out"; exit 1; }
 grep -q "weights drawn" "$tmp/out" && grep -q "CPU measured: copy" "$tmp/out" && grep -q "%copy" "$tmp/out" || { cat "$tmp/out"; exit 1; }
 [ -z "$(ls -d "$tmp"/eaglegen-bench-* 2>/dev/null)" ] || { echo "bench left its layout behind"; exit 1; }
+echo "-- bench --draft-attention: the drafter's attention op after each decode row"
+expect 0 $E bench --preset tiny --batch 1,4 --context 0,40 --prefill-tokens 0 --decode-steps 2 --warmup 1 \
+    --draft-attention 64:64:128 --scratch "$tmp"
+[ "$(grep -c '^draft-attn ' "$tmp/out")" = 4 ] && [ "$(grep -c '^decode ' "$tmp/out")" = 4 ] || { cat "$tmp/out"; exit 1; }
+# the cache bytes one call reads: K and V, 2 bytes, NKV 64 x HD 128, context + 1 positions a row
+# (4 x 41 x 8192 x 4 = 5.37 MB at batch 4, context 40; 0.03 MB for one row at context 0)
+awk '$1 == "draft-attn" && $2 == 4 && $3 == 40 && $6 == "5.37" {ok = 1} END {exit !ok}' "$tmp/out" &&
+    awk '$1 == "draft-attn" && $2 == 1 && $3 == 0 && $6 == "0.03" {ok = 1} END {exit !ok}' "$tmp/out" ||
+    { cat "$tmp/out"; exit 1; }
+for bad in 64:3:128 64:64:127 64:64 a:b:c 64:64:128:1 0:1:2; do
+    expect 2 $E bench --preset tiny --draft-attention $bad
+    grep -q "draft-attention expects NH:NKV:HD" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+done
+expect 2 $E bench --preset tiny --requests 2 --kv-tokens 8192 --draft-attention 8:2:64
+grep -q "not to workload mode" "$tmp/err" || { cat "$tmp/err"; exit 1; }
 expect 2 $E bench --preset tiny --context x
 expect 2 $E bench --preset tiny --backend tpu
 

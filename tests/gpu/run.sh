@@ -25,7 +25,9 @@
 #             batch 1/16/64/256 x context 2K/8K and prefill, with roofline shares; Kimi
 #             again with CUDA graphs off, with the register-prefetch MoE, with every
 #             lever off (before/after), a per-op device-time profile (EG_CUDA_PROFILE=1),
-#             the MLA kernels at 8K context, and sampled decode both ways
+#             the MLA kernels at 8K context, and sampled decode both ways; the EAGLE-3
+#             drafter's attention op alone (--draft-attention) at the public Kimi
+#             drafters' 64 kv heads of 128 and a GQA drafter's 8, 4K context
 # Every step is guarded: a missing piece (binary, fixture, command, device, tool) is SKIP
 # with the reason, a failure is FAIL; the script always reaches the final table. Every
 # command runs under `timeout`, and a step starts only when the elapsed time plus its
@@ -467,6 +469,19 @@ else
         SUMMARY="" run bench-kimi-4l 200 bench-kimi.log "$E" bench --backend cuda --preset kimi-k2.5 --layers 4 \
             --experts int4 --batch 1,16,64,256 --context 2048,8192 --prefill-tokens 8192 --prompt-len 2048 \
             --chunk 2048 --decode-steps 8
+    fi
+    # the drafter's attention kernel alone (kernels/attn.cu): the draft-attn rows' GB/s and
+    # %copy are its cache reads against the measured copy bandwidth, at the public Kimi
+    # drafters' shape (64 heads over 64 kv heads of 128: 32 KB a token; 34 GB of cache at
+    # batch 256) and a GQA drafter's (8 kv heads: each tile read once for 8 heads)
+    if have_cmd bench --draft-attention; then
+        SUMMARY="" run bench-draft-attn 90 bench-draft-attn.log bash -c "
+            '$E' bench --backend cuda --preset tiny --batch 16,256 --context 4096 --prefill-tokens 0 \
+                --decode-steps 10 --draft-attention 64:64:128 &&
+            '$E' bench --backend cuda --preset tiny --batch 16,256 --context 4096 --prefill-tokens 0 \
+                --decode-steps 10 --no-roofline --draft-attention 64:8:128"
+    else
+        record bench-draft-attn SKIP "eaglegen bench has no --draft-attention" 0
     fi
     # where the time goes: device time per op (EG_CUDA_PROFILE=1, op by op), decode at batch
     # 1 and 256 (8K context) and prefill in 2K chunks; the table is in the summary
