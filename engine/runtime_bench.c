@@ -126,13 +126,10 @@ eg_status eg_runtime_bench_decode(eg_runtime *rt, int B, int ctx, int warmup, in
     return st;
 }
 
-/* Unit-scale deterministic values in [-0.5, 0.5) (an LCG; the bench needs finite inputs,
- * not statistics). */
+/* Unit-scale deterministic values in [-0.5, 0.5) (the bench needs finite inputs, not
+ * statistics). */
 static void fill_unit(float *x, size_t n, uint64_t *r) {
-    for (size_t i = 0; i < n; i++) {
-        *r = *r * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = (float)(*r >> 40) / (float)(1 << 24) - 0.5f;
-    }
+    for (size_t i = 0; i < n; i++) x[i] = (float)eg_rng_uniform(r) - 0.5f;
 }
 
 enum { GQA_BUFS = 10 }; /* k cache, v cache, q, k, v, out, pos, slot, block table, inv_freq */
@@ -190,7 +187,7 @@ eg_status eg_runtime_bench_gqa(const eg_bench_gqa_opts *o, eg_bench_timing *out,
             eg_wrap(err, "bench draft attention: %s of %.2f GB (%d rows at context %d)", what[i], bytes[i] / 1e9, B,
                     ctx);
     if (!st) {
-        uint64_t r = 0x9e3779b97f4a7c15ull;
+        uint64_t r = eg_rng_seed(1, 0);
         fill_unit(hq, nq, &r), fill_unit(hk, nk, &r), fill_unit(hv, nk, &r);
         for (int i = 0; i < HD / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / HD);
         for (int s = 0; s < B; s++) {
