@@ -46,7 +46,7 @@ kernels reach, an input until `eaglegen bench --backend cuda` measures it.
 
 usage: python3 docs/perf_model.py [--box NAME] [--config config.json] [--eff F]
        [--mean-len N] [--held-len N] [--gpu-mem-gb F] [--link-gbs F] [--link-us F]
-       [--prefill-chunk N] [--whole-layers | --balance-memory]
+       [--prefill-chunk N] [--whole-layers | --balance-memory] [--ffn-rows]
        [--draft-tokens K --accept A [--draft-cache-bytes N] [--draft-weight-bytes N]] [--json]
 --draft-tokens K --accept A: speculative decoding, K drafts verified per target pass of K + 1 rows
 committing A tokens on average (generate --draft-model reports A); the drafter (drafter_bytes)
@@ -65,6 +65,13 @@ floats a row); prefill, capture mode, ignores the drafter. Needs numpy.
 --balance-memory: what-if, an upper bound on the pool: a pipeline's pool as if the stages' free
 memory were pooled (box-wide free bytes over box-wide cache bytes per token), with the step times
 of whole layers. Those rows are marked modelled only.
+--ffn-rows: what-if, +ffn and +split with the FFNs split by weight rows instead of owned whole
+(not built; modelled only): every rank holds 1/E of each shared expert / dense MLP (gate and up
+by their output rows, down by its output rows: each element the unsplit dot product, so exact),
+runs it over all B group rows, and per layer four collectives move the group's rows to every
+rank, each rank's activation columns back to the rows' owners, the activation rows to every rank
+and each rank's output columns back: B (E - 1)/E rows of H and F in, B/E (E - 1)/E rows of F
+and H out per rank.
 --held-len: cache tokens each sequence holds, for concurrency (default: --mean-len; with
 --kv-policy reserve a sequence holds prompt + max_new whatever it generates).
 """
@@ -304,10 +311,12 @@ def pool_of(c, lp, ends, cuts, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
                                                         if lp[l]["moe"] else 0) * lp[l]["expert_b"]
         if hc:
             w += math.ceil((NE - hc) / E) * lp[b0 - 1]["expert_b"]
-        for j in range(E if own else 1):  # rank j holds the FFNs of layers l = j mod E
+        for j in range(E if own and not FFN_ROWS else 1):  # rank j holds the FFNs of layers l = j mod E
             f = 0.0
             for l in range(b0 - 1 if hc else b0, end - (1 if tc > 0 else 0)):
-                if not own or l % E == j:
+                if own and FFN_ROWS:  # every rank 1/E of each FFN's rows
+                    f += lp[l]["mlp_b"] / E
+                elif not own or l % E == j:
                     f += lp[l]["mlp_b"]
             ffn_max = max(ffn_max, f)
         w += ffn_max
@@ -330,6 +339,12 @@ def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
     bytes), tokens 0 if none fits."""
     NE, parts = c["n_routed_experts"], []
     for l, p in enumerate(lp):  # with own each FFN on its owner alone, a dense one too
+        if own and FFN_ROWS:  # --ffn-rows: 1/E of every FFN on every rank, a dense layer's beside its attention
+            m = int(math.ceil(p["mlp_b"] / E))
+            parts.append((int(p["attn_b"] + p["router_b"] + (0 if p["moe"] else m)),
+                          int(math.ceil(p["expert_b"] / E)) if p["moe"] else 0, m if p["moe"] else 0,
+                          NE if p["moe"] else 0, 0))
+            continue
         parts.append((int(p["attn_b"] + p["router_b"] + (0 if p["moe"] or own else p["mlp_b"])),
                       int(math.ceil(p["expert_b"] / E)) if p["moe"] else 0,
                       int(p["mlp_b"]) if p["moe"] or own else 0, NE if p["moe"] else 0, l % E + 1 if own else 0))
@@ -345,6 +360,7 @@ def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
 
 WHOLE_LAYERS = False  # --whole-layers: every stage holds whole layers (else stages may end inside a MoE layer)
 BALANCE_MEMORY = False  # --balance-memory: pipelines as if every stage's free memory held cache
+FFN_ROWS = False  # --ffn-rows: +ffn / +split as the exact row split of every FFN's weights (not built)
 DRAFT_CACHE_BYTES = None  # --draft-cache-bytes: the drafter's cache per token instead of the modelled one's
 DRAFT_WEIGHT_BYTES = None  # --draft-weight-bytes: its weights on a GPU instead of the modelled one's
 
@@ -369,7 +385,12 @@ def layer_terms(p, attn, ffn, fr, E, K, hits, r, b, q, own, away, H, lat, link, 
     if attn:
         a["fixed_b"] += p["attn_b"] + p["router_b"]
         a["fixed_f"] += 4 * r * q * (p["attn_p"] + p["router_p"])
-    if ffn and own:  # the owner reads the whole FFN and runs it on every group row; the layer waits for it
+    if ffn and own and FFN_ROWS:  # 1/E of the FFN on every rank over every group row: rows to all,
+        F = p["mlp_p"] / (3 * H)   # activation columns back, activation rows to all, output columns back
+        a["fixed_b"] += p["mlp_b"] / E
+        a["fixed_f"] += 4 * b * q * p["mlp_p"] / E
+        a["comm"] += 4 * lat + (away * (H + F) + r * q * (E - 1) / E * (F + H)) * 4 / link
+    elif ffn and own:  # the owner reads the whole FFN and runs it on every group row; the layer waits for it
         a["ffn_b"] += p["mlp_b"]
         a["ffn_f"] += 4 * b * q * p["mlp_p"]
     elif ffn:
@@ -381,8 +402,8 @@ def layer_terms(p, attn, ffn, fr, E, K, hits, r, b, q, own, away, H, lat, link, 
         a["exp_b"] += hits * p["expert_b"] / E * fr
         a["exp_f"] += 4 * b * q * K * p["expert_p"] / E * fr
         if E > 1:
-            a["comm"] += 2 * lat + (r * q * (disp + ret) + (2 * away if ffn else 0)) * H * 4 / link
-    elif own and ffn:
+            a["comm"] += 2 * lat + (r * q * (disp + ret) + (2 * away if ffn and not FFN_ROWS else 0)) * H * 4 / link
+    elif own and ffn and not FFN_ROWS:
         a["comm"] += 2 * lat + 2 * away * H * 4 / link
 
 
@@ -539,7 +560,8 @@ def layout_model_one(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, h
     row["kv_tokens"] = int(E * min_tok)
     S = row["kv_tokens"] * (1 - wm) / held
     row["concurrency"], row["fits"] = S, S >= 1
-    row["runnable"] = layout_runnable(P, E, split) and not (BALANCE_MEMORY and P > 1)
+    row["runnable"] = (layout_runnable(P, E, split) and not (BALANCE_MEMORY and P > 1)
+                       and not (FFN_ROWS and split != "none" and E > 1))
     row["comm_bytes_token_layer"] = (H * 4 * ((E - 1) * (1 - (1 - 1.0 / E) ** K) + K * (E - 1.0) / E
                                               + (2 * (E - 1.0) / E if own else 0)) if E > 1 else 0.0)
     for pf in (0, 1):
@@ -604,8 +626,9 @@ def main():
     chunk = arg(a, "--prefill-chunk", int, 8192)
     draft = arg(a, "--draft-tokens", int, 0)
     accept = arg(a, "--accept", float, 1.0 if not draft else None)
-    global DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES, BALANCE_MEMORY, WHOLE_LAYERS
+    global DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES, BALANCE_MEMORY, WHOLE_LAYERS, FFN_ROWS
     BALANCE_MEMORY = "--balance-memory" in a
+    FFN_ROWS = "--ffn-rows" in a
     WHOLE_LAYERS = "--whole-layers" in a
     DRAFT_CACHE_BYTES = arg(a, "--draft-cache-bytes", float, None)
     DRAFT_WEIGHT_BYTES = arg(a, "--draft-weight-bytes", float, None)

@@ -316,6 +316,32 @@ assert cut["layout"] == "pp8" and a["pp8"]["kv_tokens"] < cut["kv_tokens"] <= go
 line = [l for l in open("st.txt") if l.startswith("  ") and "token slots box-wide" in l]
 assert line and int(line[0].split()[0]) == cut["kv_tokens"], (line, cut["kv_tokens"])
 PY
+# perf_model.py --ffn-rows (a what-if: the FFNs split by weight rows over the group, not built):
+# rows without a dense split are unchanged; the split rows are modelled only, hold no fewer
+# slots (each rank 1/E of every FFN, at most what the heaviest owner holds) and weigh no more;
+# on H200 ep8+ffn's step loses the owner's serial FFN (shorter) and its rate rises
+for box in rtx-pro-6000x8 h200x8; do
+    "$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box $box --json > f0.json || fail "perf_model.py $box"
+    "$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box $box --ffn-rows --json > f1.json ||
+        fail "perf_model.py --ffn-rows $box"
+    "$PYTHON" - $box <<'PY' || fail "--ffn-rows ($box)"
+import json, sys
+a = {r["layout"]: r for r in json.load(open("f0.json"))["layouts"]}
+b = {r["layout"]: r for r in json.load(open("f1.json"))["layouts"]}
+assert set(a) == set(b)
+split = [n for n in a if n.endswith("+ffn") or n.endswith("+split")]
+assert len(split) == 6, split
+for n in a:
+    if n not in split:
+        assert a[n] == b[n], n
+        continue
+    assert not b[n]["runnable"] and a[n]["runnable"], n
+    assert b[n]["kv_tokens"] >= a[n]["kv_tokens"] and b[n]["weights_gb"] <= a[n]["weights_gb"] + 1e-9, (n, a[n], b[n])
+if sys.argv[1] == "h200x8":
+    x, y = a["ep8+ffn"], b["ep8+ffn"]
+    assert y["decode_step_ms"] < x["decode_step_ms"] and y["decode_tok_s"] > x["decode_tok_s"], (x, y)
+PY
+done
 # a config that ties the embeddings: a pipeline's last stage holds its own copy of the head
 # (every layout with stages gets the untied slots), one stage shares the embedding's bytes
 # (the C side: t_gen_stage_cut.sh, over a tied checkpoint)
