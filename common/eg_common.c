@@ -122,7 +122,9 @@ int eg_num_threads(void) {
         errno = 0;
         long v = strtol(s, &end, 10);
         if (!errno && !*end && v >= 1 && v <= 4096) return (int)v;
-        fprintf(stderr, "eaglegen: ignoring EG_THREADS=\"%s\" (expected 1..4096)\n", s);
+        static int warned; /* asked once per backend and pool: said once */
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "eaglegen: ignoring EG_THREADS=\"%s\" (expected 1..4096)\n", s);
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;

@@ -483,9 +483,11 @@ eg_status eg_layout_parse(const char *s, int gpus, eg_layout *out, eg_error *err
     if (rest && !strcmp(rest, "+ffn")) split = EG_SPLIT_FFN, rest = "";
     else if (rest && !strcmp(rest, "+split")) split = EG_SPLIT_ALL, rest = "";
     if (!rest || *rest || P < 1 || E < 1 || (gpus > 0 && P * E != gpus) || (split && E == 1)) {
+        char n_gpus[48] = "";
+        if (gpus > 0) snprintf(n_gpus, sizeof n_gpus, " (P x E = %d GPUs)", gpus);
         return eg_fail(err, EG_ERR_INVALID,
-                       "layout '%s': expected ppP, epE, ppPxepE (P x E = %d GPUs), with +ffn or +split after an "
-                       "epE, or auto", s, gpus);
+                       "layout '%s': expected ppP, epE, ppPxepE%s, with +ffn or +split after an epE, or auto", s,
+                       n_gpus);
     }
     out->kind = EG_LAYOUT_PP_EP;
     out->stages = P;

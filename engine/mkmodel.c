@@ -28,6 +28,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -709,6 +710,19 @@ eg_status eg_mkmodel_run(const eg_mkmodel_opts *o, eg_mkmodel_plan_info *info, e
     int64_t sb = o->shard_bytes > 0 ? o->shard_bytes : ((int64_t)4 << 30);
     if ((st = build_plan(&c, o->seed, sb, &pl, err))) return st;
     if ((st = mkdir_p(o->out_dir, err))) goto out;
+    /* a model already in the directory is replaced: its index (or single file) goes first,
+       so a loader never pairs the new config with the old tensors (--no-weights writes no
+       index; an interrupted write has none yet) */
+    for (int k = 0; k < 2 && !st; k++) {
+        const char *name = k ? "model.safetensors" : "model.safetensors.index.json";
+        size_t n = strlen(o->out_dir) + strlen(name) + 2;
+        char *p = malloc(n);
+        if (!p) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); break; }
+        snprintf(p, n, "%s/%s", o->out_dir, name);
+        if (unlink(p) && errno != ENOENT) st = eg_fail(err, EG_ERR_IO, "%s: removing the old model: %s", p, strerror(errno));
+        free(p);
+    }
+    if (st) goto out;
     if ((st = eg_pool_create(o->threads > 0 ? o->threads : eg_num_threads(), &pool, err))) goto out;
     for (int64_t i = 0; i < pl.n; i++) pl.t[i].pool = pool;
 

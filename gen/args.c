@@ -157,9 +157,17 @@ int gen_getopt(int argc, char **argv, const char *cmd, const char *shortopts, co
     int prev = optind;
     int ch = getopt_long(argc, argv, so, opts, NULL);
     if (ch != '?' && ch != ':') return ch;
-    /* the offending word: getopt_long has stepped past it (unless inside a cluster) */
-    const char *arg = optind > prev && optind - 1 < argc ? argv[optind - 1] : argv[prev < argc ? prev : argc - 1];
-    bad_option(cmd, arg, ch == ':', arg[0] == '-' && arg[1] != '-' ? optopt : 0, opts);
+    /* A long option: getopt_long has always stepped past its word. A short one may sit
+       inside a cluster, and the word before optind can be a positional argument getopt
+       skipped over (it permutes them to the end), so a short option is named by its
+       character alone. */
+    const char *word = optind > prev && optind - 1 < argc ? argv[optind - 1] : NULL;
+    if (word && (!strncmp(word, "--", 2) || !optopt)) {
+        bad_option(cmd, word, ch == ':', 0, opts);
+    } else {
+        char s[3] = {'-', (char)optopt, 0};
+        bad_option(cmd, s, ch == ':', ch == ':' ? 0 : optopt, opts);
+    }
     return '?';
 }
 

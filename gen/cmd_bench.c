@@ -750,6 +750,7 @@ int cmd_bench(int argc, char **argv) {
         default: return 2; /* gen_getopt said why, in one line */
         }
     }
+    if (optind < argc) { fprintf(stderr, "eaglegen bench: unexpected argument '%s'\n", argv[optind]); return 2; }
     if (!model_dir == !preset) {
         fprintf(stderr, "eaglegen bench: give one of --model or --preset\n");
         usage(stderr);
@@ -829,8 +830,8 @@ int cmd_bench(int argc, char **argv) {
         }
         o.slots = batch_given ? o.batch[0] : 256;
         if (spec && (o.chunk > o.slots ? o.chunk : o.slots) < o.draft_tokens + 1) { /* the engine's rows per step */
-            fprintf(stderr, "eaglegen bench: --chunk %d cannot hold a verify step of --draft-tokens %d + 1 rows\n",
-                    o.chunk, o.draft_tokens);
+            fprintf(stderr, "eaglegen bench: a step of max(--chunk %d, --batch %d) rows cannot hold a verify step of "
+                    "--draft-tokens %d + 1 rows\n", o.chunk, o.slots, o.draft_tokens);
             return 2;
         }
         int64_t avail = gen_mem_available_bytes();

@@ -934,7 +934,14 @@ int cmd_fidelity(int argc, char **argv) {
         default: return 2; /* gen_getopt said why */
         }
     }
-    if (optind < argc) { fprintf(stderr, "eaglegen fidelity: unexpected argument '%s'\n", argv[optind]); return 2; }
+    if (optind < argc) {
+        /* --json's file is optional, so it only comes as --json=FILE; "--json FILE" leaves FILE here */
+        int after_json = 0;
+        for (int i = 1; i < optind; i++) after_json |= !strcmp(argv[i], "--json");
+        fprintf(stderr, "eaglegen fidelity: unexpected argument '%s'%s\n", argv[optind],
+                after_json ? " (--json writes to a file given as --json=FILE)" : "");
+        return 2;
+    }
     if (!a.model || (!a.prompts == !a.audit)) {
         fprintf(stderr, "eaglegen fidelity: --model and one of --prompts (compare) or --audit (audit) are required\n");
         usage(stderr);

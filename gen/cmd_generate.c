@@ -65,6 +65,7 @@ typedef struct gen_args {
     int whole_layers;         /* --whole-layers: --stages N on cuda keeps whole layers per stage */
     int ep;                   /* --ep: expert-parallel ranks (0 = off) */
     int ep_split;             /* --ep-split: eg_ep_split (none, ffn, all) */
+    int ep_split_given;       /* --ep-split was on the command line (--layout sets it too) */
     const char *layout;       /* --layout: ppP, epE, ppPxepE or auto (sets stages and ep) */
     const char *box;          /* --box: the box --layout auto plans for */
     char layout_stages[16];   /* --stages text a layout chose */
@@ -177,7 +178,8 @@ static void usage(FILE *f) {
             "                          epE+split / ppPxepE+split (--ep-split all),\n"
             "                          or auto: the layout `eaglegen plan --box` recommends for this model\n"
             "                          and --box among those --backend runs (decode, or prefill with --mode\n"
-            "                          capture; mean length --max-seq-len / 2)\n"
+            "                          capture; mean length --max-seq-len / 2). It sets --stages, --ep\n"
+            "                          and --ep-split: not with them\n"
             "  --box NAME              with --layout auto: rtx-pro-6000x8 or h200x8\n"
             "  --gpus N                cuda: stage k runs on GPU k mod N (default: one GPU per stage;\n"
             "                          --gpus 1 runs every stage on one GPU, for testing)\n"
@@ -188,9 +190,11 @@ static void usage(FILE *f) {
             "  --gpu-mem-fraction F    cuda: share of each GPU's memory to use; the KV cache gets what\n"
             "                          weights and activations leave (default 0.9)\n"
             "  --worker I/N            this is worker I (0-based) of N; default from the launcher:\n"
-            "                          a Slurm array (SLURM_ARRAY_TASK_ID/MIN/MAX/STEP/COUNT), torchrun\n"
-            "                          (RANK/WORLD_SIZE), srun (SLURM_PROCID/NTASKS) or both (array x\n"
-            "                          ranks); inconsistent variables are refused; else 0/1\n"
+            "                          a Slurm array (SLURM_ARRAY_TASK_ID/MIN/MAX/STEP/COUNT), the\n"
+            "                          ranks of one launch (the first set of torchrun's RANK/WORLD_SIZE,\n"
+            "                          srun's SLURM_PROCID/NTASKS, mpirun's OMPI_COMM_WORLD_RANK/SIZE), or\n"
+            "                          both (array x ranks); half a pair, or a rank not below its size,\n"
+            "                          is refused; else 0/1\n"
             "  --log-json FILE         append progress as JSON lines (UTC time, worker, phase, counts) to FILE\n"
             "speculative decoding (regenerate mode; docs/ENGINE.md):\n"
             "  --draft-model DIR       an EAGLE-3 drafter (as SpecForge or speculators save it, or in\n"
@@ -203,22 +207,29 @@ static void usage(FILE *f) {
             "                          --aux-layers. With --ep every rank has its own\n"
             "                          drafter for its slots; with --stages it runs as each\n"
             "                          micro-batch leaves the last stage\n"
-            "  --draft-tokens K        tokens drafted per verify step (default 3; --chunk >= K + 1)\n"
+            "  --draft-tokens K        tokens drafted per verify step (default 3; --chunk or --batch\n"
+            "                          >= K + 1: a step holds the larger of the two in rows)\n"
             "job:\n"
             "  --dry-run               report what the run would do and exit, without loading weights\n"
             "                          (config.json, tokenizer and corpus only): records accepted and\n"
             "                          rejected by reason, prompt token statistics, output tokens at\n"
             "                          most, disk and shard sizes for the model's H and aux layers, the\n"
             "                          layout (with --ep each rank's routed experts and slots, checked\n"
-            "                          as the run checks them); --out is optional and nothing is written\n"
+            "                          as the run checks them); with an existing job in --out whether\n"
+            "                          the run would resume it, refuse it (the run's message, exit 1:\n"
+            "                          job.json against the parameters, config, tokenizer and inputs;\n"
+            "                          the weights' bytes only the run compares) or delete it\n"
+            "                          (--restart); --out is optional and nothing is written\n"
             "  --restart               delete this worker's job in --out (its shards, manifest, job\n"
             "                          file, ledgers) and start over; without it a rerun resumes, and\n"
             "                          a parameter that changes samples is refused (see Resuming in\n"
             "                          README.md)\n"
             "  -h, --help              this text\n"
             "\n"
-            "Exit status: 0 done, 1 failure, 2 usage error, 130 interrupted (SIGINT/SIGTERM: what\n"
-            "is complete is committed; rerun to resume).\n");
+            "Exit status: 0 done, 1 failure (also a value the model or the box cannot take once\n"
+            "they are read: --aux-layers past the last layer, --stages or --ep that do not fit it, a\n"
+            "--kv-tokens pool below one sequence), 2 usage error (the options as written), 130\n"
+            "interrupted (SIGINT/SIGTERM: what is complete is committed; rerun to resume).\n");
 }
 
 /* ---- argument parsing ------------------------------------------------------ */
@@ -244,8 +255,8 @@ static int p_worker(const char *v, int *i, int *n) {
  * half of --max-seq-len. Sets a->stages and a->ep; 0 or 2 (usage). */
 static int resolve_layout(gen_args *a) {
     eg_error err = {0};
-    if (a->stages || a->ep) {
-        fprintf(stderr, "eaglegen generate: --layout sets --stages and --ep: give one or the other\n");
+    if (a->stages || a->ep || a->ep_split_given) {
+        fprintf(stderr, "eaglegen generate: --layout sets --stages, --ep and --ep-split: give one or the other\n");
         return 2;
     }
     char why[512];
@@ -415,6 +426,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 0x102: a->draft_model = optarg; break;
         case 0x103: if (!gen_arg_int("generate", "--draft-tokens", optarg, 1, 64, &a->draft_tokens)) return 2; break;
         case 0x104:
+            a->ep_split_given = 1;
             if (!strcmp(optarg, "none")) a->ep_split = EG_EP_SPLIT_NONE;
             else if (!strcmp(optarg, "ffn")) a->ep_split = EG_EP_SPLIT_FFN;
             else if (!strcmp(optarg, "all")) a->ep_split = EG_EP_SPLIT_ALL;
@@ -478,8 +490,12 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         }
         if (!a->draft_tokens) a->draft_tokens = 3;
         if ((a->batch > a->chunk ? a->batch : a->chunk) < a->draft_tokens + 1) { /* the engine's rows per step */
-            fprintf(stderr, "eaglegen generate: --chunk %d cannot hold a verify step of --draft-tokens %d + 1 rows\n",
-                    a->chunk, a->draft_tokens);
+            if (a->batch > 0)
+                fprintf(stderr, "eaglegen generate: a step of max(--chunk %d, --batch %d) rows cannot hold a verify step "
+                        "of --draft-tokens %d + 1 rows\n", a->chunk, a->batch, a->draft_tokens);
+            else
+                fprintf(stderr, "eaglegen generate: a step of --chunk %d rows cannot hold a verify step of "
+                        "--draft-tokens %d + 1 rows\n", a->chunk, a->draft_tokens);
             return 2;
         }
     }
@@ -874,18 +890,11 @@ static char *precision_text(const gen_args *a, int n_stages) {
     return t;
 }
 
-static json_t *job_identity(gen_run *g, eg_error *err) {
-    gen_args *a = g->a;
+/* The job's "params" (job.json): what the run was asked for, the drafter by content. a's
+ * aux layers as given, or n_aux aux (the config's default set). */
+static json_t *job_params(const gen_args *a, const int *aux_l, int n_aux, eg_error *err) {
     json_t *aux = json_array();
-    for (int i = 0; i < a->n_aux; i++) json_array_append_new(aux, json_integer(a->aux[i]));
-    json_t *inputs = json_array();
-    for (size_t i = 0; i < corpus_n_files(g->corpus); i++) {
-        const char *p = corpus_file(g->corpus, i);
-        json_t *fp = NULL;
-        if (!strcmp(p, "-")) fp = json_pack("{s:s}", "path", "-");
-        else if (gen_file_fingerprint(p, &fp, err)) { json_decref(aux); json_decref(inputs); return NULL; }
-        json_array_append_new(inputs, fp);
-    }
+    for (int i = 0; i < n_aux; i++) json_array_append_new(aux, json_integer(aux_l[i]));
     json_t *params = json_pack(
         "{s:s, s:s, s:i, s:i, s:f, s:f, s:i, s:I, s:b, s:o, s:s, s:b, s:I, s:i, s:s, s:s, s:i}", "backend",
         a->backend, "mode", a->capture ? "capture" : "regenerate", "max_new_tokens", a->max_new, "max_seq_len",
@@ -902,12 +911,26 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
         json_t *dm = NULL;
         if (gen_draft_identity(a->draft_model, &dm, err)) {
             json_decref(params); /* holds aux */
-            json_decref(inputs);
             return NULL;
         }
         json_object_set_new(params, "draft_model", dm);
         json_object_set_new(params, "draft_tokens", json_integer(a->draft_tokens));
     }
+    return params;
+}
+
+static json_t *job_identity(gen_run *g, eg_error *err) {
+    gen_args *a = g->a;
+    json_t *inputs = json_array();
+    for (size_t i = 0; i < corpus_n_files(g->corpus); i++) {
+        const char *p = corpus_file(g->corpus, i);
+        json_t *fp = NULL;
+        if (!strcmp(p, "-")) fp = json_pack("{s:s}", "path", "-");
+        else if (gen_file_fingerprint(p, &fp, err)) { json_decref(inputs); return NULL; }
+        json_array_append_new(inputs, fp);
+    }
+    json_t *params = job_params(a, a->aux, a->n_aux, err);
+    if (!params) { json_decref(inputs); return NULL; }
     /* the model by content (config hash, stored weight bytes), not by path, so a moved
      * checkpoint still resumes */
     json_t *fps = json_pack("{s:s, s:I, s:s, s:o}", "model_config_sha256", g->model->cfg.hash, "model_weight_bytes",
@@ -958,13 +981,29 @@ int cmd_generate(int argc, char **argv) {
     gen_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc < 0 && a.dry_run) {
+        /* the params the run would write, for the check against an existing job (the
+           default aux layers from the config, as the run takes them; a config that does
+           not load is the dry run's own error to report) */
+        int aux[64], n_aux = a.n_aux;
+        memcpy(aux, a.aux, sizeof aux);
+        eg_config dc;
+        eg_error pe = {0};
+        if (!n_aux && !eg_config_load(a.model, &dc, &pe)) n_aux = eg_config_default_aux_layers(&dc, aux);
+        json_t *params = a.out && n_aux ? job_params(&a, aux, n_aux, &pe) : NULL;
+        if (a.out && n_aux && !params) {
+            fprintf(stderr, "eaglegen generate --dry-run: %s\n", pe.msg);
+            free((void *)a.prompts);
+            return 1;
+        }
         gen_dry_run_opts dro = {
             .model = a.model, .tokenizer = a.tokenizer, .out = a.out, .prompts = a.prompts, .n_prompts = a.n_prompts,
             .capture = a.capture, .thinking = a.thinking, .max_new = a.max_new, .max_seq_len = a.max_seq_len,
             .aux = a.aux, .n_aux = a.n_aux, .limit = a.limit, .worker = a.worker, .n_workers = a.n_workers,
             .shard_samples = a.shard_samples, .shard_bytes = a.shard_bytes, .backend = a.backend, .stages = a.stages,
-            .n_final = a.final_mode == 2 ? 2 : 1, .ep = a.ep, .batch = a.batch, .ep_split = a.ep_split};
+            .n_final = a.final_mode == 2 ? 2 : 1, .ep = a.ep, .batch = a.batch, .ep_split = a.ep_split,
+            .params = params, .restart = a.restart};
         rc = gen_dry_run(&dro, stdout);
+        json_decref(params);
     }
     if (rc >= 0) { free((void *)a.prompts); return g_interrupted ? 130 : rc; }
     rc = 1;

@@ -1,4 +1,5 @@
 /* eaglegen inspect: summarise, list, show or verify a dataset (directory) or one shard. */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -466,10 +467,16 @@ int cmd_inspect(int argc, char **argv) {
     eg_error err = {0};
     eg_ds_reader *r;
     if (dataset_open(path, &r, &err)) {
-        struct stat dsb;
-        int is_dir = !stat(path, &dsb) && S_ISDIR(dsb.st_mode);
-        fprintf(stderr, "eaglegen inspect: %s%s%s%s\n", err.msg, is_dir ? " (`eaglegen repair " : "", is_dir ? path : "",
-                is_dir ? "` sets damaged shards aside)" : "");
+        /* repair mends a dataset whose shards are damaged: only where a manifest is there */
+        int has_manifest = 0;
+        DIR *dd = opendir(path);
+        for (struct dirent *de; dd && (de = readdir(dd));) {
+            size_t nl = strlen(de->d_name);
+            has_manifest |= !strncmp(de->d_name, "manifest", 8) && nl > 5 && !strcmp(de->d_name + nl - 5, ".json");
+        }
+        if (dd) closedir(dd);
+        fprintf(stderr, "eaglegen inspect: %s%s%s%s\n", err.msg, has_manifest ? " (`eaglegen repair " : "",
+                has_manifest ? path : "", has_manifest ? "` sets damaged shards aside)" : "");
         if (do_json) {
             json_t *o = json_pack("{s:s,s:b,s:[s]}", "path", path, "ok", 0, "errors", err.msg);
             json_dumpf(o, stdout, JSON_INDENT(1));

@@ -39,7 +39,7 @@ int cmd_merge(int argc, char **argv) {
         {"out", 1, 0, 'o'}, {"allow-partial", 0, 0, 'P'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     optind = 1;
     int ch;
-    while ((ch = gen_getopt(argc, argv, "merge", "ho:", opts)) != -1) {
+    while ((ch = gen_getopt(argc, argv, "merge", "h", opts)) != -1) {
         switch (ch) {
         case 'o': out = optarg; break;
         case 'P': allow_partial = 1; break;

@@ -41,6 +41,7 @@ static void mk_usage(FILE *f) {
             "  --shard-mb N        start a new shard above N MiB (N x 2^20 bytes; default 4096)\n"
             "  --threads N         worker threads (default: $EG_THREADS or all CPUs)\n"
             "  --no-weights        write config.json and the tokenizer files only\n"
+            "                      (a model already in --out is replaced: its index goes first)\n"
             "  --sparse            all-zero weights stored as file holes: the full layout\n"
             "                      (e.g. all 595 GB of kimi-k2.5) at no disk cost, to test\n"
             "                      loading; the model computes nothing useful\n"

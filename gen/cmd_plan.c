@@ -273,6 +273,7 @@ int cmd_plan(int argc, char **argv) {
     int gpus = 0, json = 0, chunk = 8192, set_mem = 0, set_frac = 0, set_act = 0, whole_layers = 0;
     double hbm = 0, tflops = 0, eff = 0, link_gbs = 0, link_us = -1;
     const char *workload = NULL;
+    int mean_given = 0;
     int prompt_len = 1024, max_new = 32768;
     const char *layout_only = NULL, *preset_only = NULL; /* an option of the other mode, as given */
     optind = 1;
@@ -310,13 +311,21 @@ int cmd_plan(int argc, char **argv) {
         case 'C': if (!gen_arg_double("plan", "--draft-cache-bytes", optarg, 1, 1e12, &draft_cache)) return 2; break;
         case 'R': draft_dir = optarg; break;
         case 'X': if (!gen_arg_double("plan", "--draft-weight-bytes", optarg, 1, 1e15, &draft_weight)) return 2; break;
-        case 'n': if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2; break;
+        case 'n':
+            if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2;
+            mean_given = 1;
+            break;
         case 'w': workload = optarg; break;
         case 'P': if (!gen_arg_int("plan", "--prompt-len", optarg, 1, 1 << 30, &prompt_len)) return 2; break;
         case 'M': if (!gen_arg_int("plan", "--max-new", optarg, 1, 1 << 30, &max_new)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: return 2; /* gen_getopt said why */
         }
+    }
+    if (optind < argc) { fprintf(stderr, "eaglegen plan: unexpected argument '%s'\n", argv[optind]); return 2; }
+    if (workload && mean_given) {
+        fprintf(stderr, "eaglegen plan: --workload gives the lengths instead of --mean-len: give one or the other\n");
+        return 2;
     }
     int layouts = gpus > 0 || box_name;
     if (!!model_dir == !!preset || (stages < 1 && !layouts)) {

@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "engine/runtime.h"
 #include "gen/job.h"
+#include "gen/resume.h"
 #include "prompts/corpus.h"
 
 typedef struct reason_count {
@@ -292,12 +293,47 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
         snprintf(mp, sizeof mp, "%s/%s", o->out, man);
         eg_ds_info m = {0};
         eg_error e2 = {0};
-        if (!eg_ds_info_load(mp, &m, &e2)) {
-            eg_ds_totals t = eg_ds_info_totals(&m);
-            fprintf(out, "job:           %s already holds %lld samples; a run resumes it and makes only the rest\n", mp,
-                    (long long)t.samples);
-        } else fprintf(out, "job:           %s: no job yet; a run starts one\n", o->out);
+        int held = !eg_ds_info_load(mp, &m, &e2);
+        long long n_held = held ? (long long)eg_ds_info_totals(&m).samples : 0;
         eg_ds_info_clear(&m);
+        char jn[128];
+        gen_job_filename(jn, sizeof jn, "job", "json", o->worker, o->n_workers);
+        json_t *have = NULL;
+        if (gen_job_read(o->out, jn, &have, &err)) goto done;
+        if (o->restart && (held || have)) {
+            fprintf(out, "job:           %s/%s: --restart deletes this job (%lld samples) and starts over\n", o->out, jn,
+                     n_held);
+        } else if (have && o->params) {
+            /* the run's own check (gen_resume_check) against what it would write, but for
+               the weights' stored bytes, which only loading the model counts */
+            json_t *inputs = json_array(), *want = NULL;
+            for (size_t i = 0; inputs && i < corpus_n_files(cr); i++) {
+                const char *p = corpus_file(cr, i);
+                json_t *fp = NULL;
+                if (!strcmp(p, "-")) fp = json_pack("{s:s}", "path", "-");
+                else if (gen_file_fingerprint(p, &fp, &err)) break;
+                json_array_append_new(inputs, fp);
+            }
+            json_t *wb = json_object_get(json_object_get(have, "fingerprints"), "model_weight_bytes");
+            if (!err.code && inputs)
+                want = json_pack("{s:i, s:O, s:{s:s, s:O, s:s, s:O}}", "version", 1, "params", (json_t *)o->params,
+                                 "fingerprints", "model_config_sha256", cfg.hash, "model_weight_bytes",
+                                 wb ? wb : json_null(), "tokenizer_sha256", tok_fingerprint(tok), "inputs", inputs);
+            json_decref(inputs);
+            gen_resume r;
+            eg_status st = err.code ? err.code : !want ? eg_fail(&err, EG_ERR_NOMEM, "out of memory")
+                                                        : gen_resume_check(o->out, jn, want, o->n_workers, &r, &err);
+            json_decref(want);
+            json_decref(have);
+            if (st) goto done;
+            fprintf(out, "job:           %s already holds %lld samples; a run resumes it and makes only the rest "
+                         "(parameters, config, tokenizer and inputs checked as the run checks them; the weights' "
+                         "bytes only by the run)%s\n", mp, n_held, r.changes);
+        } else if (held || have) {
+            fprintf(out, "job:           %s already holds %lld samples; a run resumes it and makes only the rest\n", mp,
+                    n_held);
+        } else fprintf(out, "job:           %s: no job yet; a run starts one\n", o->out);
+        if (o->restart || !o->params) json_decref(have);
     }
     rc = 0;
 done:

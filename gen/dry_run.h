@@ -8,12 +8,16 @@
  * --max-new-tokens, capped by --max-seq-len: an upper bound), the bytes the samples would
  * take for the model's H and aux layer count (BF16 hidden rows + int32 id + uint8 mask
  * per token, before compression) and how that falls into shards; with an existing job in
- * --out, how many samples it already holds; the layout (stages, and with --ep each rank's
+ * --out, how many samples it already holds and whether the run would resume it (the
+ * run's own check of job.json against the parameters, the config, tokenizer and inputs;
+ * the weights' bytes are not compared, none being loaded), refuse it (the same message,
+ * exit 1), or delete it (--restart); the layout (stages, and with --ep each rank's
  * routed experts and share of the slots, as the run splits them). Writes nothing.
  * Thread safety: one thread. */
 #ifndef EG_GEN_DRY_RUN_H
 #define EG_GEN_DRY_RUN_H
 
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -38,6 +42,9 @@ typedef struct gen_dry_run_opts {
     int ep_split;          /* --ep-split: eg_ep_split. ffn: each layer's shared expert / dense MLP
                               on rank l mod ep, printed per rank; all: also the vocab rows of
                               each rank, refused on cuda as the run refuses it */
+    const json_t *params;  /* the job's "params" as the run writes them (borrowed): checked
+                              against an existing job in out; NULL: not checked */
+    int restart;           /* --restart: the run deletes an existing job */
 } gen_dry_run_opts;
 
 /* Prints the report to out; returns the exit status (0, or 1 after an error message on

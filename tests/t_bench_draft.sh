@@ -36,7 +36,7 @@ refused 2 "not both" $E bench "${wl[@]}" --draft-model drafter --replay-drafter 
 refused 2 "--replay-drafter expects a number in [0, 1]" $E bench "${wl[@]}" --replay-drafter 1.5
 refused 2 "needs --temperature 0" $E bench "${wl[@]}" --replay-drafter 1 --temperature 1
 refused 2 "--draft-tokens expects an integer in [1, 64]" $E bench "${wl[@]}" --draft-model drafter --draft-tokens 0
-refused 2 "--chunk 4 cannot hold a verify step of --draft-tokens 4 + 1 rows" $E bench "${wl[@]}" --draft-model drafter \
+refused 2 "a step of max(--chunk 4, --batch 4) rows cannot hold a verify step of --draft-tokens 4 + 1 rows" $E bench "${wl[@]}" --draft-model drafter \
     --draft-tokens 4 --chunk 4 --batch 4
 refused 1 "vocab_size 384 but the target's vocabulary is 512" $E bench "${wl[@]}" --draft-model other
 grep -q "^on-demand" "$tmp/out" && fail "rows ran before the drafter for another model was refused"

@@ -33,6 +33,14 @@ PYEOF
 "$EG" inspect "$DIR/ds" --sample nope >/dev/null 2>&1 && fail "unknown sample accepted"
 "$EG" inspect "$DIR/ds" --bogus >/dev/null 2>&1; [ $? -eq 2 ] || fail "bad option is not a usage error"
 "$EG" inspect --help | grep -q -- "--verify" || fail "help"
+# a directory that is no dataset: said so, without pointing at `repair` (which cannot mend
+# it); a dataset whose manifest is damaged: the pointer is there
+mkdir "$DIR/empty"
+"$EG" inspect "$DIR/empty" 2> "$DIR/e.txt" && fail "inspect of an empty directory succeeded"
+grep -q "repair" "$DIR/e.txt" && fail "inspect points an empty directory at repair: $(cat "$DIR/e.txt")"
+cp -r "$DIR/ds" "$DIR/dm" && printf '{"broken' > "$DIR/dm/manifest.json"
+"$EG" inspect "$DIR/dm" 2> "$DIR/e.txt" && fail "inspect of a damaged manifest succeeded"
+grep -q "eaglegen repair" "$DIR/e.txt" || fail "no repair pointer for a damaged dataset: $(cat "$DIR/e.txt")"
 
 # damage sample 1's record: flip a byte in the middle of its aux frame
 off=$("$PY" - "$DIR/ds/shard-000000.tar" <<'PYEOF'

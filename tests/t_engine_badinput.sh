@@ -167,6 +167,16 @@ PY
 # the 163,840-vocabulary tokenizer: gap-free ranks, unique bytes, Kimi's special layout
 "$E" mkmodel --preset kimi-k2.5 --no-weights --out "$tmp/kimi-tok" 2>/dev/null || bad "kimi --no-weights"
 [ ! -e "$tmp/kimi-tok/model.safetensors.index.json" ] || bad "--no-weights wrote weights"
+# --no-weights over a model already there: its index goes, so the new config is never
+# loaded with the old tensors (a load says there are no weights)
+"$E" mkmodel --preset tiny --layers 4 --out "$tmp/over" >/dev/null 2>&1 || bad "tiny model to overwrite"
+"$E" mkmodel --preset tiny --layers 2 --no-weights --out "$tmp/over" >/dev/null 2>&1 || bad "--no-weights over a model"
+[ ! -e "$tmp/over/model.safetensors.index.json" ] || bad "--no-weights left the old model's index"
+echo '{"prompts": [[1, 2, 3]]}' > "$tmp/over.json"
+if "$E" forward --model "$tmp/over" --prompts "$tmp/over.json" --out "$tmp/over.st" 2>"$tmp/over.err"; then
+    bad "a --no-weights directory over an old model loaded"
+fi
+grep -q "no model.safetensors.index.json" "$tmp/over.err" || bad "over: $(cat "$tmp/over.err")"
 "$PYTHON" - "$tmp/kimi-tok" "$FIXTURES/tokenizer/tokenizer_config.json" <<'PY' || bad "kimi tokenizer files"
 import base64, json, sys
 d, ref = sys.argv[1], sys.argv[2]

@@ -31,6 +31,15 @@ one_line "unknown option '--allow-partail'; did you mean --allow-partial?" $E me
 one_line "missing --out" $E merge a
 one_line "unknown option '--verfy'; did you mean --verify?" $E inspect d --verfy
 one_line "unknown option '-q'" $E plan -q
+# a short option in a cluster after a positional argument (getopt permutes them): the option
+# is named, not the argument before it
+one_line "unknown option '-Z'" $E inspect d -Zx
+one_line "unknown option '-q'" $E inspect d -q
+one_line "unexpected argument 'extra'" $E bench --preset tiny extra
+one_line "unexpected argument 'extra'" $E plan --preset tiny --stages 2 extra
+one_line "--workload gives the lengths instead of --mean-len" $E plan --preset tiny --stages 2 --workload \
+    lognormal:500:1 --mean-len 77
+one_line "(--json writes to a file given as --json=FILE)" $E fidelity --json out.json --model m --prompts p
 # a value for a flag that takes none is said so (getopt calls it unknown)
 one_line "--allow-partial takes no value, got '--allow-partial=1'" $E merge a --out b --allow-partial=1
 # the missing pieces named (not the whole usage), no stray separator, no empty line

@@ -108,4 +108,32 @@ for bad in "--ep 3:does not divide the model's 16 routed experts" "--ep 4 --batc
     set -e
     [ $rc = 1 ] && grep -qF "${bad#*:}" err || fail "dry run ${bad%%:*}: exit $rc"
 done
+echo "-- an existing job: the dry run says what the run would do with it (resume, refuse, --restart)"
+# sd holds the default run above; the dry run checks the same job file the run checks
+job=(--prompts corpus/c.jsonl --out sd --max-new-tokens 8 --max-seq-len 128 --batch 3 --chunk 8 --aux-layers 1,2,3
+     --threads 1 --on-bad-record skip)
+$E generate --dry-run --model model "${job[@]}" >out 2>err || fail "dry run of the same job"
+grep -q "already holds 10 samples; a run resumes it" out && grep -q "checked as the run checks them" out ||
+    fail "dry run: no resume line"
+# the aux layers left to the config's default resolve as the run resolves them (a job made
+# without --aux-layers resumes)
+$E generate --model model --prompts corpus/c.jsonl --out sdef --max-new-tokens 2 --max-seq-len 128 --threads 1 \
+    --on-bad-record skip --limit 2 2>/dev/null || fail "a run with the default aux layers"
+$E generate --dry-run --model model --prompts corpus/c.jsonl --out sdef --max-new-tokens 2 --max-seq-len 128 \
+    --threads 1 --on-bad-record skip --limit 2 >out 2>err || fail "dry run of a default-aux job"
+grep -q "a run resumes it" out || fail "default aux: no resume line"
+set +e
+$E generate --dry-run --model model "${job[@]}" --temperature 0.3 >out 2>err; rc=$?
+set -e
+[ $rc = 1 ] && grep -q "refusing to resume" err && grep -q "temperature: 1 -> 0.3" err ||
+    fail "dry run with another temperature: exit $rc, not the run's refusal"
+grep -q "a run resumes it" out && fail "dry run promises a resume the run refuses"
+set +e
+$E generate --model model "${job[@]}" --temperature 0.3 >/dev/null 2>err2; rc2=$?
+set -e
+[ $rc2 != 0 ] && grep -q "refusing to resume" err2 || fail "the run itself did not refuse (exit $rc2)"
+$E generate --dry-run --model model "${job[@]}" --temperature 0.3 --restart >out 2>err ||
+    fail "dry run with --restart"
+grep -q -- "--restart deletes this job (10 samples) and starts over" out || fail "dry run --restart: no restart line"
+[ "$(ls sd/*.tar | wc -l)" = 1 ] || fail "a dry run --restart deleted something"
 echo "t_gen_dry_run: ok"

@@ -222,7 +222,10 @@ if grep -q "ep-split ffn with --backend cuda" bad.log; then cat bad.log; echo "F
 $E generate "${args[@]}" --ep 2 --ep-split ffn --backend cuda --dry-run --out bad >bad.log 2>&1 ||
     { cat bad.log; echo "FAIL: dry run of --ep 2 --ep-split ffn on cuda"; exit 1; }
 grep -q -- "--ep 2+ffn" bad.log || { cat bad.log; echo "FAIL: the cuda dry run shows no ffn split"; exit 1; }
-bad "--layout sets --stages and --ep" --layout ep2 --ep 2
+bad "--layout sets --stages, --ep and --ep-split" --layout ep2 --ep 2
+# the layout's split is its own: an explicit --ep-split beside it is refused, not overridden
+bad "--layout sets --stages, --ep and --ep-split" --layout ep2+ffn --ep-split none
+bad "--layout sets --stages, --ep and --ep-split" --layout ep2 --ep-split ffn
 bad "expected ppP, epE, ppPxepE" --layout tp8
 bad "--layout auto needs --box" --layout auto
 echo "ok"

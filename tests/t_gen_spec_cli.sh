@@ -28,7 +28,7 @@ base=(--model model --prompts p.jsonl --max-new-tokens 8 --max-seq-len 64 --thre
 usage_err "--draft-tokens needs --draft-model DIR" $E generate "${base[@]}" --out o --draft-tokens 2
 usage_err "--draft-tokens" $E generate "${base[@]}" --out o --draft-model d --draft-tokens 0
 usage_err "--mode capture generates nothing" $E generate "${base[@]}" --out o --mode capture --draft-model d
-usage_err "cannot hold a verify step of --draft-tokens 4" $E generate "${base[@]}" --out o --chunk 4 --batch 2 \
+usage_err "a step of max(--chunk 4, --batch 2) rows cannot hold a verify step of --draft-tokens 4" $E generate "${base[@]}" --out o --chunk 4 --batch 2 \
     --draft-model d --draft-tokens 4
 # a directory without a drafter: refused before anything is written
 mkdir nodrafter
