@@ -21,8 +21,9 @@
  *    EG_CUDA_GRAPHS=0 switches recording off (graph_begin: EG_ERR_UNSUPPORTED).
  *  - Host waits (sample, sync, a large to_device, a staging slot, an expert table) are
  *    cudaStreamSynchronize / cudaEventSynchronize, unless the stream carries another
- *    party's work that may never finish (the NCCL pipeline transport's sends and recvs):
- *    that party installs a wait check (eg_backend_cuda_set_wait_check) and the waits
+ *    party's work that may never finish (the NCCL pipeline transport's sends and recvs,
+ *    an expert-parallel group's exchange): each such party adds a wait check
+ *    (eg_backend_cuda_add_wait_check) and the waits
  *    poll the stream (spinning for 200 us, then every 20 us) and, about every
  *    millisecond, the check, which fails the wait when the link reported an error or
  *    the run failed elsewhere.
@@ -139,10 +140,11 @@ int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
     (void)b;
     return 0;
 }
-eg_status eg_backend_cuda_set_wait_check(eg_backend *b, eg_cuda_wait_check check, void *ctx) {
-    (void)b; (void)check; (void)ctx;
+eg_status eg_backend_cuda_add_wait_check(eg_backend *b, eg_cuda_wait_hook *h) {
+    (void)b; (void)h;
     return EG_ERR_UNSUPPORTED;
 }
+void eg_backend_cuda_remove_wait_check(eg_backend *b, eg_cuda_wait_hook *h) { (void)b; (void)h; }
 void eg_cuda_host_free(void *p) { free(p); }
 eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weights, int T, int K, int R, int lo,
                           int ne, int rank, int layer, int left, int32_t *counts, int32_t *sendtok, int32_t *meta,
@@ -155,6 +157,11 @@ eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk
                              int K, int H, float *y,
                              eg_error *err) {
     (void)b; (void)back; (void)tk2pair; (void)ids; (void)T; (void)K; (void)H; (void)y;
+    return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
+}
+eg_status eg_cuda_gather_received(eg_backend *b, const float *x, int64_t n_src, const int32_t *idx, int n, int D,
+                                  float *out, eg_error *err) {
+    (void)b; (void)x; (void)n_src; (void)idx; (void)n; (void)D; (void)out;
     return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: built without CUDA");
 }
 
@@ -292,8 +299,7 @@ typedef struct cuda_impl {
     int sample_m;           /* candidates of the top-M sampler (EG_CUDA_SAMPLE=sort: 0, always sort) */
     int64_t sample_sorted_rows; /* rows the top-M path could not settle (sorted) */
     struct cuda_prof *prof; /* EG_CUDA_PROFILE=1: device time per op (NULL: off) */
-    eg_cuda_wait_check wait_check; /* NULL: host waits block in the CUDA runtime */
-    void *wait_ctx;
+    eg_cuda_wait_hook *waits; /* the wait checks (cuda_plan.h); NULL: host waits block in the CUDA runtime */
 } cuda_impl;
 
 /* A recorded step: the executable graph and the expert-table generation it reads. */
@@ -315,7 +321,7 @@ static cuda_impl *impl_of(eg_backend *b) { return (cuda_impl *)b->impl; }
  * may include a transfer whose peer or link failed, which would never complete, and a
  * blocking synchronise would never return (see the file comment). */
 static eg_status host_wait(cuda_impl *im, cudaEvent_t ev, const char *what, eg_error *err) {
-    if (!im->wait_check) {
+    if (!im->waits) {
         cudaError_t e = ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(im->stream);
         return e == cudaSuccess ? EG_OK : cuda_fail(err, what, e);
     }
@@ -326,10 +332,12 @@ static eg_status host_wait(cuda_impl *im, cudaEvent_t ev, const char *what, eg_e
         if (q != cudaErrorNotReady) return cuda_fail(err, what, q);
         double now = eg_now();
         if (now - t_check > 1e-3) {
-            eg_status st = im->wait_check(im->wait_ctx, err);
-            if (st) {
-                eg_wrap(err, "cuda backend: %s", what);
-                return st;
+            for (eg_cuda_wait_hook *h = im->waits; h; h = h->next) {
+                eg_status st = h->check(h->ctx, err);
+                if (st) {
+                    eg_wrap(err, "cuda backend: %s", what);
+                    return st;
+                }
             }
             t_check = now;
         }
@@ -921,7 +929,7 @@ static eg_status cu_linear(eg_backend *b, const float *x, int T, const eg_weight
 
 static eg_status cu_gather_rows(eg_backend *b, const float *x, const int32_t *idx, int n, int D, float *out,
                                 eg_error *err) {
-    KR("egk_gather_rows", egk_gather_rows(x, idx, n, D, out, impl_of(b)->stream));
+    KR("egk_gather_rows", egk_gather_rows(x, idx, n, D, 0, out, impl_of(b)->stream));
     return EG_OK;
 }
 
@@ -1521,11 +1529,21 @@ int64_t eg_cuda_sample_sorted_rows(eg_backend *b) {
     return is_cuda(b) ? impl_of(b)->sample_sorted_rows : 0;
 }
 
-eg_status eg_backend_cuda_set_wait_check(eg_backend *b, eg_cuda_wait_check check, void *ctx) {
+eg_status eg_backend_cuda_add_wait_check(eg_backend *b, eg_cuda_wait_hook *h) {
     if (!is_cuda(b)) return EG_ERR_UNSUPPORTED;
-    impl_of(b)->wait_check = check;
-    impl_of(b)->wait_ctx = ctx;
+    h->next = impl_of(b)->waits;
+    impl_of(b)->waits = h;
     return EG_OK;
+}
+
+void eg_backend_cuda_remove_wait_check(eg_backend *b, eg_cuda_wait_hook *h) {
+    if (!b || !is_cuda(b)) return;
+    for (eg_cuda_wait_hook **p = &impl_of(b)->waits; *p; p = &(*p)->next)
+        if (*p == h) {
+            *p = h->next;
+            h->next = NULL;
+            return;
+        }
 }
 
 /* The EG_CUDA_* switches (docs/CUDA.md): a value none of them knows is an error, not a
@@ -1729,6 +1747,14 @@ eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk
                              eg_error *err) {
     if (!is_cuda(b)) return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: ep combine on a non-CUDA backend");
     KR("egk_ep_combine", egk_ep_combine(back, tk2pair, ids, T, K, H, y, impl_of(b)->stream));
+    return EG_OK;
+}
+
+eg_status eg_cuda_gather_received(eg_backend *b, const float *x, int64_t n_src, const int32_t *idx, int n, int D,
+                                  float *out, eg_error *err) {
+    if (!is_cuda(b)) return eg_fail(err, EG_ERR_UNSUPPORTED, "cuda: gather on a non-CUDA backend");
+    if (n_src < 1) return eg_fail(err, EG_ERR_INVALID, "cuda: gather of %d rows from %lld", n, (long long)n_src);
+    KR("egk_gather_rows", egk_gather_rows(x, idx, n, D, n_src, out, impl_of(b)->stream));
     return EG_OK;
 }
 

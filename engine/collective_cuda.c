@@ -146,6 +146,13 @@ typedef struct ep_nrank {
     int64_t remote_pairs, bytes, ffn_rows, embed_rows, logit_rows;
     pthread_mutex_t mu; /* held while enqueueing on this rank's communicator, and to abort it */
     int mu_made;
+    /* nccl: the rank backend's wait check (rank_wait_check), so its own host waits (sample,
+       sync, an expert table) on a stream that still carries the exchange's transfers stop
+       when the link or the group fails, instead of blocking on a transfer that never ends */
+    eg_cuda_wait_hook hook;
+    eg_backend *be;     /* the backend it was added to (borrowed), or NULL */
+    struct eg_ep_cuda *n;
+    int r;
 } ep_nrank;
 
 struct eg_ep_cuda {
@@ -281,6 +288,8 @@ static int failed_now(eg_ep_cuda *n) { return __atomic_load_n(&n->failed, __ATOM
 
 void eg_ep_cuda_free(eg_ep_cuda *n) {
     if (!n) return;
+    for (int r = 0; n->rk && r < n->R; r++) /* the backends outlive the group */
+        if (n->rk[r].be) eg_backend_cuda_remove_wait_check(n->rk[r].be, &n->rk[r].hook);
 #ifdef EG_HAVE_NCCL
     for (int r = 0; n->comm && r < n->R; r++)
         if (n->comm[r]) {
@@ -316,6 +325,22 @@ void eg_ep_cuda_free(eg_ep_cuda *n) {
 }
 
 #ifdef EG_HAVE_NCCL
+/* Rank k->r's backend, while it waits on its stream (the rank's thread): the group's
+ * failure, and the communicator's asynchronous error (stream_wait's checks). */
+static eg_status rank_wait_check(void *ctx, eg_error *err) {
+    ep_nrank *k = ctx;
+    eg_ep_cuda *n = k->n;
+    if (failed_now(n))
+        return eg_fail(err, EG_ERR_INTERRUPTED, "expert-parallel rank %d stops waiting: the group failed", k->r);
+    ncclResult_t ae = ncclSuccess, r = ncclSuccess;
+    pthread_mutex_lock(&k->mu);
+    if (n->comm[k->r]) r = ncclCommGetAsyncError(n->comm[k->r], &ae);
+    pthread_mutex_unlock(&k->mu);
+    if (r == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress) r = ae;
+    if (r != ncclSuccess) return nc_err(err, k->r, "ncclCommGetAsyncError (waiting on the rank's stream)", r);
+    return EG_OK;
+}
+
 /* Every ordered pair connected now, from this thread, in one group (transport_nccl.c's
  * nccl_connect explains why: NCCL connects a pair in its first send/recv, on the calling
  * thread, waiting for the peer's half). */
@@ -336,10 +361,22 @@ static eg_status connect_all(eg_ep_cuda *n, eg_error *err) {
     ncclResult_t re = ncclGroupEnd();
     if (r == ncclSuccess) r = re;
     if (r != ncclSuccess) return nc_err(err, 0, "ncclSend/ncclRecv (connecting every pair)", r);
+    /* polled, as stream_wait polls: a pair whose connection fails after the group was
+       enqueued would leave a plain synchronise waiting forever */
     for (int a = 0; a < n->R; a++) {
         cudaSetDevice(n->dev[a]);
-        cudaError_t ce = cudaStreamSynchronize(n->strm[a]);
-        if (ce != cudaSuccess) return cu_err(err, a, "cudaStreamSynchronize (connecting)", ce);
+        for (double t_check = eg_now();;) {
+            cudaError_t ce = cudaStreamQuery(n->strm[a]);
+            if (ce == cudaSuccess) break;
+            if (ce != cudaErrorNotReady) return cu_err(err, a, "cudaStreamQuery (connecting)", ce);
+            if (eg_now() - t_check > 1e-3) {
+                ncclResult_t ae = ncclSuccess, q = ncclCommGetAsyncError(n->comm[a], &ae);
+                if (q == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress) q = ae;
+                if (q != ncclSuccess) return nc_err(err, a, "ncclCommGetAsyncError (connecting every pair)", q);
+                t_check = eg_now();
+            }
+            sched_yield();
+        }
     }
     return EG_OK;
 }
@@ -451,6 +488,16 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
         if (ce != cudaSuccess) st = cu_err(err, r, "cudaStreamSynchronize", ce);
     }
     cudaSetDevice(prev);
+#ifdef EG_HAVE_NCCL
+    for (int r = 0; r < R && !st && n->use_nccl; r++) {
+        ep_nrank *k = &n->rk[r];
+        k->n = n;
+        k->r = r;
+        k->hook = (eg_cuda_wait_hook){rank_wait_check, k, NULL};
+        if (!(st = eg_backend_cuda_add_wait_check(o->backends[r], &k->hook))) k->be = o->backends[r];
+        else st = eg_fail(err, st, "expert-parallel rank %d: its backend takes no wait check", r);
+    }
+#endif
     if (st) { eg_ep_cuda_free(n); return st; }
     *out = n;
     return EG_OK;
@@ -829,7 +876,8 @@ static eg_status exchange(eg_ep_cuda *n, int rank, int layer, const eg_expert_w 
             float *y = k->res + (size_t)(k->ro_p[q] + j0) * H;
             eg_moe_args m = {.T = c, .x = k->xs, .ids = m_id + j0, .weights = m_w + j0, .topk = 1, .experts = own,
                              .e0 = e0, .e1 = e1, .y = y};
-            if ((st = be->ops->gather_rows(be, rows, m_row + j0, c, n->H, k->xs, err)) ||
+            int64_t nr = k->ro_r[q + 1] - k->ro_r[q]; /* the rows from q the pairs index */
+            if ((st = eg_cuda_gather_received(be, rows, nr, m_row + j0, c, n->H, k->xs, err)) ||
                 (st = be->ops->memset0(be, y, sizeof(float) * (size_t)c * H, err)) || (st = be->ops->moe(be, &m, err)))
                 return eg_wrap(err, "expert-parallel rank %d, layer %d, pairs from rank %d", rank, lay, q);
         }

@@ -60,14 +60,23 @@ void eg_cuda_plan_format(const eg_cuda_mem_plan *p, int device, char *buf, size_
 /* The GPU index and cudaStream_t (as void *; either out may be NULL) of a CUDA
  * backend. EG_ERR_UNSUPPORTED when b is not one (e.g. the CPU backend). */
 eg_status eg_backend_cuda_device(eg_backend *b, int *device, void **stream);
-/* A check for the backend's host waits (sample, sync, ...): with one installed they poll
- * the stream and call check(ctx, err) about every millisecond while it is busy; a
- * non-zero status ends the wait with that error. For a party whose work on the stream
- * may never finish (the NCCL pipeline transport: a failed link). NULL removes it. Set
- * while no op runs on the backend; check runs on the thread that waits.
- * EG_ERR_UNSUPPORTED when b is not a CUDA backend. */
+/* Checks for the backend's host waits (sample, sync, ...): with any added they poll the
+ * stream and call every check(ctx, err) about every millisecond while it is busy; a
+ * non-zero status ends the wait with that error. For each party whose work on the stream
+ * may never finish (a failed link): the NCCL pipeline transport's hand-overs, an
+ * expert-parallel group's exchange; a stage of a stage group carries both. The caller
+ * owns the hook (check and ctx set, next the backend's) and keeps it until it removes
+ * it; remove accepts a hook that was never added. Add and remove while no op runs on the
+ * backend; checks run on the thread that waits. EG_ERR_UNSUPPORTED when b is not a CUDA
+ * backend (remove: nothing). */
 typedef eg_status (*eg_cuda_wait_check)(void *ctx, eg_error *err);
-eg_status eg_backend_cuda_set_wait_check(eg_backend *b, eg_cuda_wait_check check, void *ctx);
+typedef struct eg_cuda_wait_hook {
+    eg_cuda_wait_check check;
+    void *ctx;
+    struct eg_cuda_wait_hook *next; /* the backend's list */
+} eg_cuda_wait_hook;
+eg_status eg_backend_cuda_add_wait_check(eg_backend *b, eg_cuda_wait_hook *h);
+void eg_backend_cuda_remove_wait_check(eg_backend *b, eg_cuda_wait_hook *h);
 /* Sampled rows the top-M path could not settle, sorted over the vocabulary (tests, tuning). */
 int64_t eg_cuda_sample_sorted_rows(eg_backend *b);
 
@@ -87,6 +96,13 @@ eg_status eg_cuda_ep_pack(eg_backend *b, const int32_t *ids, const float *weight
 eg_status eg_cuda_ep_combine(eg_backend *b, const float *back, const int32_t *tk2pair, const int32_t *ids, int T,
                              int K, int H, float *y,
                              eg_error *err);
+/* out[i] = x[idx[i]] (rows of D floats) for indices that came over a link: x holds n_src
+ * rows, and a row whose index is outside them is zeros. After a failed link an aborted
+ * receive leaves its buffer as it was, and the kernels queued behind it still run: a
+ * trusted gather would read wherever those bytes point. EG_ERR_UNSUPPORTED on another
+ * backend. */
+eg_status eg_cuda_gather_received(eg_backend *b, const float *x, int64_t n_src, const int32_t *idx, int n, int D,
+                                  float *out, eg_error *err);
 
 /* Page-locked host memory (plain memory when CUDA is absent or pinning fails). */
 void *eg_cuda_host_alloc(size_t bytes, eg_error *err);

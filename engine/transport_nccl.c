@@ -3,7 +3,7 @@
  * own stream, so no host thread waits for a hand-over. See transport.h for the ordering contract.
  * A send or recv whose link fails after it was enqueued never completes, so the stage
  * backends' host waits must not block on their streams: the transport installs a wait
- * check on each (eg_backend_cuda_set_wait_check) that polls the stage's communicator's
+ * check on each (eg_backend_cuda_add_wait_check) that polls the stage's communicator's
  * asynchronous error and the owner's failure flag (t->failed). Built with EG_HAVE_NCCL (the
  * Makefile sets it when nccl.h and libnccl are found next to nvcc); otherwise
  * eg_transport_nccl_create reports EG_ERR_UNSUPPORTED. */
@@ -33,6 +33,7 @@ typedef struct stage_wait { /* a stage backend's wait check */
     eg_transport *t;
     nccl_impl *N;
     int k;
+    eg_cuda_wait_hook hook; /* on the stage's backend while the transport lives */
 } stage_wait;
 
 struct nccl_impl {
@@ -86,7 +87,7 @@ static void nccl_destroy(eg_transport *t) {
     nccl_impl *N = t->impl;
     if (N) {
         for (int k = 0; N->be && k < N->n; k++) /* the backends outlive the transport */
-            if (N->be[k]) eg_backend_cuda_set_wait_check(N->be[k], NULL, NULL);
+            if (N->be[k]) eg_backend_cuda_remove_wait_check(N->be[k], &N->wait[k].hook);
         for (int k = 0; N->comm && k < N->n; k++)
             if (N->comm[k]) {
                 cudaSetDevice(N->dev[k]);
@@ -207,9 +208,10 @@ eg_status eg_transport_nccl_create(const eg_transport_opts *o, eg_transport **ou
         return st;
     }
     for (int k = 0; k < N->n; k++) {
-        N->wait[k] = (stage_wait){t, N, k};
+        N->wait[k] = (stage_wait){t, N, k, {0}};
+        N->wait[k].hook = (eg_cuda_wait_hook){stage_wait_check, &N->wait[k], NULL};
         N->be[k] = o->stages[k];
-        eg_backend_cuda_set_wait_check(N->be[k], stage_wait_check, &N->wait[k]);
+        eg_backend_cuda_add_wait_check(N->be[k], &N->wait[k].hook);
     }
     *out = t;
     return EG_OK;

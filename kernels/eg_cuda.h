@@ -54,8 +54,10 @@ int egk_f32_to_bf16(const float *x, uint16_t *y, uint16_t *lo, int64_t n, void *
 int egk_swiglu(const float *g, const float *u, float *hf, uint16_t *hb, uint16_t *hb_lo, int64_t n, void *stream);
 /* y[i] = (accumulate ? y[i] : 0) + a[i] + b[i], added in that order, n elements. */
 int egk_add_pair(float *y, const float *a, const float *b, int64_t n, int accumulate, void *stream);
-/* out[i][:] = x[idx[i]][:], rows of D floats. */
-int egk_gather_rows(const float *x, const int32_t *idx, int n, int D, float *out, void *stream);
+/* out[i][:] = x[idx[i]][:], rows of D floats. n_src > 0: x has n_src rows, and a row whose
+ * index is outside [0, n_src) is written as zeros (indices that arrived over a link: an
+ * aborted receive leaves its buffer as it was); n_src <= 0: the indices are trusted. */
+int egk_gather_rows(const float *x, const int32_t *idx, int n, int D, int64_t n_src, float *out, void *stream);
 /* out[r - row0][:] = bf16(dequant(w row r)) for r in [row0, row0+nrows). */
 int egk_dequant_bf16(egk_weight w, int64_t row0, int64_t nrows, uint16_t *out, void *stream);
 /* Fill n elements of dst with engine/weight_rand.c's counter-based draw (the same values

@@ -103,16 +103,22 @@ extern "C" int egk_swiglu(const float *g, const float *u, float *hf, uint16_t *h
     return EGK_LAUNCH_RESULT();
 }
 
-static __global__ void gather_kernel(const float *x, const int32_t *idx, int D, float *out) {
+static __global__ void gather_kernel(const float *x, const int32_t *idx, int D, int64_t n_src, float *out) {
     int i = blockIdx.x;
-    const float *src = x + (int64_t)idx[i] * D;
+    const int64_t r = idx[i];
     float *dst = out + (int64_t)i * D;
+    if (n_src > 0 && (r < 0 || r >= n_src)) {
+        for (int c = threadIdx.x; c < D; c += blockDim.x) dst[c] = 0.0f;
+        return;
+    }
+    const float *src = x + r * D;
     for (int c = threadIdx.x; c < D; c += blockDim.x) dst[c] = src[c];
 }
 
-extern "C" int egk_gather_rows(const float *x, const int32_t *idx, int n, int D, float *out, void *stream) {
+extern "C" int egk_gather_rows(const float *x, const int32_t *idx, int n, int D, int64_t n_src, float *out,
+                               void *stream) {
     if (n <= 0) return 0;
-    gather_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(x, idx, D, out);
+    gather_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(x, idx, D, n_src, out);
     return EGK_LAUNCH_RESULT();
 }
 

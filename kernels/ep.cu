@@ -97,29 +97,4 @@ extern "C" int egk_ep_pack(const int32_t *ids, const float *weights, int T, int 
     return EGK_LAUNCH_RESULT();
 }
 
-/* y[t] += back[tk2pair[t*K+k]] over the token's k in ascending expert id, the unsplit
- * combine's order, skipping pairs outside the call's range (tk2pair -1): y holds the fold
- * so far. */
-static __global__ void ep_combine_kernel(const float *back, const int32_t *tk2pair, const int32_t *ids, int K, int H,
-                                         float *y) {
-    extern __shared__ int32_t ord[]; /* [K] the token's combine order */
-    int t = blockIdx.y;
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    egk_moe_order_block(ids + (int64_t)t * K, K, ord);
-    if (n >= H) return;
-    float v = y[(int64_t)t * H + n];
-    for (int j = 0; j < K; j++) {
-        int32_t p = tk2pair[t * K + ord[j]];
-        if (p >= 0) v += back[(int64_t)p * H + n];
-    }
-    y[(int64_t)t * H + n] = v;
-}
-
-extern "C" int egk_ep_combine(const float *back, const int32_t *tk2pair, const int32_t *ids, int T, int K, int H,
-                              float *y, void *stream) {
-    if (T <= 0) return 0;
-    if (T > 65535) return (int)cudaErrorInvalidValue; /* the grid's y */
-    ep_combine_kernel<<<dim3(egk_blocks(H, 128), (unsigned)T), 128, sizeof(int32_t) * (size_t)K, (cudaStream_t)stream>>>(
-        back, tk2pair, ids, K, H, y);
-    return EGK_LAUNCH_RESULT();
-}
+/* egk_ep_combine is the MoE op's own combine (kernels/gemm.cu): one kernel for both. */

@@ -224,7 +224,9 @@ static __global__ void __launch_bounds__(NTHREADS)
 }
 
 /* y[t][n] += o[rowmap[t*K+k]][n] over the token's k in ascending expert id (like the
- * CPU backend: a split by expert range continues the same fold). */
+ * CPU backend: a split by expert range continues the same fold; rowmap -1: a pair outside
+ * the call's range). The MoE op's combine, and the expert-parallel exchange's
+ * (egk_ep_combine: the contributions that came back, mapped by tk2pair). */
 static __global__ void moe_combine_kernel(const float *o, const int32_t *rowmap, const int32_t *ids, int K, int H,
                                           float *y) {
     extern __shared__ int32_t sh[]; /* [K] the token's combine order */
@@ -686,5 +688,14 @@ extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, 
     if (rc) return rc;
     moe_combine_kernel<<<dim3(egk_blocks(H, 256), (unsigned)T), 256, sizeof(int32_t) * (size_t)K, s>>>(ws->o, ws->rowmap,
                                                                                                      ids, K, H, y);
+    return EGK_LAUNCH_RESULT();
+}
+
+extern "C" int egk_ep_combine(const float *back, const int32_t *tk2pair, const int32_t *ids, int T, int K, int H,
+                              float *y, void *stream) {
+    if (T <= 0) return 0;
+    if (T > 65535) return (int)cudaErrorInvalidValue; /* the grid's y */
+    moe_combine_kernel<<<dim3(egk_blocks(H, 256), (unsigned)T), 256, sizeof(int32_t) * (size_t)K, (cudaStream_t)stream>>>(
+        back, tk2pair, ids, K, H, y);
     return EGK_LAUNCH_RESULT();
 }

@@ -311,7 +311,17 @@ static void test_embed_norm_add_gather(void) {
     CHECK_OK(p.cpu->ops->gather_rows(p.cpu, xx.c, ix.c, 7, H, g.c, &err), &err);
     CHECK_OK(p.gpu->ops->gather_rows(p.gpu, xx.g, ix.g, 7, H, g.g, &err), &err);
     cmp_f32(&p, &g, "gather_rows n=7", 0.0);
-    buf2 *bs[] = {&tk, &x, &xx, &dx, &y, &ix, &g};
+    /* indices that came over a link (eg_cuda_gather_received): those outside the 33 source
+       rows (an aborted receive's stale bytes) give zero rows, the rest as gather_rows */
+    int32_t idx2[7] = {32, -1, 5, 33, 1000000, 0, 31}, safe[7];
+    for (int i = 0; i < 7; i++) safe[i] = idx2[i] >= 0 && idx2[i] < 33 ? idx2[i] : 0;
+    buf2 ix2 = b2(&p, idx2, sizeof idx2), ixs = b2(&p, safe, sizeof safe);
+    CHECK_OK(p.cpu->ops->gather_rows(p.cpu, xx.c, ixs.c, 7, H, g.c, &err), &err);
+    for (int i = 0; i < 7; i++)
+        if (safe[i] != idx2[i]) memset((float *)g.c + (size_t)i * H, 0, sizeof(float) * (size_t)H);
+    CHECK_OK(eg_cuda_gather_received(p.gpu, xx.g, 33, ix2.g, 7, H, g.g, &err), &err);
+    cmp_f32(&p, &g, "gather of received indices (3 of 7 outside the rows: zeros)", 0.0);
+    buf2 *bs[] = {&tk, &x, &xx, &dx, &y, &ix, &g, &ix2, &ixs};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) b2_free(&p, bs[i]);
     hw_free(&p, &E);
     hw_free(&p, &nw);

@@ -166,6 +166,28 @@ if [ "${1:-}" = --ep ]; then
     grep -Eq "ncclCommGetAsyncError \(waiting for (the exchange|a hand-over)\)" "$W/asyncerr_g.log" ||
         { cat "$W/asyncerr_g.log"; echo "FAIL: the asynchronous error is not reported (stage groups)"; exit 1; }
     echo "NCCL's asynchronous error stops the group, named, alone and in stage groups ($(( $(date +%s) - t0 )) s so far)"
+    # a link that dies mid-run (EMU_NCCL_DEAD_AFTER=N: from the N-th message on nothing
+    # moves): wherever it dies, every run stops with the error named, no hang and no crash.
+    # Some N leave a transfer queued on a rank's stream while that rank waits in its own
+    # backend (sample, an expert table) rather than in the exchange: the group's wait
+    # check on each rank backend must catch those (without it N = 4 hung), and the
+    # kernels queued behind an aborted receive must not index with its stale bytes
+    # (without the bounded gather N = 8 crashed in a gather)
+    printf '{"id": "d1", "input_ids": [5, 72, 101, 108]}\n{"id": "d2", "input_ids": [10, 72, 101, 108]}\n' > "$W/dead.jsonl"
+    seen_rank_wait=0
+    for n in 3 4 5 6 7 8; do
+        if EMU_DEVICES=2 EMU_NCCL_DEAD_AFTER=$n EMU_NCCL_TIMEOUT=60 timeout 300 nice -n 19 "$B/emu/eaglegen_emu" \
+            generate --backend cuda --model "$W/model" --prompts "$W/dead.jsonl" --max-seq-len 32 --batch 2 --chunk 16 \
+            --aux-layers 0,1,2 --seed 3 --gpu-mem-fraction 0.4 --temperature 0.9 --max-new-tokens 2 \
+            --out "$W/dead$n" --ep 2 > "$W/dead$n.log" 2>&1; then
+            echo "FAIL: --ep 2 ignored a link dead after $n messages"; exit 1
+        else rc=$?; fi
+        [ $rc = 1 ] && grep -q "ncclCommGetAsyncError" "$W/dead$n.log" ||
+            { tail -5 "$W/dead$n.log"; echo "FAIL: a link dead after $n messages: exit $rc, not named"; exit 1; }
+        grep -q "waiting on the rank's stream" "$W/dead$n.log" && seen_rank_wait=1
+    done
+    [ $seen_rank_wait = 1 ] || { echo "FAIL: no dead link reached a rank's own wait (the sweep lost its point)"; exit 1; }
+    echo "a link dead after 3..8 messages stops --ep 2 named, no hang or crash ($(( $(date +%s) - t0 )) s so far)"
     # EG_EP_EXCHANGE=cuda-local: the copies on distinct GPUs, where NCCL cannot start; the same samples
     EMU_DEVICES=2 EG_EP_EXCHANGE=cuda-local nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 \
         --out "$W/forcelocal" --ep 2 2> "$W/forcelocal.log" || { cat "$W/forcelocal.log"; exit 1; }
