@@ -187,7 +187,19 @@ if [ "${1:-}" = --ep ]; then
         grep -q "waiting on the rank's stream" "$W/dead$n.log" && seen_rank_wait=1
     done
     [ $seen_rank_wait = 1 ] || { echo "FAIL: no dead link reached a rank's own wait (the sweep lost its point)"; exit 1; }
-    echo "a link dead after 3..8 messages stops --ep 2 named, no hang or crash ($(( $(date +%s) - t0 )) s so far)"
+    # and in stage groups (--ep 2 --stages 2 on 4 GPUs: a stage backend carries the
+    # transport's wait check and its group's)
+    for n in 4 14; do
+        if EMU_DEVICES=4 EMU_NCCL_BUFFER=1024 EMU_NCCL_DEAD_AFTER=$n EMU_NCCL_TIMEOUT=60 timeout 300 nice -n 19 \
+            "$B/emu/eaglegen_emu" generate --backend cuda --model "$W/model" --prompts "$W/dead.jsonl" --max-seq-len 32 \
+            --batch 2 --chunk 16 --aux-layers 0,1,2 --seed 3 --gpu-mem-fraction 0.4 --temperature 0.9 \
+            --max-new-tokens 2 --out "$W/deadg$n" --ep 2 --stages 2 > "$W/deadg$n.log" 2>&1; then
+            echo "FAIL: stage groups ignored a link dead after $n messages"; exit 1
+        else rc=$?; fi
+        [ $rc = 1 ] && grep -q "ncclCommGetAsyncError" "$W/deadg$n.log" ||
+            { tail -5 "$W/deadg$n.log"; echo "FAIL: stage groups, a link dead after $n messages: exit $rc"; exit 1; }
+    done
+    echo "a link dead after 3..8 messages stops --ep 2 (and 4, 14 stage groups) named, no hang or crash ($(( $(date +%s) - t0 )) s so far)"
     # EG_EP_EXCHANGE=cuda-local: the copies on distinct GPUs, where NCCL cannot start; the same samples
     EMU_DEVICES=2 EG_EP_EXCHANGE=cuda-local nice -n 19 "$B/emu/eaglegen_emu" "${common[@]}" --max-new-tokens 4 \
         --out "$W/forcelocal" --ep 2 2> "$W/forcelocal.log" || { cat "$W/forcelocal.log"; exit 1; }
