@@ -191,6 +191,12 @@ eg_status eg_export_specforge(eg_ds_reader *r, const eg_export_opts *o, eg_expor
                        "the dataset stores %d aux layers; SpecForge's LlamaForCausalLMEagle3 takes exactly 3 "
                        "(fc = Linear(3*hidden, hidden)): generate with --aux-layers a,b,c",
                        m->n_aux);
+    /* SpecForge concatenates its three aux states low to high (FORMAT.md §11); a version-1
+       dataset may list another order, which its hidden states then follow */
+    for (int l = 1; dataset_has_manifest(r) && l < m->n_aux; l++)
+        if (m->aux_layers[l] <= m->aux_layers[l - 1])
+            return eg_fail(err, EG_ERR_INVALID, "aux layers must be ascending and distinct for SpecForge (the manifest "
+                           "lists %d after %d)", m->aux_layers[l], m->aux_layers[l - 1]);
     int64_t V = m->target_vocab_size;
     if (!V)
         return eg_fail(err, EG_ERR_INVALID,

@@ -663,6 +663,7 @@ extern "C" int egk_moe(const float *x, int T, int H, int F, const int32_t *ids, 
     int m_exp = nl < TK ? nl : TK;
     int max_tiles = (int)(((int64_t)TK + (int64_t)m_exp * (BM - 1)) / BM);
     if (TK > ws->max_rows || max_tiles > ws->max_tiles) return (int)cudaErrorInvalidValue;
+    if (T > 65535) return (int)cudaErrorInvalidValue; /* the combine's grid y (the backend calls in chunks) */
     cudaStream_t s = (cudaStream_t)stream;
     size_t shm = sizeof(int32_t) * 2 * (size_t)nl;
     moe_permute_kernel<<<1, 1024, shm, s>>>(ids, TK, e0, e1, ws->row_tk, ws->rowmap, ws->offsets, ws->tiles,

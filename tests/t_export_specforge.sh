@@ -166,6 +166,16 @@ $E export pre --to specforge --out x 2>err; rc=$?
 [ $rc = 2 ] && grep -q "only the pre-norm final state" err || fail "pre-norm data: rc $rc $(cat err)"
 $E export one --to specforge --out x 2>err; rc=$?
 [ $rc = 2 ] && grep -q "stores 1 aux layers" err || fail "n_aux 1: rc $rc $(cat err)"
+# aux layers out of order in the manifest (a version-1 dataset may hold that): SpecForge
+# concatenates its three low to high
+cp -r ds rev && "$PYTHON" - <<'PY'
+import json
+m = json.load(open("rev/manifest.json"))
+m["aux_layers"]["ids"] = m["aux_layers"]["ids"][::-1]
+json.dump(m, open("rev/manifest.json", "w"))
+PY
+$E export rev --to specforge --out x 2>err; rc=$?
+[ $rc = 2 ] && grep -q "aux layers must be ascending and distinct for SpecForge" err || fail "reversed aux: rc $rc $(cat err)"
 $E export ds --to specforge --out x --model model6 2>err; rc=$?
 [ $rc = 2 ] && grep -q "is not the dataset's target" err || fail "wrong model: rc $rc $(cat err)"
 [ ! -e x ] || fail "a refused export created its output directory"

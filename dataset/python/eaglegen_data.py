@@ -22,9 +22,9 @@ the shard and the sample, never returns garbage.
 export_specforge(dataset, out_dir) writes SpecForge's offline layout (torch required).
 """
 
-import glob
 import json
 import os
+import re
 import struct
 import threading
 import zlib
@@ -191,7 +191,7 @@ def decode_record(buf, where="record"):
         parts.append(_frame(buf[p : p + stored], raw, f"{where}: {name}"))
         p += stored
     try:
-        meta = json.loads(parts[0].decode("utf-8"))
+        meta = _json_loads(parts[0].decode("utf-8"))
     except ValueError as e:
         raise EagleGenDataError(f"{where}: metadata: {e}") from None
     _check_meta(meta, where)
@@ -220,6 +220,18 @@ def decode_record(buf, where="record"):
 
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_loads(text):
+    """json.loads that refuses NaN and Infinity (Python accepts them; JSON, and the C reader, do not)."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+_WORKER_MANIFEST = re.compile(r"manifest\.w\d+of\d+\.json")
 
 
 def _check_meta(meta, where):
@@ -252,6 +264,36 @@ def _check_manifest(m, name):
     for k in ("n_aux", "hidden_size"):
         if k in m and not _is_int(m[k]):
             raise EagleGenDataError(f"{name}: field {k!r} is not an integer")
+    # what the C reader requires of every manifest (dataset/manifest.c), and what two
+    # manifests of one dataset must agree on (_describe)
+    def sub(o, k):
+        return o.get(k) if isinstance(o, dict) else None
+    ok = (all(isinstance(v, str) for v in (sub(m.get("model"), "name"), sub(m.get("model"), "config_sha256"),
+                                           sub(m.get("tokenizer"), "sha256"), sub(m.get("chat_template"), "name"),
+                                           sub(m.get("final_hidden"), "source")))
+          and isinstance(sub(m.get("chat_template"), "thinking"), bool)
+          and isinstance(sub(m.get("aux_layers"), "ids"), list) and all(_is_int(x) for x in m["aux_layers"]["ids"])
+          and _is_int(m.get("hidden_size")) and m["hidden_size"] >= 1)
+    if not ok:
+        raise EagleGenDataError(f"{name}: model/tokenizer/chat_template/aux_layers/final_hidden/hidden_size missing "
+                                "or mistyped")
+    src = m["final_hidden"]["source"]
+    if src not in ("post_norm", "pre_norm", "both") or (src == "both" and m["format_version"] < 2):
+        raise EagleGenDataError(f"{name}: final_hidden.source {src!r} unknown for format version {m['format_version']}")
+    for o, k in ((m, "num_layers"), (m.get("tokenizer"), "vocab_size")):
+        if k in o and not (_is_int(o[k]) and o[k] >= 0):
+            raise EagleGenDataError(f"{name}: field {k!r} is not a non-negative integer")
+
+
+def _describe(m):
+    """What the manifests of one dataset share (dataset/manifest.c eg_ds_info_compatible):
+    (what, value) pairs; a count of 0 (not recorded) matches anything."""
+    return (("model name", m["model"]["name"]), ("model config hash", m["model"]["config_sha256"]),
+            ("tokenizer hash", m["tokenizer"]["sha256"]), ("chat template", m["chat_template"]["name"]),
+            ("thinking mode", m["chat_template"]["thinking"]), ("aux layer ids", list(m["aux_layers"]["ids"])),
+            ("hidden size", m["hidden_size"]), ("final hidden source", m["final_hidden"]["source"]),
+            ("number of decoder layers", m.get("num_layers", 0)),
+            ("target vocab size", m["tokenizer"].get("vocab_size", 0)))
 
 
 class EagleGenDataset:
@@ -269,32 +311,41 @@ class EagleGenDataset:
         self.max_len = max_len
         if os.path.isdir(path):
             names = [os.path.join(path, "manifest.json")]
-            if not os.path.exists(names[0]):
-                names = sorted(glob.glob(os.path.join(path, "manifest.w*of*.json")))
+            if not os.path.exists(names[0]):  # unmerged workers: exactly manifest.w{I}of{N}.json, as the C reader
+                names = sorted(os.path.join(path, n) for n in os.listdir(path) if _WORKER_MANIFEST.fullmatch(n))
             if not names:
                 raise EagleGenDataError(f"{path}: no manifest.json or manifest.w*of*.json (not a dataset)")
             self.manifests = []
             for n in names:
                 try:
                     with open(n) as f:
-                        m = json.load(f)
+                        m = _json_loads(f.read())
                 except (OSError, ValueError) as e:
                     raise EagleGenDataError(f"{n}: {e}") from None
                 if not isinstance(m, dict) or m.get("format") != "eaglegen-dataset":
                     raise EagleGenDataError(f"{n}: not an eaglegen dataset manifest")
-                if m.get("format_version") not in FORMAT_VERSIONS:
+                if not _is_int(m.get("format_version")) or m["format_version"] not in FORMAT_VERSIONS:
                     raise EagleGenDataError(f"{n}: format version {m.get('format_version')!r}, this loader reads "
                                             f"{FORMAT_VERSIONS} (a newer eaglegen wrote it?)")
                 _check_manifest(m, n)
+                if self.manifests:  # unmerged workers: one dataset, described alike
+                    for (what, a), (_, b) in zip(_describe(self.manifests[0]), _describe(m)):
+                        if a != b and not (what in ("number of decoder layers", "target vocab size") and 0 in (a, b)):
+                            raise EagleGenDataError(f"{n}: differs from {names[0]} in {what} ({b!r} against {a!r}): "
+                                                    "not one dataset")
                 self.manifests.append(m)
             self.manifest = self.manifests[0]
-            entries = [s for m in self.manifests for s in m["shards"]]
-            self.shard_paths = [os.path.join(path, s["file"]) for s in entries]
+            entries = [(n, m, s) for n, m in zip(names, self.manifests) for s in m["shards"]]
+            self.shard_paths = [os.path.join(path, s["file"]) for _, _, s in entries]
             self.shards = []
-            for p, s in zip(self.shard_paths, entries):
+            for p, (mn, m, s) in zip(self.shard_paths, entries):
                 ix = ShardIndex(p)
                 if ix.file_size != s["bytes"] or len(ix) != s["samples"]:
                     raise EagleGenDataError(f"shard {p}: size or sample count differs from the manifest (truncated or modified)")
+                na, H = len(m["aux_layers"]["ids"]), m["hidden_size"]
+                if ix.n_aux != na or ix.hidden_size != H:
+                    raise EagleGenDataError(f"shard {p}: index (n_aux {ix.n_aux}, H {ix.hidden_size}) disagrees with "
+                                            f"{mn} (n_aux {na}, H {H})")
                 self.shards.append(ix)
         else:
             self.manifest = None
@@ -356,7 +407,7 @@ class EagleGenDataset:
         r = decode_record(buf, where)
         T = len(r["input_ids"])
         if (r["meta"]["id"] != s.ids[j] or T != s.tokens[j] or int(r["loss_mask"].sum()) != s.n_loss[j]
-                or r["aux_hidden"].shape[1:] != (s.n_aux, s.hidden_size)):
+                or r["meta"]["finish"] != s.finish[j] or r["aux_hidden"].shape[1:] != (s.n_aux, s.hidden_size)):
             raise EagleGenDataError(f"{where}: record disagrees with the index")
         if self.final_source is not None and (r["final_pre_hidden"] is not None) != (self.final_source == "both"):
             raise EagleGenDataError(f"{where}: record's final states disagree with the manifest ({self.final_source})")
@@ -412,16 +463,33 @@ def export_specforge(dataset, out_dir, group_size=5000, start=0, stop=None):
     each a torch.save'd dict with input_ids [T] (long), loss_mask [T] (long),
     hidden_state [1, T, H] (bf16, the final hidden state = SpecForge's target) and
     aux_hidden_state [1, T, n_aux*H] (bf16). Returns the number of files written.
-    Each file is written to a temporary name and renamed, so a crash leaves no partial
-    .ckpt behind."""
+    What `eaglegen export --to specforge` refuses is refused here too: a dataset without
+    the post-norm final state (SpecForge's target), one whose aux layers are not three in
+    ascending order (SpecForge concatenates three, low to high), and an out_dir that
+    already holds files (SpecForge trains on every .ckpt below it). Each file is written to
+    a temporary name, flushed to disk and renamed, so a crash leaves no partial .ckpt."""
     if torch is None:
         raise ImportError("export_specforge needs torch (pip install torch); the loader itself does not")
     ds = dataset if isinstance(dataset, EagleGenDataset) else EagleGenDataset(dataset, as_torch=True)
     if not ds.as_torch:
-        ds = EagleGenDataset(ds.path, as_torch=True)
+        ds = EagleGenDataset(ds.path, as_torch=True, max_len=ds.max_len)
     if ds.final_source == "pre_norm":
         raise EagleGenDataError(f"{ds.path}: holds only the pre-norm final state; SpecForge's target is the post-norm "
                                 "one (generate with --final-hidden both or post-norm)")
+    if ds.n_aux != 3:
+        raise EagleGenDataError(f"{ds.path}: {ds.n_aux} aux layers; SpecForge's EAGLE-3 takes 3")
+    if ds.manifest is not None:
+        ids = list(ds.manifest["aux_layers"]["ids"])
+        if ids != sorted(set(ids)):
+            raise EagleGenDataError(f"{ds.path}: aux layers {ids} are not ascending; SpecForge concatenates them low "
+                                    "to high")
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        raise EagleGenDataError(f"{out_dir}: not empty (SpecForge trains on every .ckpt below it); give a new or "
+                                "empty directory")
+    if ds.final_source is None and ds.shards and not ds.shards[0].flags & FLAG_FINAL_BOTH:
+        # a shard on its own with one final state per token: only a manifest says which
+        raise EagleGenDataError(f"{ds.shard_paths[0]}: a shard on its own does not say whether its final state is "
+                                "post-norm or pre-norm; export the dataset directory (its manifest says)")
     stop = len(ds) if stop is None else min(stop, len(ds))
     n = 0
     for i in range(start, stop):
@@ -437,9 +505,19 @@ def export_specforge(dataset, out_dir, group_size=5000, start=0, stop=None):
         }
         dst = os.path.join(sub, f"data_{i}.ckpt")
         tmp = dst + ".tmp"
-        torch.save(data, tmp)
+        with open(tmp, "wb") as f:
+            torch.save(data, f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, dst)
         n += 1
+    if n:
+        for d in {os.path.join(out_dir, e) for e in os.listdir(out_dir)} | {out_dir}:  # the renames, durable
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     return n
 
 

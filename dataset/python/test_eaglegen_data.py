@@ -123,8 +123,9 @@ def _pad(x):
     return x + b"\0" * (-len(x) % 512)
 
 
-def rewrite_index(src, dst, n_aux=None, id0=None):
-    """Copy shard src to dst with its index changed (n_aux, or the first entry's id bytes),
+def rewrite_index(src, dst, n_aux=None, id0=None, finish0=False):
+    """Copy shard src to dst with its index changed (n_aux, the first entry's id bytes, or
+    with finish0 its finish reason flipped),
     recompressed, and the trailer's sizes and CRC fixed: a well-formed shard carrying a bad
     value. Also used by tests/t_dataset_corrupt.sh."""
     b = open(src, "rb").read()
@@ -134,6 +135,8 @@ def rewrite_index(src, dst, n_aux=None, id0=None):
     ib = bytearray(zstandard.ZstdDecompressor().decompress(b[ioff : ioff + isize], max_output_size=iraw))
     if n_aux is not None:
         struct.pack_into("<I", ib, 8, n_aux)
+    if finish0:
+        ib[32 + 28] ^= 1
     if id0 is not None:
         il = struct.unpack_from("<I", ib, 32 + 24)[0]
         struct.pack_into("<I", ib, 32 + 24, len(id0))
@@ -188,7 +191,16 @@ def test_bad_fields(d):
                        ("shards_str", lambda m: m.__setitem__("shards", "x")),
                        ("no_shards", lambda m: m.pop("shards")),
                        ("file_int", lambda m: m["shards"][0].__setitem__("file", 5)),
-                       ("naux_str", lambda m: m.__setitem__("n_aux", "3"))):
+                       ("naux_str", lambda m: m.__setitem__("n_aux", "3")),
+                       # what the C reader requires too (dataset/manifest.c)
+                       ("fv_bool", lambda m: m.__setitem__("format_version", True)),
+                       ("no_final", lambda m: m.pop("final_hidden")),
+                       ("final_str", lambda m: m.__setitem__("final_hidden", "post_norm")),
+                       ("no_model", lambda m: m.pop("model")),
+                       ("aux_str", lambda m: m["aux_layers"].__setitem__("ids", ["1", "29", "57"])),
+                       # the shards' shape against the manifest's
+                       ("aux_fewer", lambda m: m["aux_layers"].__setitem__("ids", [1, 29])),
+                       ("hidden_other", lambda m: m.__setitem__("hidden_size", 128))):
         dd = os.path.join(tmp, "ds_" + name)
         shutil.copytree(d, dd, ignore=shutil.ignore_patterns("bad", "sf", "expect"))
         m = json.loads(json.dumps(man))
@@ -196,6 +208,36 @@ def test_bad_fields(d):
         mp = os.path.join(dd, "manifest.json")
         json.dump(m, open(mp, "w"))
         expect_error(lambda: eg.EagleGenDataset(dd, as_torch=False), eg.EagleGenDataError, [mp], name)
+
+    # NaN is not JSON: Python's json takes it, the C reader does not
+    dd = os.path.join(tmp, "ds_nan")
+    shutil.copytree(d, dd, ignore=shutil.ignore_patterns("bad", "sf", "expect"))
+    mp = os.path.join(dd, "manifest.json")
+    open(mp, "w").write(json.dumps(man).replace('"hidden_size": 48', '"hidden_size": 48, "x": NaN', 1))
+    expect_error(lambda: eg.EagleGenDataset(dd, as_torch=False), eg.EagleGenDataError, [mp, "NaN"], "manifest NaN")
+    # unmerged workers: one dataset, described alike; a stray file beside them is not a manifest
+    dw = os.path.join(tmp, "ds_workers")
+    shutil.copytree(d, dw, ignore=shutil.ignore_patterns("bad", "sf", "expect"))
+    os.rename(os.path.join(dw, "manifest.json"), os.path.join(dw, "manifest.w0of2.json"))
+    w1 = json.loads(json.dumps(man))
+    w1["shards"] = []
+    json.dump(w1, open(os.path.join(dw, "manifest.w1of2.json"), "w"))
+    open(os.path.join(dw, "manifest.w0of2.old.json"), "w").write("not a manifest")
+    check(len(eg.EagleGenDataset(dw, as_torch=False)) == len(eg.EagleGenDataset(d, as_torch=False)),
+          "two workers' manifests (one empty) read as one dataset, the stray file ignored")
+    for what, edit in (("aux layer ids", lambda m: m["aux_layers"].__setitem__("ids", [2, 30, 58])),
+                       ("hidden size", lambda m: m.__setitem__("hidden_size", 96)),
+                       ("final hidden source", lambda m: m["final_hidden"].__setitem__("source", "pre_norm"))):
+        w = json.loads(json.dumps(w1))
+        edit(w)
+        json.dump(w, open(os.path.join(dw, "manifest.w1of2.json"), "w"))
+        expect_error(lambda: eg.EagleGenDataset(dw, as_torch=False), eg.EagleGenDataError,
+                     ["manifest.w1of2.json", what, "not one dataset"], f"workers differ in {what}")
+    # a finish reason that the record and the index disagree on
+    fl = os.path.join(tmp, "finish.tar")
+    rewrite_index(shard, fl, finish0=True)
+    expect_error(lambda: eg.EagleGenDataset(fl, as_torch=False).read_raw(0), eg.EagleGenDataError,
+                 [fl, "sample 0", "disagrees with the index"], "finish flipped in the index")
 
     ds = eg.EagleGenDataset(d, as_torch=False)
     ix = ds.shards[0]
@@ -217,6 +259,9 @@ def test_bad_fields(d):
         txt = json.dumps(m) if name != "array" else "[1]"
         expect_error(lambda: eg.decode_record(with_meta(rec, txt), "shard S, sample 0"), eg.EagleGenDataError,
                      ["shard S, sample 0", needle], name)
+    nan = dict(base, temperature=float("nan"))
+    expect_error(lambda: eg.decode_record(with_meta(rec, json.dumps(nan)), "shard S, sample 0"), eg.EagleGenDataError,
+                 ["shard S, sample 0", "NaN"], "metadata NaN")
     for v in (0, -1, "3", 1.5):
         expect_error(lambda: eg.EagleGenDataset(d, as_torch=False, max_len=v), ValueError, ["max_len"], f"max_len={v!r}")
     check(len(eg.EagleGenDataset(d, as_torch=False, max_len=1)[0]["input_ids"]) == 1, "max_len=1")
@@ -241,7 +286,26 @@ def test_specforge(d):
     check(x["hidden_state"].shape == (1, it["input_ids"].shape[0], 48), "hidden_state shape")
     check(x["aux_hidden_state"].shape == (1, it["input_ids"].shape[0], 144), "aux shape")
     check(torch.equal(x["aux_hidden_state"][0], it["hidden_states"]), "aux equal")
+    check(torch.equal(x["hidden_state"][0], it["target_hidden_states"]), "hidden_state is the post-norm state")
     check(x["input_ids"].dtype == torch.long and x["loss_mask"].dtype == torch.long, "dtypes")
+    # what `eaglegen export --to specforge` refuses: an out_dir with files in it (SpecForge
+    # trains on every .ckpt below it), a lone shard whose one final state no manifest
+    # names, aux layers out of order; max_len carries over from a numpy dataset
+    expect_error(lambda: eg.export_specforge(d, out), eg.EagleGenDataError, [out, "not empty"], "export into a full dir")
+    shard = os.path.join(d, "shard-000000.tar")
+    expect_error(lambda: eg.export_specforge(shard, os.path.join(d, "sf_shard")), eg.EagleGenDataError,
+                 [shard, "post-norm or pre-norm"], "export of a lone one-state shard")
+    dr = os.path.join(d, "bad", "ds_reversed")
+    shutil.copytree(d, dr, ignore=shutil.ignore_patterns("bad", "sf", "sf*", "expect"))
+    m = json.load(open(os.path.join(dr, "manifest.json")))
+    m["aux_layers"]["ids"] = m["aux_layers"]["ids"][::-1]
+    json.dump(m, open(os.path.join(dr, "manifest.json"), "w"))
+    expect_error(lambda: eg.export_specforge(dr, os.path.join(d, "sf_rev")), eg.EagleGenDataError,
+                 ["not ascending"], "export with aux layers out of order")
+    short = os.path.join(d, "sf_short")
+    eg.export_specforge(eg.EagleGenDataset(d, as_torch=False, max_len=3), short, stop=2)
+    y = torch.load(os.path.join(short, "rows_0-5000", "data_1.ckpt"))
+    check(y["input_ids"].shape == (3,) and y["hidden_state"].shape == (1, 3, 48), "max_len kept by the exporter")
 
 
 def main():
