@@ -211,7 +211,7 @@ clean:
         trainer-check-bootstrap-speculators
 trainer-check: trainer-check-specforge trainer-check-speculators trainer-check-bootstrap \
                trainer-check-bootstrap-speculators
-trainer-check-specforge: $(BUILD)/eaglegen
+trainer-check-specforge: $(BUILD)/eaglegen $(BUILD)/tests/test_dataset_writer
 	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_specforge.sh
 trainer-check-speculators: $(BUILD)/eaglegen
 	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) bash tests/trainer_check_speculators.sh

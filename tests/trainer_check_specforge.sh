@@ -42,5 +42,15 @@ for N in 512 100; do
         grep -E '^\[specforge\]|Error|error' || rc=1
     grep -q . sf$N/draft_config.json || rc=1
 done
+# the Python loader's own tests with torch importable (make test runs them without: its
+# torch tensors and export_specforge, with the exporter's refusals, run only here)
+writer=$(dirname "$EAGLEGEN")/tests/test_dataset_writer
+if [ -x "$writer" ]; then
+    echo "-- dataset/python/test_eaglegen_data.py with torch"
+    (cd "$root" && BUILD=$(dirname "$EAGLEGEN") "$VENV/bin/python" dataset/python/test_eaglegen_data.py) | sed 's/^/   /'
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+else
+    echo "-- $writer not built: the loader's torch tests not run"; rc=1
+fi
 echo "-- trainer-check specforge: $([ $rc = 0 ] && echo OK || echo FAIL) in $(( $(date +%s) - T0 )) s"
 exit $rc
