@@ -290,15 +290,17 @@ void eg_ep_cuda_free(eg_ep_cuda *n) {
     if (!n) return;
     for (int r = 0; n->rk && r < n->R; r++) /* the backends outlive the group */
         if (n->rk[r].be) eg_backend_cuda_remove_wait_check(n->rk[r].be, &n->rk[r].hook);
+    int prev = 0;
+    cudaGetDevice(&prev);
 #ifdef EG_HAVE_NCCL
-    for (int r = 0; n->comm && r < n->R; r++)
+    for (int r = 0; n->comm && n->dev && r < n->R; r++)
         if (n->comm[r]) {
             cudaSetDevice(n->dev[r]);
             cudaStreamSynchronize(n->strm[r]);
             ncclCommDestroy(n->comm[r]);
         }
 #endif
-    for (int r = 0; n->rk && r < n->R; r++) {
+    for (int r = 0; n->rk && n->dev && r < n->R; r++) { /* (dev NULL: create failed before any buffer) */
         ep_nrank *k = &n->rk[r];
         cudaSetDevice(n->dev[r]);
         void *ps[] = {k->counts_d, k->sendtok, k->sendrows, k->sendmeta, k->tk2pair, k->recvrows, k->recvmeta, k->xs,
@@ -315,6 +317,7 @@ void eg_ep_cuda_free(eg_ep_cuda *n) {
         free(k->ro_r);
         free(k->ro_p);
     }
+    cudaSetDevice(prev);
     free(n->rk);
     free(n->comm);
     free(n->strm);
