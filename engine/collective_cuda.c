@@ -108,6 +108,7 @@ void eg_ep_cuda_vocab_rows(const eg_ep_cuda *n, int64_t *embed_rows, int64_t *lo
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
 #ifdef EG_HAVE_NCCL
 #include <nccl.h>
 #else
@@ -267,15 +268,27 @@ void eg_ep_cuda_fail(eg_ep_cuda *n) {
     pthread_mutex_unlock(&n->mu);
     if (!first) return;
 #ifdef EG_HAVE_NCCL
-    /* each rank's communicator under its own lock: a post under way finishes enqueueing
-       first, a later one sees failed */
+    /* Each rank's communicator under its own lock (NCCL takes no two calls on one
+       communicator at once), a transfer whose peer gave up would never finish. The lock
+       is tried, not waited for: a rank inside ncclGroupEnd holds it, and that call may
+       block until a peer posts, which a failed peer never does. Such a rank aborts its
+       own communicator when the call returns (abort_own); a lock held for a moment (a
+       wait's error query) is retried for about 50 ms. */
     int prev = 0;
     cudaGetDevice(&prev);
     for (int r = 0; n->comm && r < n->R; r++) {
-        if (n->rk[r].mu_made) pthread_mutex_lock(&n->rk[r].mu);
+        int locked = !n->rk[r].mu_made;
+        for (int i = 0; !locked && i < 500; i++) {
+            locked = !pthread_mutex_trylock(&n->rk[r].mu);
+            if (!locked) {
+                struct timespec ts = {0, 100000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        if (!locked) continue; /* left to the rank itself */
         if (n->comm[r]) {
             cudaSetDevice(n->dev[r]);
-            ncclCommAbort(n->comm[r]); /* a transfer whose peer gave up would never finish */
+            ncclCommAbort(n->comm[r]);
             n->comm[r] = NULL;
         }
         if (n->rk[r].mu_made) pthread_mutex_unlock(&n->rk[r].mu);
@@ -283,6 +296,16 @@ void eg_ep_cuda_fail(eg_ep_cuda *n) {
     cudaSetDevice(prev);
 #endif
 }
+
+#ifdef EG_HAVE_NCCL
+/* Rank's thread, rk[rank].mu held, the group failed: its communicator aborted here when
+ * eg_ep_cuda_fail could not take the lock. */
+static void abort_own(eg_ep_cuda *n, int rank) {
+    if (!n->comm[rank]) return;
+    ncclCommAbort(n->comm[rank]);
+    n->comm[rank] = NULL;
+}
+#endif
 
 static int failed_now(eg_ep_cuda *n) { return __atomic_load_n(&n->failed, __ATOMIC_ACQUIRE); }
 
@@ -296,6 +319,10 @@ void eg_ep_cuda_free(eg_ep_cuda *n) {
     for (int r = 0; n->comm && n->dev && r < n->R; r++)
         if (n->comm[r]) {
             cudaSetDevice(n->dev[r]);
+            if (failed_now(n)) { /* one eg_ep_cuda_fail left to its rank: never waited for */
+                ncclCommAbort(n->comm[r]);
+                continue;
+            }
             cudaStreamSynchronize(n->strm[r]);
             ncclCommDestroy(n->comm[r]);
         }
@@ -637,6 +664,7 @@ static eg_status post_nccl(eg_ep_cuda *n, int rank, int which, eg_error *err) {
         }
     }
     ncclResult_t re = ncclGroupEnd();
+    if (failed_now(n)) abort_own(n, rank);
     pthread_mutex_unlock(&k->mu);
     if (r == ncclSuccess) r = re;
     static const char *const what[] = {"ncclSend/ncclRecv (counts)", "ncclSend/ncclRecv (rows to the experts' ranks)",
@@ -673,6 +701,7 @@ static eg_status post_segs(eg_ep_cuda *n, int rank, const char *what, eg_error *
             if (r == ncclSuccess && k->rcv[q].bytes) r = ncclRecv(k->rcv[q].p, k->rcv[q].bytes / 4, ncclInt32, q, c, s);
         }
         ncclResult_t re = ncclGroupEnd();
+        if (failed_now(n)) abort_own(n, rank);
         pthread_mutex_unlock(&k->mu);
         if (r == ncclSuccess) r = re;
         return r == ncclSuccess ? EG_OK : nc_err(err, rank, what, r);
