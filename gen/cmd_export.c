@@ -20,7 +20,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: eaglegen export DATASET --to specforge|speculators --out DIR [options]\n"
             "\n"
-            "Writes DATASET (a directory or one shard .tar) in the trainer's own on-disk layout, as\n"
+            "Writes DATASET (a dataset directory: a shard on its own records no target vocabulary\n"
+            "and is refused) in the trainer's own on-disk layout, as\n"
             "its own data-generation script writes it, with the draft vocabulary mapping and the\n"
             "draft model config in its format, every aux layer id converted to its convention, and\n"
             "prints the trainer's command line. Streams sample by sample (bounded memory); every\n"
