@@ -355,18 +355,30 @@ void eg_ep_cuda_free(eg_ep_cuda *n) {
 }
 
 #ifdef EG_HAVE_NCCL
+/* The asynchronous error of communicator c (a link or peer that failed after the work was
+ * enqueued): the query's own failure, else the error it reports; ncclSuccess while fine. */
+static ncclResult_t async_error(ncclComm_t c) {
+    ncclResult_t ae = ncclSuccess, r = ncclCommGetAsyncError(c, &ae);
+    return r == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress ? ae : r;
+}
+
+/* The same for rank's communicator, under the rank's lock (eg_ep_cuda_fail aborts it
+ * under that lock); ncclSuccess once it is aborted. */
+static ncclResult_t rank_async_error(eg_ep_cuda *n, int rank) {
+    ncclResult_t r = ncclSuccess;
+    pthread_mutex_lock(&n->rk[rank].mu);
+    if (n->comm[rank]) r = async_error(n->comm[rank]);
+    pthread_mutex_unlock(&n->rk[rank].mu);
+    return r;
+}
+
 /* Rank k->r's backend, while it waits on its stream (the rank's thread): the group's
  * failure, and the communicator's asynchronous error (stream_wait's checks). */
 static eg_status rank_wait_check(void *ctx, eg_error *err) {
     ep_nrank *k = ctx;
-    eg_ep_cuda *n = k->n;
-    if (failed_now(n))
+    if (failed_now(k->n))
         return eg_fail(err, EG_ERR_INTERRUPTED, "expert-parallel rank %d stops waiting: the group failed", k->r);
-    ncclResult_t ae = ncclSuccess, r = ncclSuccess;
-    pthread_mutex_lock(&k->mu);
-    if (n->comm[k->r]) r = ncclCommGetAsyncError(n->comm[k->r], &ae);
-    pthread_mutex_unlock(&k->mu);
-    if (r == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress) r = ae;
+    ncclResult_t r = rank_async_error(k->n, k->r);
     if (r != ncclSuccess) return nc_err(err, k->r, "ncclCommGetAsyncError (waiting on the rank's stream)", r);
     return EG_OK;
 }
@@ -400,8 +412,7 @@ static eg_status connect_all(eg_ep_cuda *n, eg_error *err) {
             if (ce == cudaSuccess) break;
             if (ce != cudaErrorNotReady) return cu_err(err, a, "cudaStreamQuery (connecting)", ce);
             if (eg_now() - t_check > 1e-3) {
-                ncclResult_t ae = ncclSuccess, q = ncclCommGetAsyncError(n->comm[a], &ae);
-                if (q == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress) q = ae;
+                ncclResult_t q = async_error(n->comm[a]);
                 if (q != ncclSuccess) return nc_err(err, a, "ncclCommGetAsyncError (connecting every pair)", q);
                 t_check = eg_now();
             }
@@ -554,11 +565,7 @@ static eg_status stream_wait(eg_ep_cuda *n, int rank, const char *what, eg_error
             if (q != cudaErrorNotReady) return cu_err(err, rank, what, q);
             if (failed_now(n)) return interrupted(err);
             if (eg_now() - t_check > 1e-3) {
-                ncclResult_t ae = ncclSuccess, r = ncclSuccess;
-                pthread_mutex_lock(&n->rk[rank].mu);
-                if (n->comm[rank]) r = ncclCommGetAsyncError(n->comm[rank], &ae);
-                pthread_mutex_unlock(&n->rk[rank].mu);
-                if (r == ncclSuccess && ae != ncclSuccess && ae != ncclInProgress) r = ae;
+                ncclResult_t r = rank_async_error(n, rank);
                 if (r != ncclSuccess) /* the caller fails the group (collective.c) */
                     return nc_err(err, rank, "ncclCommGetAsyncError (waiting for the exchange)", r);
                 t_check = eg_now();

@@ -921,14 +921,8 @@ static json_t *job_params(const gen_args *a, const int *aux_l, int n_aux, eg_err
 
 static json_t *job_identity(gen_run *g, eg_error *err) {
     gen_args *a = g->a;
-    json_t *inputs = json_array();
-    for (size_t i = 0; i < corpus_n_files(g->corpus); i++) {
-        const char *p = corpus_file(g->corpus, i);
-        json_t *fp = NULL;
-        if (!strcmp(p, "-")) fp = json_pack("{s:s}", "path", "-");
-        else if (gen_file_fingerprint(p, &fp, err)) { json_decref(inputs); return NULL; }
-        json_array_append_new(inputs, fp);
-    }
+    json_t *inputs = NULL;
+    if (gen_job_inputs(g->corpus, &inputs, err)) return NULL;
     json_t *params = job_params(a, a->aux, a->n_aux, err);
     if (!params) { json_decref(inputs); return NULL; }
     /* the model by content (config hash, stored weight bytes), not by path, so a moved
@@ -955,7 +949,7 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
         eg_fail(err, EG_ERR_NOMEM, "out of memory");
         return NULL;
     }
-    return json_pack("{s:i, s:o, s:o, s:[s], s:o}", "version", 1, "params", params, "fingerprints", fps,
+    return json_pack("{s:i, s:o, s:o, s:[s], s:o}", "version", GEN_JOB_VERSION, "params", params, "fingerprints", fps,
                      "eaglegen_versions", gen_version(), "paths", paths);
 }
 

@@ -306,17 +306,12 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
         } else if (have && o->params) {
             /* the run's own check (gen_resume_check) against what it would write, but for
                the weights' stored bytes, which only loading the model counts */
-            json_t *inputs = json_array(), *want = NULL;
-            for (size_t i = 0; inputs && i < corpus_n_files(cr); i++) {
-                const char *p = corpus_file(cr, i);
-                json_t *fp = NULL;
-                if (!strcmp(p, "-")) fp = json_pack("{s:s}", "path", "-");
-                else if (gen_file_fingerprint(p, &fp, &err)) break;
-                json_array_append_new(inputs, fp);
-            }
+            json_t *inputs = NULL, *want = NULL;
+            gen_job_inputs(cr, &inputs, &err);
             json_t *wb = json_object_get(json_object_get(have, "fingerprints"), "model_weight_bytes");
             if (!err.code && inputs)
-                want = json_pack("{s:i, s:O, s:{s:s, s:O, s:s, s:O}}", "version", 1, "params", (json_t *)o->params,
+                want = json_pack("{s:i, s:O, s:{s:s, s:O, s:s, s:O}}", "version", GEN_JOB_VERSION, "params",
+                                 (json_t *)o->params,
                                  "fingerprints", "model_config_sha256", cfg.hash, "model_weight_bytes",
                                  wb ? wb : json_null(), "tokenizer_sha256", tok_fingerprint(tok), "inputs", inputs);
             json_decref(inputs);

@@ -9,6 +9,7 @@
 
 #include "common/eg_hash.h"
 #include "dataset/manifest.h"
+#include "prompts/corpus.h"
 
 void gen_job_filename(char *out, size_t n, const char *base, const char *ext, int worker, int n_workers) {
     if (n_workers > 1) snprintf(out, n, "%s.w%dof%d.%s", base, worker, n_workers, ext);
@@ -415,5 +416,19 @@ eg_status gen_ledger_clear(gen_ledger *l, uint64_t index, const char *file, uint
 
 eg_status gen_ledger_sync(gen_ledger *l, eg_error *err) {
     if (fflush(l->f) || fsync(fileno(l->f))) return eg_fail(err, EG_ERR_IO, "%s: %s", l->path, strerror(errno));
+    return EG_OK;
+}
+
+eg_status gen_job_inputs(const struct corpus_reader *r, json_t **out, eg_error *err) {
+    json_t *inputs = json_array();
+    if (!inputs) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < corpus_n_files(r); i++) {
+        const char *p = corpus_file(r, i);
+        json_t *fp = NULL;
+        if (!strcmp(p, "-")) fp = json_pack("{s:s}", "path", "-");
+        else if (gen_file_fingerprint(p, &fp, err)) { json_decref(inputs); return err->code; }
+        json_array_append_new(inputs, fp);
+    }
+    *out = inputs;
     return EG_OK;
 }

@@ -31,6 +31,13 @@ void gen_job_filename(char *out, size_t n, const char *base, const char *ext, in
  * catches edits, truncation and appends). */
 eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err);
 
+/* job.json's "version": what a resume compares first. */
+#define GEN_JOB_VERSION 1
+/* job.json's fingerprints.inputs: each input file's fingerprint in order ("-", stdin,
+ * as {"path": "-"}). *out is the caller's reference. */
+struct corpus_reader;
+eg_status gen_job_inputs(const struct corpus_reader *r, json_t **out, eg_error *err);
+
 /* Parse DIR/NAME into *have (the caller's reference); *have = NULL when the file does not
  * exist. Unreadable or damaged files fail, naming the path (and the line). */
 eg_status gen_job_read(const char *dir, const char *name, json_t **have, eg_error *err);
