@@ -93,7 +93,7 @@ FUZZ_S      ?= 60
 FUZZ_BUILD  ?= build-fuzz
 FUZZ_CC     ?= clang
 
-.PHONY: emu all test demo asan tsan bench clean deps test-unit test-scripts fmt fuzz fuzz-bins fuzz-cov
+.PHONY: sweep emu all test demo asan tsan bench clean deps test-unit test-scripts fmt fuzz fuzz-bins fuzz-cov
 all: $(EAGLEGEN) $(TEST_BINS) $(FUZZ_REPLAY)
 
 $(BUILD)/%.o: %.c
@@ -187,6 +187,18 @@ bench: $(EAGLEGEN)
 # emulated end-to-end runs, or test-name filters.
 emu:
 	BUILD_EMU=build-emu bash tests/gpu/emu/run_emu.sh $(EMU_ARGS)
+
+# A randomised differential sweep of generate: layouts, batching, preemption, kill and
+# resume, workers, each bit-identical to its reference (tests/sweep_generate.py; minutes,
+# not part of `make test`). SWEEP_ARGS="--seed S --families N"; EMU_SWEEP=1 runs it on the
+# CUDA emulator (builds it first; slower: use a few families).
+sweep: $(EAGLEGEN)
+ifeq ($(EMU_SWEEP),)
+	EAGLEGEN=$(abspath $(BUILD)/eaglegen) PYTHON=$(PYTHON) $(PYTHON) tests/sweep_generate.py $(SWEEP_ARGS)
+else
+	BUILD_EMU=build-emu bash tests/gpu/emu/run_emu.sh --link
+	EAGLEGEN=$(abspath build-emu/emu/eaglegen_emu) PYTHON=$(PYTHON) $(PYTHON) tests/sweep_generate.py --emu $(SWEEP_ARGS)
+endif
 
 demo:
 	@bash tests/demo.sh

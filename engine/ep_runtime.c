@@ -69,6 +69,16 @@ int eg_ep_runtime_stage_device(int first, int ep, int stage_groups, int rank, in
     return eg_ep_runtime_rank_device(first, (stage_groups ? stage : 0) * ep + rank);
 }
 
+eg_status eg_ep_runtime_check(const eg_config *c, int ep, int n_slots, eg_error *err) {
+    if (ep < 1) return eg_fail(err, EG_ERR_INVALID, "--ep %d: must be at least 1", ep);
+    if (c->n_experts < 1 || c->n_experts % ep)
+        return eg_fail(err, EG_ERR_INVALID, "--ep %d does not divide the model's %d routed experts", ep, c->n_experts);
+    if (n_slots < ep)
+        return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
+                       n_slots);
+    return EG_OK;
+}
+
 static void fail_all(eg_ep_runtime *rt) {
     for (int k = 0; k < rt->P; k++) eg_ep_fail(rt->groups[k]);
 }
@@ -81,9 +91,8 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
         return eg_fail(err, EG_ERR_INVALID,
                        "--ep %d: one drafter cannot serve every rank (its state is driven by one thread): give one "
                        "per rank", ep);
-    if (ep < 1) return eg_fail(err, EG_ERR_INVALID, "--ep %d: must be at least 1", ep);
-    if (c->n_experts < 1 || c->n_experts % ep)
-        return eg_fail(err, EG_ERR_INVALID, "--ep %d does not divide the model's %d routed experts", ep, c->n_experts);
+    eg_status st0 = eg_ep_runtime_check(c, ep, o->n_slots, err);
+    if (st0) return st0;
     if (o->stage_backends || o->ep_stages)
         return eg_fail(err, EG_ERR_INVALID, "expert-parallel ranks: the runtime builds the stages' backends and groups "
                        "(stage_groups), not the caller");
@@ -100,9 +109,6 @@ eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, con
     if (o->ep_split != EG_EP_SPLIT_NONE && ep < 2)
         return eg_fail(err, EG_ERR_INVALID, "--ep-split %s needs an expert-parallel group (--ep > 1, got %d)",
                        o->ep_split == EG_EP_SPLIT_ALL ? "all" : "ffn", ep);
-    if (o->n_slots < ep)
-        return eg_fail(err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep,
-                       o->n_slots);
     int bs = o->block_size > 0 ? o->block_size : 64;
     if (o->kv_blocks > 0 && (o->kv_blocks / ep) * bs < o->max_seq_len)
         return eg_fail(err, EG_ERR_INVALID,

@@ -44,6 +44,10 @@ typedef struct eg_ep_runtime eg_ep_runtime;
  * exchange as ordinary rows, so the ranks' calls still pair up layer by layer. */
 eg_status eg_ep_runtime_create(const eg_model *m, const eg_backend_opts *bo, const eg_engine_opts *o, int ep,
                                int stage_groups, eg_drafter *const *drafters, eg_ep_runtime **out, eg_error *err);
+/* What any expert-parallel group of ep ranks needs of the model and the group's n_slots
+ * (ep divides the routed experts, every rank gets a slot): eg_ep_runtime_create checks it,
+ * and callers that build per-rank parts first (drafters, a dry run) check it before. */
+eg_status eg_ep_runtime_check(const eg_config *c, int ep, int n_slots, eg_error *err);
 /* The CUDA device of rank `rank`'s stage `stage` (stage groups: first + stage*ep + rank,
  * mod the GPU count; otherwise the rank's one GPU, eg_ep_runtime_rank_device). */
 int eg_ep_runtime_stage_device(int first, int ep, int stage_groups, int rank, int stage);

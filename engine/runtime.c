@@ -577,6 +577,8 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         eo.drafter = o->drafter;
         eo.draft_tokens = o->draft_tokens;
     }
+    /* before the ranks' drafters, which each need a slot */
+    if (o->ep > 1 && (st = eg_ep_runtime_check(&m->cfg, o->ep, n_slots, err))) goto fail;
     if (o->draft_model) {
         /* one drafter per engine: with --ep each rank's, for its own slots, driven by its
            thread (the checkpoint is mapped read-only, so its pages are shared) */

@@ -11,6 +11,7 @@
 #include "dataset/manifest.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "engine/ep_runtime.h"
 #include "engine/runtime.h"
 #include "gen/job.h"
 #include "gen/resume.h"
@@ -138,16 +139,8 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
         }
     }
     int ep = o->ep > 1 ? o->ep : 1;
-    if (ep > 1) { /* what the expert-parallel runtime refuses (engine/ep_runtime.c) */
-        if (cfg.n_experts < 1 || cfg.n_experts % ep) {
-            eg_fail(&err, EG_ERR_INVALID, "--ep %d does not divide the model's %d routed experts", ep, cfg.n_experts);
-            goto done;
-        }
-        if (o->batch > 0 && o->batch < ep) {
-            eg_fail(&err, EG_ERR_INVALID, "--ep %d needs at least one sequence slot per rank (--batch %d)", ep, o->batch);
-            goto done;
-        }
-    }
+    /* what the expert-parallel runtime refuses (--batch auto: its slots are chosen later) */
+    if (ep > 1 && eg_ep_runtime_check(&cfg, ep, o->batch > 0 ? o->batch : ep, &err)) goto done;
     corpus_opts co;
     corpus_opts_default(&co);
     co.mode = o->capture ? CORPUS_CAPTURE : CORPUS_REGENERATE;

@@ -6,6 +6,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 E=${BUILD:-build}/eaglegen
+echo "== the shard writer: encode rate per thread at Kimi-K2.5 width (its pool has --threads of them)"
+"${BUILD:-build}/tests/test_dataset_codec" --speed
 echo "== CPU: tiny"
 "$E" bench --backend cpu --preset tiny --batch 1,16,64 --context 128,1024 --prefill-tokens 4096 --prompt-len 512
 echo "== CPU: the EAGLE-3 drafter's attention alone (8 heads over 2 kv heads of 64)"

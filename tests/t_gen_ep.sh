@@ -195,6 +195,10 @@ bad() { # EXPECTED-TEXT FLAGS...
 bad "--ep" --ep 0
 bad "--ep 3 does not divide the model's 16 routed experts" --ep 3
 bad "--ep 8 needs at least one sequence slot per rank (--batch 4)" --ep 8
+# with a drafter too: the check comes before the ranks' drafters are loaded (one per rank,
+# for its slots), which used to fail first with "0 slots of 384 positions"
+$E mkmodel --drafter-for model --out drafter --aux-layers 0,2,3 >/dev/null 2>&1
+bad "--ep 8 needs at least one sequence slot per rank (--batch 4)" --ep 8 --draft-model drafter
 bad "--ep 4: each rank's share of the KV pool" --ep 4 --kv-tokens 1024
 # CUDA ranks are no longer refused up front (the nccl exchange: tests/gpu/emu/run_emu.sh --ep);
 # here (no GPU) the run stops at the device, not at the option check

@@ -1,12 +1,16 @@
 /* Record/index/trailer codec: bit-exact round trips, damaged input, and compression
  * ratios of BF16 byte-plane splitting on real hidden states (the golden fixtures).
  *   test_dataset_codec --ratio [FILE...]   prints the ratio table for every golden-*-bf16kv
- *   file, or for the given files in the same layout (`eaglegen forward` output) */
+ *   file, or for the given files in the same layout (`eaglegen forward` output)
+ *   test_dataset_codec --speed [T]         the writer's encode rate on one thread at Kimi-K2.5
+ *   width (H 7168, 3 aux layers + both final states, F32 in as the engine hands rows over),
+ *   zstd 1 and 3, with and without byte planes (make bench; docs/PERFORMANCE.md) */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <sys/wait.h>
 
 #include "common/eg_common.h"
@@ -565,6 +569,62 @@ static void test_record_both_finals(void) {
     }
 }
 
+/* Tokens per second one thread encodes (what sizes the writer's pool against the box's
+ * generation rate); Gaussian rows, so the ratio is a random model's, not Kimi's. */
+static void speed_table(int T) {
+    const int H = 7168, na = 3;
+    size_t n_aux = (size_t)T * na * H, n_fin = (size_t)T * H;
+    float *aux = malloc(n_aux * 4), *fin = malloc(n_fin * 4), *pre = malloc(n_fin * 4);
+    int32_t *ids = calloc((size_t)T, 4);
+    uint8_t *mask = calloc((size_t)T, 1);
+    if (!aux || !fin || !pre || !ids || !mask) { CHECKF(0, "out of memory (T %d)", T); goto done; }
+    uint64_t x = 7;
+    for (size_t i = 0; i < n_aux; i++) { /* Box-Muller from xorshift */
+        double u = ((double)(xs(&x) >> 11) + 1.0) / 9007199254740993.0, v = (double)(xs(&x) >> 11) / 9007199254740992.0;
+        aux[i] = (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+    }
+    for (size_t i = 0; i < n_fin; i++) { fin[i] = 0.7f * aux[i]; pre[i] = 3.0f * aux[n_aux - 1 - i]; }
+    eg_ds_sample s = {.id = "speed", .source_file = "", .T = T, .n_aux = na, .H = H, .prompt_len = 1,
+                      .gen_len = T - 1, .input_ids = ids, .loss_mask = mask, .hidden_dtype = EG_DS_F32,
+                      .aux_hidden = aux, .final_hidden = fin, .final_pre_hidden = pre};
+    printf("    encode, one thread: T %d, H %d, %d aux + 2 final states, F32 in (%.0f MB of BF16 per record)\n", T, H,
+           na, (double)(n_aux + 2 * n_fin) * 2 / 1e6);
+    const int lv[2] = {1, 3};
+    for (int i = 0; i < 2; i++)
+        for (int split = 0; split < 2; split++) {
+            eg_error err = {0};
+            eg_ds_codec *c;
+            if (eg_ds_codec_new(lv[i], split, &c, &err)) { CHECKF(0, "%s", err.msg); continue; }
+            struct timespec t0, t1;
+            uint8_t *buf = NULL;
+            size_t len = 0;
+            uint64_t raw = 0;
+            int reps = 0;
+            double dt = 0;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            do { /* at least 3 records and half a second */
+                free(buf);
+                buf = NULL;
+                if (eg_ds_record_encode(c, &s, &buf, &len, &raw, &err)) { CHECKF(0, "%s", err.msg); break; }
+                reps++;
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            } while (reps < 3 || dt < 0.5);
+            if (buf)
+                printf("      zstd %d, %-11s %7.0f tok/s  %5.0f MB/s of BF16  ratio x%.3f\n", lv[i],
+                       split ? "byte planes" : "plain", reps * T / dt, reps * (double)raw / dt / 1e6,
+                       (double)raw / (double)len);
+            free(buf);
+            eg_ds_codec_free(c);
+        }
+done:
+    free(aux);
+    free(fin);
+    free(pre);
+    free(ids);
+    free(mask);
+}
+
 static const eg_test tests[] = {
     {"crc32", test_crc32},
     {"split_join", test_split_join},
@@ -581,6 +641,10 @@ static const eg_test tests[] = {
 };
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "--speed")) {
+        speed_table(argc > 2 ? atoi(argv[2]) > 0 ? atoi(argv[2]) : 512 : 512);
+        return eg_check_failures ? 1 : 0;
+    }
     if (argc >= 2 && !strcmp(argv[1], "--ratio")) {
         const char *files[] = {FIX "golden-a-bf16kv.safetensors", FIX "golden-a-long-bf16kv.safetensors",
                                FIX "golden-q4-bf16kv.safetensors", FIX "golden-fp8-bf16kv.safetensors"};

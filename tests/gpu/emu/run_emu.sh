@@ -32,6 +32,7 @@
 #                                              emulated GPUs: the decisions on the last stage's
 #                                              thread take only the rows the rule needs; samples
 #                                              == the run with every row on the host)
+#        tests/gpu/emu/run_emu.sh --link      (build and link the emulated eaglegen, build-emu/emu/eaglegen_emu, and stop)
 #        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit, a split layer too;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
@@ -64,6 +65,11 @@ link_eaglegen() {
         "$B/emu/emu_runtime.o" "$B/emu/emu_nccl.o" "$B/libeg_gen.a" "$B/libeg_engine.a" "$B/libeg_dataset.a" \
         "$B/libeg_prompts.a" "$B/libeg_common.a" -ljansson -lzstd -larchive -lpcre2-8 -lm -pthread
 }
+if [ "${1:-}" = --link ]; then # the emulated eaglegen only (make sweep EMU_SWEEP=1 runs it)
+    link_eaglegen
+    echo "$B/emu/eaglegen_emu"
+    exit 0
+fi
 # The speculative runs' fixture in W (set to $1): the emulator linked, a 3-layer tiny model,
 # a random drafter for it, 3 prompts.
 spec_fixture() {
