@@ -9,6 +9,8 @@
                                            finish reasons agree with the tokens
   gen_check.py forward DIR IDS.json OUT.st compare stored hidden states with `eaglegen forward`
                                            output (IDS.json lists the sample ids in order)
+  gen_check.py forward-exact DIR IDS.json OUT.st
+                                           the same, bit for bit (the CPU backend)
   gen_check.py export-prompts DIR N IDS.json PROMPTS.json
                                            write the first N samples' tokens for `forward`
   gen_check.py count DIR EXPECTED          exactly EXPECTED samples, ids unique
@@ -135,6 +137,38 @@ def cmd_forward(d, ids_path, st_path):
     print("ok")
 
 
+def cmd_forward_exact(d, ids_path, st_path):
+    """Every stored row bit-equal to `eaglegen forward`'s, BF16-rounded: the CPU backend's
+    ops do not depend on how rows are chunked or batched, so a generated sample's aux and
+    final states are exactly a teacher-forced pass over its tokens (sampled, speculative,
+    preempted and recomputed alike)."""
+    ds = load(d)
+    ids = ids_of(ds)
+    fw = st_load(st_path)
+    aux = json.load(open(os.path.join(d, "manifest.json")))["aux_layers"]["ids"]
+    rows = 0
+    for i, sid in enumerate(json.load(open(ids_path))):
+        s = ds[ids[sid]]
+        T, H = s["target_hidden_states"].shape
+        hid = fw[f"p{i}.hidden"]
+        if T != hid.shape[1]:
+            fail(f"{sid}: {T} tokens stored, forward saw {hid.shape[1]}")
+        pre = bf16_to_float32(float32_to_bf16(hid[hid.shape[0] - 1]))  # the last layer's output
+        post = bf16_to_float32(float32_to_bf16(fw[f"p{i}.normed"]))
+        src = ds.final_source
+        checks = [(f"aux layer {layer}", s["hidden_states"][:, a * H:(a + 1) * H],
+                   bf16_to_float32(float32_to_bf16(hid[layer + 1]))) for a, layer in enumerate(aux)]
+        checks.append(("final state", s["target_hidden_states"], pre if src == "pre_norm" else post))
+        if "pre_norm_hidden_states" in s:
+            checks.append(("pre-norm final state", s["pre_norm_hidden_states"], pre))
+        for what, got, want in checks:
+            bad = np.nonzero(~np.all(got == want, axis=1))[0]
+            if len(bad):
+                fail(f"{sid}: {what}: {len(bad)} of {T} rows differ from the teacher-forced pass (first: {bad[0]})")
+        rows += T
+    print(f"ok: {rows} rows bit-identical to the teacher-forced pass")
+
+
 def cmd_count(d, expected):
     ds = load(d)
     ids = [ds.metadata(i)["id"] for i in range(len(ds))]
@@ -172,5 +206,6 @@ def cmd_capture(d, tok_dir):
 
 if __name__ == "__main__":
     c, args = sys.argv[1], sys.argv[2:]
-    {"same": cmd_same, "prompts": cmd_prompts, "forward": cmd_forward, "count": cmd_count,
+    {"same": cmd_same, "prompts": cmd_prompts, "forward": cmd_forward,
+     "forward-exact": cmd_forward_exact, "count": cmd_count,
      "export-prompts": cmd_export_prompts, "capture": cmd_capture}[c](*args)

@@ -423,8 +423,16 @@ static cublasStatus_t gemm1(cublasOperation_t ta, cublasOperation_t tb, int m, i
                 float b = tb == CUBLAS_OP_N ? ld(B, Bt, p + (long long)j * ldb) : ld(B, Bt, j + (long long)p * ldb);
                 s += (double)a * b;
             }
+            /* the epilogue as cuBLAS's FP32 compute type does it: the product rounded to
+               FP32 first, then alpha * acc + beta * C in FP32. Folding C into the double
+               sum instead rounds once where a GPU rounds twice, so y += x_lo W^T (the
+               residual GEMM with beta 1) differed in the last bit from the fused hi+lo
+               path's y + lo, and a prompt prefilled in one chunk (T > EG_CUDA_FUSE_T)
+               from the same prompt in small ones (make sweep EMU_SWEEP=1 found it) */
             float *dst = c + i + (long long)j * ldc;
-            *dst = (float)(alpha * s + (beta != 0 ? beta * *dst : 0));
+            float acc = (float)s, out = alpha * acc;
+            if (beta != 0) out += beta * *dst;
+            *dst = out;
         }
     return CUBLAS_STATUS_SUCCESS;
 }
