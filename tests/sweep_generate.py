@@ -172,9 +172,10 @@ def main():
                 note.append("EG_CUDA_SAMPLE=sort")
         b = rng.choice([x for x in [1, 2, 3, 4, 5, 8] if x >= ep])
         c = rng.choice([3, 5, 16, 64, 512] if emu else [1, 2, 3, 5, 8, 16, 64, 512])  # emulated steps are slow
-        if fam["k"] and max(b, c) < fam["k"] + 1:  # a verify step of k + 1 rows must fit a step
+        auto = rng.random() < 0.1  # as many slots as the pool holds, at most --chunk
+        if fam["k"] and (c if auto else max(b, c)) < fam["k"] + 1:  # a verify step of k + 1 rows must fit
             c = fam["k"] + 1 + rng.randrange(3)
-        v += ["--batch", str(b), "--chunk", str(c)]
+        v += ["--batch", "auto" if auto else str(b), "--chunk", str(c)]
         r = rng.random()
         if r < 0.3:  # a pool each rank's share of which holds one sequence: preemptions
             v += ["--kv-tokens", str(ep * (seq + rng.choice([0, 16, 128, 416])))]
