@@ -110,43 +110,16 @@ def cmd_export_prompts(d, n, ids_path, prompts_path):
     json.dump({"prompts": [ds[i]["input_ids"].tolist() for i in range(n)]}, open(prompts_path, "w"))
 
 
-def cmd_forward(d, ids_path, st_path):
+def cmd_forward(d, ids_path, st_path, exact=False):
+    """Stored rows against `eaglegen forward`'s teacher-forced pass over the same tokens,
+    BF16-rounded: within 1e-3 relative, or with exact (forward-exact) bit for bit, which
+    the CPU backend gives because its ops do not depend on how rows are chunked or
+    batched (sampled, speculative, preempted and recomputed samples alike)."""
     ds = load(d)
     ids = ids_of(ds)
     fw = st_load(st_path)
     aux = json.load(open(os.path.join(d, "manifest.json")))["aux_layers"]["ids"]
-    worst = 0.0
-    for i, sid in enumerate(json.load(open(ids_path))):
-        s = ds[ids[sid]]
-        T = s["input_ids"].shape[0]
-        H = s["target_hidden_states"].shape[1]
-        hid = fw[f"p{i}.hidden"]
-        for a, layer in enumerate(aux):
-            want = bf16_to_float32(float32_to_bf16(hid[layer + 1]))
-            got = s["hidden_states"][:, a * H:(a + 1) * H]
-            err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-            worst = max(worst, err)
-        want = bf16_to_float32(float32_to_bf16(fw[f"p{i}.normed"]))
-        err = np.linalg.norm(s["target_hidden_states"] - want) / max(np.linalg.norm(want), 1e-30)
-        worst = max(worst, err)
-        if T != hid.shape[1]:
-            fail(f"{sid}: {T} tokens stored, forward saw {hid.shape[1]}")
-    print(f"  stored vs eaglegen forward (BF16-rounded): worst relative error {worst:.3e}")
-    if worst > 1e-3:
-        fail("stored hidden states differ from eaglegen forward")
-    print("ok")
-
-
-def cmd_forward_exact(d, ids_path, st_path):
-    """Every stored row bit-equal to `eaglegen forward`'s, BF16-rounded: the CPU backend's
-    ops do not depend on how rows are chunked or batched, so a generated sample's aux and
-    final states are exactly a teacher-forced pass over its tokens (sampled, speculative,
-    preempted and recomputed alike)."""
-    ds = load(d)
-    ids = ids_of(ds)
-    fw = st_load(st_path)
-    aux = json.load(open(os.path.join(d, "manifest.json")))["aux_layers"]["ids"]
-    rows = 0
+    worst, rows = 0.0, 0
     for i, sid in enumerate(json.load(open(ids_path))):
         s = ds[ids[sid]]
         T, H = s["target_hidden_states"].shape
@@ -155,18 +128,26 @@ def cmd_forward_exact(d, ids_path, st_path):
             fail(f"{sid}: {T} tokens stored, forward saw {hid.shape[1]}")
         pre = bf16_to_float32(float32_to_bf16(hid[hid.shape[0] - 1]))  # the last layer's output
         post = bf16_to_float32(float32_to_bf16(fw[f"p{i}.normed"]))
-        src = ds.final_source
         checks = [(f"aux layer {layer}", s["hidden_states"][:, a * H:(a + 1) * H],
                    bf16_to_float32(float32_to_bf16(hid[layer + 1]))) for a, layer in enumerate(aux)]
-        checks.append(("final state", s["target_hidden_states"], pre if src == "pre_norm" else post))
+        checks.append(("final state", s["target_hidden_states"], pre if ds.final_source == "pre_norm" else post))
         if "pre_norm_hidden_states" in s:
             checks.append(("pre-norm final state", s["pre_norm_hidden_states"], pre))
         for what, got, want in checks:
-            bad = np.nonzero(~np.all(got == want, axis=1))[0]
-            if len(bad):
-                fail(f"{sid}: {what}: {len(bad)} of {T} rows differ from the teacher-forced pass (first: {bad[0]})")
+            if exact:
+                bad = np.nonzero(~np.all(got == want, axis=1))[0]
+                if len(bad):
+                    fail(f"{sid}: {what}: {len(bad)} of {T} rows differ from the teacher-forced pass (first: {bad[0]})")
+            else:
+                worst = max(worst, np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
         rows += T
-    print(f"ok: {rows} rows bit-identical to the teacher-forced pass")
+    if exact:
+        print(f"ok: {rows} rows bit-identical to the teacher-forced pass")
+        return
+    print(f"  stored vs eaglegen forward (BF16-rounded): worst relative error {worst:.3e}")
+    if worst > 1e-3:
+        fail("stored hidden states differ from eaglegen forward")
+    print("ok")
 
 
 def cmd_count(d, expected):
@@ -207,5 +188,5 @@ def cmd_capture(d, tok_dir):
 if __name__ == "__main__":
     c, args = sys.argv[1], sys.argv[2:]
     {"same": cmd_same, "prompts": cmd_prompts, "forward": cmd_forward,
-     "forward-exact": cmd_forward_exact, "count": cmd_count,
+     "forward-exact": lambda *a: cmd_forward(*a, exact=True), "count": cmd_count,
      "export-prompts": cmd_export_prompts, "capture": cmd_capture}[c](*args)
