@@ -1179,10 +1179,12 @@ static eg_status spec_drafts(eg_engine *e, micro_batch *mb, int n_pend, eg_error
                        (unsigned long long)e->slots[e->pend_slot[0]].req.id);
     for (int c = 0; c < n_pend; c++) {
         slot_state *s = &e->slots[e->pend_slot[c]];
-        for (int k = 0; k < s->n_draft; k++)
+        for (int k = 0; k < s->n_draft; k++) {
             if (s->draft[k] < 0 || s->draft[k] >= V)
                 return eg_fail(err, EG_ERR_INVALID, "drafter: proposed token %d for request %llu (vocabulary %lld)",
                                s->draft[k], (unsigned long long)s->req.id, (long long)V);
+            e->stats.draft_no_q += eg_spec_no_q(slot_q(s), k, s->draft[k]);
+        }
         for (int k = 0; k <= s->n_draft; k++) mb->tok[e->pend_row[c] + k] = k ? s->draft[k - 1] : s->tokens[s->n_done];
     }
     return EG_OK;

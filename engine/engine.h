@@ -220,6 +220,9 @@ typedef struct eg_engine_stats {
     int64_t draft_kept, draft_argmax, draft_host_rows; /* the drafter's draws (drafter.h
                                 eg_drafter_draws): from its backend's kept sets, by its
                                 argmax, from rows taken to the host */
+    int64_t draft_no_q;      /* sampled drafts their own proposal row gives no probability (a
+                                drafter whose logits row was not finite: spec.h eg_spec_no_q),
+                                tested as deterministic proposals, which is exact */
     int64_t backend_probs;   /* sampled verify rows whose p(draft) came from the backend
                                 (opts.spec_probs; the host sorts such a row only when its
                                 draft is rejected, for the residual, and the backend

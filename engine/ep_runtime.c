@@ -426,6 +426,7 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
         s->accepted += q.accepted;
         s->spec_tokens += q.spec_tokens;
         s->backend_probs += q.backend_probs;
+        s->draft_no_q += q.draft_no_q;
         s->logit_rows += q.logit_rows;
         s->backend_draws += q.backend_draws;
         s->backend_residuals += q.backend_residuals;

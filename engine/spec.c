@@ -94,6 +94,27 @@ double eg_spec_q_at(const eg_spec_q *q, int i, int32_t x) {
     return lo < q->n[i] && id[lo] == x ? q->p[(int64_t)i * q->cap + lo] : 0.0;
 }
 
+/* The proposal draft i is tested against: q, or one-hot at the draft (NULL) where q is
+ * NULL or gives the draft no probability, which a draft drawn from q cannot have: a
+ * drafter whose logits row was not finite draws without it (id 0, q row empty). Such a
+ * draft is a deterministic proposal, for which the one-hot rule (accept with p(x), else
+ * the residual p - δx) is the exact one; testing it against q(x) = 0 would accept it
+ * whenever p(x) > 0. *qx: the draft's probability under the proposal returned. */
+static const eg_spec_q *proposal(const eg_spec_q *q, int i, int32_t x, double *qx) {
+    double v = q ? eg_spec_q_at(q, i, x) : 1.0;
+    if (!(v > 0)) {
+        *qx = 1.0;
+        return NULL;
+    }
+    *qx = v;
+    return q;
+}
+
+int eg_spec_no_q(const eg_spec_q *q, int i, int32_t x) {
+    double v;
+    return q && !proposal(q, i, x, &v);
+}
+
 void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, eg_spec_rule rule, int *n_accepted,
                            int32_t *next) {
     for (int i = 0; i < k; i++) {
@@ -157,10 +178,11 @@ void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sa
             px = sc->p[x];
             have_p = 1;
         }
-        double qx = q ? eg_spec_q_at(q, i, x) : 1.0;
+        double qx;
+        const eg_spec_q *qi = proposal(q, i, x, &qx);
         if (eg_rng_uniform(rng) * qx < px) continue; /* accept with prob min(1, p/q) */
         *n_accepted = i;
-        *next = residual(sc, row, V, sp, x, q, i, have_p, rng);
+        *next = residual(sc, row, V, sp, x, qi, i, have_p, rng);
         return;
     }
     /* every draft accepted: the bonus token from p at the last row, as the sampler draws */
@@ -172,7 +194,8 @@ int eg_spec_accept(const double *pd, const eg_spec_q *q, const int32_t *draft, i
                    uint64_t *rng, int *rejected) {
     for (int i = 0; i < k; i++) {
         if (rule == EG_SPEC_BROKEN_ACCEPT) continue;
-        double qx = q ? eg_spec_q_at(q, i, draft[i]) : 1.0;
+        double qx;
+        (void)proposal(q, i, draft[i], &qx);
         if (eg_rng_uniform(rng) * qx < pd[i]) continue;
         *rejected = 1;
         return i;
@@ -183,7 +206,8 @@ int eg_spec_accept(const double *pd, const eg_spec_q *q, const int32_t *draft, i
 
 int32_t eg_spec_finish(eg_spec_scratch *sc, const float *row, int V, const eg_sample_params *sp, const int32_t *draft,
                        const eg_spec_q *q, int n, int rejected, uint64_t *rng) {
-    if (rejected) return residual(sc, row, V, sp, draft[n], q, n, 0, rng);
+    double qx;
+    if (rejected) return residual(sc, row, V, sp, draft[n], proposal(q, n, draft[n], &qx), n, 0, rng);
     return eg_sample_row(row, V, sp, rng, sc->sort, NULL);
 }
 
@@ -217,6 +241,8 @@ int32_t eg_spec_finish_kept(eg_spec_scratch *sc, const int32_t *ids, const doubl
      * max(0, p - q) is 0 there and the dense sums add nothing; inside, the same terms in
      * the same (id) order */
     const int32_t x = draft[n];
+    double qx;
+    q = proposal(q, n, x, &qx);
     const int32_t *qid = q ? q->id + (int64_t)n * q->cap : NULL;
     const double *qp = q ? q->p + (int64_t)n * q->cap : NULL;
     const int nq = q ? q->n[n] : 0;

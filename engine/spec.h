@@ -70,7 +70,7 @@ void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, e
 /* One verify step of a sequence. logits: [k+1][V] target rows (row i follows the i-th
  * proposed position: row 0 predicts draft[0]); draft: [k] proposed target ids; q: the
  * proposer's distributions at the k positions (NULL = deterministic proposals, q one-hot
- * at the draft); pd: [k] p(draft[i]) at row i as a backend's
+ * at the draft; so is a draft q gives no probability, eg_spec_no_q); pd: [k] p(draft[i]) at row i as a backend's
  * token_probs gave them (NaN = not given), or NULL: a row with one is not sorted here
  * unless its draft is rejected (the residual needs the whole p). Writes the accepted
  * drafts' count to *n_accepted and the token that follows them (correction or bonus)
@@ -78,6 +78,12 @@ void eg_spec_verify_argmax(const int32_t *argmax, const int32_t *draft, int k, e
 void eg_spec_verify(eg_spec_scratch *sc, const float *logits, int V, const eg_sample_params *sp, const int32_t *draft,
                     const eg_spec_q *q, const double *pd, int k, eg_spec_rule rule, uint64_t *rng, int *n_accepted,
                     int32_t *next);
+
+/* Draft x at position i has no probability under q (not NULL): a drafter whose logits
+ * row was not finite drew it without them. Every rule here tests such a draft as a
+ * deterministic proposal (one-hot at x), which is exact; the engine counts them
+ * (eg_engine_stats.draft_no_q). */
+int eg_spec_no_q(const eg_spec_q *q, int i, int32_t x);
 
 /* eg_spec_verify in two halves, for a sampled chunk whose rows stay on the backend until
  * the rule knows which one it needs. eg_spec_accept: the acceptance tests alone from

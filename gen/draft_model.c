@@ -77,6 +77,12 @@ void gen_draft_report(FILE *human, FILE *json, const eg_engine_stats *es, int wo
         fprintf(human, "; the drafter's draws: %lld from its backend's kept sets, %lld by its argmax, %lld from rows on "
                 "the host", (long long)es->draft_kept, (long long)es->draft_argmax, (long long)es->draft_host_rows);
     fprintf(human, "\n");
+    if (es->draft_no_q > 0) /* the data stay exact (spec.h eg_spec_no_q); the drafter is broken */
+        fprintf(human,
+                "eaglegen generate: warning: %lld drafts had no probability under the drafter's own distribution "
+                "(its logits were not finite: NaN or infinity in the checkpoint or its inputs); they were tested as "
+                "deterministic proposals, so the samples are still exact, but that drafter is not working\n",
+                (long long)es->draft_no_q);
     if (!json) return;
     char ts[32];
     time_t now = time(NULL);
@@ -88,11 +94,11 @@ void gen_draft_report(FILE *human, FILE *json, const eg_engine_stats *es, int wo
             "\"accepted\":%lld,\"mean_accepted_per_verify\":%.4f,\"tokens_per_verify\":%.4f,\"draft_seconds\":%.3f,"
             "\"verify_seconds\":%.3f,\"engine_seconds\":%.3f,\"draft_share\":%.4f,\"verify_share\":%.4f,"
             "\"logit_rows\":%lld,\"backend_probs\":%lld,\"backend_draws\":%lld,\"backend_residuals\":%lld,"
-            "\"draft_kept\":%lld,\"draft_argmax\":%lld,\"draft_host_rows\":%lld}\n",
+            "\"draft_kept\":%lld,\"draft_argmax\":%lld,\"draft_host_rows\":%lld,\"draft_no_q\":%lld}\n",
             ts, worker, n_workers, (long long)es->verify_steps, (long long)es->drafted, (long long)es->accepted, acc, tok,
             es->draft_seconds, es->verify_seconds, es->seconds, es->draft_seconds / spec, es->verify_seconds / spec,
             (long long)es->logit_rows, (long long)es->backend_probs, (long long)es->backend_draws,
             (long long)es->backend_residuals, (long long)es->draft_kept, (long long)es->draft_argmax,
-            (long long)es->draft_host_rows);
+            (long long)es->draft_host_rows, (long long)es->draft_no_q);
     fflush(json);
 }

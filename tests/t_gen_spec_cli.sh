@@ -97,4 +97,25 @@ sp21=("${pre[@]}" --temperature 1.0 --draft-model d21 --draft-tokens 2)
 $E generate "${sp21[@]}" --out q0 2>/dev/null || fail "sampled with a drafter, m21"
 $E generate "${sp21[@]}" "${tight[@]}" --out q1 2>"$tmp/err" || fail "sampled with a drafter, preempted"
 "$PYTHON" "$here/gen_check.py" same q0 q1 >/dev/null || fail "sampled with a drafter, preempted, differs"
+# a drafter whose logits are NaN (one lm_head row NaN): it draws without them, so its q
+# gives its drafts no probability; they are tested as deterministic proposals (exact:
+# test_engine_spec verify_no_q) and the run says the drafter is broken, in the report and
+# in --log-json. Before, such drafts were accepted whenever the target gave them p > 0.
+cp -r drafter dnan
+"$PYTHON" - dnan/model.safetensors <<'PY'
+import json, struct, sys
+path = sys.argv[1]
+with open(path, "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    t = json.loads(f.read(n))["lm_head.weight"]
+    rows, cols = t["shape"]
+    f.seek(8 + n + t["data_offsets"][0] + 5 * cols * 2)  # row 5: every element a BF16 NaN
+    f.write(b"\xc0\x7f" * cols)
+PY
+$E generate "${run[@]}" --temperature 1.0 --out nan1 --draft-model dnan --draft-tokens 2 --log-json nan1.log \
+    2>"$tmp/err" || fail "sampled with a NaN drafter: $(tail -2 "$tmp/err")"
+grep -q "warning: [1-9][0-9]* drafts had no probability under the drafter's own distribution" "$tmp/err" ||
+    fail "a NaN drafter is not reported: $(grep speculative "$tmp/err")"
+grep -q '"draft_no_q":[1-9]' nan1.log || fail "--log-json lacks draft_no_q"
+grep -q '"draft_no_q":0' g3.log || fail "a working drafter's draft_no_q is not 0"
 echo "t_gen_spec_cli: ok"

@@ -580,6 +580,54 @@ static void test_verify_sampled(void) {
     eg_spec_scratch_free(sc);
 }
 
+/* A draft its own q gives no probability (a drafter whose logits row was NaN draws id 0
+ * and leaves its q row empty): tested as a deterministic proposal, the emitted token is
+ * distributed as p by every path (the whole rule, accept + finish from the row, accept +
+ * finish from the kept set), and eg_spec_no_q says so. Testing it against q(x) = 0 instead
+ * accepted it whenever p(x) > 0: token 0 every time. */
+static void test_verify_no_q(void) {
+    enum { V = 3, N = 200000 };
+    eg_error err = {0};
+    eg_spec_scratch *sc = NULL;
+    CHECK_OK(eg_spec_scratch_create(V, &sc, &err), &err);
+    if (!sc) return;
+    float lg[V] = {logf(0.5f), logf(0.3f), logf(0.2f)};
+    const double p[V] = {0.5, 0.3, 0.2};
+    eg_sample_params sp = {.temperature = 1, .top_p = 1};
+    const int32_t kid[V] = {2, 0, 1};
+    const double kp[V] = {0.2, 0.5, 0.3};
+    const double qrow[V] = {0, 1, 0}; /* case 1: a row without the draft */
+    for (int c = 0; c < 2; c++) {
+        eg_spec_q sq = tq_alloc(1, V);
+        if (c == 1) tq_pack(qrow, 1, V, &sq); /* case 0: the row left empty (n 0) */
+        const int32_t x = c == 0 ? 0 : 2;
+        CHECK(eg_spec_no_q(&sq, 0, x) && !eg_spec_no_q(NULL, 0, x));
+        int got[3][V] = {{0}};
+        for (int t = 0; t < N; t++) {
+            int na, rejected;
+            int32_t next;
+            uint64_t rng = eg_rng_seed(11 + c, (uint64_t)t), r2 = rng, r3 = rng;
+            float row2[2 * V];
+            memcpy(row2, lg, sizeof lg);
+            memcpy(row2 + V, lg, sizeof lg);
+            eg_spec_verify(sc, row2, V, &sp, &x, &sq, NULL, 1, EG_SPEC_EXACT, &rng, &na, &next);
+            got[0][na ? x : next]++;
+            int n = eg_spec_accept(&p[x], &sq, &x, 1, EG_SPEC_EXACT, &r2, &rejected);
+            got[1][n ? x : eg_spec_finish(sc, lg, V, &sp, &x, &sq, 0, rejected, &r2)]++;
+            n = eg_spec_accept(&p[x], &sq, &x, 1, EG_SPEC_EXACT, &r3, &rejected);
+            got[2][n ? x : eg_spec_finish_kept(sc, kid, kp, V, &x, &sq, 0, &r3)]++;
+        }
+        for (int w = 0; w < 3; w++)
+            for (int v = 0; v < V; v++) {
+                double f = (double)got[w][v] / N;
+                CHECKF(fabs(f - p[v]) < 5 * sqrt(p[v] * (1 - p[v]) / N),
+                       "case %d, path %d: token %d frequency %g, p %g", c, w, v, f, p[v]);
+            }
+        tq_free(&sq);
+    }
+    eg_spec_scratch_free(sc);
+}
+
 /* ---- greedy: byte-identical with any drafter ------------------------------------ */
 
 static void test_greedy_identical(void) {
@@ -1465,6 +1513,7 @@ static const eg_test tests[] = {
     {"rotation_fair", test_rotation_fair},
     {"verify_greedy", test_verify_greedy},
     {"verify_sampled", test_verify_sampled},
+    {"verify_no_q", test_verify_no_q},
     {"finish_kept", test_finish_kept},
     {"greedy_identical", test_greedy_identical},
     {"greedy_stop_and_preempt", test_greedy_stop_and_preempt},
