@@ -966,19 +966,35 @@ static int oldest_parked(const eg_engine *e) {
     return best;
 }
 
-/* Tokens parked sequence j needs mapped to resume. */
-static int parked_tokens(const parked_seq *p) { return p->swapped ? p->s.n_done : p->s.n_total; }
+static int drafts_for(const eg_engine *e, const slot_state *s);
+
+/* Tokens parked sequence p needs mapped to resume: a swapped one's cached rows and its
+ * next step beside them (a prefill chunk, or a decode row and its drafts), a recomputed
+ * one all its tokens. Restoring a swapped sequence with room for its cache alone let it
+ * stall on its next step, be parked again as the youngest and come back the step after,
+ * its cache saved and loaded every step without progress, while free blocks stayed over
+ * the watermark but under a chunk (an audit found it: a swapped prefill part-way through;
+ * or a decode whose verify step crosses a block). Alone in the cache it always fits:
+ * the step stays within prompt + max_new. */
+static int64_t resume_tokens(const eg_engine *e, const parked_seq *p) {
+    const slot_state *s = &p->s;
+    if (!p->swapped) return s->n_total;
+    int64_t left = s->n_total - s->n_done;
+    if (left == 1 && (s->n_generated > 0 || s->finishing)) return (int64_t)s->n_done + 1 + drafts_for(e, s);
+    return s->n_done + (left < e->o.max_tokens ? left : e->o.max_tokens);
+}
 
 /* Bring parked sequence j back into free slot i (nothing in flight) when its blocks and
  * the watermark are free. Returns 1 restored, 0 no room. */
 static int restore(eg_engine *e, int j, int i, eg_error *err, eg_status *st) {
     parked_seq *p = &e->parked[j];
     *st = EG_OK;
-    if (!room_for(e, i, parked_tokens(p), e->n_active > 0 ? e->watermark : 0) || !grow(e, i, parked_tokens(p)))
-        return 0;
+    const int64_t need = resume_tokens(e, p);
+    if (!room_for(e, i, need, e->n_active > 0 ? e->watermark : 0) || !grow(e, i, need)) return 0;
     for (int k = 0; p->swapped && k < e->n_stages && !*st; k++)
         if (!(*st = drive_stage(e, k, err))) *st = eg_kv_load(kv_of(e, k), i, p->n_blocks, p->host[k], err);
     if (*st) {
+        release_blocks(e, i); /* the slot stays free */
         eg_wrap(err, "restoring request %llu", (unsigned long long)p->s.req.id);
         return 0;
     }
@@ -1693,7 +1709,7 @@ static int wants_drain(eg_engine *e) {
     if (e->starved) return 1;
     if (!e->n_parked) return 0;
     const parked_seq *p = &e->parked[oldest_parked(e)];
-    return room_for(e, -1, parked_tokens(p), e->n_active > 0 ? e->watermark : 0);
+    return room_for(e, -1, resume_tokens(e, p), e->n_active > 0 ? e->watermark : 0);
 }
 
 static eg_status engine_run(eg_engine *e, eg_next_fn next, eg_done_fn done, void *ctx, eg_error *err) {

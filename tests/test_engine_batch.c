@@ -458,6 +458,71 @@ static int64_t kv_block_bytes(int64_t n) {
     return n * model.cfg.n_layers * 8 * (int64_t)(model.cfg.kv_lora_rank + model.cfg.qk_rope) * 2;
 }
 
+/* A swapped sequence comes back with room for its next step, not for its cache alone:
+ * restored part-way through its prefill into a pool whose free blocks were over the
+ * watermark but under its next chunk, it stalled, was parked again as the youngest and
+ * came back the step after, its cache saved and loaded each step without progress (14
+ * swaps here before, 5 now; an audit found it). Tokens equal the ample pool's. */
+typedef struct { int next, n_done; int32_t *tok[5]; int n[5]; } thrash_ctx;
+static const int thrash_len[5] = {85, 57, 32, 60, 16}, thrash_new[5] = {64, 97, 43, 75, 21};
+static int thrash_next(void *vc, eg_request *q, eg_error *err) {
+    (void)err;
+    thrash_ctx *c = vc;
+    static int32_t buf[5][96];
+    if (c->next >= 5) return 0;
+    int r = c->next++;
+    for (int i = 0; i < thrash_len[r]; i++) buf[r][i] = prompt_tok(r, i);
+    memset(q, 0, sizeof *q);
+    q->id = (uint64_t)r;
+    q->tokens = buf[r];
+    q->n_tokens = thrash_len[r];
+    q->max_new = thrash_new[r];
+    q->sp = (eg_sample_params){.temperature = 0.8f, .top_p = 0.9f};
+    q->rng = eg_rng_seed(42, (uint64_t)r);
+    return 1;
+}
+static eg_status thrash_done(void *vc, const eg_result *r, eg_error *err) {
+    (void)err;
+    thrash_ctx *c = vc;
+    c->tok[r->id] = malloc(4 * (size_t)r->n_tokens);
+    if (c->tok[r->id]) memcpy(c->tok[r->id], r->tokens, 4 * (size_t)r->n_tokens);
+    c->n[r->id] = r->n_tokens;
+    c->n_done++;
+    return EG_OK;
+}
+static void test_kv_restore_no_thrash(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    thrash_ctx c[2] = {{0}};
+    eg_engine_stats st[2];
+    int aux[3] = {-1, 1, 4};
+    for (int pass = 0; pass < 2; pass++) {
+        eg_backend *be = NULL;
+        eg_engine *e = NULL;
+        eg_backend_opts bo = {.name = "cpu", .max_tokens = 30, .max_seq_len = 256, .nthreads = 1};
+        CHECK_OK(eg_backend_create(&model.cfg, &bo, &be, &err), &err);
+        eg_engine_opts eo = {.n_slots = 4, .max_seq_len = 256, .max_tokens = 30, .block_size = 8,
+                             .kv_blocks = pass ? 32 : 0, .aux_layers = aux, .n_aux = 3, .kv_policy = EG_KV_ON_DEMAND,
+                             .host_kv_bytes = (int64_t)1 << 40, .check_recompute = 1};
+        if (be) CHECK_OK(eg_engine_create(&model, be, &eo, &e, &err), &err);
+        if (e) CHECK_OK(eg_engine_run(e, thrash_next, thrash_done, &c[pass], &err), &err);
+        if (e) eg_engine_get_stats(e, &st[pass]);
+        eg_engine_free(e);
+        eg_backend_free(be);
+    }
+    CHECK(c[0].n_done == 5 && c[1].n_done == 5);
+    for (int r = 0; r < 5; r++)
+        CHECKF(c[0].n[r] == c[1].n[r] && c[0].tok[r] && c[1].tok[r] && !memcmp(c[0].tok[r], c[1].tok[r], 4 * (size_t)c[0].n[r]),
+               "request %d differs from the ample pool's", r);
+    CHECK(st[0].preemptions == 0);
+    CHECKF(st[1].swap_outs > 0 && st[1].swap_outs <= 8, "%lld swaps (the thrash gave 14)", (long long)st[1].swap_outs);
+    printf("    32 blocks of 8, chunk 30: %lld preemptions, %lld swaps\n", (long long)st[1].preemptions,
+           (long long)st[1].swap_outs);
+    for (int p = 0; p < 2; p++)
+        for (int r = 0; r < 5; r++) free(c[p].tok[r]);
+}
+
 /* A pool far too small for 4 slots forces many preemptions; whether victims are
  * swapped to the host, recomputed, or both, on one stage or several, threaded or not,
  * at any chunk size, every sample equals the ample-pool run bit for bit (tokens under
@@ -802,6 +867,7 @@ static const eg_test tests[] = {
     {"stop_and_kv_pressure", test_stop_and_kv_pressure},
     {"teacher_forced", test_teacher_forced},
     {"kv_preempt_exact", test_kv_preempt_exact},
+    {"kv_restore_no_thrash", test_kv_restore_no_thrash},
     {"capture_bf16", test_capture_bf16},
     {"final_both", test_final_both},
     {"kv_table_upload", test_kv_table_upload},
