@@ -642,7 +642,8 @@ static const eg_test tests[] = {
 
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "--speed")) {
-        speed_table(argc > 2 ? atoi(argv[2]) > 0 ? atoi(argv[2]) : 512 : 512);
+        int T = argc > 2 ? atoi(argv[2]) : 0;
+        speed_table(T > 0 ? T : 512);
         return eg_check_failures ? 1 : 0;
     }
     if (argc >= 2 && !strcmp(argv[1], "--ratio")) {
