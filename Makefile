@@ -138,6 +138,9 @@ $(BUILD)/tests/test_%: tests/test_%.c tests/check.h $$(deps_$$(word 1,$$(subst _
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(deps_$(word 1,$(subst _, ,$*))) $(LDLIBS)
 
+# counts the engine's own allocations (tests/test_engine_allocs.c: none per decode step)
+$(BUILD)/tests/test_engine_allocs: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc
+
 $(BUILD)/tests/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz.h tests/fuzz/tok_common.h $(ALL_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ tests/fuzz/fuzz_$*.c tests/fuzz/replay.c $(ALL_LIBS) $(LDLIBS)

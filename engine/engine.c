@@ -243,6 +243,20 @@ static void stop_threads(eg_engine *e) {
  * are deterministic; its q rows, if any, are a former request's). */
 static eg_spec_q *slot_q(slot_state *s) { return s->req.sp.temperature > 0.0f && s->q.n ? &s->q : NULL; }
 
+/* The buffers of s without its sequence: what a free slot or an unused parked entry
+ * keeps for the next sequence admitted (admit takes a spare set before allocating). */
+static slot_state slot_spare(const slot_state *s) {
+    slot_state b;
+    memset(&b, 0, sizeof b);
+    b.tokens = s->tokens; b.cap = s->cap;
+    b.stop = s->stop; b.stop_cap = s->stop_cap;
+    b.aux = s->aux; b.final = s->final; b.final_pre = s->final_pre;
+    b.aux16 = s->aux16; b.final16 = s->final16; b.final_pre16 = s->final_pre16;
+    b.logits = s->logits; b.buf_cap = s->buf_cap;
+    b.draft = s->draft; b.q = s->q;
+    return b;
+}
+
 static void slot_free(slot_state *s) {
     free(s->tokens); free(s->stop); free(s->aux); free(s->final); free(s->aux16); free(s->final16); free(s->logits);
     free(s->final_pre); free(s->final_pre16);
@@ -807,6 +821,7 @@ static eg_status grow_u16(uint16_t **p, int64_t n, eg_error *err) {
 static eg_status slot_buffers(eg_engine *e, slot_state *s, int need, eg_error *err) {
     eg_status st;
     if (need <= s->buf_cap) return EG_OK;
+    e->stats.buffer_sets += s->buf_cap == 0;
     int64_t H = e->m->cfg.hidden, A = (int64_t)need * (e->o.n_aux > 0 ? e->o.n_aux : 1) * H;
     if (e->o.capture_bf16) {
         if ((st = grow_u16(&s->aux16, A, err)) || (st = grow_u16(&s->final16, (int64_t)need * H, err))) return st;
@@ -832,6 +847,16 @@ static int admit(eg_engine *e, int i, eg_error *err, eg_status *st) {
     int64_t margin = e->o.kv_policy == EG_KV_ON_DEMAND && e->n_active + e->n_parked > 0 ? e->watermark : 0;
     *st = EG_OK;
     if (!room_for(e, i, mapped, margin)) return 0;
+    /* a set too small for it: the largest spare a restored sequence left in a parked
+       entry, if larger, before allocating (a slot's set moves with a preempted sequence) */
+    int sj = -1;
+    for (int j = e->n_parked; s->buf_cap < need && j < e->o.n_slots; j++)
+        if (e->parked[j].s.buf_cap > (sj < 0 ? s->buf_cap : e->parked[sj].s.buf_cap)) sj = j;
+    if (sj >= 0) {
+        slot_state mine = slot_spare(s);
+        *s = e->parked[sj].s;
+        e->parked[sj].s = mine;
+    }
     if ((*st = grow_i32(&s->tokens, &s->cap, need, err)) || (*st = grow_i32(&s->stop, &s->stop_cap, r->n_stop, err)) ||
         (*st = slot_buffers(e, s, need, err)))
         return 0;
@@ -916,6 +941,9 @@ static int host_room(eg_engine *e, parked_seq *p, int n_blocks, eg_error *err) {
         p->host_cap[k] = need;
         e->host_held += need;
     }
+    /* the peak of what is allocated (pinned, kept for the next victim), not only of what
+       swapped caches fill: the memory the host must give */
+    if (e->host_held > e->stats.host_kv_peak) e->stats.host_kv_peak = e->host_held;
     return 1;
 }
 
@@ -942,7 +970,7 @@ static eg_status park(eg_engine *e, int v, eg_error *err) {
         s->n_done = 0;
     }
     s->want = 0;
-    slot_state left = p->s; /* an empty state (buffers freed when it was restored) */
+    slot_state left = p->s; /* a spare set, or none: what the sequence last restored from this entry left */
     p->s = *s;
     *s = left;
     s->active = 0;
@@ -952,10 +980,6 @@ static eg_status park(eg_engine *e, int v, eg_error *err) {
     e->n_active--;
     e->stats.preemptions++;
     e->stats.swap_outs += swap;
-    int64_t held = 0;
-    for (int j = 0; j < e->n_parked; j++)
-        for (int k = 0; e->parked[j].swapped && k < e->n_stages; k++) held += eg_kv_save_bytes(kv_of(e, k), e->parked[j].n_blocks);
-    if (held > e->stats.host_kv_peak) e->stats.host_kv_peak = held;
     return EG_OK;
 }
 
@@ -1000,14 +1024,14 @@ static int restore(eg_engine *e, int j, int i, eg_error *err, eg_status *st) {
     }
     e->stats.swap_ins += p->swapped;
     slot_state *s = &e->slots[i];
-    slot_free(s); /* the free slot's spare buffers: the sequence brings its own */
+    slot_state spare = slot_spare(s); /* the free slot's set: the sequence brings its own */
     *s = p->s;
     if (e->dr) { /* the drafter's state for it was left in its old slot: rebuilt from its kept rows */
         eg_drafter_truncate(e->dr, i, 0);
         s->dlen = 0;
         s->n_draft = 0;
     }
-    memset(&p->s, 0, sizeof p->s);
+    p->s = spare; /* kept for a later admission or park: no set is freed and made again */
     p->swapped = 0;
     p->n_blocks = 0;
     e->n_active++;

@@ -201,7 +201,12 @@ typedef struct eg_engine_stats {
                                 for room: the cache, not the workload, bounded concurrency */
     double backlog_concurrency; /* sum of live sequences over those steps */
     double sum_kv_live;      /* over steps: blocks holding cached tokens / pool blocks */
-    int64_t host_kv_peak;    /* most host bytes held by swapped-out caches */
+    int64_t host_kv_peak;    /* most host bytes allocated for swapped-out caches (page-locked
+                                where CUDA is present, kept for the next swap; within
+                                opts.host_kv_bytes) */
+    int64_t buffer_sets;     /* sequence buffer sets created (captured rows, tokens, drafts):
+                                one per slot at most, preempting or not, since a preempted
+                                sequence takes its set and leaves the slot a spare one */
     /* speculative decoding (opts.drafter) */
     int64_t verify_steps;    /* per-sequence verify steps (a sequence's k + 1-row chunk) */
     int64_t drafted;         /* draft tokens proposed */

@@ -420,6 +420,7 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
         s->backlog_concurrency += q.backlog_concurrency;
         s->sum_kv_live += q.sum_kv_live / rt->ep;
         s->host_kv_peak += q.host_kv_peak;
+        s->buffer_sets += q.buffer_sets;
         /* speculative decoding: counts and seconds summed (rank-seconds: the shares hold) */
         s->verify_steps += q.verify_steps;
         s->drafted += q.drafted;

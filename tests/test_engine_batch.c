@@ -569,6 +569,10 @@ static void test_kv_preempt_exact(void) {
         /* threaded stages preempt with nothing in flight: the launch loop paused for it */
         if (cases[c].threaded) CHECKF(last_stats.drains > 0, "case %zu: no drain counted", c);
         CHECK(last_stats.host_kv_peak <= kv_opts.host_kv_bytes);
+        /* a preempted sequence takes its buffers and leaves its slot a spare set: preempting
+           allocates none beyond one set per slot (no malloc in the decode loop) */
+        CHECKF(last_stats.buffer_sets >= 1 && last_stats.buffer_sets <= 4, "case %zu: %lld buffer sets for 4 slots", c,
+               (long long)last_stats.buffer_sets);
         CHECKF(last_stats.peak_concurrency > reserve_peak, "case %zu: peak %d vs reserve %lld", c,
                last_stats.peak_concurrency, (long long)reserve_peak);
         if (cases[c].host_blocks > 0) {

@@ -732,6 +732,7 @@ static void test_greedy_stop_and_preempt(void) {
         CHECK_OK(run(&s, &b, &err), &err);
         for (int r = 0; r < 5; r++) CHECKF(same_result(&ref, &b, r), "pool case %zu: request %d differs", i, r);
         CHECKF(last_stats.preemptions >= 2, "pool case %zu: %lld preemptions", i, (long long)last_stats.preemptions);
+        CHECKF(last_stats.buffer_sets <= 4, "pool case %zu: %lld buffer sets for 4 slots", i, (long long)last_stats.buffer_sets);
         if (!cases[i].host) CHECK(last_stats.recomputed_tokens > 0);
         else CHECK(last_stats.swap_outs > 0);
         CHECKF(p->violations == 0 && p->row_mismatch == 0, "pool case %zu: %lld breaches, %lld rows differ", i,
