@@ -304,7 +304,7 @@ static int locked_next(void *vc, eg_request *req, eg_error *err) {
     }
     int r = rt->next(rt->ctx, req, err);
     if (r == 0) x->exhausted = 1;
-    if (r > 0) {
+    if (r == 1) { /* not EG_NEXT_LATER, the caller's own "later": no request came */
         x->ids[x->open] = req->id;
         x->sizes[x->open] = (int64_t)req->n_tokens + req->max_new;
         x->load += x->sizes[x->open++];
@@ -416,7 +416,11 @@ void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s) {
         s->drains += q.drains;
         s->sum_concurrency += q.sum_concurrency;
         s->peak_concurrency += q.peak_concurrency;
-        s->backlog_steps += q.backlog_steps;
+        /* ranks step in lockstep: the group's steps and backlogged steps are a rank's (the
+           most), its concurrency the ranks' sum, so backlog_concurrency / backlog_steps is
+           the group's, as sum_concurrency / steps is (the ranks wait for room together when
+           the cache is the wall; each rank's pool is a share of it) */
+        s->backlog_steps = q.backlog_steps > s->backlog_steps ? q.backlog_steps : s->backlog_steps;
         s->backlog_concurrency += q.backlog_concurrency;
         s->sum_kv_live += q.sum_kv_live / rt->ep;
         s->host_kv_peak += q.host_kv_peak;

@@ -82,8 +82,10 @@ eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done,
  * from a signal handler). Every rank, not the first: a rank that has run out of work
  * only serves the others' exchanges, and a stop left with it would reach nobody. */
 void eg_ep_runtime_request_stop(eg_ep_runtime *rt);
-/* Stats summed over the ranks (seconds and peaks: the largest; the drafter's and verify
- * seconds: summed, rank-seconds). */
+/* Stats of the group: counts summed over the ranks; steps, backlog_steps, seconds and
+ * max_in_flight the largest of any rank (they step in lockstep), so the means per step
+ * are the group's; peak_concurrency and host_kv_peak summed (an upper bound: each rank's
+ * peak may fall in another step); the drafter's and verify seconds summed (rank-seconds). */
 void eg_ep_runtime_stats(const eg_ep_runtime *rt, eg_engine_stats *s);
 /* Rank's own stats (steps it ran with tokens of its own, ...). */
 void eg_ep_runtime_rank_stats(const eg_ep_runtime *rt, int rank, eg_engine_stats *s);
