@@ -925,11 +925,19 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     if (gen_job_inputs(g->corpus, &inputs, err)) return NULL;
     json_t *params = job_params(a, a->aux, a->n_aux, err);
     if (!params) { json_decref(inputs); return NULL; }
-    /* the model by content (config hash, stored weight bytes), not by path, so a moved
-     * checkpoint still resumes */
-    json_t *fps = json_pack("{s:s, s:I, s:s, s:o}", "model_config_sha256", g->model->cfg.hash, "model_weight_bytes",
-                            (json_int_t)g->model->weight_bytes, "tokenizer_sha256", tok_fingerprint(g->tok),
-                            "inputs", inputs);
+    /* the model by content (config hash, stored weight bytes, each weight file's size and
+     * first and last MiB), not by path, so a moved checkpoint still resumes and another
+     * checkpoint of the same config and size (a fine-tune, a requantisation) does not */
+    json_t *weights = NULL;
+    if (gen_weights_fingerprint(a->model, &weights, err)) {
+        eg_wrap(err, "--model %s", a->model);
+        json_decref(inputs);
+        json_decref(params);
+        return NULL;
+    }
+    json_t *fps = json_pack("{s:s, s:I, s:o, s:s, s:o}", "model_config_sha256", g->model->cfg.hash,
+                            "model_weight_bytes", (json_int_t)g->model->weight_bytes, "model_weights", weights,
+                            "tokenizer_sha256", tok_fingerprint(g->tok), "inputs", inputs);
     /* where model and tokenizer were (absolute; bookkeeping, not identity): `inspect
      * --sample` finds the tokenizer here */
     char mp[PATH_MAX], tp[PATH_MAX];
@@ -951,6 +959,34 @@ static json_t *job_identity(gen_run *g, eg_error *err) {
     }
     return json_pack("{s:i, s:o, s:o, s:[s], s:o}", "version", GEN_JOB_VERSION, "params", params, "fingerprints", fps,
                      "eaglegen_versions", gen_version(), "paths", paths);
+}
+
+/* --log-json FILE, checked before anything is made (it is opened once the writer has
+ * made --out, so the log may live in the job directory): its directory must exist and
+ * take a file, or be --out itself, and an existing FILE must be writable. A bad path
+ * used to fail after job.json and the manifest were written, and the corrected rerun
+ * was then compared with that empty job. */
+static eg_status check_log_path(const char *log, const char *out, eg_error *err) {
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", log);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    struct stat sb;
+    if (stat(dir, &sb)) {
+        char a[PATH_MAX], b[PATH_MAX];
+        snprintf(a, sizeof a, "%s", dir);
+        snprintf(b, sizeof b, "%s", out);
+        for (size_t n = strlen(a); n > 1 && a[n - 1] == '/'; n--) a[n - 1] = 0;
+        for (size_t n = strlen(b); n > 1 && b[n - 1] == '/'; n--) b[n - 1] = 0;
+        if (!strcmp(a, b)) return EG_OK; /* in --out, which the run makes */
+        return eg_fail(err, EG_ERR_IO, "--log-json %s: %s: %s", log, dir, strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode)) return eg_fail(err, EG_ERR_IO, "--log-json %s: %s is not a directory", log, dir);
+    if (access(log, F_OK) == 0 ? access(log, W_OK) : access(dir, W_OK | X_OK))
+        return eg_fail(err, EG_ERR_IO, "--log-json %s: %s", log, strerror(errno));
+    return EG_OK;
 }
 
 /* A line the runtime decided (each GPU's memory plan), printed as it is made. */
@@ -1117,6 +1153,7 @@ int cmd_generate(int argc, char **argv) {
      * writer's first manifest resumes (the writer starts fresh on a job without one);
      * a writer that cannot open takes back what this run made. */
     int made_out = 0;
+    if (a.log_json && check_log_path(a.log_json, a.out, &err)) goto done;
     if (a.restart) {
         int64_t removed = 0;
         if (gen_job_restart(a.out, man_name, job_name, rej_name, done_name, &removed, &err)) goto done;
@@ -1286,7 +1323,7 @@ int cmd_generate(int argc, char **argv) {
     }
     progress(&g, 1);
     gen_progress_state fin_s = progress_state(&g);
-    gen_progress_finish(&g.prog, &fin_s);
+    gen_progress_finish(&g.prog, &fin_s, run_st == EG_ERR_INTERRUPTED ? "interrupted" : run_st || close_st ? "error" : "done");
     eg_shard_writer_stats ws;
     shard_writer_stats(g.w, &ws);
     eg_engine_stats es;

@@ -8,51 +8,14 @@
 #include "gen/draft_model.h"
 #include "gen/job.h"
 
-static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 eg_status gen_draft_identity(const char *dir, json_t **out, eg_error *err) {
     *out = NULL;
     char path[4096], sha[65];
     snprintf(path, sizeof path, "%s/config.json", dir);
     eg_status st = eg_sha256_file(path, sha, err);
     if (st) return eg_wrap(err, "--draft-model %s", dir);
-    DIR *d = opendir(dir);
-    if (!d) return eg_fail(err, EG_ERR_IO, "--draft-model %s: cannot list the directory", dir);
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *de;
-    int oom = 0;
-    while (!oom && (de = readdir(d))) {
-        size_t len = strlen(de->d_name);
-        if (len < 12 || strcmp(de->d_name + len - 12, ".safetensors")) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 8;
-            char **nn = realloc(names, sizeof *names * cap);
-            if (!nn) { oom = 1; break; }
-            names = nn;
-        }
-        if (!(names[n] = strdup(de->d_name))) oom = 1;
-        else n++;
-    }
-    closedir(d);
-    if (oom) st = eg_fail(err, EG_ERR_NOMEM, "out of memory listing %s", dir);
-    if (n) qsort(names, n, sizeof *names, name_cmp);
-    json_t *weights = json_array();
-    for (size_t i = 0; i < n && !st; i++) {
-        json_t *fp = NULL;
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (!(st = gen_file_fingerprint(path, &fp, err))) {
-            json_object_set_new(fp, "path", json_string(names[i])); /* the name, not where the directory is */
-            json_array_append_new(weights, fp);
-        }
-    }
-    for (size_t i = 0; i < n; i++) free(names[i]);
-    free(names);
-    if (!st && !json_array_size(weights)) st = eg_fail(err, EG_ERR_CONFIG, "--draft-model %s: no .safetensors file", dir);
-    if (st) {
-        json_decref(weights);
-        return st;
-    }
+    json_t *weights = NULL;
+    if ((st = gen_weights_fingerprint(dir, &weights, err))) return eg_wrap(err, "--draft-model %s", dir);
     *out = json_pack("{s:s, s:o}", "config_sha256", sha, "weights", weights);
     return *out ? EG_OK : eg_fail(err, EG_ERR_NOMEM, "out of memory");
 }

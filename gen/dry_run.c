@@ -299,15 +299,18 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
         } else if (have && o->params) {
             /* the run's own check (gen_resume_check) against what it would write, but for
                the weights' stored bytes, which only loading the model counts */
-            json_t *inputs = NULL, *want = NULL;
+            json_t *inputs = NULL, *want = NULL, *weights = NULL;
             gen_job_inputs(cr, &inputs, &err);
+            if (!err.code && gen_weights_fingerprint(o->model, &weights, &err)) eg_wrap(&err, "--model %s", o->model);
             json_t *wb = json_object_get(json_object_get(have, "fingerprints"), "model_weight_bytes");
-            if (!err.code && inputs)
-                want = json_pack("{s:i, s:O, s:{s:s, s:O, s:s, s:O}}", "version", GEN_JOB_VERSION, "params",
+            if (!err.code && inputs && weights)
+                want = json_pack("{s:i, s:O, s:{s:s, s:O, s:O, s:s, s:O}}", "version", GEN_JOB_VERSION, "params",
                                  (json_t *)o->params,
                                  "fingerprints", "model_config_sha256", cfg.hash, "model_weight_bytes",
-                                 wb ? wb : json_null(), "tokenizer_sha256", tok_fingerprint(tok), "inputs", inputs);
+                                 wb ? wb : json_null(), "model_weights", weights, "tokenizer_sha256",
+                                 tok_fingerprint(tok), "inputs", inputs);
             json_decref(inputs);
+            json_decref(weights);
             gen_resume r;
             eg_status st = err.code ? err.code : !want ? eg_fail(&err, EG_ERR_NOMEM, "out of memory")
                                                         : gen_resume_check(o->out, jn, want, o->n_workers, &r, &err);

@@ -1,6 +1,7 @@
 /* Job directory: parameters, fingerprints, the rejects ledger; see job.h. */
 #include "gen/job.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,54 @@ eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err) {
     *out = json_pack("{s:s, s:I, s:s}", "path", name, "size", (json_int_t)sb.st_size, "sha256_head_tail", hex);
     free(name);
     return *out ? EG_OK : eg_fail(err, EG_ERR_INVALID, "%s: cannot record the input's fingerprint as JSON", path);
+}
+
+static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+eg_status gen_weights_fingerprint(const char *dir, json_t **out, eg_error *err) {
+    *out = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return eg_fail(err, EG_ERR_IO, "%s: cannot list the directory: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    int oom = 0;
+    eg_status st = EG_OK;
+    while (!oom && (de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len < 12 || strcmp(de->d_name + len - 12, ".safetensors")) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            char **nn = realloc(names, sizeof *names * cap);
+            if (!nn) { oom = 1; break; }
+            names = nn;
+        }
+        if (!(names[n] = strdup(de->d_name))) oom = 1;
+        else n++;
+    }
+    closedir(d);
+    if (oom) st = eg_fail(err, EG_ERR_NOMEM, "out of memory listing %s", dir);
+    if (n) qsort(names, n, sizeof *names, name_cmp);
+    json_t *weights = json_array();
+    if (!weights && !st) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    char path[4096];
+    for (size_t i = 0; i < n && !st; i++) {
+        json_t *fp = NULL;
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (!(st = gen_file_fingerprint(path, &fp, err))) {
+            json_object_set_new(fp, "path", json_string(names[i])); /* the name, not where the directory is */
+            json_array_append_new(weights, fp);
+        }
+    }
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (!st && !json_array_size(weights)) st = eg_fail(err, EG_ERR_CONFIG, "%s: no .safetensors file", dir);
+    if (st) {
+        json_decref(weights);
+        return st;
+    }
+    *out = weights;
+    return EG_OK;
 }
 
 /* Append "key: old -> new" lines for every difference between a and b. */

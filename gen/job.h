@@ -31,6 +31,12 @@ void gen_job_filename(char *out, size_t n, const char *base, const char *ext, in
  * catches edits, truncation and appends). */
 eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err);
 
+/* The weights of a checkpoint directory by content: [{"path": NAME, "size",
+ * "sha256_head_tail"}] of each *.safetensors file in name order (gen_file_fingerprint:
+ * a fine-tune or a requantisation of the same shape changes the bytes, where the config
+ * and the total size stay). *out is the caller's reference; no file is an error. */
+eg_status gen_weights_fingerprint(const char *dir, json_t **out, eg_error *err);
+
 /* job.json's "version": what a resume compares first. */
 #define GEN_JOB_VERSION 1
 /* job.json's fingerprints.inputs: each input file's fingerprint in order ("-", stdin,

@@ -159,8 +159,8 @@ void gen_progress_update(gen_progress *p, const gen_progress_state *s, int force
     json_line(p, s, "running", el);
 }
 
-void gen_progress_finish(gen_progress *p, const gen_progress_state *s) {
+void gen_progress_finish(gen_progress *p, const gen_progress_state *s, const char *phase) {
     if (p->drawn) fputc('\n', stderr);
     p->drawn = 0;
-    if (s) json_line(p, s, "done", eg_now() - p->start);
+    if (s) json_line(p, s, phase, eg_now() - p->start);
 }

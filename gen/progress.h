@@ -41,8 +41,9 @@ typedef struct gen_progress {
 void gen_progress_init(gen_progress *p, FILE *json_log, int worker, int n_workers);
 /* Print when due (force = 1: now, e.g. the final line). */
 void gen_progress_update(gen_progress *p, const gen_progress_state *s, int force);
-/* Ends the redrawn line; the JSON log gets a last line with phase "done". */
-void gen_progress_finish(gen_progress *p, const gen_progress_state *s);
+/* Ends the redrawn line; the JSON log gets a last line with the run's end as its phase:
+ * "done", "interrupted" or "error". */
+void gen_progress_finish(gen_progress *p, const gen_progress_state *s, const char *phase);
 
 /* The progress line for a terminal of cols columns (bar = 1: with a bar): at most
  * cols - 1 characters, whatever the numbers; what does not fit is left out, least

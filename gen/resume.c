@@ -68,16 +68,36 @@ static int diff_members(const char *prefix, const json_t *a, const json_t *b, in
 }
 
 static int fp_is_sample(const char *key) { return strcmp(key, "inputs") != 0; }
+/* a job written before the weights were fingerprinted (model_weights) resumes as it did:
+   by config hash and stored bytes only */
+static int fp_is_sample_old(const char *key) { return fp_is_sample(key) && strcmp(key, "model_weights") != 0; }
 static int param_is_free(const char *key) { return !gen_job_param_is_sample(key); }
+/* In capture mode nothing is generated: the sampling parameters and --drop-truncated
+ * leave every sample as it is (its metadata records temperature 0, top-p 1, top-k 0;
+ * generate says so when they are given), so a resume or a merge may differ in them. */
+static int capture_free(const char *key) {
+    static const char *const k[] = {"max_new_tokens", "temperature", "top_p", "top_k", "drop_truncated"};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (!strcmp(key, k[i])) return 1;
+    return 0;
+}
+static int param_is_sample_capture(const char *key) { return gen_job_param_is_sample(key) && !capture_free(key); }
+static int param_is_free_capture(const char *key) { return !param_is_sample_capture(key); }
+static int both_capture(const json_t *have, const json_t *want) {
+    const char *a = json_string_value(json_object_get(json_object_get(have, "params"), "mode"));
+    const char *b = json_string_value(json_object_get(json_object_get(want, "params"), "mode"));
+    return a && b && !strcmp(a, "capture") && !strcmp(b, "capture");
+}
 
 int gen_job_sample_diff(const json_t *have, const json_t *want, char *out, size_t cap) {
     int n = 0;
     json_t *hv = json_object_get(have, "version"), *wv = json_object_get(want, "version");
     if (!json_equal(hv, wv) && (hv || wv)) { add_line(out, cap, "version", hv, wv); n++; }
-    n += diff_members("", json_object_get(have, "params"), json_object_get(want, "params"), gen_job_param_is_sample,
-                      out, cap);
-    n += diff_members("fingerprints.", json_object_get(have, "fingerprints"), json_object_get(want, "fingerprints"),
-                      fp_is_sample, out, cap);
+    n += diff_members("", json_object_get(have, "params"), json_object_get(want, "params"),
+                      both_capture(have, want) ? param_is_sample_capture : gen_job_param_is_sample, out, cap);
+    json_t *hf = json_object_get(have, "fingerprints");
+    n += diff_members("fingerprints.", hf, json_object_get(want, "fingerprints"),
+                      hf && !json_object_get(hf, "model_weights") ? fp_is_sample_old : fp_is_sample, out, cap);
     return n;
 }
 
@@ -209,7 +229,8 @@ eg_status gen_resume_check(const char *dir, const char *name, json_t *want, int 
                        "end), or --restart every worker.",
                        path, r->changes, n_workers);
     }
-    diff_members("", json_object_get(have, "params"), json_object_get(want, "params"), param_is_free, r->changes,
+    diff_members("", json_object_get(have, "params"), json_object_get(want, "params"),
+                 both_capture(have, want) ? param_is_free_capture : param_is_free, r->changes,
                  sizeof r->changes);
     merge_versions(have, want);
     r->rewrite = !json_equal(have, want);
@@ -247,6 +268,22 @@ eg_status gen_job_restart(const char *dir, const char *manifest, const char *job
             st = eg_fail(err, EG_ERR_CONFIG, "--restart: %s is a merged manifest (it lists other workers' shards); "
                                              "remove it by hand if this job is to start over", p);
         } else {
+            /* a merged manifest.json in the same directory (merge DIR --out DIR) may list
+               these shards: deleting them, and writing new ones under the same names,
+               would leave that visible manifest naming bytes it never hashed */
+            char mp[4200];
+            snprintf(mp, sizeof mp, "%s/manifest.json", dir);
+            eg_ds_info mm = {0};
+            eg_error e2 = {0};
+            if (strcmp(manifest, "manifest.json") && !access(mp, F_OK) && !eg_ds_info_load(mp, &mm, &e2))
+                for (int i = 0; i < m.n_shards && !st; i++)
+                    for (int j = 0; j < mm.n_shards && !st; j++)
+                        if (!strcmp(m.shards[i].file, mm.shards[j].file))
+                            st = eg_fail(err, EG_ERR_CONFIG,
+                                         "--restart: the merged %s lists this job's shard %s; remove it (or merge "
+                                         "into another directory) before starting this worker over",
+                                         mp, m.shards[i].file);
+            eg_ds_info_clear(&mm);
             int gone = 0;
             for (int i = 0; i < m.n_shards && !st; i++) st = unlink_in(dir, m.shards[i].file, &gone, err);
             *removed = gone;

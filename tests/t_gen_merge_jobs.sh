@@ -3,7 +3,8 @@
 # offset and a step maps to workers 0..N-1; inconsistent launcher variables are refused
 # naming them; merge refuses workers made with different parameters (listing them) or
 # other inputs, reports missing and unfinished workers (refused unless --allow-partial,
-# which the manifest records), and never doubles its message prefix.
+# which the manifest records), and never doubles its message prefix; a worker's --restart
+# does not delete shards a merged manifest.json in its directory lists.
 set -eu
 : "${EAGLEGEN:?}" "${PYTHON:=/usr/bin/python3}"
 E=$EAGLEGEN
@@ -34,6 +35,11 @@ done
 ls arr/manifest.w0of3.json arr/manifest.w1of3.json arr/manifest.w2of3.json >/dev/null
 $E merge arr --out arr 2>err || fail "merge of the array"
 nodouble
+"$PYTHON" "$here/gen_check.py" same ref arr
+echo "-- --restart of a worker whose shards a merged manifest.json lists is refused, touching nothing"
+if gen --out arr --worker 1/3 --restart --temperature 0.5 2>err; then fail "--restart under a merged manifest"; fi
+grep -q "the merged arr/manifest.json lists this job's shard shard-w1of3-" err || fail "restart refusal message"
+$E inspect arr --verify >/dev/null 2>err || fail "the merged dataset no longer verifies"
 "$PYTHON" "$here/gen_check.py" same ref arr
 echo "-- inconsistent launcher variables are refused, naming them"
 set +e

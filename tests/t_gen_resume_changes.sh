@@ -4,7 +4,10 @@
 # line fixed after an error stop; each gives exactly the dataset of one uninterrupted run.
 # What changes samples (temperature, seed, ...) is refused with the differences, floats as
 # typed; --restart starts over; a changed record with a done id is reported; N > 1
-# workers refuse an input change that renumbers records.
+# workers refuse an input change that renumbers records. Another checkpoint of the same
+# config and size is refused (the weights by content); capture mode accepts changes of the
+# options it ignores; --log-json ends with how the run ended and a bad path is refused
+# before anything is made.
 set -eu
 : "${EAGLEGEN:?}" "${PYTHON:=/usr/bin/python3}"
 E=$EAGLEGEN
@@ -121,6 +124,48 @@ grep -q "temperature: 1 -> 0.7$" err && grep -q "seed: 0 -> 3" err && grep -q --
 set +e; gen --prompts c.jsonl --out j --top-p 0.9 2>err; rc=$?; set -e
 [ $rc = 1 ] && grep -q "top_p: 0.95 -> 0.9$" err || fail "top-p diff not as typed"
 
+echo "-- another checkpoint of the same config and size is refused (a fine-tune: other bytes)"
+$E mkmodel --preset tiny --out model12 --seed 12 >/dev/null 2>&1
+cp model/config.json model12/config.json
+mkdir -p mv && cp -r model mv/model
+[ "$(du -b model12/*.safetensors | cut -f1)" = "$(du -b model/*.safetensors | cut -f1)" ] || fail "the two models differ in size"
+gen --prompts c.jsonl --out fm --limit 3 2>/dev/null
+set +e; $E generate "${args[@]}" --model model12 --prompts c.jsonl --out fm 2>err; rc=$?; set -e
+[ $rc = 1 ] || fail "another model's weights resumed: exit $rc"
+grep -q "fingerprints.model_weights" err && grep -q -- "--restart" err || fail "weights diff not named"
+$E generate "${args[@]}" --model mv/model --prompts c.jsonl --out fm 2>err || fail "the same model moved was refused"
+"$PYTHON" "$here/gen_check.py" same ref fm
+"$PYTHON" - fm/job.json <<'PY'
+import json, sys
+w = json.load(open(sys.argv[1]))["fingerprints"]["model_weights"]
+assert w and all(set(f) == {"path", "size", "sha256_head_tail"} and "/" not in f["path"] for f in w), w
+PY
+echo "-- a job written before the weights were fingerprinted resumes as before"
+gen --prompts c.jsonl --out old --limit 3 2>/dev/null
+"$PYTHON" - old/job.json <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1])); del j["fingerprints"]["model_weights"]; json.dump(j, open(sys.argv[1], "w"))
+PY
+gen --prompts c.jsonl --out old 2>err || fail "an older job without model_weights was refused"
+"$PYTHON" "$here/gen_check.py" same ref old
+
+echo "-- capture mode: the sampling options it ignores may change on resume"
+"$PYTHON" - <<'PY'
+import json
+with open("conv.jsonl", "w") as f:
+    for i in range(5):
+        f.write(json.dumps({"messages": [{"role": "user", "content": f"Add {i} and 2."},
+                                         {"role": "assistant", "content": f"{i + 2}."}]}) + "\n")
+PY
+gen --prompts conv.jsonl --mode capture --out capref 2>/dev/null
+gen --prompts conv.jsonl --mode capture --out capj --limit 2 2>/dev/null
+gen --prompts conv.jsonl --mode capture --out capj --max-new-tokens 5 --temperature 0.3 --top-p 0.5 --top-k 4 \
+    --drop-truncated 2>err || fail "capture resume with ignored options refused"
+grep -q "max_new_tokens: 6 -> 5" err && grep -q "temperature: 1 -> 0.3" err || fail "capture changes not listed"
+"$PYTHON" "$here/gen_check.py" same capref capj
+set +e; gen --prompts conv.jsonl --mode capture --out capj --seed 9 2>err; rc=$?; set -e
+[ $rc = 1 ] && grep -q "seed: 0 -> 9" err || fail "capture: a seed change (recorded per sample) accepted: exit $rc"
+
 echo "-- --restart starts over"
 gen --prompts c.jsonl --out j --temperature 0.7 --restart 2>err || fail "--restart"
 grep -q "removed .* shards" err || fail "restart did not say what it removed"
@@ -167,4 +212,17 @@ for l in lines:
     assert l["worker"] == "0/1" and "records_skipped" in l and "rejected" in l, l
 assert lines[-1]["samples"] == 14 and lines[-1]["records_done"] == 14, lines[-1]
 PY
+echo "-- a run stopped by a bad record ends its log with phase error"
+if gen --prompts bad.jsonl --out le --log-json le.log 2>err; then fail "the bad line did not stop the run"; fi
+"$PYTHON" - le.log <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert lines and lines[-1]["phase"] == "error", lines[-1:]
+PY
+echo "-- a --log-json path that cannot be written is refused before anything is made"
+if gen --prompts c.jsonl --out lbad --log-json nodir/x.log 2>err; then fail "a log in a missing directory accepted"; fi
+grep -q -- "--log-json nodir/x.log: nodir: No such file or directory" err || fail "log path message"
+[ ! -e lbad ] || fail "a refused --log-json left a job directory"
+gen --prompts c.jsonl --out lin --log-json lin/log.jsonl 2>/dev/null || fail "a log inside --out refused"
+[ -s lin/log.jsonl ] || fail "no log inside --out"
 echo "t_gen_resume_changes: ok"
