@@ -562,6 +562,15 @@ static const seen_entry *seen_find_or_add(seen_set *t, const char *id, const cha
     return NULL;
 }
 
+/* corpus_opts.on_other_id: another worker's record claims its id here too, so a later
+ * record of this worker with that id is a duplicate as in one run over all records (the
+ * merge refused such a pair only after every worker had run). */
+static eg_status seen_other(void *ctx, const char *id, const char *file, uint64_t line, eg_error *err) {
+    eg_status st;
+    seen_find_or_add(ctx, id, file, line, err, &st);
+    return st;
+}
+
 static void seen_free(seen_set *t) {
     eg_ds_idset_clear(&t->ids);
     free(t->where);
@@ -687,8 +696,9 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
         uint64_t lh = gen_line_hash(r->raw, r->raw_len);
         int lc = gen_ledger_check(g->ledger, r->index, lh);
         if (lc == GEN_LEDGER_SAME) { /* handled by an earlier run */
-            /* a dropped sample's id still counts as met, as in an uninterrupted run */
-            if (r->ok && r->id) seen_find_or_add(&g->seen, r->id, r->file, r->line, err, &sst);
+            /* a dropped sample's id still counts as met, as in an uninterrupted run, and
+               so does a bad record's own id */
+            if ((r->ok || r->id_given) && r->id) seen_find_or_add(&g->seen, r->id, r->file, r->line, err, &sst);
             if (sst) return -1;
             continue;
         }
@@ -699,6 +709,10 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
                                 "reading it again\n", r->file, (unsigned long long)r->line, r->id);
         }
         if (!r->ok) {
+            /* a record that names an id claims it, good or bad: another worker (which
+               only parses the id of this worker's records) counts it so, and fixing this
+               line later makes its sample, not a later record's */
+            if (r->id_given && (seen_find_or_add(&g->seen, r->id, r->file, r->line, err, &sst), sst)) return -1;
             if (!a->skip_bad) {
                 eg_fail(err, EG_ERR_FORMAT, "%s:%llu: bad record: %s (use --on-bad-record=skip to log and continue)",
                         r->file, (unsigned long long)r->line, r->reason);
@@ -1078,6 +1092,8 @@ int cmd_generate(int argc, char **argv) {
     co.max_prompt_tokens = (size_t)(a.capture ? a.max_seq_len : a.max_seq_len - 1);
     co.worker = (uint64_t)a.worker;
     co.stop = &g_interrupted; /* a Ctrl-C is not held up by a read from an idle stdin */
+    co.on_other_id = seen_other;
+    co.on_other_ctx = &g.seen;
     co.n_workers = (uint64_t)a.n_workers;
     if (corpus_open(a.prompts, (size_t)a.n_prompts, g.tok, &co, &g.corpus, &err)) goto done;
     if (!(ident = job_identity(&g, &err))) goto done;

@@ -60,6 +60,14 @@ static int add_reason(reasons *rs, const char *why, const char *file, uint64_t l
     return 0;
 }
 
+/* corpus_opts.on_other_id: another worker's record claims its id (as in generate) */
+static eg_status other_id_seen(void *ctx, const char *id, const char *file, uint64_t line, eg_error *err) {
+    (void)file;
+    (void)line;
+    eg_ds_idset *seen = ctx;
+    return eg_ds_idset_get(seen, id, NULL) ? EG_OK : eg_ds_idset_put(seen, id, 0, err);
+}
+
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return x < y ? -1 : x > y;
@@ -148,6 +156,8 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
     co.max_prompt_tokens = (size_t)(o->capture ? o->max_seq_len : o->max_seq_len - 1);
     co.worker = (uint64_t)o->worker;
     co.n_workers = (uint64_t)o->n_workers;
+    co.on_other_id = other_id_seen;
+    co.on_other_ctx = &seen;
     if (corpus_open(o->prompts, (size_t)o->n_prompts, tok, &co, &cr, &err)) goto done;
 
     int64_t read = 0, accepted = 0, rejected = 0;
@@ -160,12 +170,14 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
         read++;
         const char *why = NULL;
         char buf[700];
+        int met = eg_ds_idset_get(&seen, rec.id, NULL);
         if (!rec.ok) why = rec.reason;
-        else if (eg_ds_idset_get(&seen, rec.id, NULL)) {
+        else if (met) {
             snprintf(buf, sizeof buf, "duplicate id");
             why = buf;
         }
-        if (rec.ok && !why && eg_ds_idset_put(&seen, rec.id, 0, &err)) goto done;
+        /* as generate: a record naming its id claims it, good or bad */
+        if ((rec.ok || rec.id_given) && !met && eg_ds_idset_put(&seen, rec.id, 0, &err)) goto done;
         if (why) {
             rejected++;
             if (add_reason(&rs, why, rec.file, rec.line)) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }

@@ -300,6 +300,7 @@ static eg_status set_id(corpus_record *rec, json_t *id, eg_error *err) {
         snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(id));
         s = buf;
     }
+    rec->id_given = s != NULL;
     if (s) rec->id = strdup(s);
     else {
         const char *f = !rec->file || !strcmp(rec->file, "-") ? "stdin" : rec->file;
@@ -799,6 +800,30 @@ static eg_status next_line(corpus_reader *r, int *got, int *too_long, eg_error *
     return EG_OK;
 }
 
+/* The id another worker's record names, as corpus_parse would take it (set_id: valid
+ * UTF-8, JSON parsed with the same flags, an object whose "id" is a non-empty string
+ * without NUL or an integer), or NULL: then it is FILE:LINE, nobody else's. A line
+ * without "id" in it is not parsed. 1: *out holds a malloc'd id; 0: none; -1: no memory. */
+static int other_id(const char *line, size_t len, char **out) {
+    *out = NULL;
+    if (!memmem(line, len, "\"id\"", 4) || tok_utf8_check(line, len) != len) return 0;
+    json_error_t je;
+    json_t *root = json_loadb(line, len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+    json_t *id = json_is_object(root) ? json_object_get(root, "id") : NULL;
+    char buf[64];
+    const char *s = NULL;
+    if (json_is_string(id) && json_string_length(id) && strlen(json_string_value(id)) == json_string_length(id))
+        s = json_string_value(id);
+    else if (json_is_integer(id)) {
+        snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(id));
+        s = buf;
+    }
+    int r = 0;
+    if (s) r = (*out = strdup(s)) ? 1 : -1;
+    json_decref(root);
+    return r;
+}
+
 static int is_blank(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r') return 0;
@@ -815,7 +840,16 @@ eg_status corpus_next(corpus_reader *r, corpus_record *rec, bool *got, eg_error 
         if (!too_long && is_blank(r->line, r->llen)) continue;
         uint64_t index = r->index++;
         if (index < r->o.start_index) continue;
-        if (r->o.n_workers > 1 && index % r->o.n_workers != r->o.worker) continue;
+        if (r->o.n_workers > 1 && index % r->o.n_workers != r->o.worker) {
+            char *id = NULL;
+            int k = r->o.on_other_id && !too_long ? other_id(r->line, r->llen, &id) : 0;
+            if (k < 0) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+            const char *f = r->names && r->names[r->cur] ? r->names[r->cur] : r->files[r->cur];
+            st = k ? r->o.on_other_id(r->o.on_other_ctx, id, f, r->lineno, err) : EG_OK;
+            free(id);
+            if (st) return st;
+            continue;
+        }
         rec->file = r->names && r->names[r->cur] ? r->names[r->cur] : r->files[r->cur];
         rec->line = r->lineno;
         rec->index = index;

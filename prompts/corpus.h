@@ -87,6 +87,13 @@ typedef struct corpus_opts {
     /* stdin ("-"): a read interrupted by a signal while *stop is set fails instead of
      * waiting on for a slow producer (a Ctrl-C must not hang on an idle pipe); NULL: retry */
     volatile sig_atomic_t *stop;
+    /* n_workers > 1: called, in record order, for each other worker's record that names an
+     * id of its own (rec.id_given's rule: valid UTF-8 and JSON, a non-empty string or an
+     * integer "id"), so a worker meets every record's id as one run over all records
+     * would (generate's duplicates). Only those lines are parsed, and not tokenized; an
+     * error stops corpus_next with it. NULL: other workers' lines are not looked at. */
+    eg_status (*on_other_id)(void *ctx, const char *id, const char *file, uint64_t line, eg_error *err);
+    void *on_other_ctx;
 } corpus_opts;
 
 void corpus_opts_default(corpus_opts *o);
@@ -100,6 +107,7 @@ typedef struct corpus_record {
     uint64_t line;    /* 1-based line in that file */
     uint64_t index;   /* 0-based record index over all inputs */
     char *id;         /* the record's "id", or "FILE:LINE" */
+    int id_given;     /* 1: id is the record's own "id" (it claims that id, good or bad) */
     /* what: */
     int ok;              /* 1: ids (and loss_mask) are valid; 0: rejected, see reason */
     char reason[512];    /* why it was rejected (no file/line prefix) */

@@ -4,7 +4,8 @@
 # naming them; merge refuses workers made with different parameters (listing them) or
 # other inputs, reports missing and unfinished workers (refused unless --allow-partial,
 # which the manifest records), and never doubles its message prefix; a worker's --restart
-# does not delete shards a merged manifest.json in its directory lists.
+# does not delete shards a merged manifest.json in its directory lists; repeated ids
+# split over workers merge as one run's (each worker meets the others' ids).
 set -eu
 : "${EAGLEGEN:?}" "${PYTHON:=/usr/bin/python3}"
 E=$EAGLEGEN
@@ -104,6 +105,38 @@ PY
 gen --out u1 --worker 1/3 2>/dev/null
 $E merge w0 u1 w2 --out mu2 2>err || fail "the resumed worker"
 "$PYTHON" "$here/gen_check.py" same ref mu2
+
+echo "-- repeated ids across workers: each worker meets the others' ids, so they merge as one run"
+"$PYTHON" - <<'PY'
+import json
+recs = [{"id": "X", "prompt": "hello a"}, {"id": "X", "prompt": "hello b"}, {"id": "Y", "prompt": "hello c"},
+        {"id": 7, "prompt": "hello d"}, {"id": "Y"}, {"id": "Q"}, {"id": "Q", "prompt": "q"},
+        {"prompt": "no id"}, {"id": "7", "prompt": "the integer's text"}, {"id": "Z", "prompt": "z"}]
+with open("dup.jsonl", "w") as f:
+    for r in recs: f.write(json.dumps(r) + "\n")
+PY
+dargs=(--model model --max-new-tokens 6 --max-seq-len 128 --batch 3 --chunk 8 --aux-layers 1,2,3 --threads 1
+       --prompts dup.jsonl --on-bad-record skip)
+$E generate "${dargs[@]}" --out dref 2>/dev/null
+for w in 0 1 2; do $E generate "${dargs[@]}" --out dw --worker $w/3 2>/dev/null || fail "worker $w"; done
+$E merge dw --out dw 2>err || fail "workers with repeated ids did not merge"
+"$PYTHON" "$here/gen_check.py" same dref dw
+"$PYTHON" - dref dw <<'PY'
+import glob, json, sys
+def rej(d):
+    out = []
+    for p in glob.glob(d + "/rejects*.jsonl"):
+        for l in open(p):
+            r = json.loads(l); r.pop("line_hash", None); out.append(json.dumps(r, sort_keys=True))
+    return sorted(out)
+a, b = rej(sys.argv[1]), rej(sys.argv[2])
+assert a == b, (a, b)
+kinds = sorted(json.loads(x)["outcome"] for x in a)
+# X again, Q after the bad Q (a record naming its id claims it), "7" after 7; two bad records
+assert kinds == ["duplicate"] * 3 + ["rejected"] * 2, kinds
+PY
+$E generate "${dargs[@]}" --out ddry --worker 1/3 --dry-run > dry.out 2>&1 || fail "dry run"
+grep -q "duplicate id" dry.out || fail "the dry run of worker 1 did not see the repeat of another worker's id"
 
 echo "-- a merged dataset merges again with the same checks"
 $E merge m1 w1 w2 --out mm 2>err || fail "merged + workers: $(cat err)"

@@ -239,6 +239,77 @@ static void test_shard_resume(void) {
     CHECK(s.n == N_SAMPLE - 30 && s.first_index == 30 && !strcmp(s.ids[0], all.ids[30]));
 }
 
+/* on_other_id reports, for every other worker's record, exactly the id a full parse
+ * gives it when the record names its own (id_given), and nothing otherwise: string and
+ * integer ids, escapes, an empty id, one with NUL, other types, a nested "id", bad JSON,
+ * duplicate keys, invalid UTF-8, not an object, a byte-order mark, CRLF, no id. */
+typedef struct { char *id[32]; uint64_t line[32]; int n; } other_log;
+static eg_status log_other(void *ctx, const char *id, const char *file, uint64_t line, eg_error *err) {
+    (void)file;
+    (void)err;
+    other_log *l = ctx;
+    if (l->n < 32) { l->id[l->n] = strdup(id); l->line[l->n++] = line; }
+    return EG_OK;
+}
+static void test_other_ids(void) {
+    static const char *const lines[] = {
+        "\xEF\xBB\xBF{\"id\": \"bom\", \"prompt\": \"a\"}", "{\"id\": 42, \"prompt\": \"b\"}",
+        "{\"id\": \"caf\\u00e9\", \"prompt\": \"c\"}\r", "{\"id\": \"\", \"prompt\": \"d\"}",
+        "{\"id\": \"a\\u0000b\", \"prompt\": \"e\"}", "{\"id\": 1.5, \"prompt\": \"f\"}",
+        "{\"id\": [\"x\"], \"prompt\": \"g\"}", "{\"x\": {\"id\": \"nested\"}, \"prompt\": \"h\"}",
+        "{\"id\": \"broken\", \"prompt\": ", "{\"id\": \"k1\", \"id\": \"k2\", \"prompt\": \"i\"}",
+        "{\"id\": \"bad\xff\", \"prompt\": \"j\"}", "[\"id\", 1]", "{\"prompt\": \"no id\"}",
+        "{\"id\": \"bad but named\"}", "{\"id\": -7, \"prompt\": \"k\"}", "{\"id\": \"last\", \"prompt\": \"l\"}"};
+    const size_t n = sizeof lines / sizeof lines[0];
+    char path[] = "/tmp/eg_other_ids_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    FILE *f = fdopen(fd, "w");
+    for (size_t i = 0; i < n; i++) fprintf(f, "%s\n", lines[i]);
+    fclose(f);
+    corpus_opts o;
+    corpus_opts_default(&o);
+    eg_error err = {0};
+    const char *p[] = {path};
+    corpus_reader *r;
+    corpus_record rec = {0};
+    bool got;
+    char *want[32] = {0};
+    int given = 0;
+    CHECK_OK(corpus_open(p, 1, tok(), &o, &r, &err), &err);
+    for (size_t i = 0; i < n && !corpus_next(r, &rec, &got, &err) && got; i++) {
+        if (rec.id_given) { want[rec.index] = strdup(rec.id); given++; }
+    }
+    corpus_close(r);
+    /* bom, 42, café, "bad but named" (a bad record that names its id), -7, last */
+    CHECKF(given == 6 && want[0] && !strcmp(want[0], "bom") && want[1] && !strcmp(want[1], "42") && want[13] &&
+               !strcmp(want[13], "bad but named"),
+           "%d records name their own id", given);
+    for (uint64_t w = 0; w < 2; w++) {
+        other_log l = {0};
+        o.worker = w;
+        o.n_workers = 2;
+        o.on_other_id = log_other;
+        o.on_other_ctx = &l;
+        CHECK_OK(corpus_open(p, 1, tok(), &o, &r, &err), &err);
+        while (!corpus_next(r, &rec, &got, &err) && got) CHECK(rec.index % 2 == w);
+        corpus_close(r);
+        int k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (i % 2 == w || !want[i]) continue;
+            CHECKF(k < l.n && l.line[k] == i + 1 && !strcmp(l.id[k], want[i]), "worker %d: line %zu: %s, want %s",
+                   (int)w, i + 1, k < l.n ? l.id[k] : "(none)", want[i]);
+            k++;
+        }
+        CHECKF(k == l.n, "worker %d: %d ids reported, %d expected", (int)w, l.n, k);
+        for (int i = 0; i < l.n; i++) free(l.id[i]);
+    }
+    for (size_t i = 0; i < 32; i++) free(want[i]);
+    corpus_record_free(&rec);
+    unlink(path);
+}
+
 /* Tool declarations are refused with the reason, never silently dropped; an empty list
  * (which the template renders as nothing) is fine; tool calls and tool results render. */
 static void test_tools_refused(void) {
@@ -495,6 +566,7 @@ static const eg_test tests[] = {
     {"compressed_and_dirs", test_compressed_and_dirs},
     {"stdin", test_stdin},
     {"shard_resume", test_shard_resume},
+    {"other_ids", test_other_ids},
     {"bad_records", test_bad_records},
     {"tools_refused", test_tools_refused},
     {"line_endings", test_line_endings},
