@@ -683,11 +683,14 @@ static int next_request(void *vc, eg_request *req, eg_error *err) {
             g->limit_peeked = 1;
             return 0;
         }
-        bool got = false;
-        if (corpus_next(g->corpus, &g->rec, &got, err)) {
+        bool got = false, later = false;
+        /* with sequences in flight a pipe's next line is not waited for: they step on */
+        if (g->live.next ? corpus_next_nowait(g->corpus, &g->rec, &got, &later, err)
+                         : corpus_next(g->corpus, &g->rec, &got, err)) {
             if (g_interrupted) return 0; /* a read Ctrl-C cut short: finish what is in flight */
             return -1;
         }
+        if (later) return EG_NEXT_LATER;
         if (!got) { g->corpus_ended = 1; return 0; }
         g->records_read++;
         corpus_record *r = &g->rec;
@@ -849,7 +852,8 @@ static int64_t count_records(corpus_reader *r) {
     int64_t total = 0;
     for (size_t i = 0; i < corpus_n_files(r); i++) {
         const char *p = corpus_file(r, i);
-        if (!strcmp(p, "-")) return -1;
+        struct stat sb;
+        if (!strcmp(p, "-") || stat(p, &sb) || !S_ISREG(sb.st_mode)) return -1; /* a pipe: read once, by the corpus */
         FILE *f = fopen(p, "rb");
         if (!f) return -1;
         unsigned char buf[1 << 16];

@@ -19,9 +19,19 @@ void gen_job_filename(char *out, size_t n, const char *base, const char *ext, in
 
 eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err) {
     *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb)) return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) {
+        /* a FIFO or a process substitution (<(zcat ...)): reading its head here would eat
+           the records the corpus reader is to get; it is known by its path, as stdin is */
+        char *name = eg_utf8_escape(path);
+        if (!name) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        *out = json_pack("{s:s, s:b}", "path", name, "pipe", 1);
+        free(name);
+        return *out ? EG_OK : eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    }
     FILE *f = fopen(path, "rb");
     if (!f) return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno));
-    struct stat sb;
     if (fstat(fileno(f), &sb)) { fclose(f); return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno)); }
     enum { MIB = 1 << 20 };
     uint8_t *buf = malloc(MIB);

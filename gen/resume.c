@@ -105,10 +105,15 @@ static const json_t *inputs_of(const json_t *job) {
     return json_object_get(json_object_get(job, "fingerprints"), "inputs");
 }
 
-/* Same file by content (stdin matches stdin). */
+/* Same file by content. A pipe (stdin, a FIFO, <(...)) has none to compare: it matches
+ * a pipe, and the ledger's line hashes tell whether its records are the ones logged. */
+static int is_pipe(const json_t *in, const char *path) {
+    return (path && !strcmp(path, "-")) || json_is_true(json_object_get(in, "pipe"));
+}
+
 static int same_input(const json_t *a, const json_t *b) {
     const char *pa = json_string_value(json_object_get(a, "path")), *pb = json_string_value(json_object_get(b, "path"));
-    int sa = pa && !strcmp(pa, "-"), sb = pb && !strcmp(pb, "-");
+    int sa = is_pipe(a, pa), sb = is_pipe(b, pb);
     if (sa || sb) return sa && sb;
     return json_equal(json_object_get(a, "size"), json_object_get(b, "size")) &&
            json_equal(json_object_get(a, "sha256_head_tail"), json_object_get(b, "sha256_head_tail"));

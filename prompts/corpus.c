@@ -9,6 +9,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -482,7 +484,7 @@ out:
 
 /* ------------------------------------------------------------ reader */
 
-#define STDIN_BLOCK (1 << 16)
+#define PIPE_BLOCK (1 << 16)
 
 struct corpus_reader {
     const tok_tokenizer *tok;
@@ -491,10 +493,15 @@ struct corpus_reader {
     char **names;         /* [n_files] name for ids and rec->file: the path escaped where not UTF-8,
                            * or what corpus_name_file set */
     size_t n_files, cur;  /* cur: index of the open (or next) file */
-    struct archive *a;
-    int at_eof;           /* current archive exhausted */
-    uint8_t *buf;         /* decompressed block */
-    uint8_t *stdin_buf;   /* [STDIN_BLOCK] raw bytes read from stdin */
+    struct archive *a;    /* the current file through libarchive, or NULL */
+    int fd;               /* the current file when it is a pipe (stdin or a FIFO), read by us: -1 */
+    int direct;           /* that pipe is plain text: r->buf filled by read(), no libarchive
+                             (whose format sniffing reads ahead and would hold the first lines) */
+    int at_eof;           /* current file exhausted */
+    uint8_t *buf;         /* [READ_BLOCK] decompressed (or plain) bytes */
+    uint8_t *pipe_buf;    /* [PIPE_BLOCK] raw bytes read from a compressed pipe */
+    size_t pipe_pre;      /* bytes of pipe_buf read to tell plain from compressed, libarchive's first */
+    int64_t pipe_bytes;   /* bytes read from a direct pipe */
     size_t blen, bpos;
     char *line;
     size_t llen, lcap;
@@ -579,11 +586,16 @@ static eg_status add_dir(corpus_reader *r, size_t *cap, const char *dir, int dep
     return st;
 }
 
+/* bytes the current file's bottom filter (the file itself) has read: compressed bytes */
+static int64_t current_bytes(const corpus_reader *r) {
+    if (r->a) return (int64_t)archive_filter_bytes(r->a, -1);
+    return r->direct ? r->pipe_bytes : 0;
+}
+
 void corpus_input_bytes(const corpus_reader *r, int64_t *done, int64_t *total) {
     *total = r->bytes_total;
     *done = r->bytes_before;
-    /* bytes the current file's bottom filter (the file itself) has read: compressed bytes */
-    if (r->a && r->cur < r->n_files) *done += (int64_t)archive_filter_bytes(r->a, -1);
+    if (r->cur < r->n_files) *done += current_bytes(r);
     if (*total >= 0 && *done > *total) *done = *total;
 }
 
@@ -604,6 +616,11 @@ eg_status corpus_name_file(corpus_reader *r, size_t i, const char *name, eg_erro
 static void close_archive(corpus_reader *r) {
     if (r->a) archive_read_free(r->a);
     r->a = NULL;
+    if (r->fd > 0) close(r->fd); /* stdin stays open */
+    r->fd = -1;
+    r->direct = 0;
+    r->pipe_pre = 0;
+    r->pipe_bytes = 0;
 }
 
 void corpus_close(corpus_reader *r) {
@@ -617,7 +634,7 @@ void corpus_close(corpus_reader *r) {
     free(r->names);
     free(r->sizes);
     free(r->buf);
-    free(r->stdin_buf);
+    free(r->pipe_buf);
     free(r->line);
     free(r);
 }
@@ -632,6 +649,7 @@ eg_status corpus_open(const char *const *paths, size_t n_paths, const tok_tokeni
     corpus_reader *r = calloc(1, sizeof *r);
     if (!r) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
     r->tok = tok;
+    r->fd = -1;
     r->o = *opts;
     if (!r->o.max_line_bytes) r->o.max_line_bytes = DEFAULT_MAX_LINE;
     size_t cap = 0, stdin_seen = 0;
@@ -669,44 +687,73 @@ eg_status corpus_open(const char *const *paths, size_t n_paths, const tok_tokeni
     return EG_OK;
 }
 
-/* stdin through our own read callback: libarchive's fd reader retries a read a signal
- * interrupted, so an interrupted run would wait for the producer's next line. */
-static la_ssize_t stdin_read(struct archive *a, void *ud, const void **out) {
-    corpus_reader *r = ud;
+/* A read from the current pipe. An interrupted read is retried unless the run is
+ * stopping (libarchive's fd reader retries every one, so an interrupted run would wait
+ * for the producer's next line): then -1 with errno EINTR. */
+static ssize_t pipe_read(corpus_reader *r, void *buf, size_t n) {
     for (;;) {
-        ssize_t n = read(0, r->stdin_buf, STDIN_BLOCK);
-        if (n >= 0) {
-            *out = r->stdin_buf;
-            return n;
-        }
-        if (errno != EINTR) {
-            archive_set_error(a, errno, "read: %s", strerror(errno));
-            return -1;
-        }
-        if (r->o.stop && *r->o.stop) {
-            archive_set_error(a, EINTR, "interrupted");
-            return -1;
-        }
+        ssize_t k = read(r->fd, buf, n);
+        if (k >= 0 || errno != EINTR) return k;
+        if (r->o.stop && *r->o.stop) return -1;
     }
+}
+
+static la_ssize_t pipe_callback(struct archive *a, void *ud, const void **out) {
+    corpus_reader *r = ud;
+    *out = r->pipe_buf;
+    if (r->pipe_pre) { /* the bytes read to sniff the format come first */
+        la_ssize_t n = (la_ssize_t)r->pipe_pre;
+        r->pipe_pre = 0;
+        return n;
+    }
+    ssize_t n = pipe_read(r, r->pipe_buf, PIPE_BLOCK);
+    if (n < 0) archive_set_error(a, errno, errno == EINTR ? "interrupted" : "read: %s", strerror(errno));
+    return n;
+}
+
+/* A JSON text line starts with one of these (or a byte-order mark); no compressed format's
+ * magic does. Anything else goes to libarchive, which tells compressed from raw. */
+static int plain_start(uint8_t c) {
+    return c == '{' || c == '[' || c == '"' || c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == 0xEF;
 }
 
 static eg_status open_current(corpus_reader *r, eg_error *err) {
     const char *path = r->files[r->cur];
+    r->bpos = r->blen = 0;
+    r->at_eof = 0;
+    int pipe = r->sizes[r->cur] < 0; /* stdin, a FIFO or another file that is not regular */
+    if (pipe) {
+        r->fd = strcmp(path, "-") ? open(path, O_RDONLY | O_CLOEXEC) : 0;
+        if (r->fd < 0) return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno));
+        if (!r->pipe_buf && !(r->pipe_buf = malloc(PIPE_BLOCK))) {
+            close_archive(r);
+            return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        }
+        ssize_t n = pipe_read(r, r->pipe_buf, PIPE_BLOCK);
+        if (n < 0) {
+            eg_status st = eg_fail(err, EG_ERR_IO, "%s: %s", path, errno == EINTR ? "interrupted" : strerror(errno));
+            close_archive(r);
+            return st;
+        }
+        if (n == 0 || plain_start(r->pipe_buf[0])) {
+            r->direct = 1;
+            r->at_eof = n == 0;
+            memcpy(r->buf, r->pipe_buf, (size_t)n);
+            r->blen = (size_t)n;
+            r->pipe_bytes = n;
+            return EG_OK;
+        }
+        r->pipe_pre = (size_t)n;
+    }
     struct archive *a = archive_read_new();
-    if (!a) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    if (!a) {
+        close_archive(r);
+        return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    }
     archive_read_support_filter_all(a);
     archive_read_support_format_raw(a);
     archive_read_support_format_empty(a);
-    int rc;
-    if (!strcmp(path, "-")) {
-        if (!r->stdin_buf && !(r->stdin_buf = malloc(STDIN_BLOCK))) {
-            archive_read_free(a);
-            return eg_fail(err, EG_ERR_NOMEM, "out of memory");
-        }
-        rc = archive_read_open(a, r, NULL, stdin_read, NULL);
-    } else {
-        rc = archive_read_open_filename(a, path, 1 << 16);
-    }
+    int rc = pipe ? archive_read_open(a, r, NULL, pipe_callback, NULL) : archive_read_open_filename(a, path, 1 << 16);
     struct archive_entry *entry;
     if (rc == ARCHIVE_OK) rc = archive_read_next_header(a, &entry);
     if (rc == ARCHIVE_EOF) { /* empty file */
@@ -717,11 +764,42 @@ static eg_status open_current(corpus_reader *r, eg_error *err) {
     if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
         eg_status st = eg_fail(err, EG_ERR_IO, "%s: %s", path, archive_error_string(a) ? archive_error_string(a) : "cannot open");
         archive_read_free(a);
+        close_archive(r);
         return st;
     }
     r->a = a;
-    r->at_eof = 0;
     return EG_OK;
+}
+
+/* Whether next_line can return without waiting on a pipe: a whole line (or the end) is
+ * in the buffer after reading what the pipe holds now. Plain pipes only; a compressed
+ * pipe, a file and a line longer than the buffer are taken as ready (they may wait). */
+static int line_ready(corpus_reader *r) {
+    if (!r->a && !r->direct) { /* between files: stdin's first bytes */
+        if (r->cur >= r->n_files || strcmp(r->files[r->cur], "-")) return 1;
+        struct pollfd p = {.fd = 0, .events = POLLIN};
+        return poll(&p, 1, 0) == 1;
+    }
+    if (!r->direct || r->at_eof) return 1;
+    for (;;) {
+        if (memchr(r->buf + r->bpos, '\n', r->blen - r->bpos)) return 1;
+        if (r->bpos) {
+            memmove(r->buf, r->buf + r->bpos, r->blen - r->bpos);
+            r->blen -= r->bpos;
+            r->bpos = 0;
+        }
+        if (r->blen == READ_BLOCK) return 1;
+        struct pollfd p = {.fd = r->fd, .events = POLLIN};
+        if (poll(&p, 1, 0) != 1) return 0; /* nothing yet (or a signal: ask again later) */
+        ssize_t n = read(r->fd, r->buf + r->blen, READ_BLOCK - r->blen);
+        if (n < 0) return errno == EINTR || errno == EAGAIN ? 0 : 1; /* next_line reports it */
+        if (n == 0) {
+            r->at_eof = 1;
+            return 1;
+        }
+        r->blen += (size_t)n;
+        r->pipe_bytes += n;
+    }
 }
 
 static eg_status line_append(corpus_reader *r, const uint8_t *p, size_t n, eg_error *err) {
@@ -746,12 +824,11 @@ static eg_status next_line(corpus_reader *r, int *got, int *too_long, eg_error *
     *got = 0;
     int have_any = 0;
     for (;;) {
-        if (!r->a) {
+        if (!r->a && !r->direct) {
             if (r->cur >= r->n_files) return EG_OK;
             eg_status st = open_current(r, err);
             if (st) return st;
             r->lineno = 0;
-            r->bpos = r->blen = 0;
         }
         if (r->bpos < r->blen) {
             const uint8_t *p = r->buf + r->bpos;
@@ -773,17 +850,24 @@ static eg_status next_line(corpus_reader *r, int *got, int *too_long, eg_error *
             continue;
         }
         if (!r->at_eof) {
-            la_ssize_t n = archive_read_data(r->a, r->buf, READ_BLOCK);
-            if (n < 0)
+            la_ssize_t n;
+            if (r->direct) {
+                n = pipe_read(r, r->buf, READ_BLOCK);
+                if (n < 0)
+                    return eg_fail(err, EG_ERR_IO, "%s:%" PRIu64 ": read error: %s", r->files[r->cur], r->lineno + 1,
+                                   errno == EINTR ? "interrupted" : strerror(errno));
+                r->pipe_bytes += n;
+            } else if ((n = archive_read_data(r->a, r->buf, READ_BLOCK)) < 0) {
                 return eg_fail(err, EG_ERR_IO, "%s:%" PRIu64 ": read error: %s", r->files[r->cur], r->lineno + 1,
                                archive_error_string(r->a) ? archive_error_string(r->a) : "?");
+            }
             if (n == 0) r->at_eof = 1;
             r->blen = (size_t)n;
             r->bpos = 0;
             continue;
         }
         if (have_any) break; /* last line without '\n' */
-        if (r->a) r->bytes_before += (int64_t)archive_filter_bytes(r->a, -1);
+        r->bytes_before += current_bytes(r);
         close_archive(r);
         r->cur++;
     }
@@ -830,9 +914,14 @@ static int is_blank(const char *s, size_t n) {
     return 1;
 }
 
-eg_status corpus_next(corpus_reader *r, corpus_record *rec, bool *got, eg_error *err) {
+static eg_status next_record(corpus_reader *r, corpus_record *rec, bool *got, bool *later, eg_error *err) {
     *got = false;
+    if (later) *later = false;
     for (;;) {
+        if (later && !line_ready(r)) {
+            *later = true;
+            return EG_OK;
+        }
         int have, too_long;
         eg_status st = next_line(r, &have, &too_long, err);
         if (st) return st;
@@ -868,6 +957,14 @@ eg_status corpus_next(corpus_reader *r, corpus_record *rec, bool *got, eg_error 
         *got = true;
         return EG_OK;
     }
+}
+
+eg_status corpus_next(corpus_reader *r, corpus_record *rec, bool *got, eg_error *err) {
+    return next_record(r, rec, got, NULL, err);
+}
+
+eg_status corpus_next_nowait(corpus_reader *r, corpus_record *rec, bool *got, bool *later, eg_error *err) {
+    return next_record(r, rec, got, later, err);
 }
 
 /* ------------------------------------------------------------ rejects */

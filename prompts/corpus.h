@@ -2,7 +2,9 @@
  * compression libarchive recognises, detected from the content), directories (their
  * *.jsonl / *.json / *.ndjson files, optionally compressed, recursively, in sorted path
  * order) and stdin ("-"), read in constant memory (one line at a time), turned into
- * token ids with the Kimi chat template.
+ * token ids with the Kimi chat template. A pipe (stdin, a FIFO) is read as it arrives:
+ * plain text straight from read(), so each line is handed on as soon as it is whole
+ * (corpus_next_nowait: without waiting for it); a compressed pipe goes through libarchive.
  *
  * Record styles (one JSON object per line; docs/PROMPTS.md has the details):
  *   {"messages": [{"role","content",...}...]}          OpenAI
@@ -139,6 +141,13 @@ void corpus_close(corpus_reader *r); /* NULL ok */
  * Fails only on I/O errors / corrupt compressed data (message: "FILE:LINE: ...") and
  * out of memory; bad records come back with rec->ok = 0. */
 eg_status corpus_next(corpus_reader *r, corpus_record *rec, bool *got, eg_error *err);
+
+/* As corpus_next, but never waits on a pipe (stdin or a FIFO) read as plain text: when
+ * the pipe holds no whole line yet it returns at once, *got = false and *later = true,
+ * having consumed nothing, so a caller with other work (sequences in flight) asks again
+ * later. A compressed pipe, a regular file and a line longer than 1 MiB still in transit
+ * may wait, as in corpus_next. *later = false whenever *got is meaningful. */
+eg_status corpus_next_nowait(corpus_reader *r, corpus_record *rec, bool *got, bool *later, eg_error *err);
 
 /* Input read so far, in bytes of the files as stored (compressed bytes for .gz/.zst/.xz/
  * .bz2: what libarchive has consumed), and the sum of the files' sizes; total = -1 when

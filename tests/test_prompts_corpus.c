@@ -205,6 +205,83 @@ static void test_stdin(void) {
     CHECK(corpus_open(twice, 2, tok(), &o, &r, &err) == EG_ERR_INVALID);
 }
 
+static void put(int fd, const char *s) { CHECK(write(fd, s, strlen(s)) == (ssize_t)strlen(s)); }
+
+/* A FIFO read as it arrives: corpus_next_nowait hands on each whole line at once and says
+ * "later" (consuming nothing) while the pipe holds none; corpus_next then waits; the end
+ * comes when the writer closes. A pipe whose first byte no JSON line starts with goes
+ * through libarchive (the bytes read to tell are not lost), and a zstd one is decoded. */
+static void test_pipes(void) {
+    corpus_opts o;
+    corpus_opts_default(&o);
+    eg_error err = {0};
+    char path[256];
+    snprintf(path, sizeof path, "%s/p.fifo", tmpdir());
+    unlink(path);
+    CHECK(mkfifo(path, 0600) == 0);
+    int w = open(path, O_RDWR); /* a writer held open, so the reader's open does not wait */
+    CHECK(w >= 0);
+    const char *p[] = {path};
+    corpus_reader *r = NULL;
+    CHECK_OK(corpus_open(p, 1, tok(), &o, &r, &err), &err);
+    if (!r || w < 0) return;
+    corpus_record rec = {0};
+    bool got = true, later = false;
+    put(w, "{\"id\": \"one\", \"prompt\": \"hello\"}\n{\"id\": \"two\", \"pro");
+    CHECK_OK(corpus_next_nowait(r, &rec, &got, &later, &err), &err);
+    CHECKF(got && !later && rec.ok && !strcmp(rec.id, "one") && rec.line == 1, "got %d later %d id %s", got, later,
+           got ? rec.id : "");
+    CHECK_OK(corpus_next_nowait(r, &rec, &got, &later, &err), &err);
+    CHECKF(!got && later, "half a line: got %d later %d", got, later);
+    put(w, "mpt\": \"there\"}\n\n   \n");
+    CHECK_OK(corpus_next_nowait(r, &rec, &got, &later, &err), &err);
+    CHECKF(got && !later && rec.ok && !strcmp(rec.id, "two") && rec.line == 2, "second: got %d id %s", got,
+           got ? rec.id : "");
+    CHECK_OK(corpus_next_nowait(r, &rec, &got, &later, &err), &err); /* blank lines only so far */
+    CHECKF(!got && later, "blank lines: got %d later %d", got, later);
+    put(w, "{\"prompt\": \"three\"}");
+    CHECK_OK(corpus_next_nowait(r, &rec, &got, &later, &err), &err);
+    CHECKF(!got && later, "a last line without its newline waits for the end: got %d later %d", got, later);
+    int64_t done = 0, total = 0;
+    corpus_input_bytes(r, &done, &total);
+    CHECKF(total == -1 && done > 60, "input bytes %lld of %lld", (long long)done, (long long)total);
+    close(w);
+    CHECK_OK(corpus_next_nowait(r, &rec, &got, &later, &err), &err);
+    CHECKF(got && !later && rec.ok && rec.line == 5 && strstr(rec.id, "p.fifo:5"), "third: got %d id %s", got,
+           got ? rec.id : "");
+    CHECK_OK(corpus_next_nowait(r, &rec, &got, &later, &err), &err);
+    CHECK(!got && !later);
+    corpus_close(r);
+
+    /* not plain at its first byte: libarchive reads it raw, from the first byte on */
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "printf '%%s\\n' junk '{\"id\": \"after\", \"prompt\": \"x\"}' > %s &", path);
+    CHECK(run(cmd) == 0);
+    CHECK_OK(corpus_open(p, 1, tok(), &o, &r, &err), &err);
+    CHECK_OK(corpus_next(r, &rec, &got, &err), &err);
+    CHECKF(got && !rec.ok && rec.line == 1, "junk line: got %d ok %d", got, rec.ok);
+    CHECK_OK(corpus_next_nowait(r, &rec, &got, &later, &err), &err); /* libarchive: taken as ready */
+    CHECKF(got && !later && rec.ok && !strcmp(rec.id, "after"), "after junk: got %d id %s", got, got ? rec.id : "");
+    CHECK_OK(corpus_next(r, &rec, &got, &err), &err);
+    CHECK(!got);
+    corpus_close(r);
+
+    /* zstd through the FIFO equals the file */
+    if (have_cli("zstd")) {
+        summary plain, s;
+        const char *sp[] = {SAMPLE};
+        CHECK_OK(read_all(sp, 1, &o, &plain, &err), &err);
+        snprintf(cmd, sizeof cmd, "zstd -q -c %s > %s &", SAMPLE, path);
+        CHECK(run(cmd) == 0);
+        CHECK_OK(read_all(p, 1, &o, &s, &err), &err);
+        CHECKF(s.n == plain.n && s.n_ok == plain.n_ok, "zstd FIFO: %zu records", s.n);
+        for (size_t k = 0; k < s.n && k < 64; k++)
+            if (!strchr(plain.ids[k], ':')) CHECK(!strcmp(plain.ids[k], s.ids[k]));
+    }
+    corpus_record_free(&rec);
+    unlink(path);
+}
+
 static void test_shard_resume(void) {
     corpus_opts o;
     corpus_opts_default(&o);
@@ -565,6 +642,7 @@ static const eg_test tests[] = {
     {"sample_styles", test_sample_styles},
     {"compressed_and_dirs", test_compressed_and_dirs},
     {"stdin", test_stdin},
+    {"pipes", test_pipes},
     {"shard_resume", test_shard_resume},
     {"other_ids", test_other_ids},
     {"bad_records", test_bad_records},
