@@ -17,6 +17,7 @@ typedef struct ep_rank_run {
     int started;
     eg_status st;
     eg_error err;
+    int caller_failed; /* st is the caller's next() or done() failing: its message, as is */
     /* the last request's arrays, copied under the lock: the caller's next() may reuse its
        buffers at its next call, which another rank can make before this engine copies */
     int32_t *tok, *stop;
@@ -303,6 +304,7 @@ static int locked_next(void *vc, eg_request *req, eg_error *err) {
                        x->open, x->cap), -1;
     }
     int r = rt->next(rt->ctx, req, err);
+    if (r < 0) x->caller_failed = 1;
     if (r == 0) x->exhausted = 1;
     if (r == 1) { /* not EG_NEXT_LATER, the caller's own "later": no request came */
         x->ids[x->open] = req->id;
@@ -333,6 +335,7 @@ static eg_status locked_done(void *vc, const eg_result *res, eg_error *err) {
             break;
         }
     eg_status st = rt->done(rt->ctx, res, err);
+    if (st) x->caller_failed = 1;
     pthread_mutex_unlock(&rt->mu);
     return st;
 }
@@ -342,6 +345,10 @@ static void *rank_thread(void *v) {
     eg_ep_runtime *rt = x->rt;
     x->st = eg_backend_bind(rt->be[x->rank * rt->P], &x->err);
     if (!x->st) x->st = eg_engine_run(rt->eng[x->rank], locked_next, locked_done, x, &x->err);
+    /* the rank's own failure (its backend, its cache) says which rank (and so which GPU);
+       a caller's message (a bad record) and another rank's echo are passed on as they are */
+    if (x->st && x->st != EG_ERR_INTERRUPTED && !x->caller_failed && !strstr(x->err.msg, "expert-parallel rank"))
+        eg_wrap(&x->err, "expert-parallel rank %d", x->rank);
     if (x->st) {
         fail_all(rt); /* the others stop at their next exchange */
         for (int q = 0; q < rt->ep; q++) eg_engine_request_stop(rt->eng[q]);
@@ -362,7 +369,7 @@ eg_status eg_ep_runtime_run(eg_ep_runtime *rt, eg_next_fn next, eg_done_fn done,
         x->started = 0;
         x->st = EG_OK;
         memset(&x->err, 0, sizeof x->err);
-        x->open = x->exhausted = 0;
+        x->open = x->exhausted = x->caller_failed = 0;
         x->load = 0;
     }
     /* every rank's admission state is reset before any rank thread runs: a started rank

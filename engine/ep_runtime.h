@@ -23,7 +23,9 @@
  * hears "later" (EG_NEXT_LATER) and asks again next step. done() is called under the
  * same lock. Ranks step in lockstep through the MoE exchange; a rank
  * out of work keeps serving its experts until all are done (with stage groups every
- * stage thread serves its own group: eg_engine_ep_leave).
+ * stage thread serves its own group: eg_engine_ep_leave). A rank's own failure is
+ * reported as "expert-parallel rank R: ..." (on CUDA the rank says which GPU); a failing
+ * next() or done() comes back with the caller's message unchanged.
  * Ownership: the runtime owns the ranks' backends, engines and groups; the model is
  * borrowed. eg_ep_runtime_free accepts NULL.
  * Thread safety: one thread calls create/run/free; ranks run on threads of their own. */

@@ -511,6 +511,45 @@ static void test_ep_host_budget(void) {
     eg_runtime_free(rt);
 }
 
+/* Whose error it is: a rank's own failure names the rank (with 8 GPUs, which one), the
+ * caller's callback failing comes back with the caller's message as it is. Request 5 is
+ * too long for max_seq_len (the rank's engine refuses it) or next() fails there. */
+typedef struct { int next, fail_at, caller_fails; int32_t buf[20]; } errctx;
+static int errctx_next(void *vc, eg_request *q, eg_error *err) {
+    errctx *c = vc;
+    if (c->next >= 8) return 0;
+    int r = c->next++;
+    if (r == c->fail_at && c->caller_fails) return eg_fail(err, EG_ERR_FORMAT, "prompts.jsonl:6: bad record"), -1;
+    memset(q, 0, sizeof *q);
+    for (int i = 0; i < 20; i++) c->buf[i] = (int32_t)((r * 131 + i * 37 + 11) % 500);
+    q->id = (uint64_t)r;
+    q->tokens = c->buf;
+    q->n_tokens = 20;
+    q->max_new = r == c->fail_at ? 200 : 4;
+    q->rng = eg_rng_seed(7, (uint64_t)r);
+    return 1;
+}
+static void test_ep_error_context(void) {
+    load_model();
+    if (!have_model) return;
+    for (int caller = 0; caller < 2; caller++) {
+        eg_error err = {0};
+        eg_runtime_opts o = base_opts();
+        o.ep = 2;
+        eg_runtime *rt = NULL;
+        CHECK_OK(eg_runtime_create(&o, &rt, &err), &err);
+        if (!rt) return;
+        errctx c = {.fail_at = 5, .caller_fails = caller};
+        eg_status st = eg_runtime_run(rt, errctx_next, budget_done, &c, &err);
+        printf("    %s: %s\n", caller ? "the caller's next() fails" : "a rank refuses a request", err.msg);
+        CHECK(st != EG_OK);
+        if (caller) CHECKF(st == EG_ERR_FORMAT && !strcmp(err.msg, "prompts.jsonl:6: bad record"), "%s", err.msg);
+        else CHECKF(!strncmp(err.msg, "expert-parallel rank ", 21) && strstr(err.msg, "request 5") &&
+                        strstr(err.msg, "max_seq_len"), "%s", err.msg);
+        eg_runtime_free(rt);
+    }
+}
+
 /* A refused combination returns an error naming it and no runtime. */
 static void refused(const char *what, const eg_runtime_opts *o, const char *want, const char *want2) {
     eg_error err = {0};
@@ -1208,5 +1247,6 @@ static const eg_test tests[] = {
     {"ep_groups_plan", test_ep_groups_plan},
     {"cleanup", test_cleanup},
     {"forward_only", test_forward_only},
+    {"ep_error_context", test_ep_error_context},
 };
 EG_TEST_MAIN("engine_runtime", tests)
