@@ -517,7 +517,14 @@ eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err
     if (!st && n->use_nccl) {
         ncclResult_t r = ncclCommInitAll(n->comm, R, n->dev);
         if (r != ncclSuccess) {
-            memset(n->comm, 0, sizeof *n->comm * (size_t)R);
+            /* the communicators NCCL made before the failure stay ours to free (an init
+               that failed early leaves its entry NULL): aborted, never waited for */
+            for (int q = 0; q < R; q++)
+                if (n->comm[q]) {
+                    cudaSetDevice(n->dev[q]);
+                    ncclCommAbort(n->comm[q]);
+                    n->comm[q] = NULL;
+                }
             st = nc_err(err, 0, "ncclCommInitAll", r);
         }
         if (!st && (st = connect_all(n, err))) eg_ep_cuda_fail(n); /* a half-made connection is not waited for */

@@ -196,7 +196,7 @@ eg_status eg_transport_nccl_create(const eg_transport_opts *o, eg_transport **ou
     ncclResult_t r = ncclCommInitAll(N->comm, N->n, N->dev);
     cudaSetDevice(prev);
     if (r != ncclSuccess) {
-        memset(N->comm, 0, sizeof *N->comm * (size_t)N->n);
+        t->failed = 1; /* the communicators NCCL made before the failure are aborted, not waited for */
         nccl_destroy(t);
         return nccl_fail(err, "ncclCommInitAll", r);
     }
