@@ -689,12 +689,23 @@ eg_status corpus_open(const char *const *paths, size_t n_paths, const tok_tokeni
 
 /* A read from the current pipe. An interrupted read is retried unless the run is
  * stopping (libarchive's fd reader retries every one, so an interrupted run would wait
- * for the producer's next line): then -1 with errno EINTR. */
+ * for the producer's next line): then -1 with errno EINTR. A descriptor a parent left
+ * non-blocking is waited on. */
 static ssize_t pipe_read(corpus_reader *r, void *buf, size_t n) {
     for (;;) {
         ssize_t k = read(r->fd, buf, n);
-        if (k >= 0 || errno != EINTR) return k;
-        if (r->o.stop && *r->o.stop) return -1;
+        if (k >= 0) return k;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            struct pollfd p = {.fd = r->fd, .events = POLLIN};
+            if (poll(&p, 1, -1) >= 0) continue;
+            if (errno != EINTR) return -1;
+        } else if (errno != EINTR) {
+            return -1;
+        }
+        if (r->o.stop && *r->o.stop) {
+            errno = EINTR;
+            return -1;
+        }
     }
 }
 

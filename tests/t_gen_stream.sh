@@ -79,6 +79,22 @@ if command -v zstd >/dev/null; then
     same s.zst
     echo "ok: stdin, zstd"
 fi
+# a stdin its parent left non-blocking (O_NONBLOCK): waited on, not a read error
+"$PYTHON" - "$E" "${args[@]}" <<'PY'
+import fcntl, os, subprocess, sys, time
+r, w = os.pipe()
+fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_NONBLOCK)
+p = subprocess.Popen([sys.argv[1], "generate", *sys.argv[2:], "--prompts", "-", "--out", "s.nonblock"], stdin=r,
+                     stderr=subprocess.DEVNULL)
+os.close(r)
+for line in open("c.jsonl", "rb"):
+    time.sleep(0.3)
+    os.write(w, line)
+os.close(w)
+assert p.wait() == 0, p.returncode
+PY
+same s.nonblock
+echo "ok: non-blocking stdin"
 # an empty pipe and a pipe that ends without a newline
 : | $E generate "${args[@]}" --prompts - --out s.empty 2>/dev/null
 test "$(wc -c < s.empty/done.jsonl)" -eq 0
