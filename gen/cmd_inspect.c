@@ -87,17 +87,33 @@ static void acc_print(const stat_acc *a, const char *name) {
            var > 0 ? sqrt(var) : 0.0, a->n ? a->mn : 0.0, a->n ? a->mx : 0.0, a->nan, a->inf);
 }
 
-/* Per-layer accumulators: [0, n_aux) aux layers, n_aux final. */
+/* Per-plane accumulators, N_PLANES(n_aux) of them: [0, n_aux) aux layers, n_aux final,
+ * n_aux + 1 the pre-norm final state of a record that holds both (--final-hidden both). */
+#define N_PLANES(n_aux) ((n_aux) + 2)
 static void acc_sample(stat_acc *acc, const eg_ds_sample *s) {
     size_t T = (size_t)s->T, H = (size_t)s->H, na = (size_t)s->n_aux;
     for (size_t l = 0; l < na; l++) acc_bf16(&acc[l], (const uint16_t *)s->aux_hidden + l * H, T, na * H, H);
     acc_bf16(&acc[na], s->final_hidden, T, H, H);
+    if (s->final_pre_hidden) acc_bf16(&acc[na + 1], s->final_pre_hidden, T, H, H);
+}
+
+/* The planes to show: the pre-norm one only where some record held it. */
+static int planes_seen(const stat_acc *acc, int n_aux) {
+    const stat_acc *p = &acc[n_aux + 1];
+    return n_aux + 1 + (p->n + p->nan + p->inf > 0);
 }
 
 static void layer_name(const eg_ds_info *m, int l, char *buf, size_t n) {
     if (l < m->n_aux && m->aux_layers) snprintf(buf, n, "aux[%d] L%d", l, m->aux_layers[l]);
     else if (l < m->n_aux) snprintf(buf, n, "aux[%d]", l);
-    else snprintf(buf, n, "final");
+    else if (l == m->n_aux) snprintf(buf, n, "final");
+    else snprintf(buf, n, "final pre-norm");
+}
+
+/* Token 0's row of plane l (N_PLANES). */
+static const uint16_t *plane_row0(const eg_ds_sample *s, int l) {
+    if (l < s->n_aux) return (const uint16_t *)s->aux_hidden + (size_t)l * (size_t)s->H;
+    return l == s->n_aux ? (const uint16_t *)s->final_hidden : (const uint16_t *)s->final_pre_hidden;
 }
 
 /* ---------------------------------------------------------------- one sample */
@@ -112,7 +128,7 @@ static int show_sample(const eg_ds_reader *r, int64_t i, const tok_tokenizer *to
     int shard;
     int64_t pos;
     dataset_entry(r, i, &shard, &pos);
-    int nl = s.n_aux + 1;
+    int nl = N_PLANES(s.n_aux);
     stat_acc *acc = calloc((size_t)nl, sizeof *acc);
     if (!acc) {
         fprintf(stderr, "eaglegen inspect: out of memory\n");
@@ -121,6 +137,7 @@ static int show_sample(const eg_ds_reader *r, int64_t i, const tok_tokenizer *to
     }
     for (int l = 0; l < nl; l++) acc_init(&acc[l]);
     acc_sample(acc, &s);
+    nl = planes_seen(acc, s.n_aux);
     int64_t n_loss = 0;
     for (int64_t t = 0; t < s.T; t++) n_loss += s.loss_mask[t];
     char *text = NULL, *gen_text = NULL;
@@ -160,8 +177,7 @@ static int show_sample(const eg_ds_reader *r, int64_t i, const tok_tokenizer *to
             layer_name(m, l, nm, sizeof nm);
             json_array_append_new(st, acc_json(&acc[l], nm));
             json_t *v = json_array();
-            const uint16_t *row = l < s.n_aux ? (const uint16_t *)s.aux_hidden + (size_t)l * (size_t)s.H
-                                              : (const uint16_t *)s.final_hidden;
+            const uint16_t *row = plane_row0(&s, l);
             for (int64_t h = 0; h < s.H && h < 8; h++) json_array_append_new(v, json_real(eg_bf16_to_f32(row[h])));
             json_array_append_new(vals, json_pack("{s:s,s:o}", "layer", nm, "token0_first_values", v));
         }
@@ -182,7 +198,8 @@ static int show_sample(const eg_ds_reader *r, int64_t i, const tok_tokenizer *to
         }
         printf("\n");
         if (text) printf("  text:\n%s\n  generated (masked) text:\n%s\n", text, gen_text ? gen_text : "");
-        printf("  hidden states (BF16, [T=%" PRId64 "][%d][H=%" PRId64 "] + final [T][H]):\n", s.T, s.n_aux, s.H);
+        printf("  hidden states (BF16, [T=%" PRId64 "][%d][H=%" PRId64 "] + final [T][H]%s):\n", s.T, s.n_aux, s.H,
+               s.final_pre_hidden ? " + final pre-norm [T][H]" : "");
         for (int l = 0; l < nl; l++) {
             char nm[64];
             layer_name(m, l, nm, sizeof nm);
@@ -191,8 +208,7 @@ static int show_sample(const eg_ds_reader *r, int64_t i, const tok_tokenizer *to
         for (int l = 0; l < nl; l++) {
             char nm[64];
             layer_name(m, l, nm, sizeof nm);
-            const uint16_t *row = l < s.n_aux ? (const uint16_t *)s.aux_hidden + (size_t)l * (size_t)s.H
-                                              : (const uint16_t *)s.final_hidden;
+            const uint16_t *row = plane_row0(&s, l);
             printf("    %-14s token 0:", nm);
             for (int64_t h = 0; h < s.H && h < 8; h++) printf(" %+.4g", eg_bf16_to_f32(row[h]));
             printf("%s\n", s.H > 8 ? " ..." : "");
@@ -208,6 +224,7 @@ static int show_sample(const eg_ds_reader *r, int64_t i, const tok_tokenizer *to
 /* ---------------------------------------------------------------- verify */
 typedef struct verify_state {
     int64_t problems;
+    int64_t damaged; /* of them: a shard's bytes (what `repair` sets aside); not values written so */
     json_t *errors; /* array of strings */
     int json;
 } verify_state;
@@ -233,7 +250,7 @@ static void verify(const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
     int64_t hist_len = 0;
     for (int sh = 0; sh < dataset_num_shards(r); sh++) {
         const char *path = dataset_shard_path(r, sh);
-        if (dataset_verify_shard(r, sh, &err)) problem(v, "%s", err.msg);
+        if (dataset_verify_shard(r, sh, &err)) problem(v, "%s", err.msg), v->damaged++;
         const eg_ds_index *ix = dataset_shard_index(r, sh);
         int64_t first = dataset_shard_first(r, sh), tokens = 0, loss = 0, n_stop = 0, n_len = 0;
         for (uint64_t k = 0; k < ix->n; k++) {
@@ -241,6 +258,7 @@ static void verify(const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
             eg_ds_sample s;
             if (dataset_read(r, i, 0, &s, &err)) {
                 problem(v, "%s", err.msg);
+                v->damaged++;
                 continue;
             }
             char where[1400];
@@ -273,7 +291,7 @@ static void verify(const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
                     hist[s.input_ids[t]]++;
                     loss++;
                 }
-            int nl = s.n_aux + 1;
+            int nl = N_PLANES(s.n_aux);
             stat_acc *one = calloc((size_t)nl, sizeof *one);
             if (!one) {
                 problem(v, "%s: out of memory", where);
@@ -467,7 +485,8 @@ int cmd_inspect(int argc, char **argv) {
     eg_error err = {0};
     eg_ds_reader *r;
     if (dataset_open(path, &r, &err)) {
-        /* repair mends a dataset whose shards are damaged: only where a manifest is there */
+        /* repair mends a dataset whose shards are damaged: only where a manifest is there
+           and the failure is a shard's (it cannot mend a manifest it cannot read) */
         int has_manifest = 0;
         DIR *dd = opendir(path);
         for (struct dirent *de; dd && (de = readdir(dd));) {
@@ -475,6 +494,7 @@ int cmd_inspect(int argc, char **argv) {
             has_manifest |= !strncmp(de->d_name, "manifest", 8) && nl > 5 && !strcmp(de->d_name + nl - 5, ".json");
         }
         if (dd) closedir(dd);
+        has_manifest &= strstr(err.msg, ".tar") != NULL;
         fprintf(stderr, "eaglegen inspect: %s%s%s%s\n", err.msg, has_manifest ? " (`eaglegen repair " : "",
                 has_manifest ? path : "", has_manifest ? "` sets damaged shards aside)" : "");
         if (do_json) {
@@ -524,7 +544,7 @@ int cmd_inspect(int argc, char **argv) {
     int64_t n = dataset_num_samples(r);
     int rc = 0;
     json_t *root = json_object();
-    int nl = m->n_aux + 1;
+    int nl = N_PLANES(m->n_aux);
     stat_acc *acc = nl > 0 ? calloc((size_t)nl, sizeof *acc) : NULL;
     if (!acc) {
         fprintf(stderr, "eaglegen inspect: %s: cannot hold statistics for %d aux layers\n", path, m->n_aux);
@@ -534,7 +554,7 @@ int cmd_inspect(int argc, char **argv) {
         return 1;
     }
     for (int l = 0; l < nl; l++) acc_init(&acc[l]);
-    verify_state vs = {0, json_array(), do_json};
+    verify_state vs = {0, 0, json_array(), do_json};
     int64_t stats_used = 0;
     int want_summary = do_json || do_verify || (!n_samples && !show && !do_list);
     if (!want_summary) stats_n = 0;
@@ -558,6 +578,7 @@ int cmd_inspect(int argc, char **argv) {
         }
     }
 
+    nl = planes_seen(acc, m->n_aux);
     /* summary */
     eg_ds_totals t = eg_ds_info_totals(m);
     int64_t distinct = 0;
@@ -710,10 +731,10 @@ int cmd_inspect(int argc, char **argv) {
         json_dumpf(root, stdout, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
         printf("\n");
     } else if (do_verify) {
+        int hint = dataset_has_manifest(r) && vs.damaged;
         if (vs.problems)
-            printf("verify: %" PRId64 " problem(s) found%s%s%s\n", vs.problems,
-                   dataset_has_manifest(r) ? "; `eaglegen repair " : "", dataset_has_manifest(r) ? path : "",
-                   dataset_has_manifest(r) ? "` sets damaged shards aside so a rerun of the job regenerates them" : "");
+            printf("verify: %" PRId64 " problem(s) found%s%s%s\n", vs.problems, hint ? "; `eaglegen repair " : "",
+                   hint ? path : "", hint ? "` sets damaged shards aside so a rerun of the job regenerates them" : "");
         else printf("verify: ok (%" PRId64 " samples, %d shards)\n", n, dataset_num_shards(r));
     }
     json_decref(root);

@@ -34,13 +34,33 @@ PYEOF
 "$EG" inspect "$DIR/ds" --bogus >/dev/null 2>&1; [ $? -eq 2 ] || fail "bad option is not a usage error"
 "$EG" inspect --help | grep -q -- "--verify" || fail "help"
 # a directory that is no dataset: said so, without pointing at `repair` (which cannot mend
-# it); a dataset whose manifest is damaged: the pointer is there
+# it), nor for a damaged manifest (repair needs to read it: it refuses one); a dataset
+# with a shard missing: the pointer is there, and repair does set that shard aside
 mkdir "$DIR/empty"
 "$EG" inspect "$DIR/empty" 2> "$DIR/e.txt" && fail "inspect of an empty directory succeeded"
 grep -q "repair" "$DIR/e.txt" && fail "inspect points an empty directory at repair: $(cat "$DIR/e.txt")"
 cp -r "$DIR/ds" "$DIR/dm" && printf '{"broken' > "$DIR/dm/manifest.json"
 "$EG" inspect "$DIR/dm" 2> "$DIR/e.txt" && fail "inspect of a damaged manifest succeeded"
-grep -q "eaglegen repair" "$DIR/e.txt" || fail "no repair pointer for a damaged dataset: $(cat "$DIR/e.txt")"
+grep -q "repair" "$DIR/e.txt" && fail "inspect points a damaged manifest at repair: $(cat "$DIR/e.txt")"
+"$EG" repair "$DIR/dm" --dry-run >/dev/null 2>&1 && fail "repair took a manifest it cannot read"
+cp "$DIR/ds/manifest.json" "$DIR/dm/manifest.json" && rm "$DIR/dm/shard-000001.tar"
+"$EG" inspect "$DIR/dm" 2> "$DIR/e.txt" && fail "inspect of a dataset with a shard missing succeeded"
+grep -q "eaglegen repair" "$DIR/e.txt" || fail "no repair pointer for a missing shard: $(cat "$DIR/e.txt")"
+"$EG" repair "$DIR/dm" --dry-run 2>&1 | grep -q "1 damaged shard" || fail "repair does not take the missing shard"
+
+# NaN values written into a plane (records intact): --verify names the plane and the
+# sample, the pre-norm final state included (it was never looked at), and does not point
+# at repair (the shards are not damaged)
+for plane in aux final pre; do
+    "$BIN" --nan-fixture "$DIR/nan.$plane" $plane >/dev/null || fail "nan fixture $plane"
+    "$EG" inspect "$DIR/nan.$plane" --verify > "$DIR/n.out" 2> "$DIR/n.err" && fail "NaN in $plane passed --verify"
+    case $plane in aux) want="aux\[[0-9]\] L[0-9]* has 1 NaN";; final) want=": final has 1 NaN";; pre) want="final pre-norm has 1 NaN";; esac
+    grep -q "sample 1 .*id nan000001).*$want" "$DIR/n.err" || fail "NaN in $plane not named: $(cat "$DIR/n.err")"
+    [ "$(grep -c NaN "$DIR/n.err")" -eq 1 ] || fail "NaN in $plane: $(cat "$DIR/n.err")"
+    grep -q "repair" "$DIR/n.out" && fail "NaN values pointed at repair: $(cat "$DIR/n.out")"
+done
+"$EG" inspect "$DIR/nan.pre" > "$DIR/n.out" || fail "inspect nan.pre"
+grep -q "final pre-norm .*nan 1" "$DIR/n.out" || fail "summary lacks the pre-norm plane: $(cat "$DIR/n.out")"
 
 # damage sample 1's record: flip a byte in the middle of its aux frame
 off=$("$PY" - "$DIR/ds/shard-000000.tar" <<'PYEOF'

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -843,6 +844,36 @@ static int mode_fixture(const char *dir) {
     return 0;
 }
 
+/* Three samples carrying both final states (EG_DS_FINAL_BOTH), sample 1 with one NaN in
+ * plane `which` ("aux", "final" or "pre"): what `inspect --verify` must name
+ * (t_dataset_cli.sh). */
+static int mode_nan_fixture(const char *dir, const char *which) {
+    eg_shard_writer_opts o = base_opts();
+    o.final_source = EG_DS_FINAL_BOTH;
+    eg_shard_writer *w;
+    eg_error err = {0};
+    if (shard_writer_open(dir, &o, &w, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    int rc = 0;
+    for (int k = 0; k < 3 && !rc; k++) {
+        gen_sample g;
+        gen_make(&g, "nan", k, 0);
+        size_t nf = (size_t)g.s.T * HID;
+        float *pre = malloc(nf * 4);
+        for (size_t i = 0; i < nf; i++) pre[i] = 3.0f * g.fin_f[i] + 0.25f;
+        g.s.final_pre_hidden = pre;
+        if (k == 1) {
+            float *plane = !strcmp(which, "aux") ? g.aux_f : !strcmp(which, "final") ? g.fin_f : pre;
+            plane[HID + 3] = NAN;
+        }
+        if (shard_writer_add(w, &g.s, &err)) { fprintf(stderr, "%s\n", err.msg); rc = 1; }
+        free(pre);
+        gen_free(&g);
+    }
+    if (shard_writer_close(w, &err)) { fprintf(stderr, "%s\n", err.msg); rc = 1; }
+    shard_writer_free(w);
+    return rc;
+}
+
 /* Known loss-masked histogram: 3 x5, 7 x5, 9 x4, 100 x2, 2 x1; id 50 appears 10 times
  * unmasked (must not count). Target vocab 200. */
 static int mode_vocab_fixture(const char *dir) {
@@ -946,5 +977,6 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "--bench"))
         return mode_bench(argv[2], argc >= 4 ? atoi(argv[3]) : 0, argc >= 5 ? atoi(argv[4]) : 1);
     if (argc >= 3 && !strcmp(argv[1], "--vocab-fixture")) return mode_vocab_fixture(argv[2]);
+    if (argc >= 4 && !strcmp(argv[1], "--nan-fixture")) return mode_nan_fixture(argv[2], argv[3]);
     return eg_test_main("dataset_writer", tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
