@@ -37,14 +37,24 @@ static eg_status mkdir_one(const char *p, eg_error *err) {
     return EG_OK;
 }
 
-/* The marker's parameters; a rerun resumes only an export with the same ones. */
+/* The marker's parameters; a rerun resumes only an export with the same ones, of the
+ * same dataset: its shards by content (the manifest's SHA-256 of each: export needs the
+ * manifest), since two datasets of one corpus share ids, counts and shapes (another
+ * seed) and a resume would have mixed their samples. */
 static char *marker_json(eg_ds_reader *r, const eg_export_opts *o, int64_t N, const char *state) {
     const eg_ds_info *m = dataset_info(r);
+    json_t *sums = json_array();
+    for (int i = 0; sums && i < m->n_shards; i++) json_array_append_new(sums, json_string(m->shards[i].sha256));
+    if (!sums) return NULL;
     json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:s, s:I}", "exporter", "eaglegen export",
                           "to", "specforge", "samples", (json_int_t)dataset_num_samples(r), "hidden_size",
                           (json_int_t)m->hidden_size, "draft_vocab", (json_int_t)N, "max_len", (json_int_t)o->max_len,
                           "tie_order", eg_vocab_tie_name(o->tie), "n_aux", (json_int_t)m->n_aux);
-    if (!j) return NULL;
+    if (!j) {
+        json_decref(sums);
+        return NULL;
+    }
+    json_object_set_new(j, "shard_sha256", sums);
     if (state) json_object_set_new(j, "state", json_string(state));
     json_t *ids = json_array();
     for (int i = 0; i < dataset_num_shards(r); i++) {

@@ -11,7 +11,8 @@
 #   command; --model's target directory (lm_head + embedding bytes, index, flat config);
 # - kill -9 mid-export leaves no partial .ckpt, a rerun resumes to the same files (also a kill
 #   before the marker's rename, which leaves only its .tmp);
-# - refusals: foreign files in --out, a complete export, other options on resume, unknown
+# - refusals: foreign files in --out, a complete export, other options or another dataset
+#   (same ids and shapes, other content) on resume, unknown
 #   --to / --tie-order, --model with speculators, pre-norm-only data, a model that is not
 #   the dataset's, n_aux != 3; --help and --log-json.
 set -eu
@@ -156,6 +157,17 @@ else
     $E export big --to specforge --out k2 --draft-vocab 65 2>err; rc=$?
     [ $rc = 2 ] && grep -q "another dataset or with other options" err || fail "resume with other options: rc $rc $(cat err)"
 fi
+# an unfinished export of another dataset of the same corpus, shapes and counts (another
+# seed): refused, not resumed into a mix of both (the marker knew no content); the same
+# dataset's unfinished export still resumes
+gen big2 big.jsonl --max-new-tokens 40 --temperature 1.0 --seed 6
+cmp -s big/shard-000000.tar big2/shard-000000.tar && fail "big2 equals big: the seed did not change it"
+rm -rf km && cp -r full km && sed -i 's/"state":"complete"/"state":"running"/' km/.eaglegen-export.json
+grep -q '"state":"running"' km/.eaglegen-export.json || fail "could not make the marker unfinished"
+$E export big2 --to specforge --out km --draft-vocab 64 2>err; rc=$?
+[ $rc = 2 ] && grep -q "another dataset or with other options" err || fail "another dataset's unfinished export: rc $rc $(cat err)"
+$E export big --to specforge --out km --draft-vocab 64 >resume.out 2>&1 || fail "resume of the same dataset: $(cat resume.out)"
+grep -q "(60 already there)" resume.out || fail "same dataset did not resume: $(head -1 resume.out)"
 $E export ds --to trainer9 --out x 2>err; rc=$?
 [ $rc = 2 ] && grep -q "specforge and speculators" err || fail "unknown --to: rc $rc"
 $E export ds --to specforge --out x --tie-order random 2>err; rc=$?
