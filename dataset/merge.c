@@ -100,6 +100,33 @@ static int same_content(const char *a, const char *b, eg_error *err) {
     return res;
 }
 
+/* Whether an earlier merge's job ("merged_from": [{"dir"}...]) came from the same set of
+ * directories as dirs (compared as real paths). */
+static int same_inputs(const char *job_json, const char *const *dirs, int n_dirs) {
+    json_error_t je;
+    json_t *job = job_json ? json_loads(job_json, 0, &je) : NULL;
+    json_t *from = json_object_get(job, "merged_from");
+    int ok = json_is_array(from) && json_array_size(from) > 0;
+    char a[PATH_MAX], b[PATH_MAX];
+    for (size_t i = 0; ok && i < json_array_size(from); i++) { /* each old dir is a new one */
+        const char *d = json_string_value(json_object_get(json_array_get(from, i), "dir"));
+        int found = 0;
+        for (int k = 0; d && k < n_dirs && !found; k++)
+            found = realpath(d, a) && realpath(dirs[k], b) && !strcmp(a, b);
+        ok = found;
+    }
+    for (int k = 0; ok && k < n_dirs; k++) { /* and each new dir an old one */
+        int found = 0;
+        for (size_t i = 0; i < json_array_size(from) && !found; i++) {
+            const char *d = json_string_value(json_object_get(json_array_get(from, i), "dir"));
+            found = d && realpath(d, a) && realpath(dirs[k], b) && !strcmp(a, b);
+        }
+        ok = found;
+    }
+    json_decref(job);
+    return ok;
+}
+
 /* One shard of the merge: where it comes from, and whether it stays where it is. */
 typedef struct merge_item {
     char *src;  /* dirs[input]/file */
@@ -215,6 +242,42 @@ eg_status dataset_merge_note(const char *const *dirs, int n_dirs, const char *ou
             eg_ds_info_clear(&m);
         }
         eg_ds_free_names(names, nn);
+    }
+
+    /* What out_dir's manifest.json lists must survive the merge: a single writer's own
+       manifest (generate's, not a merge) is never replaced (its job's resume would then
+       delete the shards it does not know), and an earlier merge only by a merge of the
+       same DIRs (after workers resumed or were repaired) or by one that keeps every shard
+       it lists (by content), so a merge of other inputs is not unlisted. */
+    if (!st) {
+        char mp[PATH_MAX + 32];
+        snprintf(mp, sizeof mp, "%s/%s", out_dir, EG_DS_MANIFEST);
+        struct stat sb;
+        if (!stat(mp, &sb)) {
+            eg_ds_info old;
+            if ((st = eg_ds_info_load(mp, &old, err))) {
+                eg_wrap(err, "--out %s holds a manifest.json merge cannot read (it would replace it)", out_dir);
+            } else {
+                if (old.worker_count != 0)
+                    st = eg_fail(err, EG_ERR_CONFIG,
+                                 "--out %s holds the dataset generate writes there (%s, worker %d/%d, not a merge): "
+                                 "merging would replace its manifest, and a resume of that job would then delete "
+                                 "the shards it does not list; merge into another directory",
+                                 out_dir, mp, old.worker_index, old.worker_count);
+                int same_dirs = !st && same_inputs(old.job_json, dirs, n_dirs);
+                for (int k = 0; k < old.n_shards && !st && !same_dirs; k++) {
+                    int kept = 0;
+                    for (int i = 0; i < merged.n_shards && !kept; i++)
+                        kept = !strcmp(merged.shards[i].sha256, old.shards[k].sha256);
+                    if (!kept)
+                        st = eg_fail(err, EG_ERR_CONFIG,
+                                     "--out %s holds an earlier merge (%s) listing shard %s, which this merge of other "
+                                     "inputs would drop: merge into another directory, or give %s as an input too",
+                                     out_dir, mp, old.shards[k].file, out_dir);
+                }
+                eg_ds_info_clear(&old);
+            }
+        }
     }
 
     /* 2. output names: shards already in out_dir keep theirs, then the linked ones */

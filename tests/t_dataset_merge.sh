@@ -3,7 +3,8 @@
 # merge (workers resumed in between); plain single-writer datasets (all start at
 # shard-000000.tar); a failed merge leaves nothing behind, so a corrected retry works;
 # shared sample ids are refused naming the id and both inputs; a different file under a
-# shard's output name is a conflict, an identical one is not.
+# shard's output name is a conflict, an identical one is not; an --out holding a single
+# writer's dataset, or an earlier merge of other inputs, is refused (its manifest kept).
 set -eu
 : "${EAGLEGEN:?}" "${PYTHON:=/usr/bin/python3}"
 E=$EAGLEGEN
@@ -82,6 +83,26 @@ gen --prompts c.jsonl --out C
 $E merge M C --out MC || fail "merged + plain"
 $E inspect MC --verify >/dev/null
 "$PYTHON" "$here/gen_check.py" count MC 24
+
+echo "-- an --out whose manifest.json would be lost is refused, unchanged"
+# a single writer's dataset: the merge replaced its manifest (its shards unlisted) and a
+# resume of its job then deleted them
+cp -r A PO
+cp PO/manifest.json po.before
+if $E merge B --out PO 2>err; then fail "merge over a single writer's dataset accepted"; fi
+grep -q "holds the dataset generate writes there" err || fail "refusal: $(cat err)"
+cmp -s PO/manifest.json po.before || fail "the refused merge changed PO/manifest.json"
+[ "$(ntar PO)" = "$(ntar A)" ] || fail "the refused merge left shards in PO"
+if $E merge PO B --out PO 2>err; then fail "merge into a single writer's dataset given as input accepted"; fi
+cmp -s PO/manifest.json po.before || fail "the refused merge changed PO/manifest.json"
+# an earlier merge of other inputs: refused (it would unlist A's and B's shards); of the
+# same DIRs (above) or of more (nothing dropped): accepted
+cp M/manifest.json m.before
+if $E merge C --out M 2>err; then fail "merge of other inputs over an earlier merge accepted"; fi
+grep -q "holds an earlier merge" err && grep -q "would drop" err || fail "refusal: $(cat err)"
+cmp -s M/manifest.json m.before || fail "the refused merge changed M/manifest.json"
+$E merge A B C --out M || fail "a merge of more inputs (dropping nothing) over an earlier merge"
+"$PYTHON" "$here/gen_check.py" count M 24
 
 echo "-- a failed merge leaves nothing; the corrected retry works"
 $E generate "${args[@]}" --aux-layers 1,2 --prompts c.jsonl --out X 2>/dev/null
