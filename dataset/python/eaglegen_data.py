@@ -80,7 +80,8 @@ def _dctx():
 
 
 def _frame(buf, raw, what):
-    """Decompress one zstd frame holding exactly `raw` bytes; demand a checksum."""
+    """Decompress one zstd frame holding exactly `raw` bytes; demand a checksum, and that
+    the frame is the whole section (no bytes after it, none missing: FORMAT.md §0)."""
     if len(buf) < 6 or struct.unpack_from("<I", buf, 0)[0] != ZSTD_MAGIC:
         raise EagleGenDataError(f"{what}: not a zstd frame")
     if not buf[4] & 4:
@@ -89,9 +90,13 @@ def _frame(buf, raw, what):
         params = zstandard.get_frame_parameters(bytes(buf[:18]))
         if params.content_size != raw:
             raise EagleGenDataError(f"{what}: frame holds {params.content_size} bytes, header says {raw}")
-        out = _dctx().decompress(bytes(buf), max_output_size=max(raw, 1))
+        # decompress() ignores what follows the frame; the object tells where it ended
+        dobj = _dctx().decompressobj()
+        out = dobj.decompress(bytes(buf))
     except zstandard.ZstdError as e:
         raise EagleGenDataError(f"{what}: zstd: {e}") from None
+    if not dobj.eof or dobj.unused_data:
+        raise EagleGenDataError(f"{what}: frame size mismatch (truncated or corrupt)")
     if len(out) != raw:
         raise EagleGenDataError(f"{what}: decompressed {len(out)} of {raw} bytes")
     return out

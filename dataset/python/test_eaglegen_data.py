@@ -119,6 +119,17 @@ def test_damage(d):
     open(shard, "wb").write(orig)
 
 
+def test_frame_exact(d):
+    """A section is exactly one zstd frame (FORMAT.md §0), as the C reader demands: bytes
+    after it (a second frame, trailing junk) or a frame cut short are refused, not read."""
+    import zstandard
+    raw = bytes(range(256)) * 8
+    f = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(raw)
+    check(eg._frame(f, len(raw), "x") == raw, "a whole frame reads")
+    for name, buf in (("4 bytes after it", f + b"junk"), ("a second frame", f + f), ("cut short", f[:-2])):
+        expect_error(lambda: eg._frame(buf, len(raw), "meta"), eg.EagleGenDataError, ["meta"], f"frame {name}")
+
+
 def _pad(x):
     return x + b"\0" * (-len(x) % 512)
 
@@ -316,7 +327,7 @@ def main():
     try:
         d = os.path.join(tmp, "ds")
         subprocess.run([WRITER, "--fixture", d], check=True, stdout=subprocess.DEVNULL)
-        for t in (test_bit_identical, test_damage, test_bad_fields, test_specforge):
+        for t in (test_bit_identical, test_damage, test_bad_fields, test_frame_exact, test_specforge):
             before = failures
             t(d)
             print(f"  {'ok  ' if failures == before else 'FAIL'} eaglegen_data.{t.__name__}")
