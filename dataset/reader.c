@@ -71,8 +71,17 @@ eg_status eg_ds_shard_load_index(const char *path, eg_ds_trailer *tr, eg_ds_inde
     if (!ib) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = pread_all(fd, ib, tr->index_size, tr->index_offset, path, err))) goto done;
     if ((st = eg_ds_index_decode(ib, tr->index_size, tr->index_raw_size, ix, err))) goto done;
-    if (ix->n != tr->n_samples || ix->flags != tr->flags) {
+    if (ix->n != tr->n_samples) {
         st = eg_fail(err, EG_ERR_FORMAT, "index holds %" PRIu64 " samples, trailer says %" PRIu64, ix->n, tr->n_samples);
+        goto done;
+    }
+    if (ix->flags != tr->flags) {
+        st = eg_fail(err, EG_ERR_FORMAT, "index flags 0x%x, trailer says 0x%x", (unsigned)ix->flags, (unsigned)tr->flags);
+        goto done;
+    }
+    uint32_t known = EG_DS_FLAG_BF16_SPLIT | (tr->version >= 2 ? EG_DS_FLAG_FINAL_BOTH : 0);
+    if (tr->flags & ~known) { /* FORMAT.md §5: other bits 0 (the Python loader refuses them too) */
+        st = eg_fail(err, EG_ERR_FORMAT, "trailer: unknown flags 0x%x (version %u)", (unsigned)tr->flags, tr->version);
         goto done;
     }
     uint64_t prev_end = 0, tokens = 0;

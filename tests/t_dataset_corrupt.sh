@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # eaglegen inspect on damaged or hostile datasets: a shard index declaring 2^30 aux layers,
 # an index id with a NUL byte, a manifest histogram id far outside the vocabulary, and bad
-# --stats-samples values are refused with a message naming the file (no crash, no huge
+# --stats-samples values, index and trailer fields both readers check (flags, finish
+# byte, entry order) are refused with a message naming the file (no crash, no huge
 # allocation); a single shard's summary counts its distinct loss-masked ids.
 set -u
 BIN="$BUILD/tests/test_dataset_writer"
@@ -31,6 +32,29 @@ rewrite "$SH" "$DIR/nul.tar" "id0=b'py000000\\0zz'" || fail "rewrite nul"
 grep -q "nul.tar.*NUL" "$DIR/err" || fail "NUL id: message: $(cat "$DIR/err")"
 rewrite "$SH" "$DIR/same.tar" "id0=b'py000000'" || fail "rewrite same"
 "$EG" inspect "$DIR/same.tar" --verify > /dev/null 2> "$DIR/err" || fail "rewritten shard with an unchanged id: $(cat "$DIR/err")"
+
+# index and trailer fields both readers check alike (each refuses, the message naming
+# what is wrong): flags that differ, an unknown flag bit in both, a finish byte of 2,
+# entries out of order
+pyread() { # SHARD: the Python loader's verdict, "read N" or the error
+    "$PY" -c "import sys; sys.path.insert(0, 'dataset/python'); import eaglegen_data as g
+try:
+    d = g.EagleGenDataset('$1'); print('read', len(d))
+except g.EagleGenDataError as e: print(e)"
+}
+fl=$("$PY" -c "import struct; b=open('$SH','rb').read(); print(struct.unpack_from('<I', b, len(b)-1536+12)[0])")
+for case in "flags=$((fl ^ 1))|index flags" "flags=$((fl | 8)), trailer_flags=$((fl | 8))|unknown flags" \
+            "finish0_byte=2|entry 0 malformed" "swap01=True|bad offset/size"; do
+    kw=${case%%|*} want=${case#*|}
+    rewrite "$SH" "$DIR/x.tar" "$kw" || fail "rewrite $kw"
+    "$EG" inspect "$DIR/x.tar" > /dev/null 2> "$DIR/err" && fail "$kw: accepted by inspect"
+    grep -q "x.tar.*$want" "$DIR/err" || fail "$kw: C message: $(cat "$DIR/err")"
+    pyread "$DIR/x.tar" > "$DIR/py" 2>&1
+    grep -q "x.tar.*$want" "$DIR/py" || fail "$kw: Python loader: $(cat "$DIR/py")"
+done
+rewrite "$SH" "$DIR/x.tar" "flags=$fl, trailer_flags=$fl" || fail "rewrite unchanged flags"
+"$EG" inspect "$DIR/x.tar" --verify > /dev/null 2> "$DIR/err" || fail "unchanged flags refused: $(cat "$DIR/err")"
+pyread "$DIR/x.tar" | grep -q "^read 4" || fail "unchanged flags, Python: $(pyread "$DIR/x.tar")"
 
 # manifest histogram id 2^31-1 with vocab_size known: refused, naming the manifest
 cp -r "$DIR/ds" "$DIR/hist"

@@ -139,14 +139,23 @@ class ShardIndex:
             raise EagleGenDataError(f"shard {path}: index: bad shape n_aux={self.n_aux} H={self.hidden_size}")
         if count != n:
             raise EagleGenDataError(f"shard {path}: index holds {count} samples, trailer says {n}")
+        # the checks the C reader makes (dataset/reader.c, format.c)
+        if self.flags != flags:
+            raise EagleGenDataError(f"shard {path}: index flags {self.flags:#x}, trailer says {flags:#x}")
+        if flags & ~(FLAG_BF16_SPLIT | (FLAG_FINAL_BOTH if ver >= 2 else 0)):
+            raise EagleGenDataError(f"shard {path}: trailer: unknown flags {flags:#x} (version {ver})")
         self.offsets, self.sizes, self.tokens, self.n_loss, self.finish, self.ids = [], [], [], [], [], []
         p = 32
+        prev_end = 0
         try:
             for i in range(count):
                 off, sz, T, nl, il, fin = struct.unpack_from("<QQIIIB", ib, p)
                 idb = ib[p + 32 : p + 32 + il]
-                if len(idb) != il or off + sz > ioff:
+                if len(idb) != il or off + sz > ioff or fin > 1:
                     raise EagleGenDataError(f"shard {path}: index entry {i} malformed")
+                if off < prev_end + 512 or sz < RECORD_HEADER_SIZE or nl > T:
+                    raise EagleGenDataError(f"shard {path}: index entry {i}: bad offset/size")
+                prev_end = off + sz
                 self.offsets.append(off)
                 self.sizes.append(sz)
                 self.tokens.append(T)

@@ -134,9 +134,11 @@ def _pad(x):
     return x + b"\0" * (-len(x) % 512)
 
 
-def rewrite_index(src, dst, n_aux=None, id0=None, finish0=False):
-    """Copy shard src to dst with its index changed (n_aux, the first entry's id bytes, or
-    with finish0 its finish reason flipped),
+def rewrite_index(src, dst, n_aux=None, id0=None, finish0=False, finish0_byte=None, flags=None, trailer_flags=None,
+                  swap01=False):
+    """Copy shard src to dst with its index changed (n_aux, the first entry's id bytes, with
+    finish0 its finish reason flipped or finish0_byte its finish byte set, the index's flags,
+    the trailer's, with swap01 the first two entries' offsets swapped: out of order),
     recompressed, and the trailer's sizes and CRC fixed: a well-formed shard carrying a bad
     value. Also used by tests/t_dataset_corrupt.sh."""
     b = open(src, "rb").read()
@@ -148,6 +150,17 @@ def rewrite_index(src, dst, n_aux=None, id0=None, finish0=False):
         struct.pack_into("<I", ib, 8, n_aux)
     if finish0:
         ib[32 + 28] ^= 1
+    if finish0_byte is not None:
+        ib[32 + 28] = finish0_byte
+    if flags is not None:
+        struct.pack_into("<I", ib, 12, flags)
+    if trailer_flags is not None:
+        struct.pack_into("<I", t, 12, trailer_flags)
+    if swap01:
+        e1 = 32 + 32 + struct.unpack_from("<I", ib, 32 + 24)[0]
+        o0, o1 = struct.unpack_from("<Q", ib, 32)[0], struct.unpack_from("<Q", ib, e1)[0]
+        struct.pack_into("<Q", ib, 32, o1)
+        struct.pack_into("<Q", ib, e1, o0)
     if id0 is not None:
         il = struct.unpack_from("<I", ib, 32 + 24)[0]
         struct.pack_into("<I", ib, 32 + 24, len(id0))
