@@ -510,12 +510,19 @@ void eg_ds_free_names(char **names, int n) {
 
 static int cmpstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* manifest.w{I}of{N}.json */
+/* manifest.w{I}of{N}.json, I and N decimal digits only (as the Python loader's pattern:
+ * sscanf's %u also took "+1", " 1" and "-1", so the two readers saw other manifests) */
+static int digits(const char **p) {
+    const char *s = *p;
+    while (**p >= '0' && **p <= '9') (*p)++;
+    return *p > s;
+}
 static int is_worker_manifest(const char *n) {
-    unsigned a, b;
-    int len = 0;
-    if (sscanf(n, "manifest.w%uof%u.json%n", &a, &b, &len) != 2) return 0;
-    return (size_t)len == strlen(n);
+    if (strncmp(n, "manifest.w", 10)) return 0;
+    const char *p = n + 10;
+    if (!digits(&p) || strncmp(p, "of", 2)) return 0;
+    p += 2;
+    return digits(&p) && !strcmp(p, ".json");
 }
 
 static eg_status find_manifests(const char *dir, int workers, char ***names, int *n, eg_error *err) {

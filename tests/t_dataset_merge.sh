@@ -52,6 +52,14 @@ if $E merge rw0 rw1 --out rwm 2>err; then fail "a different file of the same nam
 grep -q "$f" err || fail "conflict message: $(cat err)"
 cp rw0/$f rwm/$f
 
+echo "-- a worker manifest's name is manifest.w{digits}of{digits}.json, for C and Python alike"
+# (the C reader's sscanf took "w+1of2" for worker 1; the Python loader did not)
+cp -r rw0 wk && cp rw1/manifest.w1of2.json wk/manifest.w+1of2.json
+$E inspect wk >wk.txt 2>&1 || fail "a dir with a misnamed manifest beside worker 0's: $(tail -1 wk.txt)"
+c_n=$(sed -n 's/^  samples \([0-9]*\),.*/\1/p' wk.txt)
+py_n=$("$PYTHON" -c "import sys; sys.path.insert(0, '$here/../dataset/python'); import eaglegen_data as g; print(len(g.EagleGenDataset('wk')))")
+[ -n "$c_n" ] && [ "$c_n" = "$py_n" ] || fail "C reads $c_n samples, Python $py_n"
+
 echo "-- two plain (single-writer) datasets"
 gen --prompts a.jsonl --out A
 gen --prompts b.jsonl --out B
