@@ -240,9 +240,41 @@ def _no_constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
+def _unique_pairs(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise ValueError(f"duplicate object key {k!r}")
+        d[k] = v
+    return d
+
+
+def _int64(text):
+    v = int(text)
+    if not -(1 << 63) <= v < (1 << 63):
+        raise ValueError(f"integer {text} out of the int64 range")
+    return v
+
+
+def _no_lone_surrogates(o):
+    if isinstance(o, str):
+        o.encode("utf-8")  # a lone surrogate ("\ud800") raises UnicodeEncodeError, a ValueError
+    elif isinstance(o, dict):
+        for k, v in o.items():
+            _no_lone_surrogates(k)
+            _no_lone_surrogates(v)
+    elif isinstance(o, list):
+        for v in o:
+            _no_lone_surrogates(v)
+
+
 def _json_loads(text):
-    """json.loads that refuses NaN and Infinity (Python accepts them; JSON, and the C reader, do not)."""
-    return json.loads(text, parse_constant=_no_constant)
+    """json.loads as strict as the C reader's jansson (JSON_REJECT_DUPLICATES): no NaN or
+    Infinity, no repeated key, no integer outside int64, no lone surrogate escape; Python's
+    own json takes all four, so the two readers would disagree on the same bytes."""
+    o = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_pairs, parse_int=_int64)
+    _no_lone_surrogates(o)
+    return o
 
 
 _WORKER_MANIFEST = re.compile(r"manifest\.w\d+of\d+\.json")

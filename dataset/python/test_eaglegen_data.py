@@ -130,6 +130,20 @@ def test_frame_exact(d):
         expect_error(lambda: eg._frame(buf, len(raw), "meta"), eg.EagleGenDataError, ["meta"], f"frame {name}")
 
 
+def test_json_strict(d):
+    """Metadata and manifest JSON as strict as the C reader's (jansson, duplicates refused):
+    what Python's json would take and C refuses is refused here too."""
+    check(eg._json_loads('{"a": -9223372036854775808, "b": 9223372036854775807, "s": "\\u00e9"}')["s"] == "\u00e9",
+          "int64 limits and a plain escape read")
+    for name, text in (("a repeated key", '{"top_k": 1, "top_k": 2}'), ("an integer over int64", '{"a": 9223372036854775808}'),
+                       ("a lone surrogate", '{"id": "\\ud800"}'), ("NaN", '{"a": NaN}')):
+        try:
+            eg._json_loads(text)
+            check(False, f"JSON with {name} accepted")
+        except ValueError:
+            pass
+
+
 def _pad(x):
     return x + b"\0" * (-len(x) % 512)
 
@@ -340,7 +354,8 @@ def main():
     try:
         d = os.path.join(tmp, "ds")
         subprocess.run([WRITER, "--fixture", d], check=True, stdout=subprocess.DEVNULL)
-        for t in (test_bit_identical, test_damage, test_bad_fields, test_frame_exact, test_specforge):
+        for t in (test_bit_identical, test_damage, test_bad_fields, test_frame_exact, test_json_strict,
+                  test_specforge):
             before = failures
             t(d)
             print(f"  {'ok  ' if failures == before else 'FAIL'} eaglegen_data.{t.__name__}")
