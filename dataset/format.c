@@ -335,7 +335,9 @@ static eg_status parse_meta(const char *txt, size_t n, eg_ds_sample *s, eg_error
     char *end;
     errno = 0;
     s->seed = strtoull(seed, &end, 10);
-    if (*end || errno || !*seed) {
+    /* decimal digits only, as written (strtoull also takes a sign and leading blanks,
+       which the Python loader refuses) */
+    if (*end || errno || !*seed || seed[0] < '0' || seed[0] > '9') {
         eg_fail(err, EG_ERR_FORMAT, "metadata: bad seed '%s'", seed); /* seed points into o */
         json_decref(o);
         return EG_ERR_FORMAT;

@@ -250,6 +250,26 @@ static void test_record_bad_seed(void) {
         CHECKF(strstr(err.msg, "bad seed 'not-a-number-seed-value'") != NULL, "%s", err.msg);
     }
     free(rec);
+    /* decimal digits only, as the writer writes it and the Python loader demands (strtoull
+       took a sign and leading blanks); the largest u64 still reads */
+    const char *seeds[] = {"-1", " 5", "+5", "", "18446744073709551616", "18446744073709551615"};
+    for (int k = 0; k < 6; k++) {
+        char m2[512];
+        snprintf(m2, sizeof m2,
+                 "{\"finish\":\"stop\",\"gen_len\":2,\"id\":\"x\",\"prompt_len\":3,\"seed\":\"%s\","
+                 "\"source_file\":\"f\",\"source_line\":1,\"temperature\":0.5,\"top_k\":0,\"top_p\":1.0}",
+                 seeds[k]);
+        rec = with_meta(&s, m2, &n);
+        CHECK(rec != NULL);
+        if (!rec) continue;
+        eg_status st = eg_ds_record_decode(rec, n, 1, &r, &err);
+        if (k < 5) CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "bad seed"), "seed '%s': %d %s", seeds[k], st, err.msg);
+        else {
+            CHECKF(st == EG_OK && r.seed == UINT64_MAX, "seed '%s': %d %s", seeds[k], st, err.msg);
+            if (!st) eg_ds_sample_clear(&r);
+        }
+        free(rec);
+    }
     eg_ds_sample_clear(&s);
 }
 

@@ -303,10 +303,25 @@ def _check_manifest(m, name):
     sh = m.get("shards")
     if not isinstance(sh, list):
         raise EagleGenDataError(f"{name}: field 'shards' missing or not a list")
-    for i, s in enumerate(sh):
+    ints = ("samples", "tokens", "loss_tokens", "finish_stop", "finish_length", "bytes", "raw_bytes")
+    for i, s in enumerate(sh):  # as dataset/manifest.c demands each entry
         if (not isinstance(s, dict) or not isinstance(s.get("file"), str) or "/" in s["file"]
-                or not _is_int(s.get("bytes")) or not _is_int(s.get("samples"))):
-            raise EagleGenDataError(f"{name}: shard entry {i} malformed (needs file, bytes, samples)")
+                or not isinstance(s.get("sha256"), str) or len(s["sha256"]) != 64
+                or not all(_is_int(s.get(k)) for k in ints)):
+            raise EagleGenDataError(f"{name}: shard entry {i} malformed (needs file, sha256, {', '.join(ints)})")
+    w = m.get("worker")
+    if w is not None and not (isinstance(w, dict) and _is_int(w.get("index")) and _is_int(w.get("count"))):
+        raise EagleGenDataError(f"{name}: field 'worker' malformed (needs index, count)")
+    hg = m.get("loss_token_histogram")
+    hid, hc = (hg.get("ids"), hg.get("counts")) if isinstance(hg, dict) else (None, None)
+    if not isinstance(hid, list) or not isinstance(hc, list) or len(hid) != len(hc):
+        raise EagleGenDataError(f"{name}: field 'loss_token_histogram' malformed")
+    prev = -1
+    for i, (x, y) in enumerate(zip(hid, hc)):
+        if not (_is_int(x) and _is_int(y) and prev < x <= 0x7FFFFFFF and y > 0):
+            raise EagleGenDataError(f"{name}: loss_token_histogram: entry {i} (id {x!r}, count {y!r}): ids must be "
+                                    "ascending and distinct, counts positive")
+        prev = x
     for k in ("n_aux", "hidden_size"):
         if k in m and not _is_int(m[k]):
             raise EagleGenDataError(f"{name}: field {k!r} is not an integer")

@@ -236,6 +236,14 @@ def test_bad_fields(d):
                        ("final_str", lambda m: m.__setitem__("final_hidden", "post_norm")),
                        ("no_model", lambda m: m.pop("model")),
                        ("aux_str", lambda m: m["aux_layers"].__setitem__("ids", ["1", "29", "57"])),
+                       ("sha_short", lambda m: m["shards"][0].__setitem__("sha256", "ab12")),
+                       ("no_raw_bytes", lambda m: m["shards"][0].pop("raw_bytes")),
+                       ("stop_str", lambda m: m["shards"][0].__setitem__("finish_stop", "1")),
+                       ("worker_noindex", lambda m: m.__setitem__("worker", {"count": 1})),
+                       ("hist_desc", lambda m: m["loss_token_histogram"].__setitem__(
+                           "ids", m["loss_token_histogram"]["ids"][::-1])),
+                       ("hist_zero", lambda m: m["loss_token_histogram"]["counts"].__setitem__(0, 0)),
+                       ("hist_str", lambda m: m["loss_token_histogram"].__setitem__("ids", ["3"])),
                        # the shards' shape against the manifest's
                        ("aux_fewer", lambda m: m["aux_layers"].__setitem__("ids", [1, 29])),
                        ("hidden_other", lambda m: m.__setitem__("hidden_size", 128))):
@@ -246,6 +254,11 @@ def test_bad_fields(d):
         mp = os.path.join(dd, "manifest.json")
         json.dump(m, open(mp, "w"))
         expect_error(lambda: eg.EagleGenDataset(dd, as_torch=False), eg.EagleGenDataError, [mp], name)
+        # the C reader refuses each too: the two readers agree on the same bytes
+        eg_bin = os.path.join(BUILD, "eaglegen")
+        if os.access(eg_bin, os.X_OK) and name != "naux_str":  # C reads no n_aux: aux_layers.ids says it
+            r = subprocess.run([eg_bin, "inspect", dd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            check(r.returncode != 0, f"{name}: the C reader accepts what the loader refuses")
 
     # NaN is not JSON: Python's json takes it, the C reader does not
     dd = os.path.join(tmp, "ds_nan")
