@@ -396,6 +396,11 @@ eg_status eg_ds_record_decode(const uint8_t *buf, size_t len, int meta_only, eg_
         static const char *const names[EG_DS_NSEC] = {"metadata", "input_ids", "loss_mask", "aux_hidden", "final_hidden"};
         const uint8_t *q = buf + EG_DS_RECORD_HEADER_SIZE;
         for (int i = 0; i < EG_DS_NSEC; i++) {
+            /* no zstd frame expands more than 32768-fold (an RLE block: 4 bytes for
+               128 KiB): sizes past that are corrupt, not a reason to allocate them */
+            if (raw[i] / 32768 > stored[i])
+                return eg_fail(err, EG_ERR_FORMAT, "record: %s claims %" PRIu64 " bytes from a %" PRIu64
+                               "-byte frame (corrupt)", names[i], raw[i], stored[i]);
             eg_status cs = frame_check(q, stored[i], raw[i], names[i], err);
             if (cs) return cs;
             if (meta_only) break;
