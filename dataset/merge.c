@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/eg_hash.h"
 #include "dataset/idset.h"
 #include "dataset/manifest.h"
 #include "dataset/reader.h"
@@ -269,6 +270,13 @@ eg_status dataset_merge_note(const char *const *dirs, int n_dirs, const char *ou
                     int kept = 0;
                     for (int i = 0; i < merged.n_shards && !kept; i++)
                         kept = !strcmp(merged.shards[i].sha256, old.shards[k].sha256);
+                    if (!kept) { /* a shard whose bytes in out_dir are gone or damaged (set aside
+                                    by repair in its worker's directory) loses nothing */
+                        char sp[PATH_MAX + 512], hex[65];
+                        eg_error ignored = {0};
+                        snprintf(sp, sizeof sp, "%s/%s", out_dir, old.shards[k].file);
+                        kept = eg_sha256_file(sp, hex, &ignored) || strcmp(hex, old.shards[k].sha256);
+                    }
                     if (!kept)
                         st = eg_fail(err, EG_ERR_CONFIG,
                                      "--out %s holds an earlier merge (%s) listing shard %s, which this merge of other "

@@ -111,6 +111,13 @@ grep -q "holds an earlier merge" err && grep -q "would drop" err || fail "refusa
 cmp -s M/manifest.json m.before || fail "the refused merge changed M/manifest.json"
 $E merge A B C --out M || fail "a merge of more inputs (dropping nothing) over an earlier merge"
 "$PYTHON" "$here/gen_check.py" count M 24
+# a shard it would drop whose bytes in --out are damaged (repair set it aside in its
+# worker's directory; the link in --out holds the damaged bytes) loses nothing: accepted
+$E merge A B --out M3 2>/dev/null || fail "merge A B --out M3"
+for f in M3/in1-*.tar; do rm "$f"; printf 'damaged' > "$f"; done  # B's links, B untouched
+$E merge A --out M3 || fail "a merge dropping only damaged shards refused"
+"$PYTHON" "$here/gen_check.py" count M3 8
+$E inspect B --verify >/dev/null || fail "B was changed"
 
 echo "-- a failed merge leaves nothing; the corrected retry works"
 $E generate "${args[@]}" --aux-layers 1,2 --prompts c.jsonl --out X 2>/dev/null
