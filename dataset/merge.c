@@ -101,29 +101,28 @@ static int same_content(const char *a, const char *b, eg_error *err) {
     return res;
 }
 
+/* Whether directory d is among dirs[n] (compared as real paths). */
+static int dir_among(const char *d, const char *const *dirs, size_t n) {
+    char a[PATH_MAX], b[PATH_MAX];
+    if (!d || !realpath(d, a)) return 0;
+    for (size_t k = 0; k < n; k++)
+        if (realpath(dirs[k], b) && !strcmp(a, b)) return 1;
+    return 0;
+}
+
 /* Whether an earlier merge's job ("merged_from": [{"dir"}...]) came from the same set of
- * directories as dirs (compared as real paths). */
+ * directories as dirs. */
 static int same_inputs(const char *job_json, const char *const *dirs, int n_dirs) {
     json_error_t je;
     json_t *job = job_json ? json_loads(job_json, 0, &je) : NULL;
     json_t *from = json_object_get(job, "merged_from");
-    int ok = json_is_array(from) && json_array_size(from) > 0;
-    char a[PATH_MAX], b[PATH_MAX];
-    for (size_t i = 0; ok && i < json_array_size(from); i++) { /* each old dir is a new one */
-        const char *d = json_string_value(json_object_get(json_array_get(from, i), "dir"));
-        int found = 0;
-        for (int k = 0; d && k < n_dirs && !found; k++)
-            found = realpath(d, a) && realpath(dirs[k], b) && !strcmp(a, b);
-        ok = found;
-    }
-    for (int k = 0; ok && k < n_dirs; k++) { /* and each new dir an old one */
-        int found = 0;
-        for (size_t i = 0; i < json_array_size(from) && !found; i++) {
-            const char *d = json_string_value(json_object_get(json_array_get(from, i), "dir"));
-            found = d && realpath(d, a) && realpath(dirs[k], b) && !strcmp(a, b);
-        }
-        ok = found;
-    }
+    size_t n = json_array_size(from);
+    const char **old = calloc(n + 1, sizeof *old);
+    int ok = old && n > 0;
+    for (size_t i = 0; ok && i < n; i++) old[i] = json_string_value(json_object_get(json_array_get(from, i), "dir"));
+    for (size_t i = 0; ok && i < n; i++) ok = dir_among(old[i], dirs, (size_t)n_dirs);  /* each old dir is new */
+    for (int k = 0; ok && k < n_dirs; k++) ok = dir_among(dirs[k], old, n);             /* and each new one old */
+    free(old);
     json_decref(job);
     return ok;
 }

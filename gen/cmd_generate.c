@@ -853,8 +853,7 @@ static int64_t count_records(corpus_reader *r) {
     int64_t total = 0;
     for (size_t i = 0; i < corpus_n_files(r); i++) {
         const char *p = corpus_file(r, i);
-        struct stat sb;
-        if (!strcmp(p, "-") || stat(p, &sb) || !S_ISREG(sb.st_mode)) return -1; /* a pipe: read once, by the corpus */
+        if (corpus_is_pipe(r, i)) return -1; /* read once, by the corpus */
         FILE *f = fopen(p, "rb");
         if (!f) return -1;
         unsigned char buf[1 << 16];

@@ -19,19 +19,9 @@ void gen_job_filename(char *out, size_t n, const char *base, const char *ext, in
 
 eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err) {
     *out = NULL;
-    struct stat sb;
-    if (stat(path, &sb)) return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) {
-        /* a FIFO or a process substitution (<(zcat ...)): reading its head here would eat
-           the records the corpus reader is to get; it is known by its path, as stdin is */
-        char *name = eg_utf8_escape(path);
-        if (!name) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
-        *out = json_pack("{s:s, s:b}", "path", name, "pipe", 1);
-        free(name);
-        return *out ? EG_OK : eg_fail(err, EG_ERR_NOMEM, "out of memory");
-    }
     FILE *f = fopen(path, "rb");
     if (!f) return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
     if (fstat(fileno(f), &sb)) { fclose(f); return eg_fail(err, EG_ERR_IO, "%s: %s", path, strerror(errno)); }
     enum { MIB = 1 << 20 };
     uint8_t *buf = malloc(MIB);
@@ -484,8 +474,22 @@ eg_status gen_job_inputs(const struct corpus_reader *r, json_t **out, eg_error *
     for (size_t i = 0; i < corpus_n_files(r); i++) {
         const char *p = corpus_file(r, i);
         json_t *fp = NULL;
-        if (!strcmp(p, "-")) fp = json_pack("{s:s}", "path", "-");
-        else if (gen_file_fingerprint(p, &fp, err)) { json_decref(inputs); return err->code; }
+        if (!strcmp(p, "-")) {
+            fp = json_pack("{s:s}", "path", "-");
+        } else if (corpus_is_pipe(r, i)) {
+            /* a FIFO or <(zcat ...): hashing its head would eat the records the corpus
+               reader is to get; it is known by its path, as stdin is */
+            char *name = eg_utf8_escape(p);
+            fp = name ? json_pack("{s:s, s:b}", "path", name, "pipe", 1) : NULL;
+            free(name);
+        } else if (gen_file_fingerprint(p, &fp, err)) {
+            json_decref(inputs);
+            return err->code;
+        }
+        if (!fp) {
+            json_decref(inputs);
+            return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        }
         json_array_append_new(inputs, fp);
     }
     *out = inputs;

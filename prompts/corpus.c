@@ -601,6 +601,7 @@ void corpus_input_bytes(const corpus_reader *r, int64_t *done, int64_t *total) {
 
 size_t corpus_n_files(const corpus_reader *r) { return r->n_files; }
 const char *corpus_file(const corpus_reader *r, size_t i) { return i < r->n_files ? r->files[i] : NULL; }
+bool corpus_is_pipe(const corpus_reader *r, size_t i) { return i < r->n_files && r->sizes[i] < 0; }
 
 eg_status corpus_name_file(corpus_reader *r, size_t i, const char *name, eg_error *err) {
     if (i >= r->n_files) return eg_fail(err, EG_ERR_INVALID, "corpus_name_file: no input %zu", i);

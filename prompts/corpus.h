@@ -158,6 +158,9 @@ void corpus_input_bytes(const corpus_reader *r, int64_t *done, int64_t *total);
 /* Files the reader will read, in order (after directory expansion). */
 size_t corpus_n_files(const corpus_reader *r);
 const char *corpus_file(const corpus_reader *r, size_t i);
+/* Whether input i is a pipe (stdin, a FIFO, <(...): not a regular file when opened), read
+ * once and only by this reader: nobody else may read its bytes first. */
+bool corpus_is_pipe(const corpus_reader *r, size_t i);
 /* Name input i (before the first corpus_next) for its records' default ids and
  * rec->file, while it is still read from its path: a resumed job whose input is now
  * reached by another path keeps the ids of the first run. */
