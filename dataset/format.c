@@ -17,6 +17,12 @@ static void put32(uint8_t *p, uint32_t v) {
 static void put64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
+static int all_zero(const uint8_t *p, size_t n) {
+    while (n--)
+        if (*p++) return 0;
+    return 1;
+}
+
 static uint32_t get32(const uint8_t *p) {
     uint32_t v = 0;
     for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
@@ -133,20 +139,34 @@ static eg_status frame_append(ZSTD_CCtx *cc, const void *src, size_t n, uint8_t 
     return EG_OK;
 }
 
+/* The ranges FORMAT.md §3.2 gives the metadata's numbers, which the writer and both
+ * readers hold to (the Python loader's _check_meta is the same table): NULL when s is in
+ * range. The sampling bounds are what a sampler means by them, not generate's flag limits. */
+static const char *meta_range_problem(const eg_ds_sample *s) {
+    if (s->source_line < 0) return "source_line is negative";
+    if (s->prompt_len < 0 || s->gen_len < 0 || s->prompt_len > s->T - s->gen_len)
+        return "prompt_len + gen_len is not within 0..T";
+    if (!(s->temperature >= 0)) return "temperature is negative";
+    if (!(s->top_p > 0 && s->top_p <= 1)) return "top_p is not in (0, 1]";
+    if (s->top_k < 0) return "top_k is negative";
+    return NULL;
+}
+
 /* The metadata section's JSON. Refuses what eg_ds_record_decode would refuse: an id or
  * source file that is not valid UTF-8 (JSON cannot hold it), a temperature or top_p that
- * is not finite (JSON has no NaN or infinity). */
+ * is not finite (JSON has no NaN or infinity), a number out of its range. */
 static eg_status meta_json(const eg_ds_sample *s, char **out, eg_error *err) {
     *out = NULL;
     const char *id = s->id ? s->id : "", *src = s->source_file ? s->source_file : "";
     const char *what = NULL;
-    if (eg_utf8_valid_prefix(id, strlen(id)) != strlen(id)) what = "its id is not valid UTF-8";
-    else if (eg_utf8_valid_prefix(src, strlen(src)) != strlen(src)) what = "its source_file is not valid UTF-8";
-    else if (!isfinite(s->temperature)) what = "its temperature is not a finite number";
-    else if (!isfinite(s->top_p)) what = "its top_p is not a finite number";
+    if (eg_utf8_valid_prefix(id, strlen(id)) != strlen(id)) what = "id is not valid UTF-8";
+    else if (eg_utf8_valid_prefix(src, strlen(src)) != strlen(src)) what = "source_file is not valid UTF-8";
+    else if (!isfinite(s->temperature)) what = "temperature is not a finite number";
+    else if (!isfinite(s->top_p)) what = "top_p is not a finite number";
+    else what = meta_range_problem(s);
     if (what) {
         char *shown = eg_utf8_escape(id);
-        eg_fail(err, EG_ERR_INVALID, "sample \"%.200s\" cannot be stored: %s", shown ? shown : "?", what);
+        eg_fail(err, EG_ERR_INVALID, "sample \"%.200s\" cannot be stored: its %s", shown ? shown : "?", what);
         free(shown);
         return EG_ERR_INVALID;
     }
@@ -353,6 +373,11 @@ static eg_status parse_meta(const char *txt, size_t n, eg_ds_sample *s, eg_error
     s->top_k = json_integer_value(tk);
     json_decref(o);
     if (!s->id || !s->source_file) return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    const char *bad = meta_range_problem(s);
+    if (bad)
+        return eg_fail(err, EG_ERR_FORMAT, "metadata: %s (prompt_len %" PRId64 ", gen_len %" PRId64 ", T %" PRId64
+                       ", temperature %g, top_p %g, top_k %" PRId64 ")", bad, s->prompt_len, s->gen_len, s->T,
+                       s->temperature, s->top_p, s->top_k);
     return EG_OK;
 }
 
@@ -369,6 +394,8 @@ eg_status eg_ds_record_decode(const uint8_t *buf, size_t len, int meta_only, eg_
                        EG_DS_FORMAT_VERSION_MIN, EG_DS_FORMAT_VERSION);
     if (get32(buf + 124) != eg_ds_crc32(buf, 124))
         return eg_fail(err, EG_ERR_CHECKSUM, "record header: CRC mismatch");
+    if (!all_zero(buf + 28, 4) || !all_zero(buf + 112, 12))
+        return eg_fail(err, EG_ERR_FORMAT, "record: reserved header bytes are not zero");
     uint32_t flags = get32(buf + 8);
     uint32_t known = EG_DS_FLAG_BF16_SPLIT | (ver >= 2 ? EG_DS_FLAG_FINAL_BOTH : 0);
     if (flags & ~known) return eg_fail(err, EG_ERR_FORMAT, "record: unknown flags 0x%x (version %u)", flags, ver);
@@ -577,7 +604,7 @@ eg_status eg_ds_index_decode(const uint8_t *buf, size_t len, uint64_t raw_len, e
         e->n_loss = get32(p + 20);
         uint32_t il = get32(p + 24);
         e->finish = p[28] ? EG_DS_FINISH_LENGTH : EG_DS_FINISH_STOP;
-        if (p[28] > 1 || (uint64_t)(end - p - EG_DS_INDEX_ENTRY_SIZE) < il) {
+        if (p[28] > 1 || !all_zero(p + 29, 3) || (uint64_t)(end - p - EG_DS_INDEX_ENTRY_SIZE) < il) {
             st = eg_fail(err, EG_ERR_FORMAT, "index: entry %" PRIu64 " malformed", i);
             goto done;
         }
@@ -623,6 +650,7 @@ eg_status eg_ds_trailer_decode(const uint8_t in[EG_DS_TRAILER_SIZE], eg_ds_trail
     if (t->version < EG_DS_FORMAT_VERSION_MIN || t->version > EG_DS_FORMAT_VERSION)
         return eg_fail(err, EG_ERR_FORMAT, "shard format version %u, this build reads %d..%d", t->version,
                        EG_DS_FORMAT_VERSION_MIN, EG_DS_FORMAT_VERSION);
+    if (!all_zero(in + 56, 4)) return eg_fail(err, EG_ERR_FORMAT, "trailer: reserved bytes are not zero");
     t->flags = get32(in + 12);
     t->index_offset = get64(in + 16);
     t->index_size = get64(in + 24);

@@ -266,9 +266,6 @@ static void verify(const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
             tokens += s.T;
             if (s.finish == EG_DS_FINISH_LENGTH) n_len++;
             else n_stop++;
-            if (s.prompt_len < 0 || s.gen_len < 0 || s.prompt_len + s.gen_len > s.T)
-                problem(v, "%s: prompt_len %" PRId64 " + gen_len %" PRId64 " exceeds %" PRId64 " tokens", where,
-                        s.prompt_len, s.gen_len, s.T);
             int32_t maxid = -1;
             for (int64_t t = 0; t < s.T; t++) {
                 int32_t id = s.input_ids[t];

@@ -2,7 +2,7 @@
 # eaglegen inspect on damaged or hostile datasets: a shard index declaring 2^30 aux layers,
 # an index id with a NUL byte, a manifest histogram id far outside the vocabulary, and bad
 # --stats-samples values, index and trailer fields both readers check (flags, finish
-# byte, entry order) are refused with a message naming the file (no crash, no huge
+# byte, entry order, reserved bytes) are refused with a message naming the file (no crash, no huge
 # allocation); a single shard's summary counts its distinct loss-masked ids.
 set -u
 BIN="$BUILD/tests/test_dataset_writer"
@@ -35,7 +35,7 @@ rewrite "$SH" "$DIR/same.tar" "id0=b'py000000'" || fail "rewrite same"
 
 # index and trailer fields both readers check alike (each refuses, the message naming
 # what is wrong): flags that differ, an unknown flag bit in both, a finish byte of 2,
-# entries out of order
+# entries out of order, a reserved byte of an entry or of the trailer
 pyread() { # SHARD: the Python loader's verdict, "read N" or the error
     "$PY" -c "import sys; sys.path.insert(0, 'dataset/python'); import eaglegen_data as g
 try:
@@ -44,7 +44,8 @@ except g.EagleGenDataError as e: print(e)"
 }
 fl=$("$PY" -c "import struct; b=open('$SH','rb').read(); print(struct.unpack_from('<I', b, len(b)-1536+12)[0])")
 for case in "flags=$((fl ^ 1))|index flags" "flags=$((fl | 8)), trailer_flags=$((fl | 8))|unknown flags" \
-            "finish0_byte=2|entry 0 malformed" "swap01=True|bad offset/size"; do
+            "finish0_byte=2|entry 0 malformed" "swap01=True|bad offset/size" \
+            "entry0_reserved=1|entry 0 malformed" "trailer_reserved=1|trailer: reserved bytes are not zero"; do
     kw=${case%%|*} want=${case#*|}
     rewrite "$SH" "$DIR/x.tar" "$kw" || fail "rewrite $kw"
     "$EG" inspect "$DIR/x.tar" > /dev/null 2> "$DIR/err" && fail "$kw: accepted by inspect"
@@ -52,6 +53,17 @@ for case in "flags=$((fl ^ 1))|index flags" "flags=$((fl | 8)), trailer_flags=$(
     pyread "$DIR/x.tar" > "$DIR/py" 2>&1
     grep -q "x.tar.*$want" "$DIR/py" || fail "$kw: Python loader: $(cat "$DIR/py")"
 done
+# a reserved byte of the first record's header (CRC fixed): that sample is refused, the
+# next one reads
+rewrite "$SH" "$DIR/r.tar" "record0_reserved=64" || fail "rewrite record0_reserved"
+"$EG" inspect "$DIR/r.tar" --verify > "$DIR/out" 2>&1 && fail "record reserved byte: accepted by inspect --verify"
+grep -q "r.tar.*reserved header bytes are not zero" "$DIR/out" || fail "record reserved byte, C: $(cat "$DIR/out")"
+"$PY" -c "import sys; sys.path.insert(0, 'dataset/python'); import eaglegen_data as g
+d = g.EagleGenDataset('$DIR/r.tar'); d.read_raw(1)
+try:
+    d.read_raw(0); print('read')
+except g.EagleGenDataError as e: print(e)" > "$DIR/py" 2>&1
+grep -q "r.tar.*sample 0.*reserved header bytes are not zero" "$DIR/py" || fail "record reserved byte, Python: $(cat "$DIR/py")"
 rewrite "$SH" "$DIR/x.tar" "flags=$fl, trailer_flags=$fl" || fail "rewrite unchanged flags"
 "$EG" inspect "$DIR/x.tar" --verify > /dev/null 2> "$DIR/err" || fail "unchanged flags refused: $(cat "$DIR/err")"
 pyread "$DIR/x.tar" | grep -q "^read 4" || fail "unchanged flags, Python: $(pyread "$DIR/x.tar")"

@@ -48,8 +48,8 @@ static void make(eg_ds_sample *s, int T, int na, int H, uint64_t seed) {
     s->id = strdup("sample/ü-1");
     s->source_file = strdup("a \"quoted\" file.jsonl");
     s->source_line = 77;
-    s->prompt_len = T - 2;
-    s->gen_len = 2;
+    s->gen_len = T < 2 ? T : 2;
+    s->prompt_len = T - s->gen_len;
     s->finish = EG_DS_FINISH_LENGTH;
     s->temperature = 0.1 + 0.2;
     s->top_p = 1.0 / 3.0;
@@ -65,7 +65,7 @@ static void make(eg_ds_sample *s, int T, int na, int H, uint64_t seed) {
     s->hidden_dtype = EG_DS_BF16;
     for (int t = 0; t < T; t++) {
         s->input_ids[t] = (int32_t)(xs(&x) % 163840);
-        s->loss_mask[t] = t >= T - 2;
+        s->loss_mask[t] = t >= s->prompt_len;
     }
     uint16_t *a = s->aux_hidden, *f = s->final_hidden;
     for (int i = 0; i < T * na * H; i++) a[i] = (uint16_t)xs(&x);
@@ -137,7 +137,7 @@ static void test_f32_input(void) {
     float f[2 * 3] = {0.1f, 0.2f, 0.3f, 1e38f, -1e38f, 2};
     int32_t ids[2] = {1, 2};
     uint8_t m[2] = {0, 1};
-    eg_ds_sample s = {.id = "f", .source_file = "", .T = 2, .n_aux = 2, .H = 3, .input_ids = ids, .loss_mask = m,
+    eg_ds_sample s = {.id = "f", .source_file = "", .top_p = 1, .T = 2, .n_aux = 2, .H = 3, .input_ids = ids, .loss_mask = m,
                       .hidden_dtype = EG_DS_F32, .aux_hidden = a, .final_hidden = f};
     eg_ds_codec *c;
     CHECK_OK(eg_ds_codec_new(3, 1, &c, &err), &err);
@@ -361,8 +361,10 @@ static void test_record_huge_shape(void) {
     eg_ds_sample_clear(&s);
 }
 
-/* An index whose raw bytes are given directly (one entry with id bytes `id`, `il` long). */
-static eg_status index_raw(uint32_t n_aux, uint64_t H, const char *id, uint32_t il, eg_ds_index *ix, eg_error *err) {
+/* An index whose raw bytes are given directly (one entry with id bytes `id`, `il` long, and
+ * `res` in its first reserved byte). */
+static eg_status index_raw_res(uint32_t n_aux, uint64_t H, const char *id, uint32_t il, uint8_t res, eg_ds_index *ix,
+                               eg_error *err) {
     size_t n = EG_DS_INDEX_HEADER_SIZE + EG_DS_INDEX_ENTRY_SIZE + il;
     uint8_t *b = calloc(1, n), *z;
     size_t zl;
@@ -375,6 +377,7 @@ static eg_status index_raw(uint32_t n_aux, uint64_t H, const char *id, uint32_t 
     put64t(b + 40, 1000);
     put32t(b + 48, 3);
     put32t(b + 56, il);
+    b[32 + 29] = res;
     memcpy(b + 64, id, il);
     eg_status st = eg_ds_zstd(b, n, 3, &z, &zl, err);
     free(b);
@@ -382,6 +385,10 @@ static eg_status index_raw(uint32_t n_aux, uint64_t H, const char *id, uint32_t 
     st = eg_ds_index_decode(z, zl, n, ix, err);
     free(z);
     return st;
+}
+
+static eg_status index_raw(uint32_t n_aux, uint64_t H, const char *id, uint32_t il, eg_ds_index *ix, eg_error *err) {
+    return index_raw_res(n_aux, H, id, il, 0, ix, err);
 }
 
 static void test_index_bad_fields(void) {
@@ -397,6 +404,104 @@ static void test_index_bad_fields(void) {
     CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "bad shape"), "status %d: %s", st, err.msg);
     st = index_raw(3, 64, "a\0b", 3, &ix, &err);
     CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "NUL"), "status %d: %s", st, err.msg);
+}
+
+/* Reserved bytes must be zero (FORMAT.md §3-§5), in the record header, an index entry and
+ * the trailer, with the CRC fixed so only the reserved byte is wrong; and the metadata's
+ * numbers must be in their ranges (§3.2). The writer refuses a sample out of range and
+ * each reader refuses a record carrying one; the Python loader's test_reserved_ranges
+ * holds the same cases. */
+static void test_reserved_and_ranges(void) {
+    eg_error err = {0};
+    eg_ds_sample s, r;
+    make(&s, 5, 1, 4, 11);
+    eg_ds_codec *c;
+    uint8_t *rec;
+    size_t len;
+    uint64_t raw;
+    CHECK_OK(eg_ds_codec_new(3, 1, &c, &err), &err);
+    CHECK_OK(eg_ds_record_encode(c, &s, &rec, &len, &raw, &err), &err);
+    const int offs[] = {28, 31, 112, 123};
+    for (int k = 0; k < 4; k++) {
+        rec[offs[k]] = 0x40;
+        put32t(rec + 124, eg_ds_crc32(rec, 124));
+        eg_status st = eg_ds_record_decode(rec, len, 1, &r, &err);
+        CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "reserved"), "record byte %d: %d %s", offs[k], st, err.msg);
+        if (!st) eg_ds_sample_clear(&r);
+        rec[offs[k]] = 0;
+        put32t(rec + 124, eg_ds_crc32(rec, 124));
+    }
+    CHECK_OK(eg_ds_record_decode(rec, len, 0, &r, &err), &err);
+    eg_ds_sample_clear(&r);
+    free(rec);
+
+    eg_ds_index ix;
+    eg_status st = index_raw_res(3, 64, "ab", 2, 1, &ix, &err);
+    CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "entry 0 malformed"), "index entry reserved: %d %s", st, err.msg);
+    eg_ds_trailer t = {EG_DS_FORMAT_VERSION, 1, 512, 7, 64, 1, 5}, u;
+    uint8_t tb[EG_DS_TRAILER_SIZE];
+    eg_ds_trailer_encode(&t, tb);
+    tb[58] = 1;
+    put32t(tb + 60, eg_ds_crc32(tb, 60));
+    st = eg_ds_trailer_decode(tb, &u, &err);
+    CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "reserved"), "trailer reserved: %d %s", st, err.msg);
+
+    /* field, value, what the message names; T = 5 */
+    static const struct { const char *key, *val, *want; } bad[] = {
+        {"source_line", "-1", "source_line is negative"},
+        {"prompt_len", "-1", "prompt_len + gen_len"},
+        {"gen_len", "-2", "prompt_len + gen_len"},
+        {"prompt_len", "4", "prompt_len + gen_len"}, /* 4 + 2 > 5 */
+        {"temperature", "-0.5", "temperature is negative"},
+        {"top_p", "0", "top_p is not in (0, 1]"},
+        {"top_p", "1.0000001", "top_p is not in (0, 1]"},
+        {"top_p", "-1", "top_p is not in (0, 1]"},
+        {"top_k", "-1", "top_k is negative"},
+        {"prompt_len", "3", NULL}, /* the limits themselves read */
+        {"temperature", "0", NULL},
+        {"top_p", "1", NULL},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        json_t *o = json_pack("{s:s, s:i, s:s, s:i, s:s, s:s, s:i, s:f, s:i, s:f}", "finish", "stop", "gen_len", 2, "id",
+                              "x", "prompt_len", 3, "seed", "7", "source_file", "f", "source_line", 1, "temperature",
+                              0.5, "top_k", 0, "top_p", 1.0);
+        json_t *v = json_loads(bad[k].val, JSON_DECODE_ANY, NULL);
+        CHECK(o && v && !json_object_set_new(o, bad[k].key, v));
+        char *meta = json_dumps(o, JSON_COMPACT);
+        json_decref(o);
+        size_t n = 0;
+        uint8_t *m = meta ? with_meta(&s, meta, &n) : NULL;
+        CHECK(m != NULL);
+        for (int meta_only = 0; m && meta_only < 2; meta_only++) {
+            st = eg_ds_record_decode(m, n, meta_only, &r, &err);
+            if (bad[k].want)
+                CHECKF(st == EG_ERR_FORMAT && strstr(err.msg, "metadata: ") && strstr(err.msg, bad[k].want),
+                       "%s = %s: %d %s", bad[k].key, bad[k].val, st, err.msg);
+            else
+                CHECKF(st == EG_OK, "%s = %s: %d %s", bad[k].key, bad[k].val, st, err.msg);
+            if (!st) eg_ds_sample_clear(&r);
+        }
+        free(m);
+        free(meta);
+    }
+
+    /* the writer refuses the same values, naming them */
+    for (int k = 0; k < 6; k++) {
+        eg_ds_sample w = s;
+        const char *want = "";
+        if (k == 0) { w.source_line = -1; want = "source_line is negative"; }
+        if (k == 1) { w.gen_len = 3; want = "prompt_len + gen_len"; } /* 3 + 3 > 5 */
+        if (k == 2) { w.prompt_len = -1; want = "prompt_len + gen_len"; }
+        if (k == 3) { w.temperature = -1; want = "temperature is negative"; }
+        if (k == 4) { w.top_p = 0; want = "top_p is not in (0, 1]"; }
+        if (k == 5) { w.top_k = -5; want = "top_k is negative"; }
+        st = eg_ds_record_encode(c, &w, &rec, &len, &raw, &err);
+        CHECKF(st == EG_ERR_INVALID && strstr(err.msg, "cannot be stored") && strstr(err.msg, want), "encode case %d: %d %s",
+               k, st, err.msg);
+        if (!st) free(rec);
+    }
+    eg_ds_codec_free(c);
+    eg_ds_sample_clear(&s);
 }
 
 /* index_raw_size from the trailer (up to 16 GiB) is checked against the frame before the
@@ -499,7 +604,7 @@ static int golden_bytes(golden *g, int level, int split, uint64_t *stored, uint6
             }
         int32_t *ids = calloc((size_t)T, 4);
         uint8_t *mask = calloc((size_t)T, 1);
-        eg_ds_sample s = {.id = hn, .source_file = "", .T = T, .n_aux = 3, .H = H, .input_ids = ids,
+        eg_ds_sample s = {.id = hn, .source_file = "", .top_p = 1, .T = T, .n_aux = 3, .H = H, .input_ids = ids,
                           .loss_mask = mask, .hidden_dtype = EG_DS_F32, .aux_hidden = aux,
                           .final_hidden = (void *)nrm};
         uint8_t *buf;
@@ -621,7 +726,7 @@ static void speed_table(int T) {
         aux[i] = (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
     }
     for (size_t i = 0; i < n_fin; i++) { fin[i] = 0.7f * aux[i]; pre[i] = 3.0f * aux[n_aux - 1 - i]; }
-    eg_ds_sample s = {.id = "speed", .source_file = "", .T = T, .n_aux = na, .H = H, .prompt_len = 1,
+    eg_ds_sample s = {.id = "speed", .source_file = "", .top_p = 1, .T = T, .n_aux = na, .H = H, .prompt_len = 1,
                       .gen_len = T - 1, .input_ids = ids, .loss_mask = mask, .hidden_dtype = EG_DS_F32,
                       .aux_hidden = aux, .final_hidden = fin, .final_pre_hidden = pre};
     printf("    encode, one thread: T %d, H %d, %d aux + 2 final states, F32 in (%.0f MB of BF16 per record)\n", T, H,
@@ -673,6 +778,7 @@ static const eg_test tests[] = {
     {"record_encode_refuses", test_record_encode_refuses},
     {"record_huge_shape", test_record_huge_shape},
     {"index_bad_fields", test_index_bad_fields},
+    {"reserved_and_ranges", test_reserved_and_ranges},
     {"index_raw_size_first", test_index_raw_size_first},
     {"golden_split_gain", test_golden_split_gain},
 };

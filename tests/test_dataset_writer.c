@@ -892,6 +892,8 @@ static int mode_vocab_fixture(const char *dir) {
         free(g.s.loss_mask);
         int T = 10 + (k == 0 ? nm : 0);
         g.s.T = T;
+        g.s.prompt_len = 10;
+        g.s.gen_len = T - 10;
         g.s.input_ids = malloc(sizeof(int32_t) * (size_t)T);
         g.s.loss_mask = malloc((size_t)T);
         for (int t = 0; t < 10; t++) { g.s.input_ids[t] = 50; g.s.loss_mask[t] = 0; }
@@ -939,7 +941,7 @@ static int mode_bench(const char *dir, int threads, int split) {
     for (int k = 0; k < n; k++) {
         char id[32];
         snprintf(id, sizeof id, "b%d", k);
-        eg_ds_sample s = {.id = id, .source_file = "", .T = T, .n_aux = (int)NA, .H = H, .input_ids = ids,
+        eg_ds_sample s = {.id = id, .source_file = "", .top_p = 1, .T = T, .n_aux = (int)NA, .H = H, .input_ids = ids,
                           .loss_mask = mask, .hidden_dtype = EG_DS_F32, .aux_hidden = aux, .final_hidden = fin};
         double a = eg_now();
         if (shard_writer_add(w, &s, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }

@@ -126,6 +126,8 @@ class ShardIndex:
                 (ver, flags, ioff, isize, iraw, n, ntok) = struct.unpack_from("<IIQQQQQ", t, 8)
                 if ver not in FORMAT_VERSIONS:
                     raise EagleGenDataError(f"shard {path}: shard format version {ver}, this loader reads {FORMAT_VERSIONS}")
+                if any(t[56:60]):
+                    raise EagleGenDataError(f"shard {path}: trailer: reserved bytes are not zero")
                 if ioff + isize > size - TRAILER_FROM_END - 512 or isize == 0:
                     raise EagleGenDataError(f"shard {path}: trailer: index outside the file")
                 f.seek(ioff)
@@ -151,7 +153,7 @@ class ShardIndex:
             for i in range(count):
                 off, sz, T, nl, il, fin = struct.unpack_from("<QQIIIB", ib, p)
                 idb = ib[p + 32 : p + 32 + il]
-                if len(idb) != il or off + sz > ioff or fin > 1:
+                if len(idb) != il or off + sz > ioff or fin > 1 or any(ib[p + 29 : p + 32]):
                     raise EagleGenDataError(f"shard {path}: index entry {i} malformed")
                 if off < prev_end + 512 or sz < RECORD_HEADER_SIZE or nl > T:
                     raise EagleGenDataError(f"shard {path}: index entry {i}: bad offset/size")
@@ -190,6 +192,8 @@ def decode_record(buf, where="record"):
         raise EagleGenDataError(f"{where}: record: format version {ver}, this loader reads {FORMAT_VERSIONS}")
     if struct.unpack_from("<I", buf, 124)[0] != zlib.crc32(buf[:124]):
         raise EagleGenDataError(f"{where}: record header: CRC mismatch")
+    if any(buf[28:32]) or any(buf[112:124]):
+        raise EagleGenDataError(f"{where}: record: reserved header bytes are not zero")
     known = FLAG_BF16_SPLIT | (FLAG_FINAL_BOTH if ver >= 2 else 0)
     if nsec != 5 or flags & ~known or H == 0:
         raise EagleGenDataError(f"{where}: record: bad header fields")
@@ -208,7 +212,7 @@ def decode_record(buf, where="record"):
         meta = _json_loads(parts[0].decode("utf-8"))
     except ValueError as e:
         raise EagleGenDataError(f"{where}: metadata: {e}") from None
-    _check_meta(meta, where)
+    _check_meta(meta, T, where)
     ids = np.frombuffer(parts[1], dtype="<i4")
     mask = np.frombuffer(parts[2], dtype=np.uint8)
     if mask.size and mask.max() > 1:
@@ -280,8 +284,9 @@ def _json_loads(text):
 _WORKER_MANIFEST = re.compile(r"manifest\.w\d+of\d+\.json")
 
 
-def _check_meta(meta, where):
-    """The record metadata fields the C reader demands, with their types."""
+def _check_meta(meta, T, where):
+    """The record metadata fields the C reader demands, with their types and ranges
+    (dataset/format.c meta_range_problem; T is the record's token count)."""
     if not isinstance(meta, dict):
         raise EagleGenDataError(f"{where}: metadata: not a JSON object")
     for k, ok in (("id", lambda v: isinstance(v, str)), ("source_file", lambda v: isinstance(v, str)),
@@ -294,6 +299,15 @@ def _check_meta(meta, where):
     seed = meta["seed"]
     if not (seed.isascii() and seed.isdigit()) or int(seed) >= 1 << 64:
         raise EagleGenDataError(f"{where}: metadata: bad seed {seed!r}")
+    pl, gl = meta["prompt_len"], meta["gen_len"]
+    for bad, what in ((meta["source_line"] < 0, "source_line is negative"),
+                      (pl < 0 or gl < 0 or pl > T - gl, "prompt_len + gen_len is not within 0..T"),
+                      (not meta["temperature"] >= 0, "temperature is negative"),
+                      (not 0 < meta["top_p"] <= 1, "top_p is not in (0, 1]"),
+                      (meta["top_k"] < 0, "top_k is negative")):
+        if bad:
+            raise EagleGenDataError(f"{where}: metadata: {what} (prompt_len {pl}, gen_len {gl}, T {T}, "
+                                    f"temperature {meta['temperature']}, top_p {meta['top_p']}, top_k {meta['top_k']})")
 
 
 def _check_manifest(m, name):

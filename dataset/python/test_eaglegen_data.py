@@ -149,17 +149,28 @@ def _pad(x):
 
 
 def rewrite_index(src, dst, n_aux=None, id0=None, finish0=False, finish0_byte=None, flags=None, trailer_flags=None,
-                  swap01=False):
+                  swap01=False, entry0_reserved=None, trailer_reserved=None, record0_reserved=None):
     """Copy shard src to dst with its index changed (n_aux, the first entry's id bytes, with
     finish0 its finish reason flipped or finish0_byte its finish byte set, the index's flags,
-    the trailer's, with swap01 the first two entries' offsets swapped: out of order),
-    recompressed, and the trailer's sizes and CRC fixed: a well-formed shard carrying a bad
-    value. Also used by tests/t_dataset_corrupt.sh."""
+    the trailer's, with swap01 the first two entries' offsets swapped: out of order; a
+    reserved byte of the first entry, of the trailer, or of the first record's header,
+    its CRC fixed), recompressed, and the trailer's sizes and CRC fixed: a well-formed
+    shard carrying a bad value. Also used by tests/t_dataset_corrupt.sh."""
     b = open(src, "rb").read()
     size = len(b)
     t = bytearray(b[size - 1536 : size - 1536 + 64])
     _, _, ioff, isize, iraw, _, _ = struct.unpack_from("<IIQQQQQ", t, 8)
     ib = bytearray(zstandard.ZstdDecompressor().decompress(b[ioff : ioff + isize], max_output_size=iraw))
+    if entry0_reserved is not None:
+        ib[32 + 29] = entry0_reserved
+    if trailer_reserved is not None:
+        t[56] = trailer_reserved
+    if record0_reserved is not None:
+        r0 = struct.unpack_from("<Q", ib, 32)[0]
+        h = bytearray(b[r0 : r0 + 128])
+        h[112] = record0_reserved
+        struct.pack_into("<I", h, 124, zlib.crc32(bytes(h[:124])))
+        b = b[:r0] + bytes(h) + b[r0 + 128 :]
     if n_aux is not None:
         struct.pack_into("<I", ib, 8, n_aux)
     if finish0:
@@ -318,6 +329,44 @@ def test_bad_fields(d):
     check(len(eg.EagleGenDataset(d, as_torch=False, max_len=1)[0]["input_ids"]) == 1, "max_len=1")
 
 
+def test_reserved_ranges(d):
+    """Reserved bytes not zero and metadata numbers out of range, each refused as the C
+    reader refuses them (tests/test_dataset_codec.c reserved_and_ranges holds the same
+    table; tests/t_dataset_corrupt.sh gives both readers the same shards)."""
+    tmp = os.path.join(d, "reserved")
+    os.makedirs(tmp, exist_ok=True)
+    shard = os.path.join(d, "shard-000000.tar")
+    for kw, needle in (({"entry0_reserved": 1}, "entry 0 malformed"), ({"trailer_reserved": 1}, "trailer: reserved")):
+        bad = os.path.join(tmp, "x.tar")
+        rewrite_index(shard, bad, **kw)
+        expect_error(lambda: eg.EagleGenDataset(bad, as_torch=False), eg.EagleGenDataError, [bad, needle], str(kw))
+    rewrite_index(shard, os.path.join(tmp, "r.tar"), record0_reserved=0x40)
+    ds = eg.EagleGenDataset(os.path.join(tmp, "r.tar"), as_torch=False)
+    expect_error(lambda: ds.read_raw(0), eg.EagleGenDataError, ["sample 0", "reserved header bytes"], "record reserved")
+    check(ds.read_raw(1) is not None, "the record after it reads")
+
+    ix = eg.EagleGenDataset(d, as_torch=False).shards[0]
+    with open(shard, "rb") as f:
+        f.seek(ix.offsets[0])
+        rec = f.read(ix.sizes[0])
+    T = ix.tokens[0]
+    base = {"finish": "stop", "gen_len": 1, "id": "x", "prompt_len": 1, "seed": "7", "source_file": "f",
+            "source_line": 1, "temperature": 0.5, "top_k": 0, "top_p": 1.0}
+    for key, val, needle in (("source_line", -1, "source_line is negative"),
+                             ("prompt_len", -1, "prompt_len + gen_len"), ("gen_len", -2, "prompt_len + gen_len"),
+                             ("prompt_len", T, "prompt_len + gen_len"),  # T + 1 > T
+                             ("temperature", -0.5, "temperature is negative"), ("top_p", 0, "top_p is not in (0, 1]"),
+                             ("top_p", 1.0000001, "top_p is not in (0, 1]"), ("top_p", -1, "top_p is not in (0, 1]"),
+                             ("top_k", -1, "top_k is negative"), ("prompt_len", T - 1, None), ("temperature", 0, None),
+                             ("top_p", 1, None)):
+        m = dict(base, **{key: val})
+        f = lambda: eg.decode_record(with_meta(rec, json.dumps(m)), "shard S, sample 0")  # noqa: E731
+        if needle:
+            expect_error(f, eg.EagleGenDataError, ["shard S, sample 0", "metadata: ", needle], f"{key}={val}")
+        else:
+            check(f()["meta"][key] == val, f"{key}={val} reads")
+
+
 def test_specforge(d):
     out = os.path.join(d, "sf")
     if eg.torch is None:
@@ -368,7 +417,7 @@ def main():
         d = os.path.join(tmp, "ds")
         subprocess.run([WRITER, "--fixture", d], check=True, stdout=subprocess.DEVNULL)
         for t in (test_bit_identical, test_damage, test_bad_fields, test_frame_exact, test_json_strict,
-                  test_specforge):
+                  test_reserved_ranges, test_specforge):
             before = failures
             t(d)
             print(f"  {'ok  ' if failures == before else 'FAIL'} eaglegen_data.{t.__name__}")
