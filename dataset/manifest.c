@@ -447,6 +447,12 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
     }
     json_t *c = json_object_get(o, "counts");
     for (int i = 0; i < EG_DS_NCOUNTS; i++) get_int(c, eg_ds_count_names[i], &m->counts[i]);
+    json_t *tot = json_object_get(o, "totals"), *fr = json_object_get(o, "finish_reasons");
+    eg_ds_totals *q = &m->stated;
+    m->stated_ok = get_int(tot, "samples", &q->samples) && get_int(tot, "tokens", &q->tokens) &&
+                   get_int(tot, "loss_tokens", &q->loss_tokens) && get_int(tot, "bytes", &q->bytes) &&
+                   get_int(tot, "raw_bytes", &q->raw_bytes) && get_int(fr, "stop", &q->n_stop) &&
+                   get_int(fr, "length", &q->n_length);
     json_t *hg = json_object_get(o, "loss_token_histogram");
     json_t *hid = json_object_get(hg, "ids"), *hc = json_object_get(hg, "counts");
     if (!json_is_array(hid) || !json_is_array(hc) || json_array_size(hid) != json_array_size(hc)) {

@@ -44,6 +44,11 @@ typedef struct eg_ds_shard_info {
     char sha256[65];   /* of the whole file, lowercase hex */
 } eg_ds_shard_info;
 
+/* Totals over a manifest's shards ("totals" and "finish_reasons" in the file). */
+typedef struct eg_ds_totals {
+    int64_t samples, tokens, loss_tokens, bytes, raw_bytes, n_stop, n_length;
+} eg_ds_totals;
+
 typedef struct eg_ds_info {
     int format_version;
     char *model_name, *model_config_sha256, *tokenizer_sha256, *chat_template;
@@ -59,6 +64,11 @@ typedef struct eg_ds_info {
     int n_shards;
     eg_ds_shard_info *shards; /* [n_shards] */
     int64_t counts[EG_DS_NCOUNTS];
+    /* "totals" and "finish_reasons" as the loaded file states them (stated_ok 0: missing or
+       mistyped). Derived from shards[] whenever a manifest is written, so nothing reads
+       them but `inspect --verify`, which holds them against eg_ds_info_totals. */
+    eg_ds_totals stated;
+    int stated_ok;
     uint64_t *hist; /* [hist_len] loss-masked occurrences per token id */
     int64_t hist_len;
     char *job_json; /* caller's free-form JSON object */
@@ -82,9 +92,6 @@ eg_status eg_ds_precision_add(char **list, const char *items, eg_error *err);
 eg_status eg_ds_hist_add(uint64_t **dst, int64_t *dst_len, const uint64_t *src, int64_t n, eg_error *err);
 
 /* Totals over the shards. */
-typedef struct eg_ds_totals {
-    int64_t samples, tokens, loss_tokens, bytes, raw_bytes, n_stop, n_length;
-} eg_ds_totals;
 eg_ds_totals eg_ds_info_totals(const eg_ds_info *info);
 
 /* Atomic small-file write and directory fsync (crash-safety building blocks). */

@@ -30,8 +30,10 @@ static void usage(FILE *f) {
             "options:\n"
             "  --verify           check every shard checksum (sha256), the tar structure against the\n"
             "                     index, every sample (header CRC, zstd frame checksums, shapes,\n"
-            "                     metadata), per-shard counts and the histogram against the manifest,\n"
-            "                     and scan hidden states for NaN/Inf; exits 1 naming shard and sample\n"
+            "                     metadata), per-shard counts, raw bytes and the histogram against\n"
+            "                     the manifest, each manifest's totals and finish reasons against its\n"
+            "                     shard list, and scan hidden states for NaN/Inf; exits 1 naming\n"
+            "                     manifest, shard and sample\n"
             "                     on any problem (`eaglegen repair DIR` sets damaged shards aside)\n"
             "  --json             machine-readable output (one JSON object on stdout)\n"
             "  --list             list every sample: index, id, tokens, loss tokens, finish, shard\n"
@@ -243,16 +245,50 @@ static void problem(verify_state *v, const char *fmt, ...) {
     }
 }
 
-static void verify(const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
+/* Each manifest of dir states its totals and finish reasons; they must be the sums over
+ * its shard entries (which the shards themselves are checked against). */
+static void verify_totals(const char *dir, verify_state *v) {
+    char **names = NULL;
+    int nn = 0;
+    eg_error err = {0};
+    if (eg_ds_find_manifests(dir, 0, &names, &nn, &err)) {
+        problem(v, "%s", err.msg);
+        return;
+    }
+    for (int k = 0; k < nn; k++) {
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
+        eg_ds_info m;
+        if (eg_ds_info_load(p, &m, &err)) {
+            problem(v, "%s", err.msg);
+            continue;
+        }
+        eg_ds_totals t = eg_ds_info_totals(&m), q = m.stated;
+        if (!m.stated_ok)
+            problem(v, "%s: totals or finish_reasons missing or mistyped", p);
+        else if (q.samples != t.samples || q.tokens != t.tokens || q.loss_tokens != t.loss_tokens ||
+                 q.bytes != t.bytes || q.raw_bytes != t.raw_bytes || q.n_stop != t.n_stop || q.n_length != t.n_length)
+            problem(v, "%s: totals say %" PRId64 " samples, %" PRId64 " tokens, %" PRId64 " loss tokens, %" PRId64
+                    " bytes, %" PRId64 " raw bytes, %" PRId64 "/%" PRId64 " stop/length; its shards sum to %" PRId64
+                    ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "/%" PRId64, p, q.samples, q.tokens,
+                    q.loss_tokens, q.bytes, q.raw_bytes, q.n_stop, q.n_length, t.samples, t.tokens, t.loss_tokens, t.bytes,
+                    t.raw_bytes, t.n_stop, t.n_length);
+        eg_ds_info_clear(&m);
+    }
+    eg_ds_free_names(names, nn);
+}
+
+static void verify(const char *dir, const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
     const eg_ds_info *m = dataset_info(r);
     eg_error err = {0};
     uint64_t *hist = NULL;
     int64_t hist_len = 0;
+    if (dataset_has_manifest(r)) verify_totals(dir, v);
     for (int sh = 0; sh < dataset_num_shards(r); sh++) {
         const char *path = dataset_shard_path(r, sh);
         if (dataset_verify_shard(r, sh, &err)) problem(v, "%s", err.msg), v->damaged++;
         const eg_ds_index *ix = dataset_shard_index(r, sh);
-        int64_t first = dataset_shard_first(r, sh), tokens = 0, loss = 0, n_stop = 0, n_len = 0;
+        int64_t first = dataset_shard_first(r, sh), tokens = 0, loss = 0, n_stop = 0, n_len = 0, raw = 0;
         for (uint64_t k = 0; k < ix->n; k++) {
             int64_t i = first + (int64_t)k;
             eg_ds_sample s;
@@ -264,6 +300,8 @@ static void verify(const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
             char where[1400];
             snprintf(where, sizeof where, "shard %s, sample %" PRId64 " (#%" PRIu64 " in shard, id %s)", path, i, k, s.id);
             tokens += s.T;
+            /* what the writer counts (eg_ds_record_encode): ids, mask and hidden states */
+            raw += s.T * (5 + 2 * s.H * (s.n_aux + (s.final_pre_hidden ? 2 : 1)));
             if (s.finish == EG_DS_FINISH_LENGTH) n_len++;
             else n_stop++;
             int32_t maxid = -1;
@@ -316,10 +354,12 @@ static void verify(const eg_ds_reader *r, verify_state *v, stat_acc *acc) {
         }
         if (dataset_has_manifest(r)) {
             const eg_ds_shard_info *si = &m->shards[sh];
-            if (si->tokens != tokens || si->loss_tokens != loss || si->n_stop != n_stop || si->n_length != n_len)
+            if (si->tokens != tokens || si->loss_tokens != loss || si->n_stop != n_stop || si->n_length != n_len ||
+                si->raw_bytes != raw)
                 problem(v, "shard %s: manifest says %" PRId64 " tokens, %" PRId64 " loss tokens, %" PRId64 "/%" PRId64
-                        " stop/length; the samples hold %" PRId64 ", %" PRId64 ", %" PRId64 "/%" PRId64,
-                        path, si->tokens, si->loss_tokens, si->n_stop, si->n_length, tokens, loss, n_stop, n_len);
+                        " stop/length, %" PRId64 " raw bytes; the samples hold %" PRId64 ", %" PRId64 ", %" PRId64
+                        "/%" PRId64 ", %" PRId64, path, si->tokens, si->loss_tokens, si->n_stop, si->n_length,
+                        si->raw_bytes, tokens, loss, n_stop, n_len, raw);
         }
     }
     if (dataset_has_manifest(r)) {
@@ -556,7 +596,7 @@ int cmd_inspect(int argc, char **argv) {
     int want_summary = do_json || do_verify || (!n_samples && !show && !do_list);
     if (!want_summary) stats_n = 0;
     if (do_verify) {
-        verify(r, &vs, acc);
+        verify(path, r, &vs, acc);
         stats_used = n;
         if (vs.problems) rc = 1;
     } else {

@@ -48,6 +48,24 @@ cp "$DIR/ds/manifest.json" "$DIR/dm/manifest.json" && rm "$DIR/dm/shard-000001.t
 grep -q "eaglegen repair" "$DIR/e.txt" || fail "no repair pointer for a missing shard: $(cat "$DIR/e.txt")"
 "$EG" repair "$DIR/dm" --dry-run 2>&1 | grep -q "1 damaged shard" || fail "repair does not take the missing shard"
 
+# manifest numbers that disagree (the shards intact): a shard entry's raw_bytes, the
+# totals, the finish reasons, totals missing; each named by --verify, the manifest and
+# the figure; plain inspect still opens the data
+for edit in "m['shards'][1]['raw_bytes'] += 2|shard-000001.tar: manifest says .* raw bytes" \
+            "m['totals']['raw_bytes'] -= 1|manifest.json: totals say .*raw bytes" \
+            "m['totals']['samples'] = 10|manifest.json: totals say 10 samples" \
+            "m['finish_reasons']['stop'] += 1|manifest.json: totals say .*stop/length" \
+            "m.pop('totals')|manifest.json: totals or finish_reasons missing"; do
+    code=${edit%%|*} want=${edit#*|}
+    rm -rf "$DIR/mt" && cp -r "$DIR/ds" "$DIR/mt"
+    "$PY" -c "import json, sys; p = sys.argv[1]; m = json.load(open(p)); $code; json.dump(m, open(p, 'w'))" \
+        "$DIR/mt/manifest.json" || fail "edit: $code"
+    "$EG" inspect "$DIR/mt" > /dev/null || fail "$code: plain inspect refused the data"
+    "$EG" inspect "$DIR/mt" --verify > "$DIR/t.out" 2> "$DIR/t.err" && fail "$code: passed --verify"
+    grep -q "$want" "$DIR/t.err" || fail "$code: $(cat "$DIR/t.err")"
+    grep -q "repair" "$DIR/t.out" && fail "$code: pointed at repair: $(cat "$DIR/t.out")"
+done
+
 # NaN values written into a plane (records intact): --verify names the plane and the
 # sample, the pre-norm final state included (it was never looked at), and does not point
 # at repair (the shards are not damaged)
