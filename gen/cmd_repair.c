@@ -6,7 +6,8 @@
  * the manifest (its samples, tokens and bytes leave the totals, its samples leave the
  * "generated" count, and the loss-token histogram is recounted from the shards that
  * remain), and logged with its sample ids (when its index is still readable) in
- * DIR/quarantine/repair.jsonl. A sample is done when a committed shard holds its id, so
+ * DIR/quarantine/repair.jsonl (each line before its shard moves, so a kill in between
+ * leaves the shard in place for the next repair). A sample is done when a committed shard holds its id, so
  * rerunning the job's generate command then makes exactly the samples of the shards set
  * aside; seeds depend only on (--seed, id), so they come out as they were. A repaired
  * job's state becomes "repaired" (not complete), so `merge` refuses it until that rerun. */
@@ -114,21 +115,28 @@ static void hist_range(void *vc, int64_t b, int64_t e, int tid) {
     }
 }
 
-/* DIR/quarantine/FILE, or FILE.1, FILE.2, ... when taken. */
-static int set_aside(const char *dir, const char *file, char *dst, size_t cap, eg_error *err) {
-    char q[4096], src[4096];
+/* Where FILE goes: DIR/quarantine/FILE, or FILE.1, FILE.2, ... when taken (the directory
+ * is made). */
+static eg_status aside_name(const char *dir, const char *file, char *dst, size_t cap, eg_error *err) {
+    char q[4096];
     snprintf(q, sizeof q, "%s/" QUARANTINE, dir);
-    if (mkdir(q, 0755) && errno != EEXIST) return eg_fail(err, EG_ERR_IO, "mkdir %s: %s", q, strerror(errno)), 0;
-    snprintf(src, sizeof src, "%s/%s", dir, file);
+    if (mkdir(q, 0755) && errno != EEXIST) return eg_fail(err, EG_ERR_IO, "mkdir %s: %s", q, strerror(errno));
     for (int k = 0; k < 1000000; k++) {
         int n = k ? snprintf(dst, cap, "%.2000s/%.2000s.%d", q, file, k) : snprintf(dst, cap, "%.2000s/%.2000s", q, file);
-        if (n < 0 || (size_t)n >= cap) return eg_fail(err, EG_ERR_IO, "%s/%s: path too long", q, file), 0;
-        if (access(dst, F_OK)) {
-            if (rename(src, dst)) return eg_fail(err, EG_ERR_IO, "rename %s -> %s: %s", src, dst, strerror(errno)), 0;
-            return 1;
-        }
+        if (n < 0 || (size_t)n >= cap) return eg_fail(err, EG_ERR_IO, "%s/%s: path too long", q, file);
+        if (access(dst, F_OK)) return EG_OK;
     }
-    return eg_fail(err, EG_ERR_IO, "%s: no free name", q), 0;
+    return eg_fail(err, EG_ERR_IO, "%s: no free name", q);
+}
+
+/* Rename DIR/FILE to dst (from aside_name) and make the move durable. */
+static eg_status set_aside(const char *dir, const char *file, const char *dst, eg_error *err) {
+    char src[4096], q[4096];
+    snprintf(src, sizeof src, "%s/%s", dir, file);
+    if (rename(src, dst)) return eg_fail(err, EG_ERR_IO, "rename %s -> %s: %s", src, dst, strerror(errno));
+    snprintf(q, sizeof q, "%s/" QUARANTINE, dir);
+    eg_status st = eg_ds_fsync_dir(q, err);
+    return st ? st : eg_ds_fsync_dir(dir, err);
 }
 
 static eg_status log_line(const char *dir, json_t *line, eg_error *err) {
@@ -231,14 +239,19 @@ hist_done:
             for (uint64_t k = 0; k < ix.n; k++) json_array_append_new(ids, json_string(ix.e[k].id));
             eg_ds_index_clear(&ix);
         }
+        /* the line (with the ids, read from the shard in place) is written before the shard
+           moves: killed between the two, the next repair finds the shard still damaged where it
+           was and logs it again; the other order left a shard in quarantine whose ids only the
+           lost line knew (the rerun saw it missing: ids null) */
         char dst[4096] = "";
-        if (ck[i].state != EG_DS_SHARD_MISSING && !set_aside(dir, s->file, dst, sizeof dst, err)) st = EG_ERR_IO;
+        if (ck[i].state != EG_DS_SHARD_MISSING) st = aside_name(dir, s->file, dst, sizeof dst, err);
         json_t *line = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s?, s:I, s:o}", "time", ts, "manifest", name, "shard",
                                  s->file, "state", eg_ds_shard_state_name(ck[i].state), "why", ck[i].why,
                                  "moved_to", dst[0] ? dst : NULL, "samples", (json_int_t)s->samples, "ids", ids);
-        if (!line) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        if (!line && !st) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
         if (!st) st = log_line(dir, line, err);
         json_decref(line);
+        if (!st && dst[0]) st = set_aside(dir, s->file, dst, err);
         info.counts[EG_DS_COUNT_GENERATED] -= s->samples;
         if (info.counts[EG_DS_COUNT_GENERATED] < 0) info.counts[EG_DS_COUNT_GENERATED] = 0;
         free(s->file);

@@ -5,6 +5,8 @@
 #  - ENOSPC / EIO returned by the Nth write, fsync or rename (-e inject=...:error=E).
 # After each: whatever dataset is visible passes `inspect --verify`, and rerunning the same
 # command (no strace) ends bit-identical to an uninterrupted run (tests/gen_check.py same).
+# `repair` is killed the same way at its log lines and renames; a plain repair then logs
+# every damaged shard with its ids and the rerun is identical.
 # A few chosen points on a tiny model keep it short. SKIPs (passes, says why) where strace
 # is missing or ptrace is not permitted.
 set -eu
@@ -98,4 +100,49 @@ for n in 1 2 3 4; do
     runs=$((runs + 1))
 done
 [ $renames -ge 2 ] || { echo "FAIL: only $renames of the kills hit a rename: the test no longer covers the set-aside"; exit 1; }
+echo "-- kill -9 inside repair: at each log line, each rename (the shards moved, the manifest)"
+# Two damaged shards. After the kill, a plain repair finishes the job: every damaged shard
+# has a line in quarantine/repair.jsonl with the ids it held (the line is written before
+# the shard moves; the other order, killed between them, left the shard in quarantine and
+# its rerun saw it missing: ids null), quarantine/ holds the damaged bytes, and the rerun
+# of generate is identical to the reference.
+$E generate "${args[@]}" --out rbase 2>/dev/null
+ids_of() { "$PYTHON" -c "import sys; sys.path.insert(0, '$here/../dataset/python'); import eaglegen_data as g
+print(' '.join(g.ShardIndex('$1').ids))"; }
+s1=$(ls rbase/shard-*.tar | sed -n 2p) s3=$(ls rbase/shard-*.tar | sed -n 4p)
+ids1=$(ids_of "$s1") ids3=$(ids_of "$s3")
+"$PYTHON" -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[700] ^= 1; open(p, 'wb').write(b)" "$s1"
+"$PYTHON" -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[900] ^= 4; open(p, 'wb').write(b)" "$s3"
+cp "$s1" bad1.tar && cp "$s3" bad3.tar
+kills=0
+for spec in "-P @/quarantine/repair.jsonl -e inject=openat:signal=SIGKILL:when=1" \
+            "-P @/quarantine/repair.jsonl -e inject=openat:signal=SIGKILL:when=2" \
+            "-e inject=rename:signal=SIGKILL:when=1" "-e inject=rename:signal=SIGKILL:when=2" \
+            "-e inject=rename:signal=SIGKILL:when=3"; do
+    d=$tmp/rjob$kills
+    rm -rf "$d" && cp -r rbase "$d"
+    set +e
+    strace -f -qq -o /dev/null ${spec//@/$d} $E repair "$d" >/dev/null 2>&1 &
+    { wait $!; } 2>/dev/null
+    rc=$?
+    set -e
+    [ $rc = 137 ] || { echo "FAIL: repair under '$spec': exit $rc, not killed"; exit 1; }
+    $E repair "$d" > "$d.out" 2>&1 || { echo "FAIL: repair after '$spec'"; cat "$d.out"; exit 1; }
+    "$PYTHON" - "$d" "$(basename "$s1")" "$ids1" "$(basename "$s3")" "$ids3" <<'PYEOF' || { echo "FAIL: after '$spec'"; exit 1; }
+import json, sys
+d, pairs = sys.argv[1], sys.argv[2:]
+lines = [json.loads(l) for l in open(f"{d}/quarantine/repair.jsonl")]
+for shard, ids in zip(pairs[::2], pairs[1::2]):
+    got = [l["ids"] for l in lines if l["shard"] == shard and l["ids"] is not None]
+    if not got or any(g != ids.split() for g in got):
+        sys.exit(f"{shard}: logged ids {[l['ids'] for l in lines if l['shard'] == shard]}, the shard held {ids.split()}")
+PYEOF
+    cmp -s "$d/quarantine/$(basename "$s1")" bad1.tar && cmp -s "$d/quarantine/$(basename "$s3")" bad3.tar \
+        || { echo "FAIL: after '$spec': quarantine/ does not hold the damaged shards"; ls "$d/quarantine"; exit 1; }
+    $E generate "${args[@]}" --out "$d" 2>"$d.resume" || { echo "FAIL: after '$spec': rerun"; tail -n 5 "$d.resume"; exit 1; }
+    "$PYTHON" "$here/gen_check.py" same ref "$d" >/dev/null || { echo "FAIL: after '$spec': not identical"; exit 1; }
+    printf '  %-62s repaired, rerun identical\n' "${spec#-P @/}"
+    kills=$((kills + 1)); runs=$((runs + 1))
+done
+
 echo "ok: $runs injected runs, each verified and resumed bit-identical"
