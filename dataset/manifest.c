@@ -409,6 +409,16 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
         if (!json_is_integer(x)) { st = bad(err, path, "aux_layers.ids"); goto done; }
         m->aux_layers[i] = (int)json_integer_value(x);
     }
+    {
+        /* written beside aux_layers.ids as its length; a manifest saying otherwise
+           contradicts itself (the Python loader refuses it alike) */
+        json_t *nx = json_object_get(o, "n_aux");
+        if (nx && (!json_is_integer(nx) || json_integer_value(nx) != m->n_aux)) {
+            st = eg_fail(err, EG_ERR_FORMAT, "%s: manifest field n_aux is not the number of aux_layers.ids (%d)", path,
+                         m->n_aux);
+            goto done;
+        }
+    }
     if (!get_int(o, "hidden_size", &m->hidden_size) || m->hidden_size < 1) { st = bad(err, path, "hidden_size"); goto done; }
     {
         int64_t nl = 0;

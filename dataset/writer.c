@@ -673,8 +673,12 @@ eg_status shard_writer_add(eg_shard_writer *w, const eg_ds_sample *s, eg_error *
                        s->final_pre_hidden ? "has a" : "lacks the", eg_ds_final_source_name(w->info.final_source));
     for (int64_t t = 0; t < s->T; t++) {
         if (s->loss_mask[t] > 1) return eg_fail(err, EG_ERR_INVALID, "sample %s: loss_mask[%" PRId64 "] = %u", id, t, s->loss_mask[t]);
-        if (s->input_ids[t] < 0 || (w->info.target_vocab_size && s->input_ids[t] >= w->info.target_vocab_size))
-            return eg_fail(err, EG_ERR_INVALID, "sample %s: input_ids[%" PRId64 "] = %d out of range", id, t, s->input_ids[t]);
+        /* an unknown vocabulary (0) still bounds the ids: the manifest's histogram is
+           refused by its readers past EG_DS_MAX_HIST_ID */
+        int64_t lim = w->info.target_vocab_size > 0 ? w->info.target_vocab_size : EG_DS_MAX_HIST_ID;
+        if (s->input_ids[t] < 0 || s->input_ids[t] >= lim)
+            return eg_fail(err, EG_ERR_INVALID, "sample %s: input_ids[%" PRId64 "] = %d out of range (%s %" PRId64 ")",
+                           id, t, s->input_ids[t], w->info.target_vocab_size > 0 ? "vocabulary" : "limit", lim);
     }
     pthread_mutex_lock(&w->mu);
     if (eg_ds_idset_get(&w->ids, id, NULL)) {

@@ -751,6 +751,30 @@ static void test_bad_input(void) {
     }
     CHECK(dataset_open("/nonexistent/dir", &r, &err) == EG_ERR_IO);
     rm_dir(dir);
+
+    /* vocabulary unknown (0): ids still stop below EG_DS_MAX_HIST_ID, past which the
+       manifest's histogram would be refused by every reader (the writer took them, and its
+       own dataset then failed to open) */
+    dir = fresh_dir("badin0");
+    o.target_vocab_size = 0;
+    CHECK_OK(shard_writer_open(dir, &o, &w, &err), &err);
+    if (!w) return;
+    gen_make(&g, "z", 0, 0);
+    g.s.input_ids[g.s.T - 1] = EG_DS_MAX_HIST_ID; /* loss-masked: it goes into the histogram */
+    g.s.loss_mask[g.s.T - 1] = 1;
+    CHECK(shard_writer_add(w, &g.s, &err) == EG_ERR_INVALID);
+    CHECKF(strstr(err.msg, "out of range (limit 16777216)") != NULL, "%s", err.msg);
+    g.s.input_ids[g.s.T - 1] = EG_DS_MAX_HIST_ID - 1;
+    CHECK_OK(shard_writer_add(w, &g.s, &err), &err);
+    gen_free(&g);
+    CHECK_OK(shard_writer_close(w, &err), &err);
+    shard_writer_free(w);
+    CHECK_OK(dataset_open(dir, &r, &err), &err);
+    if (r) {
+        CHECK(dataset_num_samples(r) == 1 && dataset_info(r)->hist_len == EG_DS_MAX_HIST_ID);
+        dataset_close(r);
+    }
+    rm_dir(dir);
 }
 
 /* ---------------------------------------------------------------- script modes */

@@ -336,9 +336,6 @@ def _check_manifest(m, name):
             raise EagleGenDataError(f"{name}: loss_token_histogram: entry {i} (id {x!r}, count {y!r}): ids must be "
                                     "ascending and distinct, counts positive")
         prev = x
-    for k in ("n_aux", "hidden_size"):
-        if k in m and not _is_int(m[k]):
-            raise EagleGenDataError(f"{name}: field {k!r} is not an integer")
     # what the C reader requires of every manifest (dataset/manifest.c), and what two
     # manifests of one dataset must agree on (_describe)
     def sub(o, k):
@@ -352,6 +349,9 @@ def _check_manifest(m, name):
     if not ok:
         raise EagleGenDataError(f"{name}: model/tokenizer/chat_template/aux_layers/final_hidden/hidden_size missing "
                                 "or mistyped")
+    if "n_aux" in m and not (_is_int(m["n_aux"]) and m["n_aux"] == len(m["aux_layers"]["ids"])):
+        raise EagleGenDataError(f"{name}: manifest field n_aux is not the number of aux_layers.ids "
+                                f"({len(m['aux_layers']['ids'])})")
     src = m["final_hidden"]["source"]
     if src not in ("post_norm", "pre_norm", "both") or (src == "both" and m["format_version"] < 2):
         raise EagleGenDataError(f"{name}: final_hidden.source {src!r} unknown for format version {m['format_version']}")
