@@ -90,7 +90,8 @@ static void usage(FILE *f) {
             "  --model DIR             Hugging Face checkpoint directory (required)\n"
             "  --prompts PATH...       JSONL files (.gz/.zst/.xz too), directories or - for stdin;\n"
             "                          further non-option arguments are more prompt paths (required);\n"
-            "                          a pipe (-, a FIFO, <(zcat ...)) is worked on as lines arrive\n"
+            "                          a pipe (-, a FIFO, <(zcat ...)) is worked on as lines arrive;\n"
+            "                          job directories inside a prompts directory are skipped\n"
             "  --out DIR               job directory (required); created if missing\n"
             "  --tokenizer DIR         tiktoken.model + tokenizer_config.json (default: --model)\n"
             "  --backend cpu|cuda      compute backend (default cpu)\n"
@@ -1099,6 +1100,7 @@ int cmd_generate(int argc, char **argv) {
     co.on_other_id = seen_other;
     co.on_other_ctx = &g.seen;
     co.n_workers = (uint64_t)a.n_workers;
+    co.job_dir = a.out;
     if (corpus_open(a.prompts, (size_t)a.n_prompts, g.tok, &co, &g.corpus, &err)) goto done;
     if (!(ident = job_identity(&g, &err))) goto done;
     char job_name[128], rej_name[128], man_name[128], done_name[128];

@@ -158,6 +158,7 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
     co.n_workers = (uint64_t)o->n_workers;
     co.on_other_id = other_id_seen;
     co.on_other_ctx = &seen;
+    co.job_dir = o->out;
     if (corpus_open(o->prompts, (size_t)o->n_prompts, tok, &co, &cr, &err)) goto done;
 
     int64_t read = 0, accepted = 0, rejected = 0;

@@ -549,6 +549,23 @@ static eg_status add_file(corpus_reader *r, size_t *cap, const char *path, eg_er
     return EG_OK;
 }
 
+/* An eaglegen job directory: generate's --out (same file), or any directory holding
+ * job.json. Its done/rejects ledgers, job.json and manifest end in .jsonl / .json but are
+ * no prompts: read back, their lines claimed the ids of the real records (a rerun then
+ * wrote nothing) or stopped the run as bad records. */
+static int is_job_dir(const corpus_reader *r, const char *dir) {
+    struct stat a, b;
+    if (r->o.job_dir && !stat(r->o.job_dir, &a) && !stat(dir, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        return 1;
+    size_t L = strlen(dir) + sizeof "/job.json";
+    char *p = malloc(L);
+    if (!p) return 0;
+    snprintf(p, L, "%s/job.json", dir);
+    int yes = !access(p, F_OK);
+    free(p);
+    return yes;
+}
+
 static eg_status add_dir(corpus_reader *r, size_t *cap, const char *dir, int depth, eg_error *err) {
     if (depth > 64) return eg_fail(err, EG_ERR_INVALID, "%s: directories nested too deep", dir);
     DIR *d = opendir(dir);
@@ -576,7 +593,9 @@ static eg_status add_dir(corpus_reader *r, size_t *cap, const char *dir, int dep
         if (!p) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); break; }
         snprintf(p, L, "%s/%s", dir, names[i]);
         struct stat sb;
-        if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) st = add_dir(r, cap, p, depth + 1, err);
+        if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            if (!is_job_dir(r, p)) st = add_dir(r, cap, p, depth + 1, err);
+        }
         else if (stat(p, &sb) == 0 && S_ISREG(sb.st_mode) && has_corpus_suffix(names[i]))
             st = add_file(r, cap, p, err);
         free(p);
@@ -662,6 +681,10 @@ eg_status corpus_open(const char *const *paths, size_t n_paths, const tok_tokeni
             else st = add_file(r, &cap, "-", err);
         } else if (stat(paths[i], &sb) != 0) {
             st = eg_fail(err, EG_ERR_IO, "%s: %s", paths[i], strerror(errno));
+        } else if (S_ISDIR(sb.st_mode) && is_job_dir(r, paths[i])) {
+            st = eg_fail(err, EG_ERR_INVALID, "%s: an eaglegen job directory (this run's --out, or it holds "
+                         "job.json): its ledgers and manifest are no prompts; give the prompt files, or keep the "
+                         "prompts in a directory of their own", paths[i]);
         } else if (S_ISDIR(sb.st_mode)) {
             size_t before = r->n_files;
             st = add_dir(r, &cap, paths[i], 0, err);

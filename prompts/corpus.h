@@ -96,6 +96,10 @@ typedef struct corpus_opts {
      * error stops corpus_next with it. NULL: other workers' lines are not looked at. */
     eg_status (*on_other_id)(void *ctx, const char *id, const char *file, uint64_t line, eg_error *err);
     void *on_other_ctx;
+    /* generate's --out (NULL: none). Its ledgers and manifest are JSON files too: a
+     * directory input that is this directory is refused, and one inside an input
+     * directory is skipped, as is any directory holding job.json (another job's). */
+    const char *job_dir;
 } corpus_opts;
 
 void corpus_opts_default(corpus_opts *o);
