@@ -21,6 +21,7 @@ void eg_ds_info_clear(eg_ds_info *m) {
     if (!m) return;
     free(m->model_name);
     free(m->model_config_sha256);
+    free(m->model_weights_sha256);
     free(m->tokenizer_sha256);
     free(m->chat_template);
     free(m->aux_layers);
@@ -42,6 +43,7 @@ eg_status eg_ds_info_copy_desc(eg_ds_info *d, const eg_ds_info *s, eg_error *err
     d->format_version = s->format_version;
     d->model_name = dupnull(s->model_name);
     d->model_config_sha256 = dupnull(s->model_config_sha256);
+    d->model_weights_sha256 = dupnull(s->model_weights_sha256);
     d->tokenizer_sha256 = dupnull(s->tokenizer_sha256);
     d->chat_template = dupnull(s->chat_template);
     d->job_json = dupnull(s->job_json && *s->job_json ? s->job_json : "{}");
@@ -58,7 +60,7 @@ eg_status eg_ds_info_copy_desc(eg_ds_info *d, const eg_ds_info *s, eg_error *err
     d->bf16_split = s->bf16_split;
     d->worker_index = s->worker_index;
     d->worker_count = s->worker_count;
-    if (!d->model_name || !d->model_config_sha256 || !d->tokenizer_sha256 || !d->chat_template ||
+    if (!d->model_name || !d->model_config_sha256 || !d->model_weights_sha256 || !d->tokenizer_sha256 || !d->chat_template ||
         !d->job_json || !d->aux_layers || (s->precision_json && !d->precision_json)) {
         eg_ds_info_clear(d);
         return eg_fail(err, EG_ERR_NOMEM, "out of memory");
@@ -125,8 +127,11 @@ eg_ds_totals eg_ds_info_totals(const eg_ds_info *m) {
 
 eg_status eg_ds_info_compatible(const eg_ds_info *a, const eg_ds_info *b, eg_error *err) {
 #define DIFF(what) return eg_fail(err, EG_ERR_CONFIG, "datasets differ in %s", what)
-    if (strcmp(a->model_name, b->model_name)) DIFF("model name");
+    /* the model by content: a checkpoint moved or renamed is the same one (its name, the
+       directory's, is not compared); another checkpoint of one config (a fine-tune) is not */
     if (strcmp(a->model_config_sha256, b->model_config_sha256)) DIFF("model config hash");
+    const char *wa = a->model_weights_sha256, *wb = b->model_weights_sha256;
+    if (wa && *wa && wb && *wb && strcmp(wa, wb)) DIFF("model weights (another checkpoint of the same config)");
     if (strcmp(a->tokenizer_sha256, b->tokenizer_sha256)) DIFF("tokenizer hash");
     if (strcmp(a->chat_template, b->chat_template)) DIFF("chat template");
     if (a->thinking != b->thinking) DIFF("thinking mode");
@@ -167,8 +172,10 @@ static json_t *to_json(const eg_ds_info *m, eg_error *err) {
     json_object_set_new(o, "format_version", json_integer(EG_DS_FORMAT_VERSION));
     if (m->worker_count > 0)
         json_object_set_new(o, "worker", json_pack("{s:i,s:i}", "index", m->worker_index, "count", m->worker_count));
-    json_object_set_new(o, "model", json_pack("{s:s,s:s}", "name", m->model_name, "config_sha256",
-                                              m->model_config_sha256));
+    json_t *mo = json_pack("{s:s,s:s}", "name", m->model_name, "config_sha256", m->model_config_sha256);
+    if (mo && m->model_weights_sha256 && *m->model_weights_sha256)
+        json_object_set_new(mo, "weights_sha256", json_string(m->model_weights_sha256));
+    json_object_set_new(o, "model", mo);
     json_object_set_new(o, "tokenizer", json_pack("{s:s,s:I}", "sha256", m->tokenizer_sha256,
                                                   "vocab_size", (json_int_t)m->target_vocab_size));
     json_object_set_new(o, "chat_template", json_pack("{s:s,s:b}", "name", m->chat_template,
@@ -389,8 +396,14 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
         st = bad(err, path, "model/tokenizer/chat_template/aux_layers/final_hidden");
         goto done;
     }
+    json_t *ws = json_object_get(model, "weights_sha256");
+    if (ws && (!json_is_string(ws) || strlen(json_string_value(ws)) != 64)) {
+        st = bad(err, path, "model.weights_sha256");
+        goto done;
+    }
     m->model_name = strdup(s1);
     m->model_config_sha256 = strdup(s2);
+    m->model_weights_sha256 = strdup(ws ? json_string_value(ws) : "");
     m->tokenizer_sha256 = strdup(s3);
     m->chat_template = strdup(s4);
     m->thinking = json_is_true(think);
@@ -400,7 +413,7 @@ eg_status eg_ds_info_load(const char *path, eg_ds_info *m, eg_error *err) {
     else { st = bad(err, path, "final_hidden.source"); goto done; }
     m->n_aux = (int)json_array_size(ids);
     m->aux_layers = calloc((size_t)m->n_aux + 1, sizeof(int));
-    if (!m->model_name || !m->model_config_sha256 || !m->tokenizer_sha256 || !m->chat_template || !m->aux_layers) {
+    if (!m->model_name || !m->model_config_sha256 || !m->model_weights_sha256 || !m->tokenizer_sha256 || !m->chat_template || !m->aux_layers) {
         st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
         goto done;
     }

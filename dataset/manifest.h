@@ -52,6 +52,10 @@ typedef struct eg_ds_totals {
 typedef struct eg_ds_info {
     int format_version;
     char *model_name, *model_config_sha256, *tokenizer_sha256, *chat_template;
+    /* the model's weights by content (generate: SHA-256 of its weight fingerprints, the
+     * ones job.json resumes by); "" = not recorded (data made before it was). The name is
+     * the model directory's last component, for people: no check compares it */
+    char *model_weights_sha256;
     int thinking;
     int n_aux;
     int *aux_layers; /* [n_aux] 0-based decoder layer whose output is stored */
@@ -81,7 +85,8 @@ void eg_ds_info_clear(eg_ds_info *info); /* NULL ok */
 eg_status eg_ds_info_load(const char *path, eg_ds_info *out, eg_error *err);
 /* Write dir/name atomically: dir/name.tmp, fsync, rename, fsync dir. */
 eg_status eg_ds_info_save(const eg_ds_info *info, const char *dir, const char *name, eg_error *err);
-/* Same description (model, tokenizer, template, layers, hidden size, final source)? */
+/* Same description (model config and weights, tokenizer, template, layers, hidden size,
+ * final source)? Weights are compared where both record them; names are not compared. */
 eg_status eg_ds_info_compatible(const eg_ds_info *a, const eg_ds_info *b, eg_error *err);
 /* Deep copy of the description fields only (no shards, counts, histogram). */
 eg_status eg_ds_info_copy_desc(eg_ds_info *dst, const eg_ds_info *src, eg_error *err);

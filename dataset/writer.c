@@ -408,6 +408,7 @@ static eg_status desc_from_opts(eg_ds_info *d, const eg_shard_writer_opts *o, eg
     tmp.format_version = EG_DS_FORMAT_VERSION;
     tmp.model_name = (char *)(o->model_name ? o->model_name : "");
     tmp.model_config_sha256 = (char *)(o->model_config_sha256 ? o->model_config_sha256 : "");
+    tmp.model_weights_sha256 = (char *)(o->model_weights_sha256 ? o->model_weights_sha256 : "");
     tmp.tokenizer_sha256 = (char *)(o->tokenizer_sha256 ? o->tokenizer_sha256 : "");
     tmp.chat_template = (char *)(o->chat_template ? o->chat_template : "");
     tmp.thinking = !!o->thinking;
@@ -458,6 +459,35 @@ static eg_status clean_dir(eg_shard_writer *w, eg_error *err) {
     return removed ? eg_ds_fsync_dir(w->dir, err) : EG_OK;
 }
 
+/* A worker joins the manifests of its siblings (manifest.w{J}of{N}.json, same N) in dir:
+ * they must describe one dataset, checked now rather than by the merge or the reader that
+ * would refuse it after the run (another checkpoint of the same config, say). One that
+ * cannot be read is left to those. */
+static eg_status check_siblings(const eg_shard_writer *w, const char *dir, const eg_ds_info *want, eg_error *err) {
+    char **names = NULL, suffix[32];
+    int n = 0;
+    eg_error none = {0};
+    if (eg_ds_find_manifests(dir, 1, &names, &n, &none)) return EG_OK; /* none yet */
+    snprintf(suffix, sizeof suffix, "of%d.json", want->worker_count);
+    eg_status st = EG_OK;
+    for (int i = 0; i < n && !st; i++) {
+        size_t L = strlen(names[i]), S = strlen(suffix);
+        if (!strcmp(names[i], w->manifest_name) || strncmp(names[i], "manifest.w", 10) || L < S ||
+            strcmp(names[i] + L - S, suffix))
+            continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        eg_ds_info m;
+        eg_error e2 = {0};
+        if (eg_ds_info_load(p, &m, &e2)) continue;
+        if ((st = eg_ds_info_compatible(&m, want, err)))
+            eg_wrap(err, "%s, another worker of this dataset", p);
+        eg_ds_info_clear(&m);
+    }
+    eg_ds_free_names(names, n);
+    return st;
+}
+
 static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_ds_info *want, int threads,
                                eg_error *err) {
     eg_status st = eg_ds_info_load(mpath, &w->info, err);
@@ -468,6 +498,11 @@ static eg_status load_existing(eg_shard_writer *w, const char *mpath, const eg_d
                        mpath, w->info.format_version, EG_DS_FORMAT_VERSION);
     if ((st = eg_ds_info_compatible(&w->info, want, err))) return eg_wrap(err, "resuming %s", mpath);
     if (!w->info.n_layers) w->info.n_layers = want->n_layers;
+    if (!*w->info.model_weights_sha256 && *want->model_weights_sha256) { /* data made before it was recorded */
+        free(w->info.model_weights_sha256);
+        if (!(w->info.model_weights_sha256 = strdup(want->model_weights_sha256)))
+            return eg_fail(err, EG_ERR_NOMEM, "out of memory");
+    }
     if (!w->info.target_vocab_size) w->info.target_vocab_size = want->target_vocab_size;
     w->info.zstd_level = w->level;
     w->info.bf16_split = w->split;
@@ -596,6 +631,7 @@ eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *o, eg_s
         st = eg_fail(err, EG_ERR_IO, "%s: another writer is using this dataset (%s)", dir, w->manifest_name);
         goto fail;
     }
+    if (o->worker_count > 1 && (st = check_siblings(w, dir, &want, err))) goto fail;
     snprintf(p, sizeof p, "%s/%s", dir, w->manifest_name);
     if (!access(p, F_OK)) {
         if (!o->resume) {

@@ -32,9 +32,11 @@
 
 typedef struct eg_shard_writer_opts {
     /* Dataset description, recorded in the manifest; on resume it must equal the
-     * existing one (model, tokenizer, template, aux layers, hidden size, final source). */
+     * existing one (model config and weights, tokenizer, template, aux layers, hidden
+     * size, final source; eg_ds_info_compatible). */
     const char *model_name;
     const char *model_config_sha256; /* hex */
+    const char *model_weights_sha256; /* hex, of the weights' fingerprints; NULL or "": unknown */
     const char *tokenizer_sha256;    /* hex */
     const char *chat_template;       /* template name */
     int thinking;                    /* thinking mode on */

@@ -1128,6 +1128,19 @@ int cmd_generate(int argc, char **argv) {
         if (beg == end) beg = 0; /* "/" */
         snprintf(model_name, sizeof model_name, "%.*s", (int)(end - beg), a.model + beg);
     }
+    /* the weights by content, as job.json fingerprints them: what the manifests of one
+       dataset (workers, a merge, a resume) must agree on, while the name may differ */
+    char weights_sha[65] = "";
+    {
+        json_t *fp = json_object_get(ident, "fingerprints");
+        json_t *wv = json_pack("{s:O?, s:O?}", "model_weight_bytes", json_object_get(fp, "model_weight_bytes"),
+                               "model_weights", json_object_get(fp, "model_weights"));
+        char *t = wv ? json_dumps(wv, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        json_decref(wv);
+        if (!t) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
+        eg_sha256_hex(t, strlen(t), weights_sha);
+        free(t);
+    }
 
     g.records_total = count_records(g.corpus);
     if (g.records_total >= 0 && a.n_workers > 1)
@@ -1164,7 +1177,8 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!(prec_text = precision_text(&a, n_stages))) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto done; }
     eg_shard_writer_opts wo = {
-        .model_name = model_name, .model_config_sha256 = c->hash, .tokenizer_sha256 = tok_fingerprint(g.tok),
+        .model_name = model_name, .model_config_sha256 = c->hash, .model_weights_sha256 = weights_sha,
+        .tokenizer_sha256 = tok_fingerprint(g.tok),
         .chat_template = "kimi-k2.5", .thinking = a.thinking, .n_aux = a.n_aux, .aux_layers = a.aux,
         .hidden_size = c->hidden, .target_vocab_size = c->vocab,
         .final_source = a.final_mode == 2 ? EG_DS_FINAL_BOTH : a.final_mode ? EG_DS_FINAL_PRE_NORM : EG_DS_FINAL_POST_NORM,

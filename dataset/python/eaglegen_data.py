@@ -349,6 +349,9 @@ def _check_manifest(m, name):
     if not ok:
         raise EagleGenDataError(f"{name}: model/tokenizer/chat_template/aux_layers/final_hidden/hidden_size missing "
                                 "or mistyped")
+    ws = m["model"].get("weights_sha256")
+    if ws is not None and not (isinstance(ws, str) and len(ws) == 64):
+        raise EagleGenDataError(f"{name}: manifest field model.weights_sha256 missing or mistyped")
     if "n_aux" in m and not (_is_int(m["n_aux"]) and m["n_aux"] == len(m["aux_layers"]["ids"])):
         raise EagleGenDataError(f"{name}: manifest field n_aux is not the number of aux_layers.ids "
                                 f"({len(m['aux_layers']['ids'])})")
@@ -362,8 +365,10 @@ def _check_manifest(m, name):
 
 def _describe(m):
     """What the manifests of one dataset share (dataset/manifest.c eg_ds_info_compatible):
-    (what, value) pairs; a count of 0 (not recorded) matches anything."""
-    return (("model name", m["model"]["name"]), ("model config hash", m["model"]["config_sha256"]),
+    (what, value) pairs; a count or weights hash of 0 (not recorded) matches anything. The
+    model's name (its directory's) is not compared: a moved checkpoint is the same one."""
+    return (("model config hash", m["model"]["config_sha256"]),
+            ("model weights (another checkpoint of the same config)", m["model"].get("weights_sha256", 0)),
             ("tokenizer hash", m["tokenizer"]["sha256"]), ("chat template", m["chat_template"]["name"]),
             ("thinking mode", m["chat_template"]["thinking"]), ("aux layer ids", list(m["aux_layers"]["ids"])),
             ("hidden size", m["hidden_size"]), ("final hidden source", m["final_hidden"]["source"]),
@@ -405,7 +410,8 @@ class EagleGenDataset:
                 _check_manifest(m, n)
                 if self.manifests:  # unmerged workers: one dataset, described alike
                     for (what, a), (_, b) in zip(_describe(self.manifests[0]), _describe(m)):
-                        if a != b and not (what in ("number of decoder layers", "target vocab size") and 0 in (a, b)):
+                        if a != b and not (what.startswith(("number of decoder layers", "target vocab size", "model weights"))
+                                           and 0 in (a, b)):
                             raise EagleGenDataError(f"{n}: differs from {names[0]} in {what} ({b!r} against {a!r}): "
                                                     "not one dataset")
                 self.manifests.append(m)

@@ -248,6 +248,7 @@ def test_bad_fields(d):
                        ("final_str", lambda m: m.__setitem__("final_hidden", "post_norm")),
                        ("no_model", lambda m: m.pop("model")),
                        ("aux_str", lambda m: m["aux_layers"].__setitem__("ids", ["1", "29", "57"])),
+                       ("weights_short", lambda m: m["model"].__setitem__("weights_sha256", "ab")),
                        ("sha_short", lambda m: m["shards"][0].__setitem__("sha256", "ab12")),
                        ("no_raw_bytes", lambda m: m["shards"][0].pop("raw_bytes")),
                        ("stop_str", lambda m: m["shards"][0].__setitem__("finish_stop", "1")),
@@ -296,6 +297,30 @@ def test_bad_fields(d):
         json.dump(w, open(os.path.join(dw, "manifest.w1of2.json"), "w"))
         expect_error(lambda: eg.EagleGenDataset(dw, as_torch=False), eg.EagleGenDataError,
                      ["manifest.w1of2.json", what, "not one dataset"], f"workers differ in {what}")
+    # the model by content: another name (a moved checkpoint) is one dataset, other weights
+    # of the same config are not, a worker that did not record them matches; both readers
+    eg_bin = os.path.join(BUILD, "eaglegen")
+    w0 = json.load(open(os.path.join(dw, "manifest.w0of2.json")))
+    for name, h0, h1, ok in (("other name", None, None, True), ("weights recorded by one", "a" * 64, None, True),
+                             ("same weights", "a" * 64, "a" * 64, True), ("other weights", "a" * 64, "b" * 64, False)):
+        w = json.loads(json.dumps(w1))
+        w["model"]["name"] = "moved-" + w["model"]["name"]
+        x = json.loads(json.dumps(w0))
+        for m, h in ((x, h0), (w, h1)):
+            if h:
+                m["model"]["weights_sha256"] = h
+        json.dump(x, open(os.path.join(dw, "manifest.w0of2.json"), "w"))
+        json.dump(w, open(os.path.join(dw, "manifest.w1of2.json"), "w"))
+        if ok:
+            check(len(eg.EagleGenDataset(dw, as_torch=False)) > 0, f"workers, {name}: one dataset")
+        else:
+            expect_error(lambda: eg.EagleGenDataset(dw, as_torch=False), eg.EagleGenDataError,
+                         ["manifest.w1of2.json", "model weights", "not one dataset"], f"workers, {name}")
+        if os.access(eg_bin, os.X_OK):
+            r = subprocess.run([eg_bin, "inspect", dw], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            check((r.returncode == 0) == ok and (ok or "model weights" in r.stderr),
+                  f"workers, {name}: the C reader says {r.returncode} {r.stderr.strip()}")
+    json.dump(w0, open(os.path.join(dw, "manifest.w0of2.json"), "w"))
     # a finish reason that the record and the index disagree on
     fl = os.path.join(tmp, "finish.tar")
     rewrite_index(shard, fl, finish0=True)
