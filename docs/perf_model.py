@@ -74,6 +74,8 @@ and each rank's output columns back: B (E - 1)/E rows of H and F in, B/E (E - 1)
 and H out per rank.
 --held-len: cache tokens each sequence holds, for concurrency (default: --mean-len; with
 --kv-policy reserve a sequence holds prompt + max_new whatever it generates).
+--batch N: at most N sequences in flight box-wide (generate --batch N); --batch-per-rank N: at
+most N per expert-parallel rank (generate --batch auto, which takes up to --chunk slots a rank).
 """
 import json
 import math
@@ -161,7 +163,17 @@ class Acc:
 
 
 def hit(E, K, tokens):
-    return 0.0 if tokens <= 0 else E * (1 - (1 - K / E) ** tokens)
+    return 0.0 if tokens <= 0 or E <= 0 else E * (1 - (1 - K / E) ** tokens)
+
+
+def cap_seqs(S, E):
+    """Sequences in flight: at most --batch N box-wide, or --batch-per-rank N per
+    expert-parallel rank (generate --batch auto: --chunk slots per rank)."""
+    if MAX_SEQS and S > MAX_SEQS:
+        S = float(MAX_SEQS)
+    if MAX_SEQS_PER_RANK and S > MAX_SEQS_PER_RANK * E:
+        S = float(MAX_SEQS_PER_RANK * E)
+    return S
 
 
 def split_layers(cost, first, last, n):
@@ -361,6 +373,8 @@ def split_tokens(c, lp, P, E, own, usable, head_w, tail_w, dw, kvb, dkv):
 WHOLE_LAYERS = False  # --whole-layers: every stage holds whole layers (else stages may end inside a MoE layer)
 BALANCE_MEMORY = False  # --balance-memory: pipelines as if every stage's free memory held cache
 FFN_ROWS = False  # --ffn-rows: +ffn / +split as the exact row split of every FFN's weights (not built)
+MAX_SEQS = 0  # --batch N: sequences in flight at most, box-wide (generate --batch N)
+MAX_SEQS_PER_RANK = 0  # --batch-per-rank N: at most N per expert-parallel rank (generate --batch auto: --chunk)
 DRAFT_CACHE_BYTES = None  # --draft-cache-bytes: the drafter's cache per token instead of the modelled one's
 DRAFT_WEIGHT_BYTES = None  # --draft-weight-bytes: its weights on a GPU instead of the modelled one's
 
@@ -509,7 +523,7 @@ def layout_model_one(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, h
         free = usable - (total + dw) / G
         tok = math.floor(free / (L * kvb + dkv / G)) if free > 0 else 0
         row["kv_tokens"] = int(tok)
-        S = tok * (1 - wm) / held
+        S = cap_seqs(tok * (1 - wm) / held, 1)
         row["concurrency"], row["fits"], row["runnable"] = S, S >= 1, False
         bw, rate = box["hbm_tbs"] * 1e12 * box["eff"], box["tflops"] * 1e12 * box["eff"]
         lat, link = box["link_us"] * 1e-6, box["link_gbs"] * 1e9
@@ -558,7 +572,7 @@ def layout_model_one(c, box, kind, P, E, split, mean_len, chunk=8192, wm=0.01, h
         min_tok = math.floor(free_sum / per_sum) if free_sum > 0 else 0
     row["weights_gb"] = wmax / 1e9
     row["kv_tokens"] = int(E * min_tok)
-    S = row["kv_tokens"] * (1 - wm) / held
+    S = cap_seqs(row["kv_tokens"] * (1 - wm) / held, E)
     row["concurrency"], row["fits"] = S, S >= 1
     row["runnable"] = (layout_runnable(P, E, split) and not (BALANCE_MEMORY and P > 1)
                        and not (FFN_ROWS and split != "none" and E > 1))
@@ -595,7 +609,7 @@ def enumerate_layouts(c, box, mean_len, chunk=8192, held_len=None, draft=0, acce
         if G % P or P > c["num_hidden_layers"]:
             continue
         E = G // P
-        if c["n_routed_experts"] % E:
+        if c["n_routed_experts"] % E or (E > 1 and c["n_routed_experts"] < 1):
             continue
         for split in (SPLITS if E > 1 else SPLITS[:1]):
             rows.append(layout_model(c, box, "pp_ep", P, E, split, mean_len, chunk, held_len=held_len, draft=draft,
@@ -626,7 +640,9 @@ def main():
     chunk = arg(a, "--prefill-chunk", int, 8192)
     draft = arg(a, "--draft-tokens", int, 0)
     accept = arg(a, "--accept", float, 1.0 if not draft else None)
-    global DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES, BALANCE_MEMORY, WHOLE_LAYERS, FFN_ROWS
+    global DRAFT_CACHE_BYTES, DRAFT_WEIGHT_BYTES, BALANCE_MEMORY, WHOLE_LAYERS, FFN_ROWS, MAX_SEQS, MAX_SEQS_PER_RANK
+    MAX_SEQS = arg(a, "--batch", int, 0)
+    MAX_SEQS_PER_RANK = arg(a, "--batch-per-rank", int, 0)
     BALANCE_MEMORY = "--balance-memory" in a
     FFN_ROWS = "--ffn-rows" in a
     WHOLE_LAYERS = "--whole-layers" in a

@@ -2,6 +2,7 @@
  * formula here line for line (tests/t_plan_layouts.sh compares the two). */
 #include "engine/layout.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,7 +77,15 @@ double eg_layout_drafter_bytes(const eg_config *c, double *kv_token) {
     return 2 * (3 * H * H + 2 * H * NQ * D + 2 * 2 * H * NKV * D + NQ * D * H + 3 * H * I + VD * H + 4 * H);
 }
 
-static double hit(double E, double K, double tokens) { return tokens <= 0 ? 0 : E * (1 - pow(1 - K / E, tokens)); }
+static double hit(double E, double K, double tokens) { return tokens <= 0 || E <= 0 ? 0 : E * (1 - pow(1 - K / E, tokens)); }
+
+/* Sequences in flight: what the cache holds (S), at most generate's --batch N box-wide,
+ * or with --batch auto at most --chunk per expert-parallel rank (eg_plan_auto_slots). */
+static double cap_seqs(const eg_layout_opts *o, double S, int E) {
+    if (o->max_seqs > 0 && S > o->max_seqs) S = o->max_seqs;
+    if (o->max_seqs_per_rank > 0 && S > (double)o->max_seqs_per_rank * E) S = (double)o->max_seqs_per_rank * E;
+    return S;
+}
 
 /* One stage's time per micro-batch of b group tokens (r = b / E per GPU), decode
  * (ctx = cached tokens per sequence) or prefill (keys = mean keys per query). */
@@ -320,7 +329,7 @@ static eg_status layout_model_one(const eg_config *c, const eg_box *box, const e
         double freeb = usable - (total + dw) / G; /* a drafter is split like the target */
         double tok = freeb > 0 ? floor(freeb / (L * kvb + dkv / G)) : 0;
         row->kv_tokens = (int64_t)tok;
-        double S = tok * (1 - wm) / len;
+        double S = cap_seqs(o, tok * (1 - wm) / len, 1);
         row->concurrency = S;
         row->fits = S >= 1;
         double bw = box->hbm_tbs * 1e12 * box->eff, rate = box->tflops * 1e12 * box->eff;
@@ -353,7 +362,7 @@ static eg_status layout_model_one(const eg_config *c, const eg_box *box, const e
     }
     int P = lay->stages, E = lay->ep;
     eg_dense_split split = lay->dense_split;
-    if (P < 1 || E < 1 || P * E != G || P > L || c->n_experts % E || (int)split < (int)EG_SPLIT_NONE || (int)split > (int)EG_SPLIT_ALL ||
+    if (P < 1 || E < 1 || P * E != G || P > L || c->n_experts % E || (E > 1 && c->n_experts < 1) || (int)split < (int)EG_SPLIT_NONE || (int)split > (int)EG_SPLIT_ALL ||
         (split != EG_SPLIT_NONE && E == 1)) {
         st = eg_fail(err, EG_ERR_INVALID,
                      "layout %s: needs stages x ep = %d GPUs, stages <= %d layers, ep dividing %d experts, a dense "
@@ -386,7 +395,7 @@ static eg_status layout_model_one(const eg_config *c, const eg_box *box, const e
     }
     row->weights_gb = wmax / 1e9;
     row->kv_tokens = (int64_t)(E * min_tok);
-    double S = (double)row->kv_tokens * (1 - wm) / len;
+    double S = cap_seqs(o, (double)row->kv_tokens * (1 - wm) / len, E);
     row->concurrency = S;
     row->fits = S >= 1;
     row->comm_bytes_token_layer =
@@ -445,7 +454,7 @@ int eg_layout_enumerate(const eg_config *c, const eg_box *box, const eg_layout_o
     for (int P = G; P >= 1; P--) {
         if (G % P || P > c->n_layers) continue;
         int E = G / P;
-        if (c->n_experts % E) continue;
+        if (c->n_experts % E || (E > 1 && c->n_experts < 1)) continue; /* no routed experts: no group */
         for (int split = EG_SPLIT_NONE; split <= (E > 1 ? EG_SPLIT_ALL : EG_SPLIT_NONE); split++) {
             if (n >= max_rows) return eg_fail(err, EG_ERR_INVALID, "more than %d layouts", max_rows), -1;
             eg_layout lay = {EG_LAYOUT_PP_EP, P, E, (eg_dense_split)split};
@@ -472,14 +481,32 @@ int eg_layout_recommend(const eg_layout_row *rows, int n, int prefill) {
     return best;
 }
 
+/* "KEY" then decimal digits (no sign, no blank, at most 4096: the largest --stages and
+ * --ep take) at *p: advances *p past them, 0 if absent or out of range. */
+static int layout_num(const char **p, const char *key, int *v) {
+    size_t k = strlen(key);
+    if (strncmp(*p, key, k) || !isdigit((unsigned char)(*p)[k])) return 0;
+    const char *q = *p + k;
+    long x = 0;
+    while (isdigit((unsigned char)*q) && x <= 4096) x = 10 * x + (*q++ - '0');
+    if (x > 4096 || isdigit((unsigned char)*q)) return 0;
+    *v = (int)x;
+    *p = q;
+    return 1;
+}
+
 eg_status eg_layout_parse(const char *s, int gpus, eg_layout *out, eg_error *err) {
-    int P = 1, E = 1, n = 0;
+    int P = 1, E = 1;
     eg_dense_split split = EG_SPLIT_NONE;
-    const char *rest = NULL;
+    const char *rest = NULL, *q = s;
     memset(out, 0, sizeof *out);
-    if (sscanf(s, "pp%dxep%d%n", &P, &E, &n) == 2) rest = s + n;
-    else if (sscanf(s, "pp%d%n", &P, &n) == 1) { E = 1; rest = s + n; }
-    else if (sscanf(s, "ep%d%n", &E, &n) == 1) { P = 1; rest = s + n; }
+    if (layout_num(&q, "pp", &P)) {
+        if (*q == 'x') { /* ppPxepE */
+            q++;
+            if (!layout_num(&q, "ep", &E)) q = NULL;
+        }
+    } else if (!layout_num(&q, "ep", &E)) q = NULL;
+    rest = q;
     if (rest && !strcmp(rest, "+ffn")) split = EG_SPLIT_FFN, rest = "";
     else if (rest && !strcmp(rest, "+split")) split = EG_SPLIT_ALL, rest = "";
     if (!rest || *rest || P < 1 || E < 1 || (gpus > 0 && P * E != gpus) || (split && E == 1)) {

@@ -98,7 +98,8 @@ typedef struct eg_layout_row {
     int fits;             /* weights fit with room for at least one sequence's cache */
     double weights_gb;    /* per GPU, the heaviest */
     int64_t kv_tokens;    /* token slots box-wide (distinct tokens; a copy counts once) */
-    double concurrency;   /* sequences at the mean length (on-demand KV, 1% watermark) */
+    double concurrency;   /* sequences at the mean length (on-demand KV, 1% watermark), at most
+                             the opts' max_seqs / max_seqs_per_rank */
     double decode_tok_s;
     double prefill_tok_s; /* capture mode: teacher-forced prefill, prefill_chunk rows per GPU per step */
     double decode_step_ms, comm_ms; /* decode: slowest stage's step; its collectives */
@@ -135,6 +136,10 @@ typedef struct eg_layout_opts {
      * between two stages: its attention and experts [0, cut) on one, the rest and its shared
      * expert on the other, the hand-over 3H + 2K floats a row). */
     int whole_layers;
+    /* Sequences in flight at most, as generate runs them (0 = as many as the cache holds):
+     * max_seqs box-wide (--batch N), max_seqs_per_rank per expert-parallel rank (--batch
+     * auto takes at most --chunk slots per rank). Concurrency is the least of these. */
+    int max_seqs, max_seqs_per_rank;
 } eg_layout_opts;
 
 /* The modelled EAGLE-3 drafter, shaped as the public Kimi-K2.5 drafters (SpecForge's
@@ -150,8 +155,8 @@ double eg_layout_drafter_bytes(const eg_config *c, double *kv_token);
 int eg_layout_max_rows(int gpus);
 /* Every layout of box->gpus GPUs for the config, in a fixed order: for each P dividing
  * the GPU count (largest P first), E = GPUs / P, then (when E > 1) "+ffn" and "+split";
- * then tensor parallel. E must divide the expert count and P must not exceed
- * the layer count (others are left out). rows has room for max_rows; returns the
+ * then tensor parallel. E must divide the expert count (E > 1 needs routed experts) and
+ * P must not exceed the layer count (others are left out). rows has room for max_rows; returns the
  * number written, or -1 with err set. */
 int eg_layout_enumerate(const eg_config *c, const eg_box *box, const eg_layout_opts *o, eg_layout_row *rows,
                         int max_rows, eg_error *err);

@@ -702,8 +702,8 @@ eg_backend *eg_runtime_backend(const eg_runtime *rt) { return rt ? rt->be : NULL
 eg_forward *eg_runtime_forward(const eg_runtime *rt) { return rt ? rt->fwd : NULL; }
 
 eg_status eg_runtime_layout(const char *layout, const char *box_name, const char *model_dir, const char *backend,
-                            int prefill, int whole_layers, int max_seq_len, int *stages, int *ep, int *ep_split,
-                            char *why, size_t why_n, eg_error *err) {
+                            int prefill, int whole_layers, double mean_len, int chunk, int batch, int *stages, int *ep,
+                            int *ep_split, char *why, size_t why_n, eg_error *err) {
     eg_layout lay;
     eg_status st;
     if (why && why_n) why[0] = 0;
@@ -724,27 +724,49 @@ eg_status eg_runtime_layout(const char *layout, const char *box_name, const char
                            "`eaglegen plan --box NAME` shows every layout)");
         if ((st = eg_box_preset(box_name, &box, err))) return eg_wrap(err, "--box"), st;
         if ((st = eg_config_load(model_dir, &cfg, err))) return eg_wrap(err, "--layout auto"), st;
-        eg_layout_opts lo = {.mean_len = max_seq_len / 2.0, .whole_layers = whole_layers};
+        eg_layout_opts lo = {.mean_len = mean_len, .prefill_chunk = chunk, .whole_layers = whole_layers,
+                             .max_seqs = batch > 0 ? batch : 0, .max_seqs_per_rank = batch > 0 ? 0 : chunk};
         int max_rows = eg_layout_max_rows(box.gpus), n, best = -1;
         eg_layout_row *rows = calloc((size_t)max_rows, sizeof *rows);
         n = rows ? eg_layout_enumerate(&cfg, &box, &lo, rows, max_rows, err) : -1;
         for (int i = 0; i < n; i++) /* what this backend runs (plan's rows: the GPU box's view) */
             rows[i].runnable = eg_layout_runnable(&rows[i].lay, backend);
         if (n >= 0) best = eg_layout_recommend(rows, n, prefill);
-        eg_config_free(&cfg);
         if (best < 0) {
             if (n >= 0) st = eg_fail(err, EG_ERR_INVALID, "--layout auto: no runnable layout fits this box (eaglegen plan --box)");
             else if (!rows) st = eg_fail(err, EG_ERR_NOMEM, "--layout auto: out of memory");
             else st = eg_wrap(err, "--layout auto");
             free(rows);
+            eg_config_free(&cfg);
             return st ? st : EG_ERR_INVALID;
         }
         lay = rows[best].lay;
-        if (why && why_n)
-            snprintf(why, why_n, "--layout auto: %s on %s (modelled %.0f tok/s %s at mean length %.0f)", rows[best].name,
-                     box.name, prefill ? rows[best].prefill_tok_s : rows[best].decode_tok_s, prefill ? "prefill" : "decode",
-                     lo.mean_len);
+        if (why && why_n) {
+            /* what the figure assumes, the run's own limits among it, and where --batch holds
+               the run well below what the layout's cache would keep in flight */
+            char lim[32];
+            if (batch > 0) snprintf(lim, sizeof lim, "--batch %d", batch);
+            else snprintf(lim, sizeof lim, "--batch auto, %d a rank", chunk);
+            size_t k = 0;
+            int w = snprintf(why, why_n, "--layout auto: %s on %s: modelled %.0f tok/s %s at mean length %.0f, %.0f "
+                             "sequences in flight (%s), prefill chunks of %d rows", rows[best].name, box.name,
+                             prefill ? rows[best].prefill_tok_s : rows[best].decode_tok_s, prefill ? "prefill" : "decode",
+                             lo.mean_len, rows[best].concurrency, lim, chunk);
+            if (w > 0) k = (size_t)w < why_n ? (size_t)w : why_n - 1;
+            eg_layout_opts open = lo;
+            open.max_seqs = open.max_seqs_per_rank = 0;
+            eg_layout_row un;
+            eg_error e2 = {0};
+            if (!prefill && !eg_layout_model(&cfg, &box, &open, &lay, &un, &e2) && un.concurrency > 2 * rows[best].concurrency) {
+                w = snprintf(why + k, why_n - k, "; its cache holds %.0f at this length: a larger --batch runs faster",
+                             un.concurrency);
+                if (w > 0) k += (size_t)w < why_n - k ? (size_t)w : why_n - k - 1;
+            }
+            if (!strcmp(backend, "cpu"))
+                snprintf(why + k, why_n - k, " (the GPU box's figures; --backend cpu runs the layout on CPU ranks)");
+        }
         free(rows);
+        eg_config_free(&cfg);
     }
     *stages = lay.stages > 1 ? lay.stages : 1;
     *ep = lay.ep > 1 ? lay.ep : 1;

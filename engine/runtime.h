@@ -178,17 +178,20 @@ eg_status eg_runtime_parse_stages_cuts(const char *stages, const eg_model *m, in
 /* --layout: an explicit "ppP", "epE", "ppPxepE", "epE+ffn" / "ppPxepE+ffn" or "epE+split" /
  * "ppPxepE+split", or "auto":
  * the layout engine/layout.h recommends for the box preset `box` and the config in
- * model_dir, for decode (or prefill with `prefill`) at a mean sequence length of
- * max_seq_len / 2 (pipelines with the layer split --stages N makes on planned GPUs, or
+ * model_dir, for decode (or prefill with `prefill`) as generate runs it: mean sequence
+ * length mean_len, prefill chunk `chunk` rows per rank step, at most `batch` sequences in
+ * flight (0: --batch auto, up to `chunk` per rank; eg_layout_opts), and no drafter
+ * modelled (its acceptance is not known before the run) (pipelines with the layer split --stages N makes on planned GPUs, or
  * whole layers with whole_layers), among the layouts that run as modelled on `backend` (eg_layout_runnable;
  * an explicit one that does not is refused, saying so; ppPxepE runs as stage groups, P x E
  * GPUs on cuda: generate needs that many). Sets *stages and *ep (1 = none) and *ep_split (may be NULL) to
  * the layout's eg_dense_split (EG_SPLIT_FFN: each layer's shared expert / dense MLP on
  * one rank, what generate --ep-split ffn runs; EG_SPLIT_ALL: that and the vocab split,
  * --ep-split all; EG_SPLIT_NONE without a group). With auto, why (may be NULL) gets
- * what was chosen: "--layout auto: NAME on BOX (modelled N tok/s decode at mean length M)". */
+ * what was chosen and on what assumptions: "--layout auto: NAME on BOX (modelled N tok/s
+ * decode at mean length M, S sequences ...)". */
 eg_status eg_runtime_layout(const char *layout, const char *box, const char *model_dir, const char *backend,
-                            int prefill, int whole_layers, int max_seq_len, int *stages, int *ep, int *ep_split,
-                            char *why, size_t why_n, eg_error *err);
+                            int prefill, int whole_layers, double mean_len, int chunk, int batch, int *stages, int *ep,
+                            int *ep_split, char *why, size_t why_n, eg_error *err);
 
 #endif

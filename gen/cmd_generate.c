@@ -63,6 +63,7 @@ typedef struct gen_args {
     const char *stages;       /* --stages: "N" (balanced) or "e0,e1,...,L" */
     int micro_batches;
     int whole_layers;         /* --whole-layers: --stages N on cuda keeps whole layers per stage */
+    double mean_len;          /* --mean-len: what --layout auto plans for (0: not given) */
     int ep;                   /* --ep: expert-parallel ranks (0 = off) */
     int ep_split;             /* --ep-split: eg_ep_split (none, ffn, all) */
     int ep_split_given;       /* --ep-split was on the command line (--layout sets it too) */
@@ -180,9 +181,13 @@ static void usage(FILE *f) {
             "                          epE+split / ppPxepE+split (--ep-split all),\n"
             "                          or auto: the layout `eaglegen plan --box` recommends for this model\n"
             "                          and --box among those --backend runs (decode, or prefill with --mode\n"
-            "                          capture; mean length --max-seq-len / 2). It sets --stages, --ep\n"
-            "                          and --ep-split: not with them\n"
+            "                          capture), planned as this run goes: --mean-len, --chunk rows per\n"
+            "                          step and at most --batch sequences (plan --prefill-chunk and\n"
+            "                          --batch take the same values); no drafter modelled. It sets\n"
+            "                          --stages, --ep and --ep-split: not with them\n"
             "  --box NAME              with --layout auto: rtx-pro-6000x8 or h200x8\n"
+            "  --mean-len N            with --layout auto: expected tokens per sequence, prompt +\n"
+            "                          response (default 4096 as plan's, at most --max-seq-len)\n"
             "  --gpus N                cuda: stage k runs on GPU k mod N (default: one GPU per stage;\n"
             "                          --gpus 1 runs every stage on one GPU, for testing)\n"
             "  --transport NAME        how stages hand rows on: nccl (GPU to GPU on the stages' streams),\n"
@@ -253,22 +258,27 @@ static int p_worker(const char *v, int *i, int *n) {
 }
 
 /* --layout: an explicit ppP / epE / ppPxepE, or auto: the layout engine/layout.h recommends
- * for --box, for decode (regenerate) or prefill (capture), at a mean sequence length of
- * half of --max-seq-len. Sets a->stages and a->ep; 0 or 2 (usage). */
+ * for --box, for decode (regenerate) or prefill (capture), at --mean-len (default plan's
+ * 4096, at most --max-seq-len), --chunk and --batch. Sets a->stages and a->ep; 0 or 2 (usage). */
 static int resolve_layout(gen_args *a) {
     eg_error err = {0};
     if (a->stages || a->ep || a->ep_split_given) {
         fprintf(stderr, "eaglegen generate: --layout sets --stages, --ep and --ep-split: give one or the other\n");
         return 2;
     }
-    char why[512];
+    char why[1024];
     int stages = 1, ep = 1, ep_split = EG_SPLIT_NONE;
-    if (eg_runtime_layout(a->layout, a->box, a->model, a->backend, a->capture, a->whole_layers, a->max_seq_len, &stages,
-                          &ep, &ep_split, why, sizeof why, &err)) {
+    double mean_len = a->mean_len > 0 ? a->mean_len : a->max_seq_len < 4096 ? a->max_seq_len : 4096;
+    if (eg_runtime_layout(a->layout, a->box, a->model, a->backend, a->capture, a->whole_layers, mean_len, a->chunk,
+                          a->batch, &stages, &ep, &ep_split, why, sizeof why, &err)) {
         fprintf(stderr, "eaglegen generate: %s\n", err.msg);
         return 2;
     }
     if (why[0]) fprintf(stderr, "eaglegen generate: %s\n", why);
+    if (why[0] && a->draft_model)
+        fprintf(stderr, "eaglegen generate: --layout auto did not model the drafter (its acceptance is known after "
+                        "the run, which reports it): `eaglegen plan --box %s --draft-model %s --draft-tokens %d --accept "
+                        "A` ranks the layouts with it\n", a->box, a->draft_model, a->draft_tokens ? a->draft_tokens : 3);
     /* a "+ffn" layout: each layer's shared expert / dense MLP on rank l mod ep; "+split":
        that and the vocab split of the embedding and lm_head */
     if (ep_split == EG_SPLIT_FFN) a->ep_split = EG_EP_SPLIT_FFN;
@@ -313,7 +323,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         {"shard-size", 1, 0, 'Z'},     {"kv-policy", 1, 0, 'K'},      {"kv-tokens", 1, 0, 'V'},
         {"host-kv-gb", 1, 0, 'W'},     {"ep", 1, 0, 'E'},             {"layout", 1, 0, 0x100},
         {"box", 1, 0, 0x101},          {"draft-model", 1, 0, 0x102},  {"draft-tokens", 1, 0, 0x103},
-        {"ep-split", 1, 0, 0x104},     {"whole-layers", 0, 0, 0x105},
+        {"ep-split", 1, 0, 0x104},     {"whole-layers", 0, 0, 0x105}, {"mean-len", 1, 0, 0x106},
         {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     /* every argument could be a prompt path: argc entries is enough, no cap */
     const char **plist = malloc(sizeof *plist * ((size_t)argc + 1));
@@ -439,6 +449,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             break;
         case 'U': if (!gen_arg_int("generate", "--micro-batches", optarg, 1, 4096, &a->micro_batches)) return 2; break;
         case 0x105: a->whole_layers = 1; break;
+        case 0x106: if (!gen_arg_double("generate", "--mean-len", optarg, 1, 1 << 24, &a->mean_len)) return 2; break;
         case 'R': a->restart = 1; break;
         case 'D': a->dry_run = 1; break;
         case 'Z': if (!gen_arg_size("generate", "--shard-size", optarg, 1, &a->shard_bytes)) return 2; shard_size_set = 1; break;
@@ -455,8 +466,12 @@ static int parse_args(int argc, char **argv, gen_args *a) {
                 !a->out && !a->dry_run ? "--out" : "");
         return 2;
     }
-    if (a->box && (!a->layout || strcmp(a->layout, "auto"))) {
-        fprintf(stderr, "eaglegen generate: --box applies to --layout auto\n");
+    if ((a->box || a->mean_len > 0) && (!a->layout || strcmp(a->layout, "auto"))) {
+        fprintf(stderr, "eaglegen generate: --%s applies to --layout auto\n", a->box ? "box" : "mean-len");
+        return 2;
+    }
+    if (a->mean_len > a->max_seq_len) {
+        fprintf(stderr, "eaglegen generate: --mean-len %.0f is more than --max-seq-len %d\n", a->mean_len, a->max_seq_len);
         return 2;
     }
     /* --stages' syntax here (a usage error); its layers against the model in the runtime */

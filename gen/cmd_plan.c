@@ -29,12 +29,13 @@ static void usage(FILE *f) {
             "comparison), each with its weights and KV token slots per GPU, concurrent\n"
             "sequences at --mean-len, and modelled decode and capture-mode prefill tok/s with\n"
             "what bounds them (engine/layout.h; docs/perf_model.py is the same model), then the\n"
-            "layout recommended for each mode (what `generate --layout auto` takes) and what\n"
-            "the decode recommendation splits and why (memory freed, KV slots, exchange cost).\n"
+            "layout recommended for each mode (what `generate --layout auto` takes for the same\n"
+            "--mean-len, --batch and chunk: its --chunk is --prefill-chunk here) and what the\n"
+            "decode recommendation splits and why (memory freed, KV slots, exchange cost).\n"
             "\n"
             "With --stages:\n"
-            "Splits the layers into N pipeline stages balanced by bytes (weights, plus the BF16\n"
-            "latent cache of each layer for --mean-len tokens per sequence), then prints each\n"
+            "Splits the layers into N pipeline stages balanced by bytes (weights, plus each\n"
+            "layer's BF16 latent cache for an even share of the box's token slots), then prints each\n"
             "stage's weight bytes, free memory and KV capacity in tokens, the box-wide number of\n"
             "concurrent sequences, and the same for tensor parallelism over N GPUs (which keeps\n"
             "a full copy of the latent cache on every GPU). Concurrency is estimated from the\n"
@@ -45,11 +46,12 @@ static void usage(FILE *f) {
             "between stages (--stages END:CUT,...), with its token slots.\n"
             "\n"
             "options:\n"
-            "  --model DIR         a checkpoint (exact stored bytes)\n"
+            "  --model DIR         a checkpoint (--stages: its exact stored bytes; the layout\n"
+            "                      table reads its config.json only, as --preset does)\n"
             "  --preset NAME       tiny, moonlight-16b or kimi-k2.5 (bytes from the config)\n"
-            "  --layers N          with --preset: override the layer count\n"
+            "  --layers N          with --preset: override the layer count (1..4096)\n"
             "  --experts int4|bf16 with --preset: expert format (default int4)\n"
-            "  --stages N          pipeline stages = GPUs (required)\n"
+            "  --stages N          pipeline stages = GPUs (this mode; not with --gpus/--box)\n"
             "  --gpu-mem-gb F      memory per GPU in GB (default 96: RTX PRO 6000 Blackwell)\n"
             "  --mem-fraction F    share of it usable (default 0.92)\n"
             "  --act-gb F          activations and workspace per GPU in GB (default 3)\n"
@@ -69,7 +71,11 @@ static void usage(FILE *f) {
             "  --link pcie|nvlink  collectives: 25 GB/s + 30 us, or 450 GB/s + 10 us (default pcie)\n"
             "  --link-gbs F        per-GPU collective bandwidth, GB/s, each direction\n"
             "  --link-us F         latency per collective, microseconds\n"
-            "  --prefill-chunk N   capture-mode prefill rows per GPU per step (default 8192)\n"
+            "  --prefill-chunk N   capture-mode prefill rows per GPU per step (default 8192;\n"
+            "                      generate --chunk)\n"
+            "  --batch N|auto      sequences in flight at most, box-wide, as generate --batch N runs\n"
+            "                      (auto: up to --prefill-chunk per expert-parallel rank, as generate\n"
+            "                      --batch auto); default: as many as the cache holds\n"
             "  --draft-tokens K    model speculative decoding: K drafted tokens per verify pass\n"
             "                      (an EAGLE-3 drafter layer beside lm_head; needs --accept)\n"
             "  --accept A          tokens committed per verify pass (accepted drafts + 1, 1..K+1;\n"
@@ -181,10 +187,11 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
         for (int i = 0; i < n && arr; i++)
             if (json_array_append_new(arr, row_json(&rows[i]))) { json_decref(arr); arr = NULL; }
         if (arr)
-            o = json_pack("{s:s, s:{s:s, s:i, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}, s:f, s:i, s:f, s:o, s:s?, s:s?}", "model",
-                          what, "box", "name", box->name, "gpus", box->gpus, "mem_gb", box->mem_gb, "hbm_tbs",
+            o = json_pack("{s:s, s:{s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:f}, s:f, s:i, s:i, s:i, s:f, s:o, s:s?, s:s?}", "model",
+                          what, "box", "name", box->name, "gpus", box->gpus, "mem_gb", box->mem_gb, "act_gb", box->act_gb, "hbm_tbs",
                           box->hbm_tbs, "tflops", box->tflops, "eff", box->eff, "link", box->link, "link_gbs",
                           box->link_gbs, "link_us", box->link_us, "frac", box->frac, "mean_len", lo->mean_len,
+                          "max_seqs", lo->max_seqs, "max_seqs_per_rank", lo->max_seqs_per_rank,
                           "draft_tokens", lo->draft_tokens, "accept", lo->draft_tokens ? lo->accept : 1.0, "layouts",
                           arr, "recommended_decode", rd >= 0 ? rows[rd].name : NULL, "recommended_prefill",
                           rp >= 0 ? rows[rp].name : NULL);
@@ -194,23 +201,27 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
         printf("%s\n", txt);
         free(txt);
         free(rows);
-        return 0;
+        return (rd < 0 && rp < 0) ? 1 : 0; /* as the table says it: nothing runnable fits */
     }
-    printf("%s on %s: %d GPUs x %.0f GB (%.2f usable, %.1f GB activations), %.2f TB/s, %.0f TFLOP/s, kernel "
+    printf("%s on %s: %d GPUs x %.4g GB (%.2f usable, %.1f GB activations), %.2f TB/s, %.0f TFLOP/s, kernel "
            "efficiency %.2f, %s %.0f GB/s + %.0f us per collective; mean length %.0f (%s)\n%s\n",
            what, box->name, box->gpus, box->mem_gb, box->frac, box->act_gb, box->hbm_tbs, box->tflops, box->eff,
            box->link, box->link_gbs, box->link_us, lo->mean_len, len_from,
            lo->whole_layers ? "pipeline rows: whole layers per stage (--whole-layers)\n"
                             : "pipeline rows: KV tokens with the layer split generate --stages N makes on planned GPUs "
                               "(a stage may end inside a MoE layer; --whole-layers: whole layers)\n");
+    if (lo->max_seqs > 0) printf("sequences in flight: at most %d box-wide (--batch %d)\n\n", lo->max_seqs, lo->max_seqs);
+    if (lo->max_seqs_per_rank > 0)
+        printf("sequences in flight: at most %d per expert-parallel rank (--batch auto)\n\n", lo->max_seqs_per_rank);
     if (lo->draft_tokens) {
         double dkv = 0, dw = eg_layout_drafter_bytes(c, &dkv);
         if (lo->draft_cache_bytes > 0) dkv = lo->draft_cache_bytes;
         if (lo->draft_weight_bytes > 0) dw = lo->draft_weight_bytes;
-        printf("speculative decoding: %d drafted tokens per verify pass, %.2f committed per pass; drafter %.2f GB "
-               "(modelled EAGLE-3 layer) on the last stage's GPUs, its cache %.0f bytes per token%s\n\n",
-               lo->draft_tokens, lo->accept, dw / 1e9, dkv,
-               lo->draft_cache_bytes > 0 || lo->draft_weight_bytes > 0 ? " (from the options)" : "");
+        int given = lo->draft_cache_bytes > 0 || lo->draft_weight_bytes > 0;
+        printf("speculative decoding: %d drafted tokens per verify pass, %.2f committed per pass; drafter %.2f GB%s "
+               "on the last stage's GPUs, its cache %.0f bytes per token%s\n\n",
+               lo->draft_tokens, lo->accept, dw / 1e9, given ? "" : " (modelled EAGLE-3 layer)", dkv,
+               given ? " (from the options)" : "");
     }
     printf("%-13s %10s %12s %8s %10s %-8s %6s %11s %-8s  %s\n", "layout", "weights GB", "KV tokens", "seqs",
            "decode t/s", "bound", "ms", "prefill t/s", "bound", "");
@@ -246,7 +257,16 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
     if (rp >= 0)
         printf("recommended for capture-mode prefill: %s, %.0f tok/s (%s-bound)\n", rows[rp].name,
                rows[rp].prefill_tok_s, rows[rp].prefill_bound);
-    if (rd < 0 && rp < 0) printf("no runnable layout fits this box (see the table: more or larger GPUs)\n");
+    if (rd < 0 && rp < 0) {
+        int groups = 0;
+        for (int i = 0; i < n; i++) groups += rows[i].lay.kind == EG_LAYOUT_PP_EP;
+        if (!groups) /* only tensor parallelism was listed: no P x E = GPUs that the model allows */
+            printf("no runnable layout on %d GPUs: a pipeline of P stages x groups of E needs P x E = %d, P at most the "
+                   "model's %d layers and E dividing its %d routed experts (1 without experts)\n",
+                   box->gpus, box->gpus, c->n_layers, c->n_experts);
+        else
+            printf("no runnable layout fits this box (see the table: more or larger GPUs)\n");
+    }
     free(rows);
     return (rd < 0 && rp < 0) ? 1 : 0;
 }
@@ -265,12 +285,13 @@ int cmd_plan(int argc, char **argv) {
         {"eff", 1, 0, 'E'},        {"link", 1, 0, 'k'},         {"link-gbs", 1, 0, 'K'}, {"link-us", 1, 0, 'U'},
         {"prefill-chunk", 1, 0, 'c'}, {"json", 0, 0, 'j'},      {"draft-tokens", 1, 0, 'D'},
         {"accept", 1, 0, 'A'},     {"draft-cache-bytes", 1, 0, 'C'}, {"draft-model", 1, 0, 'R'},
-        {"draft-weight-bytes", 1, 0, 'X'}, {"whole-layers", 0, 0, 'H'}, {0, 0, 0, 0}};
+        {"draft-weight-bytes", 1, 0, 'X'}, {"whole-layers", 0, 0, 'H'}, {"batch", 1, 0, 'Y'}, {0, 0, 0, 0}};
     const char *draft_dir = NULL;
     int draft_tokens = 0;
     double accept = 0, draft_cache = 0, draft_weight = 0;
     const char *box_name = NULL, *link = NULL;
     int gpus = 0, json = 0, chunk = 8192, set_mem = 0, set_frac = 0, set_act = 0, whole_layers = 0;
+    int batch = 0; /* --batch: 0 none, -1 auto */
     double hbm = 0, tflops = 0, eff = 0, link_gbs = 0, link_us = -1;
     const char *workload = NULL;
     int mean_given = 0;
@@ -280,21 +301,21 @@ int cmd_plan(int argc, char **argv) {
     int ch;
     while ((ch = gen_getopt(argc, argv, "plan", "h", opts)) != -1) {
         for (const struct option *o = opts; ch > 0 && o->name; o++)
-            if (o->val == ch && strchr("WTEkKUcjDACRXH", ch) && !layout_only) layout_only = o->name;
+            if (o->val == ch && strchr("WTEkKUcjDACRXHY", ch) && !layout_only) layout_only = o->name;
             else if (o->val == ch && strchr("le", ch) && !preset_only) preset_only = o->name;
         switch (ch) {
         case 'm': model_dir = optarg; break;
         case 'p': preset = optarg; break;
-        case 'l': if (!gen_arg_int("plan", "--layers", optarg, 1, 1 << 20, &layers)) return 2; break;
+        case 'l': if (!gen_arg_int("plan", "--layers", optarg, 1, 4096, &layers)) return 2; break;
         case 'e':
             if (!strcmp(optarg, "int4")) experts = EG_MK_EXPERTS_INT4;
             else if (!strcmp(optarg, "bf16")) experts = EG_MK_EXPERTS_BF16;
             else { fprintf(stderr, "eaglegen plan: --experts expects int4 or bf16\n"); return 2; }
             break;
         case 's': if (!gen_arg_int("plan", "--stages", optarg, 1, 4096, &stages)) return 2; break;
-        case 'g': if (!gen_arg_double("plan", "--gpu-mem-gb", optarg, 0.001, 1e18, &gpu_gb)) return 2; set_mem = 1; break;
+        case 'g': if (!gen_arg_double("plan", "--gpu-mem-gb", optarg, 0.001, 1e6, &gpu_gb)) return 2; set_mem = 1; break;
         case 'f': if (!gen_arg_double("plan", "--mem-fraction", optarg, 0.01, 1, &frac)) return 2; set_frac = 1; break;
-        case 'a': if (!gen_arg_double("plan", "--act-gb", optarg, 0, 1e18, &act_gb)) return 2; set_act = 1; break;
+        case 'a': if (!gen_arg_double("plan", "--act-gb", optarg, 0, 1e6, &act_gb)) return 2; set_act = 1; break;
         case 'B': box_name = optarg; break;
         case 'G': if (!gen_arg_int("plan", "--gpus", optarg, 1, 4096, &gpus)) return 2; break;
         case 'W': if (!gen_arg_double("plan", "--hbm-tbs", optarg, 1e-6, 1e6, &hbm)) return 2; break;
@@ -306,13 +327,17 @@ int cmd_plan(int argc, char **argv) {
         case 'c': if (!gen_arg_int("plan", "--prefill-chunk", optarg, 1, 1 << 24, &chunk)) return 2; break;
         case 'j': json = 1; break;
         case 'H': whole_layers = 1; break;
+        case 'Y':
+            if (!strcmp(optarg, "auto")) batch = -1;
+            else if (!gen_arg_int("plan", "--batch", optarg, 1, 1 << 24, &batch)) return 2;
+            break;
         case 'D': if (!gen_arg_int("plan", "--draft-tokens", optarg, 1, 64, &draft_tokens)) return 2; break;
         case 'A': if (!gen_arg_double("plan", "--accept", optarg, 1, 65, &accept)) return 2; break;
         case 'C': if (!gen_arg_double("plan", "--draft-cache-bytes", optarg, 1, 1e12, &draft_cache)) return 2; break;
         case 'R': draft_dir = optarg; break;
         case 'X': if (!gen_arg_double("plan", "--draft-weight-bytes", optarg, 1, 1e15, &draft_weight)) return 2; break;
         case 'n':
-            if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e18, &mean_len)) return 2;
+            if (!gen_arg_double("plan", "--mean-len", optarg, 1, 1e9, &mean_len)) return 2;
             mean_given = 1;
             break;
         case 'w': workload = optarg; break;
@@ -390,13 +415,19 @@ int cmd_plan(int argc, char **argv) {
     double *cost = NULL;
     int *ends = NULL;
     eg_stage_mem *sm = NULL;
-    if (model_dir) {
+    if (model_dir && layouts) { /* the table models bytes from the config, as for a preset */
+        if (eg_config_load(model_dir, &cfg, &err)) goto out;
+        c = &cfg;
+    } else if (model_dir) {
         if (eg_model_load(model_dir, &m, &err)) goto out;
         c = &m.cfg;
     } else {
         eg_mkmodel_opts mo = {.preset = preset, .layers = layers, .experts = experts};
         char *json = NULL;
-        if (eg_mkmodel_config_json(&mo, &json, &err)) goto out;
+        if (eg_mkmodel_config_json(&mo, &json, &err)) {
+            rc = err.code == EG_ERR_NOMEM ? 1 : 2; /* an unknown preset is a usage error */
+            goto out;
+        }
         eg_status st = eg_config_parse(json, strlen(json), preset, &cfg, &err);
         free(json);
         if (st) goto out;
@@ -428,7 +459,8 @@ int cmd_plan(int argc, char **argv) {
         if (draft_dir && drafter_bytes(draft_dir, c, &draft_cache, &draft_weight, &err)) goto out;
         eg_layout_opts lo = {.mean_len = mean_len, .prefill_chunk = chunk, .draft_tokens = draft_tokens,
                              .accept = accept, .draft_cache_bytes = draft_cache, .draft_weight_bytes = draft_weight,
-                             .whole_layers = whole_layers};
+                             .whole_layers = whole_layers, .max_seqs = batch > 0 ? batch : 0,
+                             .max_seqs_per_rank = batch < 0 ? chunk : 0};
         rc = print_layouts(model_dir ? model_dir : preset, c, &box, &lo, len_from, json, &err);
         goto out;
     }

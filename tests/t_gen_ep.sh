@@ -118,7 +118,7 @@ grep -q "rank 0: .*dense MLP of layers 0, 2, 4$" dry.txt && grep -q "rank 1: .*d
 echo "-- --layout: the same layouts by name, and auto from the planner"
 same lay22 --layout pp2xep2
 $E generate "${args[@]}" --layout auto --box h200x8 --batch 8 --out lauto 2>lauto.log || { cat lauto.log; exit 1; }
-grep -q -- "--layout auto: .* on h200x8 (modelled" lauto.log || { cat lauto.log; echo "FAIL: auto says nothing"; exit 1; }
+grep -q -- "--layout auto: .* on h200x8: modelled .* sequences in flight (--batch 8)" lauto.log || { cat lauto.log; echo "FAIL: auto says nothing"; exit 1; }
 "$PYTHON" "$here/gen_check.py" same ref lauto >/dev/null || { echo "FAIL: --layout auto differs from unsplit"; exit 1; }
 echo "  auto: $(grep -o 'layout auto: [^ ]*' lauto.log): identical"
 

@@ -15,8 +15,11 @@ cd "$tmp"
 fail() { echo "FAIL: $*"; tail -n 20 err 2>/dev/null; exit 1; }
 $E mkmodel --preset kimi-k2.5 --no-weights --out kimi >/dev/null 2>&1 || fail "mkmodel --no-weights"
 echo '{"prompt": "hi"}' > p.jsonl
-args=(--model kimi --prompts p.jsonl --out o --max-seq-len 8192)
-want=$($E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --mean-len 4096 | sed -n 's/^recommended for decode: \([^,]*\),.*/\1/p')
+args=(--model kimi --prompts p.jsonl --out o --max-seq-len 8192 --batch auto)
+# auto plans as the run goes: mean length 4096 (plan's default), --batch auto (up to --chunk
+# 512 slots a rank), prefill chunks of --chunk rows: plan with the same figures
+pargs=(--mean-len 4096 --batch auto --prefill-chunk 512)
+want=$($E plan --preset kimi-k2.5 --box rtx-pro-6000x8 "${pargs[@]}" | sed -n 's/^recommended for decode: \([^,]*\),.*/\1/p')
 case "$want" in pp2xep4+split|pp4xep2+split) ;; *) fail "plan recommends '$want' on the RTX box, expected ppPxepE+split" ;; esac
 ep=${want#*xep}; ep=${ep%+split}; vend=$((163840 / ep - 1))
 # auto takes plan's recommendation on either backend
@@ -24,7 +27,7 @@ for be in cpu cuda; do
     w=$want
     ! $E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 --backend $be > out 2> err ||
         fail "generate without weights ran ($be)"
-    grep -q -- "--layout auto: $w on rtx-pro-6000x8 (modelled" err || fail "auto on $be did not take $w"
+    grep -q -- "--layout auto: $w on rtx-pro-6000x8: modelled" err || fail "auto on $be did not take $w"
     $E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 --backend $be --dry-run > out 2> err ||
         fail "dry run of auto ($be)"
     if [ $be = cuda ]; then
@@ -39,12 +42,12 @@ for be in cpu cuda; do
         fail "auto on $be: no ffn owners or vocab rows in the dry run"
 done
 # --whole-layers: auto ranks the whole-layer rows, plan --whole-layers's recommendation
-ww=$($E plan --preset kimi-k2.5 --box rtx-pro-6000x8 --mean-len 4096 --whole-layers |
+ww=$($E plan --preset kimi-k2.5 --box rtx-pro-6000x8 "${pargs[@]}" --whole-layers |
     sed -n 's/^recommended for decode: \([^,]*\),.*/\1/p')
 [ -n "$ww" ] || fail "plan --whole-layers recommends nothing"
 $E generate "${args[@]}" --layout auto --box rtx-pro-6000x8 --whole-layers --dry-run > out 2> err ||
     fail "dry run of auto --whole-layers"
-grep -q -- "--layout auto: $ww on rtx-pro-6000x8 (modelled" err || fail "auto --whole-layers did not take $ww"
+grep -q -- "--layout auto: $ww on rtx-pro-6000x8: modelled" err || fail "auto --whole-layers did not take $ww"
 $E generate "${args[@]}" --layout ep8+ffn --backend cuda --dry-run > out 2> err || fail "dry run of ep8+ffn on cuda"
 grep -q -- "--ep 8+ffn" out err || fail "ep8+ffn on cuda: no ffn split in the dry run"
 grep -q "the shared expert / dense MLP of layers 0, 8, " out err || fail "ep8+ffn on cuda: no ffn owners"

@@ -368,7 +368,54 @@ for n in a:
         assert b[n]["kv_tokens"] >= a[n]["kv_tokens"], (n, a[n]["kv_tokens"], b[n]["kv_tokens"])
 assert all(b[n]["kv_tokens"] > a[n]["kv_tokens"] for n in ("ep8+ffn", "ep8+split", "tp8")), (a, b)
 PY
+# sequences in flight as generate runs them: --batch N box-wide, --batch auto up to the chunk
+# per rank; C and Python agree, concurrency is the least of the cache's and the cap, and the
+# cap can change the recommendation (what --layout auto then takes)
+for cap in "--batch 64" "--batch auto --prefill-chunk 512"; do
+    pcap=${cap/--batch auto/--batch-per-rank 512}
+    $E plan --preset kimi-k2.5 --box h200x8 $cap --json > c.json 2> err || fail "plan $cap"
+    uncap=${cap#--batch 64}; uncap=${uncap#--batch auto }
+    $E plan --preset kimi-k2.5 --box h200x8 $uncap --json > u.json 2> err || fail "plan without $cap"
+    "$PYTHON" "$root/docs/perf_model.py" --config kimi/config.json --box h200x8 $pcap --json > p.json ||
+        fail "perf_model.py $pcap"
+    "$PYTHON" - "$cap" <<'PY' || fail "the sequence cap ($cap)"
+import json, sys
+c, p, u = (json.load(open(f)) for f in ("c.json", "p.json", "u.json"))
+cap = sys.argv[1]
+for a, b, x in zip(c["layouts"], p["layouts"], u["layouts"]):
+    for k in ("concurrency", "decode_tok_s", "prefill_tok_s"):
+        assert abs(a[k] - b[k]) <= 1e-9 * max(abs(a[k]), abs(b[k]), 1e-30), (cap, a["layout"], k, a[k], b[k])
+    lim = 64 if "64" in cap else 512 * x["ep"] if x["layout"][:2] != "tp" else 512
+    assert a["concurrency"] == min(x["concurrency"], lim), (cap, a["layout"], a["concurrency"], x["concurrency"], lim)
+assert c["recommended_decode"] == p["recommended_decode"], (c["recommended_decode"], p["recommended_decode"])
+if "64" in cap:
+    assert c["max_seqs"] == 64 and c["recommended_decode"] != u["recommended_decode"], (c["recommended_decode"],)
+PY
+done
+$E plan --preset kimi-k2.5 --box h200x8 --batch 64 | grep -q "at most 64 box-wide (--batch 64)" || fail "the table does not say --batch"
+
+# a model without routed experts has no expert-parallel layouts (every E divided 0); the
+# JSON's exit status is the table's when nothing runs
+"$PYTHON" -c "import json; c = json.load(open('kimi/config.json')); t = c.get('text_config') or c; t['n_routed_experts'] = 0
+import os; os.makedirs('dense', exist_ok=True); json.dump(c, open('dense/config.json', 'w'))"
+$E plan --model dense --box h200x8 --json > d.json 2> err || true
+"$PYTHON" -c "import json; d = json.load(open('d.json')); assert all(r['ep'] == 1 for r in d['layouts']), [r['layout'] for r in d['layouts']]" ||
+    fail "expert-parallel rows for a model without experts"
+"$PYTHON" "$root/docs/perf_model.py" --config dense/config.json --box h200x8 --json > pd.json || fail "perf_model.py on a dense config"
+set +e; $E plan --preset kimi-k2.5 --gpus 3 --json > out 2> err; rc=$?; set -e
+[ $rc -eq 1 ] || fail "plan --json with nothing runnable: exit $rc"
+set +e; $E plan --preset kimi-k2.5 --gpus 1000 > out 2> err; rc=$?; set -e
+[ $rc -eq 1 ] && grep -q "E dividing its 384 routed experts" out || fail "--gpus 1000: exit $rc: $(tail -n 2 out)"
+
 # refusals, each naming what is wrong
+for bad in "--gpu-mem-gb 1e10" "--act-gb 1e18" "--mean-len 1e12" "--batch 0" "--batch x"; do
+    ! $E plan --preset kimi-k2.5 --box h200x8 $bad > out 2> err || fail "$bad accepted"
+    grep -q -- "${bad%% *}" err || fail "$bad: message $(cat err)"
+done
+! $E plan --preset nope --box h200x8 > out 2> err; [ $? -eq 0 ] || true
+set +e; $E plan --preset nope --box h200x8 > out 2> err; rc=$?; set -e
+[ $rc -eq 2 ] && grep -q "unknown preset" err || fail "unknown preset: exit $rc: $(cat err)"
+$E plan --model kimi --box h200x8 > out 2> err || fail "plan --model (config only) --box: $(cat err)"
 ! $E plan --preset kimi-k2.5 --gpus 0 > out 2> err || fail "--gpus 0 accepted"
 grep -q -- '--gpus' err || fail "--gpus 0 message: $(cat err)"
 ! $E plan --preset kimi-k2.5 --gpus 8 --stages 8 > out 2> err || fail "--gpus with --stages accepted"
