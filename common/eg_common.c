@@ -1,6 +1,7 @@
 /* Error values and small helpers; see eg_common.h. */
 #include "common/eg_common.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -184,4 +185,25 @@ char *eg_utf8_escape(const char *raw) {
     }
     o[j] = 0;
     return o;
+}
+
+char *eg_shell_quote(const char *s) {
+    size_t n = 0, quotes = 0;
+    int plain = *s != 0;
+    for (const char *p = s; *p; p++, n++) {
+        if (*p == '\'') quotes++;
+        if (!isalnum((unsigned char)*p) && !strchr("_@%+=:,./-", *p)) plain = 0;
+    }
+    char *out = malloc(plain ? n + 1 : n + 3 * quotes + 3);
+    if (!out) return NULL;
+    if (plain) return memcpy(out, s, n + 1);
+    char *q = out;
+    *q++ = '\'';
+    for (const char *p = s; *p; p++) {
+        if (*p == '\'') { memcpy(q, "'\\''", 4); q += 4; }
+        else *q++ = *p;
+    }
+    *q++ = '\'';
+    *q = 0;
+    return out;
 }

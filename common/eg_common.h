@@ -88,6 +88,11 @@ void *eg_calloc(size_t n, size_t size, eg_error *err);
 size_t eg_utf8_valid_prefix(const char *s, size_t n);
 char *eg_utf8_escape(const char *s);
 
+/* s as one POSIX shell word, for a command line printed to be pasted: unchanged when it
+ * holds only [A-Za-z0-9_@%+=:,./-] (and is not empty), else in single quotes with each '
+ * written '\''. A malloc'd string; NULL only when out of memory. */
+char *eg_shell_quote(const char *s);
+
 /* Monotonic seconds. */
 double eg_now(void);
 

@@ -330,12 +330,23 @@ eg_status eg_export_specforge(eg_ds_reader *r, const eg_export_opts *o, eg_expor
              rep->samples, skipped, rep->tokens, (double)rep->bytes_written / 1e6, o->out_dir, o->out_dir, N, V,
              eg_vocab_tie_name(o->tie), pad, 100.0 * cover, o->out_dir, aux, m->hidden_size, V, N);
     int64_t L = o->max_len ? o->max_len : max_T;
-    snprintf(rep->trainer_command, sizeof rep->trainer_command,
-             "torchrun --standalone --nproc_per_node 1 scripts/train_eagle3.py --target-model-path %s/target "
-             "--draft-model-config %s/draft_config.json --train-hidden-states-path %s/hidden_states "
-             "--train-data-path CONVERSATIONS.jsonl --chat-template TEMPLATE --max-length %" PRId64
-             " --cache-dir %s/cache --output-dir %s/draft-out --embedding-key model.embed_tokens.weight "
-             "--lm-head-key lm_head.weight",
-             o->out_dir, o->out_dir, o->out_dir, L, o->out_dir, o->out_dir);
-    return EG_OK;
+    /* paths as shell words: the line is printed to be pasted (a space in --out broke it) */
+    static const char *const sub[5] = {"target", "draft_config.json", "hidden_states", "cache", "draft-out"};
+    char *q[5] = {0};
+    int ok = 1;
+    for (int i = 0; i < 5 && ok; i++) {
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", o->out_dir, sub[i]);
+        ok = (q[i] = eg_shell_quote(p)) != NULL;
+    }
+    if (ok)
+        snprintf(rep->trainer_command, sizeof rep->trainer_command,
+                 "torchrun --standalone --nproc_per_node 1 scripts/train_eagle3.py --target-model-path %s "
+                 "--draft-model-config %s --train-hidden-states-path %s "
+                 "--train-data-path CONVERSATIONS.jsonl --chat-template TEMPLATE --max-length %" PRId64
+                 " --cache-dir %s --output-dir %s --embedding-key model.embed_tokens.weight "
+                 "--lm-head-key lm_head.weight",
+                 q[0], q[1], q[2], L, q[3], q[4]);
+    for (int i = 0; i < 5; i++) free(q[i]);
+    return ok ? EG_OK : eg_fail(err, EG_ERR_NOMEM, "out of memory");
 }

@@ -468,11 +468,22 @@ eg_status eg_export_speculators(eg_ds_reader *r, const eg_export_opts *o, eg_exp
             st = eg_fail(err, EG_ERR_INVALID, "too many aux layers for the command line");
             goto done;
         }
-    const char *verifier = o->verifier && *o->verifier ? o->verifier : "VERIFIER_DIR";
-    int bad = append(rep->trainer_command, sizeof rep->trainer_command, &k,
-                     "speculators train --speculator-type eagle3 --verifier-name-or-path %s --data-path %s "
-                     "--target-layer-ids %s --draft-vocab-size %" PRId64 " --on-missing raise",
-                     verifier, o->out_dir, ids, N);
+    /* paths as shell words: the line is printed to be pasted (a space in --out broke it) */
+    char *qv = eg_shell_quote(o->verifier && *o->verifier ? o->verifier : "VERIFIER_DIR");
+    char *qo = eg_shell_quote(o->out_dir);
+    int bad = !qv || !qo;
+    if (bad) {
+        free(qv);
+        free(qo);
+        st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    bad = append(rep->trainer_command, sizeof rep->trainer_command, &k,
+                 "speculators train --speculator-type eagle3 --verifier-name-or-path %s --data-path %s "
+                 "--target-layer-ids %s --draft-vocab-size %" PRId64 " --on-missing raise",
+                 qv, qo, ids, N);
+    free(qv);
+    free(qo);
     if (!bad && longest > SPEC_DEFAULT_SEQ_LEN)
         bad = append(rep->trainer_command, sizeof rep->trainer_command, &k, " --total-seq-len %" PRId64, longest);
     if (bad) {

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -56,6 +57,7 @@ static void usage(FILE *f) {
 typedef struct {
     double t0, last;
     int json;
+    int tty; /* stderr a terminal: one line redrawn each second; else a line each 10 s (a log) */
 } progress_ctx;
 
 static double now_s(void) {
@@ -67,7 +69,7 @@ static double now_s(void) {
 static void on_progress(void *vc, int64_t done, int64_t total, int64_t bytes) {
     progress_ctx *p = vc;
     double t = now_s();
-    if (done < total && t - p->last < 1.0) return;
+    if (done < total && t - p->last < (p->tty || p->json ? 1.0 : 10.0)) return;
     p->last = t;
     double el = t - p->t0, eta = done > 0 ? el * (double)(total - done) / (double)done : 0;
     if (p->json) {
@@ -77,8 +79,8 @@ static void on_progress(void *vc, int64_t done, int64_t total, int64_t bytes) {
                 done, total, bytes, el, eta);
         return;
     }
-    fprintf(stderr, "\reaglegen export: %" PRId64 "/%" PRId64 " samples, %.1f MB written, %.0f s elapsed, ETA %.0f s%s",
-            done, total, (double)bytes / 1e6, el, eta, done == total ? "\n" : "");
+    fprintf(stderr, "%seaglegen export: %" PRId64 "/%" PRId64 " samples, %.1f MB written, %.0f s elapsed, ETA %.0f s%s",
+            p->tty ? "\r" : "", done, total, (double)bytes / 1e6, el, eta, done == total || !p->tty ? "\n" : "");
 }
 
 int cmd_export(int argc, char **argv) {
@@ -170,7 +172,7 @@ int cmd_export(int argc, char **argv) {
             return 2;
         }
     }
-    progress_ctx pc = {now_s(), 0, log_json};
+    progress_ctx pc = {now_s(), 0, log_json, isatty(2)};
     o.progress = on_progress;
     o.progress_ctx = &pc;
     eg_export_report rep;

@@ -47,7 +47,8 @@ static void usage(FILE *f) {
             "                     --verify always uses all)\n"
             "  -h, --help         this help\n"
             "\n"
-            "exit status: 0 ok, 1 damaged or unreadable data, 2 usage error\n");
+            "exit status: 0 ok, 1 damaged or unreadable data (or a --sample the dataset does not hold),\n"
+            "2 usage error\n");
 }
 
 typedef struct stat_acc {

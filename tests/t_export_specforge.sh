@@ -53,6 +53,16 @@ grep -q -- "--train-hidden-states-path sf/hidden_states" sf.out || fail "no trai
 grep -q -- "--draft-model-config sf/draft_config.json" sf.out || fail "no draft config in the command"
 grep -q -- "--target-model-path sf/target" sf.out || fail "no target in the command"
 grep -q "samples" sf.err || fail "no progress on stderr"
+# an --out with a space and a quote: the printed command is still one pasteable line
+$E export ds --to specforge --out "sp ace's" >sq.out 2>sq.err || { cat sq.err; fail "export into a path with a space"; }
+"$PYTHON" - <<'PY' || fail "the command does not quote the paths: $(grep -o 'torchrun.*' sq.out)"
+import shlex
+line = next(l for l in open("sq.out") if "torchrun" in l)
+w = shlex.split(line[line.index("torchrun"):])
+for flag, sub in (("--target-model-path", "target"), ("--train-hidden-states-path", "hidden_states"),
+                  ("--draft-model-config", "draft_config.json"), ("--output-dir", "draft-out")):
+    assert w[w.index(flag) + 1] == "sp ace's/" + sub, (flag, w)
+PY
 "$PYTHON" - "$here/../dataset/python" <<'PY'
 import json, struct, sys
 import numpy as np

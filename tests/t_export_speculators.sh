@@ -39,6 +39,12 @@ $E export both --to speculators --out sp >out 2>err || { cat out err; fail "expo
 grep -q "speculators train --speculator-type eagle3 --verifier-name-or-path VERIFIER_DIR --data-path sp --target-layer-ids 2 4 5 --draft-vocab-size 512 --on-missing raise" out \
     || { cat out; fail "printed command"; }
 $CHECK both sp
+$E export both --to speculators --out "sp ace's" >sq.out 2>err || { cat out err; fail "export into a path with a space"; }
+"$PYTHON" -c "
+import shlex
+line = next(l for l in open('sq.out') if 'speculators train' in l)
+w = shlex.split(line[line.index('speculators train'):])
+assert w[w.index('--data-path') + 1] == \"sp ace's\", w" || fail "the command does not quote the path: $(cat sq.out)"
 
 echo "-- cut to 45 tokens, draft vocabulary 24, several shards of 2-row batches"
 EG_EXPORT_SHARD_BYTES=3000 EG_EXPORT_BATCH_ROWS=2 $E export both --to speculators --out sp2 --max-len 45 --draft-vocab 24 >out 2>&1 \
