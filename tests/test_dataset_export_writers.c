@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/eg_common.h"
 #include "dataset/arrow_ipc.h"
 #include "dataset/safetensors_write.h"
 #include "dataset/vocab.h"
@@ -41,6 +42,20 @@ static int walk(const uint8_t *b, size_t n) {
         msgs++;
     }
     return -1;
+}
+
+/* The exporters' printed trainer commands: each path one shell word (eg_shell_quote). */
+static void test_shell_quote(void) {
+    static const char *const cases[][2] = {
+        {"sf", "sf"}, {"out/a-b_c.d,e=f:g@h%i+j", "out/a-b_c.d,e=f:g@h%i+j"}, {"", "''"},
+        {"sp ace", "'sp ace'"}, {"it's", "'it'\\''s'"}, {"$HOME;rm", "'$HOME;rm'"}, {"'", "''\\'''"},
+        {"a\nb", "'a\nb'"}, {"\xc3\xa9", "'\xc3\xa9'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *q = eg_shell_quote(cases[i][0]);
+        CHECKF(q && !strcmp(q, cases[i][1]), "quote(\"%s\") = %s, want %s", cases[i][0], q ? q : "NULL", cases[i][1]);
+        free(q);
+    }
 }
 
 static void test_arrow_stream_framing(void) {
@@ -146,6 +161,7 @@ static void test_vocab_from_hist_rule(void) {
 }
 
 static const eg_test tests[] = {
+    {"shell_quote", test_shell_quote},
     {"arrow_stream_framing", test_arrow_stream_framing},
     {"arrow_refusals", test_arrow_refusals},
     {"safetensors_header", test_safetensors_header},
