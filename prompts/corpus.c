@@ -591,7 +591,9 @@ static eg_status add_dir(corpus_reader *r, size_t *cap, const char *dir, int dep
         size_t L = strlen(dir) + strlen(names[i]) + 2;
         char *p = malloc(L);
         if (!p) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); break; }
-        snprintf(p, L, "%s/%s", dir, names[i]);
+        /* "corp/" and "corp" name their files alike (ids FILE:LINE; a resumed job keeps the
+           names it recorded whatever the spelling: gen_resume_apply_names) */
+        snprintf(p, L, "%s%s%s", dir, dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/", names[i]);
         struct stat sb;
         if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) {
             if (!is_job_dir(r, p)) st = add_dir(r, cap, p, depth + 1, err);

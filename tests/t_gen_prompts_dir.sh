@@ -40,4 +40,8 @@ done
 # a prompts directory that is a job directory (holds job.json) is refused by name too
 set +e; $E generate "${args[@]}" --prompts c/out --out job3 2> err.txt; rc=$?; set -e
 [ $rc -eq 1 ] && grep -q "c/out: an eaglegen job directory" err.txt || fail "job dir as prompts: exit $rc: $(cat err.txt)"
+# a directory given with a trailing slash names its files as without one (ids FILE:LINE)
+mkdir d && echo '{"prompt": "no id here"}' > d/b.jsonl
+$E generate "${args[@]}" --prompts d/ --out slash 2>/dev/null || fail "--prompts d/"
+$E inspect slash --list | grep -q " d/b.jsonl:1 " || fail "ids of d/: $($E inspect slash --list | tail -n 1)"
 echo "t_gen_prompts_dir: ok"
