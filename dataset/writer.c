@@ -43,7 +43,7 @@ struct eg_shard_writer {
     char *dir;
     char prefix[64];        /* "shard-" or "shard-w{I}of{N}-" */
     char manifest_name[64];
-    int lock_fd;
+    int lock_fd, lock_borrowed; /* borrowed: the caller's (opts.lock_given), not closed here */
     eg_ds_info info;        /* committed state (I/O thread after open) */
     int64_t shard_samples;
     int64_t shard_bytes; /* 0 = no byte limit */
@@ -403,6 +403,30 @@ static void *io_main(void *arg) {
 }
 
 /* ---------------------------------------------------------------- open */
+/* The shard name prefix and manifest name of a writer of o. */
+static void names_of(const eg_shard_writer_opts *o, char *prefix, size_t np, char *manifest, size_t nm) {
+    if (o->worker_count > 1) {
+        snprintf(prefix, np, "shard-w%dof%d-", o->worker_index, o->worker_count);
+        snprintf(manifest, nm, "manifest.w%dof%d.json", o->worker_index, o->worker_count);
+    } else {
+        snprintf(prefix, np, "shard-");
+        snprintf(manifest, nm, "%s", EG_DS_MANIFEST);
+    }
+}
+
+eg_status shard_writer_lock(const char *dir, const eg_shard_writer_opts *o, int *fd, eg_error *err) {
+    char prefix[64], man[64], p[4096];
+    names_of(o, prefix, sizeof prefix, man, sizeof man);
+    snprintf(p, sizeof p, "%s/.lock.%s", dir, man);
+    *fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) return eg_fail(err, EG_ERR_IO, "%s: %s", p, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB)) {
+        close(*fd);
+        *fd = -1;
+        return eg_fail(err, EG_ERR_IO, "%s: another writer is using this dataset (%s)", dir, man);
+    }
+    return EG_OK;
+}
 static eg_status desc_from_opts(eg_ds_info *d, const eg_shard_writer_opts *o, eg_error *err) {
     eg_ds_info tmp = {0};
     tmp.format_version = EG_DS_FORMAT_VERSION;
@@ -603,13 +627,7 @@ eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *o, eg_s
     w->shard_samples = o->shard_samples > 0 ? o->shard_samples : o->shard_samples < 0 ? INT64_MAX : 1000;
     w->shard_bytes = o->shard_bytes > 0 ? o->shard_bytes : 0;
     if (!w->dir) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto fail; }
-    if (o->worker_count > 1) {
-        snprintf(w->prefix, sizeof w->prefix, "shard-w%dof%d-", o->worker_index, o->worker_count);
-        snprintf(w->manifest_name, sizeof w->manifest_name, "manifest.w%dof%d.json", o->worker_index, o->worker_count);
-    } else {
-        snprintf(w->prefix, sizeof w->prefix, "shard-");
-        snprintf(w->manifest_name, sizeof w->manifest_name, "%s", EG_DS_MANIFEST);
-    }
+    names_of(o, w->prefix, sizeof w->prefix, w->manifest_name, sizeof w->manifest_name);
     json_object_seed(0); /* jansson's one-time hash seeding, before our threads start */
     if ((st = desc_from_opts(&want, o, err))) goto fail;
     {
@@ -624,13 +642,8 @@ eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *o, eg_s
         goto fail;
     }
     char p[4096];
-    snprintf(p, sizeof p, "%s/.lock.%s", dir, w->manifest_name);
-    w->lock_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (w->lock_fd < 0) { st = eg_fail(err, EG_ERR_IO, "%s: %s", p, strerror(errno)); goto fail; }
-    if (flock(w->lock_fd, LOCK_EX | LOCK_NB)) {
-        st = eg_fail(err, EG_ERR_IO, "%s: another writer is using this dataset (%s)", dir, w->manifest_name);
-        goto fail;
-    }
+    if (o->lock_given) w->lock_fd = o->lock_fd, w->lock_borrowed = 1;
+    else if ((st = shard_writer_lock(dir, o, &w->lock_fd, err))) goto fail;
     if (o->worker_count > 1 && (st = check_siblings(w, dir, &want, err))) goto fail;
     snprintf(p, sizeof p, "%s/%s", dir, w->manifest_name);
     if (!access(p, F_OK)) {
@@ -872,7 +885,7 @@ void shard_writer_free(eg_shard_writer *w) {
     eg_ds_idset_clear(&w->ids);
     eg_ds_stamps_clear(&w->stamps);
     free(w->job_json);
-    if (w->lock_fd >= 0) close(w->lock_fd);
+    if (w->lock_fd >= 0 && !w->lock_borrowed) close(w->lock_fd);
     free(w->dir);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv_work);

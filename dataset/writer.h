@@ -63,9 +63,20 @@ typedef struct eg_shard_writer_opts {
     int queue_depth;       /* samples in flight before add blocks (2 * threads + 2) */
     int worker_index, worker_count; /* 0, 0/1 = single writer */
     int resume;            /* 0: fail if this worker's manifest exists; 1: continue it */
+    /* lock_given: the caller holds this writer's lock on lock_fd (shard_writer_lock); the
+     * writer uses it and leaves it open, for the caller to close after shard_writer_free
+     * (so a start that fails is undone while the lock is still held). */
+    int lock_given, lock_fd;
 } eg_shard_writer_opts;
 
 typedef struct eg_shard_writer eg_shard_writer;
+
+/* Take the lock a writer of opts holds in dir (an flock on DIR/.lock.MANIFEST; dir must
+ * exist), before the caller writes anything of its own for the job: two processes
+ * starting one worker at once then cannot undo each other's files. EG_ERR_IO "another
+ * writer is using this dataset" when it is held. *fd: to pass as opts.lock_fd, closed by
+ * the caller. */
+eg_status shard_writer_lock(const char *dir, const eg_shard_writer_opts *opts, int *fd, eg_error *err);
 
 /* Open (create or, with resume, continue) the dataset directory dir. */
 eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *opts,

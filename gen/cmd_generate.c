@@ -1043,6 +1043,10 @@ int cmd_generate(int argc, char **argv) {
     sigaddset(&ss, SIGTERM);
     pthread_sigmask(SIG_UNBLOCK, &ss, NULL);
     gen_args a;
+    /* this worker's writer lock, taken before its job files are read or written, and what
+       this start made (to take back, under the lock, if it fails before the writer opens) */
+    int lock_fd = -1, made_out = 0;
+    char undo_job[4200] = "", undo_lock[4200] = "";
     int rc = parse_args(argc, argv, &a);
     if (rc < 0 && a.dry_run) {
         /* the params the run would write, for the check against an existing job (the
@@ -1123,8 +1127,25 @@ int cmd_generate(int argc, char **argv) {
     gen_job_filename(rej_name, sizeof rej_name, "rejects", "jsonl", a.worker, a.n_workers);
     gen_job_filename(man_name, sizeof man_name, "manifest", "json", a.worker, a.n_workers);
     gen_job_filename(done_name, sizeof done_name, "done", "jsonl", a.worker, a.n_workers);
-    /* only checked here; job.json is written once every check passed and the writer
-     * opened, so a refused start leaves nothing a later run could mistake for its job */
+    /* this worker's lock first: the job's state read below cannot change under this run,
+       and of two processes starting one worker at once the second stops here, touching
+       nothing (it used to remove the job file, or the whole directory it had made, from
+       under the first) */
+    if (mkdir(a.out, 0755)) {
+        if (errno != EEXIST) { eg_fail(&err, EG_ERR_IO, "mkdir %s: %s", a.out, strerror(errno)); goto done; }
+    } else {
+        made_out = 1;
+    }
+    {
+        eg_shard_writer_opts names = {.worker_index = a.worker, .worker_count = a.n_workers};
+        if (shard_writer_lock(a.out, &names, &lock_fd, &err)) {
+            if (made_out) rmdir(a.out); /* only while empty */
+            goto done;
+        }
+        snprintf(undo_lock, sizeof undo_lock, "%s/.lock.%s", a.out, man_name);
+    }
+    /* only checked here; job.json is written once every check passed, so a refused start
+     * leaves nothing a later run could mistake for its job */
     gen_resume rs = {0};
     if (!a.restart && gen_resume_check(a.out, job_name, ident, a.n_workers, &rs, &err)) goto done;
     int existed = rs.existed;
@@ -1203,32 +1224,20 @@ int cmd_generate(int argc, char **argv) {
     /* Every check has passed: the job file goes first, so a run killed between it and the
      * writer's first manifest resumes (the writer starts fresh on a job without one);
      * a writer that cannot open takes back what this run made. */
-    int made_out = 0;
     if (a.log_json && check_log_path(a.log_json, a.out, &err)) goto done;
     if (a.restart) {
         int64_t removed = 0;
-        if (gen_job_restart(a.out, man_name, job_name, rej_name, done_name, &removed, &err)) goto done;
+        if (gen_job_restart(a.out, man_name, job_name, rej_name, done_name, 1, &removed, &err)) goto done;
         if (removed) fprintf(stderr, "eaglegen generate: --restart: removed %lld shard%s of the earlier run\n",
                              (long long)removed, removed == 1 ? "" : "s");
     }
+    wo.lock_given = 1;
+    wo.lock_fd = lock_fd;
     if (!existed) {
-        if (mkdir(a.out, 0755)) {
-            if (errno != EEXIST) { eg_fail(&err, EG_ERR_IO, "mkdir %s: %s", a.out, strerror(errno)); goto done; }
-        } else made_out = 1;
-        if (gen_job_write(a.out, job_name, ident, &err)) {
-            if (made_out) rmdir(a.out);
-            goto done;
-        }
+        snprintf(undo_job, sizeof undo_job, "%s/%s", a.out, job_name);
+        if (gen_job_write(a.out, job_name, ident, &err)) goto done;
     }
-    if (shard_writer_open(a.out, &wo, &g.w, &err)) {
-        if (!existed) {
-            char jp[4096];
-            snprintf(jp, sizeof jp, "%s/%s", a.out, job_name);
-            unlink(jp);
-            if (made_out) eg_rm_flat_dir(a.out);
-        }
-        goto done;
-    }
+    if (shard_writer_open(a.out, &wo, &g.w, &err)) goto done; /* undone at done: */
     if (rs.inputs == GEN_INPUTS_CHANGED) {
         /* the ledger names records by index, which the new inputs renumber: rebuilt. Before
          * job.json takes the new inputs: that rewrite is what a later run compares with, so
@@ -1446,9 +1455,20 @@ done:
         fprintf(stderr, "eaglegen generate: %s\n", err.msg);
     }
 done_quiet:
+    if (lock_fd >= 0 && !g.w) {
+        /* a start that failed before its writer opened takes back what it made, and only
+           that, the lock still held: its new job file, and --out when this run made it
+           (other workers' files stay: the directory is then not empty) */
+        if (undo_job[0]) unlink(undo_job);
+        if (made_out) {
+            unlink(undo_lock);
+            rmdir(a.out);
+        }
+    }
     while (g.live.next) meta_free(g.live.next);
     eg_runtime_free(g.rt);
     shard_writer_free(g.w);
+    if (lock_fd >= 0) close(lock_fd);
     gen_ledger_close(g.ledger);
     gen_donelog_close(g.donelog);
     corpus_record_free(&g.rec);

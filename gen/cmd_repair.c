@@ -141,6 +141,8 @@ static eg_status set_aside(const char *dir, const char *file, const char *dst, e
 
 static eg_status log_line(const char *dir, json_t *line, eg_error *err) {
     char p[4096];
+    snprintf(p, sizeof p, "%s/" QUARANTINE, dir); /* a missing shard moves nothing: no aside_name made it */
+    if (mkdir(p, 0755) && errno != EEXIST) return eg_fail(err, EG_ERR_IO, "mkdir %s: %s", p, strerror(errno));
     snprintf(p, sizeof p, "%s/" QUARANTINE "/repair.jsonl", dir);
     char *s = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
     if (!s) return eg_fail(err, EG_ERR_NOMEM, "out of memory");

@@ -252,13 +252,13 @@ static eg_status unlink_in(const char *dir, const char *name, int *gone, eg_erro
 }
 
 eg_status gen_job_restart(const char *dir, const char *manifest, const char *job, const char *rejects,
-                          const char *done, int64_t *removed, eg_error *err) {
+                          const char *done, int lock_held, int64_t *removed, eg_error *err) {
     *removed = 0;
     if (access(dir, F_OK)) return EG_OK; /* nothing to start over from */
     char p[4096];
     snprintf(p, sizeof p, "%s/.lock.%s", dir, manifest);
-    int lock = open(p, O_RDWR | O_CLOEXEC);
-    if (lock < 0 && errno != ENOENT) return eg_fail(err, EG_ERR_IO, "%s: %s", p, strerror(errno));
+    int lock = lock_held ? -1 : open(p, O_RDWR | O_CLOEXEC);
+    if (!lock_held && lock < 0 && errno != ENOENT) return eg_fail(err, EG_ERR_IO, "%s: %s", p, strerror(errno));
     if (lock >= 0 && flock(lock, LOCK_EX | LOCK_NB)) {
         close(lock);
         return eg_fail(err, EG_ERR_IO, "--restart: another process is writing %s/%s; stop it first", dir, manifest);

@@ -145,4 +145,36 @@ PYEOF
     kills=$((kills + 1)); runs=$((runs + 1))
 done
 
+echo "-- two workers starting at once into a new directory (the first one's lock delayed 2 s)"
+# The one refused (another model's weights; the same worker index twice) takes back only
+# what it made: it used to remove the job file, or the whole directory it had created,
+# from under the worker that runs.
+$E mkmodel --preset tiny --out other --seed 22 >/dev/null 2>&1
+cp model/config.json other/config.json # one config, other weights
+wargs=(--prompts corpus.jsonl --max-new-tokens 8 --max-seq-len 128 --batch 3 --chunk 8 --threads 1 --on-bad-record=skip)
+for case in "0/2 other 1/2 model" "1/2 model 1/2 model"; do
+    set -- $case
+    d=$tmp/race$runs
+    rm -rf "$d"
+    strace -f -qq -o /dev/null -e trace=flock -e inject=flock:delay_enter=2000000 \
+        $E generate --model model "${wargs[@]}" --out "$d" --worker $1 > /dev/null 2> "$d.a" &
+    pa=$!
+    sleep 0.7
+    $E generate --model $2 "${wargs[@]}" --out "$d" --worker $3 2> "$d.b" || { echo "FAIL: race $case: the second worker failed"; tail -n 3 "$d.b"; exit 1; }
+    set +e; { wait $pa; } 2>/dev/null; rca=$?; set -e
+    # other weights: refused; the same worker: refused while the other holds it, or (the
+    # other done by the time the lock came) resumed with nothing left to do
+    if [ $2 = other ]; then
+        [ $rca -ne 0 ] && grep -q "differ in model weights" "$d.a" || { echo "FAIL: race $case: exit $rca: $(tail -n 2 "$d.a")"; exit 1; }
+    elif [ $rca -ne 0 ]; then
+        grep -q "another writer is using this dataset" "$d.a" || { echo "FAIL: race $case: exit $rca: $(tail -n 2 "$d.a")"; exit 1; }
+    fi
+    $E inspect "$d" --verify > /dev/null 2> "$d.v" || { echo "FAIL: race $case: the running worker's data: $(cat "$d.v")"; exit 1; }
+    b=${3%/2}
+    [ -f "$d/job.w${b}of2.json" ] || { echo "FAIL: race $case: the running worker's job file is gone"; ls -a "$d"; exit 1; }
+    $E generate --model $2 "${wargs[@]}" --out "$d" --worker $3 2> "$d.c" || { echo "FAIL: race $case: its resume: $(tail -n 2 "$d.c")"; exit 1; }
+    printf '  %-40s the refused one left the other intact\n' "race: $1 model vs $3 $2"
+    runs=$((runs + 1))
+done
+
 echo "ok: $runs injected runs, each verified and resumed bit-identical"

@@ -144,4 +144,11 @@ $E generate "${eargs[@]}" --out ed 2>err.txt # every sample remade, r5 from the 
 grep -q "this run: 24 samples written" err.txt || { cat err.txt; exit 1; }
 $E generate "${eargs[@]}" --out ed 2>err.txt
 ! grep -q "differs" err.txt || { echo "a remade sample was reported as changed (the done log's first line won)"; cat err.txt; exit 1; }
+echo "-- a deleted shard alone (nothing to move, so no quarantine/ yet): dropped, logged, remade"
+$E generate "${args[@]}" --out del2 2>/dev/null
+rm del2/shard-000002.tar
+$E repair del2 > rep.txt 2>&1 || { echo "repair of a deleted shard failed:"; cat rep.txt; exit 1; }
+grep -q '"shard":"shard-000002.tar","state":"missing"' del2/quarantine/repair.jsonl || { cat del2/quarantine/repair.jsonl; exit 1; }
+$E generate "${args[@]}" --out del2 2>/dev/null
+"$PYTHON" "$here/gen_check.py" same ref del2 >/dev/null
 echo "t_gen_repair: ok"
