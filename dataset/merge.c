@@ -137,6 +137,39 @@ typedef struct merge_item {
 
 static int name_taken(const eg_ds_idset *names, const char *name) { return eg_ds_idset_get(names, name, NULL); }
 
+/* A directory with workers' manifests is merged from those (eg_ds_find_manifests); a
+ * manifest.json beside them (an earlier merge into it) must not list a shard none of them
+ * lists: its samples would be left out without a word (say, `merge DIR OTHER --out DIR`
+ * followed by a merge of DIR). */
+static eg_status workers_cover(const char *dir, char **names, int nn, eg_error *err) {
+    char mp[4096];
+    snprintf(mp, sizeof mp, "%s/" EG_DS_MANIFEST, dir);
+    if (nn < 1 || !strcmp(names[0], EG_DS_MANIFEST) || access(mp, F_OK)) return EG_OK;
+    eg_ds_info top;
+    eg_error e2 = {0};
+    if (eg_ds_info_load(mp, &top, &e2)) return EG_OK; /* unreadable: not what is merged */
+    eg_status st = EG_OK;
+    for (int s = 0; s < top.n_shards && !st; s++) {
+        int found = 0;
+        for (int k = 0; k < nn && !found; k++) {
+            char wp[4096];
+            snprintf(wp, sizeof wp, "%s/%s", dir, names[k]);
+            eg_ds_info w;
+            if (eg_ds_info_load(wp, &w, &e2)) continue;
+            for (int i = 0; i < w.n_shards && !found; i++) found = !strcmp(w.shards[i].file, top.shards[s].file);
+            eg_ds_info_clear(&w);
+        }
+        if (!found)
+            st = eg_fail(err, EG_ERR_CONFIG,
+                         "%s lists %s, which no worker manifest of %s lists: merge reads that directory's worker "
+                         "manifests, so its samples would be left out (merge the inputs that manifest.json was "
+                         "made from instead, or move it and its extra shards to a directory of their own)",
+                         mp, top.shards[s].file, dir);
+    }
+    eg_ds_info_clear(&top);
+    return st;
+}
+
 eg_status dataset_merge(const char *const *dirs, int n_dirs, const char *out_dir, eg_error *err) {
     return dataset_merge_note(dirs, n_dirs, out_dir, NULL, err);
 }
@@ -169,6 +202,7 @@ eg_status dataset_merge_note(const char *const *dirs, int n_dirs, const char *ou
         char dreal[PATH_MAX];
         if (!realpath(dirs[d], dreal)) { st = eg_fail(err, EG_ERR_IO, "%s: %s", dirs[d], strerror(errno)); break; }
         if ((st = eg_ds_find_manifests(dirs[d], 1, &names, &nn, err))) break;
+        if ((st = workers_cover(dirs[d], names, nn, err))) { eg_ds_free_names(names, nn); break; }
         int same = !strcmp(dreal, out_real);
         for (int k = 0; k < nn && !st; k++) {
             char mp[4096];

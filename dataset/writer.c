@@ -483,22 +483,41 @@ static eg_status clean_dir(eg_shard_writer *w, eg_error *err) {
     return removed ? eg_ds_fsync_dir(w->dir, err) : EG_OK;
 }
 
-/* A worker joins the manifests of its siblings (manifest.w{J}of{N}.json, same N) in dir:
- * they must describe one dataset, checked now rather than by the merge or the reader that
- * would refuse it after the run (another checkpoint of the same config, say). One that
- * cannot be read is left to those. */
-static eg_status check_siblings(const eg_shard_writer *w, const char *dir, const eg_ds_info *want, eg_error *err) {
-    char **names = NULL, suffix[32];
+/* The other manifests of dir, which readers take together with (or instead of) this
+ * writer's: checked now rather than by the merge or the reader that would refuse the
+ * result after the run. A worker's must describe one dataset with them (another
+ * checkpoint of the same config, say; workers of any count, which readers take alike);
+ * a single writer's manifest.json beside workers, either way round, is refused: readers
+ * take manifest.json when it is there, so the workers' samples would not be seen (or
+ * this writer's). A merged manifest.json (merge DIR --out DIR) may sit beside workers.
+ * Manifests that cannot be read are left to the readers. */
+static eg_status check_neighbours(const eg_shard_writer *w, const char *dir, const eg_ds_info *want, eg_error *err) {
+    char **names = NULL, top[4096];
     int n = 0;
     eg_error none = {0};
-    if (eg_ds_find_manifests(dir, 1, &names, &n, &none)) return EG_OK; /* none yet */
-    snprintf(suffix, sizeof suffix, "of%d.json", want->worker_count);
+    snprintf(top, sizeof top, "%s/" EG_DS_MANIFEST, dir);
     eg_status st = EG_OK;
+    if (want->worker_count > 1 && !access(top, F_OK)) {
+        eg_ds_info m;
+        eg_error e2 = {0};
+        if (!eg_ds_info_load(top, &m, &e2)) {
+            if (m.worker_count > 0)
+                st = eg_fail(err, EG_ERR_CONFIG, "%s is a single writer's dataset: readers take it and would not see "
+                             "this worker's; write the workers into a directory of their own", top);
+            else if ((st = eg_ds_info_compatible(&m, want, err)))
+                eg_wrap(err, "%s, a merge of this dataset's workers", top);
+            eg_ds_info_clear(&m);
+        }
+        if (st) return st;
+    }
+    if (eg_ds_find_manifests(dir, 1, &names, &n, &none)) return EG_OK; /* none yet */
     for (int i = 0; i < n && !st; i++) {
-        size_t L = strlen(names[i]), S = strlen(suffix);
-        if (!strcmp(names[i], w->manifest_name) || strncmp(names[i], "manifest.w", 10) || L < S ||
-            strcmp(names[i] + L - S, suffix))
-            continue;
+        if (!strcmp(names[i], w->manifest_name) || strncmp(names[i], "manifest.w", 10)) continue;
+        if (want->worker_count <= 1) {
+            st = eg_fail(err, EG_ERR_CONFIG, "%s/%s: workers write this directory; a single writer's %s would hide "
+                         "them from readers: write it into a directory of its own", dir, names[i], EG_DS_MANIFEST);
+            break;
+        }
         char p[4096];
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
         eg_ds_info m;
@@ -509,6 +528,31 @@ static eg_status check_siblings(const eg_shard_writer *w, const char *dir, const
         eg_ds_info_clear(&m);
     }
     eg_ds_free_names(names, n);
+    return st;
+}
+
+/* A merged manifest.json in dir (merge DIR --out DIR, or a merge's output) may list
+ * shards under this worker's names that its own manifest does not (a merge's output,
+ * which has no worker manifests; a worker started over): cleaning up and writing anew
+ * would replace them under that manifest. */
+static eg_status check_merged_names(const eg_shard_writer *w, eg_error *err) {
+    char top[4096];
+    snprintf(top, sizeof top, "%s/" EG_DS_MANIFEST, w->dir);
+    eg_ds_info m;
+    eg_error e2 = {0};
+    if (w->info.worker_count <= 1 || access(top, F_OK) || eg_ds_info_load(top, &m, &e2)) return EG_OK;
+    eg_status st = EG_OK;
+    size_t np = strlen(w->prefix);
+    for (int s = 0; s < m.n_shards && !st; s++) {
+        if (strncmp(m.shards[s].file, w->prefix, np)) continue;
+        int mine = 0;
+        for (int i = 0; i < w->info.n_shards && !mine; i++) mine = !strcmp(w->info.shards[i].file, m.shards[s].file);
+        if (!mine)
+            st = eg_fail(err, EG_ERR_CONFIG, "%s (a merge) lists %s, which this worker's %s does not: starting the "
+                         "worker here would replace it; run it in another directory, or remove %s first", top,
+                         m.shards[s].file, w->manifest_name, top);
+    }
+    eg_ds_info_clear(&m);
     return st;
 }
 
@@ -644,7 +688,7 @@ eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *o, eg_s
     char p[4096];
     if (o->lock_given) w->lock_fd = o->lock_fd, w->lock_borrowed = 1;
     else if ((st = shard_writer_lock(dir, o, &w->lock_fd, err))) goto fail;
-    if (o->worker_count > 1 && (st = check_siblings(w, dir, &want, err))) goto fail;
+    if ((st = check_neighbours(w, dir, &want, err))) goto fail;
     snprintf(p, sizeof p, "%s/%s", dir, w->manifest_name);
     if (!access(p, F_OK)) {
         if (!o->resume) {
@@ -658,7 +702,7 @@ eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *o, eg_s
         w->job_json = strdup(w->info.job_json);
         if (!w->job_json) { st = eg_fail(err, EG_ERR_NOMEM, "out of memory"); goto fail; }
     }
-    if ((st = clean_dir(w, err))) goto fail;
+    if ((st = check_merged_names(w, err)) || (st = clean_dir(w, err))) goto fail;
     {
         eg_ds_totals t = eg_ds_info_totals(&w->info);
         w->c_samples = t.samples;

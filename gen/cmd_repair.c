@@ -139,6 +139,24 @@ static eg_status set_aside(const char *dir, const char *file, const char *dst, e
     return st ? st : eg_ds_fsync_dir(dir, err);
 }
 
+/* Set "state" to "repaired" in job and, for a merged manifest's job, in every job its
+ * "merged_from" lists, down to the generate jobs (merge checks those: it refuses any not
+ * "complete"; a merged job has no state of its own, so a repaired merge passed as whole).
+ * *marked counts the states set; -1 when out of memory. */
+static int mark_repaired(json_t *job, int depth, int *marked) {
+    if (!json_is_object(job) || depth > 64) return 0;
+    if (json_is_string(json_object_get(job, "state"))) {
+        if (json_object_set_new(job, "state", json_string("repaired"))) return -1;
+        (*marked)++;
+    }
+    json_t *from = json_object_get(job, "merged_from"), *e;
+    size_t i;
+    json_array_foreach(from, i, e) {
+        if (mark_repaired(json_object_get(e, "job"), depth + 1, marked)) return -1;
+    }
+    return 0;
+}
+
 static eg_status log_line(const char *dir, json_t *line, eg_error *err) {
     char p[4096];
     snprintf(p, sizeof p, "%s/" QUARANTINE, dir); /* a missing shard moves nothing: no aside_name made it */
@@ -263,11 +281,11 @@ hist_done:
         /* a job that said "complete" no longer is: merge refuses it until a rerun has made
          * the samples set aside again (and set its state anew) */
         json_t *job = json_loads(info.job_json, 0, NULL);
-        if (json_is_string(json_object_get(job, "state"))) {
-            char *t = NULL;
-            if (json_object_set_new(job, "state", json_string("repaired")) ||
-                !(t = json_dumps(job, JSON_COMPACT | JSON_PRESERVE_ORDER)))
-                st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        int marked = 0;
+        if (mark_repaired(job, 0, &marked)) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        else if (marked) {
+            char *t = json_dumps(job, JSON_COMPACT | JSON_PRESERVE_ORDER);
+            if (!t) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
             else {
                 free(info.job_json);
                 info.job_json = t;

@@ -67,6 +67,25 @@ static eg_status add_unit(unit_list *l, const char *where, json_t *job, int work
     return EG_OK;
 }
 
+/* The jobs a merged manifest's "merged_from" lists, down to the generate jobs: a merge of
+ * a merge is checked as the merge of all its leaves (it used to stop one level down, at
+ * entries without parameters, and mixed or partial data passed unchecked). */
+static eg_status add_merged(unit_list *l, const char *where, const json_t *from, int depth, eg_error *err) {
+    if (depth > 64) return eg_fail(err, EG_ERR_FORMAT, "%s: merged_from nested too deep", where);
+    eg_status st = EG_OK;
+    for (size_t i = 0; i < json_array_size(from) && !st; i++) {
+        json_t *e = json_array_get(from, i);
+        char w[1400];
+        snprintf(w, sizeof w, "%.600s (merged from %.300s/%.300s)", where,
+                 json_string_value(json_object_get(e, "dir")) ?: "?",
+                 json_string_value(json_object_get(e, "manifest")) ?: "?");
+        json_t *ej = json_object_get(e, "job"), *inner = json_object_get(ej, "merged_from");
+        if (json_is_array(inner)) st = add_merged(l, w, inner, depth + 1, err);
+        else st = add_unit(l, w, json_is_object(ej) ? json_incref(ej) : json_object(), 0, 1, err);
+    }
+    return st;
+}
+
 static eg_status collect(const char *const *dirs, int n_dirs, unit_list *l, eg_error *err) {
     eg_status st = EG_OK;
     for (int d = 0; d < n_dirs && !st; d++) {
@@ -82,15 +101,7 @@ static eg_status collect(const char *const *dirs, int n_dirs, unit_list *l, eg_e
             json_t *job = json_loads(m.job_json ? m.job_json : "{}", 0, &je);
             json_t *from = json_object_get(job, "merged_from");
             if (json_is_array(from)) {
-                for (size_t i = 0; i < json_array_size(from) && !st; i++) {
-                    json_t *e = json_array_get(from, i);
-                    char where[600];
-                    snprintf(where, sizeof where, "%.250s (merged from %.150s/%.150s)", mp,
-                             json_string_value(json_object_get(e, "dir")) ?: "?",
-                             json_string_value(json_object_get(e, "manifest")) ?: "?");
-                    json_t *ej = json_object_get(e, "job");
-                    st = add_unit(l, where, json_is_object(ej) ? json_incref(ej) : json_object(), 0, 1, err);
-                }
+                st = add_merged(l, mp, from, 0, err);
                 json_decref(job);
             } else {
                 st = add_unit(l, mp, json_is_object(job) ? job : (json_decref(job), json_object()), m.worker_index,
