@@ -318,6 +318,12 @@ typedef struct cmp_job {
     int64_t n_tokens;
 } cmp_job;
 
+static int finite_row(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
 /* Fold one chunk of setting s against the reference's. */
 static eg_status accumulate(cmp_job *j, setting *s, int n, eg_error *err) {
     const eg_config *c = &j->m->cfg;
@@ -327,7 +333,11 @@ static eg_status accumulate(cmp_job *j, setting *s, int n, eg_error *err) {
     for (int l = 0; l < L; l++)
         for (int t = 0; t < n; t++) {
             const float *a = j->cap + ((int64_t)l * n + t) * H, *b = j->ref_cap + ((int64_t)l * n + t) * H;
-            if ((st = dvec_push(&s->rel[l], rel_err(a, b, H), err))) return st;
+            double r = rel_err(a, b, H);
+            if (!isfinite(r)) /* a NaN table entry read back as 0 error; say it instead */
+                return eg_fail(err, EG_ERR_INVALID, "%s: layer %d: a hidden state that is not finite (NaN or Inf) in %s",
+                               s->name, l, finite_row(b, H) ? s->name : "the kv=fp32 reference");
+            if ((st = dvec_push(&s->rel[l], r, err))) return st;
         }
     for (int t = 0; t < n; t++) {
         const float *lr = j->ref_log + (int64_t)t * V, *ls = j->log + (int64_t)t * V;
@@ -341,6 +351,9 @@ static eg_status accumulate(cmp_job *j, setting *s, int n, eg_error *err) {
         log_softmax(ls, V, 1.0, j->lp_set);
         double kl = 0;
         for (int i = 0; i < V; i++) kl += exp(j->lp_ref[i]) * (j->lp_ref[i] - j->lp_set[i]);
+        if (!isfinite(kl))
+            return eg_fail(err, EG_ERR_INVALID, "%s: logits that are not finite (NaN or Inf) in %s", s->name,
+                           finite_row(lr, V) ? s->name : "the kv=fp32 reference");
         s->kl_sum += kl > 0 ? kl : 0;
         s->kl_n++;
         s->last_argmax = top_s;
@@ -369,7 +382,7 @@ static eg_status compare_prompt(cmp_job *j, size_t pi, eg_error *err) {
             setting *s = &j->set[k];
             if ((st = runner_step(&s->r, j->ids + p0, p0, n, j->cap, NULL, j->log, err)))
                 return eg_wrap(err, "prompt %zu, %s", pi, s->name);
-            if ((st = accumulate(j, s, n, err))) return st;
+            if ((st = accumulate(j, s, n, err))) return eg_wrap(err, "prompt %zu", pi), st;
         }
     }
     j->n_tokens += T;
@@ -751,6 +764,14 @@ static eg_status audit_sample(const eg_model *m, runner *r, const eg_ds_info *in
         }
     }
     eg_kv_release(eg_forward_kv(r->f), 0);
+    for (int k = 0; k <= A && !st; k++) { /* NaN counts as worst: the run fails, naming it (JSON has no NaN) */
+        double w, md;
+        dvec_stats(&d[k], &w, &md);
+        if (isnan(w) || isnan(md))
+            st = eg_fail(err, EG_ERR_INVALID, "%s: a value that is not finite (NaN or Inf) in the stored state or "
+                         "the reference (`eaglegen inspect --verify` scans the stored states)",
+                         k < A ? "an aux layer" : "the final state");
+    }
     if (!st) {
         json_t *aux = json_array();
         double w, md;

@@ -1,5 +1,6 @@
 /* eaglegen — generates EAGLE-3 drafter training data from Kimi-K2.5 / DeepSeek-V3
  * models. This file only dispatches to the subcommands (gen/commands.h). */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -55,7 +56,16 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            int rc = commands[i].fn(argc - 1, argv + 1);
+            /* what a command printed to stdout (a table, JSON, a --help) must have reached
+               it: a full disk or a closed pipe behind > out.json is a failure, not exit 0 */
+            if ((fflush(stdout) || ferror(stdout)) && rc == 0) {
+                fprintf(stderr, "eaglegen %s: error writing to stdout: %s\n", argv[1], strerror(errno));
+                rc = 1;
+            }
+            return rc;
+        }
     fprintf(stderr, "eaglegen: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -23,6 +23,34 @@ for case in a:tiny-a q4:tiny-q4 fp8:tiny-fp8; do
     grep -q "exist only in this command" "$tmp/$g-table.txt" || { echo "table lacks the measurement-only note"; fail=1; }
 done
 
+echo "-- a model that computes NaN: both modes fail naming it (a NaN read back as 0 error, 100% agreement)"
+"$EAGLEGEN" mkmodel --preset tiny --out "$tmp/m" --seed 2 >/dev/null 2>&1
+echo '{"prompt": "one"}' > "$tmp/p.jsonl"
+"$EAGLEGEN" generate --model "$tmp/m" --prompts "$tmp/p.jsonl" --out "$tmp/ds" --max-new-tokens 4 --temperature 0 2>/dev/null
+cp -r "$tmp/m" "$tmp/mnan"
+"$PYTHON" - "$tmp/mnan" <<'PY'
+import glob, json, struct, sys
+f = glob.glob(sys.argv[1] + "/*.safetensors")[0]
+b = bytearray(open(f, "rb").read())
+n = struct.unpack_from("<Q", b, 0)[0]
+h = json.loads(b[8:8 + n])
+name = next(k for k in sorted(h) if "layers.1." in k and "post_attention_layernorm" in k)
+t = h[name]
+off = 8 + n + t["data_offsets"][0]
+b[off:off + {"BF16": 2, "F32": 4}[t["dtype"]]] = b"\xc0\x7f" if t["dtype"] == "BF16" else struct.pack("<f", float("nan"))
+open(f, "wb").write(b)
+PY
+"$PYTHON" -c "import json; json.dump({'prompts': [[1, 2, 3, 4, 5, 6]]}, open('$tmp/t.json', 'w'))"
+for mode in "--prompts $tmp/t.json --compare kv=bf16 --steps 2" "--audit $tmp/ds"; do
+    for j in "" --json; do
+        if "$EAGLEGEN" fidelity --model "$tmp/mnan" $mode $j > "$tmp/n.out" 2> "$tmp/n.err"; then
+            echo "fidelity $mode $j on a NaN model exited 0"; fail=1
+        elif ! grep -q "not finite" "$tmp/n.err"; then
+            echo "fidelity $mode $j on a NaN model: $(cat "$tmp/n.err")"; fail=1
+        fi
+    done
+done
+
 echo "-- --json on stdout is the same object"
 "$EAGLEGEN" fidelity --model "$M/tiny-q4" --prompts "$tmp/q4.json" --steps 16 --json > "$tmp/stdout.json" 2>/dev/null
 "$PYTHON" - "$tmp/stdout.json" "$tmp/q4-out.json" <<'PY' || fail=1
