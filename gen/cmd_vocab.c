@@ -30,7 +30,8 @@ static void usage(FILE *f) {
             "\n"
             "options:\n"
             "  --draft-vocab N    draft vocabulary size (required)\n"
-            "  --out DIR          output directory (created if missing; required)\n"
+            "  --out DIR          output directory (created if missing, in a directory that exists;\n"
+            "                     required)\n"
             "  --target-vocab V   target vocabulary size (required when the manifest has none; else it\n"
             "                     must equal the manifest's)\n"
             "  -h, --help         this help\n"
@@ -84,6 +85,11 @@ int cmd_vocab(int argc, char **argv) {
         fprintf(stderr, "eaglegen vocab: %s\n", err.msg);
         rc = err.code == EG_ERR_INVALID ? 2 : 1;
         goto done;
+    }
+    if (!dv.distinct) { /* ids 0..N-1 with nothing behind them is no vocabulary */
+        fprintf(stderr, "eaglegen vocab: the dataset holds no loss-masked tokens (no samples, or none with generated "
+                        "tokens): nothing to choose a draft vocabulary from\n");
+        goto done_v;
     }
     if (mkdir(out, 0755) && errno != EEXIST) {
         fprintf(stderr, "eaglegen vocab: mkdir %s: %s\n", out, strerror(errno));

@@ -146,4 +146,10 @@ pgrep -f -- "eaglegen generate.*--out st1" >/dev/null && { pkill -KILL -f -- "ea
 grep -q "interrupted" err || fail "no interrupted message"
 pkill -f "sleep 61.25" 2>/dev/null || true  # the idle producer
 wait $gpid 2>/dev/null || true
+echo "-- 13. a dataset of only rejected records: vocab refuses it (it wrote ids 0..N-1 with nothing behind them)"
+echo '{"input_ids": [99999999]}' > rej.jsonl
+expect 0 $E generate "${args[@]}" --prompts rej.jsonl --out rej --on-bad-record skip
+expect 1 $E vocab rej --draft-vocab 10 --out rejv
+grep -q "no loss-masked tokens" err || fail "vocab of an empty dataset: $(cat err)"
+[ ! -e rejv ] || fail "vocab of an empty dataset wrote rejv"
 echo "t_gen_bad: ok"
