@@ -124,7 +124,8 @@ static void usage(FILE *f) {
             "  --batch N|auto          concurrent sequences at most (default 16); auto: as many as\n"
             "                          the KV pool holds at 256 tokens each, at most --chunk and what\n"
             "                          half the free RAM holds in captured rows at --max-seq-len\n"
-            "                          (the start banner prints the choice)\n"
+            "                          (the start banner prints the choice, and on cuda notes a --batch N\n"
+            "                          far below what the cache holds)\n"
             "  --kv-policy on-demand|reserve\n"
             "                          on-demand (default): a sequence takes cache blocks as it grows;\n"
             "                          admission needs its prompt plus a 1%% watermark; a full cache\n"
@@ -1277,6 +1278,13 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, ", admission watermark %lld blocks, preempted caches to host up to %.2f GB, then recomputed",
                     (long long)ri->kv_watermark, (double)host_kv / 1e9);
         fprintf(stderr, "; %d slots%s\n", a.batch, auto_batch ? " (--batch auto)" : "");
+        /* a GPU pool far larger than the slots: each decode step reads the routed experts
+           whatever the batch, so the run goes at a fraction of what the cache allows */
+        int64_t pool = ri->ep > 1 ? ri->kv_capacity_all : cap, half = a.max_seq_len / 2 > 0 ? a.max_seq_len / 2 : 1;
+        if (!auto_batch && !strcmp(a.backend, "cuda") && pool / half > 4 * (int64_t)a.batch)
+            fprintf(stderr, "  note: the KV cache holds about %lld sequences of half --max-seq-len and --batch %d runs "
+                            "%d at a time; --batch auto fills it (a decode step reads the experts whatever the "
+                            "batch)\n", (long long)(pool / half), a.batch, a.batch);
         fprintf(stderr, "  host memory per in-flight sequence: up to %.1f MB (captured rows in BF16 and tokens at "
                         "--max-seq-len %d)\n", (double)seq_host / 1e6, a.max_seq_len);
         if (ri->n_drafters)
