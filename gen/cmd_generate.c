@@ -1285,6 +1285,10 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "  note: the KV cache holds about %lld sequences of half --max-seq-len and --batch %d runs "
                             "%d at a time; --batch auto fills it (a decode step reads the experts whatever the "
                             "batch)\n", (long long)(pool / half), a.batch, a.batch);
+        if (c->max_pos > 0 && a.max_seq_len > c->max_pos) /* the data would hold positions the model never saw */
+            fprintf(stderr, "  note: --max-seq-len %d is past the model's max_position_embeddings %d: a sequence that "
+                            "grows beyond it is computed at positions outside what the model was trained for\n",
+                    a.max_seq_len, c->max_pos);
         fprintf(stderr, "  host memory per in-flight sequence: up to %.1f MB (captured rows in BF16 and tokens at "
                         "--max-seq-len %d)\n", (double)seq_host / 1e6, a.max_seq_len);
         if (ri->n_drafters)

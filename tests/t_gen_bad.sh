@@ -152,4 +152,7 @@ expect 0 $E generate "${args[@]}" --prompts rej.jsonl --out rej --on-bad-record 
 expect 1 $E vocab rej --draft-vocab 10 --out rejv
 grep -q "no loss-masked tokens" err || fail "vocab of an empty dataset: $(cat err)"
 [ ! -e rejv ] || fail "vocab of an empty dataset wrote rejv"
+echo "-- 14. --max-seq-len past the model's max_position_embeddings is said at the start"
+expect 0 $E generate "${args[@]/128/8000}" --prompts rej.jsonl --out mpos --on-bad-record skip
+grep -q "past the model's max_position_embeddings 4096" err || fail "no note for --max-seq-len 8000: $(cat err)"
 echo "t_gen_bad: ok"
