@@ -37,7 +37,10 @@ static void usage(FILE *f) {
             "  --stages a,b,...   run the layers as pipeline stages ending at these layers; an\n"
             "                     end a:CUT splits layer a-1's routed experts at CUT between\n"
             "                     two stages (the same bytes either way)\n"
-            "  -h, --help         this text\n");
+            "  -h, --help         this text\n"
+            "\n"
+            "exit status: 0 ok, 1 a failure (also options the model refuses, such as --stages past its\n"
+            "layers), 2 usage error (options as written)\n");
 }
 
 typedef struct {

@@ -223,15 +223,18 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
                lo->draft_tokens, lo->accept, dw / 1e9, given ? "" : " (modelled EAGLE-3 layer)", dkv,
                given ? " (from the options)" : "");
     }
-    printf("%-13s %10s %12s %8s %10s %-8s %6s %11s %-8s  %s\n", "layout", "weights GB", "KV tokens", "seqs",
+    int nw = 13; /* "pp32xep128+split" and longer names keep the columns */
+    for (int i = 0; i < n; i++)
+        if ((int)strlen(rows[i].name) > nw) nw = (int)strlen(rows[i].name);
+    printf("%-*s %10s %12s %8s %10s %-8s %6s %11s %-8s  %s\n", nw, "layout", "weights GB", "KV tokens", "seqs",
            "decode t/s", "bound", "ms", "prefill t/s", "bound", "");
     for (int i = 0; i < n; i++) {
         const eg_layout_row *r = &rows[i];
         if (!r->fits)
-            printf("%-13s %10.1f %12lld %8s %10s %-8s %6s %11s %-8s  %s\n", r->name, r->weights_gb,
+            printf("%-*s %10.1f %12lld %8s %10s %-8s %6s %11s %-8s  %s\n", nw, r->name, r->weights_gb,
                    (long long)r->kv_tokens, "-", "-", "-", "-", "-", "-", why_not(r));
         else
-            printf("%-13s %10.1f %12lld %8.0f %10.0f %-8s %6.1f %11.0f %-8s  %s\n", r->name, r->weights_gb,
+            printf("%-*s %10.1f %12lld %8.0f %10.0f %-8s %6.1f %11.0f %-8s  %s\n", nw, r->name, r->weights_gb,
                    (long long)r->kv_tokens, r->concurrency, r->decode_tok_s, r->decode_bound, r->decode_step_ms,
                    r->prefill_tok_s, r->prefill_bound, why_not(r));
     }
