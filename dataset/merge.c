@@ -149,23 +149,24 @@ static eg_status workers_cover(const char *dir, char **names, int nn, eg_error *
     eg_error e2 = {0};
     if (eg_ds_info_load(mp, &top, &e2)) return EG_OK; /* unreadable: not what is merged */
     eg_status st = EG_OK;
+    eg_ds_idset listed = {0}; /* every shard the workers' manifests list, each manifest read once */
+    for (int k = 0; k < nn && !st; k++) {
+        char wp[4096];
+        snprintf(wp, sizeof wp, "%s/%s", dir, names[k]);
+        eg_ds_info w;
+        if (eg_ds_info_load(wp, &w, &e2)) continue;
+        for (int i = 0; i < w.n_shards && !st; i++) st = eg_ds_idset_put(&listed, w.shards[i].file, 0, err);
+        eg_ds_info_clear(&w);
+    }
     for (int s = 0; s < top.n_shards && !st; s++) {
-        int found = 0;
-        for (int k = 0; k < nn && !found; k++) {
-            char wp[4096];
-            snprintf(wp, sizeof wp, "%s/%s", dir, names[k]);
-            eg_ds_info w;
-            if (eg_ds_info_load(wp, &w, &e2)) continue;
-            for (int i = 0; i < w.n_shards && !found; i++) found = !strcmp(w.shards[i].file, top.shards[s].file);
-            eg_ds_info_clear(&w);
-        }
-        if (!found)
+        if (!eg_ds_idset_get(&listed, top.shards[s].file, NULL))
             st = eg_fail(err, EG_ERR_CONFIG,
                          "%s lists %s, which no worker manifest of %s lists: merge reads that directory's worker "
                          "manifests, so its samples would be left out (merge the inputs that manifest.json was "
                          "made from instead, or move it and its extra shards to a directory of their own)",
                          mp, top.shards[s].file, dir);
     }
+    eg_ds_idset_clear(&listed);
     eg_ds_info_clear(&top);
     return st;
 }

@@ -414,10 +414,16 @@ static void names_of(const eg_shard_writer_opts *o, char *prefix, size_t np, cha
     }
 }
 
+void shard_writer_lock_path(const char *dir, const eg_shard_writer_opts *o, char *out, size_t n) {
+    char prefix[64], man[64];
+    names_of(o, prefix, sizeof prefix, man, sizeof man);
+    snprintf(out, n, "%s/.lock.%s", dir, man);
+}
+
 eg_status shard_writer_lock(const char *dir, const eg_shard_writer_opts *o, int *fd, eg_error *err) {
     char prefix[64], man[64], p[4096];
     names_of(o, prefix, sizeof prefix, man, sizeof man);
-    snprintf(p, sizeof p, "%s/.lock.%s", dir, man);
+    shard_writer_lock_path(dir, o, p, sizeof p);
     *fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (*fd < 0) return eg_fail(err, EG_ERR_IO, "%s: %s", p, strerror(errno));
     if (flock(*fd, LOCK_EX | LOCK_NB)) {

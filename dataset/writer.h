@@ -77,6 +77,8 @@ typedef struct eg_shard_writer eg_shard_writer;
  * writer is using this dataset" when it is held. *fd: to pass as opts.lock_fd, closed by
  * the caller. */
 eg_status shard_writer_lock(const char *dir, const eg_shard_writer_opts *opts, int *fd, eg_error *err);
+/* The file that lock is on: DIR/.lock.MANIFEST. */
+void shard_writer_lock_path(const char *dir, const eg_shard_writer_opts *opts, char *out, size_t n);
 
 /* Open (create or, with resume, continue) the dataset directory dir. */
 eg_status shard_writer_open(const char *dir, const eg_shard_writer_opts *opts,

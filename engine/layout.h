@@ -108,6 +108,10 @@ typedef struct eg_layout_row {
     double draft_ms;      /* speculative decoding: the drafter's share of decode_step_ms */
 } eg_layout_row;
 
+/* The mean sequence length plan and generate --layout auto model by default (tokens,
+ * prompt + response; auto takes at most --max-seq-len). */
+#define EG_LAYOUT_MEAN_LEN 4096
+
 typedef struct eg_layout_opts {
     double mean_len;       /* tokens per sequence, prompt + response (cache held) */
     int prefill_chunk;     /* prefill rows per GPU per step (0 = 8192) */

@@ -269,7 +269,9 @@ static int resolve_layout(gen_args *a) {
     }
     char why[1024];
     int stages = 1, ep = 1, ep_split = EG_SPLIT_NONE;
-    double mean_len = a->mean_len > 0 ? a->mean_len : a->max_seq_len < 4096 ? a->max_seq_len : 4096;
+    double mean_len = a->mean_len > 0                         ? a->mean_len
+                      : a->max_seq_len < EG_LAYOUT_MEAN_LEN ? a->max_seq_len
+                                                            : EG_LAYOUT_MEAN_LEN;
     if (eg_runtime_layout(a->layout, a->box, a->model, a->backend, a->capture, a->whole_layers, mean_len, a->chunk,
                           a->batch, &stages, &ep, &ep_split, why, sizeof why, &err)) {
         fprintf(stderr, "eaglegen generate: %s\n", err.msg);
@@ -1143,7 +1145,7 @@ int cmd_generate(int argc, char **argv) {
             if (made_out) rmdir(a.out); /* only while empty */
             goto done;
         }
-        snprintf(undo_lock, sizeof undo_lock, "%s/.lock.%s", a.out, man_name);
+        shard_writer_lock_path(a.out, &names, undo_lock, sizeof undo_lock);
     }
     /* only checked here; job.json is written once every check passed, so a refused start
      * leaves nothing a later run could mistake for its job */
@@ -1228,7 +1230,7 @@ int cmd_generate(int argc, char **argv) {
     if (a.log_json && check_log_path(a.log_json, a.out, &err)) goto done;
     if (a.restart) {
         int64_t removed = 0;
-        if (gen_job_restart(a.out, man_name, job_name, rej_name, done_name, 1, &removed, &err)) goto done;
+        if (gen_job_restart(a.out, man_name, job_name, rej_name, done_name, &removed, &err)) goto done;
         if (removed) fprintf(stderr, "eaglegen generate: --restart: removed %lld shard%s of the earlier run\n",
                              (long long)removed, removed == 1 ? "" : "s");
     }

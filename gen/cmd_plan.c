@@ -277,7 +277,7 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
 int cmd_plan(int argc, char **argv) {
     const char *model_dir = NULL, *preset = NULL;
     int stages = 0, layers = 0;
-    double gpu_gb = 96, frac = 0.92, act_gb = 3, mean_len = 4096;
+    double gpu_gb = 96, frac = 0.92, act_gb = 3, mean_len = EG_LAYOUT_MEAN_LEN;
     int experts = EG_MK_EXPERTS_INT4;
     static const struct option opts[] = {
         {"model", 1, 0, 'm'},      {"preset", 1, 0, 'p'},       {"layers", 1, 0, 'l'}, {"experts", 1, 0, 'e'},

@@ -3,11 +3,9 @@
 #include "gen/job.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include "dataset/manifest.h"
@@ -252,17 +250,10 @@ static eg_status unlink_in(const char *dir, const char *name, int *gone, eg_erro
 }
 
 eg_status gen_job_restart(const char *dir, const char *manifest, const char *job, const char *rejects,
-                          const char *done, int lock_held, int64_t *removed, eg_error *err) {
+                          const char *done, int64_t *removed, eg_error *err) {
     *removed = 0;
     if (access(dir, F_OK)) return EG_OK; /* nothing to start over from */
     char p[4096];
-    snprintf(p, sizeof p, "%s/.lock.%s", dir, manifest);
-    int lock = lock_held ? -1 : open(p, O_RDWR | O_CLOEXEC);
-    if (!lock_held && lock < 0 && errno != ENOENT) return eg_fail(err, EG_ERR_IO, "%s: %s", p, strerror(errno));
-    if (lock >= 0 && flock(lock, LOCK_EX | LOCK_NB)) {
-        close(lock);
-        return eg_fail(err, EG_ERR_IO, "--restart: another process is writing %s/%s; stop it first", dir, manifest);
-    }
     eg_status st = EG_OK;
     snprintf(p, sizeof p, "%s/%s", dir, manifest);
     if (!access(p, F_OK)) {
@@ -298,7 +289,6 @@ eg_status gen_job_restart(const char *dir, const char *manifest, const char *job
     const char *names[] = {manifest, job, rejects, done};
     for (size_t i = 0; i < sizeof names / sizeof names[0] && !st; i++) st = unlink_in(dir, names[i], NULL, err);
     if (!st) st = eg_ds_fsync_dir(dir, err);
-    if (lock >= 0) close(lock);
     return st;
 }
 

@@ -60,12 +60,11 @@ eg_status gen_resume_apply_names(const json_t *want, struct corpus_reader *r, eg
 
 /* --restart: remove this worker's job from DIR (its shards as its manifest lists them,
  * the manifest, job file, rejects ledger and done log; the names are the caller's), so
- * the run starts over. Refused while another process writes the same manifest, and for
- * a merged manifest (which lists other workers' shards). lock_held: the caller holds the
- * manifest's writer lock (shard_writer_lock); else it is taken here. *removed = shards
- * deleted. */
+ * the run starts over. The caller holds the manifest's writer lock (shard_writer_lock:
+ * another process writing it stops the caller there). Refused for a merged manifest
+ * (which lists other workers' shards). *removed = shards deleted. */
 eg_status gen_job_restart(const char *dir, const char *manifest, const char *job, const char *rejects,
-                          const char *done, int lock_held, int64_t *removed, eg_error *err);
+                          const char *done, int64_t *removed, eg_error *err);
 
 /* The job object a manifest records: ident with "state" set (running, complete, limit,
  * interrupted, error; complete = every record of this worker's share was handled).
