@@ -189,6 +189,10 @@ int cmd_forward(int argc, char **argv) {
             goto fail;
         }
     }
+    if (c->max_pos > 0 && max_len + generate > c->max_pos) /* as generate's note on --max-seq-len */
+        fprintf(stderr, "eaglegen forward: note: %d positions (longest prompt %d + --generate %d) are past the "
+                        "model's max_position_embeddings %d: those are computed at positions outside what the model "
+                        "was trained for\n", max_len + generate, max_len, generate, c->max_pos);
     aux = malloc(sizeof(int) * (size_t)(c->n_layers + 1));
     if (!aux) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto fail; }
     for (int l = 0; l <= c->n_layers; l++) aux[l] = l - 1;
@@ -204,14 +208,19 @@ int cmd_forward(int argc, char **argv) {
     ctx = (fwd_ctx){.prompts = prompts, .generate = generate, .L1 = c->n_layers + 1, .H = c->hidden, .V = c->vocab, .w = w};
     if (eg_runtime_run(rt, next_prompt, on_done, &ctx, &err)) goto fail;
     {
-        char lens[65536];
-        size_t off = 0;
-        off += (size_t)snprintf(lens + off, sizeof lens - off, "[");
-        for (size_t i = 0; i < json_array_size(prompts) && off < sizeof lens - 16; i++)
-            off += (size_t)snprintf(lens + off, sizeof lens - off, "%s%zu", i ? ", " : "", json_array_size(json_array_get(prompts, i)));
-        snprintf(lens + off, sizeof lens - off, "]");
-        if (eg_st_writer_meta(w, "prompt_lens", lens, &err) || eg_st_writer_meta(w, "generated", generate ? "greedy" : "0", &err))
-            goto fail;
+        /* as many lengths as prompts: a fixed buffer cut the list short past a few thousand */
+        json_t *lens = json_array();
+        for (size_t i = 0; lens && i < json_array_size(prompts); i++)
+            if (json_array_append_new(lens, json_integer((json_int_t)json_array_size(json_array_get(prompts, i))))) {
+                json_decref(lens);
+                lens = NULL;
+            }
+        char *txt = lens ? json_dumps(lens, 0) /* "[1, 5]", as the goldens write it */ : NULL;
+        json_decref(lens);
+        if (!txt) { eg_fail(&err, EG_ERR_NOMEM, "out of memory"); goto fail; }
+        eg_status st = eg_st_writer_meta(w, "prompt_lens", txt, &err);
+        free(txt);
+        if (st || eg_st_writer_meta(w, "generated", generate ? "greedy" : "0", &err)) goto fail;
     }
     if (eg_st_writer_write(w, out_path, &err)) goto fail;
     eg_engine_stats st;

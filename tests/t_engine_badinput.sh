@@ -140,6 +140,33 @@ else
     bad "forward on the mkmodel tiny model: $(tail -c 400 "$tmp/fw.log")"
 fi
 
+# forward's metadata lists every prompt's length (a fixed 64 KB buffer cut it short past
+# ~21,000 one-token prompts), and a run past max_position_embeddings says so
+"$PYTHON" -c 'import json; json.dump({"prompts": [[1 + i % 200] * (1 + i % 2) for i in range(22000)]}, open("'"$tmp"'/many.json", "w"))'
+if "$E" forward --model "$tmp/tiny" --prompts "$tmp/many.json" --out "$tmp/many.st" 2>"$tmp/many.log"; then
+    "$PYTHON" - "$tmp/many.st" <<'PY' || bad "forward's prompt_lens"
+import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]
+lens = json.loads(json.loads(f.read(n))["__metadata__"]["prompt_lens"])
+assert lens == [1 + i % 2 for i in range(22000)], (len(lens), lens[-3:])
+print("forward: prompt_lens lists all 22000 prompts")
+PY
+    ! grep -q "max_position_embeddings" "$tmp/many.log" || bad "a max_position note for 2-token prompts"
+else
+    bad "forward of 22000 prompts: $(tail -c 300 "$tmp/many.log")"
+fi
+mkdir -p "$tmp/short"
+cp "$tmp/tiny"/* "$tmp/short/"
+"$PYTHON" - "$tmp/short/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); t = c.get("text_config", c); t["max_position_embeddings"] = 7
+json.dump(c, open(sys.argv[1], "w"))
+PY
+"$E" forward --model "$tmp/short" --prompts "$tmp/p.json" --out "$tmp/short.st" 2>"$tmp/short.log" ||
+    bad "forward past max_position_embeddings: $(tail -c 300 "$tmp/short.log")"
+grep -q "note: 8 positions (longest prompt 8 + --generate 0) are past the model's max_position_embeddings 7" \
+    "$tmp/short.log" || bad "no max_position note: $(cat "$tmp/short.log")"
+
 # the kimi-k2.5 plan without writing anything
 "$E" mkmodel --preset kimi-k2.5 --layers 2 --dry-run >"$tmp/plan.txt" || bad "kimi dry run"
 "$PYTHON" - "$tmp/plan.txt" <<'PY' || bad "kimi plan"
