@@ -33,6 +33,7 @@
 #include "gen/donelog.h"
 #include "gen/draft_model.h"
 #include "gen/dry_run.h"
+#include "gen/merge_check.h"
 #include "gen/progress.h"
 #include "gen/resume.h"
 #include "gen/version.h"
@@ -1151,6 +1152,7 @@ int cmd_generate(int argc, char **argv) {
      * leaves nothing a later run could mistake for its job */
     gen_resume rs = {0};
     if (!a.restart && gen_resume_check(a.out, job_name, ident, a.n_workers, &rs, &err)) goto done;
+    if (gen_worker_join_check(a.out, a.worker, a.n_workers, ident, &err)) goto done;
     int existed = rs.existed;
     if (existed && gen_resume_apply_names(ident, g.corpus, &err)) goto done;
     if (existed && rs.changes[0])

@@ -1,11 +1,14 @@
 /* Consistency of a merge's inputs; see merge_check.h. */
 #include "gen/merge_check.h"
 
+#include <dirent.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dataset/manifest.h"
+#include "gen/job.h"
 #include "gen/resume.h"
 
 typedef struct merge_unit {
@@ -238,5 +241,48 @@ eg_status gen_merge_check(const char *const *dirs, int n_dirs, int allow_partial
     json_decref(missing);
     json_decref(unfinished);
     units_free(&l);
+    return st;
+}
+
+eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, const json_t *want, eg_error *err) {
+    if (n_workers <= 1) return EG_OK;
+    DIR *d = opendir(dir);
+    if (!d) return EG_OK; /* a new directory: nobody to meet */
+    char *want_key = inputs_key(want);
+    if (!want_key) { closedir(d); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
+    eg_status st = EG_OK;
+    struct dirent *e;
+    while (!st && (e = readdir(d))) {
+        int a, b;
+        char name[128];
+        if (sscanf(e->d_name, "job.w%dof%d.json", &a, &b) != 2 || b < 2 || a < 0 || a >= b) continue;
+        gen_job_filename(name, sizeof name, "job", "json", a, b);
+        if (strcmp(name, e->d_name) || (a == worker && b == n_workers)) continue;
+        json_t *have = NULL;
+        eg_error e2 = {0};
+        if (gen_job_read(dir, name, &have, &e2) || !json_is_object(have)) { /* left to merge to report */
+            json_decref(have);
+            continue;
+        }
+        char diff[2048] = "";
+        int c = gen_job_sample_diff(have, want, diff, sizeof diff);
+        char *key = c ? NULL : inputs_key(have);
+        if (c)
+            st = eg_fail(err, EG_ERR_CONFIG,
+                         "%s/%s, another worker of this dataset, was made with parameters that change samples (%d "
+                         "difference%s, that worker's -> this one's):%s\nEvery worker of a directory needs the same "
+                         "values (readers take the workers' samples as one dataset): use them, or another --out.",
+                         dir, name, c, c > 1 ? "s" : "", diff);
+        else if (!key) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
+        else if (b != n_workers && !strcmp(key, want_key))
+            st = eg_fail(err, EG_ERR_CONFIG,
+                         "%s/%s splits the same inputs over %d workers, this one over %d: their records overlap, "
+                         "and readers would take the samples they share twice. Use --worker I/%d (the same count), "
+                         "or another --out.", dir, name, b, n_workers, b);
+        free(key);
+        json_decref(have);
+    }
+    closedir(d);
+    free(want_key);
     return st;
 }

@@ -23,7 +23,17 @@
 
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "common/eg_common.h"
+
+/* What a worker (WORKER of N_WORKERS > 1) starting in DIR must agree on with the other
+ * workers' job files there (job.wIofN.json), checked before it writes: the same
+ * sample-changing parameters and model/tokenizer fingerprints (want is this run's job
+ * identity), and no other worker count over the same inputs (overlapping records).
+ * Readers take every worker's samples in a directory as one dataset, so a mix would be
+ * found only by merge after the compute. Job files that cannot be read are left to merge. */
+eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, const json_t *want, eg_error *err);
 
 eg_status gen_merge_check(const char *const *dirs, int n_dirs, int allow_partial, FILE *report, char **note_json,
                           eg_error *err);

@@ -165,7 +165,7 @@ for case in "0/2 other 1/2 model" "1/2 model 1/2 model"; do
     # other weights: refused; the same worker: refused while the other holds it, or (the
     # other done by the time the lock came) resumed with nothing left to do
     if [ $2 = other ]; then
-        [ $rca -ne 0 ] && grep -q "differ in model weights" "$d.a" || { echo "FAIL: race $case: exit $rca: $(tail -n 2 "$d.a")"; exit 1; }
+        [ $rca -ne 0 ] && grep -q "fingerprints.model_weights: " "$d.a" || { echo "FAIL: race $case: exit $rca: $(tail -n 2 "$d.a")"; exit 1; }
     elif [ $rca -ne 0 ]; then
         grep -q "another writer is using this dataset" "$d.a" || { echo "FAIL: race $case: exit $rca: $(tail -n 2 "$d.a")"; exit 1; }
     fi

@@ -38,7 +38,7 @@ $E merge arr --out arr 2>err || fail "merge of the array"
 nodouble
 "$PYTHON" "$here/gen_check.py" same ref arr
 echo "-- --restart of a worker whose shards a merged manifest.json lists is refused, touching nothing"
-if gen --out arr --worker 1/3 --restart --temperature 0.5 2>err; then fail "--restart under a merged manifest"; fi
+if gen --out arr --worker 1/3 --restart 2>err; then fail "--restart under a merged manifest"; fi
 grep -q "the merged arr/manifest.json lists this job's shard shard-w1of3-" err || fail "restart refusal message"
 $E inspect arr --verify >/dev/null 2>err || fail "the merged dataset no longer verifies"
 "$PYTHON" "$here/gen_check.py" same ref arr

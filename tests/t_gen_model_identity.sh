@@ -41,10 +41,18 @@ cp -r w wm && $E merge wm --out wm > /dev/null 2> err.txt || fail "merge of the 
 # a worker with other weights joining w: refused before it writes anything
 rm -rf x && cp -r w x && rm x/manifest.w1of2.json x/shard-w1of2-* x/job.w1of2.json 2>/dev/null || true
 ls x/manifest.w1of2.json >/dev/null 2>&1 && fail "setup"
+# (by worker 0's job file, before the model loads; without one, by its manifest when the
+# writer opens)
+set +e; $E generate --model other "${args[@]}" --out x --worker 1/2 2> err.txt; rc=$?; set -e
+[ $rc -ne 0 ] && grep -q "job.w0of2.json, another worker of this dataset, was made with parameters that change" err.txt \
+    && grep -q "fingerprints.model_weights: " err.txt || fail "worker with other weights: exit $rc: $(tail -n 3 err.txt)"
+[ ! -e x/manifest.w1of2.json ] && [ ! -e x/job.w1of2.json ] || fail "the refused worker wrote its files"
+mv x/job.w0of2.json job.w0of2.json.kept
 set +e; $E generate --model other "${args[@]}" --out x --worker 1/2 2> err.txt; rc=$?; set -e
 [ $rc -ne 0 ] && grep -q "manifest.w0of2.json, another worker of this dataset: datasets differ in model weights" err.txt \
-    || fail "worker with other weights: exit $rc: $(tail -n 3 err.txt)"
+    || fail "worker with other weights, no job file beside: exit $rc: $(tail -n 3 err.txt)"
 [ ! -e x/manifest.w1of2.json ] || fail "the refused worker wrote its manifest"
+mv job.w0of2.json.kept x/job.w0of2.json
 # ... and written elsewhere, then put beside worker 0: inspect, merge and the loader refuse
 $E generate --model other "${args[@]}" --out y --worker 1/2 2>/dev/null
 cp y/manifest.w1of2.json y/shard-w1of2-* x/

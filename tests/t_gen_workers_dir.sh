@@ -5,7 +5,9 @@
 # directory's manifest.json listing more than its workers' manifests lost those samples in
 # the next merge; workers and a single writer shared a directory (readers see only one of
 # them); a repaired merged manifest still read as complete; a worker of another model with
-# another worker count joined a directory. Each is now refused, naming the file.
+# another worker count joined a directory; a worker with other sampling parameters, or over
+# the same inputs with another worker count, joined a directory that readers then took as one
+# dataset (mixed or repeated samples). Each is now refused, naming the file.
 set -eu
 : "${EAGLEGEN:?}" "${PYTHON:=/usr/bin/python3}"
 E=$EAGLEGEN
@@ -63,5 +65,18 @@ $E merge M --out R --allow-partial >/dev/null 2>&1 || fail "--allow-partial on t
 
 echo "-- a worker of another model and another worker count"
 $E generate "${args[@]}" --out mn --worker 0/2 2>/dev/null
-refused "differ in model weights" $E generate --model other "${args[@]:2}" --out mn --worker 0/3
+refused "fingerprints.model_weights: " $E generate --model other "${args[@]:2}" --out mn --worker 0/3
+
+echo "-- a worker with other sampling parameters, or the same inputs split another way"
+cp -a sw0 J
+refused "job.w0of2.json, another worker of this dataset, was made with parameters that change samples" \
+    $E generate "${args[@]}" --out J --worker 1/2 --seed 9
+grep -q "seed: 0 -> 9" err.txt || fail "the difference is not listed: $(cat err.txt)"
+[ ! -e J/job.w1of2.json ] && [ ! -e J/manifest.w1of2.json ] || fail "the refused worker left files"
+refused "splits the same inputs over 2 workers, this one over 3" $E generate "${args[@]}" --out J --worker 1/3
+[ ! -e J/job.w1of3.json ] || fail "the refused worker 1/3 left its job file"
+$E generate "${args[@]:0:2}" --prompts d.jsonl "${args[@]:4}" --out J --worker 1/3 2>/dev/null ||
+    fail "a worker over other inputs with the same parameters"
+$E generate "${args[@]}" --out J --worker 1/2 2>/dev/null || fail "the missing worker with the same parameters"
+$E inspect J --verify >/dev/null 2>&1 || fail "J after the workers that agree"
 echo "t_gen_workers_dir: ok"
