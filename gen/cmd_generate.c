@@ -1152,7 +1152,7 @@ int cmd_generate(int argc, char **argv) {
      * leaves nothing a later run could mistake for its job */
     gen_resume rs = {0};
     if (!a.restart && gen_resume_check(a.out, job_name, ident, a.n_workers, &rs, &err)) goto done;
-    if (gen_worker_join_check(a.out, a.worker, a.n_workers, ident, &err)) goto done;
+    if (gen_worker_join_check(a.out, a.worker, a.n_workers, ident, 0, &err)) goto done;
     int existed = rs.existed;
     if (existed && gen_resume_apply_names(ident, g.corpus, &err)) goto done;
     if (existed && rs.changes[0])

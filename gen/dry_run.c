@@ -2,6 +2,7 @@
 #include "gen/dry_run.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "engine/ep_runtime.h"
 #include "engine/runtime.h"
 #include "gen/job.h"
+#include "gen/merge_check.h"
 #include "gen/resume.h"
 #include "prompts/corpus.h"
 
@@ -66,6 +68,23 @@ static eg_status other_id_seen(void *ctx, const char *id, const char *file, uint
     (void)line;
     eg_ds_idset *seen = ctx;
     return eg_ds_idset_get(seen, id, NULL) ? EG_OK : eg_ds_idset_put(seen, id, 0, err);
+}
+
+/* Another worker's job file in dir (job.wIofN.json but own): the weights are then
+   fingerprinted for the check the run makes (a config-only model has none to read). */
+static int other_job_files(const char *dir, const char *own) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0, a, b;
+    struct dirent *e;
+    while (!n && (e = readdir(d))) {
+        char name[128];
+        if (sscanf(e->d_name, "job.w%dof%d.json", &a, &b) != 2 || a < 0 || b < 2 || a >= b) continue;
+        gen_job_filename(name, sizeof name, "job", "json", a, b);
+        n = !strcmp(name, e->d_name) && strcmp(name, own);
+    }
+    closedir(d);
+    return n;
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -304,15 +323,12 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
         eg_ds_info_clear(&m);
         char jn[128];
         gen_job_filename(jn, sizeof jn, "job", "json", o->worker, o->n_workers);
-        json_t *have = NULL;
+        json_t *have = NULL, *want = NULL;
         if (gen_job_read(o->out, jn, &have, &err)) goto done;
-        if (o->restart && (held || have)) {
-            fprintf(out, "job:           %s/%s: --restart deletes this job (%lld samples) and starts over\n", o->out, jn,
-                     n_held);
-        } else if (have && o->params) {
-            /* the run's own check (gen_resume_check) against what it would write, but for
-               the weights' stored bytes, which only loading the model counts */
-            json_t *inputs = NULL, *want = NULL, *weights = NULL;
+        if (o->params && (have || (o->n_workers > 1 && other_job_files(o->out, jn)))) {
+            /* the run's own job identity, but for the weights' stored bytes, which only
+               loading the model counts (taken from the job being resumed) */
+            json_t *inputs = NULL, *weights = NULL;
             gen_job_inputs(cr, &inputs, &err);
             if (!err.code && gen_weights_fingerprint(o->model, &weights, &err)) eg_wrap(&err, "--model %s", o->model);
             json_t *wb = json_object_get(json_object_get(have, "fingerprints"), "model_weight_bytes");
@@ -324,12 +340,25 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
                                  tok_fingerprint(tok), "inputs", inputs);
             json_decref(inputs);
             json_decref(weights);
+            if (!err.code && !want) eg_fail(&err, EG_ERR_NOMEM, "out of memory");
+            /* the other workers' job files, as the run checks them before loading the model */
+            if (!err.code && o->n_workers > 1) gen_worker_join_check(o->out, o->worker, o->n_workers, want, 1, &err);
+            if (err.code) {
+                json_decref(want);
+                json_decref(have);
+                goto done;
+            }
+        }
+        if (o->restart && (held || have)) {
+            fprintf(out, "job:           %s/%s: --restart deletes this job (%lld samples) and starts over\n", o->out, jn,
+                     n_held);
+        } else if (have && want) {
             gen_resume r;
-            eg_status st = err.code ? err.code : !want ? eg_fail(&err, EG_ERR_NOMEM, "out of memory")
-                                                        : gen_resume_check(o->out, jn, want, o->n_workers, &r, &err);
-            json_decref(want);
-            json_decref(have);
-            if (st) goto done;
+            if (gen_resume_check(o->out, jn, want, o->n_workers, &r, &err)) {
+                json_decref(want);
+                json_decref(have);
+                goto done;
+            }
             fprintf(out, "job:           %s already holds %lld samples; a run resumes it and makes only the rest "
                          "(parameters, config, tokenizer and inputs checked as the run checks them; the weights' "
                          "bytes only by the run)%s\n", mp, n_held, r.changes);
@@ -337,7 +366,8 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
             fprintf(out, "job:           %s already holds %lld samples; a run resumes it and makes only the rest\n", mp,
                     n_held);
         } else fprintf(out, "job:           %s: no job yet; a run starts one\n", o->out);
-        if (o->restart || !o->params) json_decref(have);
+        json_decref(want);
+        json_decref(have);
     }
     rc = 0;
 done:

@@ -244,7 +244,8 @@ eg_status gen_merge_check(const char *const *dirs, int n_dirs, int allow_partial
     return st;
 }
 
-eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, const json_t *want, eg_error *err) {
+eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, const json_t *want, int weight_bytes_unknown,
+                                eg_error *err) {
     if (n_workers <= 1) return EG_OK;
     DIR *d = opendir(dir);
     if (!d) return EG_OK; /* a new directory: nobody to meet */
@@ -265,7 +266,14 @@ eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, cons
             continue;
         }
         char diff[2048] = "";
-        int c = gen_job_sample_diff(have, want, diff, sizeof diff);
+        json_t *mine = (json_t *)want, *copy = NULL;
+        json_t *hb = json_object_get(json_object_get(have, "fingerprints"), "model_weight_bytes");
+        if (weight_bytes_unknown && hb && (copy = json_deep_copy(want))) { /* theirs, as far as a dry run can tell */
+            json_object_set(json_object_get(copy, "fingerprints"), "model_weight_bytes", hb);
+            mine = copy;
+        }
+        int c = gen_job_sample_diff(have, mine, diff, sizeof diff);
+        json_decref(copy);
         char *key = c ? NULL : inputs_key(have);
         if (c)
             st = eg_fail(err, EG_ERR_CONFIG,

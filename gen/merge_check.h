@@ -32,8 +32,11 @@
  * sample-changing parameters and model/tokenizer fingerprints (want is this run's job
  * identity), and no other worker count over the same inputs (overlapping records).
  * Readers take every worker's samples in a directory as one dataset, so a mix would be
- * found only by merge after the compute. Job files that cannot be read are left to merge. */
-eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, const json_t *want, eg_error *err);
+ * found only by merge after the compute. Job files that cannot be read are left to merge.
+ * weight_bytes_unknown (the dry run, which loads no weights): each other job's
+ * fingerprints.model_weight_bytes is taken as this run's. */
+eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, const json_t *want, int weight_bytes_unknown,
+                                eg_error *err);
 
 eg_status gen_merge_check(const char *const *dirs, int n_dirs, int allow_partial, FILE *report, char **note_json,
                           eg_error *err);

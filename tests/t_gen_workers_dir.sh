@@ -72,6 +72,11 @@ cp -a sw0 J
 refused "job.w0of2.json, another worker of this dataset, was made with parameters that change samples" \
     $E generate "${args[@]}" --out J --worker 1/2 --seed 9
 grep -q "seed: 0 -> 9" err.txt || fail "the difference is not listed: $(cat err.txt)"
+refused "job.w0of2.json, another worker of this dataset, was made with parameters that change samples" \
+    $E generate "${args[@]}" --out J --worker 1/2 --seed 9 --dry-run
+grep -q "seed: 0 -> 9" err.txt || fail "the dry run does not list the difference: $(cat err.txt)"
+$E generate "${args[@]}" --out J --worker 1/2 --dry-run > out.txt 2> err.txt || fail "dry run of the worker that agrees"
+grep -q "no job yet" out.txt || fail "dry run: $(cat out.txt)"
 [ ! -e J/job.w1of2.json ] && [ ! -e J/manifest.w1of2.json ] || fail "the refused worker left files"
 refused "splits the same inputs over 2 workers, this one over 3" $E generate "${args[@]}" --out J --worker 1/3
 [ ! -e J/job.w1of3.json ] || fail "the refused worker 1/3 left its job file"
