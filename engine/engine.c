@@ -612,6 +612,9 @@ eg_status eg_engine_create(const eg_model *m, eg_backend *be, const eg_engine_op
         e->stage_be[i] = e->threaded ? o->stage_backends[i] : be;
         sbs[i] = (stage_build){.m = m, .be = e->stage_be[i], .out = &e->stages[i],
                                .fo = {.layer_begin = begin, .layer_end = end, .max_tokens = o->max_tokens,
+                                      .logit_rows = eg_forward_logit_rows(o->max_tokens, o->n_slots,
+                                                                          o->drafter ? o->draft_tokens : 0,
+                                                                          o->want_logits),
                                       .n_slots = o->n_slots, .max_seq_len = o->max_seq_len, .block_size = o->block_size,
                                       .kv_blocks = o->kv_blocks, .capture = e->aux_layers, .n_capture = o->n_aux,
                                       .final_pre_norm = o->final_pre_norm,

@@ -52,7 +52,8 @@ struct eg_forward {
     int32_t *ids;   /* [T][K] */
     float *rw;      /* [T][K] */
     float *g;       /* [T][H] gathered rows for lm_head; in a layer, the shared expert's rows */
-    float *logits;  /* [T][V] */
+    float *logits;  /* [LR][V]: the last stage's logit rows (LR = logit_rows), else NULL */
+    int logit_rows; /* LR: rows a step may ask logits of */
     float *hand;    /* head_cut or tail_cut: [max_tokens][3H+2K], holding x, xn, dx, ids and rw as
                        planes of the step's T rows (bind_planes): the hand-over in place */
     int32_t *tok_d, *pos_d, *slot_d, *rows_d; /* [T] */
@@ -306,6 +307,9 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
 
     size_t T = (size_t)(o->max_tokens > 0 ? o->max_tokens : 1);
     f->o.max_tokens = (int)T;
+    /* logits only where lm_head runs, and only as many rows as a step can ask for: at
+       Kimi's 163,840 ids each row is 655 KB (8,192 rows: 5.4 GB of a GPU's cache) */
+    f->logit_rows = !eg_forward_is_last(f) ? 0 : o->logit_rows > 0 && (size_t)o->logit_rows < T ? o->logit_rows : (int)T;
     size_t H = (size_t)c->hidden, NH = (size_t)c->n_heads, QL = (size_t)c->q_lora_rank;
     size_t DQ = NH * (size_t)(c->qk_nope + c->qk_rope), W = (size_t)(c->kv_lora_rank + c->qk_rope);
     size_t K = (size_t)(c->topk > 0 ? c->topk : 1), V = (size_t)c->vocab;
@@ -319,7 +323,8 @@ eg_status eg_forward_create(const eg_model *m, eg_backend *be, const eg_forward_
         (st = alloc(f, (void **)&f->qan, 4 * T * QL, err)) || (st = alloc(f, (void **)&f->q, 4 * T * DQ, err)) ||
         (st = alloc(f, (void **)&f->kvbuf, 4 * T * W, err)) ||
         (st = alloc(f, (void **)&f->attn, 4 * T * NH * (size_t)c->v_head, err)) ||
-        (st = alloc(f, (void **)&f->g, 4 * T * H, err)) || (st = alloc(f, (void **)&f->logits, 4 * T * V, err)) ||
+        (st = alloc(f, (void **)&f->g, 4 * T * H, err)) ||
+        (f->logit_rows > 0 && (st = alloc(f, (void **)&f->logits, 4 * (size_t)f->logit_rows * V, err))) ||
         (st = alloc(f, (void **)&f->tok_d, 4 * T, err)) || (st = alloc(f, (void **)&f->pos_d, 4 * T, err)) ||
         (st = alloc(f, (void **)&f->slot_d, 4 * T, err)) || (st = alloc(f, (void **)&f->rows_d, 4 * T, err)) ||
         (st = alloc(f, (void **)&f->inv_freq_d, 4 * (size_t)(c->qk_rope / 2 + 1), err)))
@@ -385,12 +390,19 @@ int eg_forward_staged_captures(const int *capture, int n_capture, int layer_begi
     return n;
 }
 
-int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int n_staged) {
+int eg_forward_logit_rows(int max_tokens, int n_slots, int draft_tokens, int want_logits) {
+    int64_t T = max_tokens > 0 ? max_tokens : 1, per = draft_tokens > 0 ? (int64_t)draft_tokens + 1 : 1;
+    if (want_logits || n_slots <= 0 || (int64_t)n_slots * per >= T) return (int)T;
+    return (int)((int64_t)n_slots * per);
+}
+
+int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int logit_rows, int n_staged) {
     int64_t T = max_tokens > 0 ? max_tokens : 1, H = c->hidden, NH = c->n_heads;
+    int64_t LR = logit_rows < 0 ? 0 : logit_rows > T ? T : logit_rows;
     int64_t TG = T < EG_GRAPH_MAX_TOKENS ? T : EG_GRAPH_MAX_TOKENS;
     int64_t DQ = NH * (c->qk_nope + c->qk_rope), W = c->kv_lora_rank + c->qk_rope, K = c->topk > 0 ? c->topk : 1;
-    /* x, xn, dx, g [T][H]; qa, qan [T][QL]; q; kv; attn; ids, weights; logits [T][V]; 4 index arrays */
-    return 4 * T * (4 * H + 2 * (int64_t)c->q_lora_rank + DQ + W + NH * c->v_head + 2 * K + c->vocab + 4) +
+    /* x, xn, dx, g [T][H]; qa, qan [T][QL]; q; kv; attn; ids, weights; 4 index arrays; logits [LR][V] */
+    return 4 * T * (4 * H + 2 * (int64_t)c->q_lora_rank + DQ + W + NH * c->v_head + 2 * K + 4) + 4 * LR * c->vocab +
            4 * (int64_t)(c->qk_rope / 2 + 1) + 4 * TG * H * (n_staged > 0 ? n_staged : 0);
 }
 
@@ -411,9 +423,9 @@ eg_status eg_forward_fetch_logits(eg_forward *f, const int32_t *rows, int n, flo
     for (int i = 0; i < n;) { /* runs of consecutive rows in one copy each */
         int j = i + 1;
         while (j < n && rows[j] == rows[j - 1] + 1) j++;
-        if (rows[i] < 0 || rows[j - 1] >= f->o.max_tokens)
+        if (rows[i] < 0 || rows[j - 1] >= f->logit_rows)
             return eg_fail(err, EG_ERR_INVALID, "fetch_logits: row %d out of range [0, %d)",
-                           rows[i] < 0 ? rows[i] : rows[j - 1], f->o.max_tokens);
+                           rows[i] < 0 ? rows[i] : rows[j - 1], f->logit_rows);
         eg_status st = ops->to_host(f->be, out + (size_t)i * V, f->logits + (size_t)rows[i] * V,
                                     sizeof(float) * V * (size_t)(j - i), err);
         if (st) return st;
@@ -429,8 +441,8 @@ eg_status eg_forward_kept_probs(eg_forward *f, const int32_t *rows, int n, const
     const eg_backend_ops *ops = f->be->ops;
     if (!ops->kept_probs) return eg_fail(err, EG_ERR_INVALID, "kept_probs: the %s backend does not offer it", ops->name);
     for (int i = 0; i < n; i++)
-        if (rows[i] < 0 || rows[i] >= f->o.max_tokens)
-            return eg_fail(err, EG_ERR_INVALID, "kept_probs: row %d out of range [0, %d)", rows[i], f->o.max_tokens);
+        if (rows[i] < 0 || rows[i] >= f->logit_rows)
+            return eg_fail(err, EG_ERR_INVALID, "kept_probs: row %d out of range [0, %d)", rows[i], f->logit_rows);
     return ops->kept_probs(f->be, f->logits, rows, n, (int)f->m->cfg.vocab, sp, cap, n_out, ids, probs, err);
 }
 
@@ -440,9 +452,9 @@ eg_status eg_forward_sample_logits(eg_forward *f, const int32_t *rows, int n, co
     const eg_backend_ops *ops = f->be->ops;
     const size_t V = (size_t)f->m->cfg.vocab;
     for (int i = 0; i < n; i++) {
-        if (rows[i] < i || rows[i] >= f->o.max_tokens || (i && rows[i] <= rows[i - 1]))
+        if (rows[i] < i || rows[i] >= f->logit_rows || (i && rows[i] <= rows[i - 1]))
             return eg_fail(err, EG_ERR_INVALID, "sample_logits: row %d (%d of %d) not ascending in [0, %d)", rows[i], i,
-                           n, f->o.max_tokens);
+                           n, f->logit_rows);
         /* row i <- row rows[i] >= i: never a row a later copy reads */
         eg_status st = rows[i] == i ? EG_OK
                                     : ops->copy(f->be, f->logits + (size_t)i * V, f->logits + (size_t)rows[i] * V,
@@ -755,6 +767,9 @@ eg_status eg_forward_step(eg_forward *f, const eg_step *s, eg_error *err) {
     bind_planes(f, T);
     int last = eg_forward_is_last(f);
     if (last && s->n_logits > T) return eg_fail(err, EG_ERR_INVALID, "more logit rows than tokens");
+    if (last && s->n_logits > f->logit_rows)
+        return eg_fail(err, EG_ERR_INVALID, "%d logit rows asked for; the forward holds %d (eg_forward_opts.logit_rows)",
+                       s->n_logits, f->logit_rows);
     TRY(ops->to_device(be, f->pos_d, s->pos, sizeof(int32_t) * (size_t)T, err));
     TRY(ops->to_device(be, f->slot_d, s->slot, sizeof(int32_t) * (size_t)T, err));
     TRY(eg_kv_sync_table(f->kv, err));

@@ -22,6 +22,8 @@
 typedef struct eg_forward_opts {
     int layer_begin, layer_end; /* [l0, l1); 0, 0 = the whole model */
     int max_tokens;             /* T bound per step */
+    int logit_rows;             /* rows of logits a step may ask for (the last stage's buffer
+                                   of [logit_rows][V]; eg_forward_logit_rows); 0 = max_tokens */
     int n_slots;                /* sequence slots */
     int max_seq_len;            /* per sequence */
     int block_size;             /* cache block size in tokens (0 = 64) */
@@ -129,11 +131,18 @@ int64_t eg_forward_out_floats(const eg_forward *f);
 int64_t eg_forward_handover_floats(const eg_config *c);
 int eg_forward_is_first(const eg_forward *f);
 int eg_forward_is_last(const eg_forward *f);
+/* The logit rows a step of an engine can ask for: every row with kept logits
+ * (want_logits) or unknown slots (n_slots <= 0: --batch auto); else one a sequence, k + 1
+ * with draft_tokens k; at most max_tokens. */
+int eg_forward_logit_rows(int max_tokens, int n_slots, int draft_tokens, int want_logits);
+
 /* Backend bytes a forward object allocates for activations at max_tokens rows (for
- * memory planning before it exists; an upper bound). n_staged: captured layers this
- * stage owns when its backend records replays (their rows are staged in backend
- * memory), 0 when it does not; eg_forward_staged_captures counts them. */
-int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int n_staged);
+ * memory planning before it exists; an upper bound). logit_rows: its logits buffer's
+ * rows (eg_forward_opts.logit_rows as the forward takes it; 0 for a stage before the
+ * last, which holds none). n_staged: captured layers this stage owns when its backend
+ * records replays (their rows are staged in backend memory), 0 when it does not;
+ * eg_forward_staged_captures counts them. */
+int64_t eg_forward_act_bytes(const eg_config *c, int max_tokens, int logit_rows, int n_staged);
 /* Of capture[0..n_capture) (layer ids, -1 = embedding output), those a stage over
  * layers [layer_begin, layer_end) owns. */
 int eg_forward_staged_captures(const int *capture, int n_capture, int layer_begin, int layer_end);

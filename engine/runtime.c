@@ -185,6 +185,16 @@ static int stage_captures(const eg_runtime *rt, int n_aux, int n_stages, int k) 
     return n;
 }
 
+/* The logit rows the last stage's forward holds, as the engines it serves size them
+ * (eg_forward_logit_rows): a rank's share of the slots with --ep; every row while the
+ * slot count is not chosen yet (slots 0: --batch auto), and for forward_only. */
+static int runtime_logit_rows(const eg_runtime_opts *o, int slots) {
+    if (o->forward_only) return o->max_tokens; /* its callers step the forward directly, any rows */
+    int ep = o->ep > 1 ? o->ep : 1, draft = (o->draft_model || o->drafter) ? o->draft_tokens : 0;
+    int per = slots > 0 && ep > 1 ? eg_ep_runtime_rank_slots(slots, ep, 0) : slots;
+    return eg_forward_logit_rows(o->max_tokens, per, draft, o->want_logits);
+}
+
 /* --stages N on planned GPUs, one stage per GPU (ep 1), or one per rank and stage (stage
  * groups, ep > 1: stage k on GPUs device + k*ep ..): the split with the largest common KV
  * pool (eg_plan_split_kv), layers cut inside where that holds more than the byte-balanced
@@ -232,9 +242,10 @@ static eg_status balance_stages(eg_runtime *rt, const eg_runtime_opts *o, const 
         tail = nb + (tail - nb + ep - 1) / ep;
     }
     int staged = eg_cuda_graphs_enabled() ? eg_forward_staged_captures(rt->aux, o->n_aux, 0, L) : 0;
-    int64_t act = eg_forward_act_bytes(c, o->max_tokens, staged);
-    if (ep > 1) act += eg_ep_runtime_device_bytes(c, ep, o->max_tokens, vocab);
     for (int k = 0; k < n; k++) {
+        /* the logits only on the last stage (at most; --batch auto: every row) */
+        int64_t act = eg_forward_act_bytes(c, o->max_tokens, k == n - 1 ? runtime_logit_rows(o, o->n_slots) : 0, staged);
+        if (ep > 1) act += eg_ep_runtime_device_bytes(c, ep, o->max_tokens, vocab);
         eg_backend_opts so = *bo;
         so.device = o->device + k * ep;
         eg_cuda_mem_plan mp;
@@ -322,7 +333,8 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
             }
             wbytes += (b0 == 0 ? head : 0) + (end == c->n_layers ? tail : 0);
             int staged = eg_cuda_graphs_enabled() ? stage_captures(rt, o->n_aux, n_stages, k) : 0;
-            act += eg_forward_act_bytes(c, o->max_tokens, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, bo) : 0);
+            int lrows = end == c->n_layers ? runtime_logit_rows(o, plan_slots) : 0;
+            act += eg_forward_act_bytes(c, o->max_tokens, lrows, staged) + (on_dev++ ? eg_cuda_scratch_bytes(c, bo) : 0);
             layers += end - b0;
         }
         if (ep > 1) /* the nccl exchange's buffers (the vocab split's logit blocks too) */

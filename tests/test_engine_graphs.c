@@ -323,11 +323,12 @@ static void outs_free(outs *o) {
 /* One prefill step of 3 prompts (16 tokens), then decode steps of 3 tokens (a shape that
  * repeats: recorded on its second sighting, replayed after), with one step of 2 tokens
  * in the middle (another shape) and captures on every step. */
+static int script_logit_rows; /* eg_forward_opts.logit_rows of the script's forward (0: max_tokens) */
 static eg_status script(eg_backend *be, int no_graphs, outs *o, eg_forward_graph_stats *gs, eg_error *err) {
     const eg_config *c = &model.cfg;
     int capture[3] = {-1, 1, 4}, H = c->hidden, V = c->vocab;
     eg_forward_opts fo = {.max_tokens = 16, .n_slots = NS, .max_seq_len = 128, .block_size = 8, .capture = capture,
-                          .n_capture = 3, .no_graphs = no_graphs};
+                          .n_capture = 3, .no_graphs = no_graphs, .logit_rows = script_logit_rows};
     eg_forward *f = NULL;
     eg_status st = eg_forward_create(&model, be, &fo, &f, err);
     if (st) return st;
@@ -464,7 +465,7 @@ static void test_replay_equals_ops(void) {
     CHECK(outs_same(&ref, &got, c->hidden, c->vocab));
     CHECK(gs.recorded == 0 && gs.replays == 0 && gs.failed == 0 && R(b)->replayed_ops == 0);
     CHECKF(R(b)->peak == peak_off && peak_on - R(b)->peak == 4LL * 3 * 16 * c->hidden &&
-               eg_forward_act_bytes(c, 16, 3) - eg_forward_act_bytes(c, 16, 0) == 4LL * 3 * 16 * c->hidden,
+               eg_forward_act_bytes(c, 16, 16, 3) - eg_forward_act_bytes(c, 16, 16, 0) == 4LL * 3 * 16 * c->hidden,
            "peak bytes: graphs on %lld, off in the backend %lld, off per forward %lld", (long long)peak_on,
            (long long)R(b)->peak, (long long)peak_off);
     CHECK(eg_forward_staged_captures((int[]){-1, 1, 4}, 3, 0, 2) == 2 &&
@@ -566,6 +567,59 @@ static void test_pos_bucket(void) {
     }
 }
 
+/* The last stage holds logits for logit_rows rows only (a step asks one a sequence, or
+ * k + 1 with a drafter: Kimi's 8,192-row chunk held 5.4 GB of them), a stage before it
+ * none; the steps give the same bits with the smaller buffer, and a step asking more
+ * rows than it holds fails, naming them. */
+static int64_t created_bytes(eg_backend *b, int layer_end, int logit_rows) {
+    eg_error err = {0};
+    int capture[1] = {-1};
+    eg_forward_opts fo = {.max_tokens = 16, .n_slots = NS, .max_seq_len = 128, .block_size = 8, .capture = capture,
+                          .n_capture = 1, .layer_end = layer_end, .logit_rows = logit_rows, .no_graphs = 1};
+    int64_t before = R(b)->live;
+    eg_forward *f = NULL;
+    CHECK_OK(eg_forward_create(&model, b, &fo, &f, &err), &err);
+    int64_t made = R(b)->live - before;
+    eg_forward_free(f);
+    return made;
+}
+
+static void test_logit_rows(void) {
+    load_model();
+    if (!have_model) return;
+    eg_error err = {0};
+    const eg_config *c = &model.cfg;
+    int64_t V = c->vocab, L = c->n_layers;
+    eg_backend *b = rec_create(c, 16);
+    if (!b) return;
+    int64_t all = created_bytes(b, 0, 0), three = created_bytes(b, 0, 3), over = created_bytes(b, 0, 99);
+    CHECKF(all - three == 4 * (16 - 3) * V && over == all, "last stage: %lld bytes (all rows), %lld (3), %lld (99)",
+           (long long)all, (long long)three, (long long)over);
+    CHECK(eg_forward_act_bytes(c, 16, 16, 0) - eg_forward_act_bytes(c, 16, 3, 0) == 4 * (16 - 3) * V);
+    CHECK(eg_forward_act_bytes(c, 16, 16, 0) - eg_forward_act_bytes(c, 16, 0, 0) == 4 * 16 * V);
+    int64_t mid = created_bytes(b, (int)L - 1, 0), mid3 = created_bytes(b, (int)L - 1, 3);
+    CHECKF(mid == mid3, "a stage before the last: %lld and %lld bytes", (long long)mid, (long long)mid3);
+    /* the rows an engine asks for: one a sequence, k + 1 with k drafts, all when kept */
+    CHECK(eg_forward_logit_rows(512, 16, 0, 0) == 16 && eg_forward_logit_rows(512, 16, 3, 0) == 64 &&
+          eg_forward_logit_rows(512, 16, 3, 1) == 512 && eg_forward_logit_rows(512, 0, 0, 0) == 512 &&
+          eg_forward_logit_rows(512, 600, 0, 0) == 512 && eg_forward_logit_rows(512, 200, 3, 0) == 512);
+    outs ref = {0}, got = {0};
+    eg_forward_graph_stats gs;
+    CHECK_OK(script(b, 0, &ref, &gs, &err), &err);
+    script_logit_rows = NS; /* the script asks at most one row a sequence */
+    CHECK_OK(script(b, 0, &got, &gs, &err), &err);
+    CHECK(outs_same(&ref, &got, c->hidden, c->vocab));
+    outs_free(&got);
+    script_logit_rows = NS - 1;
+    eg_status st = script(b, 0, &got, &gs, &err);
+    CHECKF(st == EG_ERR_INVALID && strstr(err.msg, "3 logit rows asked for; the forward holds 2"), "%d: %s", st,
+           err.msg);
+    script_logit_rows = 0;
+    outs_free(&got);
+    outs_free(&ref);
+    eg_backend_free(b);
+}
+
 static void test_cleanup(void) {
     if (have_model) eg_model_free(&model);
     have_model = 0;
@@ -573,6 +627,7 @@ static void test_cleanup(void) {
 
 static const eg_test tests[] = {
     {"pos_bucket", test_pos_bucket},
+    {"logit_rows", test_logit_rows},
     {"replay_equals_ops", test_replay_equals_ops},
     {"engine_stages", test_engine_stages},
     {"cleanup", test_cleanup},

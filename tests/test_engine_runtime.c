@@ -788,8 +788,9 @@ out:
 /* The GPU plan (as if on a device of given memory; no GPU needed: the plan comes before
  * any backend) counts, on the GPU of the last stage, the drafter's weights and slots'
  * rows with the activations and its paged cache per token of the KV pool: the pool of
- * that GPU is smaller by exactly those bytes (checked against the plan's own figures),
- * the other GPUs' pools are not, and the plan line says so. */
+ * that GPU is smaller by exactly those bytes and the target's k more logit rows a
+ * sequence (checked against the plan's own figures), the other GPUs' pools are not, and
+ * the plan line says so. */
 typedef struct { char lines[8][1024]; int n; } notes;
 static void keep_note(void *ctx, const char *line) {
     notes *n = ctx;
@@ -900,8 +901,13 @@ static void test_spec_plan(void) {
         if (pt0 > 0 && t0 > 0 && t1 > 0) {
             /* the bytes left for the pool without it were in [B0, B0 + 1) blocks of pb0; with
                it `draft` fewer, in blocks of pb1: B1 lies between the two ends */
+            /* and the target's logits on that GPU: k + 1 rows a sequence for the verify
+               steps, one without (every row while --batch auto is unplanned) */
+            int64_t lr1 = eg_forward_logit_rows(64, v[k].n_slots ? slots : got_slots, 3, 0),
+                    lr0 = eg_forward_logit_rows(64, v[k].n_slots ? slots : 0, 0, 0);
+            int64_t more = draft + 4 * (int64_t)model.cfg.vocab * (lr1 - lr0);
             int64_t pb0 = pt0 * 64, pb1 = (pt0 + tok) * 64, B0 = t0 / 64, B1 = t1 / 64;
-            int64_t lo = (B0 * pb0 - draft) / pb1, hi = ((B0 + 1) * pb0 - 1 - draft) / pb1;
+            int64_t lo = (B0 * pb0 - more) / pb1, hi = ((B0 + 1) * pb0 - 1 - more) / pb1;
             CHECKF(t1 % 64 == 0 && B1 >= lo && B1 <= hi,
                    "%s: the pool has %lld blocks with the drafter, %lld without; expected %lld..%lld", v[k].name,
                    (long long)B1, (long long)B0, (long long)lo, (long long)hi);
@@ -1118,7 +1124,7 @@ static void stage_balance_case(int ep, eg_ep_split ep_split) {
            less activations and scratch; swept over half to twice the layers */
         eg_backend_opts bo = {.name = "cuda", .max_tokens = o.max_tokens, .max_seq_len = o.max_seq_len,
                               .nthreads = o.threads};
-        int64_t act = eg_forward_act_bytes(&model.cfg, o.max_tokens, NAUX), scratch = eg_cuda_scratch_bytes(&model.cfg, &bo);
+        int64_t act = eg_forward_act_bytes(&model.cfg, o.max_tokens, o.max_tokens, NAUX), scratch = eg_cuda_scratch_bytes(&model.cfg, &bo);
         int64_t free_b = 3 * G / 2 + act + scratch + head + tail + layers / 2 + layers * step / 16;
         for (int whole = 0; whole < 2; whole++) {
             char sp[128];
