@@ -145,7 +145,7 @@ void eg_ep_vocab_rows(const eg_ep_group *g, int64_t *embed_rows, int64_t *logit_
 int64_t eg_ep_ffn_rows(const eg_ep_group *g);
 /* "local" or "nccl". */
 const char *eg_ep_kind(const eg_ep_group *g);
-/* Device bytes one rank's backend gives the nccl group's buffers (0 for local): for
+/* Device bytes one rank's backend gives the CUDA exchange's buffers (in either build): for
  * the memory plan. */
 int64_t eg_ep_device_bytes(const eg_ep_opts *o);
 /* Rank's thread, after its last eg_ep_moe: serve the other ranks until all have left. */

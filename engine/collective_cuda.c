@@ -44,6 +44,43 @@
 #include <string.h>
 #include <strings.h>
 
+/* The exchange's buffers: host arithmetic, in both builds (the planners count them
+ * without CUDA too). Sizes in elements, per rank. */
+typedef struct ep_sizes {
+    size_t counts, sendtok, sendrows, sendmeta, tk2pair, recvrows, recvmeta, xs, res, back;
+} ep_sizes;
+
+static ep_sizes sizes_of(int R, int K, int H, int T) {
+    size_t M = (size_t)(K < R ? K : R), TK = (size_t)T * (size_t)K, h = (size_t)H;
+    ep_sizes z = {.counts = 8 * (size_t)R, .sendtok = (size_t)T * M, .sendrows = (size_t)T * M * h,
+                  .sendmeta = 3 * TK, .tk2pair = TK, .recvrows = (size_t)R * (size_t)T * h,
+                  .recvmeta = 3 * (size_t)R * TK, .xs = (size_t)T * h, .res = (size_t)R * TK * h, .back = TK * h};
+    return z;
+}
+
+/* The lm_head exchange's rows per source and round: its two logit buffers are sized by it,
+ * not by max_tokens (Kimi-K2.5: 2 x 128 x 163,840 floats = 168 MB, where 2 x max_tokens
+ * rows would take 1.3 GB at a 512-token chunk); a step's logit rows are one per sequence
+ * (k + 1 with a drafter), so one round covers most steps. */
+#define EP_VOCAB_ROUND_ROWS 128
+static int vocab_rows(const eg_ep_opts *o) {
+    return o->max_tokens < EP_VOCAB_ROUND_ROWS ? o->max_tokens : EP_VOCAB_ROUND_ROWS;
+}
+
+/* vocab_split's two logit buffers, in floats */
+static size_t vres_of(const eg_ep_opts *o) {
+    return o->vocab_split ? (size_t)o->n_ranks * (size_t)vocab_rows(o) * ((size_t)o->vocab / (size_t)o->n_ranks + 1) : 0;
+}
+static size_t vback_of(const eg_ep_opts *o) {
+    return o->vocab_split ? (size_t)vocab_rows(o) * (size_t)o->vocab : 0;
+}
+
+int64_t eg_ep_cuda_bytes(const eg_ep_opts *o) {
+    ep_sizes z = sizes_of(o->n_ranks, o->topk, o->hidden, o->max_tokens);
+    return 4 * (int64_t)(z.counts + z.sendtok + z.sendrows + z.sendmeta + z.tk2pair + z.recvrows + z.recvmeta + z.xs +
+                         z.res + z.back + vres_of(o) + vback_of(o));
+}
+
 #ifndef EG_HAVE_CUDA
 
 eg_status eg_ep_cuda_create(const eg_ep_opts *o, eg_ep_cuda **out, eg_error *err) {
@@ -80,10 +117,6 @@ void eg_ep_cuda_fail(eg_ep_cuda *n) { (void)n; }
 void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes) {
     (void)n;
     *remote_pairs = *bytes = 0;
-}
-int64_t eg_ep_cuda_bytes(const eg_ep_opts *o) {
-    (void)o;
-    return 0;
 }
 void eg_ep_cuda_register_vocab(eg_ep_cuda *n, int rank, const eg_weight *embed, const eg_weight *lm_head) {
     (void)n; (void)rank; (void)embed; (void)lm_head;
@@ -194,42 +227,6 @@ static eg_status nc_err(eg_error *err, int rank, const char *call, ncclResult_t 
 #endif
 static eg_status interrupted(eg_error *err) {
     return eg_fail(err, EG_ERR_INTERRUPTED, "expert-parallel group: another rank failed");
-}
-
-/* sizes in elements, per rank */
-typedef struct ep_sizes {
-    size_t counts, sendtok, sendrows, sendmeta, tk2pair, recvrows, recvmeta, xs, res, back;
-} ep_sizes;
-
-static ep_sizes sizes_of(int R, int K, int H, int T) {
-    size_t M = (size_t)(K < R ? K : R), TK = (size_t)T * (size_t)K, h = (size_t)H;
-    ep_sizes z = {.counts = 8 * (size_t)R, .sendtok = (size_t)T * M, .sendrows = (size_t)T * M * h,
-                  .sendmeta = 3 * TK, .tk2pair = TK, .recvrows = (size_t)R * (size_t)T * h,
-                  .recvmeta = 3 * (size_t)R * TK, .xs = (size_t)T * h, .res = (size_t)R * TK * h, .back = TK * h};
-    return z;
-}
-
-/* The lm_head exchange's rows per source and round: its two logit buffers are sized by it,
- * not by max_tokens (Kimi-K2.5: 2 x 128 x 163,840 floats = 168 MB, where 2 x max_tokens
- * rows would take 1.3 GB at a 512-token chunk); a step's logit rows are one per sequence
- * (k + 1 with a drafter), so one round covers most steps. */
-#define EP_VOCAB_ROUND_ROWS 128
-static int vocab_rows(const eg_ep_opts *o) {
-    return o->max_tokens < EP_VOCAB_ROUND_ROWS ? o->max_tokens : EP_VOCAB_ROUND_ROWS;
-}
-
-/* vocab_split's two logit buffers, in floats */
-static size_t vres_of(const eg_ep_opts *o) {
-    return o->vocab_split ? (size_t)o->n_ranks * (size_t)vocab_rows(o) * ((size_t)o->vocab / (size_t)o->n_ranks + 1) : 0;
-}
-static size_t vback_of(const eg_ep_opts *o) {
-    return o->vocab_split ? (size_t)vocab_rows(o) * (size_t)o->vocab : 0;
-}
-
-int64_t eg_ep_cuda_bytes(const eg_ep_opts *o) {
-    ep_sizes z = sizes_of(o->n_ranks, o->topk, o->hidden, o->max_tokens);
-    return 4 * (int64_t)(z.counts + z.sendtok + z.sendrows + z.sendmeta + z.tk2pair + z.recvrows + z.recvmeta + z.xs +
-                         z.res + z.back + vres_of(o) + vback_of(o));
 }
 
 void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes) {

@@ -60,7 +60,7 @@ int64_t eg_ep_cuda_ffn_rows(const eg_ep_cuda *n);
  * return EG_ERR_INTERRUPTED. */
 void eg_ep_cuda_fail(eg_ep_cuda *n);
 void eg_ep_cuda_traffic(const eg_ep_cuda *n, int64_t *remote_pairs, int64_t *bytes);
-/* Device bytes per rank for o's buffers (0 without CUDA). */
+/* Device bytes per rank for o's buffers (the same figure in a build without CUDA). */
 int64_t eg_ep_cuda_bytes(const eg_ep_opts *o);
 /* CUDA devices visible (0 without CUDA): the ep runtime puts rank r on GPU r mod this. */
 int eg_ep_cuda_devices(void);

@@ -10,6 +10,8 @@
 #include <jansson.h>
 
 #include "engine/drafter_eagle3.h"
+#include "engine/ep_runtime.h"
+#include "engine/forward.h"
 #include "engine/layout.h"
 #include "engine/mkmodel.h"
 #include "engine/plan.h"
@@ -257,9 +259,26 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
     if (best >= 0 && best != rd)
         printf("fastest modelled for decode: %s, %.0f tok/s (%s)\n", rows[best].name, rows[best].decode_tok_s,
                why_not(&rows[best]));
-    if (rp >= 0)
+    if (rp >= 0) {
         printf("recommended for capture-mode prefill: %s, %.0f tok/s (%s-bound)\n", rows[rp].name,
                rows[rp].prefill_tok_s, rows[rp].prefill_bound);
+        /* the table holds --act-gb for every buffer, as a run at generate's default --chunk
+           needs; the buffers grow with the rows a step takes (the runtime's own sizes) */
+        const eg_layout *l = &rows[rp].lay;
+        int T = lo->prefill_chunk > 0 ? lo->prefill_chunk : 8192;
+        double fw = (double)eg_forward_act_bytes(c, T, 0, 0) / 1e9,
+               ex = l->ep > 1 ? (double)eg_ep_runtime_device_bytes(c, l->ep, T, l->dense_split == EG_SPLIT_ALL) / 1e9
+                              : 0;
+        if (fw + ex > box->act_gb) {
+            char exs[96] = "";
+            if (l->ep > 1) snprintf(exs, sizeof exs, " and the expert exchange's %.2f GB", ex);
+            printf("  memory at --prefill-chunk %d: the table holds %.1f GB a GPU for every buffer (--act-gb), as a "
+                   "run at generate's default --chunk needs; at %d rows a step the forward pass's own buffers take "
+                   "%.2f GB%s, and the CUDA backend's scratch more: a run at that --chunk keeps less cache than the "
+                   "row says (its start banner prints the plan)\n",
+                   T, box->act_gb, T, fw, exs);
+        }
+    }
     if (rd < 0 && rp < 0) {
         int groups = 0;
         for (int i = 0; i < n; i++) groups += rows[i].lay.kind == EG_LAYOUT_PP_EP;

@@ -424,4 +424,24 @@ grep -q 'give one of them' err || fail "--gpus with --stages message: $(cat err)
 grep -q "rtx-pro-6000x8 or h200x8" err || fail "box message: $(cat err)"
 ! $E plan --preset kimi-k2.5 --gpus 8 --link carrier-pigeon > out 2> err || fail "unknown link accepted"
 grep -q "pcie or nvlink" err || fail "link message: $(cat err)"
+# the prefill recommendation says what a step of --prefill-chunk rows holds beyond --act-gb:
+# the forward's buffers and the expert exchange's, from the sizes the runtime allocates
+# (recomputed here from the config: engine/forward.c, engine/collective_cuda.c)
+$E plan --preset kimi-k2.5 --box h200x8 > out 2> err || fail "plan h200x8: $(cat err)"
+"$PYTHON" - out <<'PY' || fail "the prefill memory note"
+import re, sys
+H, QL, NH, DN, DR, C, DV, K, V = 7168, 1536, 64, 128, 64, 512, 128, 8, 163840
+T, R = 8192, 2  # --prefill-chunk's default; the recommended pp4xep2's group
+fw = 4 * T * (4 * H + 2 * QL + NH * (DN + DR) + C + DR + NH * DV + 2 * K + 4) + 4 * (DR // 2 + 1)
+M = min(K, R)
+ex = 4 * (8 * R + T * M + T * M * H + 3 * T * K + T * K + R * T * H + 3 * R * T * K + T * H + R * T * K * H + T * K * H)
+text = open(sys.argv[1]).read()
+assert "recommended for capture-mode prefill: pp4xep2," in text, text[-600:]
+m = re.search(r"memory at --prefill-chunk 8192: the table holds 4.0 GB .* buffers take ([0-9.]+) GB and the expert "
+              r"exchange's ([0-9.]+) GB", text)
+assert m and m.group(1) == f"{fw / 1e9:.2f}" and m.group(2) == f"{ex / 1e9:.2f}", (m and m.groups(), fw / 1e9, ex / 1e9)
+print(f"prefill note: forward {m.group(1)} GB, exchange {m.group(2)} GB at 8192 rows")
+PY
+$E plan --preset kimi-k2.5 --box h200x8 --prefill-chunk 512 > out 2> err || fail "plan --prefill-chunk 512"
+! grep -q "memory at --prefill-chunk" out || fail "a memory note at 512 rows, within --act-gb"
 echo "t_plan_layouts: ok"
