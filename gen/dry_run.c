@@ -77,12 +77,7 @@ static int other_job_files(const char *dir, const char *own) {
     if (!d) return 0;
     int n = 0, a, b;
     struct dirent *e;
-    while (!n && (e = readdir(d))) {
-        char name[128];
-        if (sscanf(e->d_name, "job.w%dof%d.json", &a, &b) != 2 || a < 0 || b < 2 || a >= b) continue;
-        gen_job_filename(name, sizeof name, "job", "json", a, b);
-        n = !strcmp(name, e->d_name) && strcmp(name, own);
-    }
+    while (!n && (e = readdir(d))) n = gen_job_file_worker(e->d_name, &a, &b) && strcmp(e->d_name, own);
     closedir(d);
     return n;
 }

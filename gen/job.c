@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -15,6 +16,17 @@
 void gen_job_filename(char *out, size_t n, const char *base, const char *ext, int worker, int n_workers) {
     if (n_workers > 1) snprintf(out, n, "%s.w%dof%d.%s", base, worker, n_workers, ext);
     else snprintf(out, n, "%s.%s", base, ext);
+}
+
+int gen_job_file_worker(const char *name, int *worker, int *n_workers) {
+    int a, b;
+    char exact[128];
+    if (sscanf(name, "job.w%dof%d.json", &a, &b) != 2 || b < 2 || a < 0 || a >= b) return 0;
+    gen_job_filename(exact, sizeof exact, "job", "json", a, b);
+    if (strcmp(exact, name)) return 0; /* "job.w01of2.json", "job.w1of2.json~" */
+    *worker = a;
+    *n_workers = b;
+    return 1;
 }
 
 eg_status gen_file_fingerprint(const char *path, json_t **out, eg_error *err) {

@@ -26,6 +26,8 @@
 /* File name for base ("job", "rejects") and extension, with the worker tag when
  * n_workers > 1: "job.w0of4.json". */
 void gen_job_filename(char *out, size_t n, const char *base, const char *ext, int worker, int n_workers);
+/* 1 when name is exactly a worker's job file, job.wIofN.json (N > 1), giving I and N. */
+int gen_job_file_worker(const char *name, int *worker, int *n_workers);
 
 /* Input fingerprint: size plus SHA-256 of the first and last MiB (fast on big corpora;
  * catches edits, truncation and appends). */

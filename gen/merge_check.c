@@ -255,10 +255,8 @@ eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, cons
     struct dirent *e;
     while (!st && (e = readdir(d))) {
         int a, b;
-        char name[128];
-        if (sscanf(e->d_name, "job.w%dof%d.json", &a, &b) != 2 || b < 2 || a < 0 || a >= b) continue;
-        gen_job_filename(name, sizeof name, "job", "json", a, b);
-        if (strcmp(name, e->d_name) || (a == worker && b == n_workers)) continue;
+        const char *name = e->d_name;
+        if (!gen_job_file_worker(name, &a, &b) || (a == worker && b == n_workers)) continue;
         json_t *have = NULL;
         eg_error e2 = {0};
         if (gen_job_read(dir, name, &have, &e2) || !json_is_object(have)) { /* left to merge to report */
