@@ -3,7 +3,8 @@
 # (budget: under 8 minutes on an H200). Steps:
 #   1. build: make -j16 eaglegen + GPU test programs (BUILD, default build-gpu)
 #   2. ops:   build-gpu/gpu/test_cuda_ops — every op CUDA vs CPU backend, small and
-#             Kimi-K2.5 shapes, normalised errors printed; then compute-sanitizer
+#             Kimi-K2.5 shapes (offsets past 2^31 too: big_embed_lmhead, big_mla_cache),
+#             normalised errors printed; then compute-sanitizer
 #             (memcheck, racecheck) on the attention and MoE op tests
 #   3. golden: eaglegen forward --backend cuda on the fixtures vs golden-*-bf16kv,
 #             teacher-forced (per-layer rel error, argmax at high-margin steps) and

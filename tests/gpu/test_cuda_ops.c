@@ -955,6 +955,94 @@ static void test_moe_kimi_range(void) {
     moe_case(EG_W_INT4, 384, 8, 7168, 2048, 1, 100, 300, 1e-4);
 }
 
+/* ---- offsets past 2^31 (bytes or elements) at Kimi's real sizes ---------------------------------- */
+
+/* The whole BF16 [163840][7168] table (2.35 GB): embed of ids near its end, then the same
+ * table as lm_head through cuBLAS, the last rows (byte offsets past 2^31) on their own.
+ * ~2.5 min on the emulator; not among run_emu.sh's default cases. */
+static void test_big_embed_lmhead(void) {
+    seed(101);
+    eg_config c = kimi_cfg();
+    pair p;
+    if (!pair_make(&c, 64, &p)) return;
+    eg_error err = {0};
+    int V = 163840, H = 7168, T = 4;
+    hw E = make_w(EG_W_BF16, V, H, 0.05f); /* 2.35 GB: byte offsets of the last rows > 2^31 */
+    hw_up(&p, &E);
+    int32_t tok[4] = {V - 1, 150001, 0, 149797};
+    buf2 tk = b2(&p, tok, sizeof tok), x = b2(&p, NULL, 4 * (size_t)T * H);
+    CHECK_OK(p.cpu->ops->embed(p.cpu, tk.c, T, &E.dc, x.c, &err), &err);
+    CHECK_OK(p.gpu->ops->embed(p.gpu, tk.g, T, &E.dg, x.g, &err), &err);
+    cmp_f32(&p, &x, "embed BF16 [163840][7168], ids up to 163839", 0.0);
+    /* the same table as lm_head: logits [T][163840] through cuBLAS (rows > 2^31 bytes in) */
+    buf2 y = b2(&p, NULL, 4 * (size_t)T * V);
+    CHECK_OK(p.cpu->ops->linear(p.cpu, x.c, T, &E.dc, y.c, &err), &err);
+    CHECK_OK(p.gpu->ops->linear(p.gpu, x.g, T, &E.dg, y.g, &err), &err);
+    cmp_f32(&p, &y, "lm_head BF16 [163840][7168] T=4", bf16_bound());
+    /* the last rows alone (where a 32-bit byte offset would wrap) */
+    {
+        float *g = fetch(&p, &y);
+        const float *cc = y.c;
+        double num = 0, den = 0;
+        for (int t = 0; t < T; t++)
+            for (int r = 150000; r < V; r++) {
+                double d = g[(size_t)t * V + r] - cc[(size_t)t * V + r];
+                num += d * d; den += (double)cc[(size_t)t * V + r] * cc[(size_t)t * V + r];
+            }
+        double e = sqrt(num) / sqrt(den > 0 ? den : 1);
+        printf("    lm_head rows 150000..163839 only: rel %.3e\n", e);
+        CHECK(e <= bf16_bound());
+        free(g);
+    }
+    b2_free(&p, &tk); b2_free(&p, &x); b2_free(&p, &y);
+    hw_free(&p, &E);
+    pair_free(&p);
+}
+
+/* A latent cache of more than 2^31 BF16 elements (4.3 GB) with the slot's blocks mapped at
+ * the end of the pool: row offsets (blk*BS + pos%BS)*576 exceed 2^31. ~5 min and 13 GB of
+ * host memory on the emulator; not among run_emu.sh's default cases. */
+static void test_big_mla_cache(void) {
+    seed(102);
+    eg_config c = kimi_cfg();
+    pair p;
+    if (!pair_make(&c, 16, &p)) return;
+    eg_error err = {0};
+    mla_setup m;
+    memset(&m, 0, sizeof m);
+    m.p = &p; m.c = c;
+    m.NH = c.n_heads; m.C = c.kv_lora_rank; m.DN = c.qk_nope; m.DR = c.qk_rope; m.DV = c.v_head;
+    m.W = m.C + m.DR; m.S = 2; m.BS = 64; m.MB = 8;
+    m.nblocks = 58300; /* 58300*64*576 = 2.149e9 elements > 2^31 */
+    int32_t tab[16];
+    for (int i = 0; i < 16; i++) tab[i] = (int32_t)(m.nblocks - 1 - i * 3); /* both slots at the pool's end */
+    m.table = b2(&p, tab, sizeof tab);
+    size_t cbytes = 2 * (size_t)m.nblocks * (size_t)m.BS * (size_t)m.W;
+    m.cache = b2(&p, NULL, cbytes);
+    /* random history in the blocks the table maps (same bits on both sides) */
+    size_t blk = 2 * (size_t)m.BS * (size_t)m.W;
+    uint16_t *hb = malloc(blk);
+    for (int i = 0; i < 16; i++) {
+        fill_bf16(hb, (int64_t)(blk / 2), 1.0f);
+        memcpy((char *)m.cache.c + (size_t)tab[i] * blk, hb, blk);
+        CHECK_OK(p.gpu->ops->to_device(p.gpu, (char *)m.cache.g + (size_t)tab[i] * blk, hb, blk, &err), &err);
+    }
+    free(hb);
+    float *inv = malloc(sizeof(float) * (size_t)(m.DR / 2));
+    for (int i = 0; i < m.DR / 2; i++) inv[i] = (float)pow(c.rope_theta, -2.0 * i / m.DR);
+    m.inv_freq = b2(&p, inv, sizeof(float) * (size_t)(m.DR / 2));
+    free(inv);
+    m.norm = make_w(EG_W_BF16, 1, m.C, 1.0f);
+    for (int i = 0; i < m.C; i++) ((uint16_t *)m.norm.data)[i] = eg_f32_to_bf16(1.0f + 0.3f * nrand());
+    m.kvb = make_w(EG_W_BF16, (int64_t)m.NH * (m.DN + m.DV), m.C, 1.0f / sqrtf((float)m.C));
+    hw_up(&p, &m.norm);
+    hw_up(&p, &m.kvb);
+    int32_t s[3] = {0, 1, 0}, q[3] = {300, 511, 301};
+    mla_call(&m, 3, s, q, 0, 64, 1.0f, "mla Kimi, cache of 2.15e9 elements, blocks at its end");
+    mla_free(&m);
+    pair_free(&p);
+}
+
 /* ---- drawn weights (benchmarks of a preset) ----------------------------------------------------------- */
 
 /* weight_random on the GPU gives the CPU's values bit for bit, in every drawn format. */
@@ -2334,6 +2422,8 @@ static const eg_test tests[] = {
     {"gqa_attention", test_gqa_attention},
     {"copy_rows", test_copy_rows},
     {"drafter", test_drafter},
+    {"big_embed_lmhead", test_big_embed_lmhead},
+    {"big_mla_cache", test_big_mla_cache},
 };
 
 int main(int argc, char **argv) {
