@@ -22,8 +22,11 @@
 typedef struct reason_count {
     char *key;     /* the reason with digit runs as N */
     char *example; /* FILE:LINE: the first reason as given */
+    char *shown;   /* the first reason, each number that differs in a later one as VARIED */
     int64_t n;
 } reason_count;
+
+#define VARIED '\x01' /* printed as N */
 
 typedef struct reasons {
     reason_count *r;
@@ -40,11 +43,39 @@ static void fold_digits(const char *s, char *out, size_t cap) {
     out[j] = 0;
 }
 
+/* Keeps shown's numbers that why repeats, marks the others VARIED (the same key: the same
+   text between the digit runs, as many runs). */
+static void merge_numbers(char *shown, const char *why) {
+    char *o = shown;
+    for (const char *i = shown; *i;) {
+        if (*i == VARIED || isdigit((unsigned char)*i)) {
+            const char *a = i;
+            while (isdigit((unsigned char)*i)) i++;
+            if (*i == VARIED && i == a) i++;
+            const char *b = why;
+            while (isdigit((unsigned char)*why)) why++;
+            size_t na = (size_t)(i - a), nb = (size_t)(why - b);
+            if (*a != VARIED && na == nb && !memcmp(a, b, na)) {
+                memmove(o, a, na);
+                o += na;
+            } else *o++ = VARIED;
+        } else {
+            *o++ = *i++;
+            why++;
+        }
+    }
+    *o = 0;
+}
+
 static int add_reason(reasons *rs, const char *why, const char *file, uint64_t line) {
     char key[600];
     fold_digits(why, key, sizeof key);
     for (size_t i = 0; i < rs->n; i++)
-        if (!strcmp(rs->r[i].key, key)) { rs->r[i].n++; return 0; }
+        if (!strcmp(rs->r[i].key, key)) {
+            rs->r[i].n++;
+            merge_numbers(rs->r[i].shown, why);
+            return 0;
+        }
     if (rs->n == rs->cap) {
         size_t nc = rs->cap ? 2 * rs->cap : 8;
         reason_count *p = realloc(rs->r, nc * sizeof *p);
@@ -56,8 +87,13 @@ static int add_reason(reasons *rs, const char *why, const char *file, uint64_t l
     char *ex = malloc(en);
     if (!ex) return -1;
     snprintf(ex, en, "%s:%llu: %s", file, (unsigned long long)line, why);
-    rs->r[rs->n] = (reason_count){strdup(key), ex, 1};
-    if (!rs->r[rs->n].key) { free(ex); return -1; }
+    rs->r[rs->n] = (reason_count){strdup(key), ex, strdup(why), 1};
+    if (!rs->r[rs->n].key || !rs->r[rs->n].shown) {
+        free(rs->r[rs->n].key);
+        free(rs->r[rs->n].shown);
+        free(ex);
+        return -1;
+    }
     rs->n++;
     return 0;
 }
@@ -263,8 +299,11 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
     }
     fprintf(out, "records:       %lld read%s: %lld accepted, %lld rejected\n", (long long)read,
             o->limit >= 0 && read >= o->limit ? " (stopped at --limit)" : "", (long long)accepted, (long long)rejected);
-    for (size_t i = 0; i < rs.n; i++)
-        fprintf(out, "  rejected %lld: %s (e.g. %.300s)\n", (long long)rs.r[i].n, rs.r[i].key, rs.r[i].example);
+    for (size_t i = 0; i < rs.n; i++) {
+        for (char *c = rs.r[i].shown; *c; c++)
+            if (*c == VARIED) *c = 'N';
+        fprintf(out, "  rejected %lld: %s (e.g. %.300s)\n", (long long)rs.r[i].n, rs.r[i].shown, rs.r[i].example);
+    }
     if (n_lens) {
         qsort(lens, n_lens, sizeof *lens, cmp_i32);
         count_text(a, sizeof a, prompt_sum);
@@ -367,7 +406,7 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
     rc = 0;
 done:
     if (rc) fprintf(stderr, "eaglegen generate --dry-run: %s\n", err.msg);
-    for (size_t i = 0; i < rs.n; i++) { free(rs.r[i].key); free(rs.r[i].example); }
+    for (size_t i = 0; i < rs.n; i++) { free(rs.r[i].key); free(rs.r[i].example); free(rs.r[i].shown); }
     free(rs.r);
     free(lens);
     eg_ds_idset_clear(&seen);

@@ -29,9 +29,17 @@ $E generate --dry-run --model noweights --prompts c.jsonl --max-seq-len 128 --ma
     --aux-layers 1,2,3 >out 2>err || fail "dry run"
 grep -q "config.json only (no weights loaded): 5 layers, hidden 64" out || fail "model line"
 grep -q "records:       14 read: 10 accepted, 4 rejected" out || fail "counts"
-grep -q "rejected 2: prompt has N tokens, over the limit of N (e.g. c.jsonl:13:" out || fail "too long"
+grep -q "rejected 2: prompt has N tokens, over the limit of 127 (e.g. c.jsonl:13:" out || fail "too long"
 grep -q "rejected 1: duplicate id (e.g. c.jsonl:12:" out || fail "duplicate"
 grep -q "rejected 1: invalid JSON" out || fail "bad json"
+# a reason's numbers are shown where its records agree on them, N where they differ (they
+# were all N: "[N, N)" for the vocabulary's range)
+printf '%s\n' '{"input_ids": [1, 999]}' '{"input_ids": [2, 999]}' > ids.jsonl
+$E generate --dry-run --model noweights --prompts ids.jsonl --max-seq-len 128 > ids.out 2>err || fail "dry run of ids"
+grep -q "rejected 2: input_ids\[1\] is not a token id in \[0, 512) (e.g. ids.jsonl:1:" ids.out || fail "a repeated reason"
+printf '%s\n' '{"input_ids": [1, 2, 3, 700]}' >> ids.jsonl
+$E generate --dry-run --model noweights --prompts ids.jsonl --max-seq-len 128 > ids.out 2>err || fail "dry run of ids"
+grep -q "rejected 3: input_ids\[N\] is not a token id in \[0, 512) (e.g. ids.jsonl:1:" ids.out || fail "a varied reason"
 # prompt lengths straight from the tokenizer, for the same records
 "$PYTHON" - <<'PY' || fail "prompt statistics"
 import json, re, subprocess, os
