@@ -1062,7 +1062,10 @@ int cmd_generate(int argc, char **argv) {
         memcpy(aux, a.aux, sizeof aux);
         eg_config dc;
         eg_error pe = {0};
-        if (!n_aux && !eg_config_load(a.model, &dc, &pe)) n_aux = eg_config_default_aux_layers(&dc, aux);
+        if (!n_aux && !eg_config_load(a.model, &dc, &pe)) {
+            n_aux = eg_config_default_aux_layers(&dc, aux);
+            eg_config_free(&dc);
+        }
         json_t *params = a.out && n_aux ? job_params(&a, aux, n_aux, &pe) : NULL;
         if (a.out && n_aux && !params) {
             fprintf(stderr, "eaglegen generate --dry-run: %s\n", pe.msg);
