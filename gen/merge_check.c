@@ -249,8 +249,6 @@ eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, cons
     if (n_workers <= 1) return EG_OK;
     DIR *d = opendir(dir);
     if (!d) return EG_OK; /* a new directory: nobody to meet */
-    char *want_key = inputs_key(want);
-    if (!want_key) { closedir(d); return eg_fail(err, EG_ERR_NOMEM, "out of memory"); }
     eg_status st = EG_OK;
     struct dirent *e;
     while (!st && (e = readdir(d))) {
@@ -272,23 +270,19 @@ eg_status gen_worker_join_check(const char *dir, int worker, int n_workers, cons
         }
         int c = gen_job_sample_diff(have, mine, diff, sizeof diff);
         json_decref(copy);
-        char *key = c ? NULL : inputs_key(have);
         if (c)
             st = eg_fail(err, EG_ERR_CONFIG,
                          "%s/%s, another worker of this dataset, was made with parameters that change samples (%d "
                          "difference%s, that worker's -> this one's):%s\nEvery worker of a directory needs the same "
                          "values (readers take the workers' samples as one dataset): use them, or another --out.",
                          dir, name, c, c > 1 ? "s" : "", diff);
-        else if (!key) st = eg_fail(err, EG_ERR_NOMEM, "out of memory");
-        else if (b != n_workers && !strcmp(key, want_key))
+        else if (b != n_workers && gen_job_inputs_share(have, want))
             st = eg_fail(err, EG_ERR_CONFIG,
-                         "%s/%s splits the same inputs over %d workers, this one over %d: their records overlap, "
-                         "and readers would take the samples they share twice. Use --worker I/%d (the same count), "
-                         "or another --out.", dir, name, b, n_workers, b);
-        free(key);
+                         "%s/%s splits its inputs over %d workers, this one over %d, and they share an input file: "
+                         "their records overlap, and readers would take the samples they share twice. Use --worker "
+                         "I/%d (the same count), or another --out.", dir, name, b, n_workers, b);
         json_decref(have);
     }
     closedir(d);
-    free(want_key);
     return st;
 }

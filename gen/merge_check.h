@@ -30,7 +30,7 @@
 /* What a worker (WORKER of N_WORKERS > 1) starting in DIR must agree on with the other
  * workers' job files there (job.wIofN.json), checked before it writes: the same
  * sample-changing parameters and model/tokenizer fingerprints (want is this run's job
- * identity), and no other worker count over the same inputs (overlapping records).
+ * identity), and no other worker count over an input file they share (overlapping records).
  * Readers take every worker's samples in a directory as one dataset, so a mix would be
  * found only by merge after the compute. Job files that cannot be read are left to merge.
  * weight_bytes_unknown (the dry run, which loads no weights): each other job's

@@ -117,6 +117,17 @@ static int same_input(const json_t *a, const json_t *b) {
            json_equal(json_object_get(a, "sha256_head_tail"), json_object_get(b, "sha256_head_tail"));
 }
 
+int gen_job_inputs_share(const json_t *a, const json_t *b) {
+    const json_t *ia = inputs_of(a), *ib = inputs_of(b);
+    for (size_t i = 0; i < json_array_size(ia); i++) {
+        const json_t *x = json_array_get(ia, i);
+        if (is_pipe(x, json_string_value(json_object_get(x, "path")))) continue; /* no content to compare */
+        for (size_t j = 0; j < json_array_size(ib); j++)
+            if (same_input(x, json_array_get(ib, j))) return 1;
+    }
+    return 0;
+}
+
 gen_inputs_relation gen_job_inputs_relation(const json_t *have, const json_t *want) {
     const json_t *h = inputs_of(have), *w = inputs_of(want);
     size_t nh = json_array_size(h), nw = json_array_size(w);
@@ -217,9 +228,13 @@ eg_status gen_resume_check(const char *dir, const char *name, json_t *want, int 
         json_decref(have);
         return eg_fail(err, EG_ERR_CONFIG,
                        "%s was made with parameters that change samples; refusing to resume (%d difference%s, "
-                       "old -> new):%s\nUse the original values, another --out, or --restart to delete this job's "
-                       "samples and start over.",
-                       path, count, count > 1 ? "s" : "", msg);
+                       "old -> new):%s\n%s",
+                       path, count, count > 1 ? "s" : "", msg,
+                       n_workers > 1 ? "Use the original values, or another --out (a worker's --restart keeps the "
+                                       "other workers' parameters: to start the whole set over with new ones, remove "
+                                       "the directory)."
+                                     : "Use the original values, another --out, or --restart to delete this job's "
+                                       "samples and start over.");
     }
     r->inputs = gen_job_inputs_relation(have, want);
     carry_names(have, want);

@@ -39,6 +39,8 @@ typedef enum {
     GEN_INPUTS_CHANGED    /* anything else */
 } gen_inputs_relation;
 gen_inputs_relation gen_job_inputs_relation(const json_t *have, const json_t *want);
+/* 1 when a and b share an input file by content (pipes have none to compare). */
+int gen_job_inputs_share(const json_t *a, const json_t *b);
 
 typedef struct gen_resume {
     int existed;  /* the job file was there */

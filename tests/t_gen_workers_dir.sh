@@ -78,10 +78,19 @@ grep -q "seed: 0 -> 9" err.txt || fail "the dry run does not list the difference
 $E generate "${args[@]}" --out J --worker 1/2 --dry-run > out.txt 2> err.txt || fail "dry run of the worker that agrees"
 grep -q "no job yet" out.txt || fail "dry run: $(cat out.txt)"
 [ ! -e J/job.w1of2.json ] && [ ! -e J/manifest.w1of2.json ] || fail "the refused worker left files"
-refused "splits the same inputs over 2 workers, this one over 3" $E generate "${args[@]}" --out J --worker 1/3
+refused "splits its inputs over 2 workers, this one over 3, and they share an input file" $E generate "${args[@]}" --out J --worker 1/3
 [ ! -e J/job.w1of3.json ] || fail "the refused worker 1/3 left its job file"
+# an input list that extends the other one shares its records too
+refused "splits its inputs over 2 workers, this one over 3, and they share an input file" \
+    $E generate "${args[@]}" --prompts d.jsonl --out J --worker 1/3
 $E generate "${args[@]:0:2}" --prompts d.jsonl "${args[@]:4}" --out J --worker 1/3 2>/dev/null ||
     fail "a worker over other inputs with the same parameters"
+# a worker's resume refused for its parameters does not point to --restart, which its
+# neighbours' job files would refuse too
+refused "a worker's --restart keeps the other workers' parameters" $E generate "${args[@]}" --out J --worker 0/2 --seed 9
+refused "another worker of this dataset, was made with parameters that change samples" \
+    $E generate "${args[@]}" --out J --worker 0/2 --seed 9 --restart
+[ -e J/job.w0of2.json ] || fail "the refused --restart removed the worker's job file"
 $E generate "${args[@]}" --out J --worker 1/2 2>/dev/null || fail "the missing worker with the same parameters"
 $E inspect J --verify >/dev/null 2>&1 || fail "J after the workers that agree"
 echo "t_gen_workers_dir: ok"
