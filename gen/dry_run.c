@@ -61,7 +61,7 @@ static void merge_numbers(char *shown, const char *why) {
             } else *o++ = VARIED;
         } else {
             *o++ = *i++;
-            why++;
+            if (*why) why++;
         }
     }
     *o = 0;
@@ -94,6 +94,8 @@ static int add_reason(reasons *rs, const char *why, const char *file, uint64_t l
         free(ex);
         return -1;
     }
+    for (char *c = rs->r[rs->n].shown; *c; c++) /* the marker stays ours */
+        if (*c == VARIED) *c = '?';
     rs->n++;
     return 0;
 }
@@ -359,7 +361,9 @@ int gen_dry_run(const gen_dry_run_opts *o, FILE *out) {
         gen_job_filename(jn, sizeof jn, "job", "json", o->worker, o->n_workers);
         json_t *have = NULL, *want = NULL;
         if (gen_job_read(o->out, jn, &have, &err)) goto done;
-        if (o->params && (have || (o->n_workers > 1 && other_job_files(o->out, jn)))) {
+        /* the job's identity for the resume check (not with --restart) and the workers' join
+           check: only then are the weights' files read (a config-only model still plans) */
+        if (o->params && ((have && !o->restart) || (o->n_workers > 1 && other_job_files(o->out, jn)))) {
             /* the run's own job identity, but for the weights' stored bytes, which only
                loading the model counts (taken from the job being resumed) */
             json_t *inputs = NULL, *weights = NULL;

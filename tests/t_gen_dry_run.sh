@@ -40,6 +40,17 @@ grep -q "rejected 2: input_ids\[1\] is not a token id in \[0, 512) (e.g. ids.jso
 printf '%s\n' '{"input_ids": [1, 2, 3, 700]}' >> ids.jsonl
 $E generate --dry-run --model noweights --prompts ids.jsonl --max-seq-len 128 > ids.out 2>err || fail "dry run of ids"
 grep -q "rejected 3: input_ids\[N\] is not a token id in \[0, 512) (e.g. ids.jsonl:1:" ids.out || fail "a varied reason"
+# a byte 0x01 in a reason (the marker of a varied number) is shown as '?', the numbers kept
+printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "img\u00017"}]}]}' > ctl.jsonl
+cat ctl.jsonl ctl.jsonl > ctl2.jsonl
+$E generate --dry-run --model noweights --prompts ctl2.jsonl --max-seq-len 128 > ids.out 2>err || fail "dry run of ctl"
+grep -q 'rejected 2: message 0: content part 0 has unsupported type "img?7"' ids.out || fail "a control byte: $(cat ids.out)"
+# --restart of a job needs no weights in a dry run (config only, as on a login node)
+$E generate --model model --prompts ids.jsonl --max-seq-len 128 --max-new-tokens 2 --on-bad-record skip --out R1 \
+    >/dev/null 2>&1 || fail "a job to restart"
+$E generate --dry-run --model noweights --prompts ids.jsonl --max-seq-len 128 --out R1 --restart > ids.out 2>err ||
+    fail "dry run --restart with a config-only model: $(cat err)"
+grep -q "R1/job.json: --restart deletes this job" ids.out || fail "dry run --restart: $(cat ids.out)"
 # prompt lengths straight from the tokenizer, for the same records
 "$PYTHON" - <<'PY' || fail "prompt statistics"
 import json, re, subprocess, os
