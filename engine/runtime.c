@@ -187,7 +187,7 @@ static int stage_captures(const eg_runtime *rt, int n_aux, int n_stages, int k) 
 
 /* The logit rows the last stage's forward holds, as the engines it serves size them
  * (eg_forward_logit_rows): a rank's share of the slots with --ep; every row while the
- * slot count is not chosen yet (slots 0: --batch auto), and for forward_only. */
+ * slot count is not chosen yet (slots 0: --batch auto's first pass), and for forward_only. */
 static int runtime_logit_rows(const eg_runtime_opts *o, int slots) {
     if (o->forward_only) return o->max_tokens; /* its callers step the forward directly, any rows */
     int ep = o->ep > 1 ? o->ep : 1, draft = (o->draft_model || o->drafter) ? o->draft_tokens : 0;
@@ -483,10 +483,11 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
     if ((o->draft_model || o->drafter) && o->draft_tokens > 0)
         seq_host += (int64_t)sizeof(double) * o->draft_tokens * c->vocab;
     rt->info.auto_slots = n_slots == 0;
-    /* --batch auto with a drafter on a planned GPU: a first pass without the slots' caches
-       chooses a slot count, the second reserves the caches of that many slots (at least
-       as many as the smaller pool then chooses) */
-    for (int pass = planned && o->draft_model && n_slots == 0 ? 0 : 1; pass < 2; pass++) {
+    /* --batch auto on a planned GPU: a first pass (every row's logits, no slot's drafter
+       cache) chooses a slot count, the second plans that many slots: their logit rows on
+       the last stage (fewer: the pool gets the rest) and, with a drafter, their caches (at
+       least as many slots as the smaller pool then chooses) */
+    for (int pass = planned && n_slots == 0 ? 0 : 1; pass < 2; pass++) {
         int plan_slots = pass ? (n_slots ? n_slots : 0) : 0;
         if (planned && (st = plan_cuda(rt, o, &bo, n_stages, draft_w, draft_buf, draft_slot, draft_tok, plan_slots, !pass,
                                        &kv_blocks, &draft_dev, err)))

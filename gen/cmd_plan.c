@@ -274,9 +274,10 @@ static int print_layouts(const char *what, const eg_config *c, const eg_box *box
             if (l->ep > 1) snprintf(exs, sizeof exs, " and the expert exchange's %.2f GB", ex);
             printf("  memory at --prefill-chunk %d: the table holds %.1f GB a GPU for every buffer (--act-gb), as a "
                    "run at generate's default --chunk needs; at %d rows a step the forward pass's own buffers take "
-                   "%.2f GB%s, and the CUDA backend's scratch more: a run at that --chunk keeps less cache than the "
-                   "row says (its start banner prints the plan)\n",
-                   T, box->act_gb, T, fw, exs);
+                   "%.2f GB (on the last stage's GPUs %.2f MB more a sequence in flight, its logits)%s, and the CUDA "
+                   "backend's scratch more: a run at that --chunk keeps less cache than the row says (its start "
+                   "banner prints the plan)\n",
+                   T, box->act_gb, T, fw, 4.0 * c->vocab / 1e6, exs);
         }
     }
     if (rd < 0 && rp < 0) {

@@ -437,10 +437,11 @@ M = min(K, R)
 ex = 4 * (8 * R + T * M + T * M * H + 3 * T * K + T * K + R * T * H + 3 * R * T * K + T * H + R * T * K * H + T * K * H)
 text = open(sys.argv[1]).read()
 assert "recommended for capture-mode prefill: pp4xep2," in text, text[-600:]
-m = re.search(r"memory at --prefill-chunk 8192: the table holds 4.0 GB .* buffers take ([0-9.]+) GB and the expert "
-              r"exchange's ([0-9.]+) GB", text)
-assert m and m.group(1) == f"{fw / 1e9:.2f}" and m.group(2) == f"{ex / 1e9:.2f}", (m and m.groups(), fw / 1e9, ex / 1e9)
-print(f"prefill note: forward {m.group(1)} GB, exchange {m.group(2)} GB at 8192 rows")
+m = re.search(r"memory at --prefill-chunk 8192: the table holds 4.0 GB .* buffers take ([0-9.]+) GB \(on the last "
+              r"stage's GPUs ([0-9.]+) MB more a sequence in flight, its logits\) and the expert exchange's ([0-9.]+) GB",
+              text)
+assert m and m.groups() == (f"{fw / 1e9:.2f}", f"{4 * V / 1e6:.2f}", f"{ex / 1e9:.2f}"), (m and m.groups(), fw, ex)
+print(f"prefill note: forward {m.group(1)} GB, logits {m.group(2)} MB a sequence, exchange {m.group(3)} GB at 8192 rows")
 PY
 $E plan --preset kimi-k2.5 --box h200x8 --prefill-chunk 512 > out 2> err || fail "plan --prefill-chunk 512"
 ! grep -q "memory at --prefill-chunk" out || fail "a memory note at 512 rows, within --act-gb"
