@@ -811,6 +811,34 @@ static int64_t plan_tokens(const notes *n, int line) {
     return p ? strtoll(p + strlen("KV capacity "), NULL, 10) : -1;
 }
 
+/* --batch auto plans the slots it chooses: the last stage's logits for their rows, not for
+ * every row of a step (at a 2,048-row chunk every row's were 4 MB of a tiny model's pool,
+ * as a fixed --batch of 2,048 plans them); no more pool than the fewest rows allow. */
+static int64_t planned_capacity(int n_slots) {
+    notes nn = {0};
+    eg_runtime_opts o = planned_opts();
+    o.n_slots = n_slots;
+    o.max_tokens = 2048;
+    o.max_seq_len = 256;
+    o.block_size = 64;
+    o.note = keep_note;
+    o.note_ctx = &nn;
+    eg_runtime *rt = NULL;
+    eg_error err = {0};
+    eg_status st = eg_runtime_create(&o, &rt, &err);
+    CHECKF(st == EG_OK || strstr(err.msg, "cuda") || strstr(err.msg, "CUDA"), "%d slots: %s", n_slots, err.msg);
+    eg_runtime_free(rt);
+    return plan_tokens(&nn, 0);
+}
+
+static void test_auto_logit_rows(void) {
+    load_model();
+    if (!have_model) return;
+    int64_t a = planned_capacity(0), all = planned_capacity(2048), one = planned_capacity(1);
+    CHECKF(a > 0 && all > 0 && a > all && a <= one, "KV tokens: --batch auto %lld, 2048 slots %lld, 1 slot %lld",
+           (long long)a, (long long)all, (long long)one);
+}
+
 static void test_spec_plan(void) {
     load_model();
     if (!have_model || !make_drafter()) return;
@@ -1247,6 +1275,7 @@ static const eg_test tests[] = {
     {"refusals", test_refusals},
     {"spec_layouts", test_spec_layouts},
     {"spec_plan", test_spec_plan},
+    {"auto_logit_rows", test_auto_logit_rows},
     {"stage_split_tail", test_stage_split_tail},
     {"stage_balance", test_stage_balance},
     {"stage_balance_kimi", test_stage_balance_kimi},
