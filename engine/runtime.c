@@ -15,6 +15,8 @@
 #include <string.h>
 
 
+#define EG_RUNTIME_MAX_PLANNED 64 /* GPUs whose allocations are checked after load */
+
 struct eg_runtime {
     eg_model own_model;       /* when loaded from opts.model_dir */
     int owns_model;
@@ -35,6 +37,11 @@ struct eg_runtime {
     int *stage_cuts;          /* [n_stages] 0, or the expert stage k's last layer is split at */
     int *stage_device;        /* [n_stages] */
     int64_t *stage_bytes;     /* [n_stages] */
+    /* the GPUs the memory plan measured (not the as-if figures of plan_total_bytes): device,
+       bytes in use before the run, the run's budget; checked once everything is made */
+    int n_planned, planned_device[EG_RUNTIME_MAX_PLANNED];
+    int64_t planned_before[EG_RUNTIME_MAX_PLANNED], planned_budget[EG_RUNTIME_MAX_PLANNED],
+            planned_headroom[EG_RUNTIME_MAX_PLANNED];
     eg_runtime_info info;
 };
 
@@ -306,6 +313,7 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
     int n_dev = groups ? n_stages : ep > 1 ? 1 : o->gpus > 0 && o->gpus < n_stages ? o->gpus : n_stages;
     *kv_blocks = 0;
     *draft_dev = 0;
+    if (!quiet) rt->n_planned = 0;
     if (o->draft_model) /* the ranks' slots: rank 0 has the most */
         *draft_dev = draft_w + draft_buf + draft_slot * (ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots);
     for (int d = 0; d < n_dev; d++) {
@@ -359,6 +367,12 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
                            : eg_cuda_plan(c, &so, o->gpu_mem_fraction, wbytes, act, layers, extra, 64, &mp, err);
         if (st) return eg_wrap(err, "memory plan for GPU %d", so.device), st;
         eg_cuda_plan_format(&mp, so.device, line, sizeof line);
+        if (!quiet && o->plan_total_bytes <= 0 && rt->n_planned < EG_RUNTIME_MAX_PLANNED) {
+            rt->planned_device[rt->n_planned] = so.device;
+            rt->planned_before[rt->n_planned] = mp.total_bytes - mp.free_bytes;
+            rt->planned_headroom[rt->n_planned] = mp.headroom_bytes;
+            rt->planned_budget[rt->n_planned++] = mp.budget_bytes;
+        }
         char dnote[240] = "";
         if (with_draft)
             snprintf(dnote, sizeof dnote, "; the activations include the drafter's %lld bytes (weights %lld, buffers %lld, %d "
@@ -377,6 +391,37 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
     /* the runtime splits the pool over the ranks: each rank's GPU share times the ranks */
     if (ep > 1) *kv_blocks = *kv_blocks / (groups ? 1 : eg_ep_runtime_ranks_per_gpu(ep)) * ep;
     return EG_OK;
+}
+
+/* Once weights, buffers and the KV pool are allocated: what each planned GPU holds for this
+ * run against the budget its plan filled (the pool takes what the rest leaves, in whole
+ * blocks, so a plan that counts every cudaMalloc stays within it). Past it, the driver's
+ * and libraries' own memory (contexts, cuBLAS, NCCL) has the headroom the budget kept
+ * back; past that too, the plan misses allocations (rounding, or a buffer it does not
+ * count), and the line says so. */
+static void note_after_load(const eg_runtime *rt, const eg_runtime_opts *o) {
+    for (int i = 0; i < rt->n_planned && o->note; i++) {
+        int64_t fr = 0, to = 0;
+        eg_error ignored = {0};
+        if (eg_cuda_mem_info(rt->planned_device[i], &fr, &to, &ignored)) continue;
+        int64_t used = to - fr - rt->planned_before[i], budget = rt->planned_budget[i], room = rt->planned_headroom[i];
+        const double MiB = 1 << 20;
+        char line[400];
+        int n = snprintf(line, sizeof line, "GPU %d after load: %.3f GiB held by this run, ", rt->planned_device[i],
+                         (double)used / (1 << 30));
+        if (used <= budget)
+            snprintf(line + n, sizeof line - (size_t)n, "within its plan's budget of %.3f GiB (%.2f MiB to spare)",
+                     (double)budget / (1 << 30), (double)(budget - used) / MiB);
+        else if (used <= budget + room)
+            snprintf(line + n, sizeof line - (size_t)n, "%.2f MiB over its plan's budget of %.3f GiB, within the %.0f MiB "
+                     "kept for the driver and libraries", (double)(used - budget) / MiB, (double)budget / (1 << 30),
+                     (double)room / MiB);
+        else
+            snprintf(line + n, sizeof line - (size_t)n, "%.2f MiB over its plan's budget of %.3f GiB and the %.0f MiB "
+                     "headroom: allocations the plan does not count", (double)(used - budget) / MiB,
+                     (double)budget / (1 << 30), (double)room / MiB);
+        o->note(o->note_ctx, line);
+    }
 }
 
 eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error *err) {
@@ -563,6 +608,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         in->transport = "none";
         in->micro_batches = 1;
         in->experts_per_rank = c->n_experts;
+        note_after_load(rt, o);
         *out = rt;
         return EG_OK;
     }
@@ -674,6 +720,7 @@ eg_status eg_runtime_create(const eg_runtime_opts *o, eg_runtime **out, eg_error
         in->draft_aux = rt->drafters[0]->info.aux_layers;
         in->draft_aux_source = eg_drafter_eagle3_aux_source(rt->drafters[0]);
     }
+    note_after_load(rt, o);
     *out = rt;
     return EG_OK;
 fail:

@@ -9,7 +9,8 @@
 #   3. golden: eaglegen forward --backend cuda on the fixtures vs golden-*-bf16kv,
 #             teacher-forced (per-layer rel error, argmax at high-margin steps) and
 #             greedy --generate 16 (tests/gpu/golden_gpu.py)
-#   4. e2e:   mkmodel tiny -> generate --backend cuda -> inspect --verify; the same run
+#   4. e2e:   mkmodel tiny -> generate --backend cuda -> inspect --verify (and what the GPU
+#             holds after load against the memory plan's budget); the same run
 #             with EG_CUDA_GRAPHS=0 must write the same samples bit for bit
 #   4b. pipeline: 2 and 4 stages on the one GPU equal the unsplit run (forward, generate), and
 #             3 stages with layers split between them (--stages 2:3,4:13,5)
@@ -304,6 +305,12 @@ else
             --prompts "$CORPUS" --out "$TMP/ds" --max-new-tokens 64 --max-seq-len 1024 --shard-samples 16 \
             --batch 8 --temperature 0.8 --top-p 0.95 --seed 7 --on-bad-record skip && gen_ok=1
     if [ $gen_ok = 1 ]; then
+        # what the GPU holds after load against the memory plan's budget (the driver's and
+        # libraries' memory may take the headroom; past it the plan misses allocations)
+        al=$(grep -m1 "after load:" "$LOGS/generate.log" | sed 's/^ *//')
+        if [ -z "$al" ]; then record memory-after-load SKIP "no 'after load' line in generate.log" 0
+        elif echo "$al" | grep -q "allocations the plan does not count"; then record memory-after-load FAIL "$al" 0
+        else record memory-after-load PASS "$al" 0; fi
         # recorded replay (CUDA graphs) runs the same kernels with the same arguments
         SUMMARY="" EG_CUDA_GRAPHS=0 run generate-no-graphs 180 generate-nograph.log "$E" generate --backend cuda \
             --model "$TMP/tiny" --prompts "$CORPUS" --out "$TMP/ds-nograph" --max-new-tokens 64 --max-seq-len 1024 \

@@ -283,20 +283,42 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
-cudaError_t cudaMalloc(void **p, size_t n) {
+/* Device memory each emulated device holds (cudaMalloc'd, not yet freed): cudaMemGetInfo
+ * reports it as in use, so the memory plan can be checked against what a run allocates. */
+static std::mutex emu_dev_mu;
+static std::map<uintptr_t, std::pair<size_t, int>> emu_dev_allocs; /* ptr -> (bytes, device) */
+static size_t emu_dev_used[64];
+static cudaError_t emu_alloc(void **p, size_t n) {
     if (emu_thread_captures) { emu_invalidate_thread_captures(); return cudaErrorStreamCaptureUnsupported; }
     if (n > ((size_t)64 << 30)) { *p = NULL; return cudaErrorMemoryAllocation; }
     *p = malloc(n);
     if (*p) memset(*p, 0xA5, n); /* garbage, as device memory is */
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
+cudaError_t cudaMalloc(void **p, size_t n) {
+    cudaError_t e = emu_alloc(p, n);
+    if (e == cudaSuccess) {
+        std::lock_guard<std::mutex> g(emu_dev_mu);
+        emu_dev_allocs[(uintptr_t)*p] = std::make_pair(n, emu_current);
+        emu_dev_used[emu_current & 63] += n;
+    }
+    return e;
+}
 cudaError_t cudaFree(void *p) {
     emu_drain_all();
+    {
+        std::lock_guard<std::mutex> g(emu_dev_mu);
+        auto it = emu_dev_allocs.find((uintptr_t)p);
+        if (it != emu_dev_allocs.end()) {
+            emu_dev_used[it->second.second & 63] -= it->second.first;
+            emu_dev_allocs.erase(it);
+        }
+    }
     free(p);
     return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void **p, size_t n) {
-    cudaError_t e = cudaMalloc(p, n);
+    cudaError_t e = emu_alloc(p, n);
     if (e == cudaSuccess) {
         std::lock_guard<std::mutex> g(emu_pin_mu);
         emu_pinned[(uintptr_t)*p] = n;
@@ -373,12 +395,18 @@ cudaError_t cudaGetLastError(void) {
     emu_last_error = cudaSuccess;
     return e;
 }
-/* EMU_MEM_GB sets the emulated device's size (default 80), 1% of it in use */
+/* EMU_MEM_GB sets the emulated device's size (default 80), 1% of it in use before the
+ * process's own cudaMalloc'd bytes */
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *to) {
     const char *e = getenv("EMU_MEM_GB");
     double gb = e ? atof(e) : 80.0;
     *to = (size_t)(gb * (double)(1 << 30));
-    *fr = *to / 100 * 99;
+    size_t used;
+    {
+        std::lock_guard<std::mutex> g(emu_dev_mu);
+        used = emu_dev_used[emu_current & 63];
+    }
+    *fr = *to / 100 * 99 > used ? *to / 100 * 99 - used : 0;
     return cudaSuccess;
 }
 const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation" : "cudaErrorEmulated"; }

@@ -33,6 +33,9 @@
 #                                              thread take only the rows the rule needs; samples
 #                                              == the run with every row on the host)
 #        tests/gpu/emu/run_emu.sh --link      (build and link the emulated eaglegen, build-emu/emu/eaglegen_emu, and stop)
+#        tests/gpu/emu/run_emu.sh --memory    (generate on 1, 2 and 4 emulated GPUs, a drafter, --batch auto, --ep,
+#                                              stages: what each planned GPU holds after load is within its
+#                                              memory plan's budget; ~5 min)
 #        tests/gpu/emu/run_emu.sh --graphs    (generate with recorded steps == without, bit for bit, a split layer too;
 #                                              and with EG_CUDA_PROFILE=1: a table, the same samples)
 set -eu
@@ -69,6 +72,32 @@ if [ "${1:-}" = --link ]; then # the emulated eaglegen only (make sweep EMU_SWEE
     link_eaglegen
     echo "$B/emu/eaglegen_emu"
     exit 0
+fi
+if [ "${1:-}" = --memory ]; then
+    # the memory plan against what the run allocates: the emulated cudaMemGetInfo counts the
+    # process's cudaMalloc'd bytes, and every planned GPU must stay within its plan's budget
+    # after load (no driver or library memory here to take the headroom)
+    link_eaglegen
+    W=$B/emu/mem
+    rm -rf "$W" && mkdir -p "$W"
+    "$B/emu/eaglegen_emu" mkmodel --preset tiny --out "$W/model" --layers 3 >/dev/null
+    "$B/emu/eaglegen_emu" mkmodel --drafter-for "$W/model" --out "$W/drafter" >/dev/null
+    for i in 1 2; do echo "{\"prompt\": \"Tell me about $i.\"}"; done > "$W/c.jsonl"
+    export EMU_MEM_GB=2
+    rc=0 k=0
+    for v in "1:" "1:--draft-model $W/drafter" "1:--batch auto" "2:--ep 2" "2:--ep 2 --ep-split all" \
+        "2:--stages 2 --transport nccl" "4:--ep 2 --stages 2"; do
+        dev=${v%%:*} extra=${v#*:} k=$((k + 1))
+        EMU_DEVICES=$dev nice -n 19 "$B/emu/eaglegen_emu" generate --backend cuda --model "$W/model" --prompts "$W/c.jsonl" \
+            --max-new-tokens 1 --max-seq-len 64 --chunk 16 --batch 2 --gpu-mem-fraction 0.4 $extra --out "$W/o$k" \
+            2> "$W/o$k.log" || { echo "FAIL: $extra on $dev: $(tail -n 3 "$W/o$k.log")"; rc=1; continue; }
+        n=$(grep -c "after load:" "$W/o$k.log" || true)
+        bad=$(grep "after load:" "$W/o$k.log" | grep -vc "within its plan's budget" || true)
+        echo "$dev GPU(s) $extra: $n planned GPU(s), $bad over budget: $(grep 'after load:' "$W/o$k.log" | sed 's/^ *//' | tr '\n' ';')"
+        [ "$n" -ge 1 ] && [ "$bad" -eq 0 ] || rc=1
+    done
+    [ $rc = 0 ] && echo "ok: every planned GPU within its budget after load"
+    exit $rc
 fi
 # The speculative runs' fixture in W (set to $1): the emulator linked, a 3-layer tiny model,
 # a random drafter for it, 3 prompts.
