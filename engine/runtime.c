@@ -405,21 +405,22 @@ static void note_after_load(const eg_runtime *rt, const eg_runtime_opts *o) {
         eg_error ignored = {0};
         if (eg_cuda_mem_info(rt->planned_device[i], &fr, &to, &ignored)) continue;
         int64_t used = to - fr - rt->planned_before[i], budget = rt->planned_budget[i], room = rt->planned_headroom[i];
-        const double MiB = 1 << 20;
-        char line[400];
+        int64_t d = used <= budget ? budget - used : used - budget;
+        char diff[48], line[400];
+        if (d < (1 << 20)) snprintf(diff, sizeof diff, "%lld bytes", (long long)d);
+        else snprintf(diff, sizeof diff, "%.2f MiB", (double)d / (1 << 20));
         int n = snprintf(line, sizeof line, "GPU %d after load: %.3f GiB held by this run, ", rt->planned_device[i],
                          (double)used / (1 << 30));
         if (used <= budget)
-            snprintf(line + n, sizeof line - (size_t)n, "within its plan's budget of %.3f GiB (%.2f MiB to spare)",
-                     (double)budget / (1 << 30), (double)(budget - used) / MiB);
+            snprintf(line + n, sizeof line - (size_t)n, "within its plan's budget of %.3f GiB (%s to spare)",
+                     (double)budget / (1 << 30), diff);
         else if (used <= budget + room)
-            snprintf(line + n, sizeof line - (size_t)n, "%.2f MiB over its plan's budget of %.3f GiB, within the %.0f MiB "
-                     "kept for the driver and libraries", (double)(used - budget) / MiB, (double)budget / (1 << 30),
-                     (double)room / MiB);
+            snprintf(line + n, sizeof line - (size_t)n, "%s over its plan's budget of %.3f GiB, within the %lld MiB "
+                     "kept for the driver and libraries", diff, (double)budget / (1 << 30), (long long)(room >> 20));
         else
-            snprintf(line + n, sizeof line - (size_t)n, "%.2f MiB over its plan's budget of %.3f GiB and the %.0f MiB "
-                     "headroom: allocations the plan does not count", (double)(used - budget) / MiB,
-                     (double)budget / (1 << 30), (double)room / MiB);
+            snprintf(line + n, sizeof line - (size_t)n, "%s over its plan's budget of %.3f GiB and the %lld MiB "
+                     "headroom: allocations the plan does not count", diff, (double)budget / (1 << 30),
+                     (long long)(room >> 20));
         o->note(o->note_ctx, line);
     }
 }

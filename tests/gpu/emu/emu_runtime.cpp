@@ -301,6 +301,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
         std::lock_guard<std::mutex> g(emu_dev_mu);
         emu_dev_allocs[(uintptr_t)*p] = std::make_pair(n, emu_current);
         emu_dev_used[emu_current & 63] += n;
+        if (getenv("EMU_MALLOC_TRACE")) fprintf(stderr, "emu: cudaMalloc %zu bytes on device %d\n", n, emu_current);
     }
     return e;
 }
