@@ -15,8 +15,6 @@
 #include <string.h>
 
 
-#define EG_RUNTIME_MAX_PLANNED 64 /* GPUs whose allocations are checked after load */
-
 struct eg_runtime {
     eg_model own_model;       /* when loaded from opts.model_dir */
     int owns_model;
@@ -39,9 +37,11 @@ struct eg_runtime {
     int64_t *stage_bytes;     /* [n_stages] */
     /* the GPUs the memory plan measured (not the as-if figures of plan_total_bytes): device,
        bytes in use before the run, the run's budget; checked once everything is made */
-    int n_planned, planned_device[EG_RUNTIME_MAX_PLANNED];
-    int64_t planned_before[EG_RUNTIME_MAX_PLANNED], planned_budget[EG_RUNTIME_MAX_PLANNED],
-            planned_headroom[EG_RUNTIME_MAX_PLANNED];
+    struct planned_gpu {
+        int device;
+        int64_t before, budget, headroom;
+    } *planned; /* [n_planned] */
+    int n_planned;
     eg_runtime_info info;
 };
 
@@ -150,6 +150,7 @@ void eg_runtime_free(eg_runtime *rt) {
     free(rt->stage_cuts);
     free(rt->stage_device);
     free(rt->stage_bytes);
+    free(rt->planned);
     free(rt);
 }
 
@@ -313,7 +314,11 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
     int n_dev = groups ? n_stages : ep > 1 ? 1 : o->gpus > 0 && o->gpus < n_stages ? o->gpus : n_stages;
     *kv_blocks = 0;
     *draft_dev = 0;
-    if (!quiet) rt->n_planned = 0;
+    if (!quiet) {
+        free(rt->planned);
+        rt->n_planned = 0;
+        if (!(rt->planned = eg_calloc((size_t)n_dev, sizeof *rt->planned, err))) return EG_ERR_NOMEM;
+    }
     if (o->draft_model) /* the ranks' slots: rank 0 has the most */
         *draft_dev = draft_w + draft_buf + draft_slot * (ep > 1 ? eg_ep_runtime_rank_slots(plan_slots, ep, 0) : plan_slots);
     for (int d = 0; d < n_dev; d++) {
@@ -367,12 +372,9 @@ static eg_status plan_cuda(eg_runtime *rt, const eg_runtime_opts *o, const eg_ba
                            : eg_cuda_plan(c, &so, o->gpu_mem_fraction, wbytes, act, layers, extra, 64, &mp, err);
         if (st) return eg_wrap(err, "memory plan for GPU %d", so.device), st;
         eg_cuda_plan_format(&mp, so.device, line, sizeof line);
-        if (!quiet && o->plan_total_bytes <= 0 && rt->n_planned < EG_RUNTIME_MAX_PLANNED) {
-            rt->planned_device[rt->n_planned] = so.device;
-            rt->planned_before[rt->n_planned] = mp.total_bytes - mp.free_bytes;
-            rt->planned_headroom[rt->n_planned] = mp.headroom_bytes;
-            rt->planned_budget[rt->n_planned++] = mp.budget_bytes;
-        }
+        if (!quiet && o->plan_total_bytes <= 0)
+            rt->planned[rt->n_planned++] = (struct planned_gpu){so.device, mp.total_bytes - mp.free_bytes,
+                                                                mp.budget_bytes, mp.headroom_bytes};
         char dnote[240] = "";
         if (with_draft)
             snprintf(dnote, sizeof dnote, "; the activations include the drafter's %lld bytes (weights %lld, buffers %lld, %d "
@@ -403,13 +405,14 @@ static void note_after_load(const eg_runtime *rt, const eg_runtime_opts *o) {
     for (int i = 0; i < rt->n_planned && o->note; i++) {
         int64_t fr = 0, to = 0;
         eg_error ignored = {0};
-        if (eg_cuda_mem_info(rt->planned_device[i], &fr, &to, &ignored)) continue;
-        int64_t used = to - fr - rt->planned_before[i], budget = rt->planned_budget[i], room = rt->planned_headroom[i];
+        const struct planned_gpu *g = &rt->planned[i];
+        if (eg_cuda_mem_info(g->device, &fr, &to, &ignored)) continue;
+        int64_t used = to - fr - g->before, budget = g->budget, room = g->headroom;
         int64_t d = used <= budget ? budget - used : used - budget;
         char diff[48], line[400];
         if (d < (1 << 20)) snprintf(diff, sizeof diff, "%lld bytes", (long long)d);
         else snprintf(diff, sizeof diff, "%.2f MiB", (double)d / (1 << 20));
-        int n = snprintf(line, sizeof line, "GPU %d after load: %.3f GiB held by this run, ", rt->planned_device[i],
+        int n = snprintf(line, sizeof line, "GPU %d after load: %.3f GiB held by this run, ", g->device,
                          (double)used / (1 << 30));
         if (used <= budget)
             snprintf(line + n, sizeof line - (size_t)n, "within its plan's budget of %.3f GiB (%s to spare)",
